@@ -1,0 +1,56 @@
+#include "cli_flags.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_replace.h"
+
+namespace kvhost {
+namespace {
+
+std::string Hyphens(absl::string_view name) { return absl::StrReplaceAll(name, {{"_", "-"}}); }
+
+void PrintHelp(const std::string& usage, const std::string& flags_file) {
+  std::printf("%s\n\nFlags:\n", usage.c_str());
+  std::map<std::string, const absl::CommandLineFlag*> own;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::EndsWith(flag->Filename(), flags_file)) own[Hyphens(name)] = flag;
+  }
+  for (const auto& [name, flag] : own) {
+    std::printf("  --%s (default: \"%s\")\n      %s\n", name.c_str(), flag->DefaultValue().c_str(),
+                flag->Help().c_str());
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& usage,
+                                    const std::string& flags_file) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& arg = args[i];
+    if (arg == "--") break;
+    if (arg == "--help" || arg == "-h" || arg == "-help") {
+      PrintHelp(usage, flags_file);
+      std::exit(0);
+    }
+    if (absl::StartsWith(arg, "--")) {
+      const size_t end = arg.find('=');
+      for (size_t j = 2; j < std::min(end, arg.size()); ++j) {
+        if (arg[j] == '-') arg[j] = '_';
+      }
+    }
+  }
+  std::vector<char*> pointers;
+  for (std::string& arg : args) pointers.push_back(arg.data());
+  absl::SetProgramUsageMessage(usage);
+  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
+  return std::vector<std::string>(rest.begin(), rest.end());
+}
+
+}  // namespace kvhost

@@ -1,0 +1,197 @@
+#include "server/daemon.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/gpu_probe.h"
+#include "server/pool/host_memory.h"
+#include "server/service/pool_service.h"
+#include "server/service/transfer_service.h"
+#include "server/transfer/host_engine.h"
+#include "spdlog/spdlog.h"
+
+namespace kvhost {
+namespace {
+
+// "unix:///run/x.sock" or "unix:/run/x.sock" -> "/run/x.sock"; "" otherwise.
+std::string UnixPath(const std::string& address) {
+  if (absl::StartsWith(address, "unix://")) return address.substr(7);
+  if (absl::StartsWith(address, "unix:")) return address.substr(5);
+  return "";
+}
+
+// Makes the socket's directory and removes a socket file nobody listens on
+// (left by a killed daemon); refuses when another server answers there.
+absl::Status PrepareSocketPath(const std::string& path) {
+  if (path.empty() || path[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("--listen unix path '", path, "' must be absolute"));
+  }
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("--listen unix path '", path, "' is longer than ",
+                                                   sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the directory of ", path, ": ", ec.message()));
+  }
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return absl::OkStatus();
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a socket"));
+  }
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  if (live) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("another server already listens on ", path));
+  }
+  ::unlink(path.c_str());
+  spdlog::info("removed stale socket {}", path);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& options,
+                                                           std::string* chosen) {
+  const GpuProbe gpus = options.backend == "host" ? GpuProbe{0, "not probed"} : ProbeGpus();
+  if (options.backend == "cuda") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--backend=cuda: this build has no CUDA transfer engine yet (GPUs: ", gpus.detail,
+        "); use --backend=host or auto"));
+  }
+  if (options.backend == "auto") {
+    if (gpus.devices > 0) {
+      spdlog::warn("backend auto: {} but no CUDA transfer engine in this build; using host",
+                   gpus.detail);
+    } else {
+      spdlog::info("backend auto: {}; using host", gpus.detail);
+    }
+  } else if (options.backend != "host") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend '", options.backend, "' is not one of auto, cuda, host"));
+  }
+  *chosen = "host";
+  HostEngineOptions host;
+  host.shm_dir = options.shm_dir;
+  host.helper_threads = options.copy_threads;
+  return std::unique_ptr<TransferEngine>(new HostEngine(host));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  std::unique_ptr<Daemon> daemon(new Daemon());
+  if (options.listen.empty()) return absl::InvalidArgumentError("--listen names no address");
+  struct stat st;
+  if (::stat(options.shm_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--shm-dir ", options.shm_dir, " is not a directory"));
+  }
+
+  absl::StatusOr<MemorySnapshot> mem = ReadMemorySnapshot("/");
+  if (!mem.ok()) return mem.status();
+  RegistryOptions registry;
+  registry.shm_dir = options.shm_dir;
+  registry.memory_limit = options.memory_limit;
+  registry.memory_reserve = options.memory_reserve.value_or(DefaultMemoryReserve(mem->mem_total));
+  spdlog::info("memory: {} total, {} available, reserve {}, limit {}{}", FormatGB(mem->mem_total),
+               FormatGB(mem->mem_available), FormatGB(registry.memory_reserve),
+               options.memory_limit ? FormatGB(options.memory_limit) : "none",
+               mem->cgroup_limit ? absl::StrCat(", cgroup ", mem->cgroup_source, " limit ",
+                                                FormatGB(*mem->cgroup_limit))
+                                 : "");
+  daemon->registry_ = std::make_unique<PoolRegistry>(registry);
+  if (int n = daemon->registry_->RemoveStaleRegions(); n > 0) {
+    spdlog::warn("removed {} stale region file(s) from {}", n, options.shm_dir);
+  }
+
+  std::string backend;
+  absl::StatusOr<std::unique_ptr<TransferEngine>> engine = MakeEngine(options, &backend);
+  if (!engine.ok()) return engine.status();
+  daemon->transfers_ =
+      std::make_unique<TransferManager>(daemon->registry_.get(), *std::move(engine));
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  std::vector<int> ports(options.listen.size(), 0);
+  for (size_t i = 0; i < options.listen.size(); ++i) {
+    const std::string& address = options.listen[i];
+    const std::string path = UnixPath(address);
+    if (!path.empty() || absl::StartsWith(address, "unix")) {
+      if (absl::Status s = PrepareSocketPath(path); !s.ok()) return s;
+      daemon->socket_paths_.push_back(path);
+    }
+    // TLS and access control arrive with the reliability work; until then TCP
+    // listeners are plaintext, which the log says loudly.
+    if (path.empty()) spdlog::warn("listening on {} without TLS", address);
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &ports[i]);
+  }
+  auto pools = std::make_unique<PoolServiceImpl>(daemon->registry_.get(),
+                                                 daemon->transfers_->backend());
+  auto transfers = std::make_unique<TransferServiceImpl>(daemon->transfers_.get());
+  builder.RegisterService(pools.get());
+  builder.RegisterService(transfers.get());
+  daemon->services_.push_back(std::move(pools));
+  daemon->services_.push_back(std::move(transfers));
+  daemon->server_ = builder.BuildAndStart();
+  if (daemon->server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::StrJoin(options.listen, ", ")));
+  }
+  for (size_t i = 0; i < options.listen.size(); ++i) {
+    const std::string& address = options.listen[i];
+    if (UnixPath(address).empty() && absl::EndsWith(address, ":0")) {
+      daemon->addresses_.push_back(
+          absl::StrCat(address.substr(0, address.size() - 1), ports[i]));
+    } else {
+      daemon->addresses_.push_back(address);
+    }
+  }
+  auto* health = daemon->server_->GetHealthCheckService();
+  health->SetServingStatus(true);
+  spdlog::info("kvhostd serving on {} (backend {}, shm dir {})",
+               absl::StrJoin(daemon->addresses_, ", "), backend, options.shm_dir);
+  return daemon;
+}
+
+void Daemon::Shutdown(absl::Duration grace) {
+  if (stopped_) return;
+  stopped_ = true;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  const TransferCounters before = transfers_->counters();
+  spdlog::info("shutting down: draining {} transfer(s) in flight", before.tickets_in_flight);
+  transfers_->Drain();
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  server_->Wait();
+  for (const std::string& path : socket_paths_) ::unlink(path.c_str());
+  const TransferCounters after = transfers_->counters();
+  spdlog::info("stopped: {} ticket(s) done, {} failed; releasing {} pool(s)", after.tickets_done,
+               after.tickets_failed, registry_->List().size());
+}
+
+Daemon::~Daemon() {
+  if (server_ != nullptr) Shutdown(absl::Seconds(5));
+}
+
+}  // namespace kvhost

@@ -1,0 +1,100 @@
+// kvhostd: the per-node host-memory KV-cache daemon. Flags are documented in
+// --help; see README.md and docs/ for the API and operations.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "client/cli_flags.h"
+#include "server/daemon.h"
+#include "server/pool/host_memory.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::vector<std::string>, listen, {"unix:///run/kvhost/kvhost.sock"},
+          "Addresses to serve on, comma separated: 'unix:///abs/path.sock' (the directory is "
+          "created; a stale socket file is replaced) or 'host:port' (plaintext TCP).");
+ABSL_FLAG(std::string, backend, "auto",
+          "Transfer engine: 'host' (device pools emulated in shared memory), 'cuda' (GPU "
+          "buffers through CUDA IPC), or 'auto' (cuda when a GPU is usable and the engine is "
+          "built, else host; the choice is logged).");
+ABSL_FLAG(std::string, shm_dir, "/dev/shm",
+          "Directory of the pools' shared-memory files, and the only directory from which shm "
+          "device buffers may be attached.");
+ABSL_FLAG(std::string, memory_limit, "0",
+          "Most host memory all pools together may take, e.g. '512G' (K/M/G/T are powers of "
+          "1024); '0' = bounded only by the host's available memory less the reserve.");
+ABSL_FLAG(std::string, memory_reserve, "auto",
+          "Host memory never given to pools, e.g. '10G'; 'auto' = min(10 GiB, 10% of RAM). A pool "
+          "is refused when it needs more than MemAvailable (and the cgroup's limit minus its "
+          "usage) less this reserve.");
+ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error, critical, off.");
+ABSL_FLAG(int, copy_threads, 2,
+          "Host engine: helper threads per transfer direction (besides the direction's own "
+          "thread), >= 0.");
+ABSL_FLAG(int, shutdown_grace_s, 10,
+          "Seconds in-flight RPCs get to finish after SIGTERM, once accepted transfers are done.");
+
+namespace {
+
+int Fail(const std::string& message) {
+  spdlog::critical("{}", message);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kvhost::ParseFlags(
+      argc, argv,
+      "kvhostd: host-memory KV-cache tier for GPU inference.\n"
+      "Usage: kvhostd [--listen=unix:///run/kvhost/kvhost.sock] [--backend=auto] [flags]\n"
+      "Serves kvhost.v1.PoolService and TransferService over gRPC, with grpc.health.v1 and\n"
+      "server reflection. SIGTERM / SIGINT drain accepted transfers, then exit 0.",
+      "server/main.cc");
+
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ kvhostd %v");
+  const spdlog::level::level_enum level =
+      spdlog::level::from_str(absl::AsciiStrToLower(absl::GetFlag(FLAGS_log_level)));
+  if (level == spdlog::level::off && absl::GetFlag(FLAGS_log_level) != "off") {
+    return Fail(absl::StrCat("--log-level '", absl::GetFlag(FLAGS_log_level), "' is not a level"));
+  }
+  spdlog::set_level(level);
+
+  // Signals are taken synchronously by the main thread; block them before
+  // any thread starts so none of gRPC's threads receives them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  kvhost::DaemonOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.shm_dir = absl::GetFlag(FLAGS_shm_dir);
+  options.copy_threads = absl::GetFlag(FLAGS_copy_threads);
+  if (options.copy_threads < 0) return Fail("--copy-threads must be >= 0");
+  absl::StatusOr<uint64_t> limit = kvhost::ParseByteSize(absl::GetFlag(FLAGS_memory_limit));
+  if (!limit.ok()) return Fail(absl::StrCat("--memory-limit: ", limit.status().message()));
+  options.memory_limit = *limit;
+  if (absl::GetFlag(FLAGS_memory_reserve) != "auto") {
+    absl::StatusOr<uint64_t> reserve = kvhost::ParseByteSize(absl::GetFlag(FLAGS_memory_reserve));
+    if (!reserve.ok()) return Fail(absl::StrCat("--memory-reserve: ", reserve.status().message()));
+    options.memory_reserve = *reserve;
+  }
+
+  absl::StatusOr<std::unique_ptr<kvhost::Daemon>> daemon = kvhost::Daemon::Start(options);
+  if (!daemon.ok()) return Fail(absl::StrCat("cannot start: ", daemon.status().ToString()));
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  spdlog::info("received {}", signal == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*daemon)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  daemon->reset();
+  spdlog::info("bye");
+  return 0;
+}

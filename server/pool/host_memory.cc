@@ -1,0 +1,229 @@
+#include "server/pool/host_memory.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/numeric/int128.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace kvhost {
+namespace {
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+// Cgroup values at or above this are "unlimited" sentinels (v1 reports
+// 0x7ffffffffffff000 for no limit).
+constexpr int64_t kCgroupValueCeiling = int64_t{1} << 60;
+
+constexpr char kMeminfoPath[] = "proc/meminfo";
+constexpr char kCgroupV2Limit[] = "sys/fs/cgroup/memory.max";
+constexpr char kCgroupV2Usage[] = "sys/fs/cgroup/memory.current";
+constexpr char kCgroupV1Limit[] = "sys/fs/cgroup/memory/memory.limit_in_bytes";
+constexpr char kCgroupV1Usage[] = "sys/fs/cgroup/memory/memory.usage_in_bytes";
+
+// `root` joined with a relative path: ("/", "proc/meminfo") -> "/proc/meminfo".
+std::string JoinRoot(const std::string& root, absl::string_view rel) {
+  absl::string_view r = root;
+  while (!r.empty() && r.back() == '/') r.remove_suffix(1);
+  return absl::StrCat(r, "/", rel);
+}
+
+// The whole file, or nullopt when it cannot be opened or read (plain POSIX
+// reads: std::ifstream throws when reading a directory).
+std::optional<std::string> ReadFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::string content;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      content.append(buf, static_cast<size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      close(fd);
+      return std::nullopt;
+    }
+  }
+  close(fd);
+  return content;
+}
+
+// One cgroup value in bytes, or nullopt for "none" (see the header).
+std::optional<uint64_t> ReadCgroupValue(const std::string& path) {
+  std::optional<std::string> content = ReadFile(path);
+  if (!content.has_value()) return std::nullopt;
+  absl::string_view text = absl::StripAsciiWhitespace(*content);
+  if (text.empty() || text == "max") return std::nullopt;
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value)) return std::nullopt;
+  if (value <= 0 || value >= kCgroupValueCeiling) return std::nullopt;
+  return static_cast<uint64_t>(value);
+}
+
+// Fills the cgroup fields of `s` from one cgroup version's files and returns
+// true when they give a usable limit (< MemTotal).
+bool ReadCgroup(const std::string& root, absl::string_view limit_rel, absl::string_view usage_rel,
+                absl::string_view source, MemorySnapshot* s) {
+  std::optional<uint64_t> limit = ReadCgroupValue(JoinRoot(root, limit_rel));
+  if (!limit.has_value() || *limit >= s->mem_total) return false;
+  s->cgroup_limit = *limit;
+  s->cgroup_usage = ReadCgroupValue(JoinRoot(root, usage_rel)).value_or(0);
+  s->cgroup_source = std::string(source);
+  return true;
+}
+
+// A /proc/meminfo value ("24683656 kB") in bytes.
+std::optional<uint64_t> ParseMeminfoValue(absl::string_view text) {
+  std::vector<absl::string_view> parts =
+      absl::StrSplit(text, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+  if (parts.empty() || parts.size() > 2) return std::nullopt;
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(parts[0], &value)) return std::nullopt;
+  if (parts.size() == 1) return value;
+  if (parts[1] != "kB") return std::nullopt;
+  if (value > std::numeric_limits<uint64_t>::max() / 1024) return std::nullopt;
+  return value * 1024;
+}
+
+}  // namespace
+
+absl::StatusOr<MemorySnapshot> ReadMemorySnapshot(const std::string& root) {
+  const std::string meminfo_path = JoinRoot(root, kMeminfoPath);
+  std::optional<std::string> meminfo = ReadFile(meminfo_path);
+  if (!meminfo.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot read ", meminfo_path));
+  }
+  std::optional<uint64_t> mem_total;
+  std::optional<uint64_t> mem_available;
+  for (absl::string_view line : absl::StrSplit(*meminfo, '\n', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(line, absl::MaxSplits(':', 1));
+    std::optional<uint64_t>* field = nullptr;
+    if (kv.first == "MemTotal") {
+      field = &mem_total;
+    } else if (kv.first == "MemAvailable") {
+      field = &mem_available;
+    } else {
+      continue;
+    }
+    *field = ParseMeminfoValue(kv.second);
+    if (!field->has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("malformed line in ", meminfo_path, ": \"", absl::CHexEscape(line), "\""));
+    }
+  }
+  if (!mem_total.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(meminfo_path, " lacks MemTotal"));
+  }
+  if (!mem_available.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(meminfo_path, " lacks MemAvailable"));
+  }
+
+  MemorySnapshot s;
+  s.mem_total = *mem_total;
+  s.mem_available = *mem_available;
+  if (!ReadCgroup(root, kCgroupV2Limit, kCgroupV2Usage, "v2", &s)) {
+    ReadCgroup(root, kCgroupV1Limit, kCgroupV1Usage, "v1", &s);
+  }
+  return s;
+}
+
+uint64_t DefaultMemoryReserve(uint64_t mem_total) { return std::min(10 * kGiB, mem_total / 10); }
+
+uint64_t AvailableForPools(const MemorySnapshot& s, uint64_t reserve) {
+  uint64_t available = s.mem_available > reserve ? s.mem_available - reserve : 0;
+  if (s.cgroup_limit.has_value()) {
+    const uint64_t limit = *s.cgroup_limit;
+    const uint64_t cgroup_free = limit > s.cgroup_usage ? limit - s.cgroup_usage : 0;
+    available = std::min(available, cgroup_free > reserve ? cgroup_free - reserve : 0);
+  }
+  return available;
+}
+
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
+  auto bad = [text](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid byte size \"", absl::CHexEscape(text), "\": ", why));
+  };
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  size_t i = 0;
+
+  uint64_t whole = 0;
+  const size_t whole_begin = i;
+  for (; i < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[i])); ++i) {
+    const uint64_t digit = static_cast<uint64_t>(s[i] - '0');
+    if (whole > (kMax - digit) / 10) return bad("too large");
+    whole = whole * 10 + digit;
+  }
+  if (i == whole_begin) return bad("expected a non-negative number");
+
+  // Fraction digits past the 18th cannot change the truncated byte count
+  // enough to matter and are dropped (10^18 still fits in 64 bits).
+  bool has_fraction = false;
+  uint64_t fraction = 0;
+  uint64_t fraction_scale = 1;
+  if (i < s.size() && s[i] == '.') {
+    has_fraction = true;
+    const size_t fraction_begin = ++i;
+    for (; i < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[i])); ++i) {
+      if (i - fraction_begin < 18) {
+        fraction = fraction * 10 + static_cast<uint64_t>(s[i] - '0');
+        fraction_scale *= 10;
+      }
+    }
+    if (i == fraction_begin) return bad("expected digits after '.'");
+  }
+
+  const std::string unit = absl::AsciiStrToLower(absl::StripLeadingAsciiWhitespace(s.substr(i)));
+  uint64_t multiplier = 1;
+  if (!unit.empty() && unit != "b") {
+    switch (unit[0]) {
+      case 'k':
+        multiplier = uint64_t{1} << 10;
+        break;
+      case 'm':
+        multiplier = uint64_t{1} << 20;
+        break;
+      case 'g':
+        multiplier = uint64_t{1} << 30;
+        break;
+      case 't':
+        multiplier = uint64_t{1} << 40;
+        break;
+      default:
+        return bad("unknown unit (want K, M, G or T, optionally followed by B or iB)");
+    }
+    const absl::string_view suffix = absl::string_view(unit).substr(1);
+    if (!suffix.empty() && suffix != "b" && suffix != "ib") {
+      return bad("unknown unit (want K, M, G or T, optionally followed by B or iB)");
+    }
+  }
+  if (has_fraction && multiplier == 1) return bad("a fraction needs a unit (K, M, G or T)");
+
+  const absl::uint128 total =
+      absl::uint128(whole) * multiplier + absl::uint128(fraction) * multiplier / fraction_scale;
+  if (total > absl::uint128(kMax)) return bad("too large");
+  return absl::Uint128Low64(total);
+}
+
+std::string FormatGB(uint64_t bytes) {
+  return absl::StrFormat("%.2f GB", static_cast<double>(bytes) / 1e9);
+}
+
+}  // namespace kvhost

@@ -1,0 +1,98 @@
+// Pool: one host index space of token slots with its memory, layout and
+// allocator (the seeds' HostKVCache).
+//
+// The bytes live in shared-memory regions created with the pool and removed
+// with it; `layout()` says where each (plane, token, layer, head) lies in
+// region 0. The pool counts the device attachments that use it so it is never
+// deleted under a transfer.
+//
+// Thread safety: all methods may be called concurrently. Spec, layout and
+// regions are fixed at creation; the allocator and attachment count carry
+// their own locks.
+#ifndef KVHOST_SERVER_POOL_POOL_H_
+#define KVHOST_SERVER_POOL_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "kvhost/layout.h"
+#include "server/pool/allocator.h"
+#include "server/pool/pool_spec.h"
+#include "server/pool/shm_region.h"
+
+namespace kvhost {
+
+// A byte range of one of a pool's regions (Pool::region_paths()).
+struct RegionSegment {
+  uint32_t region = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+class Pool {
+ public:
+  // Creates the pool's region files under `region_prefix` ("<dir>/kvhost.<pid>.")
+  // and maps them. REQUIRES: ValidateSpec(spec).ok(), size_tokens a positive
+  // multiple of spec.page_size.
+  static absl::StatusOr<std::shared_ptr<Pool>> Create(const std::string& name,
+                                                      const PoolSpec& spec, uint64_t size_tokens,
+                                                      const std::string& region_prefix);
+
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  const std::string& name() const { return name_; }
+  const PoolSpec& spec() const { return spec_; }
+  const KvLayout& layout() const { return layout_; }
+  uint64_t size_tokens() const { return layout_.tokens; }
+  uint64_t page_num() const { return layout_.page_num(); }
+  uint64_t bytes() const { return layout_.total_bytes(); }
+  uint8_t* base() const { return regions_[0]->data(); }
+  std::vector<std::string> region_paths() const;
+  PageAllocator& allocator() { return allocator_; }
+  const PageAllocator& allocator() const { return allocator_; }
+
+  // Alloc / Free in token slots, with messages naming the pool.
+  absl::StatusOr<std::vector<uint64_t>> AllocPages(uint64_t num_tokens);
+  absl::StatusOr<uint64_t> Free(absl::Span<const int64_t> slots);
+
+  // The seeds' get_page_buffer_meta: region ranges of whole pages, in the
+  // seeds' order (see PageBufferMeta in proto/kvhost/v1/pool.proto).
+  absl::StatusOr<std::vector<RegionSegment>> PageBufferMeta(absl::Span<const int64_t> slots) const;
+
+  // Attachment accounting. AcquireAttachment fails with FAILED_PRECONDITION
+  // once the pool is being deleted; TryRetire succeeds only with no
+  // attachments and makes every later AcquireAttachment fail.
+  absl::Status AcquireAttachment();
+  void ReleaseAttachment();
+  uint32_t attachments() const;
+  absl::Status TryRetire();
+
+ private:
+  Pool(std::string name, const PoolSpec& spec, const KvLayout& layout,
+       std::vector<std::unique_ptr<ShmRegion>> regions);
+
+  const std::string name_;
+  const PoolSpec spec_;
+  const KvLayout layout_;
+  const std::vector<std::unique_ptr<ShmRegion>> regions_;
+  PageAllocator allocator_;
+
+  mutable absl::Mutex mu_;
+  uint32_t attachments_ ABSL_GUARDED_BY(mu_) = 0;
+  bool retired_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Prefixes a status message with "pool 'name': ", keeping the code.
+absl::Status WithPool(const std::string& pool, const absl::Status& status);
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_POOL_POOL_H_

@@ -1,0 +1,149 @@
+#include "server/pool/registry.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "spdlog/spdlog.h"
+
+namespace kvhost {
+
+namespace {
+constexpr size_t kMaxPoolName = 64;
+constexpr char kRegionFilePrefix[] = "kvhost.";
+}  // namespace
+
+absl::Status ValidatePoolName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxPoolName) {
+    return absl::InvalidArgumentError(absl::StrCat("name '", name, "' must be 1-", kMaxPoolName,
+                                                   " characters long"));
+  }
+  if (name[0] == '.') {
+    return absl::InvalidArgumentError(absl::StrCat("name '", name, "' must not start with '.'"));
+  }
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("name '", name, "' may hold only letters, digits, '.', '_' and '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+PoolRegistry::PoolRegistry(RegistryOptions options)
+    : options_(std::move(options)),
+      region_prefix_(absl::StrCat(options_.shm_dir, "/", kRegionFilePrefix, ::getpid(), ".")) {}
+
+PoolRegistry::~PoolRegistry() = default;
+
+absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& name,
+                                                           const PoolSpec& spec) {
+  if (absl::Status s = ValidatePoolName(name); !s.ok()) return s;
+  if (absl::Status s = ValidateSpec(spec); !s.ok()) return WithPool(name, s);
+  absl::StatusOr<uint64_t> tokens = ResolveSizeTokens(spec);
+  if (!tokens.ok()) return WithPool(name, tokens.status());
+  const uint64_t bytes = *tokens * BytesPerToken(spec);
+
+  absl::MutexLock create_lock(&create_mu_);
+  uint64_t used = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (pools_.count(name) != 0) {
+      return absl::AlreadyExistsError(absl::StrCat("pool '", name, "' already exists"));
+    }
+    used = used_bytes_;
+  }
+  absl::StatusOr<MemorySnapshot> mem = options_.read_memory();
+  if (!mem.ok()) return mem.status();
+  uint64_t available = AvailableForPools(*mem, options_.memory_reserve);
+  std::string why = absl::StrCat("MemAvailable ", FormatGB(mem->mem_available));
+  if (mem->cgroup_limit) {
+    absl::StrAppend(&why, ", cgroup ", mem->cgroup_source, " limit ",
+                    FormatGB(*mem->cgroup_limit), " with ", FormatGB(mem->cgroup_usage), " used");
+  }
+  absl::StrAppend(&why, ", reserve ", FormatGB(options_.memory_reserve));
+  if (options_.memory_limit > 0) {
+    const uint64_t left = options_.memory_limit > used ? options_.memory_limit - used : 0;
+    if (left < available) available = left;
+    absl::StrAppend(&why, ", --memory-limit ", FormatGB(options_.memory_limit), " with ",
+                    FormatGB(used), " in pools");
+  }
+  if (bytes > available) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "not enough host memory for pool '", name, "': requesting ", FormatGB(bytes), " (",
+        *tokens, " tokens x ", BytesPerToken(spec), " bytes) but only ", FormatGB(available),
+        " available (", why, ")"));
+  }
+  absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create(name, spec, *tokens, region_prefix_);
+  if (!pool.ok()) return pool.status();
+  absl::MutexLock lock(&mu_);
+  pools_[name] = *pool;
+  used_bytes_ += bytes;
+  return *pool;
+}
+
+absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Get(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(name);
+  if (it == pools_.end()) return absl::NotFoundError(absl::StrCat("pool '", name, "' not found"));
+  return it->second;
+}
+
+std::vector<std::shared_ptr<Pool>> PoolRegistry::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Pool>> out;
+  out.reserve(pools_.size());
+  for (const auto& [name, pool] : pools_) out.push_back(pool);
+  return out;
+}
+
+absl::StatusOr<uint64_t> PoolRegistry::Delete(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(name);
+  if (it == pools_.end()) return absl::NotFoundError(absl::StrCat("pool '", name, "' not found"));
+  if (absl::Status s = it->second->TryRetire(); !s.ok()) return s;
+  const uint64_t bytes = it->second->bytes();
+  used_bytes_ -= bytes;
+  pools_.erase(it);
+  return bytes;
+}
+
+uint64_t PoolRegistry::used_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return used_bytes_;
+}
+
+int PoolRegistry::RemoveStaleRegions() const {
+  DIR* dir = ::opendir(options_.shm_dir.c_str());
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  while (dirent* entry = ::readdir(dir)) {
+    const std::string file = entry->d_name;
+    // kvhost.<pid>.<pool>.<region>
+    std::vector<std::string> parts = absl::StrSplit(file, absl::MaxSplits('.', 2));
+    int pid = 0;
+    if (parts.size() != 3 || parts[0] != "kvhost" || !absl::SimpleAtoi(parts[1], &pid) ||
+        pid <= 0 || pid == ::getpid()) {
+      continue;
+    }
+    if (::kill(pid, 0) == 0 || errno == EPERM) continue;  // still running
+    const std::string path = absl::StrCat(options_.shm_dir, "/", file);
+    if (::unlink(path.c_str()) == 0) {
+      spdlog::warn("removed stale region {} left by kvhostd pid {}", path, pid);
+      ++removed;
+    }
+  }
+  ::closedir(dir);
+  return removed;
+}
+
+}  // namespace kvhost

@@ -1,0 +1,80 @@
+// PoolRegistry: the daemon's pools by name, and the host-memory budget they
+// draw on.
+//
+// Creating a pool checks its bytes against the memory the host can spare
+// (MemAvailable and the cgroup limit, each less the reserve; tokenspeed's
+// rule) and against the operator's --memory-limit for all pools together, then
+// creates its shared-memory file. Creation is serialised so two concurrent
+// creations cannot both pass the same check.
+//
+// Thread safety: all methods may be called concurrently.
+#ifndef KVHOST_SERVER_POOL_REGISTRY_H_
+#define KVHOST_SERVER_POOL_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/pool/host_memory.h"
+#include "server/pool/pool.h"
+
+namespace kvhost {
+
+struct RegistryOptions {
+  // Directory of the pools' shared-memory files.
+  std::string shm_dir = "/dev/shm";
+  // Bytes all pools together may use; 0 = no limit beyond the host's.
+  uint64_t memory_limit = 0;
+  // Bytes of host memory never given to pools.
+  uint64_t memory_reserve = 0;
+  // Where memory figures come from (tests replace it).
+  std::function<absl::StatusOr<MemorySnapshot>()> read_memory = [] {
+    return ReadMemorySnapshot("/");
+  };
+};
+
+class PoolRegistry {
+ public:
+  explicit PoolRegistry(RegistryOptions options);
+  ~PoolRegistry();
+
+  // INVALID_ARGUMENT (bad name or spec), ALREADY_EXISTS, RESOURCE_EXHAUSTED.
+  absl::StatusOr<std::shared_ptr<Pool>> Create(const std::string& name, const PoolSpec& spec);
+  // NOT_FOUND naming the pool.
+  absl::StatusOr<std::shared_ptr<Pool>> Get(const std::string& name) const;
+  // Every pool, by name.
+  std::vector<std::shared_ptr<Pool>> List() const;
+  // Removes the pool; its memory goes when the last user drops it. Returns its
+  // bytes. NOT_FOUND, or FAILED_PRECONDITION while it has attachments.
+  absl::StatusOr<uint64_t> Delete(const std::string& name);
+
+  uint64_t used_bytes() const;
+  const RegistryOptions& options() const { return options_; }
+  // "<shm_dir>/kvhost.<pid>." — the prefix of this daemon's region files.
+  const std::string& region_prefix() const { return region_prefix_; }
+
+  // Removes region files left in shm_dir by kvhostd processes that no longer
+  // run; returns how many.
+  int RemoveStaleRegions() const;
+
+ private:
+  const RegistryOptions options_;
+  const std::string region_prefix_;
+  absl::Mutex create_mu_;  // serialises Create (memory check + file creation)
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Pool>> pools_ ABSL_GUARDED_BY(mu_);
+  uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// OK when `name` is 1-64 characters of [A-Za-z0-9._-] not starting with '.'.
+absl::Status ValidatePoolName(const std::string& name);
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_POOL_REGISTRY_H_

@@ -1,0 +1,114 @@
+#include "server/pool/shm_region.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvhost {
+namespace {
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(const std::string& path,
+                                                             uint64_t bytes, uint32_t mode) {
+  if (bytes == 0) return absl::InvalidArgumentError("shared-memory region of 0 bytes");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EEXIST) {
+      return absl::AlreadyExistsError(absl::StrCat("shared-memory file ", path, " already exists"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create shared-memory file ", path, ": ", ErrnoText(err)));
+  }
+  // fchmod: the umask must not narrow the mode the operator asked for.
+  (void)::fchmod(fd, mode);
+  int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err != 0) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    if (err == ENOSPC || err == EFBIG) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot reserve ", bytes, " bytes for ", path,
+                       ": the file system is full (for /dev/shm, raise its size)"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot reserve ", bytes, " bytes for ", path, ": ", ErrnoText(err)));
+  }
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  err = errno;
+  ::close(fd);
+  if (data == MAP_FAILED) {
+    ::unlink(path.c_str());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map ", bytes, " bytes of ", path, ": ", ErrnoText(err)));
+  }
+  return std::unique_ptr<ShmRegion>(
+      new ShmRegion(path, static_cast<uint8_t*>(data), bytes, /*owner=*/true));
+}
+
+absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat("no file ", path));
+    return absl::PermissionDeniedError(absl::StrCat("cannot open ", path, ": ", ErrnoText(err)));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a non-empty regular file"));
+  }
+  const uint64_t bytes = static_cast<uint64_t>(st.st_size);
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (data == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map ", bytes, " bytes of ", path, ": ", ErrnoText(err)));
+  }
+  return std::unique_ptr<ShmRegion>(
+      new ShmRegion(path, static_cast<uint8_t*>(data), bytes, /*owner=*/false));
+}
+
+ShmRegion::~ShmRegion() {
+  ::munmap(data_, size_);
+  if (owner_) ::unlink(path_.c_str());
+}
+
+absl::StatusOr<std::string> ResolvePathInside(const std::string& dir, const std::string& path) {
+  char dir_real[PATH_MAX];
+  char path_real[PATH_MAX];
+  if (::realpath(dir.c_str(), dir_real) == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shm dir ", dir, " is not usable: ", ErrnoText(errno)));
+  }
+  if (path.empty() || path[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("path '", path, "' is not absolute"));
+  }
+  if (::realpath(path.c_str(), path_real) == nullptr) {
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat("no file ", path));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot resolve ", path, ": ", ErrnoText(err)));
+  }
+  const std::string prefix = absl::StrCat(dir_real, dir_real[1] == '\0' ? "" : "/");
+  if (!absl::StartsWith(path_real, prefix)) {
+    return absl::PermissionDeniedError(absl::StrCat("path ", path, " (", path_real,
+                                                    ") is outside the shm dir ", dir_real));
+  }
+  return std::string(path_real);
+}
+
+}  // namespace kvhost

@@ -1,0 +1,33 @@
+// Translation between the public API (kvhost.v1 protobuf) and the domain, and
+// the one place absl::Status becomes grpc::Status. Service code calls these
+// and nothing below it sees protobuf.
+//
+// Pure functions; thread-safe.
+#ifndef KVHOST_SERVER_SERVICE_CONVERT_H_
+#define KVHOST_SERVER_SERVICE_CONVERT_H_
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kvhost/v1/pool.pb.h"
+#include "kvhost/v1/transfer.pb.h"
+#include "server/pool/pool.h"
+#include "server/transfer/engine.h"
+#include "server/transfer/ticket.h"
+
+namespace kvhost {
+
+// Canonical codes line up one to one.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// INVALID_ARGUMENT naming the field for an enum value outside the domain.
+absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& spec);
+void ToProto(const PoolSpec& spec, v1::PoolSpec* out);
+void ToProto(const Pool& pool, const char* backend, v1::Pool* out);
+absl::StatusOr<AttachRequest> FromProto(const v1::AttachDeviceRequest& request);
+void ToProto(const TicketStatus& status, v1::TransferStatus* out);
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_SERVICE_CONVERT_H_

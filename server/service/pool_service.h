@@ -1,0 +1,50 @@
+// PoolServiceImpl: kvhost.v1.PoolService over the pool registry. Translates
+// and validates; the registry and pools do the work. Callback (reactor) API:
+// every handler finishes inline, none blocks.
+//
+// Thread safety: handlers run concurrently on gRPC's threads; the registry
+// and pools synchronise themselves.
+#ifndef KVHOST_SERVER_SERVICE_POOL_SERVICE_H_
+#define KVHOST_SERVER_SERVICE_POOL_SERVICE_H_
+
+#include "kvhost/v1/pool.grpc.pb.h"
+#include "server/pool/registry.h"
+
+namespace kvhost {
+
+class PoolServiceImpl final : public v1::PoolService::CallbackService {
+ public:
+  // `backend` names the transfer engine, shown in Pool.backend.
+  PoolServiceImpl(PoolRegistry* registry, const char* backend)
+      : registry_(registry), backend_(backend) {}
+
+  grpc::ServerUnaryReactor* CreatePool(grpc::CallbackServerContext* context,
+                                       const v1::CreatePoolRequest* request,
+                                       v1::Pool* response) override;
+  grpc::ServerUnaryReactor* GetPool(grpc::CallbackServerContext* context,
+                                    const v1::GetPoolRequest* request,
+                                    v1::Pool* response) override;
+  grpc::ServerUnaryReactor* ListPools(grpc::CallbackServerContext* context,
+                                      const v1::ListPoolsRequest* request,
+                                      v1::ListPoolsResponse* response) override;
+  grpc::ServerUnaryReactor* DeletePool(grpc::CallbackServerContext* context,
+                                       const v1::DeletePoolRequest* request,
+                                       v1::DeletePoolResponse* response) override;
+  grpc::ServerUnaryReactor* Alloc(grpc::CallbackServerContext* context,
+                                  const v1::AllocRequest* request,
+                                  v1::AllocResponse* response) override;
+  grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext* context,
+                                 const v1::FreeRequest* request,
+                                 v1::FreeResponse* response) override;
+  grpc::ServerUnaryReactor* GetPageBufferMeta(grpc::CallbackServerContext* context,
+                                              const v1::GetPageBufferMetaRequest* request,
+                                              v1::PageBufferMeta* response) override;
+
+ private:
+  PoolRegistry* const registry_;
+  const char* const backend_;
+};
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_SERVICE_POOL_SERVICE_H_

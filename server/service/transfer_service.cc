@@ -1,0 +1,116 @@
+#include "server/service/transfer_service.h"
+
+#include <atomic>
+#include <memory>
+
+#include "server/service/convert.h"
+
+namespace kvhost {
+namespace {
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
+                                 const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// Holds a WaitTransfer call open until its ticket finishes or the call is
+// cancelled. Whichever comes first finishes the call; the other finds the
+// flag taken and leaves the reactor alone (it may already be deleted, which
+// is why the flag lives in a shared object the ticket's callback owns too).
+class WaitReactor final : public grpc::ServerUnaryReactor {
+ public:
+  WaitReactor(std::shared_ptr<TransferTicket> ticket, v1::TransferStatus* response)
+      : ticket_(std::move(ticket)), response_(response), finished_(std::make_shared<Flag>()) {}
+
+  void Start() {
+    std::shared_ptr<Flag> finished = finished_;
+    ticket_->OnDone([this, finished] {
+      if (finished->taken.exchange(true)) return;
+      const TicketStatus status = ticket_->Snapshot();
+      if (status.status.ok()) ToProto(status, response_);
+      Finish(ToGrpcStatus(status.status));
+    });
+  }
+
+  void OnCancel() override {
+    if (finished_->taken.exchange(true)) return;
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "WaitTransfer cancelled before the ticket finished"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  struct Flag {
+    std::atomic<bool> taken{false};
+  };
+  std::shared_ptr<TransferTicket> ticket_;
+  v1::TransferStatus* response_;
+  std::shared_ptr<Flag> finished_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(
+    grpc::CallbackServerContext* context, const v1::AttachDeviceRequest* request,
+    v1::Attachment* response) {
+  absl::StatusOr<AttachRequest> attach = FromProto(*request);
+  if (!attach.ok()) return Finish(context, attach.status());
+  absl::StatusOr<AttachmentInfo> info = manager_->Attach(request->pool(), *attach);
+  if (!info.ok()) return Finish(context, info.status());
+  response->set_id(info->id);
+  response->set_pool(info->pool);
+  response->set_device_size_tokens(info->device_size_tokens);
+  response->set_backend(manager_->backend());
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* TransferServiceImpl::DetachDevice(
+    grpc::CallbackServerContext* context, const v1::DetachDeviceRequest* request,
+    v1::DetachDeviceResponse* response) {
+  return Finish(context, manager_->Detach(request->attachment_id()));
+}
+
+grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
+    grpc::CallbackServerContext* context, Direction direction, const std::string& attachment_id,
+    const google::protobuf::RepeatedField<int64_t>& host,
+    const google::protobuf::RepeatedField<int64_t>& device, v1::TransferTicket* response) {
+  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket = manager_->Submit(
+      attachment_id, direction, absl::MakeConstSpan(host.data(), host.size()),
+      absl::MakeConstSpan(device.data(), device.size()));
+  if (!ticket.ok()) return Finish(context, ticket.status());
+  response->set_id((*ticket)->id());
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* TransferServiceImpl::Backup(grpc::CallbackServerContext* context,
+                                                      const v1::BackupRequest* request,
+                                                      v1::TransferTicket* response) {
+  return Submit(context, Direction::kBackup, request->attachment_id(), request->host_indices(),
+                request->device_indices(), response);
+}
+
+grpc::ServerUnaryReactor* TransferServiceImpl::Load(grpc::CallbackServerContext* context,
+                                                    const v1::LoadRequest* request,
+                                                    v1::TransferTicket* response) {
+  return Submit(context, Direction::kLoad, request->attachment_id(), request->host_indices(),
+                request->device_indices(), response);
+}
+
+grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(
+    grpc::CallbackServerContext* context, const v1::WaitTransferRequest* request,
+    v1::TransferStatus* response) {
+  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket = manager_->FindTicket(request->ticket_id());
+  if (!ticket.ok()) return Finish(context, ticket.status());
+  const TicketStatus now = (*ticket)->Snapshot();
+  if (now.done || request->poll()) {
+    if (now.done && !now.status.ok()) return Finish(context, now.status);
+    ToProto(now, response);
+    return Finish(context, absl::OkStatus());
+  }
+  auto* reactor = new WaitReactor(*std::move(ticket), response);
+  reactor->Start();
+  return reactor;
+}
+
+}  // namespace kvhost

@@ -1,0 +1,47 @@
+// TransferServiceImpl: kvhost.v1.TransferService over the TransferManager.
+// Translates and validates; WaitTransfer holds its call open without holding a
+// thread, finishing when the ticket's completion callback fires (or the call
+// is cancelled, e.g. by its deadline).
+//
+// Thread safety: handlers run concurrently on gRPC's threads.
+#ifndef KVHOST_SERVER_SERVICE_TRANSFER_SERVICE_H_
+#define KVHOST_SERVER_SERVICE_TRANSFER_SERVICE_H_
+
+#include "kvhost/v1/transfer.grpc.pb.h"
+#include "server/transfer/transfer_manager.h"
+
+namespace kvhost {
+
+class TransferServiceImpl final : public v1::TransferService::CallbackService {
+ public:
+  explicit TransferServiceImpl(TransferManager* manager) : manager_(manager) {}
+
+  grpc::ServerUnaryReactor* AttachDevice(grpc::CallbackServerContext* context,
+                                         const v1::AttachDeviceRequest* request,
+                                         v1::Attachment* response) override;
+  grpc::ServerUnaryReactor* DetachDevice(grpc::CallbackServerContext* context,
+                                         const v1::DetachDeviceRequest* request,
+                                         v1::DetachDeviceResponse* response) override;
+  grpc::ServerUnaryReactor* Backup(grpc::CallbackServerContext* context,
+                                   const v1::BackupRequest* request,
+                                   v1::TransferTicket* response) override;
+  grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* context,
+                                 const v1::LoadRequest* request,
+                                 v1::TransferTicket* response) override;
+  grpc::ServerUnaryReactor* WaitTransfer(grpc::CallbackServerContext* context,
+                                         const v1::WaitTransferRequest* request,
+                                         v1::TransferStatus* response) override;
+
+ private:
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* context, Direction direction,
+                                   const std::string& attachment_id,
+                                   const google::protobuf::RepeatedField<int64_t>& host,
+                                   const google::protobuf::RepeatedField<int64_t>& device,
+                                   v1::TransferTicket* response);
+
+  TransferManager* const manager_;
+};
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_SERVICE_TRANSFER_SERVICE_H_

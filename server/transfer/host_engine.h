@@ -1,0 +1,78 @@
+// HostEngine: the transfer engine of the host backend (no GPU). A worker's
+// "device" pool is emulated in shared-memory files under --shm-dir; backups
+// and loads are memcpy between those files and the host pool, with the same
+// run coalescing and layout math as the CUDA engine.
+//
+// Each direction has a driver thread with a FIFO queue (the CPU counterpart of
+// one CUDA stream per direction). A driver copies a job layer by layer, in
+// layer order, and splits a large layer over the helper threads; after each
+// layer it reports progress to the ticket.
+//
+// Thread safety: as TransferEngine.
+#ifndef KVHOST_SERVER_TRANSFER_HOST_ENGINE_H_
+#define KVHOST_SERVER_TRANSFER_HOST_ENGINE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/transfer/engine.h"
+
+namespace kvhost {
+
+struct HostEngineOptions {
+  // Only files inside this directory may be attached.
+  std::string shm_dir = "/dev/shm";
+  // Copy threads per direction, besides the direction's driver thread.
+  int helper_threads = 2;
+  // A layer is split into pieces of at least this many bytes, so small
+  // layers are not fanned out to threads for nothing.
+  uint64_t min_split_bytes = uint64_t{1} << 20;
+};
+
+class HostEngine : public TransferEngine {
+ public:
+  explicit HostEngine(HostEngineOptions options);
+  ~HostEngine() override;
+
+  const char* name() const override { return "host"; }
+  std::string PathFor(const TransferJob& job) const override;
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(const Pool& pool,
+                                                      const AttachRequest& request) override;
+  void Submit(TransferJob job) override;
+  void Drain() override;
+
+ private:
+  // One direction: its queue, its driver thread.
+  struct Lane {
+    absl::Mutex mu;
+    std::deque<TransferJob> queue ABSL_GUARDED_BY(mu);
+    bool busy ABSL_GUARDED_BY(mu) = false;
+    std::thread driver;
+  };
+
+  void DriverLoop(Lane* lane);
+  void RunJob(const TransferJob& job);
+  void RunParallel(std::vector<std::function<void()>>& tasks);
+  void HelperLoop();
+
+  const HostEngineOptions options_;
+
+  absl::Mutex stop_mu_;
+  bool stopping_ = false;
+  Lane lanes_[2];
+
+  absl::Mutex helper_mu_;
+  std::deque<std::function<void()>> helper_queue_ ABSL_GUARDED_BY(helper_mu_);
+  std::vector<std::thread> helpers_;
+};
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_TRANSFER_HOST_ENGINE_H_

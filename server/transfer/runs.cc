@@ -1,0 +1,41 @@
+#include "server/transfer/runs.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvhost {
+
+std::vector<IndexRun> CoalesceRuns(absl::Span<const int64_t> host,
+                                   absl::Span<const int64_t> device) {
+  std::vector<IndexRun> runs;
+  for (size_t i = 0; i < host.size(); ++i) {
+    const auto h = static_cast<uint64_t>(host[i]);
+    const auto d = static_cast<uint64_t>(device[i]);
+    if (!runs.empty()) {
+      IndexRun& last = runs.back();
+      if (last.host + last.count == h && last.device + last.count == d) {
+        ++last.count;
+        continue;
+      }
+    }
+    runs.push_back({h, d, 1});
+  }
+  return runs;
+}
+
+absl::Status CheckNoOverlap(std::vector<IndexRun> runs, bool host_side, const char* what) {
+  auto start = [host_side](const IndexRun& r) { return host_side ? r.host : r.device; };
+  std::sort(runs.begin(), runs.end(),
+            [&](const IndexRun& a, const IndexRun& b) { return start(a) < start(b); });
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const uint64_t prev_end = start(runs[i - 1]) + runs[i - 1].count;
+    if (start(runs[i]) < prev_end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", start(runs[i]), " is written more than once"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvhost

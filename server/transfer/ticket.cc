@@ -1,0 +1,69 @@
+#include "server/transfer/ticket.h"
+
+#include <utility>
+
+namespace kvhost {
+
+const char* DirectionName(Direction direction) {
+  return direction == Direction::kBackup ? "backup" : "load";
+}
+
+TransferTicket::TransferTicket(uint64_t id, Direction direction, uint32_t layer_num,
+                               std::string path)
+    : id_(id),
+      direction_(direction),
+      layer_num_(layer_num),
+      path_(std::move(path)),
+      accepted_(absl::Now()) {}
+
+void TransferTicket::LayerDone(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  bytes_ += bytes;
+  ++layers_done_;
+}
+
+void TransferTicket::Finish(absl::Status status) {
+  std::vector<std::function<void()>> callbacks;
+  {
+    absl::MutexLock lock(&mu_);
+    if (done_) return;
+    done_ = true;
+    status_ = std::move(status);
+    duration_ = absl::Now() - accepted_;
+    callbacks.swap(callbacks_);
+  }
+  for (auto& callback : callbacks) callback();
+}
+
+TicketStatus TransferTicket::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  TicketStatus s;
+  s.id = id_;
+  s.done = done_;
+  s.status = status_;
+  s.bytes = bytes_;
+  s.layers_done = layers_done_;
+  s.layer_num = layer_num_;
+  s.path = path_;
+  s.duration_us = done_ ? static_cast<uint64_t>(absl::ToInt64Microseconds(duration_)) : 0;
+  return s;
+}
+
+bool TransferTicket::WaitUntil(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+  return mu_.AwaitWithDeadline(absl::Condition(&finished), deadline);
+}
+
+void TransferTicket::OnDone(std::function<void()> callback) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!done_) {
+      callbacks_.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback();
+}
+
+}  // namespace kvhost

@@ -1,0 +1,74 @@
+// TransferTicket: one backup or load in flight, from acceptance to its end.
+//
+// The engine reports progress (bytes, layers completed in order) and the end
+// (OK or an error status); waiters either block (Wait) or register a callback
+// (OnDone) that runs exactly once, on the thread that finishes the ticket, or
+// at once if it is already finished.
+//
+// Thread safety: all methods may be called concurrently.
+#ifndef KVHOST_SERVER_TRANSFER_TICKET_H_
+#define KVHOST_SERVER_TRANSFER_TICKET_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace kvhost {
+
+enum class Direction : uint8_t { kBackup, kLoad };
+const char* DirectionName(Direction direction);
+
+struct TicketStatus {
+  uint64_t id = 0;
+  bool done = false;
+  absl::Status status;  // the ticket's end, meaningful when done
+  uint64_t bytes = 0;
+  uint32_t layers_done = 0;
+  uint32_t layer_num = 0;
+  std::string path;
+  uint64_t duration_us = 0;
+};
+
+class TransferTicket {
+ public:
+  TransferTicket(uint64_t id, Direction direction, uint32_t layer_num, std::string path);
+
+  uint64_t id() const { return id_; }
+  Direction direction() const { return direction_; }
+
+  // Engine side. REQUIRES: not finished.
+  void LayerDone(uint64_t bytes);
+  // Ends the ticket; callbacks run here. Later calls are ignored.
+  void Finish(absl::Status status);
+
+  // Waiter side.
+  TicketStatus Snapshot() const;
+  // Blocks until finished or `deadline`; returns whether finished.
+  bool WaitUntil(absl::Time deadline) const;
+  void OnDone(std::function<void()> callback);
+
+ private:
+  const uint64_t id_;
+  const Direction direction_;
+  const uint32_t layer_num_;
+  const std::string path_;
+  const absl::Time accepted_;
+
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t layers_done_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration duration_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_TRANSFER_TICKET_H_

@@ -1,0 +1,95 @@
+// TransferManager: attachments and tickets — the domain behind
+// TransferService.
+//
+// It validates every transfer request against the pool and the attachment
+// (lengths, ranges, repeated destinations, host slots allocated), coalesces
+// the indices into runs and hands the job to the engine. Tickets stay
+// queryable while in flight and for the last `kRetainedTickets` completions.
+//
+// Thread safety: all methods may be called concurrently.
+#ifndef KVHOST_SERVER_TRANSFER_TRANSFER_MANAGER_H_
+#define KVHOST_SERVER_TRANSFER_TRANSFER_MANAGER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "server/pool/registry.h"
+#include "server/transfer/engine.h"
+
+namespace kvhost {
+
+struct AttachmentInfo {
+  std::string id;
+  std::string pool;
+  uint64_t device_size_tokens = 0;
+};
+
+struct TransferCounters {
+  uint64_t tickets_in_flight = 0;
+  uint64_t tickets_done = 0;
+  uint64_t tickets_failed = 0;
+  uint64_t bytes[2] = {0, 0};  // by Direction
+};
+
+class TransferManager {
+ public:
+  // Completed tickets kept for WaitTransfer after they finish.
+  static constexpr size_t kRetainedTickets = 65536;
+
+  TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine);
+  ~TransferManager();
+
+  const char* backend() const { return engine_->name(); }
+
+  absl::StatusOr<AttachmentInfo> Attach(const std::string& pool, const AttachRequest& request);
+  // Transfers already accepted still complete; the buffers close after them.
+  absl::Status Detach(const std::string& attachment_id);
+  // Validates and queues a backup or load; returns its ticket.
+  absl::StatusOr<std::shared_ptr<TransferTicket>> Submit(const std::string& attachment_id,
+                                                         Direction direction,
+                                                         absl::Span<const int64_t> host,
+                                                         absl::Span<const int64_t> device);
+  // NOT_FOUND for an unknown or expired ticket.
+  absl::StatusOr<std::shared_ptr<TransferTicket>> FindTicket(uint64_t id) const;
+
+  // Refuses new transfers from now on (UNAVAILABLE), then waits for the ones
+  // accepted to finish.
+  void Drain();
+
+  std::vector<AttachmentInfo> ListAttachments() const;
+  TransferCounters counters() const;
+
+ private:
+  struct Attachment {
+    AttachmentInfo info;
+    std::shared_ptr<Pool> pool;
+    std::shared_ptr<const DeviceMapping> device;
+  };
+
+  void Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes, Direction direction);
+
+  PoolRegistry* const registry_;
+  const std::unique_ptr<TransferEngine> engine_;
+  std::atomic<uint64_t> next_ticket_{1};
+  std::atomic<uint64_t> next_attachment_{1};
+
+  mutable absl::Mutex mu_;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, Attachment> attachments_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<TransferTicket>> tickets_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
+  TransferCounters counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_TRANSFER_TRANSFER_MANAGER_H_
