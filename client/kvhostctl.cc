@@ -1,1 +1,1138 @@
-int main() { return 0; }
+// kvhostctl: the operator's command line for kvhostd. It shows the daemon's
+// health and pools, creates and deletes pools, allocates, frees and locates
+// token slots, and runs a self-checking demo workload: backup / load cycles
+// between an emulated device pool in shared memory and a host pool, verified
+// byte for byte (host backend).
+//
+// Output is for people unless --json is given; then every command prints one
+// JSON object on one line: protobuf's JSON mapping (field names as in the
+// .proto) where the daemon answers with a message, an object of the same
+// naming style otherwise. Exit codes: 0 done; 1 an RPC failed ("error: CODE:
+// message" on stderr); 2 a usage error; 3 the demo read back other bytes than
+// it had written.
+//
+// Single-threaded: every daemon call is one blocking kvhost::Client call
+// under --timeout.
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "cli_flags.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/util/json_util.h"
+#include "kvhost/client.h"
+
+// Global.
+ABSL_FLAG(std::string, server, kvhost::kDefaultAddress,
+          "kvhostd address: 'unix:///path.sock' or 'host:port'.");
+ABSL_FLAG(bool, json, false, "Print one JSON object per command instead of text.");
+ABSL_FLAG(double, timeout, 30, "Deadline of each RPC, in seconds.");
+
+// create-pool.
+ABSL_FLAG(std::string, kind, "mha", "create-pool: what a token stores: mha or mla.");
+ABSL_FLAG(std::string, layout, "page_first",
+          "create-pool: layer_first, page_first, page_first_direct or page_head (MHA only).");
+ABSL_FLAG(std::string, dtype, "bf16",
+          "create-pool: element type: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2 or uint8.");
+ABSL_FLAG(uint32_t, page_size, 16, "create-pool: token slots per page.");
+ABSL_FLAG(uint32_t, layers, 0, "create-pool: layers held on the host (required).");
+ABSL_FLAG(uint32_t, heads, 0, "create-pool: MHA KV heads (required for mha).");
+ABSL_FLAG(uint32_t, head_dim, 0, "create-pool: MHA head dimension (required for mha).");
+ABSL_FLAG(uint32_t, kv_lora_rank, 0, "create-pool: MLA latent rank.");
+ABSL_FLAG(uint32_t, qk_rope_head_dim, 0, "create-pool: MLA rotary dimension.");
+ABSL_FLAG(uint64_t, size_tokens, 0, "create-pool: pool size in tokens (first sizing rule).");
+ABSL_FLAG(std::string, size_bytes, "0",
+          "create-pool: pool size in host bytes, e.g. 10G; K/M/G/T are powers of 1024 (second "
+          "sizing rule).");
+ABSL_FLAG(double, ratio, 0,
+          "create-pool: host slots per device slot, with --device-size-tokens (third sizing "
+          "rule).");
+ABSL_FLAG(uint64_t, device_size_tokens, 0, "create-pool: the device pool's size in tokens.");
+
+// demo.
+ABSL_FLAG(std::string, shm_dir, "/dev/shm",
+          "demo: directory of the emulated device pool's file; must be kvhostd's --shm-dir.");
+ABSL_FLAG(std::string, demo_pool, "demo", "demo: name of the pool it creates (and deletes).");
+ABSL_FLAG(std::string, demo_kind, "mha",
+          "demo: mha (8 heads x 128 dims) or mla (512 + 64 dims); bf16, page size 16.");
+ABSL_FLAG(std::string, demo_layout, "page_first", "demo: host layout, as --layout.");
+ABSL_FLAG(uint32_t, demo_layers, 8, "demo: layers.");
+ABSL_FLAG(uint64_t, demo_tokens, 65536, "demo: host pool size in tokens.");
+ABSL_FLAG(uint64_t, demo_device_tokens, 8192, "demo: rows per layer of the device pool.");
+ABSL_FLAG(uint64_t, demo_batch_tokens, 2048,
+          "demo: tokens moved each way per cycle, a multiple of the page size.");
+ABSL_FLAG(int, demo_cycles, 20, "demo: backup / load / verify cycles.");
+ABSL_FLAG(uint64_t, demo_seed, 1, "demo: seed of the device bytes and the rows chosen.");
+
+namespace {
+
+using kvhost::Client;
+using kvhost::ShmDevicePool;
+namespace v1 = kvhost::v1;
+
+constexpr char kUsage[] =
+    "kvhostctl: command line for kvhostd, the host KV-cache daemon.\n"
+    "Usage: kvhostctl [--server=ADDR] [--json] [--timeout=SECONDS] COMMAND [ARGS]\n"
+    "\n"
+    "Commands:\n"
+    "  status              health, backend, pools and how full they are\n"
+    "  pools               table of pools\n"
+    "  create-pool NAME    create a pool: --kind, --layout, --dtype, --page-size, --layers,\n"
+    "                      --heads and --head-dim (mha) or --kv-lora-rank and\n"
+    "                      --qk-rope-head-dim (mla), and a size: --size-tokens, --size-bytes,\n"
+    "                      or --ratio with --device-size-tokens\n"
+    "  delete-pool NAME    delete a pool that has no attachments\n"
+    "  alloc POOL N        allocate N token slots (whole pages); prints them as runs\n"
+    "                      of slots, e.g. 0-15,32-47\n"
+    "  free POOL INDICES   free slots, written as runs (0-15,32-47) or a comma list\n"
+    "  meta POOL INDICES   region files and byte ranges of whole pages\n"
+    "  demo                create a pool and a shared-memory device pool, run backup /\n"
+    "                      load cycles verified byte for byte, report GB/s and RPC\n"
+    "                      latency, clean up (--demo-*, --shm-dir)\n"
+    "\n"
+    "Exit codes: 0 ok; 1 an RPC failed (stderr: error: CODE: message); 2 usage error;\n"
+    "3 the demo read back different bytes.";
+
+// Statuses made here rather than by the daemon carry one of these payloads, so
+// that the exit code tells a script what went wrong.
+constexpr char kUsagePayload[] = "kvhostctl/usage";
+constexpr char kMismatchPayload[] = "kvhostctl/mismatch";
+
+constexpr int kExitRpc = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitMismatch = 3;
+
+absl::Status UsageError(absl::string_view message) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kUsagePayload, absl::Cord());
+  return status;
+}
+
+absl::Status MismatchError(absl::string_view message) {
+  absl::Status status = absl::DataLossError(message);
+  status.SetPayload(kMismatchPayload, absl::Cord());
+  return status;
+}
+
+// Prints why `status` failed and returns the exit code it stands for.
+int Report(const absl::Status& status) {
+  if (status.ok()) return 0;
+  if (status.GetPayload(kUsagePayload).has_value()) {
+    absl::FPrintF(stderr, "usage error: %s\n(kvhostctl --help lists commands and flags)\n",
+                  status.message());
+    return kExitUsage;
+  }
+  if (status.GetPayload(kMismatchPayload).has_value()) {
+    absl::FPrintF(stderr, "error: verification failed: %s\n", status.message());
+    return kExitMismatch;
+  }
+  absl::FPrintF(stderr, "error: %s: %s\n", absl::StatusCodeToString(status.code()),
+                status.message());
+  return kExitRpc;
+}
+
+// Abseil exits with 1 on an unknown flag or a bad flag value, and 1 means a
+// failed RPC here; so kvhostctl's own flags are checked first, the way Abseil
+// would read them, and reported as usage errors.
+absl::Status CheckFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;  // positional
+    const bool double_dash = absl::StartsWith(arg, "--");
+    absl::string_view body = arg.substr(double_dash ? 2 : 1);
+    const size_t eq = body.find('=');
+    std::string name(body.substr(0, eq));
+    // cli_flags.cc turns --foo-bar into --foo_bar, but only with two dashes.
+    if (double_dash) name = absl::StrReplaceAll(name, {{"-", "_"}});
+    if (name == "help" || name == "h") continue;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no") && eq == absl::string_view::npos) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;
+    }
+    if (flag == nullptr) {
+      return UsageError(
+          absl::StrCat("unknown flag ", double_dash ? "--" : "-", body.substr(0, eq)));
+    }
+    // Abseil's own flags (--flagfile, ...) are left to Abseil.
+    if (!absl::EndsWith(flag->Filename(), "client/kvhostctl.cc")) continue;
+    std::string value;
+    if (eq != absl::string_view::npos) {
+      value = std::string(body.substr(eq + 1));
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return UsageError(absl::StrCat("flag --", flag->Name(), " needs a value"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return UsageError(absl::StrCat("--", absl::StrReplaceAll(flag->Name(), {{"_", "-"}}), "='",
+                                     value, "': ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string FlagName(absl::string_view underscored) {
+  return absl::StrCat("--", absl::StrReplaceAll(underscored, {{"_", "-"}}));
+}
+
+// ---------------------------------------------------------------------------
+// Parsing of command-line values.
+
+// An enum value written the way flags are: "page_first" or "page-first" for
+// PAGE_FIRST, any case; the *_UNSPECIFIED value is refused.
+absl::StatusOr<int> ParseEnumFlag(absl::string_view flag, const std::string& text,
+                                  const google::protobuf::EnumDescriptor* type) {
+  const std::string name = absl::AsciiStrToUpper(absl::StrReplaceAll(text, {{"-", "_"}}));
+  const google::protobuf::EnumValueDescriptor* value = type->FindValueByName(name);
+  if (value != nullptr && value->number() != 0) return value->number();
+  std::vector<std::string> names;
+  for (int i = 0; i < type->value_count(); ++i) {
+    if (type->value(i)->number() != 0)
+      names.push_back(absl::AsciiStrToLower(type->value(i)->name()));
+  }
+  return UsageError(
+      absl::StrCat(FlagName(flag), " '", text, "' is not one of ", absl::StrJoin(names, ", ")));
+}
+
+// "10G", "512M", "1.5T", "4096", "64KiB": bytes; K, M, G and T are powers of
+// 1024 as in kvhostd's --memory-limit.
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view flag, absl::string_view text) {
+  auto bad = [&](absl::string_view why) {
+    return UsageError(absl::StrCat(FlagName(flag), " '", text, "' ", why,
+                                   " (expected a number with an optional K, M, G or T suffix, "
+                                   "e.g. 10G)"));
+  };
+  absl::string_view number = absl::StripAsciiWhitespace(text);
+  if (absl::EndsWithIgnoreCase(number, "ib")) {
+    number.remove_suffix(2);
+  } else if (absl::EndsWithIgnoreCase(number, "b")) {
+    number.remove_suffix(1);
+  }
+  // K, M, G, T: the unit's position in kUnits, times ten, is its power of two.
+  constexpr absl::string_view kUnits = "KMGT";
+  const size_t unit =
+      number.empty() ? absl::string_view::npos : kUnits.find(absl::ascii_toupper(number.back()));
+  int shift = 0;
+  if (unit != absl::string_view::npos) {
+    shift = 10 * static_cast<int>(unit + 1);
+    number.remove_suffix(1);
+  }
+  if (number.empty() || number[0] == '-' || number[0] == '+') return bad("is not a size");
+  if (absl::StrContains(number, '.')) {
+    double value = 0;
+    if (!absl::SimpleAtod(number, &value) || !std::isfinite(value)) return bad("is not a size");
+    const double bytes = std::floor(std::ldexp(value, shift));
+    // 2^64 is exactly representable; anything at or past it does not fit.
+    if (bytes >= 18446744073709551616.0) return bad("is too large");
+    return static_cast<uint64_t>(bytes);
+  }
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(number, &value)) return bad("is not a size");
+  if (value > (std::numeric_limits<uint64_t>::max() >> shift)) return bad("is too large");
+  return value << shift;
+}
+
+// Index lists past this many entries would exceed the client's 64 MiB message
+// limit anyway; refusing them here keeps a typo ("0-99999999999") from
+// exhausting memory first.
+constexpr uint64_t kMaxListedSlots = uint64_t{1} << 26;
+
+// Token slots written as runs of consecutive slots ("0-15,32-47") and single
+// slots ("5"), comma separated, in list order.
+absl::StatusOr<std::vector<int64_t>> ParseRuns(absl::string_view text) {
+  std::vector<int64_t> slots;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    auto bad = [&](absl::string_view why) {
+      return UsageError(absl::StrCat("INDICES '", text, "': '", item, "' ", why,
+                                     " (write runs and slots like 0-15,32-47,64)"));
+    };
+    if (item.empty()) return bad("is empty");
+    const std::vector<absl::string_view> ends = absl::StrSplit(item, absl::MaxSplits('-', 1));
+    int64_t first = 0;
+    int64_t last = 0;
+    if (!absl::SimpleAtoi(ends[0], &first) || first < 0 || ends[0][0] == '+') {
+      return bad("is not a slot or a run");
+    }
+    last = first;
+    if (ends.size() == 2 && (!absl::SimpleAtoi(ends[1], &last) || ends[1].empty() ||
+                             ends[1][0] == '+' || ends[1][0] == '-')) {
+      return bad("is not a slot or a run");
+    }
+    if (last < first) return bad("runs backwards");
+    if (slots.size() + static_cast<uint64_t>(last - first) + 1 > kMaxListedSlots) {
+      return bad(absl::StrCat("makes the list longer than ", kMaxListedSlots, " slots"));
+    }
+    for (int64_t slot = first; slot <= last; ++slot) slots.push_back(slot);
+  }
+  return slots;
+}
+
+// The inverse of ParseRuns: maximal runs of consecutive slots, in list order.
+std::string FormatRuns(absl::Span<const int64_t> slots) {
+  std::string out;
+  for (size_t i = 0; i < slots.size();) {
+    size_t j = i + 1;
+    while (j < slots.size() && slots[j] == slots[j - 1] + 1) ++j;
+    if (!out.empty()) out += ',';
+    absl::StrAppend(&out, slots[i]);
+    if (j - i > 1) absl::StrAppend(&out, "-", slots[j - 1]);
+    i = j;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Output.
+
+std::string JsonQuote(absl::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", static_cast<int>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// One JSON object with its keys in insertion order, for the answers that are
+// not a single daemon message.
+class JsonObject {
+ public:
+  JsonObject& Str(absl::string_view key, absl::string_view value) {
+    return Raw(key, JsonQuote(value));
+  }
+  JsonObject& Uint(absl::string_view key, uint64_t value) { return Raw(key, absl::StrCat(value)); }
+  // Rounded to `decimals`; null when not finite.
+  JsonObject& Num(absl::string_view key, double value, int decimals = 3) {
+    return Raw(key, std::isfinite(value) ? absl::StrFormat("%.*f", decimals, value) : "null");
+  }
+  JsonObject& Bool(absl::string_view key, bool value) { return Raw(key, value ? "true" : "false"); }
+  // `json` must already be JSON (a message, an array, an object).
+  JsonObject& Raw(absl::string_view key, absl::string_view json) {
+    absl::StrAppend(&body_, body_.empty() ? "" : ",", JsonQuote(key), ":", json);
+    return *this;
+  }
+  std::string str() const { return absl::StrCat("{", body_, "}"); }
+
+ private:
+  std::string body_;
+};
+
+// A daemon message in protobuf's JSON mapping, on one line, with every field
+// present and named as in the .proto (scripts should not guess at defaults).
+std::string MessageJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(message, &out, options).ok()) {
+    // Only a message with unresolvable Any fields fails to print, and the
+    // kvhost API has none.
+    return "null";
+  }
+  return out;
+}
+
+void PrintLine(const std::string& line) {
+  std::fputs(line.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+// Aligned columns: the first row is the header; `align` has one letter per
+// column, 'l' or 'r'.
+void PrintTable(const std::vector<std::vector<std::string>>& rows, absl::string_view align,
+                absl::string_view indent = "") {
+  std::vector<size_t> width(align.size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  for (const auto& row : rows) {
+    std::string line(indent);
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      const std::string pad(width[c] - row[c].size(), ' ');
+      if (c > 0) line += "  ";
+      line += align[c] == 'r' ? pad + row[c] : (c + 1 == row.size() ? row[c] : row[c] + pad);
+    }
+    PrintLine(line);
+  }
+}
+
+// Decimal gigabytes, as kvhostd's logs and messages print them.
+std::string Gb(uint64_t bytes) { return absl::StrFormat("%.2f", static_cast<double>(bytes) / 1e9); }
+
+std::string ShapeOf(const v1::PoolSpec& spec) {
+  return absl::StrCat(v1::PoolKind_Name(spec.kind()), "/", v1::Layout_Name(spec.layout()), "/",
+                      v1::DType_Name(spec.dtype()));
+}
+
+std::string DimsOf(const v1::PoolSpec& spec) {
+  if (spec.kind() == v1::MLA) {
+    return absl::StrCat(spec.kv_lora_rank(), " + ", spec.qk_rope_head_dim(), " latent dims");
+  }
+  return absl::StrCat(spec.head_num(), " heads x ", spec.head_dim(), " dims");
+}
+
+uint64_t UsedTokens(const v1::Pool& pool) {
+  return pool.size_tokens() > pool.available_tokens() ? pool.size_tokens() - pool.available_tokens()
+                                                      : 0;
+}
+
+double UsedPercent(const v1::Pool& pool) {
+  return pool.size_tokens() == 0 ? 0.0 : 100.0 * UsedTokens(pool) / pool.size_tokens();
+}
+
+// ---------------------------------------------------------------------------
+// Commands.
+
+struct Context {
+  Client* client = nullptr;
+  bool json = false;
+  std::string server;
+  absl::Duration timeout;
+};
+
+using Args = std::vector<std::string>;  // after the command name
+
+absl::Status RunStatus(Context& ctx, const Args&) {
+  absl::StatusOr<std::string> health = ctx.client->Health();
+  if (!health.ok()) return health.status();
+  absl::StatusOr<std::vector<v1::Pool>> pools = ctx.client->ListPools();
+  if (!pools.ok()) return pools.status();
+
+  // The API names the engine per pool (and per attachment) only, so without
+  // a pool the backend cannot be known.
+  std::string backend;
+  uint64_t total_bytes = 0;
+  for (const v1::Pool& pool : *pools) {
+    if (backend.empty()) backend = pool.backend();
+    total_bytes += pool.bytes();
+  }
+  if (ctx.json) {
+    std::vector<std::string> usage;
+    for (const v1::Pool& pool : *pools) {
+      usage.push_back(JsonObject()
+                          .Str("name", pool.name())
+                          .Uint("size_tokens", pool.size_tokens())
+                          .Uint("used_tokens", UsedTokens(pool))
+                          .Uint("available_tokens", pool.available_tokens())
+                          .Num("used_percent", UsedPercent(pool), 2)
+                          .Uint("bytes", pool.bytes())
+                          .Uint("attachments", pool.attachments())
+                          .str());
+    }
+    PrintLine(JsonObject()
+                  .Str("server", ctx.server)
+                  .Str("health", *health)
+                  .Raw("backend", backend.empty() ? "null" : JsonQuote(backend))
+                  .Uint("pools", pools->size())
+                  .Uint("total_bytes", total_bytes)
+                  .Raw("pool_usage", absl::StrCat("[", absl::StrJoin(usage, ","), "]"))
+                  .str());
+  } else {
+    PrintLine(absl::StrCat("kvhostd at ", ctx.server, ": ", *health));
+    PrintLine(absl::StrCat("backend: ",
+                           backend.empty() ? "unknown (reported per pool; no pools)" : backend));
+    PrintLine(absl::StrFormat("pools:   %d, %s GB of host memory", pools->size(), Gb(total_bytes)));
+    if (!pools->empty()) {
+      std::vector<std::vector<std::string>> rows = {
+          {"POOL", "USED", "AVAILABLE", "TOKENS", "USED%", "ATTACH"}};
+      for (const v1::Pool& pool : *pools) {
+        rows.push_back({pool.name(), absl::StrCat(UsedTokens(pool)),
+                        absl::StrCat(pool.available_tokens()), absl::StrCat(pool.size_tokens()),
+                        absl::StrFormat("%.1f", UsedPercent(pool)),
+                        absl::StrCat(pool.attachments())});
+      }
+      PrintTable(rows, "lrrrrr", "  ");
+    }
+  }
+  if (*health != "SERVING") {
+    // Scripts wait for a usable daemon with `until kvhostctl status; ...`.
+    return absl::UnavailableError(absl::StrCat("kvhostd at ", ctx.server, " reports ", *health));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunPools(Context& ctx, const Args&) {
+  absl::StatusOr<std::vector<v1::Pool>> pools = ctx.client->ListPools();
+  if (!pools.ok()) return pools.status();
+  if (ctx.json) {
+    v1::ListPoolsResponse response;
+    for (const v1::Pool& pool : *pools) *response.add_pools() = pool;
+    PrintLine(MessageJson(response));
+    return absl::OkStatus();
+  }
+  if (pools->empty()) {
+    PrintLine("no pools");
+    return absl::OkStatus();
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"NAME", "KIND/LAYOUT/DTYPE", "PAGE", "LAYERS", "TOKENS", "USED%", "GB", "ATTACH"}};
+  for (const v1::Pool& pool : *pools) {
+    rows.push_back({pool.name(), ShapeOf(pool.spec()), absl::StrCat(pool.spec().page_size()),
+                    absl::StrCat(pool.spec().layer_num()), absl::StrCat(pool.size_tokens()),
+                    absl::StrFormat("%.1f", UsedPercent(pool)), Gb(pool.bytes()),
+                    absl::StrCat(pool.attachments())});
+  }
+  PrintTable(rows, "llrrrrrr");
+  return absl::OkStatus();
+}
+
+void PrintPool(const v1::Pool& pool) {
+  const v1::PoolSpec& spec = pool.spec();
+  PrintLine(absl::StrFormat("pool '%s': %s, page %d, %d layers, %s", pool.name(), ShapeOf(spec),
+                            spec.page_size(), spec.layer_num(), DimsOf(spec)));
+  PrintLine(absl::StrFormat("  %d tokens (%d pages), %d available, %d bytes per token, %s GB",
+                            pool.size_tokens(), pool.page_num(), pool.available_tokens(),
+                            pool.bytes_per_token(), Gb(pool.bytes())));
+  for (const std::string& path : pool.region_paths()) PrintLine(absl::StrCat("  region: ", path));
+  PrintLine(absl::StrFormat("  backend: %s, %d attachment(s)", pool.backend(), pool.attachments()));
+}
+
+absl::Status RunCreatePool(Context& ctx, const Args& args) {
+  v1::PoolSpec spec;
+  absl::StatusOr<int> kind =
+      ParseEnumFlag("kind", absl::GetFlag(FLAGS_kind), v1::PoolKind_descriptor());
+  if (!kind.ok()) return kind.status();
+  absl::StatusOr<int> layout =
+      ParseEnumFlag("layout", absl::GetFlag(FLAGS_layout), v1::Layout_descriptor());
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<int> dtype =
+      ParseEnumFlag("dtype", absl::GetFlag(FLAGS_dtype), v1::DType_descriptor());
+  if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<uint64_t> size_bytes =
+      ParseByteSize("size_bytes", absl::GetFlag(FLAGS_size_bytes));
+  if (!size_bytes.ok()) return size_bytes.status();
+
+  spec.set_kind(static_cast<v1::PoolKind>(*kind));
+  spec.set_layout(static_cast<v1::Layout>(*layout));
+  spec.set_dtype(static_cast<v1::DType>(*dtype));
+  spec.set_page_size(absl::GetFlag(FLAGS_page_size));
+  spec.set_layer_num(absl::GetFlag(FLAGS_layers));
+  spec.set_head_num(absl::GetFlag(FLAGS_heads));
+  spec.set_head_dim(absl::GetFlag(FLAGS_head_dim));
+  spec.set_kv_lora_rank(absl::GetFlag(FLAGS_kv_lora_rank));
+  spec.set_qk_rope_head_dim(absl::GetFlag(FLAGS_qk_rope_head_dim));
+  spec.set_size_tokens(absl::GetFlag(FLAGS_size_tokens));
+  spec.set_size_bytes(*size_bytes);
+  spec.set_host_to_device_ratio(absl::GetFlag(FLAGS_ratio));
+  spec.set_device_size_tokens(absl::GetFlag(FLAGS_device_size_tokens));
+
+  // Only whether a required flag was given is checked here, so the message
+  // can name the flag; kvhostd judges the values.
+  if (spec.layer_num() == 0) return UsageError("create-pool needs --layers");
+  if (spec.kind() == v1::MHA && (spec.head_num() == 0 || spec.head_dim() == 0)) {
+    return UsageError("create-pool --kind=mha needs --heads and --head-dim");
+  }
+  if (spec.kind() == v1::MLA && spec.kv_lora_rank() + spec.qk_rope_head_dim() == 0) {
+    return UsageError("create-pool --kind=mla needs --kv-lora-rank and/or --qk-rope-head-dim");
+  }
+  if (spec.size_tokens() == 0 && spec.size_bytes() == 0 &&
+      (spec.host_to_device_ratio() <= 0 || spec.device_size_tokens() == 0)) {
+    return UsageError(
+        "create-pool needs a size: --size-tokens, --size-bytes, or --ratio with "
+        "--device-size-tokens");
+  }
+
+  absl::StatusOr<v1::Pool> pool = ctx.client->CreatePool(args[0], spec);
+  if (pool.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    // kvhostd populates a pool's memory before it answers and does not stop
+    // when the caller gives up, so the pool may still appear after this.
+    return absl::DeadlineExceededError(
+        absl::StrCat(pool.status().message(), "; kvhostd may still finish creating pool '", args[0],
+                     "' (check kvhostctl pools); large pools need a longer --timeout"));
+  }
+  if (!pool.ok()) return pool.status();
+  if (ctx.json) {
+    PrintLine(MessageJson(*pool));
+  } else {
+    PrintPool(*pool);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunDeletePool(Context& ctx, const Args& args) {
+  absl::StatusOr<uint64_t> released = ctx.client->DeletePool(args[0]);
+  if (!released.ok()) return released.status();
+  if (ctx.json) {
+    v1::DeletePoolResponse response;
+    response.set_bytes_released(*released);
+    PrintLine(MessageJson(response));
+  } else {
+    PrintLine(absl::StrFormat("deleted pool '%s' (%s GB released)", args[0], Gb(*released)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunAlloc(Context& ctx, const Args& args) {
+  uint64_t tokens = 0;
+  if (!absl::SimpleAtoi(args[1], &tokens) || tokens == 0) {
+    return UsageError(absl::StrCat("alloc: N '", args[1], "' is not a positive number of tokens"));
+  }
+  absl::StatusOr<std::vector<int64_t>> slots = ctx.client->Alloc(args[0], tokens);
+  if (!slots.ok()) return slots.status();
+  if (ctx.json) {
+    PrintLine(JsonObject()
+                  .Str("pool", args[0])
+                  .Raw("indices", absl::StrCat("[", absl::StrJoin(*slots, ","), "]"))
+                  .Str("runs", FormatRuns(*slots))
+                  .str());
+  } else {
+    // Just the runs, so that `free POOL "$(kvhostctl alloc POOL N)"` works.
+    PrintLine(FormatRuns(*slots));
+  }
+  return absl::OkStatus();
+}
+
+// INDICES may be split over several arguments ("0-15 32-47").
+absl::StatusOr<std::vector<int64_t>> IndicesArg(const Args& args) {
+  return ParseRuns(absl::StrJoin(args.begin() + 1, args.end(), ","));
+}
+
+absl::Status RunFree(Context& ctx, const Args& args) {
+  absl::StatusOr<std::vector<int64_t>> slots = IndicesArg(args);
+  if (!slots.ok()) return slots.status();
+  absl::StatusOr<uint64_t> freed = ctx.client->Free(args[0], *slots);
+  if (!freed.ok()) return freed.status();
+  if (ctx.json) {
+    PrintLine(JsonObject().Str("pool", args[0]).Uint("freed", *freed).str());
+  } else {
+    PrintLine(absl::StrFormat("freed %d token slot(s) of pool '%s'", *freed, args[0]));
+  }
+  return absl::OkStatus();
+}
+
+// What segment `i` of a PageBufferMeta covers, in the order pool.proto gives;
+// empty when the answer does not have the shape that order implies.
+std::string SegmentLabel(const v1::Pool& pool, absl::Span<const int64_t> slots, int segments,
+                         int i) {
+  const v1::PoolSpec& spec = pool.spec();
+  const int planes = spec.kind() == v1::MLA ? 1 : 2;
+  const bool per_layer = spec.layout() == v1::LAYER_FIRST;
+  const int per_page = (per_layer ? static_cast<int>(spec.layer_num()) : 1) * planes;
+  const uint64_t page_size = spec.page_size();
+  if (page_size == 0 || per_page == 0 ||
+      static_cast<uint64_t>(segments) != slots.size() / page_size * per_page) {
+    return "";
+  }
+  const int page_index = i / per_page;
+  const int within = i % per_page;
+  std::string label = absl::StrCat(
+      "page ", static_cast<uint64_t>(slots[page_index * page_size]) / page_size,
+      per_layer ? absl::StrCat(" layer ", within / planes) : std::string(" all layers"));
+  if (planes == 2) absl::StrAppend(&label, within % planes == 0 ? " K" : " V");
+  return label;
+}
+
+absl::Status RunMeta(Context& ctx, const Args& args) {
+  absl::StatusOr<std::vector<int64_t>> slots = IndicesArg(args);
+  if (!slots.ok()) return slots.status();
+  absl::StatusOr<v1::PageBufferMeta> meta = ctx.client->GetPageBufferMeta(args[0], *slots);
+  if (!meta.ok()) return meta.status();
+  if (ctx.json) {
+    PrintLine(MessageJson(*meta));
+    return absl::OkStatus();
+  }
+  // The pool's shape names each segment; the segments are worth printing
+  // without it (the pool may have gone meanwhile).
+  absl::StatusOr<v1::Pool> pool = ctx.client->GetPool(args[0]);
+  PrintLine(absl::StrFormat("pool '%s': %d segment(s)", args[0], meta->segments_size()));
+  for (int r = 0; r < meta->region_paths_size(); ++r) {
+    PrintLine(absl::StrFormat("  region %d: %s", r, meta->region_paths(r)));
+  }
+  std::vector<std::vector<std::string>> rows = {{"REGION", "OFFSET", "LENGTH", "COVERS"}};
+  for (int i = 0; i < meta->segments_size(); ++i) {
+    const v1::Segment& s = meta->segments(i);
+    rows.push_back({absl::StrCat(s.region_index()), absl::StrCat(s.offset()),
+                    absl::StrCat(s.length()),
+                    pool.ok() ? SegmentLabel(*pool, *slots, meta->segments_size(), i) : ""});
+  }
+  PrintTable(rows, "rrrl", "  ");
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// demo.
+
+std::atomic<bool> g_interrupted{false};
+
+void OnInterrupt(int) { g_interrupted.store(true); }
+
+// Client-side latencies of one kind of call, in microseconds.
+class LatencyLog {
+ public:
+  void Add(std::chrono::steady_clock::duration d) {
+    samples_.push_back(std::chrono::duration<double, std::micro>(d).count());
+  }
+  // Nearest-rank percentile, q in (0, 1]; 0 when empty.
+  double Percentile(double q) const {
+    if (samples_.empty()) return 0;
+    std::vector<double> sorted = samples_;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t rank = static_cast<size_t>(std::ceil(q * sorted.size()));
+    return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
+  }
+  size_t count() const { return samples_.size(); }
+
+ private:
+  std::vector<double> samples_;
+};
+
+struct DirectionTotals {
+  uint64_t bytes = 0;
+  // Sum over tickets of submit -> WaitTransfer return, client side.
+  double seconds = 0;
+  double GbPerS() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+};
+
+struct DemoOptions {
+  std::string pool;
+  v1::PoolSpec spec;
+  uint64_t device_tokens = 0;
+  uint64_t batch_tokens = 0;
+  int cycles = 0;
+  uint64_t seed = 0;
+  std::string shm_dir;
+};
+
+struct DemoReport {
+  int cycles_done = 0;
+  DirectionTotals backup, load;
+  LatencyLog alloc, free, backup_submit, load_submit, wait;
+};
+
+// Page size of the demo pools: the common inference-engine page.
+constexpr uint32_t kDemoPageSize = 16;
+
+absl::StatusOr<DemoOptions> DemoOptionsFromFlags() {
+  DemoOptions o;
+  o.pool = absl::GetFlag(FLAGS_demo_pool);
+  absl::StatusOr<int> kind =
+      ParseEnumFlag("demo_kind", absl::GetFlag(FLAGS_demo_kind), v1::PoolKind_descriptor());
+  if (!kind.ok()) return kind.status();
+  absl::StatusOr<int> layout =
+      ParseEnumFlag("demo_layout", absl::GetFlag(FLAGS_demo_layout), v1::Layout_descriptor());
+  if (!layout.ok()) return layout.status();
+  o.spec.set_kind(static_cast<v1::PoolKind>(*kind));
+  o.spec.set_layout(static_cast<v1::Layout>(*layout));
+  o.spec.set_dtype(v1::BF16);
+  o.spec.set_page_size(kDemoPageSize);
+  o.spec.set_layer_num(absl::GetFlag(FLAGS_demo_layers));
+  if (o.spec.kind() == v1::MLA) {
+    // DeepSeek-V3's latent: 512 + 64 rotary.
+    o.spec.set_kv_lora_rank(512);
+    o.spec.set_qk_rope_head_dim(64);
+  } else {
+    o.spec.set_head_num(8);
+    o.spec.set_head_dim(128);
+  }
+  o.spec.set_size_tokens(absl::GetFlag(FLAGS_demo_tokens));
+  o.device_tokens = absl::GetFlag(FLAGS_demo_device_tokens);
+  o.batch_tokens = absl::GetFlag(FLAGS_demo_batch_tokens);
+  o.cycles = absl::GetFlag(FLAGS_demo_cycles);
+  o.seed = absl::GetFlag(FLAGS_demo_seed);
+  o.shm_dir = absl::GetFlag(FLAGS_shm_dir);
+  if (o.cycles < 1) return UsageError("--demo-cycles must be >= 1");
+  if (o.batch_tokens == 0 || o.batch_tokens % kDemoPageSize != 0) {
+    return UsageError(absl::StrCat("--demo-batch-tokens ", o.batch_tokens,
+                                   " must be a positive multiple of the page size ",
+                                   kDemoPageSize));
+  }
+  if (o.batch_tokens > o.device_tokens / kDemoPageSize * kDemoPageSize) {
+    return UsageError(absl::StrCat("--demo-batch-tokens ", o.batch_tokens,
+                                   " needs that many page-aligned rows in --demo-device-tokens ",
+                                   o.device_tokens));
+  }
+  if (o.batch_tokens > o.spec.size_tokens()) {
+    return UsageError(absl::StrCat("--demo-batch-tokens ", o.batch_tokens,
+                                   " exceeds --demo-tokens ", o.spec.size_tokens()));
+  }
+  return o;
+}
+
+// Undoes what the demo set up in the daemon, newest first, however the run
+// ends, so that a failed or interrupted demo leaves no attachment or pool.
+class DemoCleanup {
+ public:
+  explicit DemoCleanup(Client* client) : client_(client) {}
+  DemoCleanup(const DemoCleanup&) = delete;
+  DemoCleanup& operator=(const DemoCleanup&) = delete;
+  ~DemoCleanup() {
+    if (!attachment_.empty()) {
+      Warn(client_->DetachDevice(attachment_), absl::StrCat("detach ", attachment_));
+    }
+    if (!pool_.empty()) {
+      Warn(client_->DeletePool(pool_).status(), absl::StrCat("delete pool '", pool_, "'"));
+    }
+  }
+  void set_pool(const std::string& pool) { pool_ = pool; }
+  void set_attachment(const std::string& id) { attachment_ = id; }
+
+ private:
+  static void Warn(const absl::Status& status, const std::string& what) {
+    if (status.ok()) return;
+    absl::FPrintF(stderr, "warning: cleanup could not %s: %s\n", what, status.ToString());
+  }
+  Client* const client_;
+  std::string pool_;
+  std::string attachment_;
+};
+
+// Fills every device row with random bytes that are never zero, so that a row
+// the load failed to write (left zeroed) can never pass verification.
+void FillNonZero(const ShmDevicePool& device, std::mt19937_64& rng) {
+  const uint64_t layer_bytes = device.rows() * device.row_bytes();
+  for (uint32_t plane = 0; plane < device.planes(); ++plane) {
+    for (uint32_t layer = 0; layer < device.layers(); ++layer) {
+      uint8_t* p = device.layer(plane, layer);
+      for (uint64_t off = 0; off < layer_bytes; off += 8) {
+        const uint64_t word = rng() | 0x0101010101010101ULL;
+        std::memcpy(p + off, &word, std::min<uint64_t>(8, layer_bytes - off));
+      }
+    }
+  }
+}
+
+// Runs one ticket to its end; adds its bytes and its submit -> done time.
+absl::Status Transfer(Client& client, const Context& ctx, bool backup,
+                      const std::string& attachment, const std::vector<int64_t>& host,
+                      const std::vector<int64_t>& device, uint64_t expected_bytes,
+                      DemoReport* report) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<uint64_t> ticket =
+      backup ? client.Backup(attachment, host, device) : client.Load(attachment, host, device);
+  const Clock::time_point submitted = Clock::now();
+  if (!ticket.ok()) return ticket.status();
+  (backup ? report->backup_submit : report->load_submit).Add(submitted - start);
+  absl::StatusOr<v1::TransferStatus> status = client.WaitTransfer(*ticket, ctx.timeout);
+  const Clock::time_point done = Clock::now();
+  if (!status.ok()) return status.status();
+  report->wait.Add(done - submitted);
+  if (status->bytes() != expected_bytes) {
+    return MismatchError(absl::StrCat(backup ? "backup" : "load", " ticket ", *ticket, " reports ",
+                                      status->bytes(), " bytes copied, expected ", expected_bytes));
+  }
+  DirectionTotals& totals = backup ? report->backup : report->load;
+  totals.bytes += status->bytes();
+  totals.seconds += std::chrono::duration<double>(done - start).count();
+  return absl::OkStatus();
+}
+
+// Compares every chosen device row with its saved copy; names the first
+// differing byte.
+absl::Status Verify(const ShmDevicePool& device, const std::vector<int64_t>& host,
+                    const std::vector<int64_t>& rows, const std::vector<uint8_t>& saved,
+                    int cycle) {
+  const uint64_t rb = device.row_bytes();
+  for (uint32_t plane = 0; plane < device.planes(); ++plane) {
+    for (uint32_t layer = 0; layer < device.layers(); ++layer) {
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const uint8_t* got = device.row(plane, layer, rows[i]);
+        const uint8_t* want =
+            saved.data() + ((uint64_t{plane} * device.layers() + layer) * rows.size() + i) * rb;
+        if (std::memcmp(got, want, rb) == 0) continue;
+        uint64_t b = 0;
+        while (got[b] == want[b]) ++b;
+        return MismatchError(absl::StrFormat(
+            "cycle %d: device row %d (host slot %d), %s, layer %d, byte %d of the row: wrote "
+            "0x%02x, read back 0x%02x",
+            cycle, rows[i], host[i], device.planes() == 2 ? (plane == 0 ? "K" : "V") : "latent",
+            layer, b, want[b], got[b]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DemoCycles(Context& ctx, const DemoOptions& o, const v1::Pool& pool,
+                        const ShmDevicePool& device, const std::string& attachment,
+                        std::mt19937_64& rng, DemoReport* report) {
+  using Clock = std::chrono::steady_clock;
+  Client& client = *ctx.client;
+  const uint64_t ps = o.spec.page_size();
+  const uint64_t batch_pages = o.batch_tokens / ps;
+  const uint64_t transfer_bytes = o.batch_tokens * pool.bytes_per_token();
+  std::vector<uint64_t> device_pages(device.rows() / ps);
+  for (uint64_t p = 0; p < device_pages.size(); ++p) device_pages[p] = p;
+  std::vector<uint8_t> saved(o.batch_tokens * device.planes() * device.layers() *
+                             device.row_bytes());
+  const int every = std::max(1, (o.cycles + 4) / 5);
+  FILE* progress = ctx.json ? stderr : stdout;
+
+  for (int cycle = 1; cycle <= o.cycles; ++cycle) {
+    if (g_interrupted.load()) return absl::CancelledError("interrupted");
+    Clock::time_point t = Clock::now();
+    absl::StatusOr<std::vector<int64_t>> host = client.Alloc(o.pool, o.batch_tokens);
+    if (!host.ok()) return host.status();
+    report->alloc.Add(Clock::now() - t);
+
+    // Random distinct device pages: a partial Fisher-Yates shuffle.
+    std::vector<int64_t> rows;
+    rows.reserve(o.batch_tokens);
+    for (uint64_t i = 0; i < batch_pages; ++i) {
+      std::uniform_int_distribution<uint64_t> pick(i, device_pages.size() - 1);
+      std::swap(device_pages[i], device_pages[pick(rng)]);
+      for (uint64_t j = 0; j < ps; ++j)
+        rows.push_back(static_cast<int64_t>(device_pages[i] * ps + j));
+    }
+
+    absl::Status s =
+        Transfer(client, ctx, /*backup=*/true, attachment, *host, rows, transfer_bytes, report);
+    if (!s.ok()) return s;
+    const uint64_t rb = device.row_bytes();
+    for (uint32_t plane = 0; plane < device.planes(); ++plane) {
+      for (uint32_t layer = 0; layer < device.layers(); ++layer) {
+        for (size_t i = 0; i < rows.size(); ++i) {
+          uint8_t* row = device.row(plane, layer, rows[i]);
+          std::memcpy(
+              saved.data() + ((uint64_t{plane} * device.layers() + layer) * rows.size() + i) * rb,
+              row, rb);
+          std::memset(row, 0, rb);
+        }
+      }
+    }
+    s = Transfer(client, ctx, /*backup=*/false, attachment, *host, rows, transfer_bytes, report);
+    if (!s.ok()) return s;
+    s = Verify(device, *host, rows, saved, cycle);
+    if (!s.ok()) return s;
+
+    t = Clock::now();
+    absl::StatusOr<uint64_t> freed = client.Free(o.pool, *host);
+    if (!freed.ok()) return freed.status();
+    report->free.Add(Clock::now() - t);
+    report->cycles_done = cycle;
+    if (cycle % every == 0 || cycle == o.cycles) {
+      absl::FPrintF(progress, "cycle %d/%d: backup %.2f GB/s, load %.2f GB/s, %d tokens verified\n",
+                    cycle, o.cycles, report->backup.GbPerS(), report->load.GbPerS(),
+                    o.batch_tokens * cycle);
+      std::fflush(progress);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PrintDemoReport(const Context& ctx, const DemoOptions& o, const v1::Pool& pool,
+                     const DemoReport& r, const absl::Status& result) {
+  struct Rpc {
+    const char* name;
+    const LatencyLog* log;
+  };
+  const Rpc rpcs[] = {{"alloc", &r.alloc},
+                      {"free", &r.free},
+                      {"backup_submit", &r.backup_submit},
+                      {"load_submit", &r.load_submit},
+                      {"wait_transfer", &r.wait}};
+  if (ctx.json) {
+    auto direction = [](const DirectionTotals& d) {
+      return JsonObject()
+          .Uint("bytes", d.bytes)
+          .Num("seconds", d.seconds, 6)
+          .Num("gb_per_s", d.GbPerS())
+          .str();
+    };
+    JsonObject latency;
+    for (const Rpc& rpc : rpcs) {
+      latency.Raw(rpc.name, JsonObject()
+                                .Uint("count", rpc.log->count())
+                                .Num("p50_us", rpc.log->Percentile(0.50), 1)
+                                .Num("p99_us", rpc.log->Percentile(0.99), 1)
+                                .str());
+    }
+    JsonObject out;
+    out.Str("pool", o.pool)
+        .Str("shape", ShapeOf(o.spec))
+        .Uint("layers", o.spec.layer_num())
+        .Uint("page_size", o.spec.page_size())
+        .Uint("pool_tokens", pool.size_tokens())
+        .Uint("device_tokens", o.device_tokens)
+        .Uint("batch_tokens", o.batch_tokens)
+        .Uint("cycles", o.cycles)
+        .Uint("cycles_done", r.cycles_done)
+        .Raw("backup", direction(r.backup))
+        .Raw("load", direction(r.load))
+        .Raw("latency", latency.str())
+        .Bool("verified", result.ok());
+    if (!result.ok()) out.Str("error", result.message());
+    PrintLine(out.str());
+    return;
+  }
+  PrintLine("");
+  PrintTable({{"DIRECTION", "GB MOVED", "GB/S"},
+              {"backup", Gb(r.backup.bytes), absl::StrFormat("%.2f", r.backup.GbPerS())},
+              {"load", Gb(r.load.bytes), absl::StrFormat("%.2f", r.load.GbPerS())}},
+             "lrr");
+  PrintLine("(GB/s: bytes over the summed submit-to-WaitTransfer time of the tickets)");
+  PrintLine("");
+  std::vector<std::vector<std::string>> rows = {{"RPC", "CALLS", "P50 US", "P99 US"}};
+  for (const Rpc& rpc : rpcs) {
+    rows.push_back({rpc.name, absl::StrCat(rpc.log->count()),
+                    absl::StrFormat("%.1f", rpc.log->Percentile(0.50)),
+                    absl::StrFormat("%.1f", rpc.log->Percentile(0.99))});
+  }
+  PrintTable(rows, "lrrr");
+  PrintLine("");
+  PrintLine(result.ok() ? "verified: OK" : "verified: FAILED");
+}
+
+absl::Status RunDemo(Context& ctx, const Args&) {
+  absl::StatusOr<DemoOptions> options = DemoOptionsFromFlags();
+  if (!options.ok()) return options.status();
+  const DemoOptions& o = *options;
+  Client& client = *ctx.client;
+  std::mt19937_64 rng(o.seed);
+
+  // Declared before the cleanup so that the file outlives the attachment.
+  std::unique_ptr<ShmDevicePool> device;
+  DemoCleanup cleanup(&client);
+  absl::StatusOr<v1::Pool> pool = client.CreatePool(o.pool, o.spec);
+  if (!pool.ok()) return pool.status();
+  cleanup.set_pool(o.pool);
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> created =
+      ShmDevicePool::Create(*pool, o.device_tokens, o.shm_dir);
+  if (!created.ok()) return created.status();
+  device = *std::move(created);
+  FillNonZero(*device, rng);
+  absl::StatusOr<v1::Attachment> attachment =
+      client.AttachDevice(device->MakeAttachRequest(o.pool));
+  if (!attachment.ok()) return attachment.status();
+  cleanup.set_attachment(attachment->id());
+
+  FILE* progress = ctx.json ? stderr : stdout;
+  absl::FPrintF(progress,
+                "demo: pool '%s' %s, %d layers, %s, %d tokens (%s GB); device pool of %d rows "
+                "(%s GB) in %s; %d cycles of %d tokens\n",
+                o.pool, ShapeOf(o.spec), o.spec.layer_num(), DimsOf(o.spec), pool->size_tokens(),
+                Gb(pool->bytes()), device->rows(), Gb(device->bytes()), device->path(), o.cycles,
+                o.batch_tokens);
+  std::fflush(progress);
+
+  struct sigaction action = {};
+  action.sa_handler = OnInterrupt;
+  sigaction(SIGINT, &action, nullptr);
+  DemoReport report;
+  absl::Status result = DemoCycles(ctx, o, *pool, *device, attachment->id(), rng, &report);
+  // A failed RPC is reported as an error alone; numbers are shown for a
+  // finished run or one that read back wrong bytes.
+  if (result.ok() || result.GetPayload(kMismatchPayload).has_value()) {
+    PrintDemoReport(ctx, o, *pool, report, result);
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------
+
+struct Command {
+  const char* name;
+  const char* args;  // for messages
+  size_t min_args;
+  size_t max_args;
+  absl::Status (*run)(Context&, const Args&);
+};
+
+constexpr size_t kAnyNumber = std::numeric_limits<size_t>::max();
+
+constexpr Command kCommands[] = {
+    {"status", "", 0, 0, RunStatus},
+    {"pools", "", 0, 0, RunPools},
+    {"create-pool", "NAME", 1, 1, RunCreatePool},
+    {"delete-pool", "NAME", 1, 1, RunDeletePool},
+    {"alloc", "POOL N", 2, 2, RunAlloc},
+    {"free", "POOL INDICES", 2, kAnyNumber, RunFree},
+    {"meta", "POOL INDICES", 2, kAnyNumber, RunMeta},
+    {"demo", "", 0, 0, RunDemo},
+};
+
+absl::Status Dispatch(const std::vector<std::string>& positional) {
+  if (positional.size() < 2) return UsageError("no command given");
+  const std::string& name = positional[1];
+  const Command* command = nullptr;
+  for (const Command& c : kCommands) {
+    if (name == c.name) command = &c;
+  }
+  if (command == nullptr) return UsageError(absl::StrCat("unknown command '", name, "'"));
+  const Args args(positional.begin() + 2, positional.end());
+  if (args.size() < command->min_args || args.size() > command->max_args) {
+    return UsageError(absl::StrCat(command->name, " takes ",
+                                   command->min_args == 0 ? "no arguments" : command->args,
+                                   "; got ", args.size(), " argument(s)"));
+  }
+
+  Context ctx;
+  ctx.json = absl::GetFlag(FLAGS_json);
+  ctx.server = absl::GetFlag(FLAGS_server);
+  const double timeout = absl::GetFlag(FLAGS_timeout);
+  if (ctx.server.empty()) return UsageError("--server is empty");
+  if (!(timeout > 0) || !std::isfinite(timeout)) {
+    return UsageError(absl::StrCat("--timeout ", timeout, " must be a positive number of seconds"));
+  }
+  ctx.timeout = absl::Seconds(timeout);
+  kvhost::ClientOptions options;
+  options.address = ctx.server;
+  options.timeout = ctx.timeout;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  if (!client.ok()) return client.status();
+  ctx.client = client->get();
+  return command->run(ctx, args);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (absl::Status s = CheckFlags(argc, argv); !s.ok()) return Report(s);
+  const std::vector<std::string> positional =
+      kvhost::ParseFlags(argc, argv, kUsage, "client/kvhostctl.cc");
+  return Report(Dispatch(positional));
+}

@@ -148,8 +148,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     if (path.empty()) spdlog::warn("listening on {} without TLS", address);
     builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &ports[i]);
   }
-  auto pools = std::make_unique<PoolServiceImpl>(daemon->registry_.get(),
-                                                 daemon->transfers_->backend());
+  auto pools = std::make_unique<PoolServiceImpl>(
+      daemon->registry_.get(), daemon->transfers_->backend(), options.max_message_bytes);
   auto transfers = std::make_unique<TransferServiceImpl>(daemon->transfers_.get());
   builder.RegisterService(pools.get());
   builder.RegisterService(transfers.get());
@@ -170,7 +170,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   auto* health = daemon->server_->GetHealthCheckService();
   health->SetServingStatus(true);
-  spdlog::info("kvhostd serving on {} (backend {}, shm dir {})",
+  spdlog::info("serving on {} (backend {}, shm dir {})",
                absl::StrJoin(daemon->addresses_, ", "), backend, options.shm_dir);
   return daemon;
 }

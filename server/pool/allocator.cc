@@ -1,6 +1,7 @@
 #include "server/pool/allocator.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -108,12 +109,19 @@ absl::StatusOr<std::vector<uint64_t>> ParsePages(absl::Span<const int64_t> slots
     }
     pages.push_back(static_cast<uint64_t>(first) / page_size);
   }
-  std::vector<uint64_t> sorted = pages;
+  // (page, list position) sorted: a repeat sits right after an earlier entry
+  // of its page; report the repeat that comes first in the list.
+  std::vector<std::pair<uint64_t, size_t>> sorted(pages.size());
+  for (size_t k = 0; k < pages.size(); ++k) sorted[k] = {pages[k], k};
   std::sort(sorted.begin(), sorted.end());
-  auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-  if (dup != sorted.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("page starting at index ", *dup * page_size,
-                                                   " appears more than once"));
+  size_t repeat = pages.size();
+  for (size_t k = 1; k < sorted.size(); ++k) {
+    if (sorted[k].first == sorted[k - 1].first) repeat = std::min(repeat, sorted[k].second);
+  }
+  if (repeat < pages.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("index ", pages[repeat] * page_size, " at position ", repeat * page_size,
+                     " starts a page that appears more than once"));
   }
   return pages;
 }

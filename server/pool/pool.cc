@@ -101,6 +101,9 @@ absl::Status Pool::TryRetire() {
         "pool '", name_, "' has ", attachments_, " device attachment(s); detach them first"));
   }
   retired_ = true;
+  // Jobs still in flight keep the mappings (and the memory) until they end,
+  // but the name must be free now: a new pool of the same name reuses the path.
+  for (const auto& region : regions_) region->Unlink();
   return absl::OkStatus();
 }
 

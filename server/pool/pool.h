@@ -69,7 +69,8 @@ class Pool {
 
   // Attachment accounting. AcquireAttachment fails with FAILED_PRECONDITION
   // once the pool is being deleted; TryRetire succeeds only with no
-  // attachments and makes every later AcquireAttachment fail.
+  // attachments, makes every later AcquireAttachment fail and removes the
+  // region files (jobs in flight keep their mappings).
   absl::Status AcquireAttachment();
   void ReleaseAttachment();
   uint32_t attachments() const;

@@ -104,6 +104,13 @@ absl::Status ValidateSpec(const PoolSpec& spec) {
           "spec.v_head_dim ", spec.v_head_dim, " differs from spec.head_dim ", spec.head_dim,
           "; MHA pools need equal K and V head dims (asymmetric MHA is a separate kind)"));
     }
+    // head_num x head_dim < 2^64, but RowBytes (x the dtype size) can wrap and
+    // then pass the row-size check below.
+    if (uint64_t{spec.head_num} * spec.head_dim >= kMaxRowBytes / DTypeSize(spec.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.head_num ", spec.head_num, " x spec.head_dim ", spec.head_dim, " x ",
+          DTypeSize(spec.dtype), " bytes per element is too large a row"));
+    }
   } else {
     if (uint64_t{spec.kv_lora_rank} + spec.qk_rope_head_dim == 0) {
       return absl::InvalidArgumentError(
@@ -119,9 +126,13 @@ absl::Status ValidateSpec(const PoolSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("spec row of ", RowBytes(spec),
                                                    " bytes per token and layer is too large"));
   }
-  if (BytesPerToken(spec) >= kMaxRowBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec needs ", BytesPerToken(spec), " bytes per token; too large"));
+  // RowBytes < 2^32 and layer_num < 2^32, so this product cannot wrap; the
+  // full BytesPerToken (x planes) could, and then pass the check.
+  const uint64_t layer_bytes = RowBytes(spec) * spec.layer_num;
+  if (layer_bytes >= kMaxRowBytes / PlaneCount(spec)) {
+    return absl::InvalidArgumentError(absl::StrCat("spec needs ", layer_bytes, " x ",
+                                                   PlaneCount(spec),
+                                                   " bytes per token; too large"));
   }
   if (spec.host_to_device_ratio < 0 || std::isnan(spec.host_to_device_ratio)) {
     return absl::InvalidArgumentError(absl::StrCat("spec.host_to_device_ratio ",
@@ -175,7 +186,14 @@ absl::StatusOr<uint64_t> ResolveSizeTokens(const PoolSpec& spec) {
   if (tokens > (uint64_t{1} << 48)) {
     return absl::InvalidArgumentError(absl::StrCat(rule, " gives ", tokens, " tokens; too large"));
   }
-  return (tokens + ps - 1) / ps * ps;
+  const uint64_t rounded = (tokens + ps - 1) / ps * ps;
+  // The pool's bytes must fit in 64 bits, or the layout's offsets wrap past
+  // the end of a buffer sized by the wrapped product.
+  if (rounded > std::numeric_limits<uint64_t>::max() / BytesPerToken(spec)) {
+    return absl::InvalidArgumentError(absl::StrCat(rule, " gives ", rounded, " tokens of ",
+                                                   BytesPerToken(spec), " bytes; too large"));
+  }
+  return rounded;
 }
 
 KvLayout MakeKvLayout(const PoolSpec& spec, uint64_t size_tokens) {

@@ -85,6 +85,13 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
   }
   absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create(name, spec, *tokens, region_prefix_);
   if (!pool.ok()) return pool.status();
+  // sglang's warning (tokenspeed's inverts it, see docs/SEEDS.md): a host tier
+  // no larger than the device pool it backs can hold nothing the device lacks.
+  if (spec.device_size_tokens > 0 && *tokens <= spec.device_size_tokens) {
+    spdlog::warn("pool '{}' has {} tokens, not more than the device pool's {}; the host tier "
+                 "adds no capacity",
+                 name, *tokens, spec.device_size_tokens);
+  }
   absl::MutexLock lock(&mu_);
   pools_[name] = *pool;
   used_bytes_ += bytes;

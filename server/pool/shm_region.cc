@@ -87,6 +87,12 @@ ShmRegion::~ShmRegion() {
   if (owner_) ::unlink(path_.c_str());
 }
 
+void ShmRegion::Unlink() {
+  if (!owner_) return;
+  ::unlink(path_.c_str());
+  owner_ = false;
+}
+
 absl::StatusOr<std::string> ResolvePathInside(const std::string& dir, const std::string& path) {
   char dir_real[PATH_MAX];
   char path_real[PATH_MAX];

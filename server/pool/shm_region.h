@@ -37,6 +37,10 @@ class ShmRegion {
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Removes the file now if this region owns it; the mapping stays valid. The
+  // destructor then leaves the path alone (it may name a newer file by then).
+  void Unlink();
+
  private:
   ShmRegion(std::string path, uint8_t* data, uint64_t size, bool owner)
       : path_(std::move(path)), data_(data), size_(size), owner_(owner) {}

@@ -1,5 +1,8 @@
 #include "server/service/pool_service.h"
 
+#include <google/protobuf/io/coded_stream.h>
+
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "server/service/convert.h"
 #include "spdlog/spdlog.h"
@@ -72,6 +75,22 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* co
                                                  v1::AllocResponse* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
+  // The indices must fit in one response: refuse before allocating, since a
+  // response gRPC cannot send would leave the slots allocated and unknown.
+  const uint64_t size = (*pool)->size_tokens();
+  if (request->num_tokens() <= size) {
+    using google::protobuf::io::CodedOutputStream;
+    const uint64_t response_bytes =
+        request->num_tokens() * CodedOutputStream::VarintSize64(size - 1) + 32;
+    if (response_bytes > static_cast<uint64_t>(max_message_bytes_)) {
+      return Finish(context, WithPool(request->pool(),
+                                      absl::ResourceExhaustedError(absl::StrCat(
+                                          "num_tokens ", request->num_tokens(),
+                                          " needs a response of up to ", response_bytes,
+                                          " bytes, over the ", max_message_bytes_,
+                                          "-byte message limit; allocate in smaller batches"))));
+    }
+  }
   absl::StatusOr<std::vector<uint64_t>> pages = (*pool)->AllocPages(request->num_tokens());
   if (!pages.ok()) return Finish(context, pages.status());
   const uint64_t ps = (*pool)->layout().page_size;

@@ -14,9 +14,10 @@ namespace kvhost {
 
 class PoolServiceImpl final : public v1::PoolService::CallbackService {
  public:
-  // `backend` names the transfer engine, shown in Pool.backend.
-  PoolServiceImpl(PoolRegistry* registry, const char* backend)
-      : registry_(registry), backend_(backend) {}
+  // `backend` names the transfer engine, shown in Pool.backend;
+  // `max_message_bytes` is the server's largest response.
+  PoolServiceImpl(PoolRegistry* registry, const char* backend, int max_message_bytes = 64 << 20)
+      : registry_(registry), backend_(backend), max_message_bytes_(max_message_bytes) {}
 
   grpc::ServerUnaryReactor* CreatePool(grpc::CallbackServerContext* context,
                                        const v1::CreatePoolRequest* request,
@@ -43,6 +44,7 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
  private:
   PoolRegistry* const registry_;
   const char* const backend_;
+  const int max_message_bytes_;
 };
 
 }  // namespace kvhost

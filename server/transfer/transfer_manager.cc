@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,14 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
   if (request.device_size_tokens > (uint64_t{1} << 40)) {
     return absl::InvalidArgumentError(
         absl::StrCat("device_size_tokens ", request.device_size_tokens, " is too large"));
+  }
+  // A layer buffer's size (rows x row bytes) must not wrap, or the engine's
+  // size check passes for any file and device offsets run past its end.
+  const uint64_t row_bytes = (*pool)->layout().token_bytes;
+  if (request.device_size_tokens > std::numeric_limits<uint64_t>::max() / row_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("device_size_tokens ",
+                                                   request.device_size_tokens, " x ", row_bytes,
+                                                   " bytes per row is too large"));
   }
   if (absl::Status s = (*pool)->AcquireAttachment(); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<DeviceMapping>> device = engine_->Open(**pool, request);

@@ -9,7 +9,8 @@
 // ShmDevicePool is the host backend's stand-in for a GPU worker's device KV
 // pool: per-layer row buffers in a shared-memory file that kvhostd maps.
 //
-//   auto client = kvhost::Client::Connect({.address = "unix:///run/kvhost/kvhost.sock"});
+//   kvhost::ClientOptions options;  // address defaults to kDefaultAddress
+//   auto client = kvhost::Client::Connect(options);
 //   auto pool = (*client)->CreatePool("llama", spec);
 //   auto slots = (*client)->Alloc("llama", 64);
 #ifndef KVHOST_CLIENT_CLIENT_H_

@@ -1,0 +1,182 @@
+// Helpers shared by the kvhost benchmarks: percentiles, aligned tables, a
+// small JSON object writer for --json-out, comma-separated number lists, and
+// shared-memory scratch buffers.
+//
+// Header only. Nothing here is shared between threads: each benchmark thread
+// keeps its own samples, merged once the threads have joined.
+#ifndef KVHOST_BENCH_BENCH_UTIL_H_
+#define KVHOST_BENCH_BENCH_UTIL_H_
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+
+namespace kvhost::bench {
+
+// Nearest-rank percentile of `sorted` (ascending), q in (0, 1]; 0 when empty.
+inline double Percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(sorted.size())));
+  return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
+}
+
+// Median of unsorted values; 0 when empty.
+inline double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return Percentile(values, 0.5);
+}
+
+inline std::string JsonQuote(absl::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      absl::StrAppendFormat(&out, "\\u%04x", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// One JSON object, keys in insertion order.
+class JsonObject {
+ public:
+  JsonObject& Str(absl::string_view key, absl::string_view value) {
+    return Raw(key, JsonQuote(value));
+  }
+  JsonObject& Uint(absl::string_view key, uint64_t value) { return Raw(key, absl::StrCat(value)); }
+  // Rounded to `decimals`; null when not finite.
+  JsonObject& Num(absl::string_view key, double value, int decimals = 3) {
+    return Raw(key, std::isfinite(value) ? absl::StrFormat("%.*f", decimals, value) : "null");
+  }
+  JsonObject& Bool(absl::string_view key, bool value) { return Raw(key, value ? "true" : "false"); }
+  // `json` must already be JSON.
+  JsonObject& Raw(absl::string_view key, absl::string_view json) {
+    absl::StrAppend(&body_, body_.empty() ? "" : ",", JsonQuote(key), ":", json);
+    return *this;
+  }
+  std::string str() const { return absl::StrCat("{", body_, "}"); }
+
+ private:
+  std::string body_;
+};
+
+inline std::string JsonArray(const std::vector<std::string>& items) {
+  return absl::StrCat("[", absl::StrJoin(items, ","), "]");
+}
+
+inline absl::Status WriteFile(const std::string& path, const std::string& text) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) {
+    return absl::DataLossError(absl::StrCat("cannot write all of ", path));
+  }
+  return absl::OkStatus();
+}
+
+// Aligned columns; the first row is the header; `align` holds 'l' or 'r' per
+// column.
+inline void PrintTable(const std::vector<std::vector<std::string>>& rows, absl::string_view align) {
+  std::vector<size_t> width(align.size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      const std::string pad(width[c] - row[c].size(), ' ');
+      if (c > 0) line += "  ";
+      line += align[c] == 'r' ? pad + row[c] : (c + 1 == row.size() ? row[c] : row[c] + pad);
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  std::fflush(stdout);
+}
+
+// "1,8" from a list flag: positive integers.
+inline absl::StatusOr<std::vector<uint64_t>> ParsePositiveList(
+    absl::string_view flag, const std::vector<std::string>& items) {
+  std::vector<uint64_t> out;
+  for (const std::string& item : items) {
+    uint64_t value = 0;
+    if (!absl::SimpleAtoi(item, &value) || value == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", item, "' is not a positive integer"));
+    }
+    out.push_back(value);
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, " is empty"));
+  return out;
+}
+
+// A buffer in a shared-memory file (unlinked at once), populated: the same
+// kind of memory as kvhostd's pools and the emulated device pools, so that a
+// memcpy between two of them is a fair ceiling for the host engine (anonymous
+// memory could get transparent huge pages, which tmpfs does not by default).
+class ShmScratch {
+ public:
+  static absl::StatusOr<std::unique_ptr<ShmScratch>> Create(const std::string& dir,
+                                                            uint64_t bytes) {
+    std::string path = absl::StrCat(dir, "/kvhost-bench-scratch.", ::getpid(), ".XXXXXX");
+    const int fd = ::mkstemp(path.data());
+    if (fd < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create a file in ", dir, ": ", std::strerror(errno)));
+    }
+    ::unlink(path.c_str());
+    const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (err != 0) {
+      ::close(fd);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot reserve ", bytes, " bytes in ", dir, ": ", std::strerror(err)));
+    }
+    void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    ::close(fd);
+    if (data == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes, " bytes"));
+    }
+    return std::unique_ptr<ShmScratch>(new ShmScratch(static_cast<uint8_t*>(data), bytes));
+  }
+  ~ShmScratch() { ::munmap(data_, bytes_); }
+  ShmScratch(const ShmScratch&) = delete;
+  ShmScratch& operator=(const ShmScratch&) = delete;
+
+  uint8_t* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  ShmScratch(uint8_t* data, uint64_t bytes) : data_(data), bytes_(bytes) {}
+  uint8_t* data_;
+  uint64_t bytes_;
+};
+
+}  // namespace kvhost::bench
+
+#endif  // KVHOST_BENCH_BENCH_UTIL_H_

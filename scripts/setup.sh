@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what kvhost needs on Debian 12 (when missing), then configures and
+# builds it in ./build with ccache. Used by scripts/demo.sh and scripts/test.sh.
+#   BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo), JOBS (default 2),
+#   CMAKE_ARGS (extra configure arguments).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(build-essential cmake pkg-config ccache git
+          libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
+          libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "== installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-2}
+echo "== configuring $BUILD_DIR"
+# shellcheck disable=SC2086
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" ${CMAKE_ARGS:-} >/dev/null
+echo "== building with -j$JOBS"
+cmake --build "$BUILD_DIR" -j"$JOBS"

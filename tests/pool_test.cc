@@ -1,0 +1,715 @@
+// Tests of the pool domain: PoolSpec validation and sizing
+// (server/pool/pool_spec.h), Pool (server/pool/pool.h) and PoolRegistry
+// (server/pool/registry.h), with host memory figures faked through
+// RegistryOptions::read_memory and region files in a private directory under
+// /dev/shm.
+//
+// Expected values are computed here from the formulas of SEED_INVENTORY.md §2
+// and §4, not from the code under test.
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "server/pool/host_memory.h"
+#include "server/pool/pool.h"
+#include "server/pool/pool_spec.h"
+#include "server/pool/registry.h"
+
+namespace kvhost {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+PoolSpec MhaSpec() {
+  PoolSpec s;
+  s.kind = PoolKind::kMha;
+  s.layout = LayoutKind::kLayerFirst;
+  s.dtype = DType::kBf16;
+  s.page_size = 16;
+  s.layer_num = 4;
+  s.head_num = 8;
+  s.head_dim = 128;
+  s.size_tokens = 1024;
+  return s;
+}
+
+PoolSpec MlaSpec() {
+  PoolSpec s;
+  s.kind = PoolKind::kMla;
+  s.layout = LayoutKind::kLayerFirst;
+  s.dtype = DType::kBf16;
+  s.page_size = 64;
+  s.layer_num = 61;
+  s.kv_lora_rank = 512;
+  s.qk_rope_head_dim = 64;
+  s.size_tokens = 1024;
+  return s;
+}
+
+// A private directory under /dev/shm, removed with everything in it.
+class ShmDir {
+ public:
+  ShmDir() {
+    char tmpl[] = "/dev/shm/kvhost-pool-test-XXXXXX";
+    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~ShmDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::vector<std::string> Files() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename());
+    return out;
+  }
+
+ private:
+  std::string path_;
+};
+
+// ============================================================ ValidateSpec
+
+struct BadSpec {
+  const char* name;
+  PoolSpec spec;
+  const char* field;  // the message must name it
+};
+
+void PrintTo(const BadSpec& c, std::ostream* os) { *os << c.name; }
+
+BadSpec Mutate(const char* name, PoolSpec spec, const char* field, void (*f)(PoolSpec&)) {
+  f(spec);
+  return {name, spec, field};
+}
+
+class ValidateSpecTest : public ::testing::TestWithParam<BadSpec> {};
+
+TEST_P(ValidateSpecTest, NamesTheField) {
+  const BadSpec& c = GetParam();
+  absl::Status s = ValidateSpec(c.spec);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(s), HasSubstr(c.field));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, ValidateSpecTest,
+    ::testing::Values(
+        Mutate("Kind", MhaSpec(), "spec.kind", [](PoolSpec& s) { s.kind = static_cast<PoolKind>(0); }),
+        Mutate("Kind9", MhaSpec(), "spec.kind", [](PoolSpec& s) { s.kind = static_cast<PoolKind>(9); }),
+        Mutate("Layout0", MhaSpec(), "spec.layout",
+               [](PoolSpec& s) { s.layout = static_cast<LayoutKind>(0); }),
+        Mutate("Layout5", MhaSpec(), "spec.layout",
+               [](PoolSpec& s) { s.layout = static_cast<LayoutKind>(5); }),
+        Mutate("Dtype0", MhaSpec(), "spec.dtype", [](PoolSpec& s) { s.dtype = static_cast<DType>(0); }),
+        Mutate("Dtype7", MhaSpec(), "spec.dtype", [](PoolSpec& s) { s.dtype = static_cast<DType>(7); }),
+        Mutate("PageSize", MhaSpec(), "spec.page_size", [](PoolSpec& s) { s.page_size = 0; }),
+        Mutate("LayerNum", MhaSpec(), "spec.layer_num", [](PoolSpec& s) { s.layer_num = 0; }),
+        Mutate("MlaLayerNum", MlaSpec(), "spec.layer_num", [](PoolSpec& s) { s.layer_num = 0; }),
+        Mutate("HeadNum", MhaSpec(), "spec.head_num", [](PoolSpec& s) { s.head_num = 0; }),
+        Mutate("HeadDim", MhaSpec(), "spec.head_dim", [](PoolSpec& s) { s.head_dim = 0; }),
+        Mutate("VHeadDim", MhaSpec(), "spec.v_head_dim", [](PoolSpec& s) { s.v_head_dim = 64; }),
+        Mutate("MlaDims", MlaSpec(), "spec.kv_lora_rank",
+               [](PoolSpec& s) { s.kv_lora_rank = 0, s.qk_rope_head_dim = 0; }),
+        Mutate("MlaPageHead", MlaSpec(), "spec.layout",
+               [](PoolSpec& s) { s.layout = LayoutKind::kPageHead; }),
+        Mutate("RatioNegative", MhaSpec(), "spec.host_to_device_ratio",
+               [](PoolSpec& s) { s.host_to_device_ratio = -1; }),
+        Mutate("RatioNan", MhaSpec(), "spec.host_to_device_ratio",
+               [](PoolSpec& s) { s.host_to_device_ratio = std::nan(""); }),
+        // Rows beyond 4 GiB are refused before any multiplication can overflow.
+        Mutate("RowTooLarge", MhaSpec(), "row",
+               [](PoolSpec& s) { s.head_num = 1u << 16, s.head_dim = 1u << 16; }),
+        Mutate("TokenTooLarge", MhaSpec(), "bytes per token",
+               [](PoolSpec& s) { s.head_num = 1u << 10, s.head_dim = 1u << 10, s.layer_num = 1024; }),
+        // RowBytes = 3 * 715827883 = 2^31 + 1 and layer_num = 2^32 - 1: the
+        // true bytes per token (~2^65) wraps to 2^32 - 2 in 64 bits.
+        Mutate("TokenBytesWrap", MhaSpec(), "bytes per token",
+               [](PoolSpec& s) {
+                 s.dtype = DType::kUint8, s.head_num = 3, s.head_dim = 715827883,
+                 s.layer_num = 4294967295u;
+               })),
+    [](const ::testing::TestParamInfo<BadSpec>& info) { return info.param.name; });
+
+TEST(ValidateSpecTest, AcceptsEveryLayoutItSupports) {
+  for (LayoutKind l : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
+                       LayoutKind::kPageFirstDirect, LayoutKind::kPageHead}) {
+    PoolSpec mha = MhaSpec();
+    mha.layout = l;
+    EXPECT_TRUE(ValidateSpec(mha).ok()) << LayoutName(l);
+    mha.v_head_dim = mha.head_dim;  // equal V dim is fine
+    EXPECT_TRUE(ValidateSpec(mha).ok()) << LayoutName(l);
+    PoolSpec mla = MlaSpec();
+    mla.layout = l;
+    EXPECT_EQ(ValidateSpec(mla).ok(), l != LayoutKind::kPageHead) << LayoutName(l);
+  }
+  PoolSpec rope_only = MlaSpec();
+  rope_only.kv_lora_rank = 0;
+  EXPECT_TRUE(ValidateSpec(rope_only).ok());
+}
+
+// ============================================================ sizing
+
+TEST(BytesPerTokenTest, MhaIsHeadsTimesDimTimesLayersTimesDtypeTimesTwo) {
+  struct {
+    DType dtype;
+    uint64_t b;
+  } dtypes[] = {{DType::kBf16, 2}, {DType::kFp16, 2}, {DType::kFp32, 4},
+                {DType::kFp8E4m3, 1}, {DType::kFp8E5m2, 1}, {DType::kUint8, 1}};
+  for (const auto& d : dtypes) {
+    PoolSpec s = MhaSpec();
+    s.dtype = d.dtype;
+    s.head_num = 8;
+    s.head_dim = 128;
+    s.layer_num = 32;
+    ASSERT_TRUE(ValidateSpec(s).ok());
+    EXPECT_EQ(PlaneCount(s), 2u);
+    EXPECT_EQ(RowBytes(s), 8u * 128 * d.b);
+    EXPECT_EQ(BytesPerToken(s), 8u * 128 * 32 * d.b * 2) << DTypeName(d.dtype);
+  }
+}
+
+TEST(BytesPerTokenTest, MlaIsLatentPlusRopeTimesDtypeTimesLayers) {
+  PoolSpec s = MlaSpec();  // DeepSeek-V3: 512 + 64, 61 layers, bf16
+  EXPECT_EQ(PlaneCount(s), 1u);
+  EXPECT_EQ(RowBytes(s), (512u + 64) * 2);
+  EXPECT_EQ(BytesPerToken(s), (512u + 64) * 2 * 61);
+  s.dtype = DType::kFp8E4m3;
+  s.qk_rope_head_dim = 0;
+  EXPECT_EQ(BytesPerToken(s), 512u * 1 * 61);
+}
+
+// kvhost rounds a size up to whole pages and adds nothing more. The seeds
+// compute `page_num = size // ps + 1; size = page_num * ps`
+// (SEED_INVENTORY.md §4), which always adds a page, a whole extra page even
+// when size is already a multiple of ps. kvhost deliberately does not (see
+// docs/SEEDS.md): the pool holds exactly the requested slots, rounded up to
+// whole pages, so 1024 tokens at page 16 is 1024 slots, not 1040.
+TEST(ResolveSizeTokensTest, TokensRuleRoundsUpWithoutExtraPage) {
+  PoolSpec s = MhaSpec();  // ps 16
+  s.size_tokens = 1024;
+  EXPECT_EQ(*ResolveSizeTokens(s), 1024u);  // seeds: 1040
+  s.size_tokens = 1000;
+  EXPECT_EQ(*ResolveSizeTokens(s), 1008u);  // seeds: 1008 as well
+  s.size_tokens = 1;
+  EXPECT_EQ(*ResolveSizeTokens(s), 16u);
+  s.size_tokens = 17;
+  EXPECT_EQ(*ResolveSizeTokens(s), 32u);
+  s.page_size = 1;
+  s.size_tokens = 12345;
+  EXPECT_EQ(*ResolveSizeTokens(s), 12345u);
+}
+
+TEST(ResolveSizeTokensTest, BytesRuleIsFloorOfBytesOverBytesPerToken) {
+  PoolSpec s = MhaSpec();
+  s.size_tokens = 0;
+  const uint64_t bpt = 8u * 128 * 2 * 4 * 2;  // 16384
+  ASSERT_EQ(BytesPerToken(s), bpt);
+  s.size_bytes = 100 * bpt + bpt - 1;  // floor -> 100 tokens -> 112 at page 16
+  EXPECT_EQ(*ResolveSizeTokens(s), 112u);
+  s.size_bytes = 96 * bpt;  // exactly 6 pages
+  EXPECT_EQ(*ResolveSizeTokens(s), 96u);
+  s.size_bytes = bpt;  // one token -> one page
+  EXPECT_EQ(*ResolveSizeTokens(s), 16u);
+  s.size_bytes = bpt - 1;  // not even one token
+  absl::StatusOr<uint64_t> t = ResolveSizeTokens(s);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(t.status()), HasSubstr("size_bytes"));
+}
+
+TEST(ResolveSizeTokensTest, RatioRuleIsFloorOfRatioTimesDevice) {
+  PoolSpec s = MhaSpec();
+  s.size_tokens = 0;
+  s.host_to_device_ratio = 2.5;
+  s.device_size_tokens = 1000;
+  EXPECT_EQ(*ResolveSizeTokens(s), 2512u);  // 2500 -> 157 pages
+  s.host_to_device_ratio = 4;
+  s.device_size_tokens = 4096;
+  EXPECT_EQ(*ResolveSizeTokens(s), 16384u);
+  s.host_to_device_ratio = 0.5;
+  s.device_size_tokens = 3;  // floor(1.5) = 1 -> one page
+  EXPECT_EQ(*ResolveSizeTokens(s), 16u);
+  s.host_to_device_ratio = 0.1;
+  s.device_size_tokens = 5;  // floor(0.5) = 0
+  EXPECT_EQ(ResolveSizeTokens(s).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ResolveSizeTokensTest, FirstApplicableRuleWins) {
+  PoolSpec s = MhaSpec();
+  s.size_tokens = 32;
+  s.size_bytes = uint64_t{1} << 30;
+  s.host_to_device_ratio = 2;
+  s.device_size_tokens = 1 << 20;
+  EXPECT_EQ(*ResolveSizeTokens(s), 32u);
+  s.size_tokens = 0;
+  EXPECT_EQ(*ResolveSizeTokens(s), (uint64_t{1} << 30) / 16384);
+  s.size_bytes = 0;
+  EXPECT_EQ(*ResolveSizeTokens(s), uint64_t{2} << 20);
+}
+
+TEST(ResolveSizeTokensTest, NoRuleIsAnError) {
+  PoolSpec s = MhaSpec();
+  s.size_tokens = 0;
+  EXPECT_EQ(ResolveSizeTokens(s).status().code(), absl::StatusCode::kInvalidArgument);
+  s.host_to_device_ratio = 2;  // without device_size_tokens
+  EXPECT_EQ(ResolveSizeTokens(s).status().code(), absl::StatusCode::kInvalidArgument);
+  s.host_to_device_ratio = 0;
+  s.device_size_tokens = 100;  // without a ratio
+  absl::StatusOr<uint64_t> t = ResolveSizeTokens(s);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(t.status()), HasSubstr("size_tokens"));
+}
+
+TEST(ResolveSizeTokensTest, RefusesSizesWhoseBytesOverflow) {
+  PoolSpec s = MhaSpec();
+  s.size_tokens = uint64_t{1} << 50;
+  EXPECT_EQ(ResolveSizeTokens(s).status().code(), absl::StatusCode::kInvalidArgument);
+  // 2^31 bytes per token (rows of 2^30) x (2^33 + 1) tokens = 2^64 + 2^31:
+  // the pool's byte size would wrap to 2 GiB while its layout spans 2^64.
+  s.head_num = 1u << 14;
+  s.head_dim = 1u << 15;
+  s.layer_num = 1;
+  s.page_size = 1;
+  ASSERT_TRUE(ValidateSpec(s).ok());
+  ASSERT_EQ(BytesPerToken(s), uint64_t{1} << 31);
+  s.size_tokens = (uint64_t{1} << 33) + 1;
+  absl::StatusOr<uint64_t> t = ResolveSizeTokens(s);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+  if (t.ok()) {
+    EXPECT_LE(*t, std::numeric_limits<uint64_t>::max() / BytesPerToken(s));
+  }
+}
+
+// ============================================================ Pool
+
+TEST(PoolTest, PageBufferMetaMhaLayerFirst) {
+  ShmDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  PoolSpec s = MhaSpec();
+  s.layout = LayoutKind::kLayerFirst;
+  s.layer_num = 3, s.head_num = 2, s.head_dim = 4, s.page_size = 4;  // bf16
+  const uint64_t S = 32, L = 3, ps = 4, row = 2 * 4 * 2;  // token row: H*D*b = 16
+  absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create("p", s, S, dir.path() + "/x.");
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const uint64_t v_off = L * S * row;  // the seeds' V_OFF
+  EXPECT_EQ((*pool)->bytes(), 2 * v_off);
+  // Pages 5 then 2, in list order.
+  std::vector<int64_t> slots = {20, 21, 22, 23, 8, 9, 10, 11};
+  absl::StatusOr<std::vector<RegionSegment>> meta = (*pool)->PageBufferMeta(slots);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  ASSERT_EQ(meta->size(), 2 * L * 2);
+  size_t i = 0;
+  for (uint64_t page : {5, 2}) {
+    for (uint64_t layer = 0; layer < L; ++layer) {
+      for (uint64_t plane = 0; plane < 2; ++plane, ++i) {
+        // (2, L, S, H, D): row block of `ps` tokens of one layer.
+        EXPECT_EQ((*meta)[i].region, 0u);
+        EXPECT_EQ((*meta)[i].offset, plane * v_off + (layer * S + page * ps) * row)
+            << "page " << page << " layer " << layer << " plane " << plane;
+        EXPECT_EQ((*meta)[i].length, ps * row);
+      }
+    }
+  }
+}
+
+TEST(PoolTest, PageBufferMetaMhaPageFirst) {
+  ShmDir dir;
+  PoolSpec s = MhaSpec();
+  s.layout = LayoutKind::kPageFirst;
+  s.layer_num = 3, s.head_num = 2, s.head_dim = 4, s.page_size = 4;
+  const uint64_t S = 32, L = 3, ps = 4, row = 16;
+  absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create("p", s, S, dir.path() + "/x.");
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const uint64_t v_off = L * S * row;
+  absl::StatusOr<std::vector<RegionSegment>> meta =
+      (*pool)->PageBufferMeta({28, 29, 30, 31, 0, 1, 2, 3});
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  ASSERT_EQ(meta->size(), 2u * 2);
+  size_t i = 0;
+  for (uint64_t page : {7, 0}) {
+    for (uint64_t plane = 0; plane < 2; ++plane, ++i) {
+      // (2, S, L, H, D): a page is ps tokens of all layers, contiguous.
+      EXPECT_EQ((*meta)[i].offset, plane * v_off + page * ps * L * row);
+      EXPECT_EQ((*meta)[i].length, ps * L * row);
+    }
+  }
+  // Malformed lists are refused with the pool's name.
+  absl::StatusOr<std::vector<RegionSegment>> bad = (*pool)->PageBufferMeta({1, 2, 3, 4});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(bad.status()), HasSubstr("pool 'p'"));
+}
+
+TEST(PoolTest, AllocFreeWithPoolName) {
+  ShmDir dir;
+  PoolSpec s = MhaSpec();
+  s.head_num = 1, s.head_dim = 8, s.layer_num = 1, s.page_size = 4;
+  absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create("llama", s, 16, dir.path() + "/x.");
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ((*pool)->page_num(), 4u);
+  absl::StatusOr<std::vector<uint64_t>> pages = (*pool)->AllocPages(8);
+  ASSERT_TRUE(pages.ok());
+  EXPECT_EQ(*pages, (std::vector<uint64_t>{0, 1}));
+  absl::StatusOr<std::vector<uint64_t>> too_many = (*pool)->AllocPages(16);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Msg(too_many.status()), HasSubstr("pool 'llama'"));
+  absl::StatusOr<uint64_t> freed = (*pool)->Free({4, 5, 6, 7});
+  ASSERT_TRUE(freed.ok());
+  EXPECT_EQ(*freed, 4u);
+  absl::StatusOr<uint64_t> again = (*pool)->Free({4, 5, 6, 7});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(again.status()), HasSubstr("pool 'llama'"));
+  EXPECT_EQ((*pool)->allocator().free_pages(), 3u);
+}
+
+// ============================================================ registry
+
+// Memory figures a test controls.
+struct FakeMemory {
+  MemorySnapshot snapshot;
+  absl::Status error;
+  int reads = 0;
+};
+
+RegistryOptions Options(const std::string& dir, FakeMemory* mem) {
+  RegistryOptions o;
+  o.shm_dir = dir;
+  o.read_memory = [mem]() -> absl::StatusOr<MemorySnapshot> {
+    ++mem->reads;
+    if (!mem->error.ok()) return mem->error;
+    return mem->snapshot;
+  };
+  return o;
+}
+
+// 1,000,000 bytes per token (MLA, uint8, 1000 x 1000), so sizes read in
+// round GB: N tokens are N MB.
+PoolSpec MegabyteTokenSpec(uint64_t tokens) {
+  PoolSpec s;
+  s.kind = PoolKind::kMla;
+  s.layout = LayoutKind::kPageFirst;
+  s.dtype = DType::kUint8;
+  s.page_size = 16;
+  s.layer_num = 1000;
+  s.kv_lora_rank = 1000;
+  s.size_tokens = tokens;
+  return s;
+}
+
+constexpr uint64_t kGB = 1000000000;
+
+class RegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty());
+    mem_.snapshot.mem_total = 1000 * kGB;
+    mem_.snapshot.mem_available = 500 * kGB;
+    ASSERT_EQ(BytesPerToken(MegabyteTokenSpec(16)), 1000000u);
+  }
+  ShmDir dir_;
+  FakeMemory mem_;
+};
+
+TEST_F(RegistryTest, RefusesWhenMemAvailableIsShort) {
+  mem_.snapshot.mem_available = 10 * kGB;
+  RegistryOptions o = Options(dir_.path(), &mem_);
+  o.memory_reserve = 1 * kGB;
+  PoolRegistry reg(o);
+  absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("big", MegabyteTokenSpec(12000));
+  ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
+  EXPECT_THAT(Msg(p.status()), HasSubstr("12.00 GB"));  // requested
+  EXPECT_THAT(Msg(p.status()), HasSubstr("9.00 GB"));   // available = 10 - 1 reserve
+  EXPECT_THAT(Msg(p.status()), HasSubstr("'big'"));
+  EXPECT_EQ(mem_.reads, 1);
+  EXPECT_TRUE(reg.List().empty());
+  EXPECT_EQ(reg.used_bytes(), 0u);
+  EXPECT_TRUE(dir_.Files().empty());
+  // 9.00 GB is the limit: a 16 MB pool fits.
+  EXPECT_TRUE(reg.Create("small", MegabyteTokenSpec(16)).ok());
+}
+
+TEST_F(RegistryTest, CgroupLimitIsCounted) {
+  mem_.snapshot.cgroup_limit = 5 * kGB;
+  mem_.snapshot.cgroup_usage = 1 * kGB;
+  mem_.snapshot.cgroup_source = "v2";
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("big", MegabyteTokenSpec(4512));
+  ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
+  EXPECT_THAT(Msg(p.status()), HasSubstr("4.51 GB"));
+  EXPECT_THAT(Msg(p.status()), HasSubstr("4.00 GB"));  // 5 GB limit - 1 GB used
+  // The cgroup's usage counts: 10 MB left cannot hold 16 MB.
+  mem_.snapshot.cgroup_usage = 5 * kGB - 10000000;
+  p = reg.Create("small", MegabyteTokenSpec(16));
+  ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
+  EXPECT_THAT(Msg(p.status()), HasSubstr("0.02 GB"));  // 16 MB requested
+  EXPECT_THAT(Msg(p.status()), HasSubstr("0.01 GB"));  // 10 MB free
+  mem_.snapshot.cgroup_usage = 1 * kGB;
+  EXPECT_TRUE(reg.Create("small", MegabyteTokenSpec(16)).ok());
+}
+
+TEST_F(RegistryTest, MemoryLimitSpansAllPools) {
+  RegistryOptions o = Options(dir_.path(), &mem_);
+  o.memory_limit = 40000000;  // 40 MB for all pools
+  PoolRegistry reg(o);
+  ASSERT_TRUE(reg.Create("a", MegabyteTokenSpec(16)).ok());
+  ASSERT_TRUE(reg.Create("b", MegabyteTokenSpec(16)).ok());
+  EXPECT_EQ(reg.used_bytes(), 32000000u);
+  absl::StatusOr<std::shared_ptr<Pool>> c = reg.Create("c", MegabyteTokenSpec(16));
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
+  EXPECT_THAT(Msg(c.status()), HasSubstr("--memory-limit"));
+  EXPECT_THAT(Msg(c.status()), HasSubstr("0.01 GB"));  // 8 MB left
+  absl::StatusOr<uint64_t> freed = reg.Delete("a");
+  ASSERT_TRUE(freed.ok());
+  EXPECT_EQ(*freed, 16000000u);
+  EXPECT_EQ(reg.used_bytes(), 16000000u);
+  EXPECT_TRUE(reg.Create("c", MegabyteTokenSpec(16)).ok());
+  EXPECT_EQ(reg.used_bytes(), 32000000u);
+}
+
+TEST_F(RegistryTest, MemoryReadErrorIsReturned) {
+  mem_.error = absl::FailedPreconditionError("cannot read /proc/meminfo");
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("a", MegabyteTokenSpec(16));
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(p.status()), HasSubstr("/proc/meminfo"));
+  EXPECT_TRUE(dir_.Files().empty());
+}
+
+TEST_F(RegistryTest, OverflowingSizeIsRefusedNotWrapped) {
+  // See ResolveSizeTokensTest.RefusesSizesWhoseBytesOverflow: the wrapped
+  // size (2 GiB) would fit in memory; the pool must be refused as a bad spec.
+  mem_.snapshot.mem_available = 1 * kGB;
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  PoolSpec s = MhaSpec();
+  s.head_num = 1u << 14, s.head_dim = 1u << 15, s.layer_num = 1, s.page_size = 1;
+  s.size_tokens = (uint64_t{1} << 33) + 1;
+  EXPECT_EQ(reg.Create("huge", s).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(dir_.Files().empty());
+}
+
+TEST_F(RegistryTest, AlreadyExistsAndNotFound) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  absl::StatusOr<std::shared_ptr<Pool>> a = reg.Create("a", MegabyteTokenSpec(16));
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<std::shared_ptr<Pool>> dup = reg.Create("a", MegabyteTokenSpec(32));
+  EXPECT_EQ(dup.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(Msg(dup.status()), HasSubstr("'a'"));
+  EXPECT_EQ(reg.List().size(), 1u);
+  EXPECT_EQ((*reg.Get("a"))->size_tokens(), 16u);  // the first one stays
+  EXPECT_EQ(reg.used_bytes(), 16000000u);
+
+  absl::StatusOr<std::shared_ptr<Pool>> missing = reg.Get("nope");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(missing.status()), HasSubstr("'nope'"));
+  absl::StatusOr<uint64_t> del = reg.Delete("nope");
+  EXPECT_EQ(del.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(del.status()), HasSubstr("'nope'"));
+  ASSERT_TRUE(reg.Delete("a").ok());
+  EXPECT_EQ(reg.Delete("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reg.Get("a").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RegistryTest, ListIsByName) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  for (const char* n : {"c", "a", "b"}) ASSERT_TRUE(reg.Create(n, MegabyteTokenSpec(16)).ok());
+  std::vector<std::string> names;
+  for (const auto& p : reg.List()) names.push_back(p->name());
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "b", "c"}));
+}
+
+TEST_F(RegistryTest, DeleteRefusedWhileAttached) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("a", MegabyteTokenSpec(16));
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE((*p)->AcquireAttachment().ok());
+  ASSERT_TRUE((*p)->AcquireAttachment().ok());
+  EXPECT_EQ((*p)->attachments(), 2u);
+  absl::StatusOr<uint64_t> del = reg.Delete("a");
+  EXPECT_EQ(del.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(del.status()), HasSubstr("2 device attachment"));
+  EXPECT_TRUE(reg.Get("a").ok());
+  EXPECT_EQ(reg.used_bytes(), 16000000u);
+  (*p)->ReleaseAttachment();
+  EXPECT_EQ(reg.Delete("a").status().code(), absl::StatusCode::kFailedPrecondition);
+  (*p)->ReleaseAttachment();
+  absl::StatusOr<uint64_t> ok = reg.Delete("a");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, 16000000u);
+  EXPECT_EQ(reg.used_bytes(), 0u);
+  // A deleted pool takes no new attachments.
+  absl::Status late = (*p)->AcquireAttachment();
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*p)->attachments(), 0u);
+}
+
+TEST(PoolNameTest, Validation) {
+  for (const std::string& good :
+       {std::string("a"), std::string("llama-70b_v2.kv"), std::string("A9"), std::string(64, 'x')}) {
+    EXPECT_TRUE(ValidatePoolName(good).ok()) << good;
+  }
+  for (const std::string& bad :
+       {std::string(""), std::string(65, 'x'), std::string(".hidden"), std::string("a/b"),
+        std::string("a b"), std::string(".."), std::string("naïve"), std::string("a\nb"),
+        std::string("x*")}) {
+    absl::Status s = ValidatePoolName(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST_F(RegistryTest, BadNameOrSpecCreatesNothing) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  EXPECT_EQ(reg.Create("../evil", MegabyteTokenSpec(16)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  PoolSpec bad = MegabyteTokenSpec(16);
+  bad.page_size = 0;
+  absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("ok", bad);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(p.status()), HasSubstr("spec.page_size"));
+  EXPECT_THAT(Msg(p.status()), HasSubstr("pool 'ok'"));
+  EXPECT_TRUE(dir_.Files().empty());
+  EXPECT_TRUE(reg.List().empty());
+}
+
+TEST_F(RegistryTest, RegionFileHasExactSizeAndGoesWithThePool) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  EXPECT_EQ(reg.region_prefix(), absl::StrCat(dir_.path(), "/kvhost.", ::getpid(), "."));
+  PoolSpec s = MhaSpec();  // 16384 bytes per token
+  s.size_tokens = 1000;    // -> 1008 tokens
+  absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("llama", s);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const uint64_t bytes = 1008u * 16384;
+  EXPECT_EQ((*p)->bytes(), bytes);
+  EXPECT_EQ(reg.used_bytes(), bytes);
+  std::vector<std::string> paths = (*p)->region_paths();
+  ASSERT_EQ(paths.size(), 1u);
+  EXPECT_EQ(fs::path(paths[0]).parent_path(), fs::path(dir_.path()));
+  EXPECT_EQ(paths[0].rfind(reg.region_prefix(), 0), 0u) << paths[0];
+  struct stat st;
+  ASSERT_EQ(::stat(paths[0].c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), bytes);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // The bytes are mapped and writable end to end.
+  (*p)->base()[0] = 1;
+  (*p)->base()[bytes - 1] = 2;
+
+  // Deleted: the file goes at once, though a user still holds the pool and
+  // its mapping stays valid...
+  ASSERT_TRUE(reg.Delete("llama").ok());
+  EXPECT_FALSE(fs::exists(paths[0]));
+  EXPECT_TRUE(dir_.Files().empty());
+  EXPECT_EQ((*p)->base()[bytes - 1], 2);
+  // ...so the name can be reused at once, with a fresh file at the same path
+  // that the old pool's end leaves alone.
+  absl::StatusOr<std::shared_ptr<Pool>> again = reg.Create("llama", s);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->region_paths(), paths);
+  p = absl::NotFoundError("dropped");
+  EXPECT_TRUE(fs::exists(paths[0]));
+  ASSERT_TRUE(reg.Delete("llama").ok());
+  EXPECT_FALSE(fs::exists(paths[0]));
+}
+
+TEST_F(RegistryTest, RegionFilesGoWithTheRegistry) {
+  std::string path;
+  {
+    PoolRegistry reg(Options(dir_.path(), &mem_));
+    absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("a", MegabyteTokenSpec(16));
+    ASSERT_TRUE(p.ok());
+    path = (*p)->region_paths()[0];
+    EXPECT_TRUE(fs::exists(path));
+  }
+  EXPECT_FALSE(fs::exists(path));
+}
+
+// A pid that no longer runs: a child that exited and was reaped.
+pid_t DeadPid() {
+  pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+void Touch(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY, 0600);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(::write(fd, "x", 1), 1);
+  ::close(fd);
+}
+
+TEST_F(RegistryTest, RemoveStaleRegionsOnlyRemovesDeadDaemonsFiles) {
+  const pid_t dead = DeadPid();
+  ASSERT_GT(dead, 0);
+  ASSERT_NE(::kill(dead, 0), 0);
+  // A live process other than this one: a child that waits.
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  const pid_t live = ::fork();
+  if (live == 0) {
+    char c;
+    ::close(pipefd[1]);
+    (void)::read(pipefd[0], &c, 1);
+    ::_exit(0);
+  }
+  ::close(pipefd[0]);
+
+  const std::string d = dir_.path() + "/";
+  const std::vector<std::string> stale = {
+      absl::StrCat("kvhost.", dead, ".llama.kv"),
+      absl::StrCat("kvhost.", dead, ".other-pool.v2.kv"),
+  };
+  const std::vector<std::string> kept = {
+      absl::StrCat("kvhost.", ::getpid(), ".mine.kv"),  // this process
+      absl::StrCat("kvhost.", live, ".theirs.kv"),      // a running process
+      "kvhost.1.init.kv",                               // pid 1 runs
+      "unrelated.txt",
+      absl::StrCat("kvhostx.", dead, ".a.kv"),
+      "kvhost.notapid.a.kv",
+      absl::StrCat("kvhost.", dead),  // not <prefix>.<pid>.<rest>
+      "kvhost.-5.a.kv",
+      "kvhost.0.a.kv",
+  };
+  for (const auto& f : stale) ASSERT_NO_FATAL_FAILURE(Touch(d + f));
+  for (const auto& f : kept) ASSERT_NO_FATAL_FAILURE(Touch(d + f));
+
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  EXPECT_EQ(reg.RemoveStaleRegions(), 2);
+  for (const auto& f : stale) EXPECT_FALSE(fs::exists(d + f)) << f;
+  for (const auto& f : kept) EXPECT_TRUE(fs::exists(d + f)) << f;
+  EXPECT_EQ(reg.RemoveStaleRegions(), 0);
+
+  ::close(pipefd[1]);
+  int status = 0;
+  ::waitpid(live, &status, 0);
+}
+
+TEST(RegistryNoDirTest, RemoveStaleRegionsWithoutDirectory) {
+  FakeMemory mem;
+  PoolRegistry reg(Options("/nonexistent/kvhost-test-dir", &mem));
+  EXPECT_EQ(reg.RemoveStaleRegions(), 0);
+}
+
+}  // namespace
+}  // namespace kvhost
