@@ -5,12 +5,23 @@
 // separate scheduler processes would have; after a warm-up, a case runs for
 // --seconds, or --iterations round trips per thread.
 //
+// Two floors are measured in the same run, so the allocator's cost can be
+// read as a ratio: two grpc.health.v1 Check calls per round trip on the same
+// connections (what any two unary gRPC calls cost on this machine), and two
+// one-byte ping-pongs over a plain unix socket pair between two processes (what
+// any two round trips between processes cost).
+//
 // It starts its own kvhostd (host backend, private socket and shm dir) unless
 // --server names a running one; it creates one small pool and deletes it at
 // the end. Prints one progress line per case, then a table; --json-out writes
 // the same numbers as JSON. Exit codes: 0 done, 1 a call failed, 2 bad flags.
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +33,7 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -66,6 +78,7 @@ struct ThreadResult {
 };
 
 struct CaseResult {
+  std::string what;
   uint64_t clients = 0;
   uint64_t round_trips = 0;
   double seconds = 0;
@@ -73,22 +86,36 @@ struct CaseResult {
   double p50_us = 0, p99_us = 0, p999_us = 0, max_us = 0;
 };
 
-absl::Status RoundTrip(kvhost::Client& client, const std::string& pool, uint64_t tokens) {
-  absl::StatusOr<std::vector<int64_t>> slots = client.Alloc(pool, tokens);
-  if (!slots.ok()) return slots.status();
-  return client.Free(pool, *slots).status();
+// One measured round trip on one client.
+using RoundTrip = std::function<absl::Status(kvhost::Client&)>;
+
+RoundTrip AllocFree(const std::string& pool, uint64_t tokens) {
+  return [pool, tokens](kvhost::Client& client) -> absl::Status {
+    absl::StatusOr<std::vector<int64_t>> slots = client.Alloc(pool, tokens);
+    if (!slots.ok()) return slots.status();
+    return client.Free(pool, *slots).status();
+  };
 }
 
-void RunClient(kvhost::Client* client, const std::string& pool, uint64_t tokens, const Plan& plan,
+// The gRPC floor: two unary calls that do no work in kvhost's code.
+absl::Status TwoHealthChecks(kvhost::Client& client) {
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<std::string> health = client.Health();
+    if (!health.ok()) return health.status();
+  }
+  return absl::OkStatus();
+}
+
+void RunClient(kvhost::Client* client, const RoundTrip& round_trip, const Plan& plan,
                ThreadResult* out) {
   while (Clock::now() < plan.measure_start) {
-    out->status = RoundTrip(*client, pool, tokens);
+    out->status = round_trip(*client);
     if (!out->status.ok()) return;
   }
   for (uint64_t i = 0; plan.iterations == 0 || i < plan.iterations; ++i) {
     const Clock::time_point start = Clock::now();
     if (plan.iterations == 0 && start >= plan.measure_end) break;
-    out->status = RoundTrip(*client, pool, tokens);
+    out->status = round_trip(*client);
     if (!out->status.ok()) return;
     out->latencies_us.push_back(
         std::chrono::duration<double, std::micro>(Clock::now() - start).count());
@@ -116,8 +143,8 @@ absl::StatusOr<std::vector<std::unique_ptr<kvhost::Client>>> MakeClients(const s
   return clients;
 }
 
-absl::StatusOr<CaseResult> RunCase(const std::string& address, const std::string& pool,
-                                   uint64_t tokens, uint64_t threads) {
+absl::StatusOr<CaseResult> RunCase(const std::string& address, const RoundTrip& round_trip,
+                                   uint64_t threads) {
   absl::StatusOr<std::vector<std::unique_ptr<kvhost::Client>>> clients =
       MakeClients(address, threads);
   if (!clients.ok()) return clients.status();
@@ -134,7 +161,7 @@ absl::StatusOr<CaseResult> RunCase(const std::string& address, const std::string
   std::vector<ThreadResult> results(threads);
   std::vector<std::thread> workers;
   for (uint64_t t = 0; t < threads; ++t) {
-    workers.emplace_back(RunClient, (*clients)[t].get(), pool, tokens, std::cref(plan),
+    workers.emplace_back(RunClient, (*clients)[t].get(), std::cref(round_trip), std::cref(plan),
                          &results[t]);
   }
   for (std::thread& w : workers) w.join();
@@ -156,6 +183,59 @@ absl::StatusOr<CaseResult> RunCase(const std::string& address, const std::string
   r.p99_us = bench::Percentile(all, 0.99);
   r.p999_us = bench::Percentile(all, 0.999);
   r.max_us = all.empty() ? 0 : all.back();
+  return r;
+}
+
+// The process floor: two one-byte ping-pongs over a unix socket pair between
+// this process and a forked echo child, timed like the RPC cases.
+absl::StatusOr<CaseResult> RunSocketFloor(uint64_t round_trips) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return absl::InternalError("socketpair failed");
+  }
+  const pid_t child = ::fork();
+  if (child < 0) return absl::InternalError("fork failed");
+  if (child == 0) {
+    ::close(sv[0]);
+    char c;
+    while (::read(sv[1], &c, 1) == 1) {
+      if (::write(sv[1], &c, 1) != 1) break;
+    }
+    ::_exit(0);
+  }
+  ::close(sv[1]);
+  std::vector<double> all;
+  all.reserve(round_trips);
+  const Clock::time_point begin = Clock::now();
+  char c = 'x';
+  for (uint64_t i = 0; i < round_trips + round_trips / 10; ++i) {
+    const Clock::time_point start = Clock::now();
+    for (int k = 0; k < 2; ++k) {
+      if (::write(sv[0], &c, 1) != 1 || ::read(sv[0], &c, 1) != 1) {
+        ::close(sv[0]);
+        ::waitpid(child, nullptr, 0);
+        return absl::InternalError("socket ping-pong failed");
+      }
+    }
+    // The first tenth warms up.
+    if (i >= round_trips / 10) {
+      all.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+  ::close(sv[0]);
+  ::waitpid(child, nullptr, 0);
+  std::sort(all.begin(), all.end());
+  CaseResult r;
+  r.what = "floor: 2 unix-socket ping-pongs";
+  r.clients = 1;
+  r.round_trips = all.size();
+  r.seconds = seconds;
+  r.ops_per_s = all.size() / seconds;
+  r.p50_us = bench::Percentile(all, 0.50);
+  r.p99_us = bench::Percentile(all, 0.99);
+  r.p999_us = bench::Percentile(all, 0.999);
+  r.max_us = all.back();
   return r;
 }
 
@@ -216,19 +296,34 @@ absl::Status Run(const Options& options) {
   absl::StatusOr<v1::Pool> created = client.CreatePool(pool, spec);
   if (!created.ok()) return created.status();
 
+  // The cases: the two floors with one client, then Alloc + Free with each
+  // --clients count.
+  struct Case {
+    std::string what;
+    uint64_t threads;
+    RoundTrip round_trip;  // empty: the socket floor
+  };
+  std::vector<Case> plan = {{"floor: 2 unix-socket ping-pongs", 1, nullptr},
+                            {"floor: 2 gRPC health checks", 1, TwoHealthChecks}};
+  for (uint64_t threads : cases) {
+    plan.push_back({absl::StrCat("Alloc(", page_size, ") + Free"), threads,
+                    AllocFree(pool, page_size)});
+  }
   std::vector<CaseResult> results;
   absl::Status failed;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const uint64_t threads = cases[i];
-    absl::PrintF("[%d/%d] %d client(s), Alloc(%d) + Free: ", i + 1, cases.size(), threads,
-                 page_size);
+  for (size_t i = 0; i < plan.size(); ++i) {
+    absl::PrintF("[%d/%d] %d client(s), %s: ", i + 1, plan.size(), plan[i].threads, plan[i].what);
     std::fflush(stdout);
-    absl::StatusOr<CaseResult> r = RunCase(address, pool, page_size, threads);
+    const uint64_t iterations = absl::GetFlag(FLAGS_iterations);
+    absl::StatusOr<CaseResult> r =
+        plan[i].round_trip ? RunCase(address, plan[i].round_trip, plan[i].threads)
+                           : RunSocketFloor(iterations > 0 ? iterations : 20000);
     if (!r.ok()) {
       std::printf("failed\n");
       failed = r.status();
       break;
     }
+    r->what = plan[i].what;
     absl::PrintF("%.0f round trips/s, p50 %.1f us, p99 %.1f us (%d round trips in %.2f s)\n",
                  r->ops_per_s, r->p50_us, r->p99_us, r->round_trips, r->seconds);
     results.push_back(*r);
@@ -239,14 +334,21 @@ absl::Status Run(const Options& options) {
 
   std::printf("\n");
   std::vector<std::vector<std::string>> rows = {
-      {"CLIENTS", "ROUND TRIPS", "OPS/S", "P50 US", "P99 US", "P99.9 US", "MAX US"}};
+      {"CASE", "CLIENTS", "ROUND TRIPS", "OPS/S", "P50 US", "P99 US", "P99.9 US", "MAX US",
+       "P50 / gRPC FLOOR"}};
+  double grpc_floor_p50 = 0;
+  for (const CaseResult& r : results) {
+    if (absl::StrContains(r.what, "gRPC")) grpc_floor_p50 = r.p50_us;
+  }
   std::vector<std::string> json_cases;
   for (const CaseResult& r : results) {
-    rows.push_back({absl::StrCat(r.clients), absl::StrCat(r.round_trips),
+    const double ratio = grpc_floor_p50 > 0 ? r.p50_us / grpc_floor_p50 : 0;
+    rows.push_back({r.what, absl::StrCat(r.clients), absl::StrCat(r.round_trips),
                     absl::StrFormat("%.0f", r.ops_per_s), absl::StrFormat("%.1f", r.p50_us),
                     absl::StrFormat("%.1f", r.p99_us), absl::StrFormat("%.1f", r.p999_us),
-                    absl::StrFormat("%.1f", r.max_us)});
+                    absl::StrFormat("%.1f", r.max_us), absl::StrFormat("%.2f", ratio)});
     json_cases.push_back(bench::JsonObject()
+                             .Str("case", r.what)
                              .Uint("clients", r.clients)
                              .Uint("round_trips", r.round_trips)
                              .Num("seconds", r.seconds, 3)
@@ -255,9 +357,10 @@ absl::Status Run(const Options& options) {
                              .Num("p99_us", r.p99_us, 1)
                              .Num("p999_us", r.p999_us, 1)
                              .Num("max_us", r.max_us, 1)
+                             .Num("p50_over_grpc_floor", ratio, 3)
                              .str());
   }
-  bench::PrintTable(rows, "rrrrrrr");
+  bench::PrintTable(rows, "lrrrrrrrr");
   std::printf(
       "(a round trip is Alloc of one page then Free of it; ops/s counts round trips of "
       "all clients)\n");

@@ -7,6 +7,7 @@
 #define KVHOST_TESTS_DAEMON_FIXTURE_H_
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -47,6 +48,8 @@ class TestDaemon {
     d->pid_ = ::fork();
     if (d->pid_ < 0) return absl::InternalError("fork failed");
     if (d->pid_ == 0) {
+      // The daemon goes with the test, even when the test is killed.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       FILE* log = std::freopen(d->log_path_.c_str(), "w", stderr);
       (void)log;
       ::dup2(2, 1);
@@ -56,6 +59,18 @@ class TestDaemon {
       ::execv(argv[0], argv.data());
       std::perror("execv kvhostd");
       ::_exit(127);
+    }
+    // Connect once the socket exists: a channel that finds no socket backs
+    // off for a second before it tries again.
+    const std::string socket_path = d->address_.substr(7);
+    for (int i = 0; i < 2000 && !std::filesystem::exists(socket_path); ++i) {
+      int status = 0;
+      if (::waitpid(d->pid_, &status, WNOHANG) == d->pid_) {
+        d->pid_ = -1;
+        return absl::UnavailableError(
+            absl::StrCat("kvhostd exited during start\n--- kvhostd log ---\n", d->Log()));
+      }
+      absl::SleepFor(absl::Milliseconds(10));
     }
     ClientOptions options;
     options.address = d->address_;

@@ -631,6 +631,31 @@ TEST_F(RegistryTest, RegionFileHasExactSizeAndGoesWithThePool) {
   EXPECT_FALSE(fs::exists(paths[0]));
 }
 
+// A caller that gives up while the memory is being reserved (its deadline
+// passed) was told the call failed: no pool, no file, no bytes counted, and the
+// name is free. While a creation is under way, its name is taken.
+TEST_F(RegistryTest, AbandonedCreationLeavesNothing) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  PoolSpec s = MhaSpec();
+  s.size_tokens = 1024;
+  bool asked = false;
+  absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("late", s, [&] {
+    asked = true;
+    // Still being created: the name is taken meanwhile.
+    EXPECT_EQ(reg.Create("late", s).status().code(), absl::StatusCode::kAlreadyExists);
+    return true;
+  });
+  EXPECT_TRUE(asked);
+  ASSERT_EQ(p.status().code(), absl::StatusCode::kCancelled) << p.status();
+  EXPECT_THAT(Msg(p.status()), HasSubstr("'late'"));
+  EXPECT_TRUE(reg.List().empty());
+  EXPECT_EQ(reg.used_bytes(), 0u);
+  EXPECT_TRUE(dir_.Files().empty());
+  absl::StatusOr<std::shared_ptr<Pool>> again = reg.Create("late", s, [] { return false; });
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(reg.used_bytes(), (*again)->bytes());
+}
+
 TEST_F(RegistryTest, RegionFilesGoWithTheRegistry) {
   std::string path;
   {

@@ -45,45 +45,74 @@ PoolRegistry::PoolRegistry(RegistryOptions options)
 
 PoolRegistry::~PoolRegistry() = default;
 
-absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& name,
-                                                           const PoolSpec& spec) {
+absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
+    const std::string& name, const PoolSpec& spec, const std::function<bool()>& abandoned) {
   if (absl::Status s = ValidatePoolName(name); !s.ok()) return s;
   if (absl::Status s = ValidateSpec(spec); !s.ok()) return WithPool(name, s);
   absl::StatusOr<uint64_t> tokens = ResolveSizeTokens(spec);
   if (!tokens.ok()) return WithPool(name, tokens.status());
   const uint64_t bytes = *tokens * BytesPerToken(spec);
 
-  absl::MutexLock create_lock(&create_mu_);
-  uint64_t used = 0;
   {
-    absl::MutexLock lock(&mu_);
-    if (pools_.count(name) != 0) {
-      return absl::AlreadyExistsError(absl::StrCat("pool '", name, "' already exists"));
+    // The check and the reservation happen together, so two creations cannot
+    // both pass against the same free memory; the slow part (reserving and
+    // touching the pages) runs after, without the lock.
+    absl::MutexLock create_lock(&create_mu_);
+    uint64_t used = 0;
+    uint64_t pending = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (pools_.count(name) != 0 || creating_.count(name) != 0) {
+        return absl::AlreadyExistsError(absl::StrCat("pool '", name, "' already exists"));
+      }
+      used = used_bytes_;
+      pending = creating_bytes_;
     }
-    used = used_bytes_;
+    absl::StatusOr<MemorySnapshot> mem = options_.read_memory();
+    if (!mem.ok()) return mem.status();
+    uint64_t available = AvailableForPools(*mem, options_.memory_reserve);
+    std::string why = absl::StrCat("MemAvailable ", FormatGB(mem->mem_available));
+    if (mem->cgroup_limit) {
+      absl::StrAppend(&why, ", cgroup ", mem->cgroup_source, " limit ",
+                      FormatGB(*mem->cgroup_limit), " with ", FormatGB(mem->cgroup_usage),
+                      " used");
+    }
+    absl::StrAppend(&why, ", reserve ", FormatGB(options_.memory_reserve));
+    // Pools still being created are not in MemAvailable yet.
+    if (pending > 0) {
+      available = available > pending ? available - pending : 0;
+      absl::StrAppend(&why, ", ", FormatGB(pending), " for pools being created");
+    }
+    if (options_.memory_limit > 0) {
+      const uint64_t committed = used + pending;
+      const uint64_t left =
+          options_.memory_limit > committed ? options_.memory_limit - committed : 0;
+      if (left < available) available = left;
+      absl::StrAppend(&why, ", --memory-limit ", FormatGB(options_.memory_limit), " with ",
+                      FormatGB(committed), " in pools");
+    }
+    if (bytes > available) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "not enough host memory for pool '", name, "': requesting ", FormatGB(bytes), " (",
+          *tokens, " tokens x ", BytesPerToken(spec), " bytes) but only ", FormatGB(available),
+          " available (", why, ")"));
+    }
+    absl::MutexLock lock(&mu_);
+    creating_.insert(name);
+    creating_bytes_ += bytes;
   }
-  absl::StatusOr<MemorySnapshot> mem = options_.read_memory();
-  if (!mem.ok()) return mem.status();
-  uint64_t available = AvailableForPools(*mem, options_.memory_reserve);
-  std::string why = absl::StrCat("MemAvailable ", FormatGB(mem->mem_available));
-  if (mem->cgroup_limit) {
-    absl::StrAppend(&why, ", cgroup ", mem->cgroup_source, " limit ",
-                    FormatGB(*mem->cgroup_limit), " with ", FormatGB(mem->cgroup_usage), " used");
-  }
-  absl::StrAppend(&why, ", reserve ", FormatGB(options_.memory_reserve));
-  if (options_.memory_limit > 0) {
-    const uint64_t left = options_.memory_limit > used ? options_.memory_limit - used : 0;
-    if (left < available) available = left;
-    absl::StrAppend(&why, ", --memory-limit ", FormatGB(options_.memory_limit), " with ",
-                    FormatGB(used), " in pools");
-  }
-  if (bytes > available) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "not enough host memory for pool '", name, "': requesting ", FormatGB(bytes), " (",
-        *tokens, " tokens x ", BytesPerToken(spec), " bytes) but only ", FormatGB(available),
-        " available (", why, ")"));
-  }
+
   absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create(name, spec, *tokens, region_prefix_);
+  // A caller that gave up (deadline, cancellation) was told the call failed;
+  // the pool must then not exist. Dropping it removes its file.
+  if (pool.ok() && abandoned && abandoned()) {
+    pool = absl::CancelledError(absl::StrCat("pool '", name,
+                                             "' was not created: the caller gave up while its ",
+                                             FormatGB(bytes), " were being reserved"));
+  }
+  absl::MutexLock lock(&mu_);
+  creating_.erase(name);
+  creating_bytes_ -= bytes;
   if (!pool.ok()) return pool.status();
   // sglang's warning (tokenspeed's inverts it, see docs/SEEDS.md): a host tier
   // no larger than the device pool it backs can hold nothing the device lacks.
@@ -92,7 +121,6 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
                  "adds no capacity",
                  name, *tokens, spec.device_size_tokens);
   }
-  absl::MutexLock lock(&mu_);
   pools_[name] = *pool;
   used_bytes_ += bytes;
   return *pool;

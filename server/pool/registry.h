@@ -4,8 +4,9 @@
 // Creating a pool checks its bytes against the memory the host can spare
 // (MemAvailable and the cgroup limit, each less the reserve; tokenspeed's
 // rule) and against the operator's --memory-limit for all pools together, then
-// creates its shared-memory file. Creation is serialised so two concurrent
-// creations cannot both pass the same check.
+// creates its shared-memory file. The check and the reservation of the bytes
+// are serialised, so two concurrent creations cannot both pass against the
+// same free memory; touching the pages happens outside that lock.
 //
 // Thread safety: all methods may be called concurrently.
 #ifndef KVHOST_SERVER_POOL_REGISTRY_H_
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,7 +47,13 @@ class PoolRegistry {
   ~PoolRegistry();
 
   // INVALID_ARGUMENT (bad name or spec), ALREADY_EXISTS, RESOURCE_EXHAUSTED.
-  absl::StatusOr<std::shared_ptr<Pool>> Create(const std::string& name, const PoolSpec& spec);
+  // Creating a large pool takes seconds (its memory is reserved and touched);
+  // other calls, other creations included, proceed meanwhile. If `abandoned`
+  // returns true once the memory is ready, the pool is dropped and CANCELLED
+  // returned, so a caller whose deadline passed is not left with a pool it was
+  // told does not exist.
+  absl::StatusOr<std::shared_ptr<Pool>> Create(const std::string& name, const PoolSpec& spec,
+                                               const std::function<bool()>& abandoned = {});
   // NOT_FOUND naming the pool.
   absl::StatusOr<std::shared_ptr<Pool>> Get(const std::string& name) const;
   // Every pool, by name.
@@ -66,10 +74,14 @@ class PoolRegistry {
  private:
   const RegistryOptions options_;
   const std::string region_prefix_;
-  absl::Mutex create_mu_;  // serialises Create (memory check + file creation)
+  absl::Mutex create_mu_;  // serialises Create's memory check and reservation
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Pool>> pools_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Pools whose memory is being reserved: their names are taken, their bytes
+  // counted against the budget.
+  std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);
+  uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // OK when `name` is 1-64 characters of [A-Za-z0-9._-] not starting with '.'.

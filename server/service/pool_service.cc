@@ -30,7 +30,8 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePool(grpc::CallbackServerContex
   if (!spec.ok()) {
     return Finish(context, WithPool(request->name(), spec.status()));
   }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Create(request->name(), *spec);
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      registry_->Create(request->name(), *spec, [context] { return context->IsCancelled(); });
   if (!pool.ok()) {
     spdlog::warn("CreatePool '{}' refused: {}", request->name(), pool.status().ToString());
     return Finish(context, pool.status());
