@@ -54,6 +54,7 @@ uint64_t DeviceRowBytes(const v1::PoolSpec& spec) {
 Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       channel_(std::move(channel)),
+      daemon_(v1::DaemonService::NewStub(channel_)),
       pools_(v1::PoolService::NewStub(channel_)),
       transfers_(v1::TransferService::NewStub(channel_)) {}
 
@@ -110,6 +111,14 @@ absl::Status Client::WaitForReady(absl::Duration timeout) {
   return absl::DeadlineExceededError(absl::StrCat("kvhostd at ", options_.address,
                                                   " not ready after ", absl::FormatDuration(timeout),
                                                   ": ", last.message()));
+}
+
+absl::StatusOr<v1::DaemonStatus> Client::GetStatus() {
+  v1::GetStatusRequest request;
+  v1::DaemonStatus response;
+  absl::Status s = KVHOST_CALL(daemon_, GetStatus, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
 }
 
 absl::StatusOr<v1::Pool> Client::CreatePool(const std::string& name, const v1::PoolSpec& spec) {

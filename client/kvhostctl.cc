@@ -449,17 +449,11 @@ using Args = std::vector<std::string>;  // after the command name
 absl::Status RunStatus(Context& ctx, const Args&) {
   absl::StatusOr<std::string> health = ctx.client->Health();
   if (!health.ok()) return health.status();
+  absl::StatusOr<v1::DaemonStatus> daemon = ctx.client->GetStatus();
+  if (!daemon.ok()) return daemon.status();
   absl::StatusOr<std::vector<v1::Pool>> pools = ctx.client->ListPools();
   if (!pools.ok()) return pools.status();
-
-  // The API names the engine per pool (and per attachment) only, so without
-  // a pool the backend cannot be known.
-  std::string backend;
-  uint64_t total_bytes = 0;
-  for (const v1::Pool& pool : *pools) {
-    if (backend.empty()) backend = pool.backend();
-    total_bytes += pool.bytes();
-  }
+  const uint64_t total_bytes = daemon->pool_bytes();
   if (ctx.json) {
     std::vector<std::string> usage;
     for (const v1::Pool& pool : *pools) {
@@ -473,19 +467,38 @@ absl::Status RunStatus(Context& ctx, const Args&) {
                           .Uint("attachments", pool.attachments())
                           .str());
     }
+    std::string daemon_json;
+    google::protobuf::util::JsonPrintOptions options;
+    options.always_print_primitive_fields = true;
+    options.preserve_proto_field_names = true;
+    if (!google::protobuf::util::MessageToJsonString(*daemon, &daemon_json, options).ok()) {
+      return absl::InternalError("cannot print the daemon status as JSON");
+    }
     PrintLine(JsonObject()
                   .Str("server", ctx.server)
                   .Str("health", *health)
-                  .Raw("backend", backend.empty() ? "null" : JsonQuote(backend))
+                  .Str("backend", daemon->backend())
                   .Uint("pools", pools->size())
                   .Uint("total_bytes", total_bytes)
+                  .Raw("daemon", daemon_json)
                   .Raw("pool_usage", absl::StrCat("[", absl::StrJoin(usage, ","), "]"))
                   .str());
   } else {
-    PrintLine(absl::StrCat("kvhostd at ", ctx.server, ": ", *health));
-    PrintLine(absl::StrCat("backend: ",
-                           backend.empty() ? "unknown (reported per pool; no pools)" : backend));
-    PrintLine(absl::StrFormat("pools:   %d, %s GB of host memory", pools->size(), Gb(total_bytes)));
+    PrintLine(absl::StrFormat("kvhostd %s at %s: %s (pid %d, up %ds)", daemon->version(),
+                              ctx.server, *health, daemon->pid(), daemon->uptime_s()));
+    PrintLine(absl::StrCat("backend: ", daemon->backend(), " (", daemon->backend_detail(), ")"));
+    PrintLine(absl::StrFormat("memory:  %s GB in pools, %s GB more available (limit %s, reserve %s GB)",
+                              Gb(total_bytes), Gb(daemon->memory_available_bytes()),
+                              daemon->memory_limit_bytes() > 0
+                                  ? absl::StrCat(Gb(daemon->memory_limit_bytes()), " GB")
+                                  : std::string("none"),
+                              Gb(daemon->memory_reserve_bytes())));
+    PrintLine(absl::StrFormat("transfers: %d attachment(s), %d ticket(s) in flight, %d done, %d "
+                              "failed; %s GB backed up, %s GB loaded",
+                              daemon->attachments(), daemon->tickets_in_flight(),
+                              daemon->tickets_done(), daemon->tickets_failed(),
+                              Gb(daemon->backup_bytes()), Gb(daemon->load_bytes())));
+    PrintLine(absl::StrFormat("pools:   %d", pools->size()));
     if (!pools->empty()) {
       std::vector<std::vector<std::string>> rows = {
           {"POOL", "USED", "AVAILABLE", "TOKENS", "USED%", "ATTACH"}};

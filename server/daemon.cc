@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "server/gpu_probe.h"
 #include "server/pool/host_memory.h"
+#include "server/service/daemon_service.h"
 #include "server/service/pool_service.h"
 #include "server/service/transfer_service.h"
 #include "server/transfer/host_engine.h"
@@ -71,7 +72,8 @@ absl::Status PrepareSocketPath(const std::string& path) {
 }
 
 absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& options,
-                                                           std::string* chosen) {
+                                                           std::string* chosen,
+                                                           std::string* detail) {
   const GpuProbe gpus = options.backend == "host" ? GpuProbe{0, "not probed"} : ProbeGpus();
   if (options.backend == "cuda") {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -90,6 +92,8 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& 
         absl::StrCat("--backend '", options.backend, "' is not one of auto, cuda, host"));
   }
   *chosen = "host";
+  *detail = absl::StrCat("--backend=", options.backend, "; GPUs: ", gpus.detail,
+                         gpus.devices > 0 ? "; no CUDA transfer engine in this build" : "");
   HostEngineOptions host;
   host.shm_dir = options.shm_dir;
   host.helper_threads = options.copy_threads;
@@ -125,7 +129,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   std::string backend;
-  absl::StatusOr<std::unique_ptr<TransferEngine>> engine = MakeEngine(options, &backend);
+  std::string backend_detail;
+  absl::StatusOr<std::unique_ptr<TransferEngine>> engine =
+      MakeEngine(options, &backend, &backend_detail);
   if (!engine.ok()) return engine.status();
   daemon->transfers_ =
       std::make_unique<TransferManager>(daemon->registry_.get(), *std::move(engine));
@@ -151,10 +157,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   auto pools = std::make_unique<PoolServiceImpl>(
       daemon->registry_.get(), daemon->transfers_->backend(), options.max_message_bytes);
   auto transfers = std::make_unique<TransferServiceImpl>(daemon->transfers_.get());
+  auto status = std::make_unique<DaemonServiceImpl>(daemon->registry_.get(),
+                                                    daemon->transfers_.get(), backend_detail);
   builder.RegisterService(pools.get());
   builder.RegisterService(transfers.get());
+  builder.RegisterService(status.get());
   daemon->services_.push_back(std::move(pools));
   daemon->services_.push_back(std::move(transfers));
+  daemon->services_.push_back(std::move(status));
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::StrJoin(options.listen, ", ")));

@@ -1457,6 +1457,63 @@ TEST_F(DaemonTest, LargeAndEdgeShapeRoundTrips) {
 
 using TicketTest = DaemonTest;
 
+// DaemonService.GetStatus follows pools, attachments and finished tickets.
+TEST_F(DaemonTest, StatusCountsPoolsAttachmentsAndTickets) {
+  absl::StatusOr<v1::DaemonStatus> before = client().GetStatus();
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->backend(), "host");
+  EXPECT_FALSE(before->backend_detail().empty());
+  EXPECT_EQ(before->shm_dir(), shm_dir());
+  EXPECT_EQ(before->pid(), daemon_->pid());
+  EXPECT_FALSE(before->version().empty());
+  EXPECT_EQ(before->pools(), 0u);
+  EXPECT_EQ(before->pool_bytes(), 0u);
+  EXPECT_GT(before->memory_available_bytes(), 0u);
+
+  Dims dims;
+  dims.layers = 2;
+  dims.heads = 2;
+  dims.head_dim = 64;  // 256-byte rows
+  absl::StatusOr<v1::Pool> pool =
+      client().CreatePool("s", MakeSpec(v1::MHA, v1::PAGE_FIRST, 16, 256, v1::BF16, dims));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("s", 32);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev = ShmDevicePool::Create(*pool, 64, shm_dir());
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice((*dev)->MakeAttachRequest("s"));
+  ASSERT_TRUE(att.ok()) << att.status();
+  const std::vector<int64_t> rows = Range(0, 32);
+  absl::StatusOr<uint64_t> backup = client().Backup(att->id(), *slots, rows);
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  ASSERT_TRUE(client().WaitTransfer(*backup).ok());
+  absl::StatusOr<uint64_t> load = client().Load(att->id(), *slots, rows);
+  ASSERT_TRUE(load.ok()) << load.status();
+  ASSERT_TRUE(client().WaitTransfer(*load).ok());
+
+  // Counters are updated as the ticket ends; give that a moment.
+  absl::StatusOr<v1::DaemonStatus> after;
+  for (int i = 0; i < 100; ++i) {
+    after = client().GetStatus();
+    ASSERT_TRUE(after.ok()) << after.status();
+    if (after->tickets_done() == 2) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const uint64_t moved = 32 * pool->bytes_per_token();
+  EXPECT_EQ(after->pools(), 1u);
+  EXPECT_EQ(after->pool_bytes(), pool->bytes());
+  EXPECT_EQ(after->attachments(), 1u);
+  EXPECT_EQ(after->tickets_done(), 2u);
+  EXPECT_EQ(after->tickets_failed(), 0u);
+  EXPECT_EQ(after->tickets_in_flight(), 0u);
+  EXPECT_EQ(after->backup_bytes(), moved);
+  EXPECT_EQ(after->load_bytes(), moved);
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  absl::StatusOr<v1::DaemonStatus> detached = client().GetStatus();
+  ASSERT_TRUE(detached.ok());
+  EXPECT_EQ(detached->attachments(), 0u);
+}
+
 TEST_F(TicketTest, WaitOnDoneTicketReturnsAtOnceAndPollReportsProgress) {
   Dims dims;
   dims.layers = 8;

@@ -58,39 +58,16 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
     // both pass against the same free memory; the slow part (reserving and
     // touching the pages) runs after, without the lock.
     absl::MutexLock create_lock(&create_mu_);
-    uint64_t used = 0;
-    uint64_t pending = 0;
     {
       absl::MutexLock lock(&mu_);
       if (pools_.count(name) != 0 || creating_.count(name) != 0) {
         return absl::AlreadyExistsError(absl::StrCat("pool '", name, "' already exists"));
       }
-      used = used_bytes_;
-      pending = creating_bytes_;
     }
-    absl::StatusOr<MemorySnapshot> mem = options_.read_memory();
-    if (!mem.ok()) return mem.status();
-    uint64_t available = AvailableForPools(*mem, options_.memory_reserve);
-    std::string why = absl::StrCat("MemAvailable ", FormatGB(mem->mem_available));
-    if (mem->cgroup_limit) {
-      absl::StrAppend(&why, ", cgroup ", mem->cgroup_source, " limit ",
-                      FormatGB(*mem->cgroup_limit), " with ", FormatGB(mem->cgroup_usage),
-                      " used");
-    }
-    absl::StrAppend(&why, ", reserve ", FormatGB(options_.memory_reserve));
-    // Pools still being created are not in MemAvailable yet.
-    if (pending > 0) {
-      available = available > pending ? available - pending : 0;
-      absl::StrAppend(&why, ", ", FormatGB(pending), " for pools being created");
-    }
-    if (options_.memory_limit > 0) {
-      const uint64_t committed = used + pending;
-      const uint64_t left =
-          options_.memory_limit > committed ? options_.memory_limit - committed : 0;
-      if (left < available) available = left;
-      absl::StrAppend(&why, ", --memory-limit ", FormatGB(options_.memory_limit), " with ",
-                      FormatGB(committed), " in pools");
-    }
+    std::string why;
+    absl::StatusOr<uint64_t> budget = Available(&why);
+    if (!budget.ok()) return budget.status();
+    const uint64_t available = *budget;
     if (bytes > available) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "not enough host memory for pool '", name, "': requesting ", FormatGB(bytes), " (",
@@ -124,6 +101,40 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
   pools_[name] = *pool;
   used_bytes_ += bytes;
   return *pool;
+}
+
+absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
+  uint64_t used = 0;
+  uint64_t pending = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    used = used_bytes_;
+    pending = creating_bytes_;
+  }
+  absl::StatusOr<MemorySnapshot> mem = options_.read_memory();
+  if (!mem.ok()) return mem.status();
+  uint64_t available = AvailableForPools(*mem, options_.memory_reserve);
+  std::string text = absl::StrCat("MemAvailable ", FormatGB(mem->mem_available));
+  if (mem->cgroup_limit) {
+    absl::StrAppend(&text, ", cgroup ", mem->cgroup_source, " limit ",
+                    FormatGB(*mem->cgroup_limit), " with ", FormatGB(mem->cgroup_usage), " used");
+  }
+  absl::StrAppend(&text, ", reserve ", FormatGB(options_.memory_reserve));
+  // Pools still being created are not in MemAvailable yet.
+  if (pending > 0) {
+    available = available > pending ? available - pending : 0;
+    absl::StrAppend(&text, ", ", FormatGB(pending), " for pools being created");
+  }
+  if (options_.memory_limit > 0) {
+    const uint64_t committed = used + pending;
+    const uint64_t left =
+        options_.memory_limit > committed ? options_.memory_limit - committed : 0;
+    if (left < available) available = left;
+    absl::StrAppend(&text, ", --memory-limit ", FormatGB(options_.memory_limit), " with ",
+                    FormatGB(committed), " in pools");
+  }
+  if (why != nullptr) *why = std::move(text);
+  return available;
 }
 
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Get(const std::string& name) const {

@@ -63,6 +63,9 @@ class PoolRegistry {
   absl::StatusOr<uint64_t> Delete(const std::string& name);
 
   uint64_t used_bytes() const;
+  // Bytes a new pool could take now; `why`, if given, spells out the inputs
+  // (MemAvailable, cgroup, reserve, --memory-limit) for messages.
+  absl::StatusOr<uint64_t> Available(std::string* why = nullptr) const;
   const RegistryOptions& options() const { return options_; }
   // "<shm_dir>/kvhost.<pid>." — the prefix of this daemon's region files.
   const std::string& region_prefix() const { return region_prefix_; }

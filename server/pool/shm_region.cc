@@ -71,7 +71,9 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& pa
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a non-empty regular file"));
   }
   const uint64_t bytes = static_cast<uint64_t>(st.st_size);
-  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Populated: a worker's device buffers are copied to and from at once, and
+  // page faults during a transfer would cost more than the copy itself.
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   const int err = errno;
   ::close(fd);
   if (data == MAP_FAILED) {

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kvhost/v1/daemon.grpc.pb.h"
 #include "kvhost/v1/pool.grpc.pb.h"
 #include "kvhost/v1/transfer.grpc.pb.h"
 
@@ -55,6 +56,9 @@ class Client {
   absl::Status WaitForReady(absl::Duration timeout);
   // grpc.health.v1 status of `service` ("" = the whole server): "SERVING", ...
   absl::StatusOr<std::string> Health(const std::string& service = "");
+
+  // DaemonService: engine, memory budget, attachments, ticket counters.
+  absl::StatusOr<v1::DaemonStatus> GetStatus();
 
   // PoolService.
   absl::StatusOr<v1::Pool> CreatePool(const std::string& name, const v1::PoolSpec& spec);
@@ -92,6 +96,7 @@ class Client {
 
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::DaemonService::Stub> daemon_;
   std::unique_ptr<v1::PoolService::Stub> pools_;
   std::unique_ptr<v1::TransferService::Stub> transfers_;
 };
