@@ -21,10 +21,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <functional>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -306,8 +306,8 @@ absl::Status Run(const Options& options) {
   std::vector<Case> plan = {{"floor: 2 unix-socket ping-pongs", 1, nullptr},
                             {"floor: 2 gRPC health checks", 1, TwoHealthChecks}};
   for (uint64_t threads : cases) {
-    plan.push_back({absl::StrCat("Alloc(", page_size, ") + Free"), threads,
-                    AllocFree(pool, page_size)});
+    plan.push_back(
+        {absl::StrCat("Alloc(", page_size, ") + Free"), threads, AllocFree(pool, page_size)});
   }
   std::vector<CaseResult> results;
   absl::Status failed;
@@ -315,9 +315,9 @@ absl::Status Run(const Options& options) {
     absl::PrintF("[%d/%d] %d client(s), %s: ", i + 1, plan.size(), plan[i].threads, plan[i].what);
     std::fflush(stdout);
     const uint64_t iterations = absl::GetFlag(FLAGS_iterations);
-    absl::StatusOr<CaseResult> r =
-        plan[i].round_trip ? RunCase(address, plan[i].round_trip, plan[i].threads)
-                           : RunSocketFloor(iterations > 0 ? iterations : 20000);
+    absl::StatusOr<CaseResult> r = plan[i].round_trip
+                                       ? RunCase(address, plan[i].round_trip, plan[i].threads)
+                                       : RunSocketFloor(iterations > 0 ? iterations : 20000);
     if (!r.ok()) {
       std::printf("failed\n");
       failed = r.status();
@@ -333,9 +333,9 @@ absl::Status Run(const Options& options) {
   if (!deleted.ok()) return deleted.status();
 
   std::printf("\n");
-  std::vector<std::vector<std::string>> rows = {
-      {"CASE", "CLIENTS", "ROUND TRIPS", "OPS/S", "P50 US", "P99 US", "P99.9 US", "MAX US",
-       "P50 / gRPC FLOOR"}};
+  std::vector<std::vector<std::string>> rows = {{"CASE", "CLIENTS", "ROUND TRIPS", "OPS/S",
+                                                 "P50 US", "P99 US", "P99.9 US", "MAX US",
+                                                 "P50 / gRPC FLOOR"}};
   double grpc_floor_p50 = 0;
   for (const CaseResult& r : results) {
     if (absl::StrContains(r.what, "gRPC")) grpc_floor_p50 = r.p50_us;

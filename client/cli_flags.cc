@@ -49,7 +49,8 @@ std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& us
   std::vector<char*> pointers;
   for (std::string& arg : args) pointers.push_back(arg.data());
   absl::SetProgramUsageMessage(usage);
-  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
+  std::vector<char*> rest =
+      absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
   return std::vector<std::string>(rest.begin(), rest.end());
 }
 

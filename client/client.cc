@@ -1,14 +1,13 @@
 #include "kvhost/client.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -74,11 +73,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   return std::unique_ptr<Client>(new Client(options, std::move(channel)));
 }
 
-#define KVHOST_CALL(stub, method, request, response, timeout)                     \
-  [&]() -> absl::Status {                                                         \
-    grpc::ClientContext context;                                                  \
-    context.set_deadline(absl::ToChronoTime(absl::Now() + (timeout)));           \
-    return FromGrpc((stub)->method(&context, (request), (response)));            \
+#define KVHOST_CALL(stub, method, request, response, timeout)          \
+  [&]() -> absl::Status {                                              \
+    grpc::ClientContext context;                                       \
+    context.set_deadline(absl::ToChronoTime(absl::Now() + (timeout))); \
+    return FromGrpc((stub)->method(&context, (request), (response)));  \
   }()
 
 absl::StatusOr<std::string> Client::Health(const std::string& service) {
@@ -108,9 +107,9 @@ absl::Status Client::WaitForReady(absl::Duration timeout) {
     if (last.ok()) last = absl::UnavailableError("daemon is not SERVING yet");
     absl::SleepFor(absl::Milliseconds(20));
   }
-  return absl::DeadlineExceededError(absl::StrCat("kvhostd at ", options_.address,
-                                                  " not ready after ", absl::FormatDuration(timeout),
-                                                  ": ", last.message()));
+  return absl::DeadlineExceededError(
+      absl::StrCat("kvhostd at ", options_.address, " not ready after ",
+                   absl::FormatDuration(timeout), ": ", last.message()));
 }
 
 absl::StatusOr<v1::DaemonStatus> Client::GetStatus() {
@@ -256,8 +255,8 @@ absl::StatusOr<std::unique_ptr<ShmDevicePool>> ShmDevicePool::Create(const v1::P
   const v1::PoolSpec& spec = pool.spec();
   const uint64_t row_bytes = DeviceRowBytes(spec);
   if (row_bytes == 0 || spec.layer_num() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pool '", pool.name(), "' has no row size; pass the Pool the daemon returned"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool '", pool.name(), "' has no row size; pass the Pool the daemon returned"));
   }
   if (device_size_tokens == 0) return absl::InvalidArgumentError("device_size_tokens must be >= 1");
   static std::atomic<uint64_t> counter{0};

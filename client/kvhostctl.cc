@@ -487,17 +487,17 @@ absl::Status RunStatus(Context& ctx, const Args&) {
     PrintLine(absl::StrFormat("kvhostd %s at %s: %s (pid %d, up %ds)", daemon->version(),
                               ctx.server, *health, daemon->pid(), daemon->uptime_s()));
     PrintLine(absl::StrCat("backend: ", daemon->backend(), " (", daemon->backend_detail(), ")"));
-    PrintLine(absl::StrFormat("memory:  %s GB in pools, %s GB more available (limit %s, reserve %s GB)",
-                              Gb(total_bytes), Gb(daemon->memory_available_bytes()),
-                              daemon->memory_limit_bytes() > 0
-                                  ? absl::StrCat(Gb(daemon->memory_limit_bytes()), " GB")
-                                  : std::string("none"),
-                              Gb(daemon->memory_reserve_bytes())));
-    PrintLine(absl::StrFormat("transfers: %d attachment(s), %d ticket(s) in flight, %d done, %d "
-                              "failed; %s GB backed up, %s GB loaded",
-                              daemon->attachments(), daemon->tickets_in_flight(),
-                              daemon->tickets_done(), daemon->tickets_failed(),
-                              Gb(daemon->backup_bytes()), Gb(daemon->load_bytes())));
+    PrintLine(absl::StrFormat(
+        "memory:  %s GB in pools, %s GB more available (limit %s, reserve %s GB)", Gb(total_bytes),
+        Gb(daemon->memory_available_bytes()),
+        daemon->memory_limit_bytes() > 0 ? absl::StrCat(Gb(daemon->memory_limit_bytes()), " GB")
+                                         : std::string("none"),
+        Gb(daemon->memory_reserve_bytes())));
+    PrintLine(absl::StrFormat(
+        "transfers: %d attachment(s), %d ticket(s) in flight, %d done, %d "
+        "failed; %s GB backed up, %s GB loaded",
+        daemon->attachments(), daemon->tickets_in_flight(), daemon->tickets_done(),
+        daemon->tickets_failed(), Gb(daemon->backup_bytes()), Gb(daemon->load_bytes())));
     PrintLine(absl::StrFormat("pools:   %d", pools->size()));
     if (!pools->empty()) {
       std::vector<std::vector<std::string>> rows = {

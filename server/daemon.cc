@@ -1,5 +1,9 @@
 #include "server/daemon.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -8,11 +12,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server_builder.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -39,12 +38,13 @@ std::string UnixPath(const std::string& address) {
 // (left by a killed daemon); refuses when another server answers there.
 absl::Status PrepareSocketPath(const std::string& path) {
   if (path.empty() || path[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat("--listen unix path '", path, "' must be absolute"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen unix path '", path, "' must be absolute"));
   }
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("--listen unix path '", path, "' is longer than ",
-                                                   sizeof(addr.sun_path) - 1, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen unix path '", path, "' is longer than ", sizeof(addr.sun_path) - 1, " bytes"));
   }
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
@@ -63,8 +63,7 @@ absl::Status PrepareSocketPath(const std::string& path) {
   const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   ::close(fd);
   if (live) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("another server already listens on ", path));
+    return absl::FailedPreconditionError(absl::StrCat("another server already listens on ", path));
   }
   ::unlink(path.c_str());
   spdlog::info("removed stale socket {}", path);
@@ -167,21 +166,21 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->services_.push_back(std::move(status));
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::StrJoin(options.listen, ", ")));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", absl::StrJoin(options.listen, ", ")));
   }
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& address = options.listen[i];
     if (UnixPath(address).empty() && absl::EndsWith(address, ":0")) {
-      daemon->addresses_.push_back(
-          absl::StrCat(address.substr(0, address.size() - 1), ports[i]));
+      daemon->addresses_.push_back(absl::StrCat(address.substr(0, address.size() - 1), ports[i]));
     } else {
       daemon->addresses_.push_back(address);
     }
   }
   auto* health = daemon->server_->GetHealthCheckService();
   health->SetServingStatus(true);
-  spdlog::info("serving on {} (backend {}, shm dir {})",
-               absl::StrJoin(daemon->addresses_, ", "), backend, options.shm_dir);
+  spdlog::info("serving on {} (backend {}, shm dir {})", absl::StrJoin(daemon->addresses_, ", "),
+               backend, options.shm_dir);
   return daemon;
 }
 

@@ -10,13 +10,13 @@
 #ifndef KVHOST_SERVER_DAEMON_H_
 #define KVHOST_SERVER_DAEMON_H_
 
+#include <grpcpp/server.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"

@@ -30,8 +30,8 @@ GpuProbe ProbeGpus() {
   } else {
     int v = 0;
     if (version != nullptr) version(&v);
-    probe.detail = absl::StrCat(probe.devices, " device(s), driver API ", v / 1000, ".",
-                                (v % 1000) / 10);
+    probe.detail =
+        absl::StrCat(probe.devices, " device(s), driver API ", v / 1000, ".", (v % 1000) / 10);
   }
   // The driver stays loaded: unloading it after cuInit is not supported.
   return probe;

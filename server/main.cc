@@ -31,7 +31,8 @@ ABSL_FLAG(std::string, memory_reserve, "auto",
           "Host memory never given to pools, e.g. '10G'; 'auto' = min(10 GiB, 10% of RAM). A pool "
           "is refused when it needs more than MemAvailable (and the cgroup's limit minus its "
           "usage) less this reserve.");
-ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, error, critical, off.");
+ABSL_FLAG(std::string, log_level, "info",
+          "Log level: trace, debug, info, warn, error, critical, off.");
 ABSL_FLAG(int, copy_threads, 2,
           "Host engine: helper threads per transfer direction (besides the direction's own "
           "thread), >= 0.");

@@ -38,7 +38,8 @@ using ::testing::HasSubstr;
 std::vector<int64_t> SlotsOf(const std::vector<uint64_t>& pages, uint64_t page_size) {
   std::vector<int64_t> slots;
   for (uint64_t p : pages) {
-    for (uint64_t j = 0; j < page_size; ++j) slots.push_back(static_cast<int64_t>(p * page_size + j));
+    for (uint64_t j = 0; j < page_size; ++j)
+      slots.push_back(static_cast<int64_t>(p * page_size + j));
   }
   return slots;
 }
@@ -141,7 +142,8 @@ TEST_P(AllocatorRandomTest, MatchesModelOverLongSequences) {
       list.resize(std::min<size_t>(list.size(), uniform(0, 4)));
       std::vector<uint64_t> not_allocated;
       for (uint64_t p : m.free) {
-        if (op == 8 ? ever_freed.count(p) != 0 : ever_freed.count(p) == 0) not_allocated.push_back(p);
+        if (op == 8 ? ever_freed.count(p) != 0 : ever_freed.count(p) == 0)
+          not_allocated.push_back(p);
       }
       if (not_allocated.empty()) not_allocated.assign(m.free.begin(), m.free.end());
       if (not_allocated.empty()) continue;
@@ -315,8 +317,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadList{"NotPageStart", {4, 5, 6, 7, 9, 10, 11, 12}, 4, {"index 9", "position 4"}},
         BadList{"BrokenRun", {0, 1, 3, 2}, 4, {"index 3", "position 2"}},
         BadList{"RunPastPage", {8, 9, 10, 11, 12, 13, 14, 16}, 4, {"index 16", "position 7"}},
-        BadList{"DuplicatePage", {0, 1, 2, 3, 8, 9, 10, 11, 0, 1, 2, 3}, 4,
-                {"index 0", "position 8"}},
+        BadList{
+            "DuplicatePage", {0, 1, 2, 3, 8, 9, 10, 11, 0, 1, 2, 3}, 4, {"index 0", "position 8"}},
         BadList{"DuplicateSingle", {5, 6, 7, 6}, 1, {"index 6", "position 3"}}),
     [](const ::testing::TestParamInfo<BadList>& info) { return info.param.name; });
 

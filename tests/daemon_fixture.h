@@ -7,8 +7,8 @@
 #define KVHOST_TESTS_DAEMON_FIXTURE_H_
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -30,14 +30,15 @@ namespace kvhost::testing {
 class TestDaemon {
  public:
   // Starts `kvhostd` (path) with `extra_flags` added; waits until it serves.
-  static absl::StatusOr<std::unique_ptr<TestDaemon>> Start(const std::string& kvhostd,
-                                                           std::vector<std::string> extra_flags = {}) {
+  static absl::StatusOr<std::unique_ptr<TestDaemon>> Start(
+      const std::string& kvhostd, std::vector<std::string> extra_flags = {}) {
     std::unique_ptr<TestDaemon> d(new TestDaemon());
     char dir_template[] = "/tmp/kvhost-test-XXXXXX";
     if (::mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp failed");
     d->dir_ = dir_template;
     char shm_template[] = "/dev/shm/kvhost-test-XXXXXX";
-    if (::mkdtemp(shm_template) == nullptr) return absl::InternalError("mkdtemp in /dev/shm failed");
+    if (::mkdtemp(shm_template) == nullptr)
+      return absl::InternalError("mkdtemp in /dev/shm failed");
     d->shm_dir_ = shm_template;
     d->address_ = absl::StrCat("unix://", d->dir_, "/kvhost.sock");
     d->log_path_ = absl::StrCat(d->dir_, "/kvhostd.log");

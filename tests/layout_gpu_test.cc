@@ -20,10 +20,14 @@ TEST(LayoutGpuTest, DeviceOffsetsMatchHost) {
   std::string why;
   if (CudaDeviceCount(&why) == 0) GTEST_SKIP() << "no usable CUDA GPU: " << why;
   const std::vector<Shape> shapes = {
-      {LayoutKind::kLayerFirst, 2, 3, 12, 4, 2, 256},  {LayoutKind::kPageFirst, 2, 3, 12, 4, 2, 256},
-      {LayoutKind::kPageFirstDirect, 2, 3, 15, 5, 2, 16}, {LayoutKind::kPageHead, 2, 3, 12, 3, 4, 8},
-      {LayoutKind::kLayerFirst, 1, 4, 16, 1, 1, 1152}, {LayoutKind::kPageFirst, 1, 4, 16, 16, 1, 1152},
-      {LayoutKind::kPageFirstDirect, 1, 1, 32, 16, 1, 64}, {LayoutKind::kPageHead, 2, 1, 8, 4, 1, 2},
+      {LayoutKind::kLayerFirst, 2, 3, 12, 4, 2, 256},
+      {LayoutKind::kPageFirst, 2, 3, 12, 4, 2, 256},
+      {LayoutKind::kPageFirstDirect, 2, 3, 15, 5, 2, 16},
+      {LayoutKind::kPageHead, 2, 3, 12, 3, 4, 8},
+      {LayoutKind::kLayerFirst, 1, 4, 16, 1, 1, 1152},
+      {LayoutKind::kPageFirst, 1, 4, 16, 16, 1, 1152},
+      {LayoutKind::kPageFirstDirect, 1, 1, 32, 16, 1, 64},
+      {LayoutKind::kPageHead, 2, 1, 8, 4, 1, 2},
   };
   for (const Shape& s : shapes) {
     const KvLayout layout(s.kind, s.planes, s.layers, s.tokens, s.page_size, s.heads, s.head_bytes);

@@ -224,14 +224,10 @@ void ForEachRow(const Case& c, Fn fn) {
 // edge cases: ps 1, odd ps, one layer, one head, one page, itemsize 1/2/4.
 const Shape kShapes[] = {
     // name       L  P  ps H   D  b
-    {"Ps1", 3, 4, 1, 2, 4, 2},
-    {"Ps3", 2, 3, 3, 3, 2, 1},
-    {"Ps5B4", 4, 2, 5, 2, 3, 4},
-    {"OneLayer", 1, 3, 4, 2, 2, 2},
-    {"OneHead", 3, 3, 2, 1, 8, 2},
-    {"OneLayerOneHead", 1, 2, 3, 1, 4, 4},
-    {"OneLayerPs1", 1, 5, 1, 3, 2, 1},
-    {"OnePage", 2, 1, 4, 2, 2, 2},
+    {"Ps1", 3, 4, 1, 2, 4, 2},         {"Ps3", 2, 3, 3, 3, 2, 1},
+    {"Ps5B4", 4, 2, 5, 2, 3, 4},       {"OneLayer", 1, 3, 4, 2, 2, 2},
+    {"OneHead", 3, 3, 2, 1, 8, 2},     {"OneLayerOneHead", 1, 2, 3, 1, 4, 4},
+    {"OneLayerPs1", 1, 5, 1, 3, 2, 1}, {"OnePage", 2, 1, 4, 2, 2, 2},
     {"Wide", 4, 2, 8, 4, 16, 2},
 };
 
@@ -524,9 +520,9 @@ TEST(KvLayoutLargeTest, SixtyFourBitOffsets) {
       EXPECT_EQ(kl.Offset(kv, t, l, h) + kl.head_bytes, kl.total_bytes());
       const uint64_t mid_t = NumTokens(c) / 2 + 3;
       EXPECT_EQ(kl.Offset(kv, mid_t, l / 2, h / 2), SeedOffset(c, kv, mid_t, l / 2, h / 2));
-      EXPECT_EQ(kl.Offset(kv, mid_t, l / 2, h / 2),
-                CContiguousOffset(SeedDims(c), SeedIndex(c, kv, mid_t, l / 2, h / 2, 0)) *
-                    s.itemsize);
+      EXPECT_EQ(
+          kl.Offset(kv, mid_t, l / 2, h / 2),
+          CContiguousOffset(SeedDims(c), SeedIndex(c, kv, mid_t, l / 2, h / 2, 0)) * s.itemsize);
       const uint64_t last_page = NumTokens(c) - s.page_size;
       EXPECT_EQ(kl.MetaSegmentOffset(kv, last_page, l) + kl.MetaSegmentBytes(),
                 kl.MetaPerLayer() ? kl.Offset(kv, NumTokens(c) - 1, l, 0) + kl.token_bytes

@@ -6,16 +6,17 @@
 //
 // Expected values are computed here from the formulas of SEED_INVENTORY.md §2
 // and §4, not from the code under test.
+#include "server/pool/pool.h"
+
 #include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
@@ -29,7 +30,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "server/pool/host_memory.h"
-#include "server/pool/pool.h"
 #include "server/pool/pool_spec.h"
 #include "server/pool/registry.h"
 
@@ -117,14 +117,18 @@ TEST_P(ValidateSpecTest, NamesTheField) {
 INSTANTIATE_TEST_SUITE_P(
     Fields, ValidateSpecTest,
     ::testing::Values(
-        Mutate("Kind", MhaSpec(), "spec.kind", [](PoolSpec& s) { s.kind = static_cast<PoolKind>(0); }),
-        Mutate("Kind9", MhaSpec(), "spec.kind", [](PoolSpec& s) { s.kind = static_cast<PoolKind>(9); }),
+        Mutate("Kind", MhaSpec(), "spec.kind",
+               [](PoolSpec& s) { s.kind = static_cast<PoolKind>(0); }),
+        Mutate("Kind9", MhaSpec(), "spec.kind",
+               [](PoolSpec& s) { s.kind = static_cast<PoolKind>(9); }),
         Mutate("Layout0", MhaSpec(), "spec.layout",
                [](PoolSpec& s) { s.layout = static_cast<LayoutKind>(0); }),
         Mutate("Layout5", MhaSpec(), "spec.layout",
                [](PoolSpec& s) { s.layout = static_cast<LayoutKind>(5); }),
-        Mutate("Dtype0", MhaSpec(), "spec.dtype", [](PoolSpec& s) { s.dtype = static_cast<DType>(0); }),
-        Mutate("Dtype7", MhaSpec(), "spec.dtype", [](PoolSpec& s) { s.dtype = static_cast<DType>(7); }),
+        Mutate("Dtype0", MhaSpec(), "spec.dtype",
+               [](PoolSpec& s) { s.dtype = static_cast<DType>(0); }),
+        Mutate("Dtype7", MhaSpec(), "spec.dtype",
+               [](PoolSpec& s) { s.dtype = static_cast<DType>(7); }),
         Mutate("PageSize", MhaSpec(), "spec.page_size", [](PoolSpec& s) { s.page_size = 0; }),
         Mutate("LayerNum", MhaSpec(), "spec.layer_num", [](PoolSpec& s) { s.layer_num = 0; }),
         Mutate("MlaLayerNum", MlaSpec(), "spec.layer_num", [](PoolSpec& s) { s.layer_num = 0; }),
@@ -143,7 +147,9 @@ INSTANTIATE_TEST_SUITE_P(
         Mutate("RowTooLarge", MhaSpec(), "row",
                [](PoolSpec& s) { s.head_num = 1u << 16, s.head_dim = 1u << 16; }),
         Mutate("TokenTooLarge", MhaSpec(), "bytes per token",
-               [](PoolSpec& s) { s.head_num = 1u << 10, s.head_dim = 1u << 10, s.layer_num = 1024; }),
+               [](PoolSpec& s) {
+                 s.head_num = 1u << 10, s.head_dim = 1u << 10, s.layer_num = 1024;
+               }),
         // RowBytes = 3 * 715827883 = 2^31 + 1 and layer_num = 2^32 - 1: the
         // true bytes per token (~2^65) wraps to 2^32 - 2 in 64 bits.
         Mutate("TokenBytesWrap", MhaSpec(), "bytes per token",
@@ -176,7 +182,7 @@ TEST(BytesPerTokenTest, MhaIsHeadsTimesDimTimesLayersTimesDtypeTimesTwo) {
   struct {
     DType dtype;
     uint64_t b;
-  } dtypes[] = {{DType::kBf16, 2}, {DType::kFp16, 2}, {DType::kFp32, 4},
+  } dtypes[] = {{DType::kBf16, 2},    {DType::kFp16, 2},    {DType::kFp32, 4},
                 {DType::kFp8E4m3, 1}, {DType::kFp8E5m2, 1}, {DType::kUint8, 1}};
   for (const auto& d : dtypes) {
     PoolSpec s = MhaSpec();
@@ -310,7 +316,7 @@ TEST(PoolTest, PageBufferMetaMhaLayerFirst) {
   PoolSpec s = MhaSpec();
   s.layout = LayoutKind::kLayerFirst;
   s.layer_num = 3, s.head_num = 2, s.head_dim = 4, s.page_size = 4;  // bf16
-  const uint64_t S = 32, L = 3, ps = 4, row = 2 * 4 * 2;  // token row: H*D*b = 16
+  const uint64_t S = 32, L = 3, ps = 4, row = 2 * 4 * 2;             // token row: H*D*b = 16
   absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create("p", s, S, dir.path() + "/x.");
   ASSERT_TRUE(pool.ok()) << pool.status();
   const uint64_t v_off = L * S * row;  // the seeds' V_OFF
@@ -564,14 +570,13 @@ TEST_F(RegistryTest, DeleteRefusedWhileAttached) {
 }
 
 TEST(PoolNameTest, Validation) {
-  for (const std::string& good :
-       {std::string("a"), std::string("llama-70b_v2.kv"), std::string("A9"), std::string(64, 'x')}) {
+  for (const std::string& good : {std::string("a"), std::string("llama-70b_v2.kv"),
+                                  std::string("A9"), std::string(64, 'x')}) {
     EXPECT_TRUE(ValidatePoolName(good).ok()) << good;
   }
-  for (const std::string& bad :
-       {std::string(""), std::string(65, 'x'), std::string(".hidden"), std::string("a/b"),
-        std::string("a b"), std::string(".."), std::string("naïve"), std::string("a\nb"),
-        std::string("x*")}) {
+  for (const std::string& bad : {std::string(""), std::string(65, 'x'), std::string(".hidden"),
+                                 std::string("a/b"), std::string("a b"), std::string(".."),
+                                 std::string("naïve"), std::string("a\nb"), std::string("x*")}) {
     absl::Status s = ValidatePoolName(bad);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
   }

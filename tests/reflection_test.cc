@@ -122,8 +122,9 @@ TEST_F(ReflectionTest, ListServices) {
   for (const auto& service : response.list_services_response().service()) {
     names.insert(service.name());
   }
-  for (const char* want : {"kvhost.v1.PoolService", "kvhost.v1.TransferService", "kvhost.v1.DaemonService",
-                           "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}) {
+  for (const char* want :
+       {"kvhost.v1.PoolService", "kvhost.v1.TransferService", "kvhost.v1.DaemonService",
+        "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}) {
     EXPECT_TRUE(names.count(want)) << want << " not listed; got: " << absl::StrJoin(names, ", ");
   }
   EXPECT_TRUE(stream.Close().ok());

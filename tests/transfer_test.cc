@@ -8,11 +8,10 @@
 // into ranges, a wrong split over threads or a wrong plane / layer base shows
 // up as a byte mismatch. Pools and emulated device pools live in a private
 // directory under /dev/shm.
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -76,8 +75,7 @@ TEST(CoalesceRunsTest, MergesOnlyWhereBothSidesStepByOne) {
   // Request order is kept, even where sorting would merge.
   EXPECT_EQ(CoalesceRuns({4, 5, 0, 1, 2, 6}, {4, 5, 0, 1, 2, 6}),
             (R{{4, 4, 2}, {0, 0, 3}, {6, 6, 1}}));
-  EXPECT_EQ(CoalesceRuns({100, 101, 102, 50, 51}, {0, 1, 2, 3, 4}),
-            (R{{100, 0, 3}, {50, 3, 2}}));
+  EXPECT_EQ(CoalesceRuns({100, 101, 102, 50, 51}, {0, 1, 2, 3, 4}), (R{{100, 0, 3}, {50, 3, 2}}));
 }
 
 TEST(CoalesceRunsTest, RunsCoverTheRequestExactly) {
@@ -238,8 +236,8 @@ void NaiveCopy(const KvLayout& layout, uint8_t* host, DeviceFn&& device,
       for (size_t i = 0; i < host_idx.size(); ++i) {
         for (uint64_t h = 0; h < layout.heads; ++h) {
           uint8_t* hp = host + layout.Offset(plane, static_cast<uint64_t>(host_idx[i]), layer, h);
-          uint8_t* dp = dev + static_cast<uint64_t>(dev_idx[i]) * layout.token_bytes +
-                        h * layout.head_bytes;
+          uint8_t* dp =
+              dev + static_cast<uint64_t>(dev_idx[i]) * layout.token_bytes + h * layout.head_bytes;
           if (backup) {
             std::memcpy(hp, dp, layout.head_bytes);
           } else {
@@ -380,11 +378,11 @@ struct DeviceFile {
     AttachRequest req;
     req.device_size_tokens = rows;
     for (uint64_t l = 0; l < layers; ++l) {
-      req.k_layers.push_back({DeviceBufferRef::Kind::kShm, region->path(), "", "",
-                              lead + LayerOffset(0, l)});
+      req.k_layers.push_back(
+          {DeviceBufferRef::Kind::kShm, region->path(), "", "", lead + LayerOffset(0, l)});
       if (planes == 2) {
-        req.v_layers.push_back({DeviceBufferRef::Kind::kShm, region->path(), "", "",
-                                lead + LayerOffset(1, l)});
+        req.v_layers.push_back(
+            {DeviceBufferRef::Kind::kShm, region->path(), "", "", lead + LayerOffset(1, l)});
       }
     }
     return req;
@@ -458,9 +456,8 @@ TEST_P(HostEngineTest, BackupAndLoadAreExact) {
       job.device = mapping;
       job.runs = CoalesceRuns(host_idx, dev_idx);
       job.tokens = host_idx.size();
-      job.ticket = std::make_shared<TransferTicket>(next_id++, dir_kind,
-                                                    static_cast<uint32_t>(layout.layers),
-                                                    engine.PathFor(job));
+      job.ticket = std::make_shared<TransferTicket>(
+          next_id++, dir_kind, static_cast<uint32_t>(layout.layers), engine.PathFor(job));
       std::shared_ptr<TransferTicket> ticket = job.ticket;
       std::atomic<int> callbacks{0};
       ticket->OnDone([&callbacks] { ++callbacks; });
@@ -495,14 +492,20 @@ std::vector<EngineCase> EngineCases() {
   }
   // Large jobs split across threads (hundreds of KB per layer).
   out.push_back({{"MhaLayerFirstLarge", PoolKind::kMha, LayoutKind::kLayerFirst, 4, 8, 64, 16, 256},
-                 4, 4096, 6000});
+                 4,
+                 4096,
+                 6000});
   out.push_back({{"MhaPageHeadLarge", PoolKind::kMha, LayoutKind::kPageHead, 4, 8, 64, 16, 256},
-                 4, 4096, 6000});
-  out.push_back({{"MlaPageFirstDirectLarge", PoolKind::kMla, LayoutKind::kPageFirstDirect, 6, 1,
-                  510, 64, 64},
-                 3, 8192, 5000});
-  out.push_back({{"MhaNoHelpers", PoolKind::kMha, LayoutKind::kPageFirst, 2, 2, 16, 8, 64}, 0, 1,
-                 400});
+                 4,
+                 4096,
+                 6000});
+  out.push_back(
+      {{"MlaPageFirstDirectLarge", PoolKind::kMla, LayoutKind::kPageFirstDirect, 6, 1, 510, 64, 64},
+       3,
+       8192,
+       5000});
+  out.push_back(
+      {{"MhaNoHelpers", PoolKind::kMha, LayoutKind::kPageFirst, 2, 2, 16, 8, 64}, 0, 1, 400});
   return out;
 }
 
@@ -591,7 +594,8 @@ TEST_F(EngineFixture, JobsOfOneDirectionRunInOrderAndDrainWaits) {
     for (uint64_t layer = 0; layer < layout.layers; ++layer) {
       for (uint64_t k = 0; k < 16; ++k) {
         const uint8_t want = static_cast<uint8_t>((29 + k) % kRows);
-        std::vector<uint8_t> row(HostRow(plane, layer, k), HostRow(plane, layer, k) + dev_.row_bytes);
+        std::vector<uint8_t> row(HostRow(plane, layer, k),
+                                 HostRow(plane, layer, k) + dev_.row_bytes);
         EXPECT_EQ(row, std::vector<uint8_t>(dev_.row_bytes, want))
             << "plane " << plane << " layer " << layer << " slot " << k;
       }
@@ -652,8 +656,8 @@ class ManagerTest : public EngineFixture {
     absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Create("llama", spec_);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = *pool;  // the registry's pool; the device file matches its layout
-    manager_ = std::make_unique<TransferManager>(registry_.get(),
-                                                 std::make_unique<HostEngine>(Options()));
+    manager_ =
+        std::make_unique<TransferManager>(registry_.get(), std::make_unique<HostEngine>(Options()));
     absl::StatusOr<AttachmentInfo> att =
         manager_->Attach("llama", dev_.Request(pool_->layout().planes));
     ASSERT_TRUE(att.ok()) << att.status();
@@ -693,26 +697,76 @@ TEST_F(ManagerTest, ValidationErrorsLeaveNoTicket) {
     absl::StatusCode code;
     const char* message;
   } cases[] = {
-      {"lengths differ", att_, Direction::kBackup, {0, 1}, {0}, absl::StatusCode::kInvalidArgument,
+      {"lengths differ",
+       att_,
+       Direction::kBackup,
+       {0, 1},
+       {0},
+       absl::StatusCode::kInvalidArgument,
        "host_indices has 2"},
-      {"negative host", att_, Direction::kBackup, {0, -1}, {0, 1},
-       absl::StatusCode::kInvalidArgument, "host_indices[1] = -1"},
-      {"host past end", att_, Direction::kLoad, {size}, {0}, absl::StatusCode::kInvalidArgument,
+      {"negative host",
+       att_,
+       Direction::kBackup,
+       {0, -1},
+       {0, 1},
+       absl::StatusCode::kInvalidArgument,
+       "host_indices[1] = -1"},
+      {"host past end",
+       att_,
+       Direction::kLoad,
+       {size},
+       {0},
+       absl::StatusCode::kInvalidArgument,
        "host_indices[0]"},
-      {"device past end", att_, Direction::kBackup, {0, 1}, {0, rows},
-       absl::StatusCode::kInvalidArgument, "device_indices[1]"},
-      {"negative device", att_, Direction::kLoad, {0}, {-3}, absl::StatusCode::kInvalidArgument,
+      {"device past end",
+       att_,
+       Direction::kBackup,
+       {0, 1},
+       {0, rows},
+       absl::StatusCode::kInvalidArgument,
+       "device_indices[1]"},
+      {"negative device",
+       att_,
+       Direction::kLoad,
+       {0},
+       {-3},
+       absl::StatusCode::kInvalidArgument,
        "device_indices[0] = -3"},
-      {"backup repeats a host slot", att_, Direction::kBackup, {0, 1, 2, 1}, {0, 1, 2, 3},
-       absl::StatusCode::kInvalidArgument, "host slot 1"},
-      {"load repeats a device row", att_, Direction::kLoad, {0, 1, 2, 3}, {5, 6, 7, 6},
-       absl::StatusCode::kInvalidArgument, "device row 6"},
-      {"unallocated host slot", att_, Direction::kBackup, {6, 7, 8}, {0, 1, 2},
-       absl::StatusCode::kFailedPrecondition, "host slot 8"},
-      {"unallocated on load", att_, Direction::kLoad, {40}, {0},
-       absl::StatusCode::kFailedPrecondition, "host slot 40"},
-      {"unknown attachment", "att-nope", Direction::kBackup, {0}, {0},
-       absl::StatusCode::kNotFound, "att-nope"},
+      {"backup repeats a host slot",
+       att_,
+       Direction::kBackup,
+       {0, 1, 2, 1},
+       {0, 1, 2, 3},
+       absl::StatusCode::kInvalidArgument,
+       "host slot 1"},
+      {"load repeats a device row",
+       att_,
+       Direction::kLoad,
+       {0, 1, 2, 3},
+       {5, 6, 7, 6},
+       absl::StatusCode::kInvalidArgument,
+       "device row 6"},
+      {"unallocated host slot",
+       att_,
+       Direction::kBackup,
+       {6, 7, 8},
+       {0, 1, 2},
+       absl::StatusCode::kFailedPrecondition,
+       "host slot 8"},
+      {"unallocated on load",
+       att_,
+       Direction::kLoad,
+       {40},
+       {0},
+       absl::StatusCode::kFailedPrecondition,
+       "host slot 40"},
+      {"unknown attachment",
+       "att-nope",
+       Direction::kBackup,
+       {0},
+       {0},
+       absl::StatusCode::kNotFound,
+       "att-nope"},
   };
   for (const Bad& b : cases) {
     absl::StatusOr<std::shared_ptr<TransferTicket>> t =
@@ -801,8 +855,7 @@ TEST_F(ManagerTest, AttachmentsHoldThePool) {
   bad = dev_.Request(pool_->layout().planes);
   bad.k_layers[0].shm_path = "/etc/hostname";
   EXPECT_EQ(manager_->Attach("llama", bad).status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(manager_->Attach("nope", dev_.Request(2)).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Attach("nope", dev_.Request(2)).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(pool_->attachments(), 1u);
 
   ASSERT_TRUE(manager_->Detach(att_).ok());
@@ -829,8 +882,7 @@ TEST_F(ManagerTest, RefusedAfterDrain) {
   const TransferCounters c = manager_->counters();
   EXPECT_EQ(c.tickets_done, 1u);
   EXPECT_EQ(c.tickets_in_flight, 0u);
-  EXPECT_EQ(manager_->FindTicket((*before)->id() + 1).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->FindTicket((*before)->id() + 1).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -126,8 +126,7 @@ struct KvLayout {
   // Start of the page-metadata range of the page starting at `first_token`
   // (layer ignored unless MetaPerLayer()).
   // REQUIRES: first_token % page_size == 0.
-  KVHOST_HD uint64_t MetaSegmentOffset(uint64_t plane, uint64_t first_token,
-                                       uint64_t layer) const {
+  KVHOST_HD uint64_t MetaSegmentOffset(uint64_t plane, uint64_t first_token, uint64_t layer) const {
     return Offset(plane, first_token, MetaPerLayer() ? layer : 0, 0);
   }
 };

@@ -15,16 +15,15 @@ PageAllocator::PageAllocator(uint64_t page_num, uint64_t page_size)
 
 absl::Status PageAllocator::Alloc(uint64_t num_tokens, std::vector<uint64_t>* pages) {
   if (num_tokens == 0 || num_tokens % page_size_ != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("num_tokens ", num_tokens,
-                                                   " is not a positive multiple of page_size ",
-                                                   page_size_));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_tokens ", num_tokens, " is not a positive multiple of page_size ", page_size_));
   }
   const uint64_t want = num_tokens / page_size_;
   absl::MutexLock lock(&mu_);
   if (want > free_count_) {
-    return absl::ResourceExhaustedError(absl::StrCat("num_tokens ", num_tokens, " requested but only ",
-                                                     free_count_ * page_size_, " of ",
-                                                     page_num_ * page_size_, " slots are free"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("num_tokens ", num_tokens, " requested but only ", free_count_ * page_size_,
+                     " of ", page_num_ * page_size_, " slots are free"));
   }
   pages->reserve(pages->size() + want);
   for (uint64_t i = 0; i < want; ++i) {
@@ -119,9 +118,9 @@ absl::StatusOr<std::vector<uint64_t>> ParsePages(absl::Span<const int64_t> slots
     if (sorted[k].first == sorted[k - 1].first) repeat = std::min(repeat, sorted[k].second);
   }
   if (repeat < pages.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("index ", pages[repeat] * page_size, " at position ", repeat * page_size,
-                     " starts a page that appears more than once"));
+    return absl::InvalidArgumentError(absl::StrCat("index ", pages[repeat] * page_size,
+                                                   " at position ", repeat * page_size,
+                                                   " starts a page that appears more than once"));
   }
   return pages;
 }

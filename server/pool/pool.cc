@@ -97,8 +97,8 @@ uint32_t Pool::attachments() const {
 absl::Status Pool::TryRetire() {
   absl::MutexLock lock(&mu_);
   if (attachments_ > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool '", name_, "' has ", attachments_, " device attachment(s); detach them first"));
+    return absl::FailedPreconditionError(absl::StrCat("pool '", name_, "' has ", attachments_,
+                                                      " device attachment(s); detach them first"));
   }
   retired_ = true;
   // Jobs still in flight keep the mappings (and the memory) until they end,

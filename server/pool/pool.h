@@ -41,8 +41,8 @@ class Pool {
   // Creates the pool's region files under `region_prefix` ("<dir>/kvhost.<pid>.")
   // and maps them. REQUIRES: ValidateSpec(spec).ok(), size_tokens a positive
   // multiple of spec.page_size.
-  static absl::StatusOr<std::shared_ptr<Pool>> Create(const std::string& name,
-                                                      const PoolSpec& spec, uint64_t size_tokens,
+  static absl::StatusOr<std::shared_ptr<Pool>> Create(const std::string& name, const PoolSpec& spec,
+                                                      uint64_t size_tokens,
                                                       const std::string& region_prefix);
 
   Pool(const Pool&) = delete;

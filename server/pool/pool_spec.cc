@@ -107,9 +107,9 @@ absl::Status ValidateSpec(const PoolSpec& spec) {
     // head_num x head_dim < 2^64, but RowBytes (x the dtype size) can wrap and
     // then pass the row-size check below.
     if (uint64_t{spec.head_num} * spec.head_dim >= kMaxRowBytes / DTypeSize(spec.dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.head_num ", spec.head_num, " x spec.head_dim ", spec.head_dim, " x ",
-          DTypeSize(spec.dtype), " bytes per element is too large a row"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.head_num ", spec.head_num, " x spec.head_dim ", spec.head_dim, " x ",
+                       DTypeSize(spec.dtype), " bytes per element is too large a row"));
     }
   } else {
     if (uint64_t{spec.kv_lora_rank} + spec.qk_rope_head_dim == 0) {
@@ -123,20 +123,19 @@ absl::Status ValidateSpec(const PoolSpec& spec) {
     }
   }
   if (RowBytes(spec) >= kMaxRowBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("spec row of ", RowBytes(spec),
-                                                   " bytes per token and layer is too large"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec row of ", RowBytes(spec), " bytes per token and layer is too large"));
   }
   // RowBytes < 2^32 and layer_num < 2^32, so this product cannot wrap; the
   // full BytesPerToken (x planes) could, and then pass the check.
   const uint64_t layer_bytes = RowBytes(spec) * spec.layer_num;
   if (layer_bytes >= kMaxRowBytes / PlaneCount(spec)) {
-    return absl::InvalidArgumentError(absl::StrCat("spec needs ", layer_bytes, " x ",
-                                                   PlaneCount(spec),
-                                                   " bytes per token; too large"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec needs ", layer_bytes, " x ", PlaneCount(spec), " bytes per token; too large"));
   }
   if (spec.host_to_device_ratio < 0 || std::isnan(spec.host_to_device_ratio)) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.host_to_device_ratio ",
-                                                   spec.host_to_device_ratio, " must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.host_to_device_ratio ", spec.host_to_device_ratio, " must be >= 0"));
   }
   return absl::OkStatus();
 }
@@ -163,12 +162,12 @@ absl::StatusOr<uint64_t> ResolveSizeTokens(const PoolSpec& spec) {
     tokens = spec.size_bytes / BytesPerToken(spec);
     rule = "spec.size_bytes";
   } else if (spec.host_to_device_ratio > 0 && spec.device_size_tokens > 0) {
-    const double t = std::floor(static_cast<double>(spec.device_size_tokens) *
-                                spec.host_to_device_ratio);
+    const double t =
+        std::floor(static_cast<double>(spec.device_size_tokens) * spec.host_to_device_ratio);
     if (t >= 9.0e18) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.host_to_device_ratio ", spec.host_to_device_ratio, " x spec.device_size_tokens ",
-          spec.device_size_tokens, " overflows"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.host_to_device_ratio ", spec.host_to_device_ratio,
+                       " x spec.device_size_tokens ", spec.device_size_tokens, " overflows"));
     }
     tokens = static_cast<uint64_t>(t);
     rule = "spec.host_to_device_ratio x spec.device_size_tokens";
@@ -207,13 +206,11 @@ KvLayout MakeKvLayout(const PoolSpec& spec, uint64_t size_tokens) {
 }
 
 std::string DescribeSpec(const PoolSpec& spec) {
-  std::string dims =
-      spec.kind == PoolKind::kMha
-          ? absl::StrFormat("H=%u D=%u", spec.head_num, spec.head_dim)
-          : absl::StrFormat("C=%u+%u", spec.kv_lora_rank, spec.qk_rope_head_dim);
-  return absl::StrFormat("%s/%s %s L=%u %s ps=%u", PoolKindName(spec.kind),
-                         LayoutName(spec.layout), DTypeName(spec.dtype), spec.layer_num, dims,
-                         spec.page_size);
+  std::string dims = spec.kind == PoolKind::kMha
+                         ? absl::StrFormat("H=%u D=%u", spec.head_num, spec.head_dim)
+                         : absl::StrFormat("C=%u+%u", spec.kv_lora_rank, spec.qk_rope_head_dim);
+  return absl::StrFormat("%s/%s %s L=%u %s ps=%u", PoolKindName(spec.kind), LayoutName(spec.layout),
+                         DTypeName(spec.dtype), spec.layer_num, dims, spec.page_size);
 }
 
 }  // namespace kvhost

@@ -38,13 +38,13 @@ struct PoolSpec {
   DType dtype = DType::kBf16;
   uint32_t page_size = 0;
   uint32_t layer_num = 0;
-  uint32_t head_num = 0;          // MHA
-  uint32_t head_dim = 0;          // MHA
-  uint32_t v_head_dim = 0;        // MHA; 0 = head_dim
-  uint32_t kv_lora_rank = 0;      // MLA
-  uint32_t qk_rope_head_dim = 0;  // MLA
-  uint64_t size_tokens = 0;       // sizing rule 1
-  uint64_t size_bytes = 0;        // sizing rule 2
+  uint32_t head_num = 0;            // MHA
+  uint32_t head_dim = 0;            // MHA
+  uint32_t v_head_dim = 0;          // MHA; 0 = head_dim
+  uint32_t kv_lora_rank = 0;        // MLA
+  uint32_t qk_rope_head_dim = 0;    // MLA
+  uint64_t size_tokens = 0;         // sizing rule 1
+  uint64_t size_bytes = 0;          // sizing rule 2
   double host_to_device_ratio = 0;  // sizing rule 3
   uint64_t device_size_tokens = 0;  // sizing rule 3
 };

@@ -22,8 +22,8 @@ constexpr char kRegionFilePrefix[] = "kvhost.";
 
 absl::Status ValidatePoolName(const std::string& name) {
   if (name.empty() || name.size() > kMaxPoolName) {
-    return absl::InvalidArgumentError(absl::StrCat("name '", name, "' must be 1-", kMaxPoolName,
-                                                   " characters long"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("name '", name, "' must be 1-", kMaxPoolName, " characters long"));
   }
   if (name[0] == '.') {
     return absl::InvalidArgumentError(absl::StrCat("name '", name, "' must not start with '.'"));
@@ -45,8 +45,9 @@ PoolRegistry::PoolRegistry(RegistryOptions options)
 
 PoolRegistry::~PoolRegistry() = default;
 
-absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
-    const std::string& name, const PoolSpec& spec, const std::function<bool()>& abandoned) {
+absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& name,
+                                                           const PoolSpec& spec,
+                                                           const std::function<bool()>& abandoned) {
   if (absl::Status s = ValidatePoolName(name); !s.ok()) return s;
   if (absl::Status s = ValidateSpec(spec); !s.ok()) return WithPool(name, s);
   absl::StatusOr<uint64_t> tokens = ResolveSizeTokens(spec);
@@ -69,10 +70,10 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
     if (!budget.ok()) return budget.status();
     const uint64_t available = *budget;
     if (bytes > available) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "not enough host memory for pool '", name, "': requesting ", FormatGB(bytes), " (",
-          *tokens, " tokens x ", BytesPerToken(spec), " bytes) but only ", FormatGB(available),
-          " available (", why, ")"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("not enough host memory for pool '", name, "': requesting ", FormatGB(bytes),
+                       " (", *tokens, " tokens x ", BytesPerToken(spec), " bytes) but only ",
+                       FormatGB(available), " available (", why, ")"));
     }
     absl::MutexLock lock(&mu_);
     creating_.insert(name);
@@ -94,9 +95,10 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(
   // sglang's warning (tokenspeed's inverts it, see docs/SEEDS.md): a host tier
   // no larger than the device pool it backs can hold nothing the device lacks.
   if (spec.device_size_tokens > 0 && *tokens <= spec.device_size_tokens) {
-    spdlog::warn("pool '{}' has {} tokens, not more than the device pool's {}; the host tier "
-                 "adds no capacity",
-                 name, *tokens, spec.device_size_tokens);
+    spdlog::warn(
+        "pool '{}' has {} tokens, not more than the device pool's {}; the host tier "
+        "adds no capacity",
+        name, *tokens, spec.device_size_tokens);
   }
   pools_[name] = *pool;
   used_bytes_ += bytes;
@@ -116,8 +118,8 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
   uint64_t available = AvailableForPools(*mem, options_.memory_reserve);
   std::string text = absl::StrCat("MemAvailable ", FormatGB(mem->mem_available));
   if (mem->cgroup_limit) {
-    absl::StrAppend(&text, ", cgroup ", mem->cgroup_source, " limit ",
-                    FormatGB(*mem->cgroup_limit), " with ", FormatGB(mem->cgroup_usage), " used");
+    absl::StrAppend(&text, ", cgroup ", mem->cgroup_source, " limit ", FormatGB(*mem->cgroup_limit),
+                    " with ", FormatGB(mem->cgroup_usage), " used");
   }
   absl::StrAppend(&text, ", reserve ", FormatGB(options_.memory_reserve));
   // Pools still being created are not in MemAvailable yet.
@@ -127,8 +129,7 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
   }
   if (options_.memory_limit > 0) {
     const uint64_t committed = used + pending;
-    const uint64_t left =
-        options_.memory_limit > committed ? options_.memory_limit - committed : 0;
+    const uint64_t left = options_.memory_limit > committed ? options_.memory_limit - committed : 0;
     if (left < available) available = left;
     absl::StrAppend(&text, ", --memory-limit ", FormatGB(options_.memory_limit), " with ",
                     FormatGB(committed), " in pools");

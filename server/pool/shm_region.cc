@@ -108,13 +108,12 @@ absl::StatusOr<std::string> ResolvePathInside(const std::string& dir, const std:
   if (::realpath(path.c_str(), path_real) == nullptr) {
     const int err = errno;
     if (err == ENOENT) return absl::NotFoundError(absl::StrCat("no file ", path));
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot resolve ", path, ": ", ErrnoText(err)));
+    return absl::PermissionDeniedError(absl::StrCat("cannot resolve ", path, ": ", ErrnoText(err)));
   }
   const std::string prefix = absl::StrCat(dir_real, dir_real[1] == '\0' ? "" : "/");
   if (!absl::StartsWith(path_real, prefix)) {
-    return absl::PermissionDeniedError(absl::StrCat("path ", path, " (", path_real,
-                                                    ") is outside the shm dir ", dir_real));
+    return absl::PermissionDeniedError(
+        absl::StrCat("path ", path, " (", path_real, ") is outside the shm dir ", dir_real));
   }
   return std::string(path_real);
 }

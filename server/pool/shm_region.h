@@ -24,8 +24,8 @@ class ShmRegion {
   // Creates `path` (which must not exist), reserves `bytes` of backing memory
   // (posix_fallocate, so a full tmpfs fails here with RESOURCE_EXHAUSTED rather
   // than with SIGBUS later) and maps it with every page touched.
-  static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(const std::string& path,
-                                                           uint64_t bytes, uint32_t mode = 0600);
+  static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(const std::string& path, uint64_t bytes,
+                                                           uint32_t mode = 0600);
   // Maps an existing file read-write, whole.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Open(const std::string& path);
 

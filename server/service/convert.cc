@@ -12,21 +12,22 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& in) {
   PoolSpec spec;
   if (in.kind() != v1::MHA && in.kind() != v1::MLA) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.kind ", v1::PoolKind_Name(in.kind()).empty() ? absl::StrCat(in.kind())
-                                                           : v1::PoolKind_Name(in.kind()),
-        " is not supported; use MHA or MLA"));
+    return absl::InvalidArgumentError(absl::StrCat("spec.kind ",
+                                                   v1::PoolKind_Name(in.kind()).empty()
+                                                       ? absl::StrCat(in.kind())
+                                                       : v1::PoolKind_Name(in.kind()),
+                                                   " is not supported; use MHA or MLA"));
   }
   if (in.layout() < v1::LAYER_FIRST || in.layout() > v1::PAGE_HEAD) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "spec.layout ", in.layout() == v1::LAYOUT_UNSPECIFIED ? "LAYOUT_UNSPECIFIED"
-                                                             : absl::StrCat(in.layout()),
+        "spec.layout ",
+        in.layout() == v1::LAYOUT_UNSPECIFIED ? "LAYOUT_UNSPECIFIED" : absl::StrCat(in.layout()),
         " is not a layout; use LAYER_FIRST, PAGE_FIRST, PAGE_FIRST_DIRECT or PAGE_HEAD"));
   }
   if (in.dtype() < v1::BF16 || in.dtype() > v1::UINT8) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "spec.dtype ", in.dtype() == v1::DTYPE_UNSPECIFIED ? "DTYPE_UNSPECIFIED"
-                                                          : absl::StrCat(in.dtype()),
+        "spec.dtype ",
+        in.dtype() == v1::DTYPE_UNSPECIFIED ? "DTYPE_UNSPECIFIED" : absl::StrCat(in.dtype()),
         " is not a dtype; use BF16, FP16, FP32, FP8_E4M3, FP8_E5M2 or UINT8"));
   }
   spec.kind = static_cast<PoolKind>(in.kind());

@@ -10,8 +10,7 @@
 namespace kvhost {
 namespace {
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
-                                 const absl::Status& status) {
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -84,12 +83,12 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* co
     const uint64_t response_bytes =
         request->num_tokens() * CodedOutputStream::VarintSize64(size - 1) + 32;
     if (response_bytes > static_cast<uint64_t>(max_message_bytes_)) {
-      return Finish(context, WithPool(request->pool(),
-                                      absl::ResourceExhaustedError(absl::StrCat(
-                                          "num_tokens ", request->num_tokens(),
-                                          " needs a response of up to ", response_bytes,
-                                          " bytes, over the ", max_message_bytes_,
-                                          "-byte message limit; allocate in smaller batches"))));
+      return Finish(
+          context, WithPool(request->pool(),
+                            absl::ResourceExhaustedError(absl::StrCat(
+                                "num_tokens ", request->num_tokens(), " needs a response of up to ",
+                                response_bytes, " bytes, over the ", max_message_bytes_,
+                                "-byte message limit; allocate in smaller batches"))));
     }
   }
   absl::StatusOr<std::vector<uint64_t>> pages = (*pool)->AllocPages(request->num_tokens());
@@ -98,7 +97,8 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* co
   auto* indices = response->mutable_indices();
   indices->Reserve(static_cast<int>(pages->size() * ps));
   for (uint64_t page : *pages) {
-    for (uint64_t j = 0; j < ps; ++j) indices->AddAlreadyReserved(static_cast<int64_t>(page * ps + j));
+    for (uint64_t j = 0; j < ps; ++j)
+      indices->AddAlreadyReserved(static_cast<int64_t>(page * ps + j));
   }
   response->set_available_tokens((*pool)->allocator().available_tokens());
   return Finish(context, absl::OkStatus());

@@ -23,8 +23,7 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
                                        const v1::CreatePoolRequest* request,
                                        v1::Pool* response) override;
   grpc::ServerUnaryReactor* GetPool(grpc::CallbackServerContext* context,
-                                    const v1::GetPoolRequest* request,
-                                    v1::Pool* response) override;
+                                    const v1::GetPoolRequest* request, v1::Pool* response) override;
   grpc::ServerUnaryReactor* ListPools(grpc::CallbackServerContext* context,
                                       const v1::ListPoolsRequest* request,
                                       v1::ListPoolsResponse* response) override;

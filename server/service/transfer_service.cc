@@ -8,8 +8,7 @@
 namespace kvhost {
 namespace {
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
-                                 const absl::Status& status) {
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -36,7 +35,8 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
 
   void OnCancel() override {
     if (finished_->taken.exchange(true)) return;
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "WaitTransfer cancelled before the ticket finished"));
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                        "WaitTransfer cancelled before the ticket finished"));
   }
   void OnDone() override { delete this; }
 
@@ -51,9 +51,9 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(
-    grpc::CallbackServerContext* context, const v1::AttachDeviceRequest* request,
-    v1::Attachment* response) {
+grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServerContext* context,
+                                                            const v1::AttachDeviceRequest* request,
+                                                            v1::Attachment* response) {
   absl::StatusOr<AttachRequest> attach = FromProto(*request);
   if (!attach.ok()) return Finish(context, attach.status());
   absl::StatusOr<AttachmentInfo> info = manager_->Attach(request->pool(), *attach);
@@ -65,9 +65,9 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(
   return Finish(context, absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* TransferServiceImpl::DetachDevice(
-    grpc::CallbackServerContext* context, const v1::DetachDeviceRequest* request,
-    v1::DetachDeviceResponse* response) {
+grpc::ServerUnaryReactor* TransferServiceImpl::DetachDevice(grpc::CallbackServerContext* context,
+                                                            const v1::DetachDeviceRequest* request,
+                                                            v1::DetachDeviceResponse* response) {
   return Finish(context, manager_->Detach(request->attachment_id()));
 }
 
@@ -75,9 +75,9 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
     grpc::CallbackServerContext* context, Direction direction, const std::string& attachment_id,
     const google::protobuf::RepeatedField<int64_t>& host,
     const google::protobuf::RepeatedField<int64_t>& device, v1::TransferTicket* response) {
-  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket = manager_->Submit(
-      attachment_id, direction, absl::MakeConstSpan(host.data(), host.size()),
-      absl::MakeConstSpan(device.data(), device.size()));
+  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket =
+      manager_->Submit(attachment_id, direction, absl::MakeConstSpan(host.data(), host.size()),
+                       absl::MakeConstSpan(device.data(), device.size()));
   if (!ticket.ok()) return Finish(context, ticket.status());
   response->set_id((*ticket)->id());
   return Finish(context, absl::OkStatus());
@@ -97,10 +97,11 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Load(grpc::CallbackServerContext*
                 request->device_indices(), response);
 }
 
-grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(
-    grpc::CallbackServerContext* context, const v1::WaitTransferRequest* request,
-    v1::TransferStatus* response) {
-  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket = manager_->FindTicket(request->ticket_id());
+grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(grpc::CallbackServerContext* context,
+                                                            const v1::WaitTransferRequest* request,
+                                                            v1::TransferStatus* response) {
+  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket =
+      manager_->FindTicket(request->ticket_id());
   if (!ticket.ok()) return Finish(context, ticket.status());
   const TicketStatus now = (*ticket)->Snapshot();
   if (now.done || request->poll()) {

@@ -48,7 +48,9 @@ class DeviceMapping {
   virtual ~DeviceMapping() = default;
   // Base of layer `layer` of plane `plane` (0 = K or latent, 1 = V), in the
   // engine's address space.
-  uint8_t* layer(uint64_t plane, uint64_t layer) const { return layers_[plane * layer_num_ + layer]; }
+  uint8_t* layer(uint64_t plane, uint64_t layer) const {
+    return layers_[plane * layer_num_ + layer];
+  }
   const DeviceRows& rows() const { return rows_; }
 
  protected:
@@ -80,7 +82,7 @@ class TransferEngine {
   // INVALID_ARGUMENT for a buffer too small, PERMISSION_DENIED for a path the
   // engine may not open, FAILED_PRECONDITION for a buffer kind it cannot open.
   virtual absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(const Pool& pool,
-                                                             const AttachRequest& request) = 0;
+                                                              const AttachRequest& request) = 0;
   // Queues a job. The engine finishes job.ticket exactly once.
   virtual void Submit(TransferJob job) = 0;
   // Blocks until every job submitted so far has finished.

@@ -24,8 +24,9 @@ class ShmDeviceMapping : public DeviceMapping {
     const std::string where = absl::StrCat(field, "[", index, "]");
     if (ref.kind != DeviceBufferRef::Kind::kShm) {
       return absl::FailedPreconditionError(
-          absl::StrCat(where, " is a CUDA IPC buffer, but this daemon runs the host backend "
-                              "(start kvhostd with --backend=cuda on a GPU machine)"));
+          absl::StrCat(where,
+                       " is a CUDA IPC buffer, but this daemon runs the host backend "
+                       "(start kvhostd with --backend=cuda on a GPU machine)"));
     }
     absl::StatusOr<std::string> path = ResolvePathInside(shm_dir, ref.shm_path);
     if (!path.ok()) {
@@ -96,7 +97,7 @@ HostEngine::~HostEngine() {
 std::string HostEngine::PathFor(const TransferJob& job) const { return "host-memcpy"; }
 
 absl::StatusOr<std::unique_ptr<DeviceMapping>> HostEngine::Open(const Pool& pool,
-                                                               const AttachRequest& request) {
+                                                                const AttachRequest& request) {
   auto mapping = std::make_unique<ShmDeviceMapping>(
       pool.layout().layers, DeviceRows{request.device_size_tokens, pool.layout().token_bytes});
   for (size_t l = 0; l < request.k_layers.size(); ++l) {
@@ -153,9 +154,8 @@ void HostEngine::RunJob(const TransferJob& job) {
   const uint64_t layer_bytes = job.tokens * layout.token_bytes * layout.planes;
   // Pieces per layer: as many threads as the layer's size justifies.
   const uint64_t max_parts = static_cast<uint64_t>(options_.helper_threads) + 1;
-  const uint64_t parts =
-      std::clamp<uint64_t>(layer_bytes / std::max<uint64_t>(options_.min_split_bytes, 1), 1,
-                           max_parts);
+  const uint64_t parts = std::clamp<uint64_t>(
+      layer_bytes / std::max<uint64_t>(options_.min_split_bytes, 1), 1, max_parts);
   // Token boundaries of each part, as (run, offset in run) pairs.
   std::vector<std::pair<size_t, uint64_t>> cuts;
   {

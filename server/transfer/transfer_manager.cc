@@ -42,9 +42,9 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
                                                    layers, " layers"));
   }
   if (request.v_layers.size() != want_v) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "v_layers has ", request.v_layers.size(), " buffers but pool '", pool_name, "' (",
-        PoolKindName(spec.kind), ") needs ", want_v));
+    return absl::InvalidArgumentError(absl::StrCat("v_layers has ", request.v_layers.size(),
+                                                   " buffers but pool '", pool_name, "' (",
+                                                   PoolKindName(spec.kind), ") needs ", want_v));
   }
   if (request.device_size_tokens == 0) {
     return absl::InvalidArgumentError("device_size_tokens must be >= 1");
@@ -118,9 +118,8 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   }
   const Pool& pool = *job.pool;
   if (host.size() != device.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("host_indices has ", host.size(),
-                                                   " entries but device_indices has ",
-                                                   device.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host_indices has ", host.size(), " entries but device_indices has ", device.size()));
   }
   const std::string pool_what = absl::StrCat("pool '", pool.name(), "'");
   if (absl::Status s = CheckRange(host, pool.size_tokens(), "host_indices", pool_what); !s.ok()) {
@@ -133,8 +132,8 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   }
   job.runs = CoalesceRuns(host, device);
   const bool backup = direction == Direction::kBackup;
-  if (absl::Status s = CheckNoOverlap(job.runs, /*host_side=*/backup,
-                                      backup ? "host slot" : "device row");
+  if (absl::Status s =
+          CheckNoOverlap(job.runs, /*host_side=*/backup, backup ? "host slot" : "device row");
       !s.ok()) {
     return s;
   }
@@ -142,10 +141,11 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     return WithPool(pool.name(), s);
   }
   job.tokens = host.size();
-  const uint64_t bytes = job.tokens * pool.layout().token_bytes * pool.layout().planes *
-                         pool.layout().layers;
-  job.ticket = std::make_shared<TransferTicket>(
-      next_ticket_++, direction, static_cast<uint32_t>(pool.layout().layers), engine_->PathFor(job));
+  const uint64_t bytes =
+      job.tokens * pool.layout().token_bytes * pool.layout().planes * pool.layout().layers;
+  job.ticket = std::make_shared<TransferTicket>(next_ticket_++, direction,
+                                                static_cast<uint32_t>(pool.layout().layers),
+                                                engine_->PathFor(job));
   std::shared_ptr<TransferTicket> ticket = job.ticket;
   {
     absl::MutexLock lock(&mu_);
