@@ -22,4 +22,6 @@ for f in "$out"/bin/*; do
     [ -e "$out/lib/$name" ] || cp -L "$path" "$out/lib/$name"
   done
 done
+# Debug info stays in the build; the bundle must be small enough to carry.
+strip --strip-debug "$out"/bin/* "$out"/lib/* 2>/dev/null || true
 echo "bundle: $(ls "$out/bin" | wc -l) binaries, $(ls "$out/lib" | wc -l) libraries, $(du -sh "$out" | cut -f1)"

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -26,6 +27,18 @@
 #include "kvhost/client.h"
 
 namespace kvhost::testing {
+
+#ifdef KVHOSTD_BUILD_PATH
+// The kvhostd to test: $KVHOST_KVHOSTD when set (a bundle run elsewhere than
+// where it was built), else the one this build made.
+inline const char* KvhostdPath() {
+  static const std::string path = [] {
+    const char* env = std::getenv("KVHOST_KVHOSTD");
+    return std::string(env != nullptr && *env != '\0' ? env : KVHOSTD_BUILD_PATH);
+  }();
+  return path.c_str();
+}
+#endif
 
 class TestDaemon {
  public:
