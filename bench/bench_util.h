@@ -1,6 +1,6 @@
-// Helpers shared by the kvhost benchmarks: percentiles, aligned tables, a
-// small JSON object writer for --json-out, comma-separated number lists, and
-// shared-memory scratch buffers.
+// Helpers shared by the kvhost benchmarks: medians, result files,
+// comma-separated number lists and shared-memory scratch buffers (tables, JSON
+// and percentiles come from client/cli_output.h, shared with kvhostctl).
 //
 // Header only. Nothing here is shared between threads: each benchmark thread
 // keeps its own samples, merged once the threads have joined.
@@ -28,62 +28,19 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "client/cli_output.h"
 
 namespace kvhost::bench {
 
-// Nearest-rank percentile of `sorted` (ascending), q in (0, 1]; 0 when empty.
-inline double Percentile(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0;
-  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(sorted.size())));
-  return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
-}
+using cli::JsonArray;
+using cli::JsonObject;
+using cli::Percentile;
+using cli::PrintTable;
 
 // Median of unsorted values; 0 when empty.
 inline double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   return Percentile(values, 0.5);
-}
-
-inline std::string JsonQuote(absl::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      absl::StrAppendFormat(&out, "\\u%04x", static_cast<int>(c));
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-// One JSON object, keys in insertion order.
-class JsonObject {
- public:
-  JsonObject& Str(absl::string_view key, absl::string_view value) {
-    return Raw(key, JsonQuote(value));
-  }
-  JsonObject& Uint(absl::string_view key, uint64_t value) { return Raw(key, absl::StrCat(value)); }
-  // Rounded to `decimals`; null when not finite.
-  JsonObject& Num(absl::string_view key, double value, int decimals = 3) {
-    return Raw(key, std::isfinite(value) ? absl::StrFormat("%.*f", decimals, value) : "null");
-  }
-  JsonObject& Bool(absl::string_view key, bool value) { return Raw(key, value ? "true" : "false"); }
-  // `json` must already be JSON.
-  JsonObject& Raw(absl::string_view key, absl::string_view json) {
-    absl::StrAppend(&body_, body_.empty() ? "" : ",", JsonQuote(key), ":", json);
-    return *this;
-  }
-  std::string str() const { return absl::StrCat("{", body_, "}"); }
-
- private:
-  std::string body_;
-};
-
-inline std::string JsonArray(const std::vector<std::string>& items) {
-  return absl::StrCat("[", absl::StrJoin(items, ","), "]");
 }
 
 inline absl::Status WriteFile(const std::string& path, const std::string& text) {
@@ -97,27 +54,6 @@ inline absl::Status WriteFile(const std::string& path, const std::string& text) 
     return absl::DataLossError(absl::StrCat("cannot write all of ", path));
   }
   return absl::OkStatus();
-}
-
-// Aligned columns; the first row is the header; `align` holds 'l' or 'r' per
-// column.
-inline void PrintTable(const std::vector<std::vector<std::string>>& rows, absl::string_view align) {
-  std::vector<size_t> width(align.size(), 0);
-  for (const auto& row : rows) {
-    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
-      width[c] = std::max(width[c], row[c].size());
-    }
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
-      const std::string pad(width[c] - row[c].size(), ' ');
-      if (c > 0) line += "  ";
-      line += align[c] == 'r' ? pad + row[c] : (c + 1 == row.size() ? row[c] : row[c] + pad);
-    }
-    std::printf("%s\n", line.c_str());
-  }
-  std::fflush(stdout);
 }
 
 // "1,8" from a list flag: positive integers.

@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cli_flags.h"
+#include "cli_output.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 #include "kvhost/client.h"
@@ -317,98 +318,10 @@ std::string FormatRuns(absl::Span<const int64_t> slots) {
 // ---------------------------------------------------------------------------
 // Output.
 
-std::string JsonQuote(absl::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", static_cast<int>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-// One JSON object with its keys in insertion order, for the answers that are
-// not a single daemon message.
-class JsonObject {
- public:
-  JsonObject& Str(absl::string_view key, absl::string_view value) {
-    return Raw(key, JsonQuote(value));
-  }
-  JsonObject& Uint(absl::string_view key, uint64_t value) { return Raw(key, absl::StrCat(value)); }
-  // Rounded to `decimals`; null when not finite.
-  JsonObject& Num(absl::string_view key, double value, int decimals = 3) {
-    return Raw(key, std::isfinite(value) ? absl::StrFormat("%.*f", decimals, value) : "null");
-  }
-  JsonObject& Bool(absl::string_view key, bool value) { return Raw(key, value ? "true" : "false"); }
-  // `json` must already be JSON (a message, an array, an object).
-  JsonObject& Raw(absl::string_view key, absl::string_view json) {
-    absl::StrAppend(&body_, body_.empty() ? "" : ",", JsonQuote(key), ":", json);
-    return *this;
-  }
-  std::string str() const { return absl::StrCat("{", body_, "}"); }
-
- private:
-  std::string body_;
-};
-
-// A daemon message in protobuf's JSON mapping, on one line, with every field
-// present and named as in the .proto (scripts should not guess at defaults).
-std::string MessageJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string out;
-  if (!google::protobuf::util::MessageToJsonString(message, &out, options).ok()) {
-    // Only a message with unresolvable Any fields fails to print, and the
-    // kvhost API has none.
-    return "null";
-  }
-  return out;
-}
-
-void PrintLine(const std::string& line) {
-  std::fputs(line.c_str(), stdout);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
-}
-
-// Aligned columns: the first row is the header; `align` has one letter per
-// column, 'l' or 'r'.
-void PrintTable(const std::vector<std::vector<std::string>>& rows, absl::string_view align,
-                absl::string_view indent = "") {
-  std::vector<size_t> width(align.size(), 0);
-  for (const auto& row : rows) {
-    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
-      width[c] = std::max(width[c], row[c].size());
-    }
-  }
-  for (const auto& row : rows) {
-    std::string line(indent);
-    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
-      const std::string pad(width[c] - row[c].size(), ' ');
-      if (c > 0) line += "  ";
-      line += align[c] == 'r' ? pad + row[c] : (c + 1 == row.size() ? row[c] : row[c] + pad);
-    }
-    PrintLine(line);
-  }
-}
+using kvhost::cli::JsonObject;
+using kvhost::cli::MessageJson;
+using kvhost::cli::PrintLine;
+using kvhost::cli::PrintTable;
 
 // Decimal gigabytes, as kvhostd's logs and messages print them.
 std::string Gb(uint64_t bytes) { return absl::StrFormat("%.2f", static_cast<double>(bytes) / 1e9); }
@@ -467,20 +380,13 @@ absl::Status RunStatus(Context& ctx, const Args&) {
                           .Uint("attachments", pool.attachments())
                           .str());
     }
-    std::string daemon_json;
-    google::protobuf::util::JsonPrintOptions options;
-    options.always_print_primitive_fields = true;
-    options.preserve_proto_field_names = true;
-    if (!google::protobuf::util::MessageToJsonString(*daemon, &daemon_json, options).ok()) {
-      return absl::InternalError("cannot print the daemon status as JSON");
-    }
     PrintLine(JsonObject()
                   .Str("server", ctx.server)
                   .Str("health", *health)
                   .Str("backend", daemon->backend())
                   .Uint("pools", pools->size())
                   .Uint("total_bytes", total_bytes)
-                  .Raw("daemon", daemon_json)
+                  .Raw("daemon", MessageJson(*daemon))
                   .Raw("pool_usage", absl::StrCat("[", absl::StrJoin(usage, ","), "]"))
                   .str());
   } else {

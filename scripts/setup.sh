@@ -23,6 +23,8 @@ fi
 
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-2}
+# Paths relative to the clone, so a second clone (CI) hits the same cache.
+export CCACHE_BASEDIR="$PWD"
 echo "== configuring $BUILD_DIR"
 # shellcheck disable=SC2086
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" ${CMAKE_ARGS:-} >/dev/null

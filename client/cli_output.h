@@ -1,0 +1,133 @@
+// Output helpers shared by kvhostctl and the benchmarks: a small JSON object
+// writer (keys in insertion order) for results that are not one daemon
+// message, protobuf messages as one-line JSON, aligned text tables, and
+// percentiles of latency samples.
+//
+// Header only; stateless functions, safe from any thread (output lines are
+// written whole, but lines from several threads may interleave).
+#ifndef KVHOST_CLIENT_CLI_OUTPUT_H_
+#define KVHOST_CLIENT_CLI_OUTPUT_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace kvhost::cli {
+
+inline std::string JsonQuote(absl::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", static_cast<int>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// One JSON object with its keys in insertion order, for the answers that are
+// not a single daemon message.
+class JsonObject {
+ public:
+  JsonObject& Str(absl::string_view key, absl::string_view value) {
+    return Raw(key, JsonQuote(value));
+  }
+  JsonObject& Uint(absl::string_view key, uint64_t value) { return Raw(key, absl::StrCat(value)); }
+  // Rounded to `decimals`; null when not finite.
+  JsonObject& Num(absl::string_view key, double value, int decimals = 3) {
+    return Raw(key, std::isfinite(value) ? absl::StrFormat("%.*f", decimals, value) : "null");
+  }
+  JsonObject& Bool(absl::string_view key, bool value) { return Raw(key, value ? "true" : "false"); }
+  // `json` must already be JSON (a message, an array, an object).
+  JsonObject& Raw(absl::string_view key, absl::string_view json) {
+    absl::StrAppend(&body_, body_.empty() ? "" : ",", JsonQuote(key), ":", json);
+    return *this;
+  }
+  std::string str() const { return absl::StrCat("{", body_, "}"); }
+
+ private:
+  std::string body_;
+};
+
+// A daemon message in protobuf's JSON mapping, on one line, with every field
+// present and named as in the .proto (scripts should not guess at defaults).
+inline std::string MessageJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(message, &out, options).ok()) {
+    // Only a message with unresolvable Any fields fails to print, and the
+    // kvhost API has none.
+    return "null";
+  }
+  return out;
+}
+
+inline void PrintLine(const std::string& line) {
+  std::fputs(line.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+// Aligned columns: the first row is the header; `align` has one letter per
+// column, 'l' or 'r'.
+inline void PrintTable(const std::vector<std::vector<std::string>>& rows, absl::string_view align,
+                       absl::string_view indent = "") {
+  std::vector<size_t> width(align.size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  for (const auto& row : rows) {
+    std::string line(indent);
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      const std::string pad(width[c] - row[c].size(), ' ');
+      if (c > 0) line += "  ";
+      line += align[c] == 'r' ? pad + row[c] : (c + 1 == row.size() ? row[c] : row[c] + pad);
+    }
+    PrintLine(line);
+  }
+}
+
+inline std::string JsonArray(const std::vector<std::string>& items) {
+  return absl::StrCat("[", absl::StrJoin(items, ","), "]");
+}
+
+// Nearest-rank percentile of `sorted` (ascending), q in (0, 1]; 0 when empty.
+inline double Percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const size_t rank = static_cast<size_t>(std::ceil(q * static_cast<double>(sorted.size())));
+  return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
+}
+
+}  // namespace kvhost::cli
+
+#endif  // KVHOST_CLIENT_CLI_OUTPUT_H_
