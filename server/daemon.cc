@@ -22,6 +22,9 @@
 #include "server/service/pool_service.h"
 #include "server/service/transfer_service.h"
 #include "server/transfer/host_engine.h"
+#ifdef KVHOST_HAVE_CUDA_ENGINE
+#include "server/transfer/cuda_engine.h"
+#endif
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -75,14 +78,41 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& 
                                                            std::string* detail) {
   const GpuProbe gpus = options.backend == "host" ? GpuProbe{0, "not probed"} : ProbeGpus();
   if (options.backend == "cuda") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--backend=cuda: this build has no CUDA transfer engine yet (GPUs: ", gpus.detail,
-        "); use --backend=host or auto"));
+#ifdef KVHOST_HAVE_CUDA_ENGINE
+    if (gpus.devices == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--backend=cuda: no usable GPU (", gpus.detail, "); use --backend=host"));
+    }
+    absl::StatusOr<std::unique_ptr<CudaEngine>> cuda = CudaEngine::Create();
+    if (!cuda.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--backend=cuda: ", cuda.status().message(), " (", gpus.detail, ")"));
+    }
+    *chosen = "cuda";
+    *detail = absl::StrCat("--backend=cuda; ", (*cuda)->Describe(), "; driver: ", gpus.detail);
+    spdlog::info("backend cuda: {}", (*cuda)->Describe());
+    return std::unique_ptr<TransferEngine>(*std::move(cuda));
+#else
+    return absl::FailedPreconditionError(
+        absl::StrCat("--backend=cuda: this kvhostd was built without CUDA (GPUs: ", gpus.detail,
+                     "); rebuild where nvcc is found, or use --backend=host"));
+#endif
   }
+  // `auto` keeps the host engine even with a GPU and the CUDA engine built:
+  // the CUDA engine has no per-layer interprocess events or staged / SM paths
+  // yet, so a worker cannot overlap loads with its forward pass and
+  // token-granular layouts are slow. --backend=cuda opts in.
+  const char* why_host = "";
   if (options.backend == "auto") {
     if (gpus.devices > 0) {
-      spdlog::warn("backend auto: {} but no CUDA transfer engine in this build; using host",
-                   gpus.detail);
+#ifdef KVHOST_HAVE_CUDA_ENGINE
+      why_host =
+          "the CUDA engine is not chosen automatically yet (no per-layer IPC events, no "
+          "staged or SM copy paths); --backend=cuda opts in";
+#else
+      why_host = "no CUDA transfer engine in this build";
+#endif
+      spdlog::warn("backend auto: {}, but {}; using host", gpus.detail, why_host);
     } else {
       spdlog::info("backend auto: {}; using host", gpus.detail);
     }
@@ -92,7 +122,7 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& 
   }
   *chosen = "host";
   *detail = absl::StrCat("--backend=", options.backend, "; GPUs: ", gpus.detail,
-                         gpus.devices > 0 ? "; no CUDA transfer engine in this build" : "");
+                         *why_host != '\0' ? "; " : "", why_host);
   HostEngineOptions host;
   host.shm_dir = options.shm_dir;
   host.helper_threads = options.copy_threads;

@@ -19,8 +19,10 @@ ABSL_FLAG(std::vector<std::string>, listen, {"unix:///run/kvhost/kvhost.sock"},
           "created; a stale socket file is replaced) or 'host:port' (plaintext TCP).");
 ABSL_FLAG(std::string, backend, "auto",
           "Transfer engine: 'host' (device pools emulated in shared memory), 'cuda' (GPU "
-          "buffers through CUDA IPC), or 'auto' (cuda when a GPU is usable and the engine is "
-          "built, else host; the choice is logged).");
+          "buffers through CUDA IPC, copy-engine path; needs a GPU and a CUDA build), or "
+          "'auto' (host for now, also on GPU machines, until the CUDA engine has per-layer "
+          "interprocess events and its staged / SM paths; the choice and the reason are "
+          "logged).");
 ABSL_FLAG(std::string, shm_dir, "/dev/shm",
           "Directory of the pools' shared-memory files, and the only directory from which shm "
           "device buffers may be attached.");

@@ -1,0 +1,179 @@
+#include "kvhost/cuda_export.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/const_init.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvhost {
+namespace {
+
+std::string CudaError(cudaError_t error) {
+  return absl::StrCat(cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
+}
+
+std::string Ptr(const void* p) {
+  return absl::StrCat("0x", absl::Hex(reinterpret_cast<uintptr_t>(p)));
+}
+
+// nvidia-smi's spelling of a GPU UUID: "GPU-" and 8-4-4-4-12 hex digits.
+std::string FormatUuid(const cudaUUID_t& uuid) {
+  static constexpr int kGroups[] = {4, 2, 2, 2, 6};
+  std::string out = "GPU";
+  int i = 0;
+  for (int group : kGroups) {
+    out += '-';
+    for (int k = 0; k < group; ++k, ++i) {
+      absl::StrAppend(&out, absl::Hex(static_cast<unsigned char>(uuid.bytes[i]), absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
+// cuMemGetAddressRange through the runtime, so that linking this library
+// does not tie a program to libcuda.so.1 at load time (its tests are listed
+// on build machines without a driver).
+absl::StatusOr<PFN_cuMemGetAddressRange_v3020> AddressRangeFn() {
+  static const absl::StatusOr<PFN_cuMemGetAddressRange_v3020> fn =
+      []() -> absl::StatusOr<PFN_cuMemGetAddressRange_v3020> {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000,
+                                                           cudaEnableDefault, &found);
+#else
+    const cudaError_t e =
+        cudaGetDriverEntryPoint("cuMemGetAddressRange", &p, cudaEnableDefault, &found);
+#endif
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr) {
+      cudaGetLastError();
+      return absl::InternalError(absl::StrCat("cannot find the driver's cuMemGetAddressRange: ",
+                                              CudaError(e), ", lookup ", static_cast<int>(found)));
+    }
+    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(p);
+  }();
+  return fn;
+}
+
+// The UUID of device `ordinal`, cached: cudaGetDeviceProperties is slow.
+absl::StatusOr<std::string> DeviceUuid(int ordinal) {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::map<int, std::string>* cache = new std::map<int, std::string>();
+  absl::MutexLock lock(&mu);
+  auto it = cache->find(ordinal);
+  if (it != cache->end()) return it->second;
+  cudaDeviceProp prop;
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, ordinal); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(
+        absl::StrCat("cudaGetDeviceProperties(", ordinal, "): ", CudaError(e)));
+  }
+  return cache->emplace(ordinal, FormatUuid(prop.uuid)).first->second;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::CudaIpcBuffer> ExportCudaBuffer(const void* device_ptr) {
+  if (device_ptr == nullptr) return absl::InvalidArgumentError("device pointer is null");
+  cudaPointerAttributes attributes;
+  if (cudaError_t e = cudaPointerGetAttributes(&attributes, device_ptr); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(
+        absl::StrCat("cudaPointerGetAttributes(", Ptr(device_ptr), "): ", CudaError(e)));
+  }
+  if (attributes.type != cudaMemoryTypeDevice) {
+    return absl::InvalidArgumentError(absl::StrCat(Ptr(device_ptr),
+                                                   " is not device memory (cudaMemoryType ",
+                                                   static_cast<int>(attributes.type), ")"));
+  }
+  absl::StatusOr<PFN_cuMemGetAddressRange_v3020> range = AddressRangeFn();
+  if (!range.ok()) return range.status();
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  const auto ptr = reinterpret_cast<CUdeviceptr>(device_ptr);
+  if (CUresult r = (*range)(&base, &size, ptr); r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cuMemGetAddressRange(", Ptr(device_ptr),
+                                            ") failed with CUresult ", static_cast<int>(r)));
+  }
+  cudaIpcMemHandle_t handle;
+  if (cudaError_t e = cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base));
+      e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cudaIpcGetMemHandle of the allocation at ", Ptr(reinterpret_cast<void*>(base)),
+        " (holding ", Ptr(device_ptr), "): ", CudaError(e),
+        "; only cudaMalloc memory can be shared this way (cuMemCreate / expandable segments "
+        "need the file-descriptor path, not implemented yet)"));
+  }
+  absl::StatusOr<std::string> uuid = DeviceUuid(attributes.device);
+  if (!uuid.ok()) return uuid.status();
+  v1::CudaIpcBuffer out;
+  out.set_ipc_handle(std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
+  out.set_offset(ptr - base);
+  out.set_gpu_uuid(*uuid);
+  return out;
+}
+
+absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(const std::string& pool,
+                                                              absl::Span<void* const> k_layers,
+                                                              absl::Span<void* const> v_layers,
+                                                              uint64_t device_size_tokens) {
+  v1::AttachDeviceRequest request;
+  request.set_pool(pool);
+  request.set_device_size_tokens(device_size_tokens);
+  // Exports by allocation base, so each allocation's handle is made once.
+  struct Export {
+    CUdeviceptr base;
+    CUdeviceptr end;
+    v1::CudaIpcBuffer buffer;
+  };
+  std::vector<Export> exports;
+  absl::StatusOr<PFN_cuMemGetAddressRange_v3020> range = AddressRangeFn();
+  if (!range.ok()) return range.status();
+  auto add = [&](void* ptr, const char* field, size_t i, v1::DeviceBuffer* out) -> absl::Status {
+    const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+    for (const Export& e : exports) {
+      if (p >= e.base && p < e.end) {
+        *out->mutable_cuda() = e.buffer;
+        out->mutable_cuda()->set_offset(p - e.base);
+        return absl::OkStatus();
+      }
+    }
+    absl::StatusOr<v1::CudaIpcBuffer> buffer = ExportCudaBuffer(ptr);
+    if (!buffer.ok()) {
+      return absl::Status(buffer.status().code(),
+                          absl::StrCat(field, "[", i, "]: ", buffer.status().message()));
+    }
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (CUresult r = (*range)(&base, &size, p); r != CUDA_SUCCESS) {
+      return absl::InternalError(
+          absl::StrCat(field, "[", i, "]: cuMemGetAddressRange: ", static_cast<int>(r)));
+    }
+    exports.push_back(Export{base, base + size, *buffer});
+    *out->mutable_cuda() = *std::move(buffer);
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < k_layers.size(); ++i) {
+    if (absl::Status s = add(k_layers[i], "k_layers", i, request.add_k_layers()); !s.ok()) {
+      return s;
+    }
+  }
+  for (size_t i = 0; i < v_layers.size(); ++i) {
+    if (absl::Status s = add(v_layers[i], "v_layers", i, request.add_v_layers()); !s.ok()) {
+      return s;
+    }
+  }
+  return request;
+}
+
+}  // namespace kvhost

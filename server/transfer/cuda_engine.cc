@@ -1,0 +1,721 @@
+#include "server/transfer/cuda_engine.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
+namespace kvhost {
+namespace {
+
+std::string CudaError(cudaError_t error) {
+  return absl::StrCat(cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
+}
+
+// nvidia-smi's spelling of a GPU UUID: "GPU-" and 8-4-4-4-12 hex digits.
+std::string FormatUuid(const cudaUUID_t& uuid) {
+  static constexpr int kGroups[] = {4, 2, 2, 2, 6};
+  std::string out = "GPU";
+  int i = 0;
+  for (int group : kGroups) {
+    out += '-';
+    for (int k = 0; k < group; ++k, ++i) {
+      absl::StrAppend(&out, absl::Hex(static_cast<unsigned char>(uuid.bytes[i]), absl::kZeroPad2));
+    }
+  }
+  return out;
+}
+
+bool LooksLikeUuid(const std::string& s) {
+  if (s.size() != 40 || s.compare(0, 4, "GPU-") != 0) return false;
+  for (size_t i = 4; i < s.size(); ++i) {
+    const bool dash = i == 12 || i == 17 || i == 22 || i == 27;
+    if (dash ? s[i] != '-' : !absl::ascii_isxdigit(static_cast<unsigned char>(s[i]))) return false;
+  }
+  return true;
+}
+
+// cuMemGetAddressRange, fetched through the runtime rather than linked: a
+// kvhostd linked against libcuda.so.1 would not even start on the machines
+// without a driver (CI, the developers' VMs) that run it with --backend=host,
+// and the runtime loads the driver itself only when a GPU call is made.
+absl::StatusOr<PFN_cuMemGetAddressRange_v3020> AddressRangeFn() {
+  static const absl::StatusOr<PFN_cuMemGetAddressRange_v3020> fn =
+      []() -> absl::StatusOr<PFN_cuMemGetAddressRange_v3020> {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000,
+                                                           cudaEnableDefault, &found);
+#else
+    const cudaError_t e =
+        cudaGetDriverEntryPoint("cuMemGetAddressRange", &p, cudaEnableDefault, &found);
+#endif
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr) {
+      return absl::InternalError(absl::StrCat("cannot find the driver's cuMemGetAddressRange: ",
+                                              CudaError(e), ", lookup ", static_cast<int>(found)));
+    }
+    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(p);
+  }();
+  return fn;
+}
+
+// A contiguous copy: host offset from the pool base, device address, length.
+struct Piece {
+  uint64_t host_off;
+  uint8_t* device;
+  uint64_t bytes;
+};
+
+}  // namespace
+
+// Pool memory registered with CUDA (pinned and mapped), keyed by the pool's
+// base address and counted by the mappings that use it.
+//
+// Why counted by mappings, not tied to the Pool: the engine sees a pool only
+// through `const Pool&` in Open, and the Pool unmaps its memory when its last
+// shared_ptr goes. Every holder of a mapping (the attachment, each job)
+// holds the pool too and declares the pool first, so the mapping is
+// destroyed, and the memory unregistered, before the pool can unmap it. The
+// registry is shared by the engine and its mappings so that either can go
+// last. cudaHostRegisterPortable makes one registration serve every GPU's
+// context, so a pool attached on several GPUs is registered once, not once
+// per device (a second registration of the same range would fail with
+// cudaErrorHostMemoryAlreadyRegistered).
+class CudaEngine::HostPins {
+ public:
+  explicit HostPins(uint64_t chunk) : chunk_(std::max<uint64_t>(chunk, 4096)) {}
+
+  uint64_t chunk() const { return chunk_; }
+
+  // Registers [base, base + bytes) on first use. The lock is held while
+  // registering (seconds for a large pool) so that two attachments of one
+  // pool never register it twice.
+  absl::Status Acquire(uint8_t* base, uint64_t bytes, const std::string& pool) {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(base);
+    if (it != entries_.end()) {
+      ++it->second.users;
+      return absl::OkStatus();
+    }
+    const absl::Time start = absl::Now();
+    size_t chunks = 0;
+    for (uint64_t off = 0; off < bytes; off += chunk_, ++chunks) {
+      const uint64_t n = std::min(chunk_, bytes - off);
+      const cudaError_t e =
+          cudaHostRegister(base + off, n, cudaHostRegisterPortable | cudaHostRegisterMapped);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        Unregister(base, chunks);
+        const std::string message =
+            absl::StrCat("pinning pool '", pool, "' for the GPU failed at bytes [", off, ", ",
+                         off + n, ") of ", bytes, ": cudaHostRegister: ", CudaError(e));
+        return e == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError(message)
+                                              : absl::InternalError(message);
+      }
+    }
+    entries_.emplace(base, Entry{bytes, chunks, 1});
+    spdlog::info("pinned pool '{}' for CUDA: {} bytes in {} chunk(s), {} ms", pool, bytes, chunks,
+                 absl::ToInt64Milliseconds(absl::Now() - start));
+    return absl::OkStatus();
+  }
+
+  void Release(uint8_t* base) {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(base);
+    if (it == entries_.end() || --it->second.users > 0) return;
+    Unregister(base, it->second.chunks);
+    spdlog::debug("unpinned {} bytes at {}", it->second.bytes, static_cast<void*>(base));
+    entries_.erase(it);
+  }
+
+ private:
+  struct Entry {
+    uint64_t bytes;
+    size_t chunks;
+    int users;
+  };
+
+  void Unregister(uint8_t* base, size_t chunks) {
+    for (size_t c = 0; c < chunks; ++c) {
+      if (cudaError_t e = cudaHostUnregister(base + c * chunk_); e != cudaSuccess) {
+        cudaGetLastError();
+        spdlog::error("cudaHostUnregister at {}: {}", static_cast<void*>(base + c * chunk_),
+                      CudaError(e));
+      }
+    }
+  }
+
+  const uint64_t chunk_;
+  absl::Mutex mu_;
+  std::map<uint8_t*, Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+// One stream of one GPU, the jobs enqueued on it and the thread that waits
+// for them.
+struct CudaEngine::Lane {
+  // What the completion thread waits for: one event per layer enqueued.
+  struct Pending {
+    TransferJob job;
+    std::vector<cudaEvent_t> events;
+    uint64_t layers_enqueued = 0;
+    uint64_t layer_bytes = 0;
+    absl::Status error;  // why enqueueing stopped early, if it did
+  };
+
+  int device = 0;
+  Direction direction = Direction::kBackup;
+  cudaStream_t stream = nullptr;
+
+  // Held while a job is enqueued: the order in which jobs take it is their
+  // order on the stream and in `pending`, so one direction stays FIFO.
+  absl::Mutex submit_mu;
+  std::vector<Piece> pieces ABSL_GUARDED_BY(submit_mu);
+  std::vector<void*> dsts ABSL_GUARDED_BY(submit_mu);
+  std::vector<void*> srcs ABSL_GUARDED_BY(submit_mu);
+  std::vector<size_t> sizes ABSL_GUARDED_BY(submit_mu);
+
+  absl::Mutex mu;
+  std::deque<Pending> pending ABSL_GUARDED_BY(mu);
+  std::vector<cudaEvent_t> free_events ABSL_GUARDED_BY(mu);
+  bool busy ABSL_GUARDED_BY(mu) = false;  // the completion thread holds a job
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  std::thread completer;
+};
+
+// A worker's device layer buffers opened from CUDA IPC handles, each handle
+// once, and the pool's host memory pinned while the mapping lives.
+class CudaEngine::Mapping : public DeviceMapping {
+ public:
+  Mapping(uint64_t layer_num, DeviceRows rows, int device, Lane* lanes)
+      : DeviceMapping(layer_num, rows), device_(device), lanes_(lanes) {}
+
+  ~Mapping() override {
+    // The handles were opened in this device's context and close there.
+    if (!opened_.empty()) cudaSetDevice(device_);
+    for (const auto& [handle, allocation] : opened_) {
+      if (cudaError_t e = cudaIpcCloseMemHandle(allocation.ptr); e != cudaSuccess) {
+        cudaGetLastError();
+        spdlog::error("cudaIpcCloseMemHandle on GPU {}: {}", device_, CudaError(e));
+      }
+    }
+    if (pins_ != nullptr) pins_->Release(pinned_);
+  }
+
+  // The GPU's two lanes: [0] backups, [1] loads.
+  Lane* lanes() const { return lanes_; }
+
+  // Opens (or reuses) `ref`'s allocation and adds its layer buffer.
+  // REQUIRES: the current device is this mapping's; ref.ipc_handle has the
+  // size of a cudaIpcMemHandle_t.
+  absl::Status AddLayer(const DeviceBufferRef& ref, const std::string& where) {
+    auto it = opened_.find(ref.ipc_handle);
+    if (it == opened_.end()) {
+      cudaIpcMemHandle_t handle;
+      std::memcpy(&handle, ref.ipc_handle.data(), sizeof(handle));
+      void* ptr = nullptr;
+      if (cudaError_t e = cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess);
+          e != cudaSuccess) {
+        cudaGetLastError();
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": cudaIpcOpenMemHandle failed: ", CudaError(e),
+            "; the handle must come from cudaIpcGetMemHandle on a live cudaMalloc allocation of "
+            "another process"));
+      }
+      it = opened_.emplace(ref.ipc_handle, Allocation{static_cast<uint8_t*>(ptr), 0}).first;
+      absl::StatusOr<PFN_cuMemGetAddressRange_v3020> range = AddressRangeFn();
+      if (!range.ok()) return range.status();
+      CUdeviceptr base = 0;
+      size_t size = 0;
+      if (CUresult r = (*range)(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
+          r != CUDA_SUCCESS) {
+        return absl::InternalError(absl::StrCat(
+            where,
+            ": cuMemGetAddressRange of the opened allocation failed: ", static_cast<int>(r)));
+      }
+      // The handle names the allocation's base, so ptr == base; the bytes
+      // from ptr are what a layer may use either way.
+      it->second.bytes = base + size - reinterpret_cast<CUdeviceptr>(ptr);
+    }
+    const uint64_t need = rows_.total_bytes();
+    const uint64_t have = it->second.bytes;
+    if (ref.offset > have || have - ref.offset < need) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": offset ", ref.offset, " + ", rows_.rows, " rows x ",
+                       rows_.row_bytes, " bytes exceeds its CUDA allocation (", have, " bytes)"));
+    }
+    layers_.push_back(it->second.ptr + ref.offset);
+    return absl::OkStatus();
+  }
+
+  absl::Status Pin(const Pool& pool, std::shared_ptr<HostPins> pins) {
+    absl::Status s = pins->Acquire(pool.base(), pool.bytes(), pool.name());
+    if (!s.ok()) return s;
+    pins_ = std::move(pins);
+    pinned_ = pool.base();
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Allocation {
+    uint8_t* ptr;
+    uint64_t bytes;
+  };
+
+  const int device_;
+  Lane* const lanes_;                         // owned by the engine, which outlives us
+  std::map<std::string, Allocation> opened_;  // by handle bytes
+  std::shared_ptr<HostPins> pins_;
+  uint8_t* pinned_ = nullptr;
+};
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(CudaEngineOptions options) {
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no usable CUDA GPU: ", e != cudaSuccess ? CudaError(e) : "cudaGetDeviceCount is 0"));
+  }
+  std::vector<Device> devices;
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop;
+    if (cudaError_t e = cudaGetDeviceProperties(&prop, i); e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::FailedPreconditionError(
+          absl::StrCat("cudaGetDeviceProperties(", i, "): ", CudaError(e)));
+    }
+    devices.push_back(Device{i, FormatUuid(prop.uuid), prop.name});
+  }
+  options.max_batch = std::max<size_t>(options.max_batch, 1);
+  return std::unique_ptr<CudaEngine>(new CudaEngine(options, std::move(devices)));
+}
+
+CudaEngine::CudaEngine(CudaEngineOptions options, std::vector<Device> devices)
+    : options_(options),
+      devices_(std::move(devices)),
+      pins_(std::make_shared<HostPins>(options_.host_register_chunk)) {
+  absl::MutexLock lock(&lanes_mu_);
+  lanes_.resize(devices_.size());
+}
+
+CudaEngine::~CudaEngine() {
+  Drain();
+  absl::MutexLock lock(&lanes_mu_);
+  for (size_t d = 0; d < lanes_.size(); ++d) {
+    if (lanes_[d] == nullptr) continue;
+    for (int i = 0; i < 2; ++i) {
+      Lane& lane = lanes_[d][i];
+      {
+        absl::MutexLock lane_lock(&lane.mu);
+        lane.stopping = true;
+      }
+      lane.completer.join();
+      cudaSetDevice(lane.device);
+      absl::MutexLock lane_lock(&lane.mu);
+      for (cudaEvent_t event : lane.free_events) cudaEventDestroy(event);
+      cudaStreamDestroy(lane.stream);
+    }
+  }
+}
+
+std::string CudaEngine::Describe() const {
+#if CUDART_VERSION >= 12080
+  constexpr char kCopies[] = "cudaMemcpyBatchAsync";
+#else
+  constexpr char kCopies[] = "cudaMemcpyAsync";
+#endif
+  std::vector<std::string> parts;
+  for (const Device& d : devices_)
+    parts.push_back(absl::StrCat(d.ordinal, " ", d.name, " ", d.uuid));
+  return absl::StrCat(devices_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ",
+                      kCopies);
+}
+
+std::string CudaEngine::PathFor(const TransferJob& job) const { return "cuda-ce"; }
+
+absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
+  absl::MutexLock lock(&lanes_mu_);
+  std::unique_ptr<Lane[]>& lanes = lanes_[static_cast<size_t>(ordinal)];
+  if (lanes != nullptr) return lanes.get();
+  if (cudaError_t e = cudaSetDevice(ordinal); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("cudaSetDevice(", ordinal, "): ", CudaError(e)));
+  }
+  // Numerically lower is higher priority: loads get `greatest`, since a
+  // forward pass waits on them, backups `least`.
+  int least = 0;
+  int greatest = 0;
+  if (cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("GPU ", ordinal, ": ", CudaError(e)));
+  }
+  auto created = std::make_unique<Lane[]>(2);
+  for (int i = 0; i < 2; ++i) {
+    Lane& lane = created[i];
+    lane.device = ordinal;
+    lane.direction = i == 0 ? Direction::kBackup : Direction::kLoad;
+    const int priority = lane.direction == Direction::kLoad ? greatest : least;
+    if (cudaError_t e = cudaStreamCreateWithPriority(&lane.stream, cudaStreamNonBlocking, priority);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      if (i == 1) cudaStreamDestroy(created[0].stream);
+      return absl::InternalError(
+          absl::StrCat("GPU ", ordinal, ": cudaStreamCreateWithPriority: ", CudaError(e)));
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    Lane* lane = &created[i];
+    lane->completer = std::thread([this, lane] { CompleteLoop(lane); });
+  }
+  spdlog::info("GPU {} ({}, {}): backup and load streams up, load priority {} over {}", ordinal,
+               devices_[static_cast<size_t>(ordinal)].name,
+               devices_[static_cast<size_t>(ordinal)].uuid, greatest, least);
+  lanes = std::move(created);
+  return lanes.get();
+}
+
+absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool,
+                                                                const AttachRequest& request) {
+  // Everything that needs no CUDA call is checked first.
+  int device = -1;
+  std::string first_where;
+  auto check = [&](const DeviceBufferRef& ref, const std::string& where) -> absl::Status {
+    if (ref.kind != DeviceBufferRef::Kind::kCuda) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where,
+                       " is a shared-memory buffer, but this daemon runs the cuda backend "
+                       "(send CUDA IPC buffers, or start kvhostd with --backend=host)"));
+    }
+    if (ref.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ipc_handle has ", ref.ipc_handle.size(),
+                       " bytes; a cudaIpcMemHandle_t has ", sizeof(cudaIpcMemHandle_t)));
+    }
+    // nvidia-smi prints lower-case hex; accept any case.
+    std::string canonical = absl::AsciiStrToLower(ref.gpu_uuid);
+    if (canonical.size() >= 4)
+      canonical.replace(0, 4, absl::AsciiStrToUpper(canonical.substr(0, 4)));
+    if (!LooksLikeUuid(canonical)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": gpu_uuid '", ref.gpu_uuid,
+                       "' is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as "
+                       "nvidia-smi -L prints it)"));
+    }
+    int ordinal = -1;
+    for (const Device& d : devices_) {
+      if (d.uuid == canonical) ordinal = d.ordinal;
+    }
+    if (ordinal < 0) {
+      std::vector<std::string> known;
+      for (const Device& d : devices_) known.push_back(d.uuid);
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": GPU ", ref.gpu_uuid, " is not one of kvhostd's GPUs (",
+                       absl::StrJoin(known, ", "),
+                       "); run kvhostd where it sees the worker's GPU (CUDA_VISIBLE_DEVICES)"));
+    }
+    if (device < 0) {
+      device = ordinal;
+      first_where = where;
+    } else if (ordinal != device) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " is on GPU ", ref.gpu_uuid, " but ",
+                                                     first_where, " is on GPU ",
+                                                     devices_[static_cast<size_t>(device)].uuid,
+                                                     "; all layers of an attachment must be on "
+                                                     "one GPU"));
+    }
+    return absl::OkStatus();
+  };
+  for (size_t l = 0; l < request.k_layers.size(); ++l) {
+    if (absl::Status s = check(request.k_layers[l], absl::StrCat("k_layers[", l, "]")); !s.ok()) {
+      return s;
+    }
+  }
+  for (size_t l = 0; l < request.v_layers.size(); ++l) {
+    if (absl::Status s = check(request.v_layers[l], absl::StrCat("v_layers[", l, "]")); !s.ok()) {
+      return s;
+    }
+  }
+  if (device < 0) return absl::InvalidArgumentError("no layer buffers");
+
+  absl::StatusOr<Lane*> lanes = LanesFor(device);
+  if (!lanes.ok()) return lanes.status();
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("cudaSetDevice(", device, "): ", CudaError(e)));
+  }
+  // On any error below, `mapping` closes what it opened and unpins.
+  auto mapping = std::make_unique<Mapping>(
+      pool.layout().layers, DeviceRows{request.device_size_tokens, pool.layout().token_bytes},
+      device, *lanes);
+  for (size_t l = 0; l < request.k_layers.size(); ++l) {
+    absl::Status s = mapping->AddLayer(request.k_layers[l], absl::StrCat("k_layers[", l, "]"));
+    if (!s.ok()) return s;
+  }
+  for (size_t l = 0; l < request.v_layers.size(); ++l) {
+    absl::Status s = mapping->AddLayer(request.v_layers[l], absl::StrCat("v_layers[", l, "]"));
+    if (!s.ok()) return s;
+  }
+  if (absl::Status s = mapping->Pin(pool, pins_); !s.ok()) return s;
+  return std::unique_ptr<DeviceMapping>(std::move(mapping));
+}
+
+absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, uint64_t layer) {
+  const KvLayout& layout = job.pool->layout();
+  const bool backup = job.direction == Direction::kBackup;
+  uint8_t* const host = job.pool->base();
+  const uint64_t chunk = pins_->chunk();
+  std::vector<Piece>& pieces = lane->pieces;
+  pieces.clear();
+  for (uint64_t plane = 0; plane < layout.planes; ++plane) {
+    uint8_t* const device = job.device->layer(plane, layer);
+    // Merging stays inside one plane's layer buffer: two buffers that happen
+    // to be adjacent may still be different allocations.
+    const size_t first = pieces.size();
+    for (const IndexRun& run : job.runs) {
+      ForEachPiece(layout, plane, layer, run, 0, run.count,
+                   [&](uint64_t host_off, uint64_t device_off, uint64_t bytes) {
+                     while (bytes > 0) {
+                       // Split at host registration chunks (see CudaEngineOptions).
+                       const uint64_t n =
+                           std::min(bytes, (host_off / chunk + 1) * chunk - host_off);
+                       uint8_t* const dev = device + device_off;
+                       if (pieces.size() > first && host_off % chunk != 0 &&
+                           pieces.back().host_off + pieces.back().bytes == host_off &&
+                           pieces.back().device + pieces.back().bytes == dev) {
+                         pieces.back().bytes += n;
+                       } else {
+                         pieces.push_back(Piece{host_off, dev, n});
+                       }
+                       host_off += n;
+                       device_off += n;
+                       bytes -= n;
+                     }
+                   });
+    }
+  }
+  if (pieces.empty()) return absl::OkStatus();
+  lane->dsts.resize(pieces.size());
+  lane->srcs.resize(pieces.size());
+  lane->sizes.resize(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    void* const h = host + pieces[i].host_off;
+    void* const d = pieces[i].device;
+    lane->dsts[i] = backup ? h : d;
+    lane->srcs[i] = backup ? d : h;
+    lane->sizes[i] = static_cast<size_t>(pieces[i].bytes);
+  }
+  // One cudaMemcpyAsync per piece: the fallback where the batch API is
+  // missing (CUDA < 12.8) or refused by the driver.
+  auto one_by_one = [&](size_t from) -> absl::Status {
+    for (size_t i = from; i < pieces.size(); ++i) {
+      const cudaError_t e = cudaMemcpyAsync(lane->dsts[i], lane->srcs[i], lane->sizes[i],
+                                            cudaMemcpyDefault, lane->stream);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        return absl::InternalError(absl::StrCat(DirectionName(job.direction), " layer ", layer,
+                                                ": cudaMemcpyAsync: ", CudaError(e)));
+      }
+    }
+    return absl::OkStatus();
+  };
+#if CUDART_VERSION >= 12080
+  if (!batch_ok_.load(std::memory_order_relaxed)) return one_by_one(0);
+  cudaMemcpyAttributes attr;
+  std::memset(&attr, 0, sizeof(attr));
+  // The host side is written or read in stream order like the device side:
+  // a later job on this stream may reuse the same host slots.
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  cudaMemLocation host_loc;
+  host_loc.type = cudaMemLocationTypeHost;
+  host_loc.id = 0;
+  cudaMemLocation device_loc;
+  device_loc.type = cudaMemLocationTypeDevice;
+  device_loc.id = lane->device;
+  attr.srcLocHint = backup ? device_loc : host_loc;
+  attr.dstLocHint = backup ? host_loc : device_loc;
+  size_t attr_index = 0;
+  for (size_t i = 0; i < pieces.size();) {
+    const size_t n = std::min(options_.max_batch, pieces.size() - i);
+    // A hint to keep the copies off the SMs, which the worker needs.
+    attr.flags = batch_flags_.load(std::memory_order_relaxed);
+#if CUDART_VERSION >= 13000
+    const cudaError_t e =
+        cudaMemcpyBatchAsync(lane->dsts.data() + i, lane->srcs.data() + i, lane->sizes.data() + i,
+                             n, &attr, &attr_index, 1, lane->stream);
+#else
+    size_t fail_index = 0;
+    const cudaError_t e =
+        cudaMemcpyBatchAsync(lane->dsts.data() + i, lane->srcs.data() + i, lane->sizes.data() + i,
+                             n, &attr, &attr_index, 1, &fail_index, lane->stream);
+#endif
+    if (e == cudaSuccess) {
+      i += n;
+      continue;
+    }
+    cudaGetLastError();
+    if (e == cudaErrorInvalidValue && attr.flags != 0) {
+      // A driver that rejects the hint: retry this batch without it.
+      batch_flags_.store(0, std::memory_order_relaxed);
+      spdlog::warn(
+          "cudaMemcpyBatchAsync refused cudaMemcpyFlagPreferOverlapWithCompute ({}); "
+          "copying without it",
+          CudaError(e));
+      continue;
+    }
+    if (e == cudaErrorNotSupported || e == cudaErrorCallRequiresNewerDriver) {
+      batch_ok_.store(false, std::memory_order_relaxed);
+      spdlog::warn("cudaMemcpyBatchAsync unavailable ({}); one cudaMemcpyAsync per piece from now",
+                   CudaError(e));
+      return one_by_one(i);
+    }
+    return absl::InternalError(absl::StrCat(DirectionName(job.direction), " layer ", layer,
+                                            ": cudaMemcpyBatchAsync of ", n,
+                                            " copies: ", CudaError(e)));
+  }
+  return absl::OkStatus();
+#else
+  return one_by_one(0);
+#endif
+}
+
+void CudaEngine::Submit(TransferJob job) {
+  // Every mapping this engine sees is one it opened.
+  const auto& mapping = static_cast<const Mapping&>(*job.device);
+  Lane* lane = mapping.lanes() + (job.direction == Direction::kLoad ? 1 : 0);
+  const KvLayout& layout = job.pool->layout();
+  Lane::Pending pending;
+  pending.layer_bytes = job.tokens * layout.token_bytes * layout.planes;
+  pending.job = std::move(job);
+
+  absl::MutexLock submit_lock(&lane->submit_mu);
+  // Events are recycled by the completion thread; new ones are made only
+  // when more layers are in flight than ever before.
+  {
+    absl::MutexLock lock(&lane->mu);
+    while (pending.events.size() < layout.layers && !lane->free_events.empty()) {
+      pending.events.push_back(lane->free_events.back());
+      lane->free_events.pop_back();
+    }
+  }
+  cudaError_t e = cudaSetDevice(lane->device);
+  while (e == cudaSuccess && pending.events.size() < layout.layers) {
+    cudaEvent_t event = nullptr;
+    // Blocking sync: the completion threads sleep instead of spinning a core
+    // each while copies run.
+    e = cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventBlockingSync);
+    if (e == cudaSuccess) pending.events.push_back(event);
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    pending.error = absl::InternalError(absl::StrCat("preparing ", DirectionName(lane->direction),
+                                                     " on GPU ", lane->device, ": ", CudaError(e)));
+  }
+  for (uint64_t layer = 0; pending.error.ok() && layer < layout.layers; ++layer) {
+    absl::Status s = EnqueueLayer(lane, pending.job, layer);
+    if (s.ok()) {
+      if (e = cudaEventRecord(pending.events[layer], lane->stream); e != cudaSuccess) {
+        cudaGetLastError();
+        s = absl::InternalError(
+            absl::StrCat("cudaEventRecord after layer ", layer, ": ", CudaError(e)));
+      }
+    }
+    if (!s.ok()) {
+      // Part of this layer may be on the stream with no event after it: wait
+      // for the stream, so the buffers outlive every copy that uses them.
+      cudaStreamSynchronize(lane->stream);
+      cudaGetLastError();
+      pending.error = s;
+      break;
+    }
+    ++pending.layers_enqueued;
+  }
+  absl::MutexLock lock(&lane->mu);
+  lane->pending.push_back(std::move(pending));
+}
+
+void CudaEngine::CompleteLoop(Lane* lane) {
+  cudaSetDevice(lane->device);
+  while (true) {
+    Lane::Pending pending;
+    {
+      absl::MutexLock lock(&lane->mu);
+      auto ready = [lane]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
+        return !lane->pending.empty() || lane->stopping;
+      };
+      lane->mu.Await(absl::Condition(&ready));
+      if (lane->pending.empty()) return;  // stopping, nothing left
+      pending = std::move(lane->pending.front());
+      lane->pending.pop_front();
+      lane->busy = true;
+    }
+    absl::Status status = pending.error;
+    bool events_ok = true;
+    for (uint64_t layer = 0; layer < pending.layers_enqueued; ++layer) {
+      if (cudaError_t e = cudaEventSynchronize(pending.events[layer]); e != cudaSuccess) {
+        cudaGetLastError();
+        status = absl::InternalError(absl::StrCat(DirectionName(lane->direction), " on GPU ",
+                                                  lane->device, " failed in layer ", layer, ": ",
+                                                  CudaError(e)));
+        events_ok = false;
+        break;
+      }
+      pending.job.ticket->LayerDone(pending.layer_bytes);
+    }
+    if (!events_ok) {
+      // The copies may still be running after a failed wait (the context is
+      // likely lost too): let the stream drain before the buffers can go.
+      cudaStreamSynchronize(lane->stream);
+      cudaGetLastError();
+    }
+    pending.job.ticket->Finish(status);
+    std::vector<cudaEvent_t> events = std::move(pending.events);
+    // Dropping the job may close the mapping (a detached attachment's last
+    // job) and unpin its pool; done here, not in a CUDA callback, since that
+    // calls CUDA.
+    pending = Lane::Pending();
+    absl::MutexLock lock(&lane->mu);
+    if (events_ok) {
+      lane->free_events.insert(lane->free_events.end(), events.begin(), events.end());
+    } else {
+      for (cudaEvent_t event : events) cudaEventDestroy(event);
+    }
+    lane->busy = false;
+  }
+}
+
+void CudaEngine::Drain() {
+  std::vector<Lane*> lanes;
+  {
+    absl::MutexLock lock(&lanes_mu_);
+    for (const auto& pair : lanes_) {
+      if (pair != nullptr) {
+        lanes.push_back(&pair[0]);
+        lanes.push_back(&pair[1]);
+      }
+    }
+  }
+  for (Lane* lane : lanes) {
+    // A Submit in progress finishes enqueueing first.
+    { absl::MutexLock submit_lock(&lane->submit_mu); }
+    absl::MutexLock lock(&lane->mu);
+    auto idle = [lane]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
+      return lane->pending.empty() && !lane->busy;
+    };
+    lane->mu.Await(absl::Condition(&idle));
+  }
+}
+
+}  // namespace kvhost

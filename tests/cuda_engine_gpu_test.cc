@@ -1,0 +1,968 @@
+// The cuda backend end to end (label gpu): kvhostd runs with --backend=cuda
+// as its own process, and this test process plays the GPU worker. CUDA IPC
+// handles cannot be opened in the process that exported them, so the two
+// must be separate processes, as in production.
+//
+// The worker's device pool lives in two cudaMalloc allocations (several
+// layer buffers share each one, so one IPC handle serves several layers),
+// filled with random non-zero bytes. For every kind x layout and page sizes
+// 1, 3 and 16, with scattered host pages and device rows in runs,
+// singletons and shuffled order: a backup must put each row at the seeds'
+// host offsets (SEED_INVENTORY.md §2, written out here independently of
+// kernels/kvhost/layout.h) and nothing elsewhere, and a load into other rows
+// must give back the exact bytes and leave every other device byte alone.
+// Also: backups and loads in flight together on one attachment, detaching
+// idle / after transfers / with a transfer in flight, and the attach errors.
+//
+// Skips where no GPU is usable; where one is, every CUDA or RPC error fails.
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "daemon_fixture.h"
+#include "gtest/gtest.h"
+#include "kvhost/client.h"
+#include "kvhost/cuda_export.h"
+#include "layout_device.h"
+
+namespace kvhost {
+namespace {
+
+using ::kvhost::testing::TestDaemon;
+
+// See integration_test.cc: an idle channel otherwise slows every daemon stop.
+[[maybe_unused]] const bool kFastBackupPoller = [] {
+  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
+  return true;
+}();
+
+constexpr absl::Duration kWait = absl::Seconds(60);
+
+#define ASSERT_CUDA(expr)                                                       \
+  do {                                                                          \
+    const cudaError_t e_ = (expr);                                              \
+    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorName(e_) << " (" \
+                               << cudaGetErrorString(e_) << ")";                \
+  } while (0)
+
+absl::Status StatusOf(const absl::Status& s) { return s; }
+template <typename T>
+absl::Status StatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+::testing::AssertionResult IsError(const absl::Status& s, absl::StatusCode code,
+                                   const std::vector<std::string>& needles) {
+  if (s.code() != code) {
+    return ::testing::AssertionFailure()
+           << "code " << absl::StatusCodeToString(s.code()) << ", want "
+           << absl::StatusCodeToString(code) << " (message: \"" << s.message() << "\")";
+  }
+  for (const std::string& needle : needles) {
+    if (!absl::StrContains(s.message(), needle)) {
+      return ::testing::AssertionFailure()
+             << "message \"" << s.message() << "\" does not name \"" << needle << "\"";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+#define EXPECT_ERROR(expr, code, ...) \
+  EXPECT_TRUE(IsError(StatusOf(expr), absl::StatusCode::code, {__VA_ARGS__})) << #expr
+
+// ---------------------------------------------------------------------------
+// Specs and the seeds' address math.
+
+uint64_t ElemBytes(v1::DType dtype) {
+  switch (dtype) {
+    case v1::BF16:
+    case v1::FP16:
+      return 2;
+    case v1::FP32:
+      return 4;
+    case v1::FP8_E4M3:
+    case v1::FP8_E5M2:
+    case v1::UINT8:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+struct Combo {
+  v1::PoolKind kind;
+  v1::Layout layout;
+};
+
+const Combo kCombos[] = {
+    {v1::MHA, v1::LAYER_FIRST},       {v1::MHA, v1::PAGE_FIRST},  {v1::MHA, v1::PAGE_FIRST_DIRECT},
+    {v1::MHA, v1::PAGE_HEAD},         {v1::MLA, v1::LAYER_FIRST}, {v1::MLA, v1::PAGE_FIRST},
+    {v1::MLA, v1::PAGE_FIRST_DIRECT},
+};
+
+std::string ComboName(const Combo& c) {
+  std::string layout = v1::Layout_Name(c.layout);
+  layout.erase(std::remove(layout.begin(), layout.end(), '_'), layout.end());
+  return absl::StrCat(v1::PoolKind_Name(c.kind), "_", layout);
+}
+
+struct Dims {
+  uint32_t layers = 3;
+  uint32_t heads = 4;       // MHA
+  uint32_t head_dim = 64;   // MHA
+  uint32_t lora_rank = 64;  // MLA
+  uint32_t rope_dim = 16;   // MLA
+};
+
+v1::PoolSpec MakeSpec(v1::PoolKind kind, v1::Layout layout, uint32_t page_size,
+                      uint64_t size_tokens, v1::DType dtype, const Dims& dims) {
+  v1::PoolSpec spec;
+  spec.set_kind(kind);
+  spec.set_layout(layout);
+  spec.set_dtype(dtype);
+  spec.set_page_size(page_size);
+  spec.set_layer_num(dims.layers);
+  if (kind == v1::MHA) {
+    spec.set_head_num(dims.heads);
+    spec.set_head_dim(dims.head_dim);
+  } else {
+    spec.set_kv_lora_rank(dims.lora_rank);
+    spec.set_qk_rope_head_dim(dims.rope_dim);
+  }
+  spec.set_size_tokens(size_tokens);
+  return spec;
+}
+
+// A host buffer's geometry in the seeds' terms: S tokens, L layers, ps page
+// size, H heads (1 for MLA), Db bytes per head (D x dtype size; MLA: C x b).
+struct Geo {
+  bool mla = false;
+  v1::Layout layout = v1::LAYOUT_UNSPECIFIED;
+  uint64_t L = 0, S = 0, ps = 0, H = 0, Db = 0;
+
+  uint64_t planes() const { return mla ? 1 : 2; }
+  uint64_t row_bytes() const { return H * Db; }
+  uint64_t v_off() const { return L * S * H * Db; }
+  uint64_t bytes_per_token() const { return planes() * L * H * Db; }
+
+  // SEED_INVENTORY §2: offset of (kv, t, l, h).
+  uint64_t Offset(uint64_t kv, uint64_t t, uint64_t l, uint64_t h) const {
+    const uint64_t p = t / ps, o = t % ps;
+    uint64_t off = 0;
+    switch (layout) {
+      case v1::LAYER_FIRST:  // (L, S, H, D)
+        off = ((l * S + t) * H + h) * Db;
+        break;
+      case v1::PAGE_FIRST:  // (S, L, H, D)
+        off = t * (L * H * Db) + l * (H * Db) + h * Db;
+        break;
+      case v1::PAGE_FIRST_DIRECT:  // (P, L, ps, H, D)
+        off = (((p * L + l) * ps + o) * H + h) * Db;
+        break;
+      case v1::PAGE_HEAD:  // (P, H, ps, L, D)
+        off = (((p * H + h) * ps + o) * L + l) * Db;
+        break;
+      default:
+        ADD_FAILURE() << "no layout";
+    }
+    return kv * v_off() + off;
+  }
+};
+
+Geo GeoOf(const v1::Pool& pool) {
+  const v1::PoolSpec& s = pool.spec();
+  const uint64_t b = ElemBytes(s.dtype());
+  Geo g;
+  g.mla = s.kind() == v1::MLA;
+  g.layout = s.layout();
+  g.L = s.layer_num();
+  g.S = pool.size_tokens();
+  g.ps = s.page_size();
+  g.H = g.mla ? 1 : s.head_num();
+  g.Db =
+      g.mla ? (uint64_t{s.kv_lora_rank()} + s.qk_rope_head_dim()) * b : uint64_t{s.head_dim()} * b;
+  return g;
+}
+
+std::vector<int64_t> PageSlots(const std::vector<uint64_t>& pages, uint64_t ps) {
+  std::vector<int64_t> slots;
+  for (uint64_t p : pages) {
+    for (uint64_t j = 0; j < ps; ++j) slots.push_back(static_cast<int64_t>(p * ps + j));
+  }
+  return slots;
+}
+
+// Random bytes, never zero (a zero host byte means "not written"); eight
+// bytes per draw, since the large test fills over a GiB.
+void FillRandomNonZero(uint8_t* p, uint64_t n, std::mt19937& seed) {
+  std::mt19937_64 rng(seed());
+  for (uint64_t i = 0; i < n; i += 8) {
+    uint64_t v = rng();
+    for (uint64_t k = 0; k < 8 && i + k < n; ++k, v >>= 8) {
+      const uint8_t byte = static_cast<uint8_t>(v);
+      p[i + k] = byte == 0 ? 0x5a : byte;
+    }
+  }
+}
+
+// Non-contiguous rows from `first`: runs of 2-7 and singletons, with gaps.
+std::vector<int64_t> SourceRows(std::mt19937& rng, uint64_t n, int64_t first = 0) {
+  std::vector<int64_t> rows;
+  int64_t pos = first + static_cast<int64_t>(rng() % 3);
+  while (rows.size() < n) {
+    const uint64_t run = rng() % 3 == 0 ? 1 : 2 + rng() % 6;
+    for (uint64_t k = 0; k < run && rows.size() < n; ++k) rows.push_back(pos++);
+    pos += 1 + static_cast<int64_t>(rng() % 3);
+  }
+  return rows;
+}
+
+// n rows of [0, limit) not in `avoid`, as runs and singletons in shuffled
+// chunk order.
+std::vector<int64_t> OtherRows(std::mt19937& rng, uint64_t n, uint64_t limit,
+                               const std::set<int64_t>& avoid) {
+  std::vector<int64_t> free_rows;
+  for (uint64_t r = 0; r < limit; ++r) {
+    if (!avoid.count(static_cast<int64_t>(r))) free_rows.push_back(static_cast<int64_t>(r));
+  }
+  std::shuffle(free_rows.begin(), free_rows.end(), rng);
+  free_rows.resize(n);
+  std::sort(free_rows.begin(), free_rows.end());
+  std::vector<std::vector<int64_t>> chunks;
+  for (size_t i = 0; i < free_rows.size();) {
+    const size_t len = std::min<size_t>(free_rows.size() - i, 1 + rng() % 6);
+    chunks.emplace_back(free_rows.begin() + static_cast<std::ptrdiff_t>(i),
+                        free_rows.begin() + static_cast<std::ptrdiff_t>(i + len));
+    i += len;
+  }
+  std::shuffle(chunks.begin(), chunks.end(), rng);
+  std::vector<int64_t> out;
+  for (const auto& c : chunks) out.insert(out.end(), c.begin(), c.end());
+  return out;
+}
+
+// A file mapped read-only.
+class MappedFile {
+ public:
+  static std::unique_ptr<MappedFile> Open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return nullptr;
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+      ::close(fd);
+      return nullptr;
+    }
+    void* data = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (data == MAP_FAILED) return nullptr;
+    auto f = std::unique_ptr<MappedFile>(new MappedFile());
+    f->data_ = static_cast<const uint8_t*>(data);
+    f->size_ = static_cast<uint64_t>(st.st_size);
+    return f;
+  }
+  ~MappedFile() { ::munmap(const_cast<uint8_t*>(data_), size_); }
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  MappedFile() = default;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// The worker's device pool.
+
+// Per plane and layer, `rows` rows of `row_bytes` in GPU memory, spread over
+// two cudaMalloc allocations: the first (planes x layers + 1) / 2 buffers in
+// allocation 0, the rest in allocation 1. Buffers start after a lead-in and
+// have gaps between them, so IPC offsets are not zero and stray writes show.
+// `image` holds what each allocation should contain.
+class GpuKvPool {
+ public:
+  static constexpr uint64_t kLead = 4096;
+  static constexpr uint64_t kGap = 768;
+
+  GpuKvPool(uint32_t planes, uint32_t layers, uint64_t rows, uint64_t row_bytes)
+      : planes_(planes), layers_(layers), rows_(rows), row_bytes_(row_bytes) {
+    const uint32_t buffers = planes * layers;
+    split_ = (buffers + 1) / 2;
+    for (uint32_t b = 0; b < buffers; ++b) {
+      const int a = b < split_ ? 0 : 1;
+      offsets_.push_back(bytes_[a] == 0 ? kLead : bytes_[a]);
+      bytes_[a] = offsets_.back() + rows * row_bytes + kGap;
+    }
+  }
+  ~GpuKvPool() {
+    for (uint8_t* p : alloc_) {
+      if (p != nullptr) cudaFree(p);
+    }
+  }
+
+  // Allocates, fills with random non-zero bytes and uploads.
+  void Init(std::mt19937& rng) {
+    for (int a = 0; a < 2; ++a) {
+      if (bytes_[a] == 0) continue;
+      ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&alloc_[a]), bytes_[a]));
+      image[a].resize(bytes_[a]);
+      FillRandomNonZero(image[a].data(), bytes_[a], rng);
+    }
+    Upload();
+  }
+  void Upload() {
+    for (int a = 0; a < 2; ++a) {
+      if (bytes_[a] != 0) {
+        ASSERT_CUDA(cudaMemcpy(alloc_[a], image[a].data(), bytes_[a], cudaMemcpyHostToDevice));
+      }
+    }
+  }
+  // Compares the device with `image`, naming up to five bad rows or gaps.
+  void ExpectMatchesImage(const std::string& when) {
+    uint64_t bad = 0;
+    for (int a = 0; a < 2; ++a) {
+      if (bytes_[a] == 0) continue;
+      std::vector<uint8_t> got(bytes_[a]);
+      ASSERT_CUDA(cudaMemcpy(got.data(), alloc_[a], bytes_[a], cudaMemcpyDeviceToHost));
+      if (std::memcmp(got.data(), image[a].data(), bytes_[a]) == 0) continue;
+      for (uint64_t i = 0; i < bytes_[a] && bad < 5; ++i) {
+        if (got[i] == image[a][i]) continue;
+        ++bad;
+        ADD_FAILURE() << when << ": device allocation " << a << " byte " << i << " is "
+                      << int{got[i]} << ", want " << int{image[a][i]} << " (" << Where(a, i) << ")";
+        i = NextRegion(a, i);  // one report per row or gap
+      }
+      if (bad == 0) ADD_FAILURE() << when << ": device allocation " << a << " differs";
+    }
+  }
+
+  uint8_t* layer(uint32_t plane, uint32_t layer) const {
+    const uint32_t b = plane * layers_ + layer;
+    return alloc_[b < split_ ? 0 : 1] + offsets_[b];
+  }
+  // The expected bytes of a row.
+  uint8_t* image_row(uint32_t plane, uint32_t layer, uint64_t row) {
+    const uint32_t b = plane * layers_ + layer;
+    return image[b < split_ ? 0 : 1].data() + offsets_[b] + row * row_bytes_;
+  }
+  std::vector<void*> layers(uint32_t plane) const {
+    std::vector<void*> out;
+    if (plane >= planes_) return out;
+    for (uint32_t l = 0; l < layers_; ++l) out.push_back(layer(plane, l));
+    return out;
+  }
+  uint64_t allocation_bytes(int a) const { return bytes_[a]; }
+  uint64_t rows() const { return rows_; }
+  uint64_t row_bytes() const { return row_bytes_; }
+
+  std::vector<uint8_t> image[2];
+
+ private:
+  std::string Where(int a, uint64_t i) const {
+    for (uint32_t b = 0; b < planes_ * layers_; ++b) {
+      if ((b < split_ ? 0 : 1) != a) continue;
+      if (i >= offsets_[b] && i < offsets_[b] + rows_ * row_bytes_) {
+        return absl::StrCat("plane ", b / layers_, " layer ", b % layers_, " row ",
+                            (i - offsets_[b]) / row_bytes_);
+      }
+    }
+    return "outside every layer buffer";
+  }
+  uint64_t NextRegion(int a, uint64_t i) const {
+    for (uint32_t b = 0; b < planes_ * layers_; ++b) {
+      if ((b < split_ ? 0 : 1) != a) continue;
+      if (i >= offsets_[b] && i < offsets_[b] + rows_ * row_bytes_) {
+        return offsets_[b] + ((i - offsets_[b]) / row_bytes_ + 1) * row_bytes_ - 1;
+      }
+    }
+    return i;
+  }
+
+  uint32_t planes_, layers_;
+  uint64_t rows_, row_bytes_;
+  uint32_t split_ = 0;
+  std::vector<uint64_t> offsets_;
+  uint64_t bytes_[2] = {0, 0};
+  uint8_t* alloc_[2] = {nullptr, nullptr};
+};
+
+// ---------------------------------------------------------------------------
+// Fixture: a GPU, and a kvhostd on the cuda backend.
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (CudaDeviceCount(&why) == 0) GTEST_SKIP() << "no usable CUDA GPU: " << why;
+    ASSERT_CUDA(cudaSetDevice(0));
+    // TestDaemon passes --backend=host first; the later flag wins.
+    absl::StatusOr<std::unique_ptr<TestDaemon>> d =
+        TestDaemon::Start(KVHOSTD_PATH, {"--backend=cuda"});
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    absl::StatusOr<v1::DaemonStatus> status = client().GetStatus();
+    ASSERT_TRUE(status.ok()) << status.status();
+    ASSERT_EQ(status->backend(), "cuda") << status->backend_detail();
+  }
+  void TearDown() override {
+    if (daemon_ != nullptr && HasFailure()) {
+      std::string log = daemon_->Log();
+      if (log.size() > 12000) log = "..." + log.substr(log.size() - 12000);
+      std::fprintf(stderr, "--- kvhostd log (tail) ---\n%s\n", log.c_str());
+    }
+  }
+  Client& client() { return daemon_->client(); }
+
+  uint32_t Attachments(const std::string& pool) {
+    absl::StatusOr<v1::Pool> p = client().GetPool(pool);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? p->attachments() : ~0u;
+  }
+
+  // Waits for a ticket and checks its report.
+  void ExpectDone(absl::StatusOr<uint64_t> ticket, const v1::Pool& pool, uint64_t tokens) {
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(*ticket, kWait);
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_TRUE(st->done());
+    EXPECT_EQ(st->path(), "cuda-ce");
+    EXPECT_EQ(st->bytes(), tokens * pool.bytes_per_token());
+    EXPECT_EQ(st->layers_done(), pool.spec().layer_num());
+  }
+
+  std::unique_ptr<TestDaemon> daemon_;
+};
+
+absl::StatusOr<v1::AttachDeviceRequest> AttachRequestFor(const std::string& pool,
+                                                         const GpuKvPool& dev) {
+  return MakeCudaAttachRequest(pool, dev.layers(0), dev.layers(1), dev.rows());
+}
+
+// Checks the host region: every (kv, slot, layer, head) of host[i] holds
+// device row src[i] of the image (as it was before the backup), and with
+// `exclusive` every other byte is still zero.
+void ExpectHostHolds(const v1::Pool& pool, GpuKvPool& dev, const std::vector<int64_t>& host,
+                     const std::vector<int64_t>& src, bool exclusive) {
+  const Geo g = GeoOf(pool);
+  std::unique_ptr<MappedFile> region = MappedFile::Open(pool.region_paths(0));
+  ASSERT_NE(region, nullptr) << pool.region_paths(0);
+  ASSERT_EQ(region->size(), pool.bytes());
+  std::vector<uint8_t> covered(exclusive ? region->size() : 0, 0);
+  uint64_t mismatches = 0;
+  for (size_t i = 0; i < host.size(); ++i) {
+    for (uint64_t kv = 0; kv < g.planes(); ++kv) {
+      for (uint64_t l = 0; l < g.L; ++l) {
+        for (uint64_t h = 0; h < g.H; ++h) {
+          const uint64_t off = g.Offset(kv, static_cast<uint64_t>(host[i]), l, h);
+          ASSERT_LE(off + g.Db, region->size());
+          const uint8_t* want = dev.image_row(static_cast<uint32_t>(kv), static_cast<uint32_t>(l),
+                                              static_cast<uint64_t>(src[i])) +
+                                h * g.Db;
+          if (std::memcmp(region->data() + off, want, g.Db) != 0 && mismatches++ < 5) {
+            ADD_FAILURE() << "host slot " << host[i] << " (device row " << src[i] << ") kv " << kv
+                          << " layer " << l << " head " << h << " differs at offset " << off;
+          }
+          if (exclusive) {
+            std::fill(covered.begin() + static_cast<std::ptrdiff_t>(off),
+                      covered.begin() + static_cast<std::ptrdiff_t>(off + g.Db), 1);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0u);
+  if (!exclusive) return;
+  uint64_t stray = 0;
+  for (uint64_t i = 0; i < region->size(); ++i) {
+    if (!covered[i] && region->data()[i] != 0 && stray++ == 0) {
+      ADD_FAILURE() << "host byte " << i << " written outside the targeted slots";
+    }
+  }
+  EXPECT_EQ(stray, 0u);
+}
+
+// ===========================================================================
+// Byte-exact round trips, every kind x layout x page size.
+
+class CudaRoundTripTest : public CudaTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(CudaRoundTripTest, BackupThenLoadIsByteExact) {
+  const Combo combo = kCombos[GetParam()];
+  const v1::DType dtypes[] = {v1::BF16, v1::FP32, v1::FP8_E5M2, v1::FP16};
+  for (uint32_t ps : {1u, 3u, 16u}) {
+    const std::string name = absl::StrCat(ComboName(combo), "-ps", ps);
+    const v1::DType dtype = dtypes[(static_cast<uint32_t>(GetParam()) + ps) % 4];
+    SCOPED_TRACE(absl::StrCat(name, " ", v1::DType_Name(dtype)));
+    std::mt19937 rng(1000u * static_cast<uint32_t>(GetParam()) + ps);
+    const uint64_t pool_pages = 12, freed_pages = 4;
+
+    absl::StatusOr<v1::Pool> pool = client().CreatePool(
+        name, MakeSpec(combo.kind, combo.layout, ps, pool_pages * ps, dtype, {}));
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    const Geo g = GeoOf(*pool);
+
+    // Every page allocated, some given back: the pages used are scattered
+    // and used in shuffled order.
+    absl::StatusOr<std::vector<int64_t>> all = client().Alloc(name, pool_pages * ps);
+    ASSERT_TRUE(all.ok()) << all.status();
+    std::vector<uint64_t> pages;
+    for (size_t i = 0; i < all->size(); i += ps) {
+      pages.push_back(static_cast<uint64_t>((*all)[i]) / ps);
+    }
+    std::shuffle(pages.begin(), pages.end(), rng);
+    const std::vector<uint64_t> given_back(pages.end() - freed_pages, pages.end());
+    pages.resize(pages.size() - freed_pages);
+    ASSERT_TRUE(client().Free(name, PageSlots(given_back, ps)).ok());
+    const std::vector<int64_t> host = PageSlots(pages, ps);
+    const uint64_t n = host.size();
+
+    GpuKvPool dev(static_cast<uint32_t>(g.planes()), static_cast<uint32_t>(g.L), 6 * n + 16,
+                  g.row_bytes());
+    dev.Init(rng);
+    if (HasFatalFailure()) return;
+    const std::vector<int64_t> src = SourceRows(rng, n);
+    ASSERT_LT(static_cast<uint64_t>(src.back()), dev.rows());
+    const std::vector<int64_t> dst =
+        OtherRows(rng, n, dev.rows(), std::set<int64_t>(src.begin(), src.end()));
+
+    absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor(name, dev);
+    ASSERT_TRUE(request.ok()) << request.status();
+    // Several layers share each allocation's handle.
+    EXPECT_EQ(request->k_layers(0).cuda().ipc_handle(), request->k_layers(1).cuda().ipc_handle());
+    EXPECT_NE(request->k_layers(0).cuda().offset(), 0u);
+    absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+    ASSERT_TRUE(att.ok()) << att.status();
+    EXPECT_EQ(att->backend(), "cuda");
+
+    ExpectDone(client().Backup(att->id(), host, src), *pool, n);
+    if (HasFatalFailure()) return;
+    dev.ExpectMatchesImage("after the backup (a backup must not write the device)");
+    ExpectHostHolds(*pool, dev, host, src, /*exclusive=*/true);
+    if (HasFatalFailure()) return;
+
+    // Zero the source rows, then load the host slots into other rows.
+    std::vector<std::vector<uint8_t>> saved;  // rows src[i], per kv and layer
+    for (uint32_t kv = 0; kv < g.planes(); ++kv) {
+      for (uint32_t l = 0; l < g.L; ++l) {
+        for (int64_t r : src) {
+          uint8_t* row = dev.image_row(kv, l, static_cast<uint64_t>(r));
+          saved.emplace_back(row, row + dev.row_bytes());
+          std::memset(row, 0, dev.row_bytes());
+        }
+      }
+    }
+    dev.Upload();
+    size_t k = 0;
+    for (uint32_t kv = 0; kv < g.planes(); ++kv) {
+      for (uint32_t l = 0; l < g.L; ++l) {
+        for (size_t i = 0; i < n; ++i, ++k) {
+          std::memcpy(dev.image_row(kv, l, static_cast<uint64_t>(dst[i])), saved[k].data(),
+                      dev.row_bytes());
+        }
+      }
+    }
+    ExpectDone(client().Load(att->id(), host, dst), *pool, n);
+    if (HasFatalFailure()) return;
+    dev.ExpectMatchesImage("after the load");
+
+    ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+    EXPECT_EQ(Attachments(name), 0u);
+    ASSERT_TRUE(client().DeletePool(name).ok());
+    if (HasFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllLayouts, CudaRoundTripTest,
+                         ::testing::Range(0, static_cast<int>(std::size(kCombos))),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return ComboName(kCombos[info.param]);
+                         });
+
+// ===========================================================================
+// Backups and loads in flight together on one attachment.
+
+TEST_F(CudaTest, ConcurrentBackupsAndLoadsOnOneAttachment) {
+  const uint32_t ps = 4;
+  const uint64_t pages = 64;
+  absl::StatusOr<v1::Pool> pool = client().CreatePool(
+      "conc", MakeSpec(v1::MHA, v1::PAGE_FIRST_DIRECT, ps, pages * ps, v1::BF16, {}));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const Geo g = GeoOf(*pool);
+  ASSERT_TRUE(client().Alloc("conc", pages * ps).ok());
+  std::mt19937 rng(7);
+  std::vector<uint64_t> order(pages);
+  for (uint64_t p = 0; p < pages; ++p) order[p] = p;
+  std::shuffle(order.begin(), order.end(), rng);
+
+  constexpr int kRounds = 4;
+  constexpr uint64_t kPagesPerTicket = 6;
+  // Host pages: A[r] receive backups, B[r] are loaded; all distinct.
+  std::vector<int64_t> a_slots[kRounds], b_slots[kRounds];
+  for (int r = 0; r < kRounds; ++r) {
+    auto pages_of = [&](uint64_t i) {
+      return std::vector<uint64_t>(
+          order.begin() + static_cast<std::ptrdiff_t>(i * kPagesPerTicket),
+          order.begin() + static_cast<std::ptrdiff_t>((i + 1) * kPagesPerTicket));
+    };
+    a_slots[r] = PageSlots(pages_of(2 * r), ps);
+    b_slots[r] = PageSlots(pages_of(2 * r + 1), ps);
+  }
+  const uint64_t n = kPagesPerTicket * ps;
+  GpuKvPool dev(2, static_cast<uint32_t>(g.L), 3 * kRounds * n * 3, g.row_bytes());
+  dev.Init(rng);
+  if (HasFatalFailure()) return;
+  // Device rows: X[r] are backed up, Z[r] fill B[r] first, Y[r] are loaded.
+  std::set<int64_t> used;
+  auto take = [&](uint64_t count) {
+    std::vector<int64_t> rows = OtherRows(rng, count, dev.rows(), used);
+    used.insert(rows.begin(), rows.end());
+    return rows;
+  };
+  std::vector<int64_t> x[kRounds], y[kRounds], z[kRounds];
+  for (int r = 0; r < kRounds; ++r) {
+    x[r] = take(n);
+    z[r] = take(n);
+    y[r] = take(n);
+  }
+  absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor("conc", dev);
+  ASSERT_TRUE(request.ok()) << request.status();
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  for (int r = 0; r < kRounds; ++r) {
+    ExpectDone(client().Backup(att->id(), b_slots[r], z[r]), *pool, n);
+  }
+  if (HasFatalFailure()) return;
+
+  // One thread backs up, another loads, each keeping all its tickets in
+  // flight before waiting.
+  absl::Status backup_error, load_error;
+  std::vector<uint64_t> backup_tickets, load_tickets;
+  std::thread backups([&] {
+    for (int r = 0; r < kRounds && backup_error.ok(); ++r) {
+      absl::StatusOr<uint64_t> t = client().Backup(att->id(), a_slots[r], x[r]);
+      if (t.ok())
+        backup_tickets.push_back(*t);
+      else
+        backup_error = t.status();
+    }
+  });
+  std::thread loads([&] {
+    for (int r = 0; r < kRounds && load_error.ok(); ++r) {
+      absl::StatusOr<uint64_t> t = client().Load(att->id(), b_slots[r], y[r]);
+      if (t.ok())
+        load_tickets.push_back(*t);
+      else
+        load_error = t.status();
+    }
+  });
+  backups.join();
+  loads.join();
+  ASSERT_TRUE(backup_error.ok()) << backup_error;
+  ASSERT_TRUE(load_error.ok()) << load_error;
+  for (uint64_t t : backup_tickets) ExpectDone(t, *pool, n);
+  for (uint64_t t : load_tickets) ExpectDone(t, *pool, n);
+  if (HasFatalFailure()) return;
+
+  std::vector<int64_t> all_a, all_x;
+  for (int r = 0; r < kRounds; ++r) {
+    all_a.insert(all_a.end(), a_slots[r].begin(), a_slots[r].end());
+    all_x.insert(all_x.end(), x[r].begin(), x[r].end());
+  }
+  ExpectHostHolds(*pool, dev, all_a, all_x, /*exclusive=*/false);
+  for (int r = 0; r < kRounds; ++r) {
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+      for (uint32_t l = 0; l < g.L; ++l) {
+        for (uint64_t i = 0; i < n; ++i) {
+          std::memcpy(dev.image_row(kv, l, static_cast<uint64_t>(y[r][i])),
+                      dev.image_row(kv, l, static_cast<uint64_t>(z[r][i])), dev.row_bytes());
+        }
+      }
+    }
+  }
+  dev.ExpectMatchesImage("after concurrent backups and loads");
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client().DeletePool("conc").ok());
+}
+
+// ===========================================================================
+// Detach: idle, after transfers, with a transfer in flight; re-attach.
+
+TEST_F(CudaTest, DetachIdleAfterTransfersAndInFlight) {
+  const uint32_t ps = 16;
+  const uint64_t pages = 64;
+  v1::PoolSpec spec = MakeSpec(v1::MLA, v1::LAYER_FIRST, ps, pages * ps, v1::BF16, {});
+  absl::StatusOr<v1::Pool> pool = client().CreatePool("det", spec);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const Geo g = GeoOf(*pool);
+  std::mt19937 rng(11);
+  GpuKvPool dev(1, static_cast<uint32_t>(g.L), pages * ps, g.row_bytes());
+  dev.Init(rng);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor("det", dev);
+  ASSERT_TRUE(request.ok()) << request.status();
+
+  // Idle.
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_EQ(Attachments("det"), 1u);
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  EXPECT_EQ(Attachments("det"), 0u);
+  EXPECT_ERROR(client().DetachDevice(att->id()), kNotFound, att->id());
+
+  // After transfers: the same handles open again.
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("det", pages * ps);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  const std::vector<int64_t> host(slots->begin(), slots->begin() + 8 * ps);
+  const std::vector<int64_t> src = SourceRows(rng, host.size());
+  ExpectDone(client().Backup(att->id(), host, src), *pool, host.size());
+  ExpectDone(client().Load(att->id(), host, src), *pool, host.size());
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  EXPECT_ERROR(client().Backup(att->id(), host, src), kNotFound, att->id());
+  ExpectHostHolds(*pool, dev, host, src, /*exclusive=*/true);
+
+  // In flight: detach and delete the pool at once; the backup still
+  // completes (its job holds the buffers and the pinned pool), then both go.
+  att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  std::vector<int64_t> rows(slots->size());
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int64_t>(rows.size() - 1 - i);
+  absl::StatusOr<uint64_t> ticket = client().Backup(att->id(), *slots, rows);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  std::unique_ptr<MappedFile> region = MappedFile::Open(pool->region_paths(0));
+  ASSERT_NE(region, nullptr);
+  ASSERT_TRUE(client().DeletePool("det").ok());
+  absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(*ticket, kWait);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->layers_done(), g.L);
+  {
+    // The file is unlinked but still mapped here: the last slot holds row 0.
+    const uint64_t off = g.Offset(0, static_cast<uint64_t>(slots->back()), g.L - 1, 0);
+    EXPECT_EQ(std::memcmp(region->data() + off, dev.image_row(0, g.L - 1, 0), g.row_bytes()), 0);
+  }
+
+  // A new pool of the same shape (perhaps at the same address) pins afresh.
+  pool = client().CreatePool("det", spec);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  slots = client().Alloc("det", 4 * ps);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  const std::vector<int64_t> src2 = SourceRows(rng, slots->size(), 100);
+  ExpectDone(client().Backup(att->id(), *slots, src2), *pool, slots->size());
+  if (HasFatalFailure()) return;
+  ExpectHostHolds(*pool, dev, *slots, src2, /*exclusive=*/true);
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  absl::StatusOr<v1::DaemonStatus> status = client().GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->attachments(), 0u);
+}
+
+// ===========================================================================
+// Attach errors leave nothing attached.
+
+TEST_F(CudaTest, AttachErrorsLeaveNoAttachment) {
+  absl::StatusOr<v1::Pool> pool =
+      client().CreatePool("err", MakeSpec(v1::MHA, v1::PAGE_FIRST, 1, 64, v1::BF16, {}));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const Geo g = GeoOf(*pool);
+  std::mt19937 rng(3);
+  GpuKvPool dev(2, static_cast<uint32_t>(g.L), 64, g.row_bytes());
+  dev.Init(rng);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<v1::AttachDeviceRequest> good = AttachRequestFor("err", dev);
+  ASSERT_TRUE(good.ok()) << good.status();
+  // Buffers 0..2 (K) in allocation 0, 3..5 (V) in allocation 1.
+  ASSERT_EQ(good->k_layers(0).cuda().ipc_handle(), good->k_layers(2).cuda().ipc_handle());
+  ASSERT_NE(good->k_layers(0).cuda().ipc_handle(), good->v_layers(0).cuda().ipc_handle());
+
+  {
+    v1::AttachDeviceRequest r = *good;
+    r.mutable_k_layers(1)->mutable_cuda()->set_gpu_uuid("GPU-00000000-0000-0000-0000-000000000000");
+    EXPECT_ERROR(client().AttachDevice(r), kInvalidArgument, "k_layers[1]",
+                 "GPU-00000000-0000-0000-0000-000000000000");
+  }
+  {
+    v1::AttachDeviceRequest r = *good;
+    r.mutable_v_layers(0)->mutable_cuda()->set_gpu_uuid("GPU-1234");
+    EXPECT_ERROR(client().AttachDevice(r), kInvalidArgument, "v_layers[0]", "GPU-1234");
+  }
+  {
+    v1::AttachDeviceRequest r = *good;
+    r.mutable_v_layers(2)->mutable_cuda()->set_ipc_handle(std::string(63, '\1'));
+    EXPECT_ERROR(client().AttachDevice(r), kInvalidArgument, "v_layers[2]", "63");
+  }
+  {  // The last V layer lies past the end of allocation 1 (after the K
+     // layers and the other V layers were opened: they must be closed
+     // again). The driver may round an allocation up, so go well past it.
+    v1::AttachDeviceRequest r = *good;
+    r.mutable_v_layers(2)->mutable_cuda()->set_offset(dev.allocation_bytes(1) + (8 << 20));
+    EXPECT_ERROR(client().AttachDevice(r), kInvalidArgument, "v_layers[2]", "exceeds",
+                 "CUDA allocation");
+  }
+  {  // Too many rows for every buffer.
+    v1::AttachDeviceRequest r = *good;
+    r.set_device_size_tokens(dev.allocation_bytes(0));
+    EXPECT_ERROR(client().AttachDevice(r), kInvalidArgument, "k_layers[0]", "exceeds");
+  }
+  {  // A shared-memory buffer on the cuda backend.
+    v1::AttachDeviceRequest r = *good;
+    r.mutable_k_layers(0)->mutable_shm()->set_path(daemon_->shm_dir() + "/x");
+    EXPECT_ERROR(client().AttachDevice(r), kFailedPrecondition, "k_layers[0]", "cuda backend");
+  }
+  EXPECT_EQ(Attachments("err"), 0u);
+  absl::StatusOr<v1::DaemonStatus> status = client().GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->attachments(), 0u);
+
+  // The good request still attaches and works.
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("err", 6);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*good);
+  ASSERT_TRUE(att.ok()) << att.status();
+  const std::vector<int64_t> host = {(*slots)[0], (*slots)[1], (*slots)[2],
+                                     (*slots)[5], (*slots)[4], (*slots)[3]};
+  const std::vector<int64_t> src = {9, 10, 11, 40, 3, 63};
+  ExpectDone(client().Backup(att->id(), host, src), *pool, host.size());
+  if (HasFatalFailure()) return;
+  ExpectHostHolds(*pool, dev, host, src, /*exclusive=*/true);
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client().DeletePool("err").ok());
+}
+
+// A handle of the right size that names no allocation: the driver refuses it,
+// the daemon says which layer, and keeps serving.
+TEST_F(CudaTest, BogusHandleIsInvalidArgumentAndDaemonKeepsServing) {
+  absl::StatusOr<v1::Pool> pool =
+      client().CreatePool("bogus", MakeSpec(v1::MLA, v1::PAGE_FIRST, 1, 32, v1::BF16, {}));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const Geo g = GeoOf(*pool);
+  std::mt19937 rng(5);
+  GpuKvPool dev(1, static_cast<uint32_t>(g.L), 32, g.row_bytes());
+  dev.Init(rng);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<v1::AttachDeviceRequest> good = AttachRequestFor("bogus", dev);
+  ASSERT_TRUE(good.ok()) << good.status();
+  v1::AttachDeviceRequest r = *good;
+  r.mutable_k_layers(2)->mutable_cuda()->set_ipc_handle(std::string(64, '\x5a'));
+  EXPECT_ERROR(client().AttachDevice(r), kInvalidArgument, "k_layers[2]", "cudaIpcOpenMemHandle");
+  EXPECT_EQ(Attachments("bogus"), 0u);
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("bogus", 4);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*good);
+  ASSERT_TRUE(att.ok()) << att.status();
+  const std::vector<int64_t> rows = {31, 0, 7, 8};
+  ExpectDone(client().Backup(att->id(), *slots, rows), *pool, 4);
+  if (HasFatalFailure()) return;
+  ExpectHostHolds(*pool, dev, *slots, rows, /*exclusive=*/true);
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+}
+
+// ===========================================================================
+// Large transfers: correctness at size, and the rate (printed, not checked;
+// the ticket's duration includes the RPC and the enqueueing).
+
+TEST_F(CudaTest, LargeTransfersReportBandwidth) {
+  struct Case {
+    v1::Layout layout;
+    uint32_t ps;
+    bool shuffled;
+    uint64_t tokens;
+  };
+  // With 2 KiB rows and 4 layers: 81920 tokens are 160 MiB per layer and
+  // plane, 1.25 GiB in all, so copies cross the 1 GiB registration chunk
+  // boundary (V layer 2); 32768 tokens are 512 MiB in all.
+  const Case cases[] = {{v1::LAYER_FIRST, 64, false, 81920},
+                        {v1::PAGE_FIRST_DIRECT, 64, true, 32768},
+                        {v1::PAGE_FIRST_DIRECT, 16, true, 32768}};
+  Dims dims;
+  dims.layers = 4;
+  dims.heads = 8;
+  dims.head_dim = 128;  // BF16: 2 KiB rows
+  for (const Case& c : cases) {
+    const uint64_t tokens = c.tokens;
+    const std::string name = absl::StrCat("big-", v1::Layout_Name(c.layout), "-", c.ps);
+    SCOPED_TRACE(name);
+    absl::StatusOr<v1::Pool> pool =
+        client().CreatePool(name, MakeSpec(v1::MHA, c.layout, c.ps, tokens, v1::BF16, dims));
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    const Geo g = GeoOf(*pool);
+    absl::StatusOr<std::vector<int64_t>> slots = client().Alloc(name, tokens);
+    ASSERT_TRUE(slots.ok()) << slots.status();
+    std::mt19937 rng(c.ps);
+    std::vector<uint64_t> pages(tokens / c.ps);
+    for (uint64_t p = 0; p < pages.size(); ++p) pages[p] = p;
+    if (c.shuffled) std::shuffle(pages.begin(), pages.end(), rng);
+    const std::vector<int64_t> host = PageSlots(pages, c.ps);
+    std::vector<int64_t> rows(tokens);
+    for (uint64_t i = 0; i < tokens; ++i) rows[i] = static_cast<int64_t>(i);
+
+    GpuKvPool dev(2, dims.layers, tokens, g.row_bytes());
+    dev.Init(rng);
+    if (HasFatalFailure()) return;
+    absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor(name, dev);
+    ASSERT_TRUE(request.ok()) << request.status();
+    absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+    ASSERT_TRUE(att.ok()) << att.status();
+    const double gb = static_cast<double>(tokens * pool->bytes_per_token()) / 1e9;
+    for (int rep = 0; rep < 3; ++rep) {
+      for (bool backup : {true, false}) {
+        absl::StatusOr<uint64_t> t =
+            backup ? client().Backup(att->id(), host, rows) : client().Load(att->id(), host, rows);
+        ASSERT_TRUE(t.ok()) << t.status();
+        absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(*t, kWait);
+        ASSERT_TRUE(st.ok()) << st.status();
+        if (rep > 0) {
+          std::printf("[ bandwidth ] %-28s %-6s %.3f GB in %7.2f ms: %6.2f GB/s\n", name.c_str(),
+                      backup ? "backup" : "load", gb, st->duration_us() / 1e3,
+                      gb / (static_cast<double>(st->duration_us()) / 1e6));
+        }
+      }
+    }
+    // Backup then load of the same rows leaves the device as it was, and the
+    // host holds the rows at the seeds' offsets.
+    dev.ExpectMatchesImage("after large round trips");
+    std::vector<int64_t> sample_host, sample_rows;
+    for (uint64_t i = 0; i < tokens; i += 997) {
+      sample_host.push_back(host[i]);
+      sample_rows.push_back(rows[i]);
+    }
+    ExpectHostHolds(*pool, dev, sample_host, sample_rows, /*exclusive=*/false);
+    ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+    ASSERT_TRUE(client().DeletePool(name).ok());
+  }
+  // What the engine said about itself: streams, priorities, pinning, and any
+  // fallback from the batch API.
+  std::istringstream log(daemon_->Log());
+  for (std::string line; std::getline(log, line);) {
+    if (absl::StrContains(line, "backend cuda") || absl::StrContains(line, "streams up") ||
+        absl::StrContains(line, "pinned pool") || absl::StrContains(line, "cudaMemcpyBatchAsync")) {
+      std::printf("[ kvhostd  ] %s\n", line.c_str());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvhost
