@@ -72,6 +72,21 @@ inline absl::StatusOr<std::vector<uint64_t>> ParsePositiveList(
   return out;
 }
 
+// What a benchmark's main() does after parsing flags: check them (exit 2 on a
+// mistake), run (exit 1 with `error: CODE: message` on failure), else exit 0.
+template <typename Options>
+int Finish(const absl::StatusOr<Options>& options, absl::Status (*run)(const Options& options)) {
+  if (!options.ok()) {
+    absl::FPrintF(stderr, "usage error: %s\n", options.status().message());
+    return 2;
+  }
+  const absl::Status status = run(*options);
+  if (status.ok()) return 0;
+  absl::FPrintF(stderr, "error: %s: %s\n", absl::StatusCodeToString(status.code()),
+                status.message());
+  return 1;
+}
+
 // A buffer in a shared-memory file (unlinked at once), populated: the same
 // kind of memory as kvhostd's pools and the emulated device pools, so that a
 // memcpy between two of them is a fair ceiling for the host engine (anonymous

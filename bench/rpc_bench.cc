@@ -393,14 +393,5 @@ int main(int argc, char** argv) {
                      "Usage: kvhost_rpc_bench [--seconds=5 | --iterations=N] [--clients=1,8] "
                      "[--server=unix:///path.sock] [--json-out=FILE]",
                      "bench/rpc_bench.cc");
-  const absl::StatusOr<Options> options = OptionsFromFlags();
-  if (!options.ok()) {
-    absl::FPrintF(stderr, "usage error: %s\n", options.status().message());
-    return 2;
-  }
-  const absl::Status status = Run(*options);
-  if (status.ok()) return 0;
-  absl::FPrintF(stderr, "error: %s: %s\n", absl::StatusCodeToString(status.code()),
-                status.message());
-  return 1;
+  return bench::Finish(OptionsFromFlags(), Run);
 }

@@ -535,14 +535,5 @@ int main(int argc, char** argv) {
                      "Usage: kvhost_transfer_bench [--quick] [--tokens=8192] [--layers=32] "
                      "[--page-sizes=1,16,64] [--json-out=FILE]",
                      "bench/transfer_bench.cc");
-  const absl::StatusOr<Options> options = OptionsFromFlags();
-  if (!options.ok()) {
-    absl::FPrintF(stderr, "usage error: %s\n", options.status().message());
-    return 2;
-  }
-  const absl::Status status = Run(*options);
-  if (status.ok()) return 0;
-  absl::FPrintF(stderr, "error: %s: %s\n", absl::StatusCodeToString(status.code()),
-                status.message());
-  return 1;
+  return bench::Finish(OptionsFromFlags(), Run);
 }
