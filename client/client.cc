@@ -204,8 +204,16 @@ absl::Status Client::DetachDevice(const std::string& attachment_id) {
 absl::StatusOr<uint64_t> Client::Backup(const std::string& attachment_id,
                                         absl::Span<const int64_t> host_indices,
                                         absl::Span<const int64_t> device_indices) {
+  return Backup(attachment_id, host_indices, device_indices, /*wait_event_handle=*/"");
+}
+
+absl::StatusOr<uint64_t> Client::Backup(const std::string& attachment_id,
+                                        absl::Span<const int64_t> host_indices,
+                                        absl::Span<const int64_t> device_indices,
+                                        const std::string& wait_event_handle) {
   v1::BackupRequest request;
   request.set_attachment_id(attachment_id);
+  request.set_wait_event_handle(wait_event_handle);
   Fill(request.mutable_host_indices(), host_indices);
   Fill(request.mutable_device_indices(), device_indices);
   v1::TransferTicket response;
@@ -217,6 +225,14 @@ absl::StatusOr<uint64_t> Client::Backup(const std::string& attachment_id,
 absl::StatusOr<uint64_t> Client::Load(const std::string& attachment_id,
                                       absl::Span<const int64_t> host_indices,
                                       absl::Span<const int64_t> device_indices) {
+  absl::StatusOr<LoadTicket> ticket = LoadWithEvents(attachment_id, host_indices, device_indices);
+  if (!ticket.ok()) return ticket.status();
+  return ticket->ticket_id;
+}
+
+absl::StatusOr<LoadTicket> Client::LoadWithEvents(const std::string& attachment_id,
+                                                  absl::Span<const int64_t> host_indices,
+                                                  absl::Span<const int64_t> device_indices) {
   v1::LoadRequest request;
   request.set_attachment_id(attachment_id);
   Fill(request.mutable_host_indices(), host_indices);
@@ -224,7 +240,7 @@ absl::StatusOr<uint64_t> Client::Load(const std::string& attachment_id,
   v1::TransferTicket response;
   absl::Status s = KVHOST_CALL(transfers_, Load, request, &response, options_.timeout);
   if (!s.ok()) return s;
-  return response.id();
+  return LoadTicket{response.id(), response.event_set()};
 }
 
 absl::StatusOr<v1::TransferStatus> Client::WaitTransfer(uint64_t ticket_id,

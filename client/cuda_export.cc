@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -174,6 +175,76 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(const std::string&
     }
   }
   return request;
+}
+
+absl::StatusOr<std::string> ExportEvent(cudaEvent_t event) {
+  if (event == nullptr) return absl::InvalidArgumentError("event is null");
+  cudaIpcEventHandle_t handle;
+  if (cudaError_t e = cudaIpcGetEventHandle(&handle, event); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(
+        absl::StrCat("cudaIpcGetEventHandle: ", CudaError(e),
+                     "; create the event with cudaEventInterprocess | cudaEventDisableTiming"));
+  }
+  return std::string(reinterpret_cast<const char*>(&handle), sizeof(handle));
+}
+
+absl::StatusOr<std::unique_ptr<LoadEvents>> LoadEvents::Open(const v1::Attachment& attachment) {
+  const uint32_t sets = attachment.load_event_sets();
+  const size_t handles = static_cast<size_t>(attachment.load_event_handles_size());
+  if (sets == 0 || handles == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("attachment '", attachment.id(), "' has no load events (backend '",
+                     attachment.backend(), "'); only the cuda backend creates them"));
+  }
+  if (handles % sets != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("attachment '", attachment.id(), "' has ",
+                                                   handles,
+                                                   " load event handles, not a multiple "
+                                                   "of its ",
+                                                   sets, " sets"));
+  }
+  auto events = std::unique_ptr<LoadEvents>(new LoadEvents());
+  events->sets_ = sets;
+  events->layers_ = static_cast<uint32_t>(handles / sets);
+  events->events_.reserve(handles);
+  for (size_t i = 0; i < handles; ++i) {
+    const std::string& bytes = attachment.load_event_handles(static_cast<int>(i));
+    if (bytes.size() != sizeof(cudaIpcEventHandle_t)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("load_event_handles[", i, "] has ", bytes.size(),
+                       " bytes; a cudaIpcEventHandle_t has ", sizeof(cudaIpcEventHandle_t)));
+    }
+    cudaIpcEventHandle_t handle;
+    std::memcpy(&handle, bytes.data(), sizeof(handle));
+    cudaEvent_t event = nullptr;
+    if (cudaError_t e = cudaIpcOpenEventHandle(&event, handle); e != cudaSuccess) {
+      cudaGetLastError();
+      // The events opened so far close with `events`.
+      return absl::InvalidArgumentError(
+          absl::StrCat("load_event_handles[", i, "]: cudaIpcOpenEventHandle: ", CudaError(e)));
+    }
+    events->events_.push_back(event);
+  }
+  return events;
+}
+
+LoadEvents::~LoadEvents() {
+  for (cudaEvent_t event : events_) cudaEventDestroy(event);
+}
+
+absl::Status LoadEvents::WaitLayer(int set, uint32_t layer, cudaStream_t stream) const {
+  if (set < 0 || static_cast<uint32_t>(set) >= sets_ || layer >= layers_) {
+    return absl::InvalidArgumentError(absl::StrCat("load event [", set, "][", layer,
+                                                   "] out of range: ", sets_, " sets of ", layers_,
+                                                   " layers"));
+  }
+  if (cudaError_t e = cudaStreamWaitEvent(stream, event(set, layer), 0); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(
+        absl::StrCat("cudaStreamWaitEvent on load event [", set, "][", layer, "]: ", CudaError(e)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvhost

@@ -13,6 +13,9 @@
 // must give back the exact bytes and leave every other device byte alone.
 // Also: backups and loads in flight together on one attachment, detaching
 // idle / after transfers / with a transfer in flight, and the attach errors.
+// Synchronisation: the per-layer load events order the worker's own reads
+// after each layer's copies, a backup waits for the worker's event before
+// copying, and the ring of load event sets cycles and refuses when full.
 //
 // Skips where no GPU is usable; where one is, every CUDA or RPC error fails.
 #include <cuda_runtime_api.h>
@@ -40,6 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "daemon_fixture.h"
+#include "gpu_worker_kernels.h"
 #include "gtest/gtest.h"
 #include "kvhost/client.h"
 #include "kvhost/cuda_export.h"
@@ -962,6 +966,304 @@ TEST_F(CudaTest, LargeTransfersReportBandwidth) {
       std::printf("[ kvhostd  ] %s\n", line.c_str());
     }
   }
+}
+
+// ===========================================================================
+// Synchronisation with the worker: interprocess events.
+
+// Frees a cudaMalloc / stream / event at scope exit, so an ASSERT does not
+// leak them into the next test.
+struct CudaCleanup {
+  std::vector<void*> memory;
+  std::vector<cudaStream_t> streams;
+  std::vector<cudaEvent_t> events;
+  ~CudaCleanup() {
+    for (cudaStream_t s : streams) cudaStreamSynchronize(s);
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    for (cudaStream_t s : streams) cudaStreamDestroy(s);
+    for (void* p : memory) cudaFree(p);
+  }
+};
+
+// A load of 32 layers of 16 MiB (K + V) takes milliseconds; right after the
+// Load RPC returns, the worker's own stream waits on event [set][l] and then
+// reads layer l with a kernel. Every layer must read the loaded bytes, not
+// the stale ones the rows held before. A read without the wait is logged as
+// a negative control (never asserted: it may or may not race).
+TEST_F(CudaTest, LoadEventsOrderTheWorkersReadsPerLayer) {
+  Dims dims;
+  dims.layers = 32;
+  dims.heads = 8;
+  dims.head_dim = 128;  // BF16: 2 KiB rows
+  const uint64_t tokens = 4096;
+  absl::StatusOr<v1::Pool> pool =
+      client().CreatePool("ev", MakeSpec(v1::MHA, v1::LAYER_FIRST, 64, tokens, v1::BF16, dims));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const Geo g = GeoOf(*pool);
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("ev", tokens);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  std::vector<int64_t> rows(tokens);
+  for (uint64_t i = 0; i < tokens; ++i) rows[i] = static_cast<int64_t>(i);
+  std::mt19937 rng(21);
+  GpuKvPool dev(2, dims.layers, tokens, g.row_bytes());
+  dev.Init(rng);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor("ev", dev);
+  ASSERT_TRUE(request.ok()) << request.status();
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  ASSERT_EQ(att->load_event_sets(), 4u);  // the default
+  ASSERT_EQ(att->load_event_handles_size(), static_cast<int>(4 * dims.layers));
+  for (const std::string& h : att->load_event_handles()) ASSERT_EQ(h.size(), 64u);
+  absl::StatusOr<std::unique_ptr<LoadEvents>> events = LoadEvents::Open(*att);
+  ASSERT_TRUE(events.ok()) << events.status();
+  EXPECT_EQ((*events)->sets(), 4u);
+  EXPECT_EQ((*events)->layers(), dims.layers);
+
+  // The host gets image A; the device then holds B, the stale bytes.
+  ExpectDone(client().Backup(att->id(), *slots, rows), *pool, tokens);
+  if (HasFatalFailure()) return;
+  const std::vector<uint8_t> a[2] = {dev.image[0], dev.image[1]};
+  for (int k = 0; k < 2; ++k) FillRandomNonZero(dev.image[k].data(), dev.image[k].size(), rng);
+  const std::vector<uint8_t> b[2] = {dev.image[0], dev.image[1]};
+  dev.Upload();
+  if (HasFatalFailure()) return;
+
+  const uint64_t layer_bytes = tokens * g.row_bytes();
+  const uint64_t buffers = 2 * uint64_t{dims.layers};
+  CudaCleanup cleanup;
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cleanup.streams.push_back(stream);
+  uint8_t* result = nullptr;
+  ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&result), buffers * layer_bytes));
+  cleanup.memory.push_back(result);
+
+  absl::StatusOr<LoadTicket> load = client().LoadWithEvents(att->id(), *slots, rows);
+  ASSERT_TRUE(load.ok()) << load.status();
+  ASSERT_GE(load->event_set, 0);
+  ASSERT_LT(load->event_set, 4);
+  for (uint32_t l = 0; l < dims.layers; ++l) {
+    absl::Status s = (*events)->WaitLayer(load->event_set, l, stream);
+    ASSERT_TRUE(s.ok()) << s;
+    for (uint32_t plane = 0; plane < 2; ++plane) {
+      ASSERT_CUDA(
+          testing::LaunchCopyRows(result + (uint64_t{plane} * dims.layers + l) * layer_bytes,
+                                  dev.layer(plane, l), layer_bytes, stream));
+    }
+  }
+  absl::StatusOr<v1::TransferStatus> early = client().PollTransfer(load->ticket_id);
+  ASSERT_TRUE(early.ok()) << early.status();
+  std::printf("[ events    ] load of %u layers: %u done when the worker's reads were queued\n",
+              dims.layers, early->layers_done());
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  ExpectDone(load->ticket_id, *pool, tokens);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(load->ticket_id, kWait);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->event_set(), load->event_set);
+
+  std::vector<uint8_t> got(buffers * layer_bytes);
+  ASSERT_CUDA(cudaMemcpy(got.data(), result, got.size(), cudaMemcpyDeviceToHost));
+  // What the device should hold now: the stale image with every layer's rows
+  // loaded from A (the lead-in and the gaps between buffers keep B).
+  auto expect_loaded = [&] {
+    dev.image[0] = b[0];
+    dev.image[1] = b[1];
+    for (uint32_t plane = 0; plane < 2; ++plane) {
+      for (uint32_t l = 0; l < dims.layers; ++l) {
+        uint8_t* row = dev.image_row(plane, l, 0);
+        const int k =
+            row >= dev.image[0].data() && row < dev.image[0].data() + dev.image[0].size() ? 0 : 1;
+        std::memcpy(row, a[k].data() + (row - dev.image[k].data()), layer_bytes);
+      }
+    }
+  };
+  expect_loaded();
+  int bad = 0;
+  for (uint32_t plane = 0; plane < 2; ++plane) {
+    for (uint32_t l = 0; l < dims.layers; ++l) {
+      const uint8_t* read = got.data() + (uint64_t{plane} * dims.layers + l) * layer_bytes;
+      if (std::memcmp(read, dev.image_row(plane, l, 0), layer_bytes) != 0 && bad++ < 5) {
+        ADD_FAILURE() << "plane " << plane << " layer " << l
+                      << ": the worker read bytes other than the loaded ones after waiting on "
+                         "load event ["
+                      << load->event_set << "][" << l << "]";
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  dev.ExpectMatchesImage("after the load");
+
+  // Negative control: the stale bytes again, and the last layer read with no
+  // wait right after the Load RPC returns.
+  dev.image[0] = b[0];
+  dev.image[1] = b[1];
+  dev.Upload();
+  if (HasFatalFailure()) return;
+  load = client().LoadWithEvents(att->id(), *slots, rows);
+  ASSERT_TRUE(load.ok()) << load.status();
+  const uint32_t last = dims.layers - 1;
+  ASSERT_CUDA(testing::LaunchCopyRows(result, dev.layer(1, last), layer_bytes, stream));
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  ExpectDone(load->ticket_id, *pool, tokens);
+  ASSERT_CUDA(cudaMemcpy(got.data(), result, layer_bytes, cudaMemcpyDeviceToHost));
+  expect_loaded();
+  std::printf("[ events    ] negative control: a read of layer %u without the wait saw %s bytes\n",
+              last,
+              std::memcmp(got.data(), dev.image_row(1, last, 0), layer_bytes) == 0 ? "the loaded"
+                                                                                   : "stale");
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client().DeletePool("ev").ok());
+}
+
+// The worker spins ~50 ms on its stream, then writes new bytes into every
+// layer, records its exported event and asks for the backup at once: the
+// host must get the new bytes, which only the daemon's wait on the event
+// can guarantee.
+TEST_F(CudaTest, BackupWaitsForTheWorkersEvent) {
+  const uint64_t tokens = 256;
+  absl::StatusOr<v1::Pool> pool =
+      client().CreatePool("bw", MakeSpec(v1::MLA, v1::LAYER_FIRST, 16, tokens, v1::BF16, {}));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const Geo g = GeoOf(*pool);
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("bw", tokens);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  std::vector<int64_t> rows(tokens);
+  for (uint64_t i = 0; i < tokens; ++i) rows[i] = static_cast<int64_t>(tokens - 1 - i);
+  std::mt19937 rng(22);
+  GpuKvPool dev(1, static_cast<uint32_t>(g.L), tokens, g.row_bytes());
+  dev.Init(rng);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor("bw", dev);
+  ASSERT_TRUE(request.ok()) << request.status();
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+
+  CudaCleanup cleanup;
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cleanup.streams.push_back(stream);
+  cudaEvent_t written = nullptr;
+  ASSERT_CUDA(cudaEventCreateWithFlags(&written, cudaEventDisableTiming | cudaEventInterprocess));
+  cleanup.events.push_back(written);
+  absl::StatusOr<std::string> handle = ExportEvent(written);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  ASSERT_EQ(handle->size(), 64u);
+
+  // Malformed handles are refused before anything is queued.
+  EXPECT_ERROR(client().Backup(att->id(), *slots, rows, handle->substr(0, 63)), kInvalidArgument,
+               "wait_event_handle", "63");
+
+  int khz = 0;
+  ASSERT_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  const long long spin_cycles = static_cast<long long>(khz) * 50;  // ~50 ms
+  const uint64_t layer_bytes = tokens * g.row_bytes();
+  ASSERT_CUDA(testing::LaunchSpin(spin_cycles, stream));
+  for (uint32_t l = 0; l < g.L; ++l) {
+    ASSERT_CUDA(testing::LaunchFillPattern(dev.layer(0, l), layer_bytes, 100 + l, stream));
+  }
+  ASSERT_CUDA(cudaEventRecord(written, stream));
+  absl::StatusOr<uint64_t> ticket = client().Backup(att->id(), *slots, rows, *handle);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  // Still spinning, unless the RPC took 50 ms.
+  const bool worker_busy = cudaStreamQuery(stream) == cudaErrorNotReady;
+  ExpectDone(ticket, *pool, tokens);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(*ticket, kWait);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->event_set(), -1);
+  std::printf("[ events    ] backup behind a %s worker stream took %.1f ms\n",
+              worker_busy ? "busy" : "finished", st->duration_us() / 1e3);
+  EXPECT_TRUE(worker_busy) << "the worker's spin ended before the Backup RPC returned; the test "
+                              "proves nothing (a slow machine?)";
+  for (uint32_t l = 0; l < g.L; ++l) {
+    uint8_t* row0 = dev.image_row(0, l, 0);
+    for (uint64_t i = 0; i < layer_bytes; ++i) row0[i] = testing::PatternByte(100 + l, i);
+  }
+  ExpectHostHolds(*pool, dev, *slots, rows, /*exclusive=*/true);
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client().DeletePool("bw").ok());
+}
+
+// Loads take the sets in round-robin order and give them back when their
+// ticket finishes; with one set, a second load in flight is refused
+// (RESOURCE_EXHAUSTED, not a wait) until the first finishes.
+TEST_F(CudaTest, LoadEventSetsCycleAndAFullRingIsRefused) {
+  Dims dims;
+  dims.layers = 4;
+  dims.heads = 8;
+  dims.head_dim = 128;            // BF16: 2 KiB rows
+  const uint64_t tokens = 32768;  // 512 MiB per load: milliseconds in flight
+  absl::StatusOr<v1::Pool> pool =
+      client().CreatePool("ring", MakeSpec(v1::MHA, v1::LAYER_FIRST, 64, tokens, v1::BF16, dims));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const Geo g = GeoOf(*pool);
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("ring", tokens);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  std::vector<int64_t> rows(tokens);
+  for (uint64_t i = 0; i < tokens; ++i) rows[i] = static_cast<int64_t>(i);
+  std::mt19937 rng(23);
+  GpuKvPool dev(2, dims.layers, tokens, g.row_bytes());
+  dev.Init(rng);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor("ring", dev);
+  ASSERT_TRUE(request.ok()) << request.status();
+
+  request->set_load_event_sets(3);
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_EQ(att->load_event_sets(), 3u);
+  EXPECT_EQ(att->load_event_handles_size(), static_cast<int>(3 * dims.layers));
+  const std::vector<int64_t> few_slots(slots->begin(), slots->begin() + 64);
+  const std::vector<int64_t> few_rows(rows.begin(), rows.begin() + 64);
+  ExpectDone(client().Backup(att->id(), few_slots, few_rows), *pool, 64);
+  for (int i = 0; i < 7; ++i) {
+    absl::StatusOr<LoadTicket> load = client().LoadWithEvents(att->id(), few_slots, few_rows);
+    ASSERT_TRUE(load.ok()) << "load " << i << ": " << load.status();
+    EXPECT_EQ(load->event_set, i % 3) << "load " << i;
+    absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(load->ticket_id, kWait);
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_EQ(st->event_set(), i % 3);
+  }
+  // A load of no rows records nothing and takes no set.
+  absl::StatusOr<LoadTicket> empty = client().LoadWithEvents(att->id(), {}, {});
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->event_set, -1);
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+
+  request->set_load_event_sets(1);
+  att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_EQ(att->load_event_handles_size(), static_cast<int>(dims.layers));
+  ExpectDone(client().Backup(att->id(), *slots, rows), *pool, tokens);
+  if (HasFatalFailure()) return;
+  // The second load is refused while the first runs. Should the first
+  // finish before the second RPC arrives, both succeed: try a few times.
+  bool refused = false;
+  for (int attempt = 0; attempt < 5 && !refused; ++attempt) {
+    absl::StatusOr<LoadTicket> first = client().LoadWithEvents(att->id(), *slots, rows);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ(first->event_set, 0);
+    absl::StatusOr<LoadTicket> second = client().LoadWithEvents(att->id(), *slots, rows);
+    if (!second.ok()) {
+      refused = true;
+      EXPECT_ERROR(second, kResourceExhausted, att->id(), "all 1 load event sets",
+                   "load_event_sets");
+    }
+    ExpectDone(first->ticket_id, *pool, tokens);
+    if (second.ok()) ExpectDone(second->ticket_id, *pool, tokens);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_TRUE(refused) << "a second load was never refused while the first was in flight";
+  // Free again once the first finished.
+  absl::StatusOr<LoadTicket> again = client().LoadWithEvents(att->id(), *slots, rows);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->event_set, 0);
+  ExpectDone(again->ticket_id, *pool, tokens);
+  dev.ExpectMatchesImage("after loads of the rows backed up");
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client().DeletePool("ring").ok());
 }
 
 }  // namespace

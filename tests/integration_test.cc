@@ -1026,6 +1026,40 @@ TEST_F(TransferErrorTest, BadIndexListsChangeNothing) {
   EXPECT_EQ(s3->bytes(), 0u);
 }
 
+// The host backend has no CUDA events: a backup that asks to wait on one is
+// refused up front and queues nothing; loads name no event set and
+// attachments carry no event handles (load_event_sets is ignored).
+TEST_F(TransferErrorTest, WaitEventOnHostBackendIsFailedPrecondition) {
+  v1::AttachDeviceRequest request = dev_->MakeAttachRequest("p");
+  request.set_load_event_sets(7);
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_EQ(att->load_event_handles_size(), 0);
+  EXPECT_EQ(att->load_event_sets(), 0u);
+  const std::string handle(64, '\x11');
+  EXPECT_ERROR(client().Backup(att->id(), {0}, {0}, handle), kFailedPrecondition,
+               "wait_event_handle", "host");
+  EXPECT_ERROR(client().Backup(att->id(), {}, {}, handle), kFailedPrecondition,
+               "wait_event_handle");
+  absl::StatusOr<v1::DaemonStatus> status = client().GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->tickets_in_flight(), 0u);
+  // An empty handle is no wait.
+  absl::StatusOr<uint64_t> t = client().Backup(att->id(), {0}, {0}, "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(*t, kWait);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->event_set(), -1);
+  absl::StatusOr<LoadTicket> load = client().LoadWithEvents(att->id(), {0}, {1});
+  ASSERT_TRUE(load.ok()) << load.status();
+  EXPECT_EQ(load->event_set, -1);
+  EXPECT_TRUE(client().WaitTransfer(load->ticket_id, kWait).ok());
+  // Still validated on every backend.
+  request.set_load_event_sets(65);
+  EXPECT_ERROR(client().AttachDevice(request), kInvalidArgument, "load_event_sets", "65", "64");
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+}
+
 TEST_F(TransferErrorTest, DeletePoolWithAttachmentIsFailedPrecondition) {
   absl::StatusOr<v1::Attachment> att = client().AttachDevice(dev_->MakeAttachRequest("p"));
   ASSERT_TRUE(att.ok()) << att.status();

@@ -106,6 +106,7 @@ absl::StatusOr<DeviceBufferRef> FromProto(const v1::DeviceBuffer& in, const char
 absl::StatusOr<AttachRequest> FromProto(const v1::AttachDeviceRequest& in) {
   AttachRequest request;
   request.device_size_tokens = in.device_size_tokens();
+  request.load_event_sets = in.load_event_sets();
   for (int i = 0; i < in.k_layers_size(); ++i) {
     absl::StatusOr<DeviceBufferRef> ref = FromProto(in.k_layers(i), "k_layers", i);
     if (!ref.ok()) return ref.status();
@@ -127,6 +128,7 @@ void ToProto(const TicketStatus& status, v1::TransferStatus* out) {
   out->set_layer_num(status.layer_num);
   out->set_path(status.path);
   out->set_duration_us(status.duration_us);
+  out->set_event_set(status.event_set);
 }
 
 }  // namespace kvhost

@@ -62,6 +62,9 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   response->set_pool(info->pool);
   response->set_device_size_tokens(info->device_size_tokens);
   response->set_backend(manager_->backend());
+  for (const std::string& handle : info->load_event_handles)
+    response->add_load_event_handles(handle);
+  response->set_load_event_sets(info->load_event_sets);
   return Finish(context, absl::OkStatus());
 }
 
@@ -74,12 +77,14 @@ grpc::ServerUnaryReactor* TransferServiceImpl::DetachDevice(grpc::CallbackServer
 grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
     grpc::CallbackServerContext* context, Direction direction, const std::string& attachment_id,
     const google::protobuf::RepeatedField<int64_t>& host,
-    const google::protobuf::RepeatedField<int64_t>& device, v1::TransferTicket* response) {
+    const google::protobuf::RepeatedField<int64_t>& device, const std::string& wait_event_handle,
+    v1::TransferTicket* response) {
   absl::StatusOr<std::shared_ptr<TransferTicket>> ticket =
       manager_->Submit(attachment_id, direction, absl::MakeConstSpan(host.data(), host.size()),
-                       absl::MakeConstSpan(device.data(), device.size()));
+                       absl::MakeConstSpan(device.data(), device.size()), wait_event_handle);
   if (!ticket.ok()) return Finish(context, ticket.status());
   response->set_id((*ticket)->id());
+  response->set_event_set((*ticket)->event_set());
   return Finish(context, absl::OkStatus());
 }
 
@@ -87,14 +92,14 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Backup(grpc::CallbackServerContex
                                                       const v1::BackupRequest* request,
                                                       v1::TransferTicket* response) {
   return Submit(context, Direction::kBackup, request->attachment_id(), request->host_indices(),
-                request->device_indices(), response);
+                request->device_indices(), request->wait_event_handle(), response);
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::Load(grpc::CallbackServerContext* context,
                                                     const v1::LoadRequest* request,
                                                     v1::TransferTicket* response) {
   return Submit(context, Direction::kLoad, request->attachment_id(), request->host_indices(),
-                request->device_indices(), response);
+                request->device_indices(), /*wait_event_handle=*/"", response);
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(grpc::CallbackServerContext* context,

@@ -37,6 +37,7 @@ class TransferServiceImpl final : public v1::TransferService::CallbackService {
                                    const std::string& attachment_id,
                                    const google::protobuf::RepeatedField<int64_t>& host,
                                    const google::protobuf::RepeatedField<int64_t>& device,
+                                   const std::string& wait_event_handle,
                                    v1::TransferTicket* response);
 
   TransferManager* const manager_;

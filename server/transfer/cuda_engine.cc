@@ -205,7 +205,11 @@ class CudaEngine::Mapping : public DeviceMapping {
 
   ~Mapping() override {
     // The handles were opened in this device's context and close there.
-    if (!opened_.empty()) cudaSetDevice(device_);
+    if (!opened_.empty() || !load_events_.empty()) cudaSetDevice(device_);
+    // Every load that recorded these has finished (each job holds the
+    // mapping). A worker that still has them open keeps its own references:
+    // destroying ours does not invalidate its waits.
+    for (cudaEvent_t event : load_events_) cudaEventDestroy(event);
     for (const auto& [handle, allocation] : opened_) {
       if (cudaError_t e = cudaIpcCloseMemHandle(allocation.ptr); e != cudaSuccess) {
         cudaGetLastError();
@@ -217,6 +221,68 @@ class CudaEngine::Mapping : public DeviceMapping {
 
   // The GPU's two lanes: [0] backups, [1] loads.
   Lane* lanes() const { return lanes_; }
+  int device() const { return device_; }
+
+  // Creates `sets` x `layers` interprocess events and exports their handles
+  // (DeviceMapping::load_event_handles). REQUIRES: the current device is
+  // this mapping's; called once.
+  absl::Status CreateLoadEvents(uint32_t sets, uint64_t layers) {
+    for (uint64_t i = 0; i < uint64_t{sets} * layers; ++i) {
+      cudaEvent_t event = nullptr;
+      // Interprocess events must not time; they are only recorded here and
+      // waited on by the worker's streams, never synchronised on by a host
+      // thread of ours, so blocking sync does not matter.
+      if (cudaError_t e =
+              cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess);
+          e != cudaSuccess) {
+        cudaGetLastError();
+        return absl::InternalError(absl::StrCat("creating load event ", i, " of ",
+                                                uint64_t{sets} * layers, " on GPU ", device_, ": ",
+                                                CudaError(e)));
+      }
+      load_events_.push_back(event);
+      cudaIpcEventHandle_t handle;
+      if (cudaError_t e = cudaIpcGetEventHandle(&handle, event); e != cudaSuccess) {
+        cudaGetLastError();
+        return absl::InternalError(
+            absl::StrCat("cudaIpcGetEventHandle of load event ", i, ": ", CudaError(e)));
+      }
+      load_event_handles_.emplace_back(reinterpret_cast<const char*>(&handle), sizeof(handle));
+    }
+    load_event_sets_ = sets;
+    set_busy_.assign(sets, false);
+    return absl::OkStatus();
+  }
+
+  cudaEvent_t load_event(int set, uint64_t layer) const {
+    return load_events_[static_cast<uint64_t>(set) * layer_num_ + layer];
+  }
+
+  // The next free load event set in round-robin order, held until
+  // ReleaseSet. RESOURCE_EXHAUSTED when every set is held: waiting here
+  // would block an RPC thread for as long as a load runs, and a worker that
+  // issues loads from the thread that would later wait for them could never
+  // make progress.
+  absl::StatusOr<int> AcquireSet() const {
+    absl::MutexLock lock(&ring_mu_);
+    for (uint32_t k = 0; k < load_event_sets_; ++k) {
+      const uint32_t set = (next_set_ + k) % load_event_sets_;
+      if (set_busy_[set]) continue;
+      set_busy_[set] = true;
+      next_set_ = (set + 1) % load_event_sets_;
+      return static_cast<int>(set);
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "all ", load_event_sets_,
+        " load event sets are in use by loads in flight; wait for a load to finish or attach "
+        "with more load_event_sets"));
+  }
+  // REQUIRES: `set` was acquired and every event of it recorded by that
+  // load has completed.
+  void ReleaseSet(int set) const {
+    absl::MutexLock lock(&ring_mu_);
+    set_busy_[static_cast<uint32_t>(set)] = false;
+  }
 
   // Opens (or reuses) `ref`'s allocation and adds its layer buffer.
   // REQUIRES: the current device is this mapping's; ref.ipc_handle has the
@@ -280,6 +346,13 @@ class CudaEngine::Mapping : public DeviceMapping {
   std::map<std::string, Allocation> opened_;  // by handle bytes
   std::shared_ptr<HostPins> pins_;
   uint8_t* pinned_ = nullptr;
+  std::vector<cudaEvent_t> load_events_;  // set-major, as load_event_handles_
+
+  // The ring of load event sets. Mutable: jobs see the mapping as const, and
+  // taking a set changes no buffer.
+  mutable absl::Mutex ring_mu_;
+  mutable std::vector<bool> set_busy_ ABSL_GUARDED_BY(ring_mu_);
+  mutable uint32_t next_set_ ABSL_GUARDED_BY(ring_mu_) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(CudaEngineOptions options) {
@@ -468,6 +541,10 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
     absl::Status s = mapping->AddLayer(request.v_layers[l], absl::StrCat("v_layers[", l, "]"));
     if (!s.ok()) return s;
   }
+  if (absl::Status s = mapping->CreateLoadEvents(request.load_event_sets, pool.layout().layers);
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = mapping->Pin(pool, pins_); !s.ok()) return s;
   return std::unique_ptr<DeviceMapping>(std::move(mapping));
 }
@@ -591,6 +668,47 @@ absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, uint64
 #endif
 }
 
+absl::Status CudaEngine::Prepare(TransferJob* job) {
+  const auto& mapping = static_cast<const Mapping&>(*job->device);
+  const bool has_wait = job->direction == Direction::kBackup && !job->wait_event_handle.empty();
+  if (has_wait && job->wait_event_handle.size() != sizeof(cudaIpcEventHandle_t)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wait_event_handle has ", job->wait_event_handle.size(),
+                     " bytes; a cudaIpcEventHandle_t has ", sizeof(cudaIpcEventHandle_t)));
+  }
+  if (job->tokens == 0) return absl::OkStatus();  // finishes at once, copies nothing
+  if (job->direction == Direction::kLoad) {
+    absl::StatusOr<int> set = mapping.AcquireSet();
+    if (!set.ok()) return set.status();
+    job->event_set = *set;
+    return absl::OkStatus();
+  }
+  if (!has_wait) return absl::OkStatus();
+  if (cudaError_t e = cudaSetDevice(mapping.device()); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(
+        absl::StrCat("cudaSetDevice(", mapping.device(), "): ", CudaError(e)));
+  }
+  cudaIpcEventHandle_t handle;
+  std::memcpy(&handle, job->wait_event_handle.data(), sizeof(handle));
+  cudaEvent_t event = nullptr;
+  if (cudaError_t e = cudaIpcOpenEventHandle(&event, handle); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "wait_event_handle: cudaIpcOpenEventHandle failed: ", CudaError(e),
+        "; the handle must come from cudaIpcGetEventHandle on a live event of another process, "
+        "created with cudaEventInterprocess | cudaEventDisableTiming"));
+  }
+  // Opened per request and closed when the job goes (after its ticket
+  // finished): a worker may pass a different event each time, and an open
+  // handle costs little next to a backup.
+  job->wait_event = std::shared_ptr<void>(static_cast<void*>(event), [](void* p) {
+    cudaEventDestroy(static_cast<cudaEvent_t>(p));
+    cudaGetLastError();
+  });
+  return absl::OkStatus();
+}
+
 void CudaEngine::Submit(TransferJob job) {
   // Every mapping this engine sees is one it opened.
   const auto& mapping = static_cast<const Mapping&>(*job.device);
@@ -623,8 +741,30 @@ void CudaEngine::Submit(TransferJob job) {
     pending.error = absl::InternalError(absl::StrCat("preparing ", DirectionName(lane->direction),
                                                      " on GPU ", lane->device, ": ", CudaError(e)));
   }
+  if (pending.error.ok() && pending.job.wait_event != nullptr) {
+    // The worker's record precedes this request, so the wait covers the
+    // writes it asked us to back up.
+    if (e = cudaStreamWaitEvent(lane->stream,
+                                static_cast<cudaEvent_t>(pending.job.wait_event.get()), 0);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      pending.error = absl::InternalError(
+          absl::StrCat("backup on GPU ", lane->device,
+                       ": cudaStreamWaitEvent on the worker's event: ", CudaError(e)));
+    }
+  }
+  const int set = pending.job.event_set;
   for (uint64_t layer = 0; pending.error.ok() && layer < layout.layers; ++layer) {
     absl::Status s = EnqueueLayer(lane, pending.job, layer);
+    if (s.ok() && set >= 0) {
+      // The worker's view of this layer: recorded before the completion
+      // event, so a waiting forward pass is released as early as possible.
+      if (e = cudaEventRecord(mapping.load_event(set, layer), lane->stream); e != cudaSuccess) {
+        cudaGetLastError();
+        s = absl::InternalError(
+            absl::StrCat("cudaEventRecord of load event [", set, "][", layer, "]: ", CudaError(e)));
+      }
+    }
     if (s.ok()) {
       if (e = cudaEventRecord(pending.events[layer], lane->stream); e != cudaSuccess) {
         cudaGetLastError();
@@ -679,6 +819,13 @@ void CudaEngine::CompleteLoop(Lane* lane) {
       // likely lost too): let the stream drain before the buffers can go.
       cudaStreamSynchronize(lane->stream);
       cudaGetLastError();
+    }
+    // The set is free before the ticket says so: a worker that waited for
+    // the ticket may load again at once on a one-set ring. Every record of
+    // the set is complete here (its layers' copies are), so a new load may
+    // record the set again.
+    if (pending.job.event_set >= 0) {
+      static_cast<const Mapping&>(*pending.job.device).ReleaseSet(pending.job.event_set);
     }
     pending.job.ticket->Finish(status);
     std::vector<cudaEvent_t> events = std::move(pending.events);

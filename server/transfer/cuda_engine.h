@@ -10,12 +10,19 @@
 // Jobs of one lane are enqueued in submission order on its stream, so they
 // run and finish in that order. Enqueueing happens on the caller's thread in
 // Submit (so a Load RPC returns once its copies are on the stream, which the
-// worker-side per-layer events will rely on); a completion thread per lane
+// worker-side per-layer events rely on); a completion thread per lane
 // waits on the event recorded after each layer and reports it to the ticket.
 //
-// This first slice has no interprocess events yet: a worker must finish
-// writing device rows before it asks for their backup, and must wait for a
-// load's ticket before it reads the rows.
+// Synchronisation with the worker (DESIGN.md) uses interprocess events. At
+// attach, the mapping creates a ring of load event sets (load_event_sets x
+// layers, cudaEventInterprocess) on the attachment's GPU and exports their
+// handles; a load takes the next free set (Prepare; RESOURCE_EXHAUSTED, not a
+// wait, when all are busy), records event [set][layer] on the load stream
+// after each layer's copies, and frees the set when its last layer has
+// completed, just before its ticket finishes. The events live as long as the
+// mapping. A backup may name an event the worker recorded after writing the
+// rows: Prepare opens it, the backup stream waits on it before the first
+// copy, and it is closed when the job goes, after the ticket finished.
 //
 // Thread safety: as TransferEngine. Mappings returned by Open must be
 // destroyed before the engine (TransferManager's member order does that), and
@@ -66,6 +73,10 @@ class CudaEngine : public TransferEngine {
   // pool fails. On error nothing stays open.
   absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(const Pool& pool,
                                                       const AttachRequest& request) override;
+  // Loads take the attachment's next free load event set (RESOURCE_EXHAUSTED
+  // when all are busy); a backup's wait_event_handle is opened here
+  // (INVALID_ARGUMENT for a wrong size or a handle that will not open).
+  absl::Status Prepare(TransferJob* job) override;
   void Submit(TransferJob job) override;
   void Drain() override;
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "kvhost/layout.h"
 #include "server/pool/pool.h"
 #include "server/transfer/runs.h"
@@ -39,7 +40,17 @@ struct AttachRequest {
   std::vector<DeviceBufferRef> k_layers;  // one per layer (MHA K, MLA latent)
   std::vector<DeviceBufferRef> v_layers;  // one per layer for MHA, empty for MLA
   uint64_t device_size_tokens = 0;
+  // Sets of per-layer load events (engines with interprocess events only).
+  // REQUIRES: 1 <= load_event_sets <= kMaxLoadEventSets (the caller applies
+  // the default).
+  uint32_t load_event_sets = 0;
 };
+
+// Bounds of AttachRequest::load_event_sets. Four sets cover a worker that
+// overlaps a few loads with compute; 64 x layers events is still a small
+// number next to the driver's limits.
+inline constexpr uint32_t kDefaultLoadEventSets = 4;
+inline constexpr uint32_t kMaxLoadEventSets = 64;
 
 // A worker's device layer buffers, opened by an engine. Closing happens in the
 // destructor, which runs once no job uses the mapping any more.
@@ -52,12 +63,19 @@ class DeviceMapping {
     return layers_[plane * layer_num_ + layer];
   }
   const DeviceRows& rows() const { return rows_; }
+  // The exported handles of the per-layer load events, set-major (set s,
+  // layer l at s * layer_num + l), as opaque bytes for the worker; empty for
+  // an engine without interprocess events (host).
+  const std::vector<std::string>& load_event_handles() const { return load_event_handles_; }
+  uint32_t load_event_sets() const { return load_event_sets_; }
 
  protected:
   DeviceMapping(uint64_t layer_num, DeviceRows rows) : layer_num_(layer_num), rows_(rows) {}
   uint64_t layer_num_;
   DeviceRows rows_;
   std::vector<uint8_t*> layers_;  // plane-major
+  std::vector<std::string> load_event_handles_;
+  uint32_t load_event_sets_ = 0;
 };
 
 // One backup or load, ready to run: validated, coalesced, with its ticket.
@@ -68,6 +86,12 @@ struct TransferJob {
   std::vector<IndexRun> runs;
   uint64_t tokens = 0;
   std::shared_ptr<TransferTicket> ticket;
+  // Loads: the load event set that Prepare reserved (-1: none).
+  int event_set = -1;
+  // Backups: the worker's exported event to wait on (empty: none), and what
+  // Prepare opened from it; the job holds it until the ticket is finished.
+  std::string wait_event_handle;
+  std::shared_ptr<void> wait_event;
 };
 
 class TransferEngine {
@@ -83,7 +107,23 @@ class TransferEngine {
   // engine may not open, FAILED_PRECONDITION for a buffer kind it cannot open.
   virtual absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(const Pool& pool,
                                                               const AttachRequest& request) = 0;
-  // Queues a job. The engine finishes job.ticket exactly once.
+  // Reserves what `job` needs beyond its buffers, synchronously, so that the
+  // RPC can refuse it: a load's event set (job->event_set), the backup's
+  // wait event (job->wait_event). Called right before the ticket is made and
+  // the job submitted; a prepared job is always submitted, except one of no
+  // tokens, which finishes at once and for which Prepare reserves nothing.
+  // Default:
+  // no events, so a wait_event_handle is FAILED_PRECONDITION.
+  virtual absl::Status Prepare(TransferJob* job) {
+    if (!job->wait_event_handle.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "wait_event_handle is set, but the ", name(),
+          " backend has no CUDA events to wait on; leave it empty (finish writing the rows "
+          "before asking for their backup) or run kvhostd with --backend=cuda"));
+    }
+    return absl::OkStatus();
+  }
+  // Queues a prepared job. The engine finishes job.ticket exactly once.
   virtual void Submit(TransferJob job) = 0;
   // Blocks until every job submitted so far has finished.
   virtual void Drain() = 0;

@@ -9,11 +9,12 @@ const char* DirectionName(Direction direction) {
 }
 
 TransferTicket::TransferTicket(uint64_t id, Direction direction, uint32_t layer_num,
-                               std::string path)
+                               std::string path, int32_t event_set)
     : id_(id),
       direction_(direction),
       layer_num_(layer_num),
       path_(std::move(path)),
+      event_set_(event_set),
       accepted_(absl::Now()) {}
 
 void TransferTicket::LayerDone(uint64_t bytes) {
@@ -38,6 +39,7 @@ void TransferTicket::Finish(absl::Status status) {
 TicketStatus TransferTicket::Snapshot() const {
   absl::MutexLock lock(&mu_);
   TicketStatus s;
+  s.event_set = event_set_;
   s.id = id_;
   s.done = done_;
   s.status = status_;

@@ -33,13 +33,17 @@ struct TicketStatus {
   uint32_t layer_num = 0;
   std::string path;
   uint64_t duration_us = 0;
+  int32_t event_set = -1;
 };
 
 class TransferTicket {
  public:
-  TransferTicket(uint64_t id, Direction direction, uint32_t layer_num, std::string path);
+  // `event_set`: the load event set the job records (-1: none).
+  TransferTicket(uint64_t id, Direction direction, uint32_t layer_num, std::string path,
+                 int32_t event_set = -1);
 
   uint64_t id() const { return id_; }
+  int32_t event_set() const { return event_set_; }
   Direction direction() const { return direction_; }
 
   // Engine side. REQUIRES: not finished.
@@ -58,6 +62,7 @@ class TransferTicket {
   const Direction direction_;
   const uint32_t layer_num_;
   const std::string path_;
+  const int32_t event_set_;
   const absl::Time accepted_;
 
   mutable absl::Mutex mu_;

@@ -61,8 +61,14 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
                                                    request.device_size_tokens, " x ", row_bytes,
                                                    " bytes per row is too large"));
   }
+  if (request.load_event_sets > kMaxLoadEventSets) {
+    return absl::InvalidArgumentError(absl::StrCat("load_event_sets ", request.load_event_sets,
+                                                   " is above the limit of ", kMaxLoadEventSets));
+  }
+  AttachRequest with_defaults = request;
+  if (with_defaults.load_event_sets == 0) with_defaults.load_event_sets = kDefaultLoadEventSets;
   if (absl::Status s = (*pool)->AcquireAttachment(); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<DeviceMapping>> device = engine_->Open(**pool, request);
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> device = engine_->Open(**pool, with_defaults);
   if (!device.ok()) {
     (*pool)->ReleaseAttachment();
     return WithPool(pool_name, device.status());
@@ -73,6 +79,8 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
   attachment.info.device_size_tokens = request.device_size_tokens;
   attachment.pool = *pool;
   attachment.device = std::shared_ptr<const DeviceMapping>(*std::move(device));
+  attachment.info.load_event_handles = attachment.device->load_event_handles();
+  attachment.info.load_event_sets = attachment.device->load_event_sets();
   AttachmentInfo info = attachment.info;
   {
     absl::MutexLock lock(&mu_);
@@ -103,9 +111,10 @@ absl::Status TransferManager::Detach(const std::string& attachment_id) {
 
 absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     const std::string& attachment_id, Direction direction, absl::Span<const int64_t> host,
-    absl::Span<const int64_t> device) {
+    absl::Span<const int64_t> device, const std::string& wait_event_handle) {
   TransferJob job;
   job.direction = direction;
+  job.wait_event_handle = wait_event_handle;
   {
     absl::MutexLock lock(&mu_);
     if (draining_) return absl::UnavailableError("kvhostd is shutting down; transfer refused");
@@ -143,9 +152,13 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   job.tokens = host.size();
   const uint64_t bytes =
       job.tokens * pool.layout().token_bytes * pool.layout().planes * pool.layout().layers;
+  // Last, since what it reserves is released only by the job's end.
+  if (absl::Status s = engine_->Prepare(&job); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("attachment '", attachment_id, "': ", s.message()));
+  }
   job.ticket = std::make_shared<TransferTicket>(next_ticket_++, direction,
                                                 static_cast<uint32_t>(pool.layout().layers),
-                                                engine_->PathFor(job));
+                                                engine_->PathFor(job), job.event_set);
   std::shared_ptr<TransferTicket> ticket = job.ticket;
   {
     absl::MutexLock lock(&mu_);

@@ -31,6 +31,9 @@ struct AttachmentInfo {
   std::string id;
   std::string pool;
   uint64_t device_size_tokens = 0;
+  // The engine's exported load events (DeviceMapping::load_event_handles).
+  std::vector<std::string> load_event_handles;
+  uint32_t load_event_sets = 0;
 };
 
 struct TransferCounters {
@@ -53,11 +56,16 @@ class TransferManager {
   absl::StatusOr<AttachmentInfo> Attach(const std::string& pool, const AttachRequest& request);
   // Transfers already accepted still complete; the buffers close after them.
   absl::Status Detach(const std::string& attachment_id);
-  // Validates and queues a backup or load; returns its ticket.
+  // Validates and queues a backup or load; returns its ticket (a load's
+  // names its event set). `wait_event_handle`: a backup's worker event (see
+  // TransferJob). Errors beyond validation come from the engine's Prepare:
+  // RESOURCE_EXHAUSTED when every load event set is busy, FAILED_PRECONDITION
+  // for a wait event on an engine without events.
   absl::StatusOr<std::shared_ptr<TransferTicket>> Submit(const std::string& attachment_id,
                                                          Direction direction,
                                                          absl::Span<const int64_t> host,
-                                                         absl::Span<const int64_t> device);
+                                                         absl::Span<const int64_t> device,
+                                                         const std::string& wait_event_handle = "");
   // NOT_FOUND for an unknown or expired ticket.
   absl::StatusOr<std::shared_ptr<TransferTicket>> FindTicket(uint64_t id) const;
 

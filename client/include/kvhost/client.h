@@ -47,6 +47,13 @@ struct ClientOptions {
   int max_message_bytes = 64 << 20;
 };
 
+// A load's ticket and the load event set it records (cuda backend; see
+// Attachment.load_event_handles), -1 where there is none to wait on.
+struct LoadTicket {
+  uint64_t ticket_id = 0;
+  int32_t event_set = -1;
+};
+
 class Client {
  public:
   // Creates the channel; connecting happens on the first call (or WaitForReady).
@@ -79,9 +86,21 @@ class Client {
   absl::StatusOr<uint64_t> Backup(const std::string& attachment_id,
                                   absl::Span<const int64_t> host_indices,
                                   absl::Span<const int64_t> device_indices);
+  // A backup whose copies wait for the worker's event first (cuda backend;
+  // `wait_event_handle` from ExportEvent in kvhost/cuda_export.h, recorded
+  // after the rows were written). FAILED_PRECONDITION on the host backend.
+  absl::StatusOr<uint64_t> Backup(const std::string& attachment_id,
+                                  absl::Span<const int64_t> host_indices,
+                                  absl::Span<const int64_t> device_indices,
+                                  const std::string& wait_event_handle);
   absl::StatusOr<uint64_t> Load(const std::string& attachment_id,
                                 absl::Span<const int64_t> host_indices,
                                 absl::Span<const int64_t> device_indices);
+  // Load, also returning the event set to wait on per layer (LoadEvents).
+  // RESOURCE_EXHAUSTED while every set of the attachment is busy.
+  absl::StatusOr<LoadTicket> LoadWithEvents(const std::string& attachment_id,
+                                            absl::Span<const int64_t> host_indices,
+                                            absl::Span<const int64_t> device_indices);
   // Blocks until the ticket is done (its error if it failed) or `timeout`
   // passes (DEADLINE_EXCEEDED).
   absl::StatusOr<v1::TransferStatus> WaitTransfer(uint64_t ticket_id,

@@ -14,14 +14,28 @@
 // driver in the calling process; the functions change no device state (the
 // calling thread's current device is left as it was). Thread-safe.
 //
+// Synchronisation (DESIGN.md): LoadEvents opens an attachment's per-layer
+// load events so the worker's stream can wait for one layer of a load right
+// before using it; ExportEvent turns the worker's own interprocess event into
+// the bytes a Backup waits on.
+//
 //   std::vector<void*> k(L), v(L);  // the worker's per-layer device buffers
 //   auto request = kvhost::MakeCudaAttachRequest("llama", k, v, rows);
 //   auto attachment = client->AttachDevice(*request);
+//   auto events = kvhost::LoadEvents::Open(*attachment);
+//   auto load = client->LoadWithEvents(attachment->id(), host, rows);
+//   for (uint32_t l = 0; l < L; ++l) {
+//     (*events)->WaitLayer(load->event_set, l, stream);  // then layer l's attention
+//   }
 #ifndef KVHOST_CLIENT_CUDA_EXPORT_H_
 #define KVHOST_CLIENT_CUDA_EXPORT_H_
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -45,6 +59,49 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(const std::string&
                                                               absl::Span<void* const> k_layers,
                                                               absl::Span<void* const> v_layers,
                                                               uint64_t device_size_tokens);
+
+// The bytes of `event`'s cudaIpcEventHandle_t, for BackupRequest.
+// wait_event_handle. The event must have been created with
+// cudaEventInterprocess | cudaEventDisableTiming; record it on the stream
+// that writes the rows before calling Backup, and keep it alive until the
+// backup's ticket finishes. INVALID_ARGUMENT for a null event or one that
+// cannot be exported.
+absl::StatusOr<std::string> ExportEvent(cudaEvent_t event);
+
+// An attachment's load events, opened in the worker's process. Each event is
+// opened once (cudaIpcOpenEventHandle) and closed in the destructor, which
+// must run before the worker's CUDA context goes; the daemon's events may be
+// destroyed (detach) before or after. Thread-safe after Open (WaitLayer only
+// reads).
+class LoadEvents {
+ public:
+  // Opens every handle of `attachment` on the current device (the
+  // attachment's GPU). FAILED_PRECONDITION when the attachment has no events
+  // (host backend); INVALID_ARGUMENT for a malformed list or a handle that
+  // will not open.
+  static absl::StatusOr<std::unique_ptr<LoadEvents>> Open(const v1::Attachment& attachment);
+  ~LoadEvents();
+  LoadEvents(const LoadEvents&) = delete;
+  LoadEvents& operator=(const LoadEvents&) = delete;
+
+  uint32_t sets() const { return sets_; }
+  uint32_t layers() const { return layers_; }
+  cudaEvent_t event(int set, uint32_t layer) const {
+    return events_[static_cast<size_t>(set) * layers_ + layer];
+  }
+  // Makes `stream` wait until layer `layer` of the load that records set
+  // `set` (LoadTicket::event_set) is on the device. Call after the Load RPC
+  // returned. INVALID_ARGUMENT for a set or layer out of range (a set of -1:
+  // there is nothing to wait for; callers skip the wait), INTERNAL for a
+  // CUDA failure.
+  absl::Status WaitLayer(int set, uint32_t layer, cudaStream_t stream) const;
+
+ private:
+  LoadEvents() = default;
+  uint32_t sets_ = 0;
+  uint32_t layers_ = 0;
+  std::vector<cudaEvent_t> events_;  // set-major
+};
 
 }  // namespace kvhost
 
