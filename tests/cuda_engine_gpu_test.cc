@@ -42,6 +42,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "api_test_util.h"
 #include "daemon_fixture.h"
 #include "gpu_worker_kernels.h"
 #include "gtest/gtest.h"
@@ -69,164 +70,29 @@ constexpr absl::Duration kWait = absl::Seconds(60);
                                << cudaGetErrorString(e_) << ")";                \
   } while (0)
 
-absl::Status StatusOf(const absl::Status& s) { return s; }
-template <typename T>
-absl::Status StatusOf(const absl::StatusOr<T>& s) {
-  return s.status();
-}
+using ::kvhost::testing::Combo;
+using ::kvhost::testing::ComboName;
+using ::kvhost::testing::Dims;
+using ::kvhost::testing::ElemBytes;
+using ::kvhost::testing::FillRandomNonZero;
+using ::kvhost::testing::Geo;
+using ::kvhost::testing::GeoOf;
+using ::kvhost::testing::IsError;
+using ::kvhost::testing::kCombos;
+using ::kvhost::testing::MakeSpec;
+using ::kvhost::testing::MappedFile;
+using ::kvhost::testing::PageSlots;
+using ::kvhost::testing::StatusOf;
 
-::testing::AssertionResult IsError(const absl::Status& s, absl::StatusCode code,
-                                   const std::vector<std::string>& needles) {
-  if (s.code() != code) {
-    return ::testing::AssertionFailure()
-           << "code " << absl::StatusCodeToString(s.code()) << ", want "
-           << absl::StatusCodeToString(code) << " (message: \"" << s.message() << "\")";
-  }
-  for (const std::string& needle : needles) {
-    if (!absl::StrContains(s.message(), needle)) {
-      return ::testing::AssertionFailure()
-             << "message \"" << s.message() << "\" does not name \"" << needle << "\"";
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
-#define EXPECT_ERROR(expr, code, ...) \
-  EXPECT_TRUE(IsError(StatusOf(expr), absl::StatusCode::code, {__VA_ARGS__})) << #expr
-
-// ---------------------------------------------------------------------------
-// Specs and the seeds' address math.
-
-uint64_t ElemBytes(v1::DType dtype) {
-  switch (dtype) {
-    case v1::BF16:
-    case v1::FP16:
-      return 2;
-    case v1::FP32:
-      return 4;
-    case v1::FP8_E4M3:
-    case v1::FP8_E5M2:
-    case v1::UINT8:
-      return 1;
-    default:
-      return 0;
-  }
-}
-
-struct Combo {
-  v1::PoolKind kind;
-  v1::Layout layout;
-};
-
-const Combo kCombos[] = {
-    {v1::MHA, v1::LAYER_FIRST},       {v1::MHA, v1::PAGE_FIRST},  {v1::MHA, v1::PAGE_FIRST_DIRECT},
-    {v1::MHA, v1::PAGE_HEAD},         {v1::MLA, v1::LAYER_FIRST}, {v1::MLA, v1::PAGE_FIRST},
-    {v1::MLA, v1::PAGE_FIRST_DIRECT},
-};
-
-std::string ComboName(const Combo& c) {
-  std::string layout = v1::Layout_Name(c.layout);
-  layout.erase(std::remove(layout.begin(), layout.end(), '_'), layout.end());
-  return absl::StrCat(v1::PoolKind_Name(c.kind), "_", layout);
-}
-
-struct Dims {
-  uint32_t layers = 3;
-  uint32_t heads = 4;       // MHA
-  uint32_t head_dim = 64;   // MHA
-  uint32_t lora_rank = 64;  // MLA
-  uint32_t rope_dim = 16;   // MLA
-};
-
-v1::PoolSpec MakeSpec(v1::PoolKind kind, v1::Layout layout, uint32_t page_size,
-                      uint64_t size_tokens, v1::DType dtype, const Dims& dims) {
-  v1::PoolSpec spec;
-  spec.set_kind(kind);
-  spec.set_layout(layout);
-  spec.set_dtype(dtype);
-  spec.set_page_size(page_size);
-  spec.set_layer_num(dims.layers);
-  if (kind == v1::MHA) {
-    spec.set_head_num(dims.heads);
-    spec.set_head_dim(dims.head_dim);
-  } else {
-    spec.set_kv_lora_rank(dims.lora_rank);
-    spec.set_qk_rope_head_dim(dims.rope_dim);
-  }
-  spec.set_size_tokens(size_tokens);
-  return spec;
-}
-
-// A host buffer's geometry in the seeds' terms: S tokens, L layers, ps page
-// size, H heads (1 for MLA), Db bytes per head (D x dtype size; MLA: C x b).
-struct Geo {
-  bool mla = false;
-  v1::Layout layout = v1::LAYOUT_UNSPECIFIED;
-  uint64_t L = 0, S = 0, ps = 0, H = 0, Db = 0;
-
-  uint64_t planes() const { return mla ? 1 : 2; }
-  uint64_t row_bytes() const { return H * Db; }
-  uint64_t v_off() const { return L * S * H * Db; }
-  uint64_t bytes_per_token() const { return planes() * L * H * Db; }
-
-  // SEED_INVENTORY §2: offset of (kv, t, l, h).
-  uint64_t Offset(uint64_t kv, uint64_t t, uint64_t l, uint64_t h) const {
-    const uint64_t p = t / ps, o = t % ps;
-    uint64_t off = 0;
-    switch (layout) {
-      case v1::LAYER_FIRST:  // (L, S, H, D)
-        off = ((l * S + t) * H + h) * Db;
-        break;
-      case v1::PAGE_FIRST:  // (S, L, H, D)
-        off = t * (L * H * Db) + l * (H * Db) + h * Db;
-        break;
-      case v1::PAGE_FIRST_DIRECT:  // (P, L, ps, H, D)
-        off = (((p * L + l) * ps + o) * H + h) * Db;
-        break;
-      case v1::PAGE_HEAD:  // (P, H, ps, L, D)
-        off = (((p * H + h) * ps + o) * L + l) * Db;
-        break;
-      default:
-        ADD_FAILURE() << "no layout";
-    }
-    return kv * v_off() + off;
-  }
-};
-
-Geo GeoOf(const v1::Pool& pool) {
-  const v1::PoolSpec& s = pool.spec();
-  const uint64_t b = ElemBytes(s.dtype());
-  Geo g;
-  g.mla = s.kind() == v1::MLA;
-  g.layout = s.layout();
-  g.L = s.layer_num();
-  g.S = pool.size_tokens();
-  g.ps = s.page_size();
-  g.H = g.mla ? 1 : s.head_num();
-  g.Db =
-      g.mla ? (uint64_t{s.kv_lora_rank()} + s.qk_rope_head_dim()) * b : uint64_t{s.head_dim()} * b;
-  return g;
-}
-
-std::vector<int64_t> PageSlots(const std::vector<uint64_t>& pages, uint64_t ps) {
-  std::vector<int64_t> slots;
-  for (uint64_t p : pages) {
-    for (uint64_t j = 0; j < ps; ++j) slots.push_back(static_cast<int64_t>(p * ps + j));
-  }
-  return slots;
-}
-
-// Random bytes, never zero (a zero host byte means "not written"); eight
-// bytes per draw, since the large test fills over a GiB.
-void FillRandomNonZero(uint8_t* p, uint64_t n, std::mt19937& seed) {
-  std::mt19937_64 rng(seed());
-  for (uint64_t i = 0; i < n; i += 8) {
-    uint64_t v = rng();
-    for (uint64_t k = 0; k < 8 && i + k < n; ++k, v >>= 8) {
-      const uint8_t byte = static_cast<uint8_t>(v);
-      p[i + k] = byte == 0 ? 0x5a : byte;
-    }
-  }
+// The GPU tests move larger rows than the integration tests' default Dims.
+Dims GpuDims() {
+  Dims d;
+  d.layers = 3;
+  d.heads = 4;
+  d.head_dim = 64;
+  d.lora_rank = 64;
+  d.rope_dim = 16;
+  return d;
 }
 
 // Non-contiguous rows from `first`: runs of 2-7 and singletons, with gaps.
@@ -264,35 +130,6 @@ std::vector<int64_t> OtherRows(std::mt19937& rng, uint64_t n, uint64_t limit,
   for (const auto& c : chunks) out.insert(out.end(), c.begin(), c.end());
   return out;
 }
-
-// A file mapped read-only.
-class MappedFile {
- public:
-  static std::unique_ptr<MappedFile> Open(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return nullptr;
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
-      ::close(fd);
-      return nullptr;
-    }
-    void* data = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (data == MAP_FAILED) return nullptr;
-    auto f = std::unique_ptr<MappedFile>(new MappedFile());
-    f->data_ = static_cast<const uint8_t*>(data);
-    f->size_ = static_cast<uint64_t>(st.st_size);
-    return f;
-  }
-  ~MappedFile() { ::munmap(const_cast<uint8_t*>(data_), size_); }
-  const uint8_t* data() const { return data_; }
-  uint64_t size() const { return size_; }
-
- private:
-  MappedFile() = default;
-  const uint8_t* data_ = nullptr;
-  uint64_t size_ = 0;
-};
 
 // ---------------------------------------------------------------------------
 // The worker's device pool.
@@ -520,7 +357,7 @@ TEST_P(CudaRoundTripTest, BackupThenLoadIsByteExact) {
     const uint64_t pool_pages = 12, freed_pages = 4;
 
     absl::StatusOr<v1::Pool> pool = client().CreatePool(
-        name, MakeSpec(combo.kind, combo.layout, ps, pool_pages * ps, dtype, {}));
+        name, MakeSpec(combo.kind, combo.layout, ps, pool_pages * ps, dtype, GpuDims()));
     ASSERT_TRUE(pool.ok()) << pool.status();
     const Geo g = GeoOf(*pool);
 
@@ -608,7 +445,7 @@ TEST_F(CudaTest, ConcurrentBackupsAndLoadsOnOneAttachment) {
   const uint32_t ps = 4;
   const uint64_t pages = 64;
   absl::StatusOr<v1::Pool> pool = client().CreatePool(
-      "conc", MakeSpec(v1::MHA, v1::PAGE_FIRST_DIRECT, ps, pages * ps, v1::BF16, {}));
+      "conc", MakeSpec(v1::MHA, v1::PAGE_FIRST_DIRECT, ps, pages * ps, v1::BF16, GpuDims()));
   ASSERT_TRUE(pool.ok()) << pool.status();
   const Geo g = GeoOf(*pool);
   ASSERT_TRUE(client().Alloc("conc", pages * ps).ok());
@@ -713,7 +550,7 @@ TEST_F(CudaTest, ConcurrentBackupsAndLoadsOnOneAttachment) {
 TEST_F(CudaTest, DetachIdleAfterTransfersAndInFlight) {
   const uint32_t ps = 16;
   const uint64_t pages = 64;
-  v1::PoolSpec spec = MakeSpec(v1::MLA, v1::LAYER_FIRST, ps, pages * ps, v1::BF16, {});
+  v1::PoolSpec spec = MakeSpec(v1::MLA, v1::LAYER_FIRST, ps, pages * ps, v1::BF16, GpuDims());
   absl::StatusOr<v1::Pool> pool = client().CreatePool("det", spec);
   ASSERT_TRUE(pool.ok()) << pool.status();
   const Geo g = GeoOf(*pool);
@@ -789,7 +626,7 @@ TEST_F(CudaTest, DetachIdleAfterTransfersAndInFlight) {
 
 TEST_F(CudaTest, AttachErrorsLeaveNoAttachment) {
   absl::StatusOr<v1::Pool> pool =
-      client().CreatePool("err", MakeSpec(v1::MHA, v1::PAGE_FIRST, 1, 64, v1::BF16, {}));
+      client().CreatePool("err", MakeSpec(v1::MHA, v1::PAGE_FIRST, 1, 64, v1::BF16, GpuDims()));
   ASSERT_TRUE(pool.ok()) << pool.status();
   const Geo g = GeoOf(*pool);
   std::mt19937 rng(3);
@@ -860,7 +697,7 @@ TEST_F(CudaTest, AttachErrorsLeaveNoAttachment) {
 // the daemon says which layer, and keeps serving.
 TEST_F(CudaTest, BogusHandleIsInvalidArgumentAndDaemonKeepsServing) {
   absl::StatusOr<v1::Pool> pool =
-      client().CreatePool("bogus", MakeSpec(v1::MLA, v1::PAGE_FIRST, 1, 32, v1::BF16, {}));
+      client().CreatePool("bogus", MakeSpec(v1::MLA, v1::PAGE_FIRST, 1, 32, v1::BF16, GpuDims()));
   ASSERT_TRUE(pool.ok()) << pool.status();
   const Geo g = GeoOf(*pool);
   std::mt19937 rng(5);
@@ -901,7 +738,7 @@ TEST_F(CudaTest, LargeTransfersReportBandwidth) {
   const Case cases[] = {{v1::LAYER_FIRST, 64, false, 81920},
                         {v1::PAGE_FIRST_DIRECT, 64, true, 32768},
                         {v1::PAGE_FIRST_DIRECT, 16, true, 32768}};
-  Dims dims;
+  Dims dims = GpuDims();
   dims.layers = 4;
   dims.heads = 8;
   dims.head_dim = 128;  // BF16: 2 KiB rows
@@ -991,7 +828,7 @@ struct CudaCleanup {
 // the stale ones the rows held before. A read without the wait is logged as
 // a negative control (never asserted: it may or may not race).
 TEST_F(CudaTest, LoadEventsOrderTheWorkersReadsPerLayer) {
-  Dims dims;
+  Dims dims = GpuDims();
   dims.layers = 32;
   dims.heads = 8;
   dims.head_dim = 128;  // BF16: 2 KiB rows
@@ -1123,8 +960,8 @@ TEST_F(CudaTest, LoadEventsOrderTheWorkersReadsPerLayer) {
 // can guarantee.
 TEST_F(CudaTest, BackupWaitsForTheWorkersEvent) {
   const uint64_t tokens = 256;
-  absl::StatusOr<v1::Pool> pool =
-      client().CreatePool("bw", MakeSpec(v1::MLA, v1::LAYER_FIRST, 16, tokens, v1::BF16, {}));
+  absl::StatusOr<v1::Pool> pool = client().CreatePool(
+      "bw", MakeSpec(v1::MLA, v1::LAYER_FIRST, 16, tokens, v1::BF16, GpuDims()));
   ASSERT_TRUE(pool.ok()) << pool.status();
   const Geo g = GeoOf(*pool);
   absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("bw", tokens);
@@ -1190,7 +1027,7 @@ TEST_F(CudaTest, BackupWaitsForTheWorkersEvent) {
 // ticket finishes; with one set, a second load in flight is refused
 // (RESOURCE_EXHAUSTED, not a wait) until the first finishes.
 TEST_F(CudaTest, LoadEventSetsCycleAndAFullRingIsRefused) {
-  Dims dims;
+  Dims dims = GpuDims();
   dims.layers = 4;
   dims.heads = 8;
   dims.head_dim = 128;            // BF16: 2 KiB rows
