@@ -16,28 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "cuda_util.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
 namespace {
-
-std::string CudaError(cudaError_t error) {
-  return absl::StrCat(cudaGetErrorName(error), " (", cudaGetErrorString(error), ")");
-}
-
-// nvidia-smi's spelling of a GPU UUID: "GPU-" and 8-4-4-4-12 hex digits.
-std::string FormatUuid(const cudaUUID_t& uuid) {
-  static constexpr int kGroups[] = {4, 2, 2, 2, 6};
-  std::string out = "GPU";
-  int i = 0;
-  for (int group : kGroups) {
-    out += '-';
-    for (int k = 0; k < group; ++k, ++i) {
-      absl::StrAppend(&out, absl::Hex(static_cast<unsigned char>(uuid.bytes[i]), absl::kZeroPad2));
-    }
-  }
-  return out;
-}
 
 bool LooksLikeUuid(const std::string& s) {
   if (s.size() != 40 || s.compare(0, 4, "GPU-") != 0) return false;
@@ -46,31 +29,6 @@ bool LooksLikeUuid(const std::string& s) {
     if (dash ? s[i] != '-' : !absl::ascii_isxdigit(static_cast<unsigned char>(s[i]))) return false;
   }
   return true;
-}
-
-// cuMemGetAddressRange, fetched through the runtime rather than linked: a
-// kvhostd linked against libcuda.so.1 would not even start on the machines
-// without a driver (CI, the developers' VMs) that run it with --backend=host,
-// and the runtime loads the driver itself only when a GPU call is made.
-absl::StatusOr<PFN_cuMemGetAddressRange_v3020> AddressRangeFn() {
-  static const absl::StatusOr<PFN_cuMemGetAddressRange_v3020> fn =
-      []() -> absl::StatusOr<PFN_cuMemGetAddressRange_v3020> {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000,
-                                                           cudaEnableDefault, &found);
-#else
-    const cudaError_t e =
-        cudaGetDriverEntryPoint("cuMemGetAddressRange", &p, cudaEnableDefault, &found);
-#endif
-    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr) {
-      return absl::InternalError(absl::StrCat("cannot find the driver's cuMemGetAddressRange: ",
-                                              CudaError(e), ", lookup ", static_cast<int>(found)));
-    }
-    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(p);
-  }();
-  return fn;
 }
 
 // A contiguous copy: host offset from the pool base, device address, length.
