@@ -81,7 +81,9 @@ using ::kvhost::testing::IsError;
 using ::kvhost::testing::kCombos;
 using ::kvhost::testing::MakeSpec;
 using ::kvhost::testing::MappedFile;
+using ::kvhost::testing::OtherRows;
 using ::kvhost::testing::PageSlots;
+using ::kvhost::testing::SourceRows;
 using ::kvhost::testing::StatusOf;
 
 // The GPU tests move larger rows than the integration tests' default Dims.
@@ -93,42 +95,6 @@ Dims GpuDims() {
   d.lora_rank = 64;
   d.rope_dim = 16;
   return d;
-}
-
-// Non-contiguous rows from `first`: runs of 2-7 and singletons, with gaps.
-std::vector<int64_t> SourceRows(std::mt19937& rng, uint64_t n, int64_t first = 0) {
-  std::vector<int64_t> rows;
-  int64_t pos = first + static_cast<int64_t>(rng() % 3);
-  while (rows.size() < n) {
-    const uint64_t run = rng() % 3 == 0 ? 1 : 2 + rng() % 6;
-    for (uint64_t k = 0; k < run && rows.size() < n; ++k) rows.push_back(pos++);
-    pos += 1 + static_cast<int64_t>(rng() % 3);
-  }
-  return rows;
-}
-
-// n rows of [0, limit) not in `avoid`, as runs and singletons in shuffled
-// chunk order.
-std::vector<int64_t> OtherRows(std::mt19937& rng, uint64_t n, uint64_t limit,
-                               const std::set<int64_t>& avoid) {
-  std::vector<int64_t> free_rows;
-  for (uint64_t r = 0; r < limit; ++r) {
-    if (!avoid.count(static_cast<int64_t>(r))) free_rows.push_back(static_cast<int64_t>(r));
-  }
-  std::shuffle(free_rows.begin(), free_rows.end(), rng);
-  free_rows.resize(n);
-  std::sort(free_rows.begin(), free_rows.end());
-  std::vector<std::vector<int64_t>> chunks;
-  for (size_t i = 0; i < free_rows.size();) {
-    const size_t len = std::min<size_t>(free_rows.size() - i, 1 + rng() % 6);
-    chunks.emplace_back(free_rows.begin() + static_cast<std::ptrdiff_t>(i),
-                        free_rows.begin() + static_cast<std::ptrdiff_t>(i + len));
-    i += len;
-  }
-  std::shuffle(chunks.begin(), chunks.end(), rng);
-  std::vector<int64_t> out;
-  for (const auto& c : chunks) out.insert(out.end(), c.begin(), c.end());
-  return out;
 }
 
 // ---------------------------------------------------------------------------

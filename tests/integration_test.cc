@@ -71,8 +71,10 @@ using ::kvhost::testing::IsError;
 using ::kvhost::testing::kCombos;
 using ::kvhost::testing::MakeSpec;
 using ::kvhost::testing::MappedFile;
+using ::kvhost::testing::OtherRows;
 using ::kvhost::testing::PageSlots;
 using ::kvhost::testing::Range;
+using ::kvhost::testing::SourceRows;
 using ::kvhost::testing::StatusOf;
 
 v1::PoolSpec MhaSpec(uint32_t page_size, uint64_t size_tokens, v1::Layout layout = v1::PAGE_FIRST) {
@@ -1060,43 +1062,6 @@ struct RoundTripCase {
   uint32_t seed = 1;
 };
 
-// Non-contiguous device rows: runs of 2-7 and singletons, with gaps.
-std::vector<int64_t> SourceRows(std::mt19937& rng, uint64_t n) {
-  std::vector<int64_t> rows;
-  int64_t pos = static_cast<int64_t>(rng() % 3);
-  while (rows.size() < n) {
-    const uint64_t run = rng() % 3 == 0 ? 1 : 2 + rng() % 6;
-    for (uint64_t k = 0; k < run && rows.size() < n; ++k) rows.push_back(pos++);
-    pos += 1 + static_cast<int64_t>(rng() % 3);
-  }
-  return rows;
-}
-
-// n rows of [0, limit) not in `avoid`, in chunks of runs and singletons in
-// shuffled chunk order.
-std::vector<int64_t> OtherRows(std::mt19937& rng, uint64_t n, uint64_t limit,
-                               const std::vector<int64_t>& avoid) {
-  std::set<int64_t> taken(avoid.begin(), avoid.end());
-  std::vector<int64_t> free_rows;
-  for (uint64_t r = 0; r < limit; ++r) {
-    if (!taken.count(static_cast<int64_t>(r))) free_rows.push_back(static_cast<int64_t>(r));
-  }
-  std::shuffle(free_rows.begin(), free_rows.end(), rng);
-  free_rows.resize(n);
-  std::sort(free_rows.begin(), free_rows.end());
-  std::vector<std::vector<int64_t>> chunks;
-  for (size_t i = 0; i < free_rows.size();) {
-    const size_t len = std::min<size_t>(free_rows.size() - i, 1 + rng() % 6);
-    chunks.emplace_back(free_rows.begin() + static_cast<std::ptrdiff_t>(i),
-                        free_rows.begin() + static_cast<std::ptrdiff_t>(i + len));
-    i += len;
-  }
-  std::shuffle(chunks.begin(), chunks.end(), rng);
-  std::vector<int64_t> out;
-  for (const auto& c : chunks) out.insert(out.end(), c.begin(), c.end());
-  return out;
-}
-
 void RoundTrip(Client& client, const std::string& shm_dir, const RoundTripCase& c) {
   const uint32_t ps = c.page_size;
   const std::string name = absl::StrCat(ComboName(c.combo), "-ps", ps);
@@ -1142,7 +1107,8 @@ void RoundTrip(Client& client, const std::string& shm_dir, const RoundTripCase& 
 
   const std::vector<int64_t> src = SourceRows(rng, n);
   ASSERT_LT(static_cast<uint64_t>(src.back()), rows);
-  const std::vector<int64_t> dst = OtherRows(rng, n, rows, src);
+  const std::vector<int64_t> dst =
+      OtherRows(rng, n, rows, std::set<int64_t>(src.begin(), src.end()));
 
   absl::StatusOr<v1::Attachment> att = client.AttachDevice(dev.MakeAttachRequest(name));
   ASSERT_TRUE(att.ok()) << att.status();
