@@ -56,6 +56,13 @@ inline absl::Status WriteFile(const std::string& path, const std::string& text) 
   return absl::OkStatus();
 }
 
+// Writes a benchmark's --json-out file and says so.
+inline absl::Status WriteJsonOut(const std::string& path, const std::string& json) {
+  if (absl::Status s = WriteFile(path, json + "\n"); !s.ok()) return s;
+  absl::PrintF("wrote %s\n", path);
+  return absl::OkStatus();
+}
+
 // "1,8" from a list flag: positive integers.
 inline absl::StatusOr<std::vector<uint64_t>> ParsePositiveList(
     absl::string_view flag, const std::vector<std::string>& items) {

@@ -520,8 +520,7 @@ absl::Status Run(const Options& o) {
                                  .Raw("memcpy", bench::JsonArray(json_ceilings))
                                  .Raw("cases", bench::JsonArray(json_cases))
                                  .str();
-    if (absl::Status s = bench::WriteFile(json_out, json + "\n"); !s.ok()) return s;
-    absl::PrintF("wrote %s\n", json_out);
+    return bench::WriteJsonOut(json_out, json);
   }
   return absl::OkStatus();
 }
