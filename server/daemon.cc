@@ -76,50 +76,72 @@ absl::Status PrepareSocketPath(const std::string& path) {
 absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& options,
                                                            std::string* chosen,
                                                            std::string* detail) {
+  const std::string& path = options.transfer_path;
+  if (path != "auto" && path != "ce" && path != "staged" && path != "sm") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--transfer-path '", path, "' is not one of auto, ce (copy engines), staged, sm"));
+  }
+  if (path != "auto" && options.backend == "host") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transfer-path=", path, " applies to the cuda backend, but --backend=host"));
+  }
+  if (options.sm_blocks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sm-blocks=", options.sm_blocks, " must be >= 1"));
+  }
+  if (options.staging_bytes < (uint64_t{64} << 10)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--staging-bytes=", options.staging_bytes, " is below the minimum of 64K"));
+  }
   const GpuProbe gpus = options.backend == "host" ? GpuProbe{0, "not probed"} : ProbeGpus();
-  if (options.backend == "cuda") {
+  if (options.backend != "auto" && options.backend != "host" && options.backend != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend '", options.backend, "' is not one of auto, cuda, host"));
+  }
+  const char* why_host = "";
 #ifdef KVHOST_HAVE_CUDA_ENGINE
+  if (options.backend == "cuda" || (options.backend == "auto" && gpus.devices > 0)) {
     if (gpus.devices == 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("--backend=cuda: no usable GPU (", gpus.detail, "); use --backend=host"));
     }
-    absl::StatusOr<std::unique_ptr<CudaEngine>> cuda = CudaEngine::Create();
-    if (!cuda.ok()) {
+    CudaEngineOptions cuda_options;
+    absl::StatusOr<CudaPath> cuda_path = ParseCudaPath(path);
+    if (!cuda_path.ok()) return cuda_path.status();
+    cuda_options.path = *cuda_path;
+    cuda_options.staging_bytes = options.staging_bytes;
+    cuda_options.sm_blocks = options.sm_blocks;
+    absl::StatusOr<std::unique_ptr<CudaEngine>> cuda = CudaEngine::Create(cuda_options);
+    if (cuda.ok()) {
+      *chosen = "cuda";
+      *detail = absl::StrCat("--backend=", options.backend, "; ", (*cuda)->Describe(),
+                             "; driver: ", gpus.detail);
+      spdlog::info("backend cuda (--backend={}): {}", options.backend, (*cuda)->Describe());
+      return std::unique_ptr<TransferEngine>(*std::move(cuda));
+    }
+    if (options.backend == "cuda") {
       return absl::FailedPreconditionError(
           absl::StrCat("--backend=cuda: ", cuda.status().message(), " (", gpus.detail, ")"));
     }
-    *chosen = "cuda";
-    *detail = absl::StrCat("--backend=cuda; ", (*cuda)->Describe(), "; driver: ", gpus.detail);
-    spdlog::info("backend cuda: {}", (*cuda)->Describe());
-    return std::unique_ptr<TransferEngine>(*std::move(cuda));
+    why_host = "the CUDA engine did not start";
+    spdlog::warn("backend auto: {}, but the CUDA engine did not start ({}); using host",
+                 gpus.detail, std::string(cuda.status().message()));
+  }
 #else
+  if (options.backend == "cuda") {
     return absl::FailedPreconditionError(
         absl::StrCat("--backend=cuda: this kvhostd was built without CUDA (GPUs: ", gpus.detail,
                      "); rebuild where nvcc is found, or use --backend=host"));
-#endif
   }
-  // `auto` keeps the host engine even with a GPU and the CUDA engine built:
-  // the CUDA engine has no per-layer interprocess events or staged / SM paths
-  // yet, so a worker cannot overlap loads with its forward pass and
-  // token-granular layouts are slow. --backend=cuda opts in.
-  const char* why_host = "";
-  if (options.backend == "auto") {
-    if (gpus.devices > 0) {
-#ifdef KVHOST_HAVE_CUDA_ENGINE
-      why_host =
-          "the CUDA engine is not chosen automatically yet (no per-layer IPC events, no "
-          "staged or SM copy paths); --backend=cuda opts in";
-#else
-      why_host = "no CUDA transfer engine in this build";
-#endif
-      spdlog::warn("backend auto: {}, but {}; using host", gpus.detail, why_host);
-    } else {
-      spdlog::info("backend auto: {}; using host", gpus.detail);
-    }
-  } else if (options.backend != "host") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--backend '", options.backend, "' is not one of auto, cuda, host"));
+  if (options.backend == "auto" && gpus.devices > 0) {
+    why_host = "no CUDA transfer engine in this build";
+    spdlog::warn("backend auto: {}, but {}; using host", gpus.detail, why_host);
   }
+#endif
+  if (options.backend == "auto" && gpus.devices == 0) {
+    spdlog::info("backend auto: {}; using host", gpus.detail);
+  }
+  if (path != "auto") spdlog::warn("--transfer-path={} ignored on the host backend", path);
   *chosen = "host";
   *detail = absl::StrCat("--backend=", options.backend, "; GPUs: ", gpus.detail,
                          *why_host != '\0' ? "; " : "", why_host);

@@ -32,6 +32,11 @@ struct DaemonOptions {
   uint64_t memory_limit = 0;
   std::optional<uint64_t> memory_reserve;  // default: min(10 GiB, 10 % of RAM)
   int copy_threads = 2;
+  // cuda backend (CudaEngineOptions): auto | ce | staged | sm, the device
+  // staging buffer per stream, and the SM path's grid quota.
+  std::string transfer_path = "auto";
+  uint64_t staging_bytes = uint64_t{256} << 20;
+  int sm_blocks = 16;
   int max_message_bytes = 64 << 20;
 };
 

@@ -19,10 +19,9 @@ ABSL_FLAG(std::vector<std::string>, listen, {"unix:///run/kvhost/kvhost.sock"},
           "created; a stale socket file is replaced) or 'host:port' (plaintext TCP).");
 ABSL_FLAG(std::string, backend, "auto",
           "Transfer engine: 'host' (device pools emulated in shared memory), 'cuda' (GPU "
-          "buffers through CUDA IPC, copy-engine path; needs a GPU and a CUDA build), or "
-          "'auto' (host for now, also on GPU machines, until the CUDA engine has per-layer "
-          "interprocess events and its staged / SM paths; the choice and the reason are "
-          "logged).");
+          "buffers through CUDA IPC, see --transfer-path; needs a GPU and a CUDA build), or "
+          "'auto' (cuda where a GPU is usable and this build has the CUDA engine, else host; "
+          "the choice and the reason are logged).");
 ABSL_FLAG(std::string, shm_dir, "/dev/shm",
           "Directory of the pools' shared-memory files, and the only directory from which shm "
           "device buffers may be attached.");
@@ -38,6 +37,20 @@ ABSL_FLAG(std::string, log_level, "info",
 ABSL_FLAG(int, copy_threads, 2,
           "Host engine: helper threads per transfer direction (besides the direction's own "
           "thread), >= 0.");
+ABSL_FLAG(std::string, transfer_path, "auto",
+          "cuda backend: how bytes move. 'ce' = copy engines only (no cost to the worker's "
+          "kernels; fast for large contiguous pieces), 'staged' = device gather / scatter "
+          "kernel plus large copy-engine copies through a staging buffer (token-granular host "
+          "layouts), 'sm' = copy kernels through mapped host memory (fastest for small pieces; "
+          "time-slices against the worker without MPS), 'auto' = chosen per transfer from the "
+          "piece sizes, the layout and whether MPS is active (logged, and shown in the ticket "
+          "status).");
+ABSL_FLAG(std::string, staging_bytes, "256M",
+          "cuda backend: device staging buffer of the staged path, per stream (one for backups, "
+          "one for loads, per GPU), allocated on first use; larger = fewer, longer kernels.");
+ABSL_FLAG(int, sm_blocks, 16,
+          "cuda backend: most thread blocks of an SM-path copy kernel (8 warps each); the rest "
+          "of the SMs stay with the worker.");
 ABSL_FLAG(int, shutdown_grace_s, 10,
           "Seconds in-flight RPCs get to finish after SIGTERM, once accepted transfers are done.");
 
@@ -81,6 +94,11 @@ int main(int argc, char** argv) {
   options.shm_dir = absl::GetFlag(FLAGS_shm_dir);
   options.copy_threads = absl::GetFlag(FLAGS_copy_threads);
   if (options.copy_threads < 0) return Fail("--copy-threads must be >= 0");
+  options.transfer_path = absl::GetFlag(FLAGS_transfer_path);
+  options.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
+  absl::StatusOr<uint64_t> staging = kvhost::ParseByteSize(absl::GetFlag(FLAGS_staging_bytes));
+  if (!staging.ok()) return Fail(absl::StrCat("--staging-bytes: ", staging.status().message()));
+  options.staging_bytes = *staging;
   absl::StatusOr<uint64_t> limit = kvhost::ParseByteSize(absl::GetFlag(FLAGS_memory_limit));
   if (!limit.ok()) return Fail(absl::StrCat("--memory-limit: ", limit.status().message()));
   options.memory_limit = *limit;

@@ -3,9 +3,11 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -17,6 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "cuda_util.h"
+#include "segment_copy.h"
+#include "server/transfer/segments.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -38,7 +42,58 @@ struct Piece {
   uint64_t bytes;
 };
 
+// MPS serves a CUDA process when the control daemon's pipe exists where the
+// client library looks for it.
+bool MpsActive(std::string* detail) {
+  const char* env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string dir = env != nullptr && *env != '\0' ? env : "/tmp/nvidia-mps";
+  struct stat st;
+  const bool active = ::stat((dir + "/control").c_str(), &st) == 0;
+  *detail = absl::StrCat("MPS ", active ? "active" : "not active", " (", dir, "/control ",
+                         active ? "present" : "absent", ")");
+  return active;
+}
+
+// The staged path's chunk: half the staging buffer, 256-byte aligned so
+// that both halves keep the alignment of the allocation.
+uint64_t StagingChunk(uint64_t staging_bytes) { return (staging_bytes / 2) & ~uint64_t{255}; }
+
+// Descriptor uploads go through pinned buffers of this size (a job's
+// descriptors are a few hundred KiB; larger uploads take several), and a
+// lane keeps at most kMaxFreeScratch of them between jobs.
+constexpr size_t kScratchBytes = size_t{4} << 20;
+constexpr size_t kMaxFreeScratch = 8;
+
+std::string Bytes(uint64_t n) {
+  if (n >= (uint64_t{1} << 20)) return absl::StrCat(n >> 20, " MiB");
+  if (n >= (uint64_t{1} << 10)) return absl::StrCat(n >> 10, " KiB");
+  return absl::StrCat(n, " B");
+}
+
 }  // namespace
+
+absl::StatusOr<CudaPath> ParseCudaPath(const std::string& name) {
+  if (name == "auto") return CudaPath::kAuto;
+  if (name == "ce") return CudaPath::kCopyEngine;
+  if (name == "staged") return CudaPath::kStaged;
+  if (name == "sm") return CudaPath::kSm;
+  return absl::InvalidArgumentError(
+      absl::StrCat("transfer path '", name, "' is not one of auto, ce (copy engines), staged, sm"));
+}
+
+const char* CudaPathName(CudaPath path) {
+  switch (path) {
+    case CudaPath::kAuto:
+      return "auto";
+    case CudaPath::kCopyEngine:
+      return "cuda-ce";
+    case CudaPath::kStaged:
+      return "cuda-staged";
+    case CudaPath::kSm:
+      return "cuda-sm";
+  }
+  return "auto";
+}
 
 // Pool memory registered with CUDA (pinned and mapped), keyed by the pool's
 // base address and counted by the mappings that use it.
@@ -129,6 +184,9 @@ struct CudaEngine::Lane {
   struct Pending {
     TransferJob job;
     std::vector<cudaEvent_t> events;
+    // Pinned descriptor scratch the job's uploads read; back to
+    // free_scratch once the job is done.
+    std::vector<void*> scratch;
     uint64_t layers_enqueued = 0;
     uint64_t layer_bytes = 0;
     absl::Status error;  // why enqueueing stopped early, if it did
@@ -137,6 +195,17 @@ struct CudaEngine::Lane {
   int device = 0;
   Direction direction = Direction::kBackup;
   cudaStream_t stream = nullptr;
+  // The staged path's gather / scatter kernels run here, beside the copies
+  // on `stream`: chunk i's kernel overlaps chunk i-1's copies. The events
+  // hand each half of the staging buffer between the two streams:
+  // ready[b] after the producer of half b, free[b] after its consumer.
+  // Touched only under submit_mu.
+  cudaStream_t kernel_stream = nullptr;
+  cudaEvent_t half_ready[2] = {nullptr, nullptr};
+  cudaEvent_t half_free[2] = {nullptr, nullptr};
+  cudaEvent_t stage_start = nullptr;
+  cudaEvent_t stage_end = nullptr;
+  uint8_t* staging = nullptr;  // allocated by the first staged job
 
   // Held while a job is enqueued: the order in which jobs take it is their
   // order on the stream and in `pending`, so one direction stays FIFO.
@@ -149,6 +218,8 @@ struct CudaEngine::Lane {
   absl::Mutex mu;
   std::deque<Pending> pending ABSL_GUARDED_BY(mu);
   std::vector<cudaEvent_t> free_events ABSL_GUARDED_BY(mu);
+  // Pinned host buffers of kScratchBytes for descriptor uploads.
+  std::vector<void*> free_scratch ABSL_GUARDED_BY(mu);
   bool busy ABSL_GUARDED_BY(mu) = false;  // the completion thread holds a job
   bool stopping ABSL_GUARDED_BY(mu) = false;
   std::thread completer;
@@ -168,6 +239,7 @@ class CudaEngine::Mapping : public DeviceMapping {
     // mapping). A worker that still has them open keeps its own references:
     // destroying ours does not invalidate its waits.
     for (cudaEvent_t event : load_events_) cudaEventDestroy(event);
+    if (layer_table_ != nullptr) cudaFree(layer_table_);
     for (const auto& [handle, allocation] : opened_) {
       if (cudaError_t e = cudaIpcCloseMemHandle(allocation.ptr); e != cudaSuccess) {
         cudaGetLastError();
@@ -293,6 +365,40 @@ class CudaEngine::Mapping : public DeviceMapping {
     return absl::OkStatus();
   }
 
+  // What the kernel paths need: the layer bases in device memory, and the
+  // pool's address for the GPU (its host address, where the device can use
+  // it; else the SM path is unavailable). REQUIRES: every layer added, the
+  // pool pinned, the current device is this mapping's.
+  absl::Status PrepareKernels(const Pool& pool, bool host_pointer_ok) {
+    const size_t bytes = layers_.size() * sizeof(uint8_t*);
+    if (cudaError_t e = cudaMalloc(&layer_table_, bytes); e != cudaSuccess) {
+      cudaGetLastError();
+      layer_table_ = nullptr;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("GPU ", device_, ": cudaMalloc of the layer table: ", CudaError(e)));
+    }
+    if (cudaError_t e = cudaMemcpy(layer_table_, layers_.data(), bytes, cudaMemcpyHostToDevice);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InternalError(
+          absl::StrCat("GPU ", device_, ": uploading the layer table: ", CudaError(e)));
+    }
+    aligned16_ = reinterpret_cast<uintptr_t>(pool.base()) % 16 == 0;
+    for (uint8_t* layer : layers_) aligned16_ &= reinterpret_cast<uintptr_t>(layer) % 16 == 0;
+    if (host_pointer_ok) pool_for_device_ = pool.base();
+    return absl::OkStatus();
+  }
+
+  uint8_t* const* layer_table() const { return layer_table_; }
+  uint8_t* pool_for_device() const { return pool_for_device_; }
+  bool aligned16() const { return aligned16_; }
+
+  // The path of this attachment's last job per direction, so that the log
+  // says when the choice changes rather than once per job.
+  bool PathChanged(Direction direction, uint8_t path) const {
+    return last_path_[static_cast<int>(direction)].exchange(path) != path;
+  }
+
  private:
   struct Allocation {
     uint8_t* ptr;
@@ -305,6 +411,10 @@ class CudaEngine::Mapping : public DeviceMapping {
   std::shared_ptr<HostPins> pins_;
   uint8_t* pinned_ = nullptr;
   std::vector<cudaEvent_t> load_events_;  // set-major, as load_event_handles_
+  uint8_t** layer_table_ = nullptr;       // device copy of layers_
+  uint8_t* pool_for_device_ = nullptr;
+  bool aligned16_ = false;
+  mutable std::atomic<uint8_t> last_path_[2] = {255, 255};
 
   // The ring of load event sets. Mutable: jobs see the mapping as const, and
   // taking a set changes no buffer.
@@ -328,9 +438,19 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(CudaEngineOptions
       return absl::FailedPreconditionError(
           absl::StrCat("cudaGetDeviceProperties(", i, "): ", CudaError(e)));
     }
-    devices.push_back(Device{i, FormatUuid(prop.uuid), prop.name});
+    int host_pointer = 0;
+    if (cudaError_t e =
+            cudaDeviceGetAttribute(&host_pointer, cudaDevAttrCanUseHostPointerForRegisteredMem, i);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      host_pointer = 0;
+    }
+    devices.push_back(
+        Device{i, FormatUuid(prop.uuid), prop.name, prop.multiProcessorCount, host_pointer != 0});
   }
   options.max_batch = std::max<size_t>(options.max_batch, 1);
+  options.sm_blocks = std::max(options.sm_blocks, 1);
+  options.staging_bytes = std::max<uint64_t>(options.staging_bytes, 512);
   return std::unique_ptr<CudaEngine>(new CudaEngine(options, std::move(devices)));
 }
 
@@ -338,6 +458,7 @@ CudaEngine::CudaEngine(CudaEngineOptions options, std::vector<Device> devices)
     : options_(options),
       devices_(std::move(devices)),
       pins_(std::make_shared<HostPins>(options_.host_register_chunk)) {
+  mps_ = MpsActive(&mps_detail_);
   absl::MutexLock lock(&lanes_mu_);
   lanes_.resize(devices_.size());
 }
@@ -357,6 +478,13 @@ CudaEngine::~CudaEngine() {
       cudaSetDevice(lane.device);
       absl::MutexLock lane_lock(&lane.mu);
       for (cudaEvent_t event : lane.free_events) cudaEventDestroy(event);
+      for (void* scratch : lane.free_scratch) cudaFreeHost(scratch);
+      for (cudaEvent_t event : {lane.half_ready[0], lane.half_ready[1], lane.half_free[0],
+                                lane.half_free[1], lane.stage_start, lane.stage_end}) {
+        if (event != nullptr) cudaEventDestroy(event);
+      }
+      if (lane.staging != nullptr) cudaFree(lane.staging);
+      if (lane.kernel_stream != nullptr) cudaStreamDestroy(lane.kernel_stream);
       cudaStreamDestroy(lane.stream);
     }
   }
@@ -371,11 +499,15 @@ std::string CudaEngine::Describe() const {
   std::vector<std::string> parts;
   for (const Device& d : devices_)
     parts.push_back(absl::StrCat(d.ordinal, " ", d.name, " ", d.uuid));
-  return absl::StrCat(devices_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ",
-                      kCopies);
+  return absl::StrCat(
+      devices_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ", kCopies,
+      "; transfer path ", CudaPathName(options_.path), ", staging ", Bytes(options_.staging_bytes),
+      " per stream, SM path grid <= ", options_.sm_blocks, " blocks; ", mps_detail_);
 }
 
-std::string CudaEngine::PathFor(const TransferJob& job) const { return "cuda-ce"; }
+std::string CudaEngine::PathFor(const TransferJob& job) const {
+  return CudaPathName(static_cast<CudaPath>(job.path));
+}
 
 absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
   absl::MutexLock lock(&lanes_mu_);
@@ -407,6 +539,31 @@ absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
           absl::StrCat("GPU ", ordinal, ": cudaStreamCreateWithPriority: ", CudaError(e)));
     }
   }
+  for (int i = 0; i < 2; ++i) {
+    Lane& lane = created[i];
+    const int priority = lane.direction == Direction::kLoad ? greatest : least;
+    cudaError_t e =
+        cudaStreamCreateWithPriority(&lane.kernel_stream, cudaStreamNonBlocking, priority);
+    for (cudaEvent_t* event : {&lane.half_ready[0], &lane.half_ready[1], &lane.half_free[0],
+                               &lane.half_free[1], &lane.stage_start, &lane.stage_end}) {
+      if (e == cudaSuccess) e = cudaEventCreateWithFlags(event, cudaEventDisableTiming);
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      // Streams and events of a lane that never ran are simply dropped with
+      // the process's context; this GPU is unusable anyway.
+      return absl::InternalError(absl::StrCat(
+          "GPU ", ordinal, ": creating the staged path's stream and events: ", CudaError(e)));
+    }
+  }
+  // Descriptor buffers come from the stream-ordered allocator; keep what a
+  // few jobs use instead of returning it to the driver at every sync.
+  cudaMemPool_t mem_pool = nullptr;
+  if (cudaDeviceGetDefaultMemPool(&mem_pool, ordinal) == cudaSuccess) {
+    uint64_t keep = uint64_t{64} << 20;
+    cudaMemPoolSetAttribute(mem_pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  cudaGetLastError();
   for (int i = 0; i < 2; ++i) {
     Lane* lane = &created[i];
     lane->completer = std::thread([this, lane] { CompleteLoop(lane); });
@@ -504,6 +661,11 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
     return s;
   }
   if (absl::Status s = mapping->Pin(pool, pins_); !s.ok()) return s;
+  if (absl::Status s =
+          mapping->PrepareKernels(pool, devices_[static_cast<size_t>(device)].host_pointer_ok);
+      !s.ok()) {
+    return s;
+  }
   return std::unique_ptr<DeviceMapping>(std::move(mapping));
 }
 
@@ -552,16 +714,22 @@ absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, uint64
     lane->srcs[i] = backup ? d : h;
     lane->sizes[i] = static_cast<size_t>(pieces[i].bytes);
   }
+  return SubmitCopies(lane, lane->stream, pieces.size(),
+                      absl::StrCat(DirectionName(job.direction), " layer ", layer));
+}
+
+absl::Status CudaEngine::SubmitCopies(Lane* lane, cudaStream_t stream, size_t n_copies,
+                                      const std::string& what) {
+  const bool backup = lane->direction == Direction::kBackup;
   // One cudaMemcpyAsync per piece: the fallback where the batch API is
   // missing (CUDA < 12.8) or refused by the driver.
   auto one_by_one = [&](size_t from) -> absl::Status {
-    for (size_t i = from; i < pieces.size(); ++i) {
-      const cudaError_t e = cudaMemcpyAsync(lane->dsts[i], lane->srcs[i], lane->sizes[i],
-                                            cudaMemcpyDefault, lane->stream);
+    for (size_t i = from; i < n_copies; ++i) {
+      const cudaError_t e =
+          cudaMemcpyAsync(lane->dsts[i], lane->srcs[i], lane->sizes[i], cudaMemcpyDefault, stream);
       if (e != cudaSuccess) {
         cudaGetLastError();
-        return absl::InternalError(absl::StrCat(DirectionName(job.direction), " layer ", layer,
-                                                ": cudaMemcpyAsync: ", CudaError(e)));
+        return absl::InternalError(absl::StrCat(what, ": cudaMemcpyAsync: ", CudaError(e)));
       }
     }
     return absl::OkStatus();
@@ -582,19 +750,19 @@ absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, uint64
   attr.srcLocHint = backup ? device_loc : host_loc;
   attr.dstLocHint = backup ? host_loc : device_loc;
   size_t attr_index = 0;
-  for (size_t i = 0; i < pieces.size();) {
-    const size_t n = std::min(options_.max_batch, pieces.size() - i);
+  for (size_t i = 0; i < n_copies;) {
+    const size_t n = std::min(options_.max_batch, n_copies - i);
     // A hint to keep the copies off the SMs, which the worker needs.
     attr.flags = batch_flags_.load(std::memory_order_relaxed);
 #if CUDART_VERSION >= 13000
     const cudaError_t e =
         cudaMemcpyBatchAsync(lane->dsts.data() + i, lane->srcs.data() + i, lane->sizes.data() + i,
-                             n, &attr, &attr_index, 1, lane->stream);
+                             n, &attr, &attr_index, 1, stream);
 #else
     size_t fail_index = 0;
     const cudaError_t e =
         cudaMemcpyBatchAsync(lane->dsts.data() + i, lane->srcs.data() + i, lane->sizes.data() + i,
-                             n, &attr, &attr_index, 1, &fail_index, lane->stream);
+                             n, &attr, &attr_index, 1, &fail_index, stream);
 #endif
     if (e == cudaSuccess) {
       i += n;
@@ -616,14 +784,265 @@ absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, uint64
                    CudaError(e));
       return one_by_one(i);
     }
-    return absl::InternalError(absl::StrCat(DirectionName(job.direction), " layer ", layer,
-                                            ": cudaMemcpyBatchAsync of ", n,
-                                            " copies: ", CudaError(e)));
+    return absl::InternalError(
+        absl::StrCat(what, ": cudaMemcpyBatchAsync of ", n, " copies: ", CudaError(e)));
   }
   return absl::OkStatus();
 #else
   return one_by_one(0);
 #endif
+}
+
+absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
+  const auto& mapping = static_cast<const Mapping&>(*job->device);
+  const KvLayout& layout = job->pool->layout();
+  const uint64_t pieces = CopyEnginePiecesPerLayer(layout, job->runs);
+  const uint64_t ce_piece = pieces == 0 ? 0 : job->tokens * layout.token_bytes / pieces;
+  const uint64_t total = job->tokens * layout.token_bytes * layout.planes * layout.layers;
+  auto use = [job](CudaPath path, std::shared_ptr<const void> plan) {
+    job->path = static_cast<uint8_t>(path);
+    job->plan = std::move(plan);
+    return absl::OkStatus();
+  };
+  auto staged = [&]() -> absl::StatusOr<std::shared_ptr<const StagedPlan>> {
+    auto plan = std::make_shared<StagedPlan>();
+    absl::Status s = PlanStaged(layout, job->runs, StagingChunk(options_.staging_bytes),
+                                pins_->chunk(), plan.get());
+    if (!s.ok()) return s;
+    return std::shared_ptr<const StagedPlan>(std::move(plan));
+  };
+  const char* no_sm = mapping.pool_for_device() != nullptr
+                          ? nullptr
+                          : "this GPU cannot address registered host memory by its host pointer "
+                            "(cudaDevAttrCanUseHostPointerForRegisteredMem is 0)";
+  switch (options_.path) {
+    case CudaPath::kCopyEngine:
+      *why = "--transfer-path=ce";
+      return use(CudaPath::kCopyEngine, nullptr);
+    case CudaPath::kSm:
+      if (no_sm != nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat("--transfer-path=sm: ", no_sm));
+      }
+      *why = "--transfer-path=sm";
+      return use(CudaPath::kSm, std::make_shared<const DirectPlan>(PlanDirect(layout, job->runs)));
+    case CudaPath::kStaged: {
+      absl::StatusOr<std::shared_ptr<const StagedPlan>> plan = staged();
+      if (!plan.ok()) {
+        return absl::Status(plan.status().code(),
+                            absl::StrCat("--transfer-path=staged: ", plan.status().message()));
+      }
+      *why = "--transfer-path=staged";
+      return use(CudaPath::kStaged, *std::move(plan));
+    }
+    case CudaPath::kAuto:
+      break;
+  }
+  if (ce_piece >= options_.ce_min_piece_bytes) {
+    *why = absl::StrCat("auto: copy-engine pieces of ", Bytes(ce_piece),
+                        " on average, >= ", Bytes(options_.ce_min_piece_bytes));
+    return use(CudaPath::kCopyEngine, nullptr);
+  }
+  if (mps_ && no_sm == nullptr) {
+    *why = absl::StrCat("auto: copy-engine pieces of only ", Bytes(ce_piece), ", MPS active");
+    return use(CudaPath::kSm, std::make_shared<const DirectPlan>(PlanDirect(layout, job->runs)));
+  }
+  // LAYER_FIRST blocks are the copy-engine pieces themselves: staging them
+  // adds a kernel and gains nothing.
+  if (layout.kind != LayoutKind::kLayerFirst) {
+    absl::StatusOr<std::shared_ptr<const StagedPlan>> plan = staged();
+    if (plan.ok()) {
+      const uint64_t block = total / std::max<size_t>((*plan)->copies.size(), 1);
+      if (block >= 2 * ce_piece) {
+        *why = absl::StrCat("auto: copy-engine pieces of only ", Bytes(ce_piece),
+                            ", staged blocks of ", Bytes(block), ", MPS not active");
+        return use(CudaPath::kStaged, *std::move(plan));
+      }
+    }
+  }
+  *why = absl::StrCat("auto: copy-engine pieces of ", Bytes(ce_piece),
+                      "; no larger blocks to stage and MPS not active (the SM path would "
+                      "time-slice against the worker)");
+  return use(CudaPath::kCopyEngine, nullptr);
+}
+
+absl::StatusOr<void*> CudaEngine::UploadDescriptors(Lane* lane, cudaStream_t stream,
+                                                    const void* data, size_t bytes,
+                                                    std::vector<void*>* scratch) {
+  void* device = nullptr;
+  if (cudaError_t e = cudaMallocAsync(&device, bytes, stream); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat("GPU ", lane->device, ": ", bytes,
+                                                     " bytes of copy descriptors: ", CudaError(e)));
+  }
+  for (size_t off = 0; off < bytes; off += kScratchBytes) {
+    const size_t n = std::min(kScratchBytes, bytes - off);
+    void* buffer = nullptr;
+    {
+      absl::MutexLock lock(&lane->mu);
+      if (!lane->free_scratch.empty()) {
+        buffer = lane->free_scratch.back();
+        lane->free_scratch.pop_back();
+      }
+    }
+    if (buffer == nullptr) {
+      if (cudaError_t e = cudaHostAlloc(&buffer, kScratchBytes, cudaHostAllocDefault);
+          e != cudaSuccess) {
+        cudaGetLastError();
+        cudaFreeAsync(device, stream);
+        return absl::ResourceExhaustedError(
+            absl::StrCat("pinned descriptor scratch: cudaHostAlloc: ", CudaError(e)));
+      }
+    }
+    scratch->push_back(buffer);
+    std::memcpy(buffer, static_cast<const uint8_t*>(data) + off, n);
+    if (cudaError_t e = cudaMemcpyAsync(static_cast<uint8_t*>(device) + off, buffer, n,
+                                        cudaMemcpyHostToDevice, stream);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      cudaFreeAsync(device, stream);
+      return absl::InternalError(absl::StrCat("uploading copy descriptors: ", CudaError(e)));
+    }
+  }
+  return device;
+}
+
+template <typename LayerDone>
+absl::Status CudaEngine::EnqueueDirect(Lane* lane, const TransferJob& job,
+                                       std::vector<void*>* scratch, LayerDone&& layer_done) {
+  const auto& mapping = static_cast<const Mapping&>(*job.device);
+  const auto& plan = *static_cast<const DirectPlan*>(job.plan.get());
+  absl::StatusOr<void*> segments =
+      UploadDescriptors(lane, lane->stream, plan.segments.data(),
+                        plan.segments.size() * sizeof(CopySegment), scratch);
+  if (!segments.ok()) return segments.status();
+  SegmentCopyArgs args;
+  args.layout = job.pool->layout();
+  args.device_layers = mapping.layer_table();
+  args.other = mapping.pool_for_device();
+  args.segments = static_cast<const CopySegment*>(*segments);
+  args.segment_count = static_cast<uint32_t>(plan.segments.size());
+  args.item_count = plan.items_per_layer;
+  args.to_device = job.direction == Direction::kLoad;
+  args.aligned16 = mapping.aligned16();
+  absl::Status status;
+  for (uint64_t layer = 0; layer < args.layout.layers; ++layer) {
+    args.layer_shift = static_cast<uint32_t>(layer);
+    if (cudaError_t e = LaunchSegmentCopy(args, options_.sm_blocks, lane->stream);
+        e != cudaSuccess) {
+      status = absl::InternalError(absl::StrCat(DirectionName(job.direction), " layer ", layer,
+                                                ": SM copy kernel: ", CudaError(e)));
+      break;
+    }
+    status = layer_done(layer);
+    if (!status.ok()) break;
+  }
+  cudaFreeAsync(*segments, lane->stream);
+  return status;
+}
+
+absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
+                                       std::vector<void*>* scratch) {
+  const auto& mapping = static_cast<const Mapping&>(*job.device);
+  const auto& plan = *static_cast<const StagedPlan*>(job.plan.get());
+  const bool backup = job.direction == Direction::kBackup;
+  const uint64_t chunk_bytes = StagingChunk(options_.staging_bytes);
+  if (lane->staging == nullptr) {
+    if (cudaError_t e = cudaMalloc(&lane->staging, 2 * chunk_bytes); e != cudaSuccess) {
+      cudaGetLastError();
+      lane->staging = nullptr;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "GPU ", lane->device, ": the staging buffer (--staging-bytes=", options_.staging_bytes,
+          ") cannot be allocated: ", CudaError(e)));
+    }
+    spdlog::info("GPU {}: {} staging buffer of {} up", lane->device, DirectionName(lane->direction),
+                 Bytes(2 * chunk_bytes));
+  }
+  cudaStream_t copies = lane->stream;
+  cudaStream_t kernels = lane->kernel_stream;
+  cudaError_t e = cudaSuccess;
+  const char* step = "";
+  auto ok = [&](cudaError_t result, const char* what) {
+    if (e == cudaSuccess && result != cudaSuccess) {
+      e = result;
+      step = what;
+    }
+    return e == cudaSuccess;
+  };
+  auto failed = [&]() {
+    cudaGetLastError();
+    return absl::InternalError(
+        absl::StrCat(DirectionName(job.direction), " (staged): ", step, ": ", CudaError(e)));
+  };
+  // The kernels start after everything before this job on the lane (the
+  // worker's event for a backup, earlier loads of the same rows).
+  if (!ok(cudaEventRecord(lane->stage_start, copies), "cudaEventRecord") ||
+      !ok(cudaStreamWaitEvent(kernels, lane->stage_start, 0), "cudaStreamWaitEvent")) {
+    return failed();
+  }
+  absl::StatusOr<void*> segments = UploadDescriptors(
+      lane, kernels, plan.segments.data(), plan.segments.size() * sizeof(CopySegment), scratch);
+  if (!segments.ok()) return segments.status();
+  SegmentCopyArgs args;
+  args.layout = job.pool->layout();
+  args.device_layers = mapping.layer_table();
+  args.to_device = !backup;
+  args.aligned16 = mapping.aligned16();
+  const int blocks = options_.staged_blocks > 0
+                         ? options_.staged_blocks
+                         : 4 * devices_[static_cast<size_t>(lane->device)].sms;
+  uint8_t* const host = job.pool->base();
+  absl::Status status;
+  for (size_t i = 0; i < plan.chunks.size() && status.ok(); ++i) {
+    const StagedChunk& chunk = plan.chunks[i];
+    const int b = static_cast<int>(i % 2);
+    uint8_t* const half = lane->staging + b * chunk_bytes;
+    const size_t n = chunk.copy_end - chunk.copy_begin;
+    lane->dsts.resize(n);
+    lane->srcs.resize(n);
+    lane->sizes.resize(n);
+    for (size_t k = 0; k < n; ++k) {
+      const StagedCopy& c = plan.copies[chunk.copy_begin + k];
+      void* const h = host + c.host_offset;
+      void* const d = half + c.staging_offset;
+      lane->dsts[k] = backup ? h : d;
+      lane->srcs[k] = backup ? d : h;
+      lane->sizes[k] = static_cast<size_t>(c.bytes);
+    }
+    args.other = half;
+    args.segments = static_cast<const CopySegment*>(*segments) + chunk.segment_begin;
+    args.segment_count = static_cast<uint32_t>(chunk.segment_end - chunk.segment_begin);
+    args.item_count = chunk.items;
+    const std::string what = absl::StrCat(DirectionName(job.direction), " chunk ", i, " of ",
+                                          plan.chunks.size(), " (staged)");
+    // Backup: gather (kernel stream) -> copy out (copy stream); load: copy
+    // in -> scatter. Half b is refilled only after its last consumer.
+    cudaStream_t first = backup ? kernels : copies;
+    cudaStream_t second = backup ? copies : kernels;
+    if (!ok(cudaStreamWaitEvent(first, lane->half_free[b], 0), "cudaStreamWaitEvent")) break;
+    if (backup) {
+      ok(LaunchSegmentCopy(args, blocks, kernels), "gather kernel");
+    } else {
+      status = SubmitCopies(lane, copies, n, what);
+    }
+    if (!status.ok() || !ok(cudaEventRecord(lane->half_ready[b], first), "cudaEventRecord") ||
+        !ok(cudaStreamWaitEvent(second, lane->half_ready[b], 0), "cudaStreamWaitEvent")) {
+      break;
+    }
+    if (backup) {
+      status = SubmitCopies(lane, copies, n, what);
+    } else {
+      ok(LaunchSegmentCopy(args, blocks, kernels), "scatter kernel");
+    }
+    if (!status.ok()) break;
+    ok(cudaEventRecord(lane->half_free[b], second), "cudaEventRecord");
+  }
+  cudaFreeAsync(*segments, kernels);
+  if (!status.ok()) return status;
+  // Whatever follows on the copy stream (this job's layer events, the next
+  // job) comes after the last kernel.
+  ok(cudaEventRecord(lane->stage_end, kernels), "cudaEventRecord");
+  ok(cudaStreamWaitEvent(copies, lane->stage_end, 0), "cudaStreamWaitEvent");
+  return e == cudaSuccess ? absl::OkStatus() : failed();
 }
 
 absl::Status CudaEngine::Prepare(TransferJob* job) {
@@ -634,7 +1053,18 @@ absl::Status CudaEngine::Prepare(TransferJob* job) {
         absl::StrCat("wait_event_handle has ", job->wait_event_handle.size(),
                      " bytes; a cudaIpcEventHandle_t has ", sizeof(cudaIpcEventHandle_t)));
   }
+  job->path = static_cast<uint8_t>(options_.path == CudaPath::kAuto ? CudaPath::kCopyEngine
+                                                                    : options_.path);
   if (job->tokens == 0) return absl::OkStatus();  // finishes at once, copies nothing
+  std::string why;
+  if (absl::Status s = ChoosePath(job, &why); !s.ok()) return s;
+  if (mapping.PathChanged(job->direction, job->path)) {
+    spdlog::info("pool '{}' on GPU {}: {}s by {} ({})", job->pool->name(), mapping.device(),
+                 DirectionName(job->direction), PathFor(*job), why);
+  } else {
+    spdlog::debug("pool '{}' on GPU {}: {} by {} ({})", job->pool->name(), mapping.device(),
+                  DirectionName(job->direction), PathFor(*job), why);
+  }
   if (job->direction == Direction::kLoad) {
     absl::StatusOr<int> set = mapping.AcquireSet();
     if (!set.ok()) return set.status();
@@ -712,33 +1142,52 @@ void CudaEngine::Submit(TransferJob job) {
     }
   }
   const int set = pending.job.event_set;
-  for (uint64_t layer = 0; pending.error.ok() && layer < layout.layers; ++layer) {
-    absl::Status s = EnqueueLayer(lane, pending.job, layer);
-    if (s.ok() && set >= 0) {
-      // The worker's view of this layer: recorded before the completion
-      // event, so a waiting forward pass is released as early as possible.
+  // After a layer's copies or kernel: the worker's view of it (recorded
+  // before the completion event, so a waiting forward pass is released as
+  // early as possible), then ours.
+  auto layer_done = [&](uint64_t layer) -> absl::Status {
+    if (set >= 0) {
       if (e = cudaEventRecord(mapping.load_event(set, layer), lane->stream); e != cudaSuccess) {
         cudaGetLastError();
-        s = absl::InternalError(
+        return absl::InternalError(
             absl::StrCat("cudaEventRecord of load event [", set, "][", layer, "]: ", CudaError(e)));
       }
     }
-    if (s.ok()) {
-      if (e = cudaEventRecord(pending.events[layer], lane->stream); e != cudaSuccess) {
-        cudaGetLastError();
-        s = absl::InternalError(
-            absl::StrCat("cudaEventRecord after layer ", layer, ": ", CudaError(e)));
-      }
+    if (e = cudaEventRecord(pending.events[layer], lane->stream); e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InternalError(
+          absl::StrCat("cudaEventRecord after layer ", layer, ": ", CudaError(e)));
+    }
+    ++pending.layers_enqueued;
+    return absl::OkStatus();
+  };
+  if (pending.error.ok()) {
+    absl::Status s;
+    switch (static_cast<CudaPath>(pending.job.path)) {
+      case CudaPath::kSm:
+        s = EnqueueDirect(lane, pending.job, &pending.scratch, layer_done);
+        break;
+      case CudaPath::kStaged:
+        // Every layer is complete only after the last chunk.
+        s = EnqueueStaged(lane, pending.job, &pending.scratch);
+        for (uint64_t layer = 0; s.ok() && layer < layout.layers; ++layer) s = layer_done(layer);
+        break;
+      case CudaPath::kAuto:
+      case CudaPath::kCopyEngine:
+        for (uint64_t layer = 0; s.ok() && layer < layout.layers; ++layer) {
+          s = EnqueueLayer(lane, pending.job, layer);
+          if (s.ok()) s = layer_done(layer);
+        }
+        break;
     }
     if (!s.ok()) {
-      // Part of this layer may be on the stream with no event after it: wait
-      // for the stream, so the buffers outlive every copy that uses them.
+      // Part of the work may be on the streams with no event after it: wait
+      // for them, so the buffers outlive every copy that uses them.
+      cudaStreamSynchronize(lane->kernel_stream);
       cudaStreamSynchronize(lane->stream);
       cudaGetLastError();
       pending.error = s;
-      break;
     }
-    ++pending.layers_enqueued;
   }
   absl::MutexLock lock(&lane->mu);
   lane->pending.push_back(std::move(pending));
@@ -787,6 +1236,7 @@ void CudaEngine::CompleteLoop(Lane* lane) {
     }
     pending.job.ticket->Finish(status);
     std::vector<cudaEvent_t> events = std::move(pending.events);
+    std::vector<void*> scratch = std::move(pending.scratch);
     // Dropping the job may close the mapping (a detached attachment's last
     // job) and unpin its pool; done here, not in a CUDA callback, since that
     // calls CUDA.
@@ -796,6 +1246,13 @@ void CudaEngine::CompleteLoop(Lane* lane) {
       lane->free_events.insert(lane->free_events.end(), events.begin(), events.end());
     } else {
       for (cudaEvent_t event : events) cudaEventDestroy(event);
+    }
+    for (void* buffer : scratch) {
+      if (lane->free_scratch.size() < kMaxFreeScratch) {
+        lane->free_scratch.push_back(buffer);
+      } else {
+        cudaFreeHost(buffer);
+      }
     }
     lane->busy = false;
   }

@@ -1,9 +1,22 @@
 // CudaEngine: the transfer engine of the cuda backend. A worker's device
 // layer buffers arrive as CUDA IPC handles (one per allocation, opened once
-// per attachment), the host pools are registered with CUDA, and backups and
-// loads run on the GPU's copy engines ("cuda-ce"): per layer and K / V plane,
-// the pieces that the layout math yields (ForEachPiece) are merged where they
-// are contiguous on both sides and submitted as one cudaMemcpyBatchAsync.
+// per attachment), the host pools are registered with CUDA, and each job
+// takes one of three paths (CudaPath), chosen by Prepare:
+//   cuda-ce      per layer and K / V plane, the pieces that the layout math
+//                yields (ForEachPiece) are merged where they are contiguous on
+//                both sides and submitted as one cudaMemcpyBatchAsync;
+//   cuda-staged  the job's complete pool blocks (segments.h) go through a
+//                device staging buffer in two halves: a gather kernel fills
+//                half b while the copy engines drain half 1-b to the pool
+//                (backup), or the copy engines fill it while a scatter kernel
+//                empties the other (load); a second stream per lane runs the
+//                kernels;
+//   cuda-sm      one copy kernel per layer through mapped host memory, its
+//                grid bounded by sm_blocks.
+// auto takes the copy engines when their pieces are large, else the SM path
+// under MPS, else the staged path where its blocks are larger than the
+// pieces, else the copy engines (never a kernel that time-slices against the
+// worker for no gain).
 //
 // Each GPU has two lanes: a backup stream and a load stream (full duplex on
 // the link), loads at the higher priority since a forward pass waits on them.
@@ -31,6 +44,8 @@
 #ifndef KVHOST_SERVER_TRANSFER_CUDA_ENGINE_H_
 #define KVHOST_SERVER_TRANSFER_CUDA_ENGINE_H_
 
+#include <cuda_runtime_api.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -44,7 +59,43 @@
 
 namespace kvhost {
 
+// How a job's bytes move (DESIGN.md, "Transfer engines"):
+//   kCopyEngine  cudaMemcpyBatchAsync of the layout-contiguous pieces; costs
+//                the worker nothing, fast only for large pieces;
+//   kStaged      through a device staging buffer: a device-to-device gather
+//                (backup) or scatter (load) kernel next to large copy-engine
+//                copies of whole pool blocks, double-buffered; a short kernel
+//                from our context per chunk, so a small cost to the worker;
+//   kSm          one kernel per layer copying through mapped host memory,
+//                its grid bounded by sm_blocks; fastest for small pieces, but
+//                without MPS it time-slices against the worker's kernels.
+// kAuto picks per job (CudaEngine::Prepare).
+enum class CudaPath : uint8_t { kAuto, kCopyEngine, kStaged, kSm };
+
+// "auto", "ce", "staged", "sm" (the --transfer-path values).
+absl::StatusOr<CudaPath> ParseCudaPath(const std::string& name);
+// The ticket status names: "cuda-ce", "cuda-staged", "cuda-sm" ("auto" for kAuto).
+const char* CudaPathName(CudaPath path);
+
 struct CudaEngineOptions {
+  // --transfer-path: every job's path, or kAuto to choose per job.
+  CudaPath path = CudaPath::kAuto;
+  // Device staging buffer per stream (two per GPU), split in two halves so
+  // that one fills while the other drains. DESIGN.md: the worker's slowdown
+  // from the gather kernels falls as chunks grow (+19 % at 64 MB, +8 % at
+  // 256 MB, +4.4 % at 1 GB, not double-buffered); allocated on first use.
+  uint64_t staging_bytes = uint64_t{256} << 20;
+  // Most blocks of an SM-path kernel (the seeds' block_quota); the SMs left
+  // over stay with the worker.
+  int sm_blocks = 16;
+  // Most blocks of a staged gather / scatter kernel; 0 = 4 per SM, so that
+  // the kernel is as short as possible.
+  int staged_blocks = 0;
+  // auto: the copy engines take a job whose layout-contiguous pieces average
+  // at least this many bytes (DESIGN.md: 45.6 GB/s at 128 KB pieces, 15.5 at
+  // 16 KB).
+  uint64_t ce_min_piece_bytes = uint64_t{128} << 10;
+
   // Largest host range pinned by one cudaHostRegister call: registering
   // hundreds of GiB at once is slow and runs into driver limits, so a pool is
   // registered in chunks (sglang's allocator does the same). Copies never
@@ -88,6 +139,10 @@ class CudaEngine : public TransferEngine {
     int ordinal = 0;
     std::string uuid;  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", lower case
     std::string name;
+    int sms = 0;
+    // The SM path reads the pool through its host address
+    // (cudaDevAttrCanUseHostPointerForRegisteredMem).
+    bool host_pointer_ok = false;
   };
   class HostPins;  // pool memory registered with CUDA, by base pointer
   struct Lane;     // one stream and its completion thread
@@ -97,13 +152,35 @@ class CudaEngine : public TransferEngine {
   // The two lanes of GPU `ordinal`, created on first use (a CUDA context and
   // two streams on that GPU, and their completion threads).
   absl::StatusOr<Lane*> LanesFor(int ordinal);
-  // Enqueues one layer of `job` (both planes) on the lane's stream.
+  // The path of `job`, and why (auto), from its runs and layout. Fills
+  // job->plan for the kernel paths.
+  absl::Status ChoosePath(TransferJob* job, std::string* why) const;
+  // Enqueues one layer of `job` (both planes) on the lane's stream by the
+  // copy engines.
   absl::Status EnqueueLayer(Lane* lane, const TransferJob& job, uint64_t layer);
+  // Submits copies dsts[i] <- srcs[i] of sizes[i] bytes on `stream`, batched.
+  absl::Status SubmitCopies(Lane* lane, cudaStream_t stream, size_t n, const std::string& what);
+  // The SM path: descriptors up, then one kernel per layer, each followed by
+  // `layer_done(layer)`.
+  template <typename LayerDone>
+  absl::Status EnqueueDirect(Lane* lane, const TransferJob& job, std::vector<void*>* scratch,
+                             LayerDone&& layer_done);
+  // The staged path: every chunk of the job's plan.
+  absl::Status EnqueueStaged(Lane* lane, const TransferJob& job, std::vector<void*>* scratch);
+  // Copies `bytes` of descriptors to a device buffer allocated on `stream`
+  // (freed by the caller with cudaFreeAsync), through the pinned scratch
+  // that `scratch` keeps until the job has finished.
+  absl::StatusOr<void*> UploadDescriptors(Lane* lane, cudaStream_t stream, const void* data,
+                                          size_t bytes, std::vector<void*>* scratch);
   // The completion thread of `lane`.
   void CompleteLoop(Lane* lane);
 
   const CudaEngineOptions options_;
   const std::vector<Device> devices_;
+  // Whether an MPS control daemon serves this process (its pipe exists), and
+  // where; the SM path is chosen automatically only then.
+  bool mps_ = false;  // set once by the constructor
+  std::string mps_detail_;
   const std::shared_ptr<HostPins> pins_;
 
   // Whether cudaMemcpyBatchAsync works here, and the flags it accepts;

@@ -92,6 +92,10 @@ struct TransferJob {
   // Prepare opened from it; the job holds it until the ticket is finished.
   std::string wait_event_handle;
   std::shared_ptr<void> wait_event;
+  // Engine-specific: the path Prepare chose for the job (PathFor names it)
+  // and what it planned for that path.
+  uint8_t path = 0;
+  std::shared_ptr<const void> plan;
 };
 
 class TransferEngine {

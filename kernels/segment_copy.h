@@ -1,0 +1,47 @@
+// The copy kernel of the CUDA engine's staged and SM zero-copy paths: one
+// warp per item (kernels/kvhost/copy_segment.h), 16-byte vectors where every
+// address and the item size allow it, bytes otherwise, over a grid of at most
+// `max_blocks` blocks (the seeds' block_quota: a small grid leaves the SMs to
+// the worker; the staged path's device-to-device gathers use a full grid so
+// that they end quickly).
+//
+// Thread-safe; the launch is asynchronous on `stream`.
+#ifndef KVHOST_KERNELS_SEGMENT_COPY_H_
+#define KVHOST_KERNELS_SEGMENT_COPY_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kvhost/copy_segment.h"
+
+namespace kvhost {
+
+struct SegmentCopyArgs {
+  KvLayout layout;
+  // Device memory: layout.planes * layout.layers layer buffer bases.
+  uint8_t* const* device_layers = nullptr;
+  // The other side: the pool base as the device sees it (SM path) or a
+  // staging buffer (staged path).
+  uint8_t* other = nullptr;
+  // Device memory: `segment_count` segments ordered by first_item.
+  const CopySegment* segments = nullptr;
+  uint32_t segment_count = 0;
+  uint64_t item_count = 0;
+  uint32_t layer_shift = 0;
+  bool to_device = false;  // other -> device (load) or device -> other (backup)
+  // Every layer buffer, `other`, and every bias are 16-byte aligned; the item
+  // size is checked by the launcher.
+  bool aligned16 = false;
+};
+
+// Warps per block of the copy kernel.
+inline constexpr int kSegmentCopyWarpsPerBlock = 8;
+
+// Launches the copy of args.item_count items on `stream` with at most
+// `max_blocks` blocks (>= 1). Returns the launch error, if any.
+cudaError_t LaunchSegmentCopy(const SegmentCopyArgs& args, int max_blocks, cudaStream_t stream);
+
+}  // namespace kvhost
+
+#endif  // KVHOST_KERNELS_SEGMENT_COPY_H_
