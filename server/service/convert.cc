@@ -128,6 +128,8 @@ void ToProto(const TicketStatus& status, v1::TransferStatus* out) {
   out->set_layer_num(status.layer_num);
   out->set_path(status.path);
   out->set_duration_us(status.duration_us);
+  out->set_first_layer_us(status.first_layer_us);
+  out->set_enqueue_us(status.enqueue_us);
   out->set_event_set(status.event_set);
 }
 

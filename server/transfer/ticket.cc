@@ -20,7 +20,12 @@ TransferTicket::TransferTicket(uint64_t id, Direction direction, uint32_t layer_
 void TransferTicket::LayerDone(uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   bytes_ += bytes;
-  ++layers_done_;
+  if (++layers_done_ == 1) first_layer_ = absl::Now() - accepted_;
+}
+
+void TransferTicket::Enqueued() {
+  absl::MutexLock lock(&mu_);
+  enqueued_ = absl::Now() - accepted_;
 }
 
 void TransferTicket::Finish(absl::Status status) {
@@ -48,6 +53,8 @@ TicketStatus TransferTicket::Snapshot() const {
   s.layer_num = layer_num_;
   s.path = path_;
   s.duration_us = done_ ? static_cast<uint64_t>(absl::ToInt64Microseconds(duration_)) : 0;
+  s.first_layer_us = static_cast<uint64_t>(absl::ToInt64Microseconds(first_layer_));
+  s.enqueue_us = static_cast<uint64_t>(absl::ToInt64Microseconds(enqueued_));
   return s;
 }
 

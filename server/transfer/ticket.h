@@ -33,6 +33,8 @@ struct TicketStatus {
   uint32_t layer_num = 0;
   std::string path;
   uint64_t duration_us = 0;
+  uint64_t first_layer_us = 0;  // acceptance to the first layer done (0 before)
+  uint64_t enqueue_us = 0;      // acceptance to the end of Submit (0 before)
   int32_t event_set = -1;
 };
 
@@ -48,6 +50,9 @@ class TransferTicket {
 
   // Engine side. REQUIRES: not finished.
   void LayerDone(uint64_t bytes);
+  // The transfer service: the engine has taken the job (its copies are
+  // queued, for engines that queue them in Submit).
+  void Enqueued();
   // Ends the ticket; callbacks run here. Later calls are ignored.
   void Finish(absl::Status status);
 
@@ -71,6 +76,8 @@ class TransferTicket {
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t layers_done_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration duration_ ABSL_GUARDED_BY(mu_);
+  absl::Duration first_layer_ ABSL_GUARDED_BY(mu_);
+  absl::Duration enqueued_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -175,6 +175,7 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
                 DirectionName(direction), job.tokens, job.runs.size(), pool.name(),
                 ticket->Snapshot().path);
   engine_->Submit(std::move(job));
+  ticket->Enqueued();
   return ticket;
 }
 

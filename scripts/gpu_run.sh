@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# GPU checks from a bundle (scripts/bundle.sh) on a GPU machine without our
+# build dependencies: the gpu tests, the integration tests, then the CUDA
+# transfer benchmark, each with its output under OUT_DIR.
+#   scripts/gpu_run.sh OUT_DIR [tests|bench|mps-bench|all] [bench flags...]
+# mps-bench runs the benchmark again under MPS (started here and stopped
+# before the script ends, also on failure).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/gpu_run.sh OUT_DIR [tests|bench|mps-bench|all] [bench flags...]}
+what=${2:-all}
+shift $(( $# >= 2 ? 2 : 1 ))
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$PWD/bundle/lib KVHOST_KVHOSTD=$PWD/bundle/bin/kvhostd
+rc=0
+run() {  # run NAME COMMAND...: output to OUT_DIR/NAME.txt, the tail shown
+  local name=$1; shift
+  local start=$SECONDS
+  "$@" >"$out/$name.txt" 2>&1
+  local r=$?
+  echo "== $name: exit $r in $((SECONDS - start)) s"
+  tail -n 4 "$out/$name.txt"
+  [ $r -eq 0 ] || rc=1
+}
+nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current \
+  --format=csv >"$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  run segments_test bundle/bin/segments_test
+  run layout_gpu_test bundle/bin/layout_gpu_test
+  run cuda_engine_gpu_test bundle/bin/cuda_engine_gpu_test
+  run integration_test bundle/bin/integration_test
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  run cuda_transfer_bench bundle/bin/kvhost_cuda_transfer_bench \
+    --json-out="$out/cuda_transfer_bench.json" "$@"
+fi
+if [ "$what" = mps-bench ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=$PWD/.mps/pipe CUDA_MPS_LOG_DIRECTORY=$PWD/.mps/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  trap 'echo quit | nvidia-cuda-mps-control; rm -rf .mps' EXIT
+  nvidia-cuda-mps-control -d && echo "== MPS started"
+  run cuda_transfer_bench_mps bundle/bin/kvhost_cuda_transfer_bench \
+    --json-out="$out/cuda_transfer_bench_mps.json" "$@"
+fi
+exit $rc
