@@ -105,6 +105,7 @@ ABSL_FLAG(double, baseline_s, 1.0, "Seconds of the worker's compute loop alone."
 ABSL_FLAG(std::string, staging_bytes, "",
           "kvhostd --staging-bytes (e.g. 256M); empty = not passed (kvhostd's default).");
 ABSL_FLAG(int, sm_blocks, 0, "kvhostd --sm-blocks; 0 = not passed (kvhostd's default).");
+ABSL_FLAG(bool, load_gates, false, "Pass kvhostd --load-gates (loads return before queueing).");
 ABSL_FLAG(std::string, ceiling_bytes, "1G",
           "Bytes of each contiguous ceiling copy (K/M/G suffixes are powers of 1024).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the random slot and row choice.");
@@ -182,6 +183,7 @@ struct Options {
   double baseline_s = 0;
   std::string staging_bytes;
   int sm_blocks = 0;
+  bool load_gates = false;
   uint64_t ceiling_bytes = 0;
   uint64_t seed = 0;
   bool quick = false;
@@ -230,6 +232,7 @@ absl::StatusOr<Options> OptionsFromFlags() {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.staging_bytes = absl::GetFlag(FLAGS_staging_bytes);
   o.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
+  o.load_gates = absl::GetFlag(FLAGS_load_gates);
   if (o.sm_blocks < 0) return absl::InvalidArgumentError("--sm-blocks must be >= 0");
   o.directions.clear();
   if (o.quick) {
@@ -1384,6 +1387,7 @@ absl::Status RunPath(const Options& o, const std::string& path, Worker& w, std::
                                     absl::StrCat("--transfer-path=", path)};
   if (!o.staging_bytes.empty()) flags.push_back(absl::StrCat("--staging-bytes=", o.staging_bytes));
   if (o.sm_blocks > 0) flags.push_back(absl::StrCat("--sm-blocks=", o.sm_blocks));
+  if (o.load_gates) flags.push_back("--load-gates");
   absl::StatusOr<std::unique_ptr<kvhost::testing::TestDaemon>> daemon =
       kvhost::testing::TestDaemon::Start(o.kvhostd, flags);
   if (!daemon.ok()) {
@@ -1620,6 +1624,7 @@ std::string Json(const Options& o, const Results& r, const absl::Status& status)
                          .Num("baseline_s", o.baseline_s)
                          .Str("staging_bytes", o.staging_bytes)
                          .Uint("sm_blocks", static_cast<uint64_t>(o.sm_blocks))
+                         .Bool("load_gates", o.load_gates)
                          .Uint("seed", o.seed)
                          .Bool("quick", o.quick)
                          .str())

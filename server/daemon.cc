@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& 
     cuda_options.path = *cuda_path;
     cuda_options.staging_bytes = options.staging_bytes;
     cuda_options.sm_blocks = options.sm_blocks;
+    cuda_options.gate_loads = options.load_gates;
     absl::StatusOr<std::unique_ptr<CudaEngine>> cuda = CudaEngine::Create(cuda_options);
     if (cuda.ok()) {
       *chosen = "cuda";

@@ -35,8 +35,9 @@ struct DaemonOptions {
   // cuda backend (CudaEngineOptions): auto | ce | staged | sm, the device
   // staging buffer per stream, and the SM path's grid quota.
   std::string transfer_path = "auto";
-  uint64_t staging_bytes = uint64_t{256} << 20;
+  uint64_t staging_bytes = uint64_t{1} << 30;
   int sm_blocks = 16;
+  bool load_gates = false;
   int max_message_bytes = 64 << 20;
 };
 

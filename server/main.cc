@@ -45,12 +45,17 @@ ABSL_FLAG(std::string, transfer_path, "auto",
           "time-slices against the worker without MPS), 'auto' = chosen per transfer from the "
           "piece sizes, the layout and whether MPS is active (logged, and shown in the ticket "
           "status).");
-ABSL_FLAG(std::string, staging_bytes, "256M",
+ABSL_FLAG(std::string, staging_bytes, "1G",
           "cuda backend: device staging buffer of the staged path, per stream (one for backups, "
           "one for loads, per GPU), allocated on first use; larger = fewer, longer kernels.");
 ABSL_FLAG(int, sm_blocks, 16,
           "cuda backend: most thread blocks of an SM-path copy kernel (8 warps each); the rest "
           "of the SMs stay with the worker.");
+ABSL_FLAG(bool, load_gates, false,
+          "cuda backend: a Load call returns once its per-layer events are recorded (behind "
+          "stream-memory gates) and a thread queues the copies, instead of after queueing every "
+          "layer's copies: a much faster Load call, but the blocked gate stream makes the GPU "
+          "time-slice against the worker's kernels (docs/PERF.md has the measurements).");
 ABSL_FLAG(int, shutdown_grace_s, 10,
           "Seconds in-flight RPCs get to finish after SIGTERM, once accepted transfers are done.");
 
@@ -96,6 +101,7 @@ int main(int argc, char** argv) {
   if (options.copy_threads < 0) return Fail("--copy-threads must be >= 0");
   options.transfer_path = absl::GetFlag(FLAGS_transfer_path);
   options.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
+  options.load_gates = absl::GetFlag(FLAGS_load_gates);
   absl::StatusOr<uint64_t> staging = kvhost::ParseByteSize(absl::GetFlag(FLAGS_staging_bytes));
   if (!staging.ok()) return Fail(absl::StrCat("--staging-bytes: ", staging.status().message()));
   options.staging_bytes = *staging;

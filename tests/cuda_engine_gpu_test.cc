@@ -122,6 +122,7 @@ Dims GpuDims() {
 struct TransferPath {
   const char* flag;    // --transfer-path=<flag>; nullptr: the flag is left out
   const char* ticket;  // TransferStatus.path; nullptr: any of kCudaPathNames
+  bool gated = false;  // --load-gates: events recorded up front, copies queued after
 };
 
 constexpr const char* kCudaPathNames[] = {"cuda-ce", "cuda-staged", "cuda-sm"};
@@ -129,6 +130,10 @@ constexpr TransferPath kDefaultPath = {nullptr, nullptr};
 constexpr TransferPath kAutoPath = {"auto", nullptr};
 constexpr TransferPath kForcedPaths[] = {
     {"ce", "cuda-ce"}, {"staged", "cuda-staged"}, {"sm", "cuda-sm"}};
+// The synchronisation tests also run every path with gated loads.
+constexpr TransferPath kSyncPaths[] = {
+    {"ce", "cuda-ce"},       {"staged", "cuda-staged"},       {"sm", "cuda-sm"},
+    {"ce", "cuda-ce", true}, {"staged", "cuda-staged", true}, {"sm", "cuda-sm", true}};
 
 // Device staging per stream for the staged path: two 512 KiB halves. Far
 // below the default so that the tests' transfers fill it several times and
@@ -144,6 +149,7 @@ bool IsCudaPathName(const std::string& name) {
 // --backend=host first; the later flag wins).
 std::vector<std::string> CudaDaemonFlags(const TransferPath& path) {
   std::vector<std::string> flags = {"--backend=cuda"};
+  if (path.gated) flags.push_back("--load-gates");
   if (path.flag == nullptr) return flags;
   flags.push_back(absl::StrCat("--transfer-path=", path.flag));
   if (std::string_view(path.flag) == "staged") {
@@ -153,7 +159,7 @@ std::vector<std::string> CudaDaemonFlags(const TransferPath& path) {
 }
 
 std::string PathLabel(const TransferPath& path) {
-  return path.flag != nullptr ? path.flag : "default";
+  return absl::StrCat(path.flag != nullptr ? path.flag : "default", path.gated ? "_gated" : "");
 }
 
 // gtest prints parameters with this in its messages.
@@ -366,7 +372,7 @@ class CudaPathTest : public CudaTest, public ::testing::WithParamInterface<Trans
 
 // ConcurrentBackupsAndLoadsOnOneAttachment, LoadEventsOrderTheWorkersReadsPerLayer
 // and BackupWaitsForTheWorkersEvent, on each path: .../ce, .../staged, .../sm.
-INSTANTIATE_TEST_SUITE_P(Paths, CudaPathTest, ::testing::ValuesIn(kForcedPaths),
+INSTANTIATE_TEST_SUITE_P(Paths, CudaPathTest, ::testing::ValuesIn(kSyncPaths),
                          [](const ::testing::TestParamInfo<TransferPath>& info) {
                            return PathLabel(info.param);
                          });

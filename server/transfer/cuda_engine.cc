@@ -177,21 +177,24 @@ class CudaEngine::HostPins {
   std::map<uint8_t*, Entry> entries_ ABSL_GUARDED_BY(mu_);
 };
 
+// What the completion thread waits for: one event per layer enqueued.
+struct CudaEngine::Pending {
+  TransferJob job;
+  std::vector<cudaEvent_t> events;
+  // Pinned descriptor scratch the job's uploads read; back to
+  // free_scratch once the job is done.
+  std::vector<void*> scratch;
+  uint64_t layers_enqueued = 0;
+  uint64_t layer_bytes = 0;
+  // A gated load (see Lane::gate_stream): its gate counts from gate_base.
+  bool gated = false;
+  uint64_t gate_base = 0;
+  absl::Status error;  // why enqueueing stopped early, if it did
+};
+
 // One stream of one GPU, the jobs enqueued on it and the thread that waits
 // for them.
 struct CudaEngine::Lane {
-  // What the completion thread waits for: one event per layer enqueued.
-  struct Pending {
-    TransferJob job;
-    std::vector<cudaEvent_t> events;
-    // Pinned descriptor scratch the job's uploads read; back to
-    // free_scratch once the job is done.
-    std::vector<void*> scratch;
-    uint64_t layers_enqueued = 0;
-    uint64_t layer_bytes = 0;
-    absl::Status error;  // why enqueueing stopped early, if it did
-  };
-
   int device = 0;
   Direction direction = Direction::kBackup;
   cudaStream_t stream = nullptr;
@@ -206,6 +209,17 @@ struct CudaEngine::Lane {
   cudaEvent_t stage_start = nullptr;
   cudaEvent_t stage_end = nullptr;
   uint8_t* staging = nullptr;  // allocated by the first staged job
+
+  // Loads only, where the driver has 64-bit stream memory operations: the
+  // per-layer load events are recorded here, each behind a wait for its
+  // set's gate value (a device word) to reach the layer's count, and the
+  // copy stream writes that count after the layer's copies. So Submit
+  // records every event up front and returns (the RPC with it), and the
+  // enqueue thread queues the copies afterwards: the first layer starts
+  // moving while the rest are still being queued, and the Load call does
+  // not wait for 32 layers of copy submissions.
+  cudaStream_t gate_stream = nullptr;
+  absl::Mutex gate_mu;  // orders the gate ops and the enqueue queue alike
 
   // Held while a job is enqueued: the order in which jobs take it is their
   // order on the stream and in `pending`, so one direction stays FIFO.
@@ -223,6 +237,10 @@ struct CudaEngine::Lane {
   bool busy ABSL_GUARDED_BY(mu) = false;  // the completion thread holds a job
   bool stopping ABSL_GUARDED_BY(mu) = false;
   std::thread completer;
+  // Gated loads waiting for the enqueue thread, in Submit order.
+  std::deque<Pending> to_enqueue ABSL_GUARDED_BY(mu);
+  bool enqueuing ABSL_GUARDED_BY(mu) = false;
+  std::thread enqueuer;
 };
 
 // A worker's device layer buffers opened from CUDA IPC handles, each handle
@@ -240,6 +258,7 @@ class CudaEngine::Mapping : public DeviceMapping {
     // destroying ours does not invalidate its waits.
     for (cudaEvent_t event : load_events_) cudaEventDestroy(event);
     if (layer_table_ != nullptr) cudaFree(layer_table_);
+    if (gates_ != nullptr) cudaFree(gates_);
     for (const auto& [handle, allocation] : opened_) {
       if (cudaError_t e = cudaIpcCloseMemHandle(allocation.ptr); e != cudaSuccess) {
         cudaGetLastError();
@@ -281,7 +300,30 @@ class CudaEngine::Mapping : public DeviceMapping {
     }
     load_event_sets_ = sets;
     set_busy_.assign(sets, false);
+    // One gate word per set, counting up by the layers of each load of the
+    // set: 64 bits never wrap, so a wait can never see a stale value pass.
+    if (cudaError_t e = cudaMalloc(&gates_, sets * sizeof(uint64_t)); e != cudaSuccess) {
+      cudaGetLastError();
+      gates_ = nullptr;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("GPU ", device_, ": the load gates: cudaMalloc: ", CudaError(e)));
+    }
+    if (cudaError_t e = cudaMemset(gates_, 0, sets * sizeof(uint64_t)); e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InternalError(
+          absl::StrCat("GPU ", device_, ": clearing the load gates: ", CudaError(e)));
+    }
+    gate_next_.assign(sets, 0);
     return absl::OkStatus();
+  }
+
+  // The gate word of load event set `set`, and the count its next load
+  // starts from (advanced by `layers`). REQUIRES: the lane's gate_mu held.
+  CUdeviceptr gate(int set) const { return reinterpret_cast<CUdeviceptr>(gates_ + set); }
+  uint64_t TakeGateRange(int set, uint64_t layers) const {
+    const uint64_t base = gate_next_[static_cast<size_t>(set)];
+    gate_next_[static_cast<size_t>(set)] += layers;
+    return base;
   }
 
   cudaEvent_t load_event(int set, uint64_t layer) const {
@@ -410,8 +452,10 @@ class CudaEngine::Mapping : public DeviceMapping {
   std::map<std::string, Allocation> opened_;  // by handle bytes
   std::shared_ptr<HostPins> pins_;
   uint8_t* pinned_ = nullptr;
-  std::vector<cudaEvent_t> load_events_;  // set-major, as load_event_handles_
-  uint8_t** layer_table_ = nullptr;       // device copy of layers_
+  std::vector<cudaEvent_t> load_events_;     // set-major, as load_event_handles_
+  uint8_t** layer_table_ = nullptr;          // device copy of layers_
+  uint64_t* gates_ = nullptr;                // device words, one per load event set
+  mutable std::vector<uint64_t> gate_next_;  // guarded by the load lane's gate_mu
   uint8_t* pool_for_device_ = nullptr;
   bool aligned16_ = false;
   mutable std::atomic<uint8_t> last_path_[2] = {255, 255};
@@ -474,6 +518,7 @@ CudaEngine::~CudaEngine() {
         absl::MutexLock lane_lock(&lane.mu);
         lane.stopping = true;
       }
+      if (lane.enqueuer.joinable()) lane.enqueuer.join();
       lane.completer.join();
       cudaSetDevice(lane.device);
       absl::MutexLock lane_lock(&lane.mu);
@@ -485,6 +530,7 @@ CudaEngine::~CudaEngine() {
       }
       if (lane.staging != nullptr) cudaFree(lane.staging);
       if (lane.kernel_stream != nullptr) cudaStreamDestroy(lane.kernel_stream);
+      if (lane.gate_stream != nullptr) cudaStreamDestroy(lane.gate_stream);
       cudaStreamDestroy(lane.stream);
     }
   }
@@ -499,10 +545,11 @@ std::string CudaEngine::Describe() const {
   std::vector<std::string> parts;
   for (const Device& d : devices_)
     parts.push_back(absl::StrCat(d.ordinal, " ", d.name, " ", d.uuid));
-  return absl::StrCat(
-      devices_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ", kCopies,
-      "; transfer path ", CudaPathName(options_.path), ", staging ", Bytes(options_.staging_bytes),
-      " per stream, SM path grid <= ", options_.sm_blocks, " blocks; ", mps_detail_);
+  return absl::StrCat(devices_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ",
+                      kCopies, options_.gate_loads ? ", gated loads" : "", "; transfer path ",
+                      CudaPathName(options_.path), ", staging ", Bytes(options_.staging_bytes),
+                      " per stream, SM path grid <= ", options_.sm_blocks, " blocks; ",
+                      mps_detail_);
 }
 
 std::string CudaEngine::PathFor(const TransferJob& job) const {
@@ -564,9 +611,45 @@ absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
     cudaMemPoolSetAttribute(mem_pool, cudaMemPoolAttrReleaseThreshold, &keep);
   }
   cudaGetLastError();
+  // Gated loads (CudaEngineOptions::gate_loads), where the driver has 64-bit
+  // stream memory operations (tried once here, so that a driver without
+  // them falls back to queueing every load's copies inside the Load call).
+  Lane& loads = created[1];
+  absl::StatusOr<StreamMemOps> ops = StreamMemOpsFns();
+  std::string no_gate = ops.ok() ? "" : std::string(ops.status().message());
+  if (options_.gate_loads && ops.ok()) {
+    uint64_t* word = nullptr;
+    cudaError_t e =
+        cudaStreamCreateWithPriority(&loads.gate_stream, cudaStreamNonBlocking, greatest);
+    if (e == cudaSuccess) e = cudaMalloc(&word, sizeof(uint64_t));
+    CUresult r = CUDA_SUCCESS;
+    if (e == cudaSuccess) {
+      r = ops->write(loads.gate_stream, reinterpret_cast<CUdeviceptr>(word), 1, 0);
+      if (r == CUDA_SUCCESS) {
+        r = ops->wait(loads.gate_stream, reinterpret_cast<CUdeviceptr>(word), 1,
+                      CU_STREAM_WAIT_VALUE_GEQ);
+      }
+      if (r == CUDA_SUCCESS) e = cudaStreamSynchronize(loads.gate_stream);
+    }
+    if (word != nullptr) cudaFree(word);
+    if (e != cudaSuccess || r != CUDA_SUCCESS) {
+      cudaGetLastError();
+      no_gate = absl::StrCat("stream memory operations fail here (",
+                             e != cudaSuccess ? CudaError(e) : absl::StrCat("CUresult ", r), ")");
+      if (loads.gate_stream != nullptr) cudaStreamDestroy(loads.gate_stream);
+      loads.gate_stream = nullptr;
+    }
+  }
+  if (options_.gate_loads && !no_gate.empty()) {
+    spdlog::warn("GPU {}: loads queue all their copies before the Load call returns: {}", ordinal,
+                 no_gate);
+  }
   for (int i = 0; i < 2; ++i) {
     Lane* lane = &created[i];
     lane->completer = std::thread([this, lane] { CompleteLoop(lane); });
+    if (lane->gate_stream != nullptr) {
+      lane->enqueuer = std::thread([this, lane] { EnqueueLoop(lane); });
+    }
   }
   spdlog::info("GPU {} ({}, {}): backup and load streams up, load priority {} over {}", ordinal,
                devices_[static_cast<size_t>(ordinal)].name,
@@ -1102,11 +1185,10 @@ void CudaEngine::Submit(TransferJob job) {
   const auto& mapping = static_cast<const Mapping&>(*job.device);
   Lane* lane = mapping.lanes() + (job.direction == Direction::kLoad ? 1 : 0);
   const KvLayout& layout = job.pool->layout();
-  Lane::Pending pending;
+  Pending pending;
   pending.layer_bytes = job.tokens * layout.token_bytes * layout.planes;
   pending.job = std::move(job);
 
-  absl::MutexLock submit_lock(&lane->submit_mu);
   // Events are recycled by the completion thread; new ones are made only
   // when more layers are in flight than ever before.
   {
@@ -1129,6 +1211,79 @@ void CudaEngine::Submit(TransferJob job) {
     pending.error = absl::InternalError(absl::StrCat("preparing ", DirectionName(lane->direction),
                                                      " on GPU ", lane->device, ": ", CudaError(e)));
   }
+  if (lane->gate_stream != nullptr && pending.job.event_set >= 0) {
+    // The RPC returns once the load events are recorded; the enqueue
+    // thread queues the copies. Loads of a lane are all gated, so the queue
+    // keeps their order.
+    absl::MutexLock gate_lock(&lane->gate_mu);
+    if (pending.error.ok()) pending.error = OpenGates(lane, &pending);
+    absl::MutexLock lock(&lane->mu);
+    lane->to_enqueue.push_back(std::move(pending));
+    return;
+  }
+  absl::MutexLock submit_lock(&lane->submit_mu);
+  EnqueueWork(lane, &pending);
+  absl::MutexLock lock(&lane->mu);
+  lane->pending.push_back(std::move(pending));
+}
+
+absl::Status CudaEngine::OpenGates(Lane* lane, Pending* pending) {
+  const auto& mapping = static_cast<const Mapping&>(*pending->job.device);
+  const uint64_t layers = pending->job.pool->layout().layers;
+  const int set = pending->job.event_set;
+  const StreamMemOps ops = *StreamMemOpsFns();  // present: gate_stream exists
+  pending->gate_base = mapping.TakeGateRange(set, layers);
+  pending->gated = true;
+  for (uint64_t layer = 0; layer < layers; ++layer) {
+    if (CUresult r = ops.wait(lane->gate_stream, mapping.gate(set), pending->gate_base + layer + 1,
+                              CU_STREAM_WAIT_VALUE_GEQ);
+        r != CUDA_SUCCESS) {
+      // Open the gate fully, so that later loads behind it are not stuck.
+      ops.write(lane->gate_stream, mapping.gate(set), pending->gate_base + layers, 0);
+      return absl::InternalError(absl::StrCat("load gate wait for layer ", layer,
+                                              ": cuStreamWaitValue64: ", static_cast<int>(r)));
+    }
+    if (cudaError_t e = cudaEventRecord(mapping.load_event(set, layer), lane->gate_stream);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      ops.write(lane->gate_stream, mapping.gate(set), pending->gate_base + layers, 0);
+      return absl::InternalError(
+          absl::StrCat("cudaEventRecord of load event [", set, "][", layer, "]: ", CudaError(e)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CudaEngine::EnqueueLoop(Lane* lane) {
+  cudaSetDevice(lane->device);
+  while (true) {
+    Pending pending;
+    {
+      absl::MutexLock lock(&lane->mu);
+      auto ready = [lane]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
+        return !lane->to_enqueue.empty() || lane->stopping;
+      };
+      lane->mu.Await(absl::Condition(&ready));
+      if (lane->to_enqueue.empty()) return;  // stopping, nothing left
+      pending = std::move(lane->to_enqueue.front());
+      lane->to_enqueue.pop_front();
+      lane->enqueuing = true;
+    }
+    {
+      absl::MutexLock submit_lock(&lane->submit_mu);
+      EnqueueWork(lane, &pending);
+    }
+    absl::MutexLock lock(&lane->mu);
+    lane->pending.push_back(std::move(pending));
+    lane->enqueuing = false;
+  }
+}
+
+void CudaEngine::EnqueueWork(Lane* lane, Pending* p) {
+  Pending& pending = *p;
+  const auto& mapping = static_cast<const Mapping&>(*pending.job.device);
+  const KvLayout& layout = pending.job.pool->layout();
+  cudaError_t e = cudaSuccess;
   if (pending.error.ok() && pending.job.wait_event != nullptr) {
     // The worker's record precedes this request, so the wait covers the
     // writes it asked us to back up.
@@ -1142,11 +1297,18 @@ void CudaEngine::Submit(TransferJob job) {
     }
   }
   const int set = pending.job.event_set;
-  // After a layer's copies or kernel: the worker's view of it (recorded
-  // before the completion event, so a waiting forward pass is released as
-  // early as possible), then ours.
+  const StreamMemOps ops = pending.gated ? *StreamMemOpsFns() : StreamMemOps();
+  // After a layer's copies or kernel: the worker's view of it (its gate, or
+  // its load event, before the completion event so that a waiting forward
+  // pass is released as early as possible), then ours.
   auto layer_done = [&](uint64_t layer) -> absl::Status {
-    if (set >= 0) {
+    if (pending.gated) {
+      if (CUresult r = ops.write(lane->stream, mapping.gate(set), pending.gate_base + layer + 1, 0);
+          r != CUDA_SUCCESS) {
+        return absl::InternalError(absl::StrCat("opening the load gate of layer ", layer,
+                                                ": cuStreamWriteValue64: ", static_cast<int>(r)));
+      }
+    } else if (set >= 0) {
       if (e = cudaEventRecord(mapping.load_event(set, layer), lane->stream); e != cudaSuccess) {
         cudaGetLastError();
         return absl::InternalError(
@@ -1189,14 +1351,19 @@ void CudaEngine::Submit(TransferJob job) {
       pending.error = s;
     }
   }
-  absl::MutexLock lock(&lane->mu);
-  lane->pending.push_back(std::move(pending));
+  if (pending.gated && pending.layers_enqueued < layout.layers) {
+    // A failed load still opens its gates (the ticket carries the error), or
+    // every later load of the lane would wait behind them forever.
+    ops.write(lane->stream, mapping.gate(set), pending.gate_base + layout.layers, 0);
+    cudaStreamSynchronize(lane->stream);
+    cudaGetLastError();
+  }
 }
 
 void CudaEngine::CompleteLoop(Lane* lane) {
   cudaSetDevice(lane->device);
   while (true) {
-    Lane::Pending pending;
+    Pending pending;
     {
       absl::MutexLock lock(&lane->mu);
       auto ready = [lane]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
@@ -1240,7 +1407,7 @@ void CudaEngine::CompleteLoop(Lane* lane) {
     // Dropping the job may close the mapping (a detached attachment's last
     // job) and unpin its pool; done here, not in a CUDA callback, since that
     // calls CUDA.
-    pending = Lane::Pending();
+    pending = Pending();
     absl::MutexLock lock(&lane->mu);
     if (events_ok) {
       lane->free_events.insert(lane->free_events.end(), events.begin(), events.end());
@@ -1274,7 +1441,7 @@ void CudaEngine::Drain() {
     { absl::MutexLock submit_lock(&lane->submit_mu); }
     absl::MutexLock lock(&lane->mu);
     auto idle = [lane]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
-      return lane->pending.empty() && !lane->busy;
+      return lane->to_enqueue.empty() && !lane->enqueuing && lane->pending.empty() && !lane->busy;
     };
     lane->mu.Await(absl::Condition(&idle));
   }

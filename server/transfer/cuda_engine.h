@@ -81,16 +81,27 @@ struct CudaEngineOptions {
   // --transfer-path: every job's path, or kAuto to choose per job.
   CudaPath path = CudaPath::kAuto;
   // Device staging buffer per stream (two per GPU), split in two halves so
-  // that one fills while the other drains. DESIGN.md: the worker's slowdown
-  // from the gather kernels falls as chunks grow (+19 % at 64 MB, +8 % at
-  // 256 MB, +4.4 % at 1 GB, not double-buffered); allocated on first use.
-  uint64_t staging_bytes = uint64_t{256} << 20;
+  // that one fills while the other drains; allocated on first use. Every
+  // gather / scatter kernel from our context costs the worker a time-slice
+  // switch (about 0.5 ms on the H200 without MPS, docs/PERF.md), so fewer,
+  // larger chunks cost it less: a 512 MiB MHA job took +14 % of the
+  // worker's time in 128 MiB chunks and +4.4 % in one 512 MiB chunk, at
+  // 0.76 and 0.66 of the ceiling (PAGE_FIRST, page size 1).
+  uint64_t staging_bytes = uint64_t{1} << 30;
   // Most blocks of an SM-path kernel (the seeds' block_quota); the SMs left
   // over stay with the worker.
   int sm_blocks = 16;
   // Most blocks of a staged gather / scatter kernel; 0 = 4 per SM, so that
   // the kernel is as short as possible.
   int staged_blocks = 0;
+  // Loads return from Submit once their per-layer events are recorded behind
+  // gates (stream memory operations), and a thread queues the copies: the
+  // Load call took 0.57 ms instead of 3.5-5 ms for 32 layers of 64 random
+  // pages on the H200, but a stream of ours blocked in a wait makes the
+  // GPU time-slice against the worker: its kernels took +18-26 % longer
+  // during copy-engine loads that cost it nothing ungated (docs/PERF.md).
+  // Off by default: the worker's time comes first.
+  bool gate_loads = false;
   // auto: the copy engines take a job whose layout-contiguous pieces average
   // at least this many bytes (DESIGN.md: 45.6 GB/s at 128 KB pieces, 15.5 at
   // 16 KB).
@@ -145,6 +156,7 @@ class CudaEngine : public TransferEngine {
     bool host_pointer_ok = false;
   };
   class HostPins;  // pool memory registered with CUDA, by base pointer
+  struct Pending;  // a job on a lane, with its events
   struct Lane;     // one stream and its completion thread
   class Mapping;   // a worker's buffers opened from IPC handles
 
@@ -174,6 +186,17 @@ class CudaEngine : public TransferEngine {
                                           size_t bytes, std::vector<void*>* scratch);
   // The completion thread of `lane`.
   void CompleteLoop(Lane* lane);
+  // The enqueue thread of a load lane with a gate stream: queues the work
+  // of gated loads in Submit order.
+  void EnqueueLoop(Lane* lane);
+  // Queues `pending`'s work on the lane's streams (the worker's event, the
+  // path's copies or kernels, and per layer the gate or load event and the
+  // completion event); on failure sets pending->error. REQUIRES: the lane's
+  // submit_mu held.
+  void EnqueueWork(Lane* lane, Pending* pending);
+  // Records every load event of a gated load behind its gate on the lane's
+  // gate stream. REQUIRES: the lane's gate_mu held.
+  absl::Status OpenGates(Lane* lane, Pending* pending);
 
   const CudaEngineOptions options_;
   const std::vector<Device> devices_;
