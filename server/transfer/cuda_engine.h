@@ -103,9 +103,13 @@ struct CudaEngineOptions {
   // Off by default: the worker's time comes first.
   bool gate_loads = false;
   // auto: the copy engines take a job whose layout-contiguous pieces average
-  // at least this many bytes (DESIGN.md: 45.6 GB/s at 128 KB pieces, 15.5 at
-  // 16 KB).
-  uint64_t ce_min_piece_bytes = uint64_t{128} << 10;
+  // at least this many bytes. On the H200 (docs/PERF.md, 2026-11-30) they
+  // moved 64 KiB pieces at 0.93-0.96 of the ceiling, 32 KiB at 0.66-0.90
+  // and 18 KiB at 0.30-0.49, at no cost to the worker, while the staged
+  // path reached 0.82-0.94 at +4-32 % of the worker's time: where the copy
+  // engines are merely slower, they win; below this, where they are hopeless
+  // (2 KiB rows: 0.02-0.05), the staged or SM path is worth its cost.
+  uint64_t ce_min_piece_bytes = uint64_t{16} << 10;
 
   // Largest host range pinned by one cudaHostRegister call: registering
   // hundreds of GiB at once is slow and runs into driver limits, so a pool is
