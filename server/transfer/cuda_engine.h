@@ -36,6 +36,11 @@
 // mapping. A backup may name an event the worker recorded after writing the
 // rows: Prepare opens it, the backup stream waits on it before the first
 // copy, and it is closed when the job goes, after the ticket finished.
+// With gate_loads, a load's events are instead recorded up front on a gate
+// stream, each behind a wait for a device word that the load stream sets
+// after the layer's copies, and an enqueue thread queues the copies, so
+// the Load call returns before them (see CudaEngineOptions::gate_loads for
+// what that costs the worker).
 //
 // Thread safety: as TransferEngine. Mappings returned by Open must be
 // destroyed before the engine (TransferManager's member order does that), and
