@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "client/cli_output.h"
+#include "kvhost/v1/pool.pb.h"
 
 namespace kvhost::bench {
 
@@ -134,6 +135,29 @@ class ShmScratch {
   uint8_t* data_;
   uint64_t bytes_;
 };
+
+// The benchmarks' pool: MHA as Llama-3-70B on one of 8 tensor-parallel
+// ranks (8 KV heads x 128 dims bf16, 2 KiB rows) or MLA as DeepSeek-V3's
+// latent (512 + 64 rotary dims bf16, 1152-byte rows), `size_tokens` slots.
+inline kvhost::v1::PoolSpec BenchPoolSpec(kvhost::v1::PoolKind kind, kvhost::v1::Layout layout,
+                                          uint32_t page_size, uint32_t layers,
+                                          uint64_t size_tokens) {
+  kvhost::v1::PoolSpec spec;
+  spec.set_kind(kind);
+  spec.set_layout(layout);
+  spec.set_dtype(kvhost::v1::BF16);
+  spec.set_page_size(page_size);
+  spec.set_layer_num(layers);
+  if (kind == kvhost::v1::MLA) {
+    spec.set_kv_lora_rank(512);
+    spec.set_qk_rope_head_dim(64);
+  } else {
+    spec.set_head_num(8);
+    spec.set_head_dim(128);
+  }
+  spec.set_size_tokens(size_tokens);
+  return spec;
+}
 
 }  // namespace kvhost::bench
 

@@ -339,24 +339,8 @@ std::vector<Case> MakeCases(const Options& o) {
 }
 
 v1::PoolSpec SpecFor(const Options& o, v1::PoolKind kind, v1::Layout layout, uint32_t page_size) {
-  v1::PoolSpec spec;
-  spec.set_kind(kind);
-  spec.set_layout(layout);
-  spec.set_dtype(v1::BF16);
-  spec.set_page_size(page_size);
-  spec.set_layer_num(o.layers);
-  if (kind == v1::MLA) {
-    // DeepSeek-V3's latent: 512 + 64 rotary dims, 1152 bytes per row.
-    spec.set_kv_lora_rank(512);
-    spec.set_qk_rope_head_dim(64);
-  } else {
-    // Llama-3-70B on one of 8 tensor-parallel ranks: 8 KV heads x 128, 2 KiB rows.
-    spec.set_head_num(8);
-    spec.set_head_dim(128);
-  }
   // Twice the transfer, so that the random half it moves is fragmented.
-  spec.set_size_tokens(2 * o.tokens);
-  return spec;
+  return bench::BenchPoolSpec(kind, layout, page_size, o.layers, 2 * o.tokens);
 }
 
 std::string KindName(v1::PoolKind kind) { return v1::PoolKind_Name(kind); }
