@@ -78,6 +78,18 @@ done
 echo "consumer: $out"
 [[ "$out" == "pools: 0" ]] || fail "consumer printed '$out', want 'pools: 0'"
 
+cuda_app="$tmp/consumer-build/cuda_app"
+# The installed config says whether the package was built with CUDA.
+if grep -q "^if(ON)" "$tmp"/prefix/lib*/cmake/kvhost/kvhostConfig.cmake; then
+  echo "== run the CUDA consumer (kvhost::cuda_client)"
+  [[ -x "$cuda_app" ]] || fail "the package has CUDA but kvhost::cuda_client did not build cuda_app"
+  cuda_out=$("$cuda_app") || fail "cuda_app: $cuda_out"
+  echo "$cuda_out"
+  [[ "$cuda_out" == *"only the cuda backend creates them"* ]] || fail "cuda_app printed '$cuda_out'"
+else
+  echo "== package built without CUDA: no kvhost::cuda_client to check"
+fi
+
 echo "== stop kvhostd with SIGTERM"
 kill -TERM "$daemon_pid"
 rc=0
