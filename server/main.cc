@@ -1,14 +1,22 @@
 // kvhostd: the per-node host-memory KV-cache daemon. Flags are documented in
 // --help; see README.md and docs/ for the API and operations.
+//
+// Under systemd (Type=notify, deploy/systemd/kvhostd.service) it reports its
+// state through sd_notify: READY=1 once every listener accepts calls and health
+// is SERVING, STOPPING=1 when SIGTERM / SIGINT arrives, before draining. Outside
+// systemd (NOTIFY_SOCKET unset) the notifications are no-ops.
 #include <signal.h>
+#include <systemd/sd-daemon.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/cli_flags.h"
 #include "server/daemon.h"
 #include "server/pool/host_memory.h"
@@ -61,8 +69,17 @@ ABSL_FLAG(int, shutdown_grace_s, 10,
 
 namespace {
 
+// Tells the service manager `state` (newline-separated VAR=value lines,
+// sd_notify(3)); says so in the log when the notification could not be sent.
+void Notify(const std::string& state) {
+  if (const int r = sd_notify(0, state.c_str()); r < 0) {
+    spdlog::warn("sd_notify to NOTIFY_SOCKET failed: {}", std::strerror(-r));
+  }
+}
+
 int Fail(const std::string& message) {
   spdlog::critical("{}", message);
+  Notify(absl::StrCat("STATUS=", message));  // shown by `systemctl status kvhostd`
   return 2;
 }
 
@@ -116,10 +133,13 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<std::unique_ptr<kvhost::Daemon>> daemon = kvhost::Daemon::Start(options);
   if (!daemon.ok()) return Fail(absl::StrCat("cannot start: ", daemon.status().ToString()));
+  Notify(absl::StrCat("READY=1\nSTATUS=serving on ", absl::StrJoin((*daemon)->addresses(), ", ")));
 
   int signal = 0;
   sigwait(&signals, &signal);
-  spdlog::info("received {}", signal == SIGTERM ? "SIGTERM" : "SIGINT");
+  const char* signal_name = signal == SIGTERM ? "SIGTERM" : "SIGINT";
+  spdlog::info("received {}", signal_name);
+  Notify(absl::StrCat("STOPPING=1\nSTATUS=", signal_name, ": draining transfers, then stopping"));
   (*daemon)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
   daemon->reset();
   spdlog::info("bye");
