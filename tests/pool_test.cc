@@ -32,6 +32,7 @@
 #include "server/pool/host_memory.h"
 #include "server/pool/pool_spec.h"
 #include "server/pool/registry.h"
+#include "server/pool/shm_region.h"
 
 namespace kvhost {
 namespace {
@@ -709,11 +710,12 @@ TEST_F(RegistryTest, RemoveStaleRegionsOnlyRemovesDeadDaemonsFiles) {
   const std::vector<std::string> stale = {
       absl::StrCat("kvhost.", dead, ".llama.kv"),
       absl::StrCat("kvhost.", dead, ".other-pool.v2.kv"),
+      // A predecessor with this process's pid (pid 1 again in a container).
+      absl::StrCat("kvhost.", ::getpid(), ".before-restart.kv"),
   };
   const std::vector<std::string> kept = {
-      absl::StrCat("kvhost.", ::getpid(), ".mine.kv"),  // this process
-      absl::StrCat("kvhost.", live, ".theirs.kv"),      // a running process
-      "kvhost.1.init.kv",                               // pid 1 runs
+      absl::StrCat("kvhost.", live, ".theirs.kv"),  // a running process
+      "kvhost.1.init.kv",                           // pid 1 runs
       "unrelated.txt",
       absl::StrCat("kvhostx.", dead, ".a.kv"),
       "kvhost.notapid.a.kv",
@@ -723,11 +725,22 @@ TEST_F(RegistryTest, RemoveStaleRegionsOnlyRemovesDeadDaemonsFiles) {
   };
   for (const auto& f : stale) ASSERT_NO_FATAL_FAILURE(Touch(d + f));
   for (const auto& f : kept) ASSERT_NO_FATAL_FAILURE(Touch(d + f));
+  // Live regions hold their file's lock, whatever pid the name says: one
+  // named like this process's, one like a dead pid's (a daemon in another
+  // pid namespace sharing the directory).
+  absl::StatusOr<std::unique_ptr<ShmRegion>> mine =
+      ShmRegion::Create(d + absl::StrCat("kvhost.", ::getpid(), ".mine.kv"), 4096);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  absl::StatusOr<std::unique_ptr<ShmRegion>> other_namespace =
+      ShmRegion::Create(d + absl::StrCat("kvhost.", dead, ".elsewhere.kv"), 4096);
+  ASSERT_TRUE(other_namespace.ok()) << other_namespace.status();
 
   PoolRegistry reg(Options(dir_.path(), &mem_));
-  EXPECT_EQ(reg.RemoveStaleRegions(), 2);
+  EXPECT_EQ(reg.RemoveStaleRegions(), 3);
   for (const auto& f : stale) EXPECT_FALSE(fs::exists(d + f)) << f;
   for (const auto& f : kept) EXPECT_TRUE(fs::exists(d + f)) << f;
+  EXPECT_TRUE(fs::exists((*mine)->path()));
+  EXPECT_TRUE(fs::exists((*other_namespace)->path()));
   EXPECT_EQ(reg.RemoveStaleRegions(), 0);
 
   ::close(pipefd[1]);

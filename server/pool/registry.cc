@@ -179,11 +179,18 @@ int PoolRegistry::RemoveStaleRegions() const {
     std::vector<std::string> parts = absl::StrSplit(file, absl::MaxSplits('.', 2));
     int pid = 0;
     if (parts.size() != 3 || parts[0] != "kvhost" || !absl::SimpleAtoi(parts[1], &pid) ||
-        pid <= 0 || pid == ::getpid()) {
+        pid <= 0) {
       continue;
     }
-    if (::kill(pid, 0) == 0 || errno == EPERM) continue;  // still running
     const std::string path = absl::StrCat(options_.shm_dir, "/", file);
+    // A live daemon holds a lock on each of its files; that is what counts,
+    // since a pid means nothing across pid namespaces (daemons in containers
+    // sharing /dev/shm). A file named with this process's pid is a
+    // predecessor's (in a container kvhostd is always pid 1). A file of
+    // another running pid without a lock is kept, in case an older kvhostd
+    // that took no locks still uses it.
+    if (IsRegionFileHeld(path)) continue;
+    if (pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM)) continue;
     if (::unlink(path.c_str()) == 0) {
       spdlog::warn("removed stale region {} left by kvhostd pid {}", path, pid);
       ++removed;

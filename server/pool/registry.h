@@ -71,7 +71,8 @@ class PoolRegistry {
   const std::string& region_prefix() const { return region_prefix_; }
 
   // Removes region files left in shm_dir by kvhostd processes that no longer
-  // run; returns how many.
+  // run (no process holds the file's lock, and its pid is not a running
+  // process other than this one); returns how many.
   int RemoveStaleRegions() const;
 
  private:

@@ -1,6 +1,7 @@
 #include "server/pool/shm_region.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -34,6 +35,14 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(const std::string& 
   }
   // fchmod: the umask must not narrow the mode the operator asked for.
   (void)::fchmod(fd, mode);
+  // Held until the region goes: the file's owner is alive while it is.
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int lock_err = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot lock shared-memory file ", path, ": ", ErrnoText(lock_err)));
+  }
   int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (err != 0) {
     ::close(fd);
@@ -48,14 +57,14 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(const std::string& 
   }
   void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   err = errno;
-  ::close(fd);
   if (data == MAP_FAILED) {
+    ::close(fd);
     ::unlink(path.c_str());
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map ", bytes, " bytes of ", path, ": ", ErrnoText(err)));
   }
   return std::unique_ptr<ShmRegion>(
-      new ShmRegion(path, static_cast<uint8_t*>(data), bytes, /*owner=*/true));
+      new ShmRegion(path, static_cast<uint8_t*>(data), bytes, /*owner=*/true, fd));
 }
 
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& path) {
@@ -81,12 +90,21 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& pa
         absl::StrCat("cannot map ", bytes, " bytes of ", path, ": ", ErrnoText(err)));
   }
   return std::unique_ptr<ShmRegion>(
-      new ShmRegion(path, static_cast<uint8_t*>(data), bytes, /*owner=*/false));
+      new ShmRegion(path, static_cast<uint8_t*>(data), bytes, /*owner=*/false, /*lock_fd=*/-1));
 }
 
 ShmRegion::~ShmRegion() {
   ::munmap(data_, size_);
   if (owner_) ::unlink(path_.c_str());
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // after the unlink: never an unlocked live file
+}
+
+bool IsRegionFileHeld(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
 }
 
 void ShmRegion::Unlink() {

@@ -2,9 +2,12 @@
 //
 // Host pools keep their bytes in such files so other local processes (storage
 // connectors, tests, the host backend's emulated device pools) can map the
-// same bytes. A region created by the daemon owns its file: the file is
-// removed when the region is destroyed. A region opened from an existing file
-// (a worker's emulated device buffer) only maps it.
+// same bytes. A region created by the daemon owns its file: it holds an
+// exclusive flock on it for its whole life (so that a daemon in any pid
+// namespace can tell a live region file from one a crashed daemon left:
+// IsRegionFileHeld), and removes the file when it is destroyed. A region
+// opened from an existing file (a worker's emulated device buffer) only maps
+// it.
 //
 // Thread safety: the mapping is fixed for the region's life; the bytes are the
 // callers' to synchronise.
@@ -42,14 +45,19 @@ class ShmRegion {
   void Unlink();
 
  private:
-  ShmRegion(std::string path, uint8_t* data, uint64_t size, bool owner)
-      : path_(std::move(path)), data_(data), size_(size), owner_(owner) {}
+  ShmRegion(std::string path, uint8_t* data, uint64_t size, bool owner, int lock_fd)
+      : path_(std::move(path)), data_(data), size_(size), owner_(owner), lock_fd_(lock_fd) {}
 
   std::string path_;
   uint8_t* data_;
   uint64_t size_;
   bool owner_;
+  int lock_fd_;  // the created file, flock'ed while the region lives; -1 for Open
 };
+
+// Whether some process holds the flock of a region file that ShmRegion::Create
+// made (false too when the file cannot be opened).
+bool IsRegionFileHeld(const std::string& path);
 
 // Canonical form of `path` if it names an existing file inside directory
 // `dir` (symlinks resolved on both); PERMISSION_DENIED naming both otherwise,
