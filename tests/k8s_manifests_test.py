@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""Checks the Kubernetes manifests under deploy/k8s/ for the fields kvhostd
+needs to work there, and starts the built kvhostd with the ConfigMap's flag
+file and with the sidecar's arguments to prove kvhostd knows every flag.
+
+What it checks (each check prints a line; the first failure names the
+manifest and the field, and the script exits 1):
+- every YAML document under deploy/k8s/ parses;
+- the DaemonSet: hostIPC true; the socket volume mounted at /run/kvhost in the
+  kvhostd container; liveness and readiness probes; memory requests and
+  limits; IPC_LOCK in capabilities.add; --flagfile naming a file inside the
+  mounted ConfigMap, whose key exists in the ConfigMap;
+- the ConfigMap's flag file: kvhostd starts with it (an unknown flag makes
+  kvhostd exit at once: 1 for a name it does not know, 2 for a bad value);
+- the sidecar Pod: both containers mount the same socket volume, /dev/shm is
+  an emptyDir with medium Memory and a sizeLimit, the kvhostd container has
+  probes and memory limits, and kvhostd starts with its arguments.
+
+Usage: k8s_manifests_test.py KVHOSTD REPO_ROOT   (needs python3-yaml)
+"""
+import glob
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+SOCKET_DIR = "/run/kvhost"
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def check(condition, manifest, field, what):
+    """Prints what was checked; raises naming the manifest and the field."""
+    if not condition:
+        raise CheckFailed(f"FAIL {manifest}: {field}: {what}")
+    print(f"ok   {manifest}: {field}: {what}")
+
+
+def load_documents(k8s_dir):
+    """{manifest file name: [documents]} for every *.yaml / *.yml there."""
+    files = sorted(glob.glob(os.path.join(k8s_dir, "*.yaml")) +
+                   glob.glob(os.path.join(k8s_dir, "*.yml")))
+    if not files:
+        raise CheckFailed(f"FAIL {k8s_dir}: no YAML files")
+    docs = {}
+    for path in files:
+        name = os.path.basename(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                parsed = [d for d in yaml.safe_load_all(f) if d is not None]
+        except yaml.YAMLError as e:
+            raise CheckFailed(f"FAIL {name}: not valid YAML: {e}")
+        check(parsed and all(isinstance(d, dict) and "kind" in d for d in parsed), name,
+              "documents", f"{len(parsed)} document(s), each with a kind")
+        docs[name] = parsed
+    return docs
+
+
+def find(docs, kind, name=None):
+    """(manifest, document) of the one object of `kind` (and `name`)."""
+    hits = [(m, d) for m, ds in docs.items() for d in ds
+            if d.get("kind") == kind and (name is None or d.get("metadata", {}).get("name") == name)]
+    if len(hits) != 1:
+        raise CheckFailed(f"FAIL deploy/k8s: want exactly one {kind}"
+                          f"{' ' + name if name else ''}, found {len(hits)}")
+    return hits[0]
+
+
+def container(manifest, pod_spec, name):
+    for c in pod_spec.get("containers", []):
+        if c.get("name") == name:
+            return c
+    raise CheckFailed(f"FAIL {manifest}: spec.containers: no container '{name}'")
+
+
+def inference_container(manifest, pod_spec):
+    others = [c for c in pod_spec.get("containers", []) if c.get("name") != "kvhostd"]
+    if len(others) != 1:
+        raise CheckFailed(f"FAIL {manifest}: spec.containers: want one container besides "
+                          f"kvhostd, found {len(others)}")
+    return others[0]
+
+
+def volume(manifest, pod_spec, name):
+    for v in pod_spec.get("volumes", []):
+        if v.get("name") == name:
+            return v
+    raise CheckFailed(f"FAIL {manifest}: spec.volumes: no volume '{name}'")
+
+
+def mount_at(c, path):
+    """The volumeMount of container `c` at `path`, or None."""
+    for m in c.get("volumeMounts", []):
+        if os.path.normpath(m.get("mountPath", "")) == path:
+            return m
+    return None
+
+
+def check_probes_and_memory(manifest, c, where):
+    for probe in ("livenessProbe", "readinessProbe"):
+        p = c.get(probe) or {}
+        handlers = [h for h in ("exec", "grpc", "httpGet", "tcpSocket") if h in p]
+        check(len(handlers) == 1, manifest, f"{where}.{probe}", f"present ({handlers})")
+        if "exec" in p:
+            cmd = p["exec"].get("command", [])
+            check(any(a.startswith("--server=unix://" + SOCKET_DIR + "/") for a in cmd) and
+                  "status" in cmd, manifest, f"{where}.{probe}.exec.command",
+                  "kvhostctl status through the unix socket")
+    res = c.get("resources", {})
+    for part in ("requests", "limits"):
+        check(bool((res.get(part) or {}).get("memory")), manifest,
+              f"{where}.resources.{part}.memory", f"set ({(res.get(part) or {}).get('memory')})")
+    add = ((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
+    check("IPC_LOCK" in add, manifest, f"{where}.securityContext.capabilities.add",
+          f"IPC_LOCK in {add}")
+
+
+def kvhostd_args(c):
+    """The arguments kvhostd gets: `args`, after the shell wrapper if any."""
+    return [str(a) for a in c.get("args", [])]
+
+
+def start_kvhostd(kvhostd, args, manifest, field):
+    """Runs kvhostd with the manifest's arguments, the socket and shm dir
+    moved to a temp dir and --backend=host (no GPU here); checks that it
+    serves, then stops it with SIGTERM and checks it exits 0. The manifest's
+    --log-level is kept, so a bad level fails too (kvhostd's log is captured
+    and shown only on failure)."""
+    with tempfile.TemporaryDirectory(prefix="kvhost-k8s.") as tmp:
+        sock = os.path.join(tmp, "s.sock")
+        cmd = [kvhostd] + args + [f"--listen=unix://{sock}",
+                                  f"--shm-dir={tmp}", "--backend=host"]
+        print(f"     running: {shlex.join(cmd)}")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None and not os.path.exists(sock):
+            time.sleep(0.05)
+        started = proc.poll() is None and os.path.exists(sock)
+        if started:
+            time.sleep(0.5)  # a flag problem would have ended it by now
+            started = proc.poll() is None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        output = proc.stdout.read().decode(errors="replace").strip()
+        if not started:
+            raise CheckFailed(f"FAIL {manifest}: {field}: kvhostd did not start with these "
+                              f"flags (exit code {proc.returncode}): {output}")
+        check(proc.returncode == 0, manifest, field,
+              f"kvhostd started, served on the socket and exited {proc.returncode} on SIGTERM")
+
+
+def check_daemonset(docs, kvhostd):
+    manifest, ds = find(docs, "DaemonSet")
+    spec = ds.get("spec", {}).get("template", {}).get("spec", {})
+    where = "spec.template.spec"
+    check(spec.get("hostIPC") is True, manifest, f"{where}.hostIPC", "true")
+    c = container(manifest, spec, "kvhostd")
+    cw = f"{where}.containers[kvhostd]"
+
+    m = mount_at(c, SOCKET_DIR)
+    check(m is not None, manifest, f"{cw}.volumeMounts", f"a volume mounted at {SOCKET_DIR}")
+    v = volume(manifest, spec, m["name"])
+    check((v.get("hostPath") or {}).get("path") == SOCKET_DIR, manifest,
+          f"{where}.volumes[{m['name']}].hostPath.path", f"{SOCKET_DIR} (shared with the node's pods)")
+
+    shm = mount_at(c, "/dev/shm")
+    check(shm is not None, manifest, f"{cw}.volumeMounts", "a volume mounted at /dev/shm")
+    check((volume(manifest, spec, shm["name"]).get("hostPath") or {}).get("path") == "/dev/shm",
+          manifest, f"{where}.volumes[{shm['name']}].hostPath.path", "/dev/shm (the host's)")
+
+    check_probes_and_memory(manifest, c, cw)
+
+    args = kvhostd_args(c)
+    flagfiles = [a.split("=", 1)[1] for a in args if a.startswith("--flagfile=")]
+    check(len(flagfiles) == 1, manifest, f"{cw}.args", f"one --flagfile ({flagfiles})")
+    flagfile = os.path.normpath(flagfiles[0])
+    cm_mount = mount_at(c, os.path.dirname(flagfile))
+    check(cm_mount is not None, manifest, f"{cw}.volumeMounts",
+          f"a volume mounted at {os.path.dirname(flagfile)}, the --flagfile's directory")
+    cm_name = (volume(manifest, spec, cm_mount["name"]).get("configMap") or {}).get("name")
+    check(bool(cm_name), manifest, f"{where}.volumes[{cm_mount['name']}].configMap.name",
+          f"a ConfigMap ({cm_name})")
+    cm_manifest, cm = find(docs, "ConfigMap", cm_name)
+    key = os.path.basename(flagfile)
+    flags_text = (cm.get("data") or {}).get(key)
+    check(isinstance(flags_text, str) and flags_text.strip() != "", cm_manifest,
+          f"data.{key}", f"the flag file --flagfile={flagfile} names")
+
+    with tempfile.TemporaryDirectory(prefix="kvhost-k8s-flags.") as tmp:
+        path = os.path.join(tmp, key)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(flags_text)
+        start_kvhostd(kvhostd, [a if not a.startswith("--flagfile=") else f"--flagfile={path}"
+                                for a in args], cm_manifest,
+                      f"data.{key} (with the DaemonSet's args)")
+
+
+def check_sidecar(docs, kvhostd):
+    pods = [(m, d) for m, ds in docs.items() for d in ds if d.get("kind") == "Pod"]
+    check(len(pods) == 1, "deploy/k8s", "kind: Pod", "one sidecar example")
+    manifest, pod = pods[0]
+    spec = pod.get("spec", {})
+    kv = container(manifest, spec, "kvhostd")
+    app = inference_container(manifest, spec)
+
+    sock_kv = mount_at(kv, SOCKET_DIR)
+    sock_app = mount_at(app, SOCKET_DIR)
+    check(sock_kv is not None and sock_app is not None, manifest,
+          "spec.containers[*].volumeMounts", f"both containers mount {SOCKET_DIR}")
+    check(sock_kv["name"] == sock_app["name"], manifest, "spec.containers[*].volumeMounts",
+          f"the same socket volume ({sock_kv['name']})")
+    check("emptyDir" in volume(manifest, spec, sock_kv["name"]), manifest,
+          f"spec.volumes[{sock_kv['name']}]", "an emptyDir")
+
+    shm_kv = mount_at(kv, "/dev/shm")
+    shm_app = mount_at(app, "/dev/shm")
+    check(shm_kv is not None and shm_app is not None and shm_kv["name"] == shm_app["name"],
+          manifest, "spec.containers[*].volumeMounts", "both containers mount one /dev/shm volume")
+    shm = volume(manifest, spec, shm_kv["name"]).get("emptyDir") or {}
+    check(shm.get("medium") == "Memory", manifest, f"spec.volumes[{shm_kv['name']}].emptyDir.medium",
+          "Memory")
+    check(bool(shm.get("sizeLimit")), manifest, f"spec.volumes[{shm_kv['name']}].emptyDir.sizeLimit",
+          f"set ({shm.get('sizeLimit')})")
+
+    check_probes_and_memory(manifest, kv, "spec.containers[kvhostd]")
+    start_kvhostd(kvhostd, kvhostd_args(kv), manifest, "spec.containers[kvhostd].args")
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        return 2
+    kvhostd, root = sys.argv[1], sys.argv[2]
+    if not os.access(kvhostd, os.X_OK):
+        print(f"FAIL {kvhostd} is not an executable", file=sys.stderr)
+        return 1
+    try:
+        docs = load_documents(os.path.join(root, "deploy", "k8s"))
+        check_daemonset(docs, kvhostd)
+        check_sidecar(docs, kvhostd)
+    except CheckFailed as e:
+        print(e, file=sys.stderr)
+        return 1
+    print("k8s manifests ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
