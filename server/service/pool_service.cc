@@ -75,6 +75,13 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* co
                                                  v1::AllocResponse* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
+  if (metrics_ != nullptr) metrics_->pool_alloc_calls->WithLabels({request->pool()})->Increment();
+  const auto failed = [&](const absl::Status& status) {
+    if (metrics_ != nullptr) {
+      metrics_->pool_alloc_failures->WithLabels({request->pool()})->Increment();
+    }
+    return Finish(context, status);
+  };
   // The indices must fit in one response: refuse before allocating, since a
   // response gRPC cannot send would leave the slots allocated and unknown.
   const uint64_t size = (*pool)->size_tokens();
@@ -83,16 +90,15 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* co
     const uint64_t response_bytes =
         request->num_tokens() * CodedOutputStream::VarintSize64(size - 1) + 32;
     if (response_bytes > static_cast<uint64_t>(max_message_bytes_)) {
-      return Finish(
-          context, WithPool(request->pool(),
-                            absl::ResourceExhaustedError(absl::StrCat(
-                                "num_tokens ", request->num_tokens(), " needs a response of up to ",
-                                response_bytes, " bytes, over the ", max_message_bytes_,
-                                "-byte message limit; allocate in smaller batches"))));
+      return failed(WithPool(
+          request->pool(), absl::ResourceExhaustedError(absl::StrCat(
+                               "num_tokens ", request->num_tokens(), " needs a response of up to ",
+                               response_bytes, " bytes, over the ", max_message_bytes_,
+                               "-byte message limit; allocate in smaller batches"))));
     }
   }
   absl::StatusOr<std::vector<uint64_t>> pages = (*pool)->AllocPages(request->num_tokens());
-  if (!pages.ok()) return Finish(context, pages.status());
+  if (!pages.ok()) return failed(pages.status());
   const uint64_t ps = (*pool)->layout().page_size;
   auto* indices = response->mutable_indices();
   indices->Reserve(static_cast<int>(pages->size() * ps));
@@ -109,6 +115,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Free(grpc::CallbackServerContext* con
                                                 v1::FreeResponse* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
+  if (metrics_ != nullptr) metrics_->pool_free_calls->WithLabels({request->pool()})->Increment();
   absl::StatusOr<uint64_t> freed = (*pool)->Free(Indices(request->indices()));
   if (!freed.ok()) return Finish(context, freed.status());
   response->set_freed(*freed);

@@ -8,6 +8,7 @@
 #define KVHOST_SERVER_SERVICE_POOL_SERVICE_H_
 
 #include "kvhost/v1/pool.grpc.pb.h"
+#include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
 
 namespace kvhost {
@@ -15,9 +16,14 @@ namespace kvhost {
 class PoolServiceImpl final : public v1::PoolService::CallbackService {
  public:
   // `backend` names the transfer engine, shown in Pool.backend;
-  // `max_message_bytes` is the server's largest response.
-  PoolServiceImpl(PoolRegistry* registry, const char* backend, int max_message_bytes = 64 << 20)
-      : registry_(registry), backend_(backend), max_message_bytes_(max_message_bytes) {}
+  // `max_message_bytes` is the server's largest response; `metrics`, if
+  // given, counts Alloc and Free per pool and must outlive this.
+  PoolServiceImpl(PoolRegistry* registry, const char* backend, int max_message_bytes = 64 << 20,
+                  KvhostMetrics* metrics = nullptr)
+      : registry_(registry),
+        backend_(backend),
+        max_message_bytes_(max_message_bytes),
+        metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* CreatePool(grpc::CallbackServerContext* context,
                                        const v1::CreatePoolRequest* request,
@@ -44,6 +50,7 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   PoolRegistry* const registry_;
   const char* const backend_;
   const int max_message_bytes_;
+  KvhostMetrics* const metrics_;
 };
 
 }  // namespace kvhost

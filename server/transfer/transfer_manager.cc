@@ -24,8 +24,9 @@ absl::Status CheckRange(absl::Span<const int64_t> indices, uint64_t limit, const
 
 }  // namespace
 
-TransferManager::TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine)
-    : registry_(registry), engine_(std::move(engine)) {}
+TransferManager::TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine,
+                                 KvhostMetrics* metrics)
+    : registry_(registry), metrics_(metrics), engine_(std::move(engine)) {}
 
 TransferManager::~TransferManager() { Drain(); }
 
@@ -165,7 +166,9 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     tickets_[ticket->id()] = ticket;
     ++counters_.tickets_in_flight;
   }
-  ticket->OnDone([this, ticket, bytes, direction] { Retire(ticket, bytes, direction); });
+  ticket->OnDone([this, ticket, bytes, direction, pool_name = pool.name()] {
+    Retire(ticket, bytes, direction, pool_name);
+  });
   if (job.tokens == 0) {
     for (uint64_t l = 0; l < pool.layout().layers; ++l) ticket->LayerDone(0);
     ticket->Finish(absl::OkStatus());
@@ -180,11 +183,21 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
 }
 
 void TransferManager::Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes,
-                             Direction direction) {
+                             Direction direction, const std::string& pool) {
   const TicketStatus status = ticket->Snapshot();
   if (!status.status.ok()) {
     spdlog::warn("ticket {} ({}) failed: {}", ticket->id(), DirectionName(direction),
                  status.status.ToString());
+  }
+  if (metrics_ != nullptr) {
+    const LabelValues labels = {pool, DirectionName(direction), status.path};
+    if (status.status.ok()) {
+      metrics_->transfer_bytes->WithLabels(labels)->Increment(bytes);
+      metrics_->transfer_tickets_done->WithLabels(labels)->Increment();
+    } else {
+      metrics_->transfer_tickets_failed->WithLabels(labels)->Increment();
+    }
+    metrics_->transfer_seconds->WithLabels(labels)->Observe(status.duration_us / 1e6);
   }
   absl::MutexLock lock(&mu_);
   --counters_.tickets_in_flight;

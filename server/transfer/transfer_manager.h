@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
 #include "server/transfer/engine.h"
 
@@ -48,7 +49,9 @@ class TransferManager {
   // Completed tickets kept for WaitTransfer after they finish.
   static constexpr size_t kRetainedTickets = 65536;
 
-  TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine);
+  // `metrics`, if given, counts every finished ticket; it must outlive this.
+  TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine,
+                  KvhostMetrics* metrics = nullptr);
   ~TransferManager();
 
   const char* backend() const { return engine_->name(); }
@@ -83,9 +86,11 @@ class TransferManager {
     std::shared_ptr<const DeviceMapping> device;
   };
 
-  void Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes, Direction direction);
+  void Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes, Direction direction,
+              const std::string& pool);
 
   PoolRegistry* const registry_;
+  KvhostMetrics* const metrics_;
   const std::unique_ptr<TransferEngine> engine_;
   std::atomic<uint64_t> next_ticket_{1};
   std::atomic<uint64_t> next_attachment_{1};

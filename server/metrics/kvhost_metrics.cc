@@ -1,0 +1,36 @@
+#include "server/metrics/kvhost_metrics.h"
+
+namespace kvhost {
+
+KvhostMetrics::KvhostMetrics()
+    : pool_alloc_calls(registry.AddCounter("kvhost_pool_alloc_calls_total",
+                                           "Alloc calls served for the pool.", {"pool"})),
+      pool_free_calls(registry.AddCounter("kvhost_pool_free_calls_total",
+                                          "Free calls served for the pool.", {"pool"})),
+      pool_alloc_failures(registry.AddCounter(
+          "kvhost_pool_alloc_failures_total",
+          "Alloc calls for the pool that allocated nothing (pool full, bad num_tokens, response "
+          "too large).",
+          {"pool"})),
+      transfer_bytes(registry.AddCounter("kvhost_transfer_bytes_total",
+                                         "Bytes moved by transfer tickets that completed OK.",
+                                         {"pool", "direction", "path"})),
+      transfer_tickets_done(registry.AddCounter("kvhost_transfer_tickets_done_total",
+                                                "Transfer tickets that completed OK.",
+                                                {"pool", "direction", "path"})),
+      transfer_tickets_failed(registry.AddCounter("kvhost_transfer_tickets_failed_total",
+                                                  "Transfer tickets that ended with an error.",
+                                                  {"pool", "direction", "path"})),
+      transfer_seconds(registry.AddHistogram(
+          "kvhost_transfer_duration_seconds",
+          "Time from a ticket's acceptance to its end, for every finished ticket.",
+          {"pool", "direction", "path"}, kTransferSecondsBuckets)),
+      rpcs(registry.AddCounter("kvhost_rpc_requests_total",
+                               "RPCs answered, by full method name and gRPC status code.",
+                               {"method", "code"})),
+      rpc_seconds(registry.AddHistogram(
+          "kvhost_rpc_duration_seconds",
+          "Time from an RPC's arrival at its method to its status being sent.", {"method"},
+          kRpcSecondsBuckets)) {}
+
+}  // namespace kvhost

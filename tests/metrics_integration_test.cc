@@ -1,0 +1,258 @@
+// Integration test of kvhostd's Prometheus endpoint (--metrics-listen): a
+// kvhostd serves a pool, an attached shm device pool, a backup and a load,
+// and the figures scraped over HTTP before and after move by exactly what was
+// done. Also: a metrics address that cannot be bound stops the start with a
+// message naming it.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "api_test_util.h"
+#include "daemon_fixture.h"
+#include "gtest/gtest.h"
+#include "kvhost/client.h"
+
+namespace kvhost {
+namespace {
+
+using ::kvhost::testing::FillRandomNonZero;
+using ::kvhost::testing::MakeSpec;
+using ::kvhost::testing::Range;
+using ::kvhost::testing::TestDaemon;
+
+// See integration_test.cc: makes the daemon's graceful stop fast.
+[[maybe_unused]] const bool kFastBackupPoller = [] {
+  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
+  return true;
+}();
+
+constexpr absl::Duration kWait = absl::Seconds(30);
+
+// The port from the daemon's "metrics on http://127.0.0.1:PORT/metrics" line
+// (written before health says SERVING, so present once TestDaemon::Start
+// returns; polled briefly all the same). 0 if not found.
+int MetricsPort(const TestDaemon& daemon) {
+  const std::string marker = "metrics on http://127.0.0.1:";
+  for (int i = 0; i < 100; ++i) {
+    const std::string log = daemon.Log();
+    const size_t at = log.find(marker);
+    if (at != std::string::npos) {
+      const size_t start = at + marker.size();
+      const size_t end = log.find('/', start);
+      int port = 0;
+      if (end != std::string::npos && absl::SimpleAtoi(log.substr(start, end - start), &port)) {
+        return port;
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return 0;
+}
+
+// One HTTP/1.1 request over a plain socket; the whole response, or "" on a
+// connection failure.
+std::string HttpGet(int port, const std::string& path, const std::string& method = "GET") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const std::string request =
+      absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\n\r\n");
+  (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[8192];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+// Series (name plus labels, as exposed) -> value.
+using Scrape = std::map<std::string, double>;
+
+Scrape ScrapeMetrics(int port, std::string* raw = nullptr) {
+  const std::string response = HttpGet(port, "/metrics");
+  EXPECT_TRUE(absl::StartsWith(response, "HTTP/1.1 200 OK\r\n")) << response;
+  EXPECT_TRUE(absl::StrContains(response, "Content-Type: text/plain; version=0.0.4"));
+  const size_t body = response.find("\r\n\r\n");
+  Scrape out;
+  if (body == std::string::npos) return out;
+  if (raw != nullptr) *raw = response.substr(body + 4);
+  for (absl::string_view line : absl::StrSplit(response.substr(body + 4), '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.rfind(' ');
+    double value = 0;
+    EXPECT_TRUE(sp != absl::string_view::npos && absl::SimpleAtod(line.substr(sp + 1), &value))
+        << line;
+    out[std::string(line.substr(0, sp))] = value;
+  }
+  return out;
+}
+
+double Get(const Scrape& s, const std::string& series) {
+  auto it = s.find(series);
+  return it == s.end() ? 0 : it->second;
+}
+
+TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> started =
+      TestDaemon::Start(KVHOSTD_PATH, {"--metrics-listen=127.0.0.1:0"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestDaemon& daemon = **started;
+  Client& client = daemon.client();
+  const int port = MetricsPort(daemon);
+  ASSERT_GT(port, 0) << daemon.Log();
+
+  EXPECT_TRUE(absl::StartsWith(HttpGet(port, "/"), "HTTP/1.1 404"));
+  EXPECT_TRUE(absl::StartsWith(HttpGet(port, "/metrics", "POST"), "HTTP/1.1 405"));
+
+  absl::StatusOr<v1::Pool> pool = client.CreatePool("p", MakeSpec(v1::MHA, v1::PAGE_FIRST, 4, 32));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_TRUE(client.Alloc("p", 16).ok());
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
+      ShmDevicePool::Create(*pool, 16, daemon.shm_dir());
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  std::mt19937 rng(11);
+  FillRandomNonZero((*dev)->layer(0, 0), (*dev)->bytes(), rng);
+  absl::StatusOr<v1::Attachment> att = client.AttachDevice((*dev)->MakeAttachRequest("p"));
+  ASSERT_TRUE(att.ok()) << att.status();
+
+  const Scrape before = ScrapeMetrics(port);
+  const std::string p = "{pool=\"p\"}";
+  EXPECT_EQ(Get(before, "kvhost_pool_capacity_tokens" + p), 32);
+  EXPECT_EQ(Get(before, "kvhost_pool_capacity_bytes" + p), static_cast<double>(pool->bytes()));
+  EXPECT_EQ(Get(before, "kvhost_pool_used_tokens" + p), 16);
+  EXPECT_EQ(Get(before, "kvhost_pool_available_tokens" + p), 16);
+  EXPECT_EQ(Get(before, "kvhost_pool_attachments" + p), 1);
+  EXPECT_EQ(Get(before, "kvhost_pool_alloc_calls_total" + p), 1);
+
+  // The work: one more Alloc, a backup of 8 rows, a load of them back, an
+  // Alloc on a pool that does not exist, and a Free.
+  ASSERT_TRUE(client.Alloc("p", 4).ok());
+  absl::StatusOr<uint64_t> backup = client.Backup(att->id(), Range(0, 8), Range(0, 8));
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  absl::StatusOr<v1::TransferStatus> backup_done = client.WaitTransfer(*backup, kWait);
+  ASSERT_TRUE(backup_done.ok()) << backup_done.status();
+  absl::StatusOr<uint64_t> load = client.Load(att->id(), Range(0, 8), Range(8, 8));
+  ASSERT_TRUE(load.ok()) << load.status();
+  ASSERT_TRUE(client.WaitTransfer(*load, kWait).ok());
+  EXPECT_EQ(client.Alloc("nope", 4).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client.Alloc("p", 3).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(client.Free("p", Range(16, 4)).ok());
+
+  std::string text;
+  const Scrape after = ScrapeMetrics(port, &text);
+  SCOPED_TRACE(text);
+  const auto delta = [&](const std::string& series) {
+    return Get(after, series) - Get(before, series);
+  };
+  EXPECT_EQ(delta("kvhost_pool_alloc_calls_total" + p), 2);
+  EXPECT_EQ(delta("kvhost_pool_alloc_failures_total" + p), 1);
+  EXPECT_EQ(delta("kvhost_pool_free_calls_total" + p), 1);
+  EXPECT_EQ(Get(after, "kvhost_pool_used_tokens" + p), 16);
+
+  const uint64_t bytes = 8 * pool->bytes_per_token();
+  EXPECT_EQ(backup_done->bytes(), bytes);
+  const std::string backup_labels = "{pool=\"p\",direction=\"backup\",path=\"host-memcpy\"}";
+  const std::string load_labels = "{pool=\"p\",direction=\"load\",path=\"host-memcpy\"}";
+  EXPECT_EQ(delta("kvhost_transfer_bytes_total" + backup_labels), static_cast<double>(bytes));
+  EXPECT_EQ(delta("kvhost_transfer_bytes_total" + load_labels), static_cast<double>(bytes));
+  EXPECT_EQ(delta("kvhost_transfer_tickets_done_total" + backup_labels), 1);
+  EXPECT_EQ(delta("kvhost_transfer_tickets_done_total" + load_labels), 1);
+  EXPECT_EQ(delta("kvhost_transfer_tickets_failed_total" + backup_labels), 0);
+  EXPECT_EQ(delta("kvhost_transfer_duration_seconds_count" + backup_labels), 1);
+  EXPECT_EQ(delta("kvhost_transfer_duration_seconds_count" + load_labels), 1);
+  EXPECT_GT(delta("kvhost_transfer_duration_seconds_sum" + backup_labels), 0);
+  EXPECT_EQ(Get(after,
+                "kvhost_transfer_duration_seconds_bucket{pool=\"p\",direction=\"backup\","
+                "path=\"host-memcpy\",le=\"+Inf\"}"),
+            Get(after, "kvhost_transfer_duration_seconds_count" + backup_labels));
+  EXPECT_EQ(Get(after, "kvhost_transfer_tickets_in_flight"), 0);
+
+  const std::string alloc = "method=\"kvhost.v1.PoolService/Alloc\"";
+  EXPECT_EQ(delta("kvhost_rpc_requests_total{" + alloc + ",code=\"OK\"}"), 1);
+  EXPECT_EQ(delta("kvhost_rpc_requests_total{" + alloc + ",code=\"NOT_FOUND\"}"), 1);
+  EXPECT_EQ(delta("kvhost_rpc_requests_total{" + alloc + ",code=\"INVALID_ARGUMENT\"}"), 1);
+  EXPECT_EQ(delta("kvhost_rpc_duration_seconds_count{" + alloc + "}"), 3);
+  EXPECT_EQ(delta("kvhost_rpc_requests_total{method=\"kvhost.v1.TransferService/Backup\","
+                  "code=\"OK\"}"),
+            1);
+  EXPECT_GE(Get(after,
+                "kvhost_rpc_requests_total{method=\"kvhost.v1.PoolService/CreatePool\","
+                "code=\"OK\"}"),
+            1);
+
+  // A deleted pool's gauges go; its counters stay.
+  ASSERT_TRUE(client.DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client.DeletePool("p").ok());
+  const Scrape gone = ScrapeMetrics(port);
+  EXPECT_EQ(gone.count("kvhost_pool_capacity_tokens" + p), 0u);
+  EXPECT_EQ(Get(gone, "kvhost_pool_alloc_calls_total" + p), 3);
+
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+TEST(MetricsIntegrationTest, UnusableAddressStopsTheStart) {
+  // Hold a port so the daemon cannot have it.
+  const int holder = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(holder, 1), 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(holder, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string taken = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+
+  char dir[] = "/tmp/kvhost-metrics-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  for (const std::string& address : {taken, std::string("127.0.0.1:99999")}) {
+    const std::string command = absl::StrCat("timeout 20 '", KVHOSTD_PATH, "' --listen=unix://",
+                                             dir, "/s.sock --shm-dir=", dir,
+                                             " --backend=host --metrics-listen=", address, " 2>&1");
+    FILE* f = ::popen(command.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+    const int status = ::pclose(f);
+    ASSERT_TRUE(WIFEXITED(status)) << out;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+    EXPECT_TRUE(absl::StrContains(out, address)) << out;
+    EXPECT_TRUE(absl::StrContains(out, "metrics-listen")) << out;
+  }
+  ::close(holder);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+}  // namespace
+}  // namespace kvhost
