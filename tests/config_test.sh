@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# kvhostd --config (YAML) and --print-config: the printed configuration loads
+# back unchanged; the command line overrides the file and the file the
+# defaults; unknown keys, wrong types and malformed files exit 2 naming the
+# file, the key and the line; declared pools exist once the daemon serves, and
+# a bad one stops the start with exit 2; the example deploy/kvhostd.yaml (and
+# its commented pools) loads.
+#   usage: config_test.sh KVHOSTD KVHOSTCTL EXAMPLE_YAML
+set -euo pipefail
+kvhostd=$1 kvhostctl=$2 example=$3
+dir=$(mktemp -d /tmp/kvhost-config.XXXXXX)
+shm=$(mktemp -d /dev/shm/kvhost-config.XXXXXX)
+pid=""
+cleanup() {
+  if [ -n "$pid" ]; then kill -KILL "$pid" 2>/dev/null || true; fi
+  rm -rf "$dir" "$shm"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+sock="$dir/s.sock"
+
+# expect_exit2 NAME TEXT...: kvhostd --config=$dir/NAME.yaml exits 2 and its
+# message holds every TEXT.
+expect_exit2() {
+  local name=$1 code=0
+  shift
+  "$kvhostd" --config="$dir/$name.yaml" --print-config >"$dir/$name.out" 2>&1 || code=$?
+  [ "$code" -eq 2 ] || { cat "$dir/$name.out"; fail "$name: exit $code, not 2"; }
+  for text in "$@"; do
+    grep -qF -- "$text" "$dir/$name.out" || { cat "$dir/$name.out"; fail "$name: no '$text'"; }
+  done
+  echo "ok: $name -> exit 2: $(grep -o 'config: .*' "$dir/$name.out")"
+}
+
+# start ARGS...: kvhostd on the private socket and shm dir, host backend;
+# returns once the socket exists.
+start() {
+  "$kvhostd" "$@" --listen="unix://$sock" --shm-dir="$shm" --backend=host >"$dir/log" 2>&1 &
+  pid=$!
+  for _ in $(seq 200); do
+    [ -S "$sock" ] && return 0
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  cat "$dir/log"
+  fail "kvhostd $* did not start"
+}
+stop() {
+  kill -TERM "$pid"
+  local code=0
+  wait "$pid" || code=$?
+  pid=""
+  [ "$code" -eq 0 ] || { cat "$dir/log"; fail "kvhostd exited with $code after SIGTERM"; }
+}
+
+# 1. --print-config round-trips through --config, defaults and a full file.
+"$kvhostd" --print-config >"$dir/defaults.yaml"
+"$kvhostd" --config="$dir/defaults.yaml" --print-config >"$dir/defaults2.yaml"
+diff -u "$dir/defaults.yaml" "$dir/defaults2.yaml" || fail "defaults do not round-trip"
+grep -q '^shm_dir: /dev/shm$' "$dir/defaults.yaml" || fail "no shm_dir in --print-config"
+cat >"$dir/full.yaml" <<'EOF'
+memory-limit: 8G          # hyphen spelling
+listen: [unix:///run/kvhost/a.sock, "localhost:0"]
+copy_threads: 3
+load_gates: true
+log_level: warn
+pools:
+  - name: llama
+    spec: {kind: MHA, layout: PAGE_FIRST, dtype: BF16, page_size: 16, layer_num: 2,
+           head_num: 2, head_dim: 64, size_tokens: 4096}
+  - name: mla.small
+    spec: {kind: MLA, layout: LAYER_FIRST, dtype: FP8_E4M3, page_size: 64, layer_num: 2,
+           kv_lora_rank: 512, qk_rope_head_dim: 64, host_to_device_ratio: 2.5,
+           device_size_tokens: 1024}
+EOF
+"$kvhostd" --config="$dir/full.yaml" --print-config >"$dir/full1.yaml"
+"$kvhostd" --config="$dir/full1.yaml" --print-config >"$dir/full2.yaml"
+diff -u "$dir/full1.yaml" "$dir/full2.yaml" || fail "a full config does not round-trip"
+grep -q '^memory_limit: 8G$' "$dir/full1.yaml" || fail "memory-limit not applied"
+grep -q '^  - localhost:0$' "$dir/full1.yaml" || fail "listen list not applied"
+grep -q 'host_to_device_ratio: 2.5' "$dir/full1.yaml" || fail "pool spec not printed"
+echo "ok: --print-config round-trips"
+
+# 2. The command line (and a --flagfile) overrides the file; the file the defaults.
+"$kvhostd" --config="$dir/full.yaml" --copy-threads=5 --print-config >"$dir/over.yaml"
+grep -q '^copy_threads: 5$' "$dir/over.yaml" || fail "--copy-threads did not override the file"
+grep -q '^log_level: warn$' "$dir/over.yaml" || fail "the file did not override a default"
+grep -q '^sm_blocks: 16$' "$dir/over.yaml" || fail "a default changed"
+echo "--log_level=error" >"$dir/f.flags"
+"$kvhostd" --flagfile="$dir/f.flags" --config="$dir/full.yaml" --print-config >"$dir/over2.yaml"
+grep -q '^log_level: error$' "$dir/over2.yaml" || fail "--flagfile did not override the file"
+echo "ok: command line > file > defaults"
+
+# 3. Bad files exit 2 naming the file, the key and the line.
+printf 'backend: host\nmemory_limt: 8G\n' >"$dir/unknown.yaml"
+expect_exit2 unknown "$dir/unknown.yaml:2:" "memory_limt"
+printf 'copy_threads: many\n' >"$dir/badint.yaml"
+expect_exit2 badint "$dir/badint.yaml:1:" "copy_threads" "many"
+printf 'backend: [host, cuda]\n' >"$dir/badlist.yaml"
+expect_exit2 badlist "$dir/badlist.yaml:1:" "backend" "not a list"
+printf 'load_gates: maybe\n' >"$dir/badbool.yaml"
+expect_exit2 badbool "$dir/badbool.yaml:1:" "load_gates"
+printf 'backend: host\nlisten: [unix:///x.sock\n' >"$dir/malformed.yaml"
+expect_exit2 malformed "$dir/malformed.yaml:" "not valid YAML"
+printf 'backend: host\nbackend: cuda\n' >"$dir/twice.yaml"
+expect_exit2 twice "$dir/twice.yaml:2:" "backend" "twice"
+printf 'pools:\n  - name: p\n    spec: {kind: MHA, page_sise: 16}\n' >"$dir/badfield.yaml"
+expect_exit2 badfield "$dir/badfield.yaml:3:" "pools[0] 'p'" "page_sise"
+printf 'pools:\n  - name: p\n    spec: {kind: MHA, layout: PAGE_FIRST, dtype: BF17}\n' \
+  >"$dir/badenum.yaml"
+expect_exit2 badenum "$dir/badenum.yaml:3:" "pools[0] 'p'" "dtype" "BF17"
+code=0
+"$kvhostd" --config="$dir/absent.yaml" >"$dir/absent.out" 2>&1 || code=$?
+[ "$code" -eq 2 ] || fail "absent file: exit $code, not 2"
+grep -qF "$dir/absent.yaml" "$dir/absent.out" || fail "absent file: not named"
+# A bad value is refused even where the command line overrides it.
+code=0
+"$kvhostd" --config="$dir/badint.yaml" --copy-threads=1 --print-config >/dev/null 2>&1 || code=$?
+[ "$code" -eq 2 ] || fail "a bad value overridden on the command line was accepted (exit $code)"
+
+# 4. Declared pools exist once the daemon serves; they are ordinary pools.
+start --config="$dir/full.yaml" --log-level=info
+"$kvhostctl" --server="unix://$sock" --json pools >"$dir/pools.json"
+python3 - "$dir/pools.json" <<'EOF'
+import json, sys
+pools = {p["name"]: p for p in json.load(open(sys.argv[1]))["pools"]}
+assert set(pools) == {"llama", "mla.small"}, pools
+assert int(pools["llama"]["size_tokens"]) == 4096, pools["llama"]
+assert pools["mla.small"]["spec"]["dtype"] == "FP8_E4M3", pools["mla.small"]
+EOF
+"$kvhostctl" --server="unix://$sock" pools
+grep -q "created declared pool 'llama'" "$dir/log" || fail "no log line for the declared pool"
+stop
+echo "ok: declared pools exist after start"
+
+# 5. A declared pool the registry refuses stops the start: exit 2, no socket.
+cat >"$dir/badpool.yaml" <<'EOF'
+pools:
+  - name: fine
+    spec: {kind: MHA, layout: PAGE_FIRST, dtype: BF16, page_size: 16, layer_num: 2,
+           head_num: 2, head_dim: 64, size_tokens: 4096}
+  - name: huge
+    spec: {kind: MHA, layout: PAGE_FIRST, dtype: FP32, page_size: 16, layer_num: 1024,
+           head_num: 128, head_dim: 256, size_tokens: 100000000}
+EOF
+code=0
+"$kvhostd" --config="$dir/badpool.yaml" --listen="unix://$sock" --shm-dir="$shm" \
+  --backend=host >"$dir/badpool.out" 2>&1 || code=$?
+cat "$dir/badpool.out"
+[ "$code" -eq 2 ] || fail "a pool that cannot be created: exit $code, not 2"
+grep -q "declared pool 'huge'" "$dir/badpool.out" || fail "the failed pool is not named"
+[ ! -e "$sock" ] || fail "the socket exists after a failed start"
+[ -z "$(ls -A "$shm")" ] || fail "region files left behind: $(ls "$shm")"
+echo "ok: a bad declared pool stops the start"
+
+# 6. The example config loads (its socket and shm dir overridden), and so do
+# its commented pools.
+start --config="$example"
+"$kvhostctl" --server="unix://$sock" status
+stop
+grep -q "shm dir $shm" "$dir/log" || fail "--shm-dir did not override the example"
+sed -e 's/^# pools:/pools:/' -e 's/^#   /  /' "$example" >"$dir/example-pools.yaml"
+"$kvhostd" --config="$dir/example-pools.yaml" --print-config >"$dir/example-pools.out" ||
+  { cat "$dir/example-pools.out"; fail "the example's commented pools do not load"; }
+grep -q "name: deepseek" "$dir/example-pools.out" || fail "the example's pools were not read"
+echo "ok: $example loads"
+echo "config ok"
