@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -97,15 +98,17 @@ inline void PrintLine(const std::string& line) {
 }
 
 // Aligned columns: the first row is the header; `align` has one letter per
-// column, 'l' or 'r'.
-inline void PrintTable(const std::vector<std::vector<std::string>>& rows, absl::string_view align,
-                       absl::string_view indent = "") {
+// column, 'l' or 'r'. One string per row, without the newline.
+inline std::vector<std::string> TableLines(const std::vector<std::vector<std::string>>& rows,
+                                           absl::string_view align, absl::string_view indent = "") {
   std::vector<size_t> width(align.size(), 0);
   for (const auto& row : rows) {
     for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
       width[c] = std::max(width[c], row[c].size());
     }
   }
+  std::vector<std::string> lines;
+  lines.reserve(rows.size());
   for (const auto& row : rows) {
     std::string line(indent);
     for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
@@ -113,8 +116,15 @@ inline void PrintTable(const std::vector<std::vector<std::string>>& rows, absl::
       if (c > 0) line += "  ";
       line += align[c] == 'r' ? pad + row[c] : (c + 1 == row.size() ? row[c] : row[c] + pad);
     }
-    PrintLine(line);
+    lines.push_back(std::move(line));
   }
+  return lines;
+}
+
+// TableLines, printed.
+inline void PrintTable(const std::vector<std::vector<std::string>>& rows, absl::string_view align,
+                       absl::string_view indent = "") {
+  for (const std::string& line : TableLines(rows, align, indent)) PrintLine(line);
 }
 
 inline std::string JsonArray(const std::vector<std::string>& items) {
