@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/gpu_probe.h"
+#include "server/metrics/daemon_metrics.h"
 #include "server/pool/host_memory.h"
 #include "server/service/daemon_service.h"
 #include "server/service/pool_service.h"
@@ -157,6 +158,13 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   if (options.listen.empty()) return absl::InvalidArgumentError("--listen names no address");
+  if (!options.metrics_listen.empty()) {
+    // A malformed address fails before anything starts; one that cannot be
+    // bound fails once the endpoint starts, after the gRPC server.
+    std::string host;
+    int port = 0;
+    if (absl::Status s = ParseHostPort(options.metrics_listen, &host, &port); !s.ok()) return s;
+  }
   struct stat st;
   if (::stat(options.shm_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(
@@ -185,14 +193,33 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   absl::StatusOr<std::unique_ptr<TransferEngine>> engine =
       MakeEngine(options, &backend, &backend_detail);
   if (!engine.ok()) return engine.status();
-  daemon->transfers_ =
-      std::make_unique<TransferManager>(daemon->registry_.get(), *std::move(engine));
+  if (!options.metrics_listen.empty()) daemon->metrics_ = std::make_unique<KvhostMetrics>();
+  daemon->transfers_ = std::make_unique<TransferManager>(
+      daemon->registry_.get(), *std::move(engine), daemon->metrics_.get());
+
+  // Declared pools exist before the daemon serves (and so before it reports
+  // ready); one that fails stops the start.
+  for (const auto& [name, spec] : options.pools) {
+    absl::StatusOr<std::shared_ptr<Pool>> pool = daemon->registry_->Create(name, spec);
+    if (!pool.ok()) {
+      return absl::Status(pool.status().code(),
+                          absl::StrCat("declared pool '", name, "': ", pool.status().message()));
+    }
+    spdlog::info("created declared pool '{}': {}, {} tokens, {:.3f} GB in {}", name,
+                 DescribeSpec(spec), (*pool)->size_tokens(), (*pool)->bytes() / 1e9,
+                 (*pool)->region_paths()[0]);
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  if (daemon->metrics_ != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(MakeRpcMetricsInterceptorFactory(daemon->metrics_.get()));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
   std::vector<int> ports(options.listen.size(), 0);
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& address = options.listen[i];
@@ -206,8 +233,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     if (path.empty()) spdlog::warn("listening on {} without TLS", address);
     builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &ports[i]);
   }
-  auto pools = std::make_unique<PoolServiceImpl>(
-      daemon->registry_.get(), daemon->transfers_->backend(), options.max_message_bytes);
+  auto pools =
+      std::make_unique<PoolServiceImpl>(daemon->registry_.get(), daemon->transfers_->backend(),
+                                        options.max_message_bytes, daemon->metrics_.get());
   auto transfers = std::make_unique<TransferServiceImpl>(daemon->transfers_.get());
   auto status = std::make_unique<DaemonServiceImpl>(daemon->registry_.get(),
                                                     daemon->transfers_.get(), backend_detail);
@@ -230,6 +258,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       daemon->addresses_.push_back(address);
     }
   }
+  // After the gRPC server, before health says SERVING: a scraper that finds
+  // the endpoint finds a daemon that answers.
+  if (daemon->metrics_ != nullptr) {
+    AddDaemonGauges(daemon->metrics_.get(), daemon->registry_.get(), daemon->transfers_.get());
+    KvhostMetrics* metrics = daemon->metrics_.get();
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
+        options.metrics_listen, [metrics] { return metrics->registry.Render(); });
+    if (!http.ok()) return http.status();
+    daemon->metrics_server_ = *std::move(http);
+    spdlog::info("metrics on {}", daemon->metrics_server_->url());
+  }
   auto* health = daemon->server_->GetHealthCheckService();
   health->SetServingStatus(true);
   spdlog::info("serving on {} (backend {}, shm dir {})", absl::StrJoin(daemon->addresses_, ", "),
@@ -246,6 +285,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   transfers_->Drain();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
+  if (metrics_server_ != nullptr) metrics_server_->Stop();
   for (const std::string& path : socket_paths_) ::unlink(path.c_str());
   const TransferCounters after = transfers_->counters();
   spdlog::info("stopped: {} ticket(s) done, {} failed; releasing {} pool(s)", after.tickets_done,

@@ -16,10 +16,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/metrics/http_server.h"
+#include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
 #include "server/transfer/transfer_manager.h"
 
@@ -32,6 +35,10 @@ struct DaemonOptions {
   uint64_t memory_limit = 0;
   std::optional<uint64_t> memory_reserve;  // default: min(10 GiB, 10 % of RAM)
   int copy_threads = 2;
+  // Pools to create before any listener accepts calls (the config file's
+  // `pools`), the same way CreatePool creates them; they live until the
+  // daemon stops, like any other.
+  std::vector<std::pair<std::string, PoolSpec>> pools;
   // cuda backend (CudaEngineOptions): auto | ce | staged | sm, the device
   // staging buffer per stream, and the SM path's grid quota.
   std::string transfer_path = "auto";
@@ -39,6 +46,8 @@ struct DaemonOptions {
   int sm_blocks = 16;
   bool load_gates = false;
   int max_message_bytes = 64 << 20;
+  // Prometheus endpoint, "host:port" or ":port" ("" = no metrics at all).
+  std::string metrics_listen;
 };
 
 class Daemon {
@@ -53,6 +62,9 @@ class Daemon {
  private:
   Daemon() = default;
 
+  // First, so that it goes last: the services, the transfer manager's
+  // callbacks and the server's interceptors count into it until they end.
+  std::unique_ptr<KvhostMetrics> metrics_;
   std::unique_ptr<PoolRegistry> registry_;
   std::unique_ptr<TransferManager> transfers_;
   std::vector<std::unique_ptr<grpc::Service>> services_;
@@ -60,6 +72,8 @@ class Daemon {
   std::vector<std::string> addresses_;
   std::vector<std::string> socket_paths_;
   bool stopped_ = false;
+  // Last, so that it goes first: its gauges read the registry and transfers.
+  std::unique_ptr<MetricsHttpServer> metrics_server_;
 };
 
 }  // namespace kvhost

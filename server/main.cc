@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cli_flags.h"
+#include "server/config.h"
 #include "server/daemon.h"
 #include "server/pool/host_memory.h"
 #include "spdlog/spdlog.h"
@@ -40,6 +41,13 @@ ABSL_FLAG(std::string, memory_reserve, "auto",
           "Host memory never given to pools, e.g. '10G'; 'auto' = min(10 GiB, 10% of RAM). A pool "
           "is refused when it needs more than MemAvailable (and the cgroup's limit minus its "
           "usage) less this reserve.");
+ABSL_FLAG(std::string, config, "",
+          "YAML config file: flag names as keys (memory_limit or memory-limit), values as the "
+          "flags take them, plus 'pools' to create at start. Flags given on the command line "
+          "override it; it overrides the defaults. See docs/OPERATIONS.md.");
+ABSL_FLAG(bool, print_config, false,
+          "Print the effective configuration (every flag, and the config file's pools) as YAML "
+          "that --config accepts, then exit 0 without starting.");
 ABSL_FLAG(std::string, log_level, "info",
           "Log level: trace, debug, info, warn, error, critical, off.");
 ABSL_FLAG(int, copy_threads, 2,
@@ -64,6 +72,10 @@ ABSL_FLAG(bool, load_gates, false,
           "stream-memory gates) and a thread queues the copies, instead of after queueing every "
           "layer's copies: a much faster Load call, but the blocked gate stream makes the GPU "
           "time-slice against the worker's kernels (docs/PERF.md has the measurements).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Serve Prometheus metrics over plain HTTP at http://ADDRESS/metrics: 'host:port', "
+          "':port' (every IPv4 interface) or '[v6]:port'; port 0 picks a free one (logged). "
+          "'' = no metrics. See docs/METRICS.md.");
 ABSL_FLAG(int, shutdown_grace_s, 10,
           "Seconds in-flight RPCs get to finish after SIGTERM, once accepted transfers are done.");
 
@@ -95,6 +107,19 @@ int main(int argc, char** argv) {
       "server/main.cc");
 
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ kvhostd %v");
+  std::vector<kvhost::DeclaredPool> declared_pools;
+  if (!absl::GetFlag(FLAGS_config).empty()) {
+    absl::StatusOr<std::vector<kvhost::DeclaredPool>> loaded =
+        kvhost::LoadConfigFile(absl::GetFlag(FLAGS_config), "server/main.cc");
+    if (!loaded.ok()) return Fail(absl::StrCat("--config: ", loaded.status().message()));
+    declared_pools = *std::move(loaded);
+  }
+  if (absl::GetFlag(FLAGS_print_config)) {
+    std::fputs(
+        kvhost::FormatConfig("server/main.cc", {"config", "print_config"}, declared_pools).c_str(),
+        stdout);
+    return 0;
+  }
   const spdlog::level::level_enum level =
       spdlog::level::from_str(absl::AsciiStrToLower(absl::GetFlag(FLAGS_log_level)));
   if (level == spdlog::level::off && absl::GetFlag(FLAGS_log_level) != "off") {
@@ -119,6 +144,10 @@ int main(int argc, char** argv) {
   options.transfer_path = absl::GetFlag(FLAGS_transfer_path);
   options.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
   options.load_gates = absl::GetFlag(FLAGS_load_gates);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  for (const kvhost::DeclaredPool& pool : declared_pools) {
+    options.pools.emplace_back(pool.name, pool.spec);
+  }
   absl::StatusOr<uint64_t> staging = kvhost::ParseByteSize(absl::GetFlag(FLAGS_staging_bytes));
   if (!staging.ok()) return Fail(absl::StrCat("--staging-bytes: ", staging.status().message()));
   options.staging_bytes = *staging;
