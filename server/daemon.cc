@@ -250,6 +250,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", absl::StrJoin(options.listen, ", ")));
   }
+  // gRPC's health service starts out SERVING; until the rest is up it is not.
+  daemon->server_->GetHealthCheckService()->SetServingStatus(false);
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& address = options.listen[i];
     if (UnixPath(address).empty() && absl::EndsWith(address, ":0")) {
@@ -269,7 +271,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     daemon->metrics_server_ = *std::move(http);
     spdlog::info("metrics on {}", daemon->metrics_server_->url());
   }
+  // Overall ("") and per service, so that a probe may name the service it
+  // needs; Shutdown turns them all NOT_SERVING.
   auto* health = daemon->server_->GetHealthCheckService();
+  for (const char* service : kServedServices) health->SetServingStatus(service, true);
   health->SetServingStatus(true);
   spdlog::info("serving on {} (backend {}, shm dir {})", absl::StrJoin(daemon->addresses_, ", "),
                backend, options.shm_dir);

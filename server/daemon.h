@@ -50,6 +50,11 @@ struct DaemonOptions {
   std::string metrics_listen;
 };
 
+// The services kvhostd serves, by their full names, each with its own
+// grpc.health.v1 status besides the overall one ("").
+inline constexpr const char* kServedServices[] = {
+    "kvhost.v1.PoolService", "kvhost.v1.TransferService", "kvhost.v1.DaemonService"};
+
 class Daemon {
  public:
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);

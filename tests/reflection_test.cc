@@ -211,6 +211,15 @@ TEST_F(ReflectionTest, HealthCheckIsServing) {
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
   }
+  for (const char* service :
+       {"kvhost.v1.PoolService", "kvhost.v1.TransferService", "kvhost.v1.DaemonService"}) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    request.set_service(service);
+    grpc::Status s = health->Check(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << service << ": " << s.error_message();
+    EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING) << service;
+  }
   {  // An unknown service is NOT_FOUND (grpc.health.v1 semantics).
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
