@@ -219,6 +219,66 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
 
+// A scrape taken while a transfer runs shows it in flight, not yet in the
+// byte counter; the scrape after it finished shows its bytes. A transfer
+// large enough to outlast a scrape: 256 MiB, PAGE_HEAD at page size 1 (the
+// host engine's slowest walk). Whether it was still running at the scrape is
+// known from a poll after the scrape; a machine fast enough to finish it
+// first gets another try.
+TEST(MetricsIntegrationTest, ATransferInFlightShowsDuringTheScrape) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> started =
+      TestDaemon::Start(KVHOSTD_PATH, {"--metrics-listen=127.0.0.1:0"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestDaemon& daemon = **started;
+  Client& client = daemon.client();
+  const int port = MetricsPort(daemon);
+  ASSERT_GT(port, 0) << daemon.Log();
+
+  kvhost::testing::Dims dims;
+  dims.layers = 32;
+  dims.heads = 8;
+  dims.head_dim = 128;  // 2 KiB rows: 128 KiB per token for K and V of 32 layers
+  constexpr int64_t kTokens = 2048;
+  absl::StatusOr<v1::Pool> pool =
+      client.CreatePool("big", MakeSpec(v1::MHA, v1::PAGE_HEAD, 1, kTokens, v1::BF16, dims));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_TRUE(client.Alloc("big", kTokens).ok());
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
+      ShmDevicePool::Create(*pool, kTokens, daemon.shm_dir());
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  absl::StatusOr<v1::Attachment> att = client.AttachDevice((*dev)->MakeAttachRequest("big"));
+  ASSERT_TRUE(att.ok()) << att.status();
+
+  const std::string labels = "{pool=\"big\",direction=\"backup\",path=\"host-memcpy\"}";
+  const uint64_t bytes = kTokens * pool->bytes_per_token();
+  bool seen_in_flight = false;
+  for (int attempt = 0; attempt < 5 && !seen_in_flight; ++attempt) {
+    const Scrape before = ScrapeMetrics(port);
+    absl::StatusOr<uint64_t> ticket =
+        client.Backup(att->id(), Range(0, kTokens), Range(0, kTokens));
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    const Scrape during = ScrapeMetrics(port);
+    absl::StatusOr<v1::TransferStatus> polled = client.PollTransfer(*ticket);
+    ASSERT_TRUE(polled.ok()) << polled.status();
+    if (!polled->done()) {
+      // Accepted before the scrape, not finished after it: in flight during it.
+      seen_in_flight = true;
+      EXPECT_EQ(Get(during, "kvhost_transfer_tickets_in_flight"), 1);
+      EXPECT_EQ(Get(during, "kvhost_transfer_bytes_total" + labels),
+                Get(before, "kvhost_transfer_bytes_total" + labels));
+    }
+    ASSERT_TRUE(client.WaitTransfer(*ticket, kWait).ok());
+    const Scrape after = ScrapeMetrics(port);
+    EXPECT_EQ(Get(after, "kvhost_transfer_tickets_in_flight"), 0);
+    EXPECT_EQ(Get(after, "kvhost_transfer_bytes_total" + labels) -
+                  Get(before, "kvhost_transfer_bytes_total" + labels),
+              static_cast<double>(bytes));
+  }
+  EXPECT_TRUE(seen_in_flight) << "five backups of " << bytes
+                              << " bytes each finished before a scrape returned";
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
 TEST(MetricsIntegrationTest, UnusableAddressStopsTheStart) {
   // Hold a port so the daemon cannot have it.
   const int holder = ::socket(AF_INET, SOCK_STREAM, 0);
