@@ -114,6 +114,9 @@ constexpr char kUsage[] =
     "\n"
     "Commands:\n"
     "  status              health, backend, pools and how full they are\n"
+    "  health [SERVICE]    grpc.health.v1 status, overall or of one service (e.g.\n"
+    "                      kvhost.v1.TransferService); exit 0 only when SERVING, 1\n"
+    "                      otherwise (starting, draining, unreachable): for probes\n"
     "  pools               table of pools\n"
     "  create-pool NAME    create a pool: --kind, --layout, --dtype, --page-size, --layers,\n"
     "                      --heads and --head-dim (mha) or --kv-lora-rank and\n"
@@ -383,6 +386,27 @@ JsonObject PoolUsageJson(const v1::Pool& pool) {
       .Uint("bytes", pool.bytes())
       .Uint("attachments", pool.attachments());
   return usage;
+}
+
+absl::Status RunHealth(Context& ctx, const Args& args) {
+  const std::string service = args.empty() ? "" : args[0];
+  absl::StatusOr<std::string> health = ctx.client->Health(service);
+  if (!health.ok()) return health.status();
+  if (ctx.json) {
+    PrintLine(JsonObject()
+                  .Str("server", ctx.server)
+                  .Str("service", service)
+                  .Str("health", *health)
+                  .str());
+  } else {
+    PrintLine(*health);
+  }
+  if (*health != "SERVING") {
+    return absl::UnavailableError(
+        absl::StrCat("kvhostd at ", ctx.server, " is ", *health,
+                     service.empty() ? "" : absl::StrCat(" for ", service)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RunStatus(Context& ctx, const Args&) {
@@ -1258,6 +1282,7 @@ constexpr size_t kAnyNumber = std::numeric_limits<size_t>::max();
 
 constexpr Command kCommands[] = {
     {"status", "", 0, 0, RunStatus},
+    {"health", "[SERVICE]", 0, 1, RunHealth},
     {"pools", "", 0, 0, RunPools},
     {"create-pool", "NAME", 1, 1, RunCreatePool},
     {"delete-pool", "NAME", 1, 1, RunDeletePool},

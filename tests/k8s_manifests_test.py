@@ -111,8 +111,8 @@ def check_probes_and_memory(manifest, c, where):
         if "exec" in p:
             cmd = p["exec"].get("command", [])
             check(any(a.startswith("--server=unix://" + SOCKET_DIR + "/") for a in cmd) and
-                  "status" in cmd, manifest, f"{where}.{probe}.exec.command",
-                  "kvhostctl status through the unix socket")
+                  "health" in cmd, manifest, f"{where}.{probe}.exec.command",
+                  "kvhostctl health (exit 0 only when SERVING) through the unix socket")
     res = c.get("resources", {})
     for part in ("requests", "limits"):
         check(bool((res.get(part) or {}).get("memory")), manifest,

@@ -110,8 +110,16 @@ awk -v p="pid $pid," 'BEGIN { RS = "" } index($0, p) { print; exit }' "$dir/rest
 echo "restart: $(frames_where "$dir/restart" '/\nerror: /') error frame(s) of" \
   "$(frames_where "$dir/restart" 1)"
 
+# --- kvhostctl health, the probes' command: exit 0 only when SERVING.
+[ "$(ctl health)" = SERVING ] || fail "health of a serving daemon is not SERVING"
+ctl health kvhost.v1.TransferService >/dev/null || fail "health of TransferService failed"
+if ctl health no.such.Service >/dev/null 2>&1; then
+  fail "health of an unknown service exited 0"
+fi
+
 # --- a dead socket: every frame shows the error; --count makes it exit 1.
 stop_daemon
+if ctl health >/dev/null 2>&1; then fail "health of a stopped daemon exited 0"; fi
 if ctl watch --interval=0.2s --count=2 >"$dir/out" 2>"$dir/err"; then code=0; else code=$?; fi
 cat "$dir/out" "$dir/err"
 [ "$code" -eq 1 ] || fail "watch against a dead socket exited with $code, expected 1"
@@ -119,4 +127,4 @@ expect_frames 2 "$dir/out" 1 "expected 2 frames against a dead socket"
 expect_frames 2 "$dir/out" '/^kvhostd at unix:\/\/[^\n]* — [^\n]*\nerror: UNAVAILABLE: /' \
   "a frame against a dead socket lacks the error line"
 grep -q '^error: UNAVAILABLE: ' "$dir/err" || fail "no error on stderr" "$dir/err"
-echo "kvhostctl watch ok"
+echo "kvhostctl watch and health ok"
