@@ -30,6 +30,7 @@
 #include "api_test_util.h"
 #include "daemon_fixture.h"
 #include "gtest/gtest.h"
+#include "http_test_util.h"
 #include "kvhost/client.h"
 
 namespace kvhost {
@@ -69,29 +70,10 @@ int MetricsPort(const TestDaemon& daemon) {
   return 0;
 }
 
-// One HTTP/1.1 request over a plain socket; the whole response, or "" on a
-// connection failure.
+// One HTTP/1.1 request; the whole response, or "connect failed".
 std::string HttpGet(int port, const std::string& path, const std::string& method = "GET") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  const std::string request =
-      absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\n\r\n");
-  (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-  std::string out;
-  char buf[8192];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return out;
+  return ::kvhost::testing::HttpExchange(
+      port, absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\n\r\n"));
 }
 
 // Series (name plus labels, as exposed) -> value.

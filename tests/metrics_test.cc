@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "http_test_util.h"
 #include "server/metrics/http_server.h"
 #include "server/metrics/kvhost_metrics.h"
 
@@ -173,32 +174,10 @@ TEST(ParseHostPortTest, AcceptsAndRefuses) {
   }
 }
 
-int Connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
+int Connect(int port) { return ::kvhost::testing::ConnectLoopback(port); }
 
-// Sends `request` and reads until the server closes.
 std::string Exchange(int port, const std::string& request) {
-  const int fd = Connect(port);
-  if (fd < 0) return "connect failed";
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return out;
+  return ::kvhost::testing::HttpExchange(port, request);
 }
 
 class HttpServerTest : public ::testing::Test {
