@@ -55,8 +55,17 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(const std::string& 
     return absl::FailedPreconditionError(
         absl::StrCat("cannot reserve ", bytes, " bytes for ", path, ": ", ErrnoText(err)));
   }
-  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Mapped through a second open file description, so that the lock's is
+  // referenced by this process's descriptor table alone. A mapping keeps its
+  // file description alive past the process: the CUDA driver holds a killed
+  // process's memory (pinned by cudaHostRegister) for a while after it is
+  // reaped, and a lock taken on the mapped description lingers with it.
+  const int map_fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  void* data = map_fd < 0 ? MAP_FAILED
+                          : ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                                   MAP_SHARED | MAP_POPULATE, map_fd, 0);
   err = errno;
+  if (map_fd >= 0) ::close(map_fd);
   if (data == MAP_FAILED) {
     ::close(fd);
     ::unlink(path.c_str());
