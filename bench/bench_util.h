@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,7 +45,11 @@ inline double Median(std::vector<double> values) {
   return Percentile(values, 0.5);
 }
 
+// Creates the file's folder first: an output path names where results go.
 inline absl::Status WriteFile(const std::string& path, const std::string& text) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) {
     return absl::FailedPreconditionError(
