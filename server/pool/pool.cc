@@ -107,4 +107,27 @@ absl::Status Pool::TryRetire() {
   return absl::OkStatus();
 }
 
+// Page APIs: bodies come with the pool-kinds work (issue 4).
+absl::Status Pool::CheckPage(int64_t) const { return absl::UnimplementedError("CheckPage"); }
+uint64_t Pool::flat_page_bytes() const { return 0; }
+absl::Status Pool::ReadPage(int64_t, absl::Span<uint8_t>) const {
+  return absl::UnimplementedError("ReadPage");
+}
+absl::Status Pool::WritePage(int64_t, absl::Span<const uint8_t>) {
+  return absl::UnimplementedError("WritePage");
+}
+absl::StatusOr<std::vector<PagePart>> Pool::PageShape() const {
+  return absl::UnimplementedError("PageShape");
+}
+absl::StatusOr<std::vector<RegionSegment>> Pool::SplitHeadsMeta(absl::Span<const int64_t>,
+                                                                uint32_t) const {
+  return absl::UnimplementedError("SplitHeadsMeta");
+}
+absl::StatusOr<StrideCheck> Pool::StrideAlignment(uint64_t) const {
+  return absl::UnimplementedError("StrideAlignment");
+}
+absl::StatusOr<std::vector<BufferInfo>> Pool::ContiguousBufferInfos() const {
+  return absl::UnimplementedError("ContiguousBufferInfos");
+}
+
 }  // namespace kvhost

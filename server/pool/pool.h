@@ -36,6 +36,28 @@ struct RegionSegment {
   uint64_t length = 0;
 };
 
+// One part of the seeds' dummy flat page (kvhost.v1.PageShape.Part).
+struct PagePart {
+  std::string component;
+  std::vector<uint64_t> dims;
+  DType dtype = DType::kUint8;
+  uint64_t bytes = 0;
+};
+
+// The seeds' is_stride_page_aligned (kvhost.v1.StrideAlignment).
+struct StrideCheck {
+  bool aligned = false;
+  std::vector<uint64_t> page_strides;  // per component
+};
+
+// One layer's contiguous range of one component (kvhost.v1.ContiguousBufferInfo).
+struct BufferInfo {
+  std::string component;
+  uint32_t layer = 0;
+  RegionSegment range;
+  uint64_t item_bytes = 0;
+};
+
 class Pool {
  public:
   // Creates the pool's region files under `region_prefix` ("<dir>/kvhost.<pid>.")
@@ -66,6 +88,22 @@ class Pool {
   // The seeds' get_page_buffer_meta: region ranges of whole pages, in the
   // seeds' order (see PageBufferMeta in proto/kvhost/v1/pool.proto).
   absl::StatusOr<std::vector<RegionSegment>> PageBufferMeta(absl::Span<const int64_t> slots) const;
+
+  // Page APIs (the seeds' get_data_page / set_from_flat_data_page and
+  // friends); see the RPCs of the same names in proto/kvhost/v1/pool.proto
+  // for the byte order and the errors. `first_slot` is a page start.
+  // Validation only (no bytes touched): INVALID_ARGUMENT / FAILED_PRECONDITION
+  // as GetDataPage.
+  absl::Status CheckPage(int64_t first_slot) const;
+  uint64_t flat_page_bytes() const;
+  // Copies the flat page into / out of `out` / `data` (flat_page_bytes()).
+  absl::Status ReadPage(int64_t first_slot, absl::Span<uint8_t> out) const;
+  absl::Status WritePage(int64_t first_slot, absl::Span<const uint8_t> data);
+  absl::StatusOr<std::vector<PagePart>> PageShape() const;
+  absl::StatusOr<std::vector<RegionSegment>> SplitHeadsMeta(absl::Span<const int64_t> slots,
+                                                           uint32_t split_factor) const;
+  absl::StatusOr<StrideCheck> StrideAlignment(uint64_t alignment) const;
+  absl::StatusOr<std::vector<BufferInfo>> ContiguousBufferInfos() const;
 
   // Attachment accounting. AcquireAttachment fails with FAILED_PRECONDITION
   // once the pool is being deleted; TryRetire succeeds only with no
