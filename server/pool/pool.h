@@ -36,6 +36,23 @@ struct RegionSegment {
   uint64_t length = 0;
 };
 
+// One host buffer of a pool: a seed tensor, or one K/V plane of one
+// (kvhost.v1.PoolComponent). Its rows are addressed by `layout`, a one-plane
+// KvLayout whose token rows are either token slots (row_tokens 1) or whole
+// pages (row_tokens = page_size: then layout.page_size is 1, layout.tokens
+// the page count and layout.token_bytes the page row). Byte 0 of `layout`
+// is byte `region_offset` of region `region`. Device buffers of the
+// component have the same row_bytes.
+struct Component {
+  std::string name;
+  KvLayout layout;
+  uint32_t region = 0;
+  uint64_t region_offset = 0;
+  uint64_t row_tokens = 1;
+  uint64_t row_bytes() const { return layout.token_bytes; }
+  uint64_t bytes() const { return layout.total_bytes(); }
+};
+
 // One part of the seeds' dummy flat page (kvhost.v1.PageShape.Part).
 struct PagePart {
   std::string component;
@@ -81,6 +98,26 @@ class Pool {
   PageAllocator& allocator() { return allocator_; }
   const PageAllocator& allocator() const { return allocator_; }
 
+  // The host buffers in flat-page / metadata order (empty for LOGICAL).
+  const std::vector<Component>& components() const { return components_; }
+  // Host address of byte 0 of component i's layout.
+  uint8_t* component_base(size_t i) const {
+    return regions_[components_[i].region]->data() + components_[i].region_offset;
+  }
+  // Device layers held: [start_layer(), end_layer()); host layer = device
+  // layer - start_layer().
+  uint32_t start_layer() const { return spec_.start_layer; }
+  uint32_t end_layer() const { return spec_.start_layer + spec_.layer_num; }
+  // Transfers and page calls must cover whole pages (a page-row component,
+  // or a kind that requires it).
+  bool whole_pages() const { return whole_pages_; }
+  // The pool whose page space and allocator this one shares (spec.follows),
+  // or null. Host slots of a transfer must be allocated in
+  // allocator_owner()->allocator().
+  const std::shared_ptr<Pool>& follows() const { return follows_; }
+  Pool* allocator_owner() { return follows_ ? follows_->allocator_owner() : this; }
+  const Pool* allocator_owner() const { return follows_ ? follows_->allocator_owner() : this; }
+
   // Alloc / Free in token slots, with messages naming the pool.
   absl::StatusOr<std::vector<uint64_t>> AllocPages(uint64_t num_tokens);
   absl::StatusOr<uint64_t> Free(absl::Span<const int64_t> slots);
@@ -122,6 +159,9 @@ class Pool {
   const PoolSpec spec_;
   const KvLayout layout_;
   const std::vector<std::unique_ptr<ShmRegion>> regions_;
+  std::vector<Component> components_;  // fixed after Create
+  bool whole_pages_ = false;           // fixed after Create
+  std::shared_ptr<Pool> follows_;      // fixed after Create
   PageAllocator allocator_;
 
   mutable absl::Mutex mu_;
