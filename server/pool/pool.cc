@@ -22,7 +22,15 @@ absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, cons
       ShmRegion::Create(absl::StrCat(region_prefix, name, ".kv"), layout.total_bytes());
   if (!kv.ok()) return WithPool(name, kv.status());
   regions.push_back(*std::move(kv));
-  return std::shared_ptr<Pool>(new Pool(name, spec, layout, std::move(regions)));
+  std::shared_ptr<Pool> pool(new Pool(name, spec, layout, std::move(regions)));
+  // One component per plane: K at 0 and V at plane_bytes (MHA), or the latent.
+  KvLayout plane = layout;
+  plane.planes = 1;
+  const char* names[2] = {spec.kind == PoolKind::kMha ? "k" : "latent", "v"};
+  for (uint64_t p = 0; p < layout.planes; ++p) {
+    pool->components_.push_back(Component{names[p], plane, 0, p * layout.plane_bytes, 1});
+  }
+  return pool;
 }
 
 Pool::Pool(std::string name, const PoolSpec& spec, const KvLayout& layout,

@@ -14,6 +14,22 @@ const char* PoolKindName(PoolKind kind) {
       return "MHA";
     case PoolKind::kMla:
       return "MLA";
+    case PoolKind::kMhaAsymmetric:
+      return "MHA_ASYMMETRIC";
+    case PoolKind::kKOnly:
+      return "K_ONLY";
+    case PoolKind::kDsa:
+      return "DSA";
+    case PoolKind::kDsaIndexer:
+      return "DSA_INDEXER";
+    case PoolKind::kMamba:
+      return "MAMBA";
+    case PoolKind::kV4Paged:
+      return "V4_PAGED";
+    case PoolKind::kV4State:
+      return "V4_STATE";
+    case PoolKind::kLogical:
+      return "LOGICAL";
   }
   return "?";
 }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -16,7 +17,18 @@
 namespace kvhost {
 
 // Same numbering as kvhost.v1.PoolKind.
-enum class PoolKind : uint8_t { kMha = 1, kMla = 2 };
+enum class PoolKind : uint8_t {
+  kMha = 1,
+  kMla = 2,
+  kMhaAsymmetric = 3,
+  kKOnly = 4,
+  kDsa = 5,
+  kDsaIndexer = 6,
+  kMamba = 7,
+  kV4Paged = 8,
+  kV4State = 9,
+  kLogical = 10,
+};
 // Same numbering as kvhost.v1.DType.
 enum class DType : uint8_t {
   kBf16 = 1,
@@ -31,6 +43,13 @@ const char* PoolKindName(PoolKind kind);
 const char* LayoutName(LayoutKind layout);
 const char* DTypeName(DType dtype);
 uint32_t DTypeSize(DType dtype);
+
+// MAMBA state shapes per slot and layer (kvhost.v1.MambaStates).
+struct MambaShapes {
+  std::vector<uint32_t> temporal;
+  DType temporal_dtype = DType::kBf16;  // the proto's UNSPECIFIED becomes spec.dtype
+  std::vector<std::vector<uint32_t>> conv;
+};
 
 struct PoolSpec {
   PoolKind kind = PoolKind::kMha;
@@ -47,6 +66,16 @@ struct PoolSpec {
   uint64_t size_bytes = 0;          // sizing rule 2
   double host_to_device_ratio = 0;  // sizing rule 3
   uint64_t device_size_tokens = 0;  // sizing rule 3
+  std::string follows;              // K_ONLY, DSA_INDEXER, V4_STATE
+  uint32_t start_layer = 0;         // layer sharding
+  uint32_t index_head_dim = 0;      // DSA, DSA_INDEXER
+  uint32_t index_quant_block_size = 0;  // DSA, DSA_INDEXER
+  uint32_t index_row_bytes = 0;     // DSA
+  uint32_t kv_cache_dim = 0;        // MLA, DSA
+  MambaShapes mamba;                // MAMBA
+  uint64_t item_bytes = 0;          // V4_PAGED
+  uint32_t ring_size = 0;           // V4_STATE
+  uint64_t state_slot_bytes = 0;    // V4_STATE
 };
 
 // Checks dims, dtype and that the kind supports the layout. Errors are
