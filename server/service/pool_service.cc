@@ -2,6 +2,13 @@
 
 #include <google/protobuf/io/coded_stream.h>
 
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "server/service/convert.h"
@@ -19,6 +26,214 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const abs
 absl::Span<const int64_t> Indices(const google::protobuf::RepeatedField<int64_t>& field) {
   return absl::MakeConstSpan(field.data(), field.size());
 }
+
+absl::Span<uint8_t> Bytes(std::string* s) {
+  return absl::MakeSpan(reinterpret_cast<uint8_t*>(s->data()), s->size());
+}
+
+absl::Span<const uint8_t> Bytes(const std::string& s) {
+  return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size());
+}
+
+// "pool 'x' (MHA/PAGE_FIRST)" for messages about a page's size.
+std::string PoolLabel(const Pool& pool) {
+  return absl::StrCat("pool '", pool.name(), "' (", PoolKindName(pool.spec().kind), "/",
+                      LayoutName(pool.spec().layout), ")");
+}
+
+void ToProto(absl::Span<const RegionSegment> segments, const Pool& pool,
+             v1::PageBufferMeta* out) {
+  for (const std::string& path : pool.region_paths()) out->add_region_paths(path);
+  out->mutable_segments()->Reserve(static_cast<int>(segments.size()));
+  for (const RegionSegment& s : segments) {
+    v1::Segment* segment = out->add_segments();
+    segment->set_region_index(s.region);
+    segment->set_offset(s.offset);
+    segment->set_length(s.length);
+  }
+}
+
+// ReadPages: every index is checked before the first message; then each page
+// is copied out whole (so each page is one consistent read) and sent in
+// chunks, one message in flight at a time.
+class PageReader final : public grpc::ServerWriteReactor<v1::PageData> {
+ public:
+  PageReader(PoolRegistry* registry, const v1::ReadPagesRequest& request, uint64_t chunk_limit)
+      : indices_(request.indices().begin(), request.indices().end()) {
+    absl::Status status = Start(registry, request, chunk_limit);
+    if (!status.ok()) {
+      Finish(ToGrpcStatus(status));
+      return;
+    }
+    NextWrite();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "ReadPages: the client went away"));
+      return;
+    }
+    NextWrite();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Start(PoolRegistry* registry, const v1::ReadPagesRequest& request,
+                     uint64_t chunk_limit) {
+    absl::StatusOr<std::shared_ptr<Pool>> pool = registry->Get(request.pool());
+    if (!pool.ok()) return pool.status();
+    pool_ = *std::move(pool);
+    std::set<int64_t> seen;
+    for (int64_t index : indices_) {
+      if (absl::Status s = pool_->CheckPage(index); !s.ok()) return s;
+      if (!seen.insert(index).second) {
+        return WithPool(pool_->name(), absl::InvalidArgumentError(absl::StrCat(
+                                           "ReadPages: page ", index, " is listed twice")));
+      }
+    }
+    const uint64_t asked = request.chunk_bytes() == 0 ? PoolServiceImpl::kDefaultChunkBytes
+                                                      : uint64_t{request.chunk_bytes()};
+    chunk_bytes_ = std::max<uint64_t>(1, std::min(asked, chunk_limit));
+    page_.resize(pool_->flat_page_bytes());
+    return absl::OkStatus();
+  }
+
+  // Sends the next chunk, reading the next page first when the last one is
+  // sent; finishes after the last page.
+  void NextWrite() {
+    if (offset_ >= page_.size() && sent_page_) {
+      ++next_;
+      offset_ = 0;
+      sent_page_ = false;
+    }
+    if (next_ >= indices_.size()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const int64_t index = indices_[next_];
+    if (offset_ == 0 && !sent_page_) {
+      if (absl::Status s = pool_->ReadPage(index, absl::MakeSpan(page_)); !s.ok()) {
+        Finish(ToGrpcStatus(s));
+        return;
+      }
+    }
+    const uint64_t n = std::min<uint64_t>(chunk_bytes_, page_.size() - offset_);
+    message_.set_index(index);
+    message_.set_offset(offset_);
+    message_.set_page_bytes(page_.size());
+    message_.set_data(page_.data() + offset_, n);
+    offset_ += n;
+    sent_page_ = true;  // a page of 0 bytes still gets its one message
+    StartWrite(&message_);
+  }
+
+  const std::vector<int64_t> indices_;
+  std::shared_ptr<Pool> pool_;
+  uint64_t chunk_bytes_ = 0;
+  std::vector<uint8_t> page_;
+  size_t next_ = 0;         // indices_[next_] is the page being sent
+  uint64_t offset_ = 0;     // bytes of it sent
+  bool sent_page_ = false;  // a message of it went out
+  v1::PageData message_;    // valid until OnWriteDone
+};
+
+// WritePages: chunks are checked as they arrive; a page is buffered until its
+// last byte came and then written in one WritePage call, so a failed stream
+// leaves every page either fully written or untouched.
+class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
+ public:
+  PageWriter(PoolRegistry* registry, v1::WritePagesResponse* response)
+      : registry_(registry), response_(response) {
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client finished sending (or went away)
+      if (pool_ != nullptr && in_page_) {
+        Fail(absl::InvalidArgumentError(absl::StrCat(
+            "the stream ended with page ", index_, " incomplete (", offset_, " of ", page_.size(),
+            " bytes)")));
+        return;
+      }
+      response_->set_pages_written(written_);
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (absl::Status s = Take(chunk_); !s.ok()) {
+      Fail(s);
+      return;
+    }
+    chunk_.Clear();
+    StartRead(&chunk_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Take(const v1::WritePagesChunk& chunk) {
+    if (pool_ == nullptr) {
+      if (chunk.pool().empty()) {
+        return absl::InvalidArgumentError("WritePages: the first chunk must name the pool");
+      }
+      absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(chunk.pool());
+      if (!pool.ok()) return pool.status();
+      pool_ = *std::move(pool);
+      page_.resize(pool_->flat_page_bytes());
+    } else if (!chunk.pool().empty() && chunk.pool() != pool_->name()) {
+      return absl::InvalidArgumentError(absl::StrCat("WritePages: chunk names pool '",
+                                                     chunk.pool(), "' in a stream for pool '",
+                                                     pool_->name(), "'"));
+    }
+    if (!in_page_) {
+      if (absl::Status s = pool_->CheckPage(chunk.index()); !s.ok()) return s;
+      if (chunk.offset() != 0) {
+        return WithPool(pool_->name(), absl::InvalidArgumentError(absl::StrCat(
+                                           "WritePages: page ", chunk.index(),
+                                           " starts at offset ", chunk.offset(), ", not 0")));
+      }
+      index_ = chunk.index();
+      offset_ = 0;
+      in_page_ = true;
+    } else if (chunk.index() != index_ || chunk.offset() != offset_) {
+      return WithPool(pool_->name(),
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "WritePages: got page ", chunk.index(), " offset ", chunk.offset(),
+                          " while page ", index_, " needs its bytes from offset ", offset_)));
+    }
+    if (chunk.data().size() > page_.size() - offset_) {
+      return WithPool(pool_->name(),
+                      absl::InvalidArgumentError(absl::StrCat(
+                          "WritePages: page ", index_, " chunk at offset ", offset_, " has ",
+                          chunk.data().size(), " bytes; a page of ", PoolLabel(*pool_), " has ",
+                          page_.size())));
+    }
+    std::copy(chunk.data().begin(), chunk.data().end(), page_.begin() + offset_);
+    offset_ += chunk.data().size();
+    if (offset_ < page_.size()) return absl::OkStatus();
+    in_page_ = false;
+    if (absl::Status s = pool_->WritePage(index_, page_); !s.ok()) return s;
+    ++written_;
+    return absl::OkStatus();
+  }
+
+  void Fail(const absl::Status& status) {
+    Finish(ToGrpcStatus(absl::Status(
+        status.code(), absl::StrCat(status.message(), " (", written_,
+                                    written_ == 1 ? " page" : " pages",
+                                    " written before this error stay written)"))));
+  }
+
+  PoolRegistry* const registry_;
+  v1::WritePagesResponse* const response_;
+  v1::WritePagesChunk chunk_;
+  std::shared_ptr<Pool> pool_;
+  std::vector<uint8_t> page_;
+  bool in_page_ = false;
+  int64_t index_ = 0;
+  uint64_t offset_ = 0;
+  uint64_t written_ = 0;
+};
 
 }  // namespace
 
@@ -131,13 +346,118 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
   absl::StatusOr<std::vector<RegionSegment>> segments =
       (*pool)->PageBufferMeta(Indices(request->indices()));
   if (!segments.ok()) return Finish(context, segments.status());
+  ToProto(*segments, **pool, response);
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerContext* context,
+                                                       const v1::PageRequest* request,
+                                                       v1::PageData* response) {
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  if (!pool.ok()) return Finish(context, pool.status());
+  if (absl::Status s = (*pool)->CheckPage(request->index()); !s.ok()) return Finish(context, s);
+  const uint64_t bytes = (*pool)->flat_page_bytes();
+  if (bytes + kMessageOverheadBytes > static_cast<uint64_t>(max_message_bytes_)) {
+    return Finish(context, WithPool(request->pool(),
+                                    absl::ResourceExhaustedError(absl::StrCat(
+                                        "a page has ", bytes, " bytes, over the ",
+                                        max_message_bytes_, "-byte message limit; use ReadPages"))));
+  }
+  response->set_index(request->index());
+  response->set_page_bytes(bytes);
+  std::string* data = response->mutable_data();
+  data->resize(bytes);
+  return Finish(context, (*pool)->ReadPage(request->index(), Bytes(data)));
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::SetFromFlatDataPage(
+    grpc::CallbackServerContext* context, const v1::SetPageRequest* request,
+    v1::SetPageResponse* response) {
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  if (!pool.ok()) return Finish(context, pool.status());
+  if (absl::Status s = (*pool)->CheckPage(request->index()); !s.ok()) return Finish(context, s);
+  const uint64_t bytes = (*pool)->flat_page_bytes();
+  if (request->data().size() != bytes) {
+    return Finish(context, absl::InvalidArgumentError(absl::StrCat(
+                               "data has ", request->data().size(), " bytes; a page of ",
+                               PoolLabel(**pool), " has ", bytes)));
+  }
+  return Finish(context, (*pool)->WritePage(request->index(), Bytes(request->data())));
+}
+
+grpc::ServerWriteReactor<v1::PageData>* PoolServiceImpl::ReadPages(
+    grpc::CallbackServerContext* context, const v1::ReadPagesRequest* request) {
+  // Half the message limit leaves room for the message's other fields and
+  // keeps a chunk well inside what either side accepts.
+  return new PageReader(registry_, *request, static_cast<uint64_t>(max_message_bytes_) / 2);
+}
+
+grpc::ServerReadReactor<v1::WritePagesChunk>* PoolServiceImpl::WritePages(
+    grpc::CallbackServerContext* context, v1::WritePagesResponse* response) {
+  return new PageWriter(registry_, response);
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerContext* context,
+                                                        const v1::GetPageShapeRequest* request,
+                                                        v1::PageShape* response) {
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  if (!pool.ok()) return Finish(context, pool.status());
+  absl::StatusOr<std::vector<PagePart>> parts = (*pool)->PageShape();
+  if (!parts.ok()) return Finish(context, parts.status());
+  uint64_t bytes = 0;
+  for (const PagePart& part : *parts) {
+    v1::PageShape::Part* out = response->add_parts();
+    out->set_component(part.component);
+    for (uint64_t d : part.dims) out->add_dims(d);
+    out->set_dtype(static_cast<v1::DType>(part.dtype));
+    out->set_bytes(part.bytes);
+    bytes += part.bytes;
+  }
+  response->set_bytes(bytes);
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::GetSplitHeadsPageBufferMeta(
+    grpc::CallbackServerContext* context, const v1::SplitHeadsMetaRequest* request,
+    v1::PageBufferMeta* response) {
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  if (!pool.ok()) return Finish(context, pool.status());
+  absl::StatusOr<std::vector<RegionSegment>> segments =
+      (*pool)->SplitHeadsMeta(Indices(request->indices()), request->split_factor());
+  if (!segments.ok()) return Finish(context, segments.status());
+  ToProto(*segments, **pool, response);
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::IsStridePageAligned(
+    grpc::CallbackServerContext* context, const v1::StrideAlignmentRequest* request,
+    v1::StrideAlignment* response) {
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  if (!pool.ok()) return Finish(context, pool.status());
+  const uint64_t alignment = request->alignment() == 0 ? kDefaultAlignment : request->alignment();
+  absl::StatusOr<StrideCheck> check = (*pool)->StrideAlignment(alignment);
+  if (!check.ok()) return Finish(context, check.status());
+  response->set_aligned(check->aligned);
+  for (uint64_t stride : check->page_strides) response->add_page_strides(stride);
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
+    grpc::CallbackServerContext* context, const v1::ContiguousBufferInfosRequest* request,
+    v1::ContiguousBufferInfos* response) {
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  if (!pool.ok()) return Finish(context, pool.status());
+  absl::StatusOr<std::vector<BufferInfo>> infos = (*pool)->ContiguousBufferInfos();
+  if (!infos.ok()) return Finish(context, infos.status());
   for (const std::string& path : (*pool)->region_paths()) response->add_region_paths(path);
-  response->mutable_segments()->Reserve(static_cast<int>(segments->size()));
-  for (const RegionSegment& s : *segments) {
-    v1::Segment* out = response->add_segments();
-    out->set_region_index(s.region);
-    out->set_offset(s.offset);
-    out->set_length(s.length);
+  for (const BufferInfo& info : *infos) {
+    v1::ContiguousBufferInfo* out = response->add_infos();
+    out->set_component(info.component);
+    out->set_layer(info.layer);
+    out->set_region_index(info.range.region);
+    out->set_offset(info.range.offset);
+    out->set_length(info.range.length);
+    out->set_item_bytes(info.item_bytes);
   }
   return Finish(context, absl::OkStatus());
 }

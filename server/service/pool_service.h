@@ -1,6 +1,7 @@
 // PoolServiceImpl: kvhost.v1.PoolService over the pool registry. Translates
 // and validates; the registry and pools do the work. Callback (reactor) API:
-// every handler finishes inline, none blocks.
+// the unary handlers finish inline; ReadPages and WritePages are streaming
+// reactors that copy one page at a time and never block a gRPC thread.
 //
 // Thread safety: handlers run concurrently on gRPC's threads; the registry
 // and pools synchronise themselves.
@@ -45,6 +46,36 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   grpc::ServerUnaryReactor* GetPageBufferMeta(grpc::CallbackServerContext* context,
                                               const v1::GetPageBufferMetaRequest* request,
                                               v1::PageBufferMeta* response) override;
+  grpc::ServerUnaryReactor* GetDataPage(grpc::CallbackServerContext* context,
+                                        const v1::PageRequest* request,
+                                        v1::PageData* response) override;
+  grpc::ServerUnaryReactor* SetFromFlatDataPage(grpc::CallbackServerContext* context,
+                                                const v1::SetPageRequest* request,
+                                                v1::SetPageResponse* response) override;
+  grpc::ServerWriteReactor<v1::PageData>* ReadPages(grpc::CallbackServerContext* context,
+                                                    const v1::ReadPagesRequest* request) override;
+  grpc::ServerReadReactor<v1::WritePagesChunk>* WritePages(
+      grpc::CallbackServerContext* context, v1::WritePagesResponse* response) override;
+  grpc::ServerUnaryReactor* GetPageShape(grpc::CallbackServerContext* context,
+                                         const v1::GetPageShapeRequest* request,
+                                         v1::PageShape* response) override;
+  grpc::ServerUnaryReactor* GetSplitHeadsPageBufferMeta(grpc::CallbackServerContext* context,
+                                                        const v1::SplitHeadsMetaRequest* request,
+                                                        v1::PageBufferMeta* response) override;
+  grpc::ServerUnaryReactor* IsStridePageAligned(grpc::CallbackServerContext* context,
+                                                const v1::StrideAlignmentRequest* request,
+                                                v1::StrideAlignment* response) override;
+  grpc::ServerUnaryReactor* GetContiguousBufferInfos(
+      grpc::CallbackServerContext* context, const v1::ContiguousBufferInfosRequest* request,
+      v1::ContiguousBufferInfos* response) override;
+
+  // Data bytes per ReadPages message when the request leaves chunk_bytes 0.
+  static constexpr uint64_t kDefaultChunkBytes = 4 << 20;
+  // IsStridePageAligned's alignment when the request leaves it 0.
+  static constexpr uint64_t kDefaultAlignment = 4096;
+  // GetDataPage: room kept in a message beside the page's bytes (index,
+  // offset, page_bytes and their tags take under 40 bytes).
+  static constexpr uint64_t kMessageOverheadBytes = 1024;
 
  private:
   PoolRegistry* const registry_;
