@@ -5,9 +5,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -19,6 +21,9 @@ absl::Status FromGrpc(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
+
+// WritePages' chunk when the caller gives none (the daemon's ReadPages default).
+constexpr size_t kDefaultPageChunkBytes = 4 << 20;
 
 template <typename Repeated>
 void Fill(Repeated* field, absl::Span<const int64_t> values) {
@@ -46,7 +51,10 @@ uint32_t DTypeBytes(v1::DType dtype) {
 
 uint64_t DeviceRowBytes(const v1::PoolSpec& spec) {
   const uint64_t b = DTypeBytes(spec.dtype());
-  if (spec.kind() == v1::MLA) return (uint64_t{spec.kv_lora_rank()} + spec.qk_rope_head_dim()) * b;
+  if (spec.kind() == v1::MLA || spec.kind() == v1::DSA) {
+    if (spec.kv_cache_dim() != 0) return uint64_t{spec.kv_cache_dim()} * b;
+    return (uint64_t{spec.kv_lora_rank()} + spec.qk_rope_head_dim()) * b;
+  }
   return uint64_t{spec.head_num()} * spec.head_dim() * b;
 }
 
@@ -187,6 +195,152 @@ absl::StatusOr<v1::PageBufferMeta> Client::GetPageBufferMeta(const std::string& 
   return response;
 }
 
+absl::StatusOr<std::string> Client::GetDataPage(const std::string& pool, int64_t index) {
+  v1::PageRequest request;
+  request.set_pool(pool);
+  request.set_index(index);
+  v1::PageData response;
+  absl::Status s = KVHOST_CALL(pools_, GetDataPage, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return std::move(*response.mutable_data());
+}
+
+absl::Status Client::SetFromFlatDataPage(const std::string& pool, int64_t index,
+                                         absl::string_view data) {
+  v1::SetPageRequest request;
+  request.set_pool(pool);
+  request.set_index(index);
+  request.set_data(data.data(), data.size());
+  v1::SetPageResponse response;
+  return KVHOST_CALL(pools_, SetFromFlatDataPage, request, &response, options_.timeout);
+}
+
+absl::StatusOr<std::vector<std::string>> Client::ReadPages(const std::string& pool,
+                                                           absl::Span<const int64_t> indices,
+                                                           uint32_t chunk_bytes) {
+  v1::ReadPagesRequest request;
+  request.set_pool(pool);
+  Fill(request.mutable_indices(), indices);
+  request.set_chunk_bytes(chunk_bytes);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  std::unique_ptr<grpc::ClientReader<v1::PageData>> reader = pools_->ReadPages(&context, request);
+  std::vector<std::string> pages;
+  pages.reserve(indices.size());
+  absl::Status order;      // the first chunk that breaks the protocol
+  uint64_t page_bytes = 0;  // of pages.back()
+  v1::PageData chunk;
+  while (reader->Read(&chunk)) {
+    if (!order.ok()) continue;
+    // A chunk continues the current page, or starts the next one at 0.
+    const bool current_done = pages.empty() || pages.back().size() == page_bytes;
+    if (current_done && pages.size() < indices.size() && chunk.offset() == 0 &&
+        chunk.index() == indices[pages.size()]) {
+      pages.emplace_back();
+      page_bytes = chunk.page_bytes();
+      pages.back().reserve(page_bytes);
+    } else if (current_done || chunk.index() != indices[pages.size() - 1] ||
+               chunk.offset() != pages.back().size()) {
+      order = absl::InternalError(absl::StrCat("ReadPages: chunk of page ", chunk.index(),
+                                               " at offset ", chunk.offset(), " out of order"));
+      continue;
+    }
+    if (chunk.data().size() > page_bytes - pages.back().size()) {
+      order = absl::InternalError(absl::StrCat("ReadPages: page ", chunk.index(), " overruns its ",
+                                               page_bytes, " bytes"));
+      continue;
+    }
+    pages.back().append(chunk.data());
+  }
+  if (absl::Status s = FromGrpc(reader->Finish()); !s.ok()) return s;
+  if (!order.ok()) return order;
+  if (pages.size() != indices.size() || (!pages.empty() && pages.back().size() != page_bytes)) {
+    return absl::InternalError(
+        absl::StrCat("ReadPages: the stream ended after ", pages.size(), " of ", indices.size(),
+                     " pages (the last one ", pages.empty() ? 0 : pages.back().size(), " of ",
+                     page_bytes, " bytes)"));
+  }
+  return pages;
+}
+
+absl::StatusOr<uint64_t> Client::WritePages(const std::string& pool,
+                                            absl::Span<const int64_t> indices,
+                                            absl::Span<const std::string> pages,
+                                            uint32_t chunk_bytes) {
+  if (indices.size() != pages.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("WritePages: ", indices.size(),
+                                                   " indices but ", pages.size(), " pages"));
+  }
+  const size_t chunk = chunk_bytes == 0 ? kDefaultPageChunkBytes : chunk_bytes;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  v1::WritePagesResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::WritePagesChunk>> writer =
+      pools_->WritePages(&context, &response);
+  bool open = true;  // false once the daemon ended the stream (its status says why)
+  for (size_t i = 0; i < pages.size() && open; ++i) {
+    const std::string& page = pages[i];
+    size_t offset = 0;
+    do {  // a page of 0 bytes still sends its one chunk
+      v1::WritePagesChunk message;
+      if (i == 0 && offset == 0) message.set_pool(pool);
+      message.set_index(indices[i]);
+      message.set_offset(offset);
+      const size_t n = std::min(chunk, page.size() - offset);
+      message.set_data(page.data() + offset, n);
+      offset += n;
+      open = writer->Write(message);
+    } while (open && offset < page.size());
+  }
+  if (open) writer->WritesDone();
+  if (absl::Status s = FromGrpc(writer->Finish()); !s.ok()) return s;
+  return response.pages_written();
+}
+
+absl::StatusOr<v1::PageShape> Client::GetPageShape(const std::string& pool) {
+  v1::GetPageShapeRequest request;
+  request.set_pool(pool);
+  v1::PageShape response;
+  absl::Status s = KVHOST_CALL(pools_, GetPageShape, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::PageBufferMeta> Client::GetSplitHeadsPageBufferMeta(
+    const std::string& pool, absl::Span<const int64_t> indices, uint32_t split_factor) {
+  v1::SplitHeadsMetaRequest request;
+  request.set_pool(pool);
+  Fill(request.mutable_indices(), indices);
+  request.set_split_factor(split_factor);
+  v1::PageBufferMeta response;
+  absl::Status s =
+      KVHOST_CALL(pools_, GetSplitHeadsPageBufferMeta, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::StrideAlignment> Client::IsStridePageAligned(const std::string& pool,
+                                                                uint64_t alignment) {
+  v1::StrideAlignmentRequest request;
+  request.set_pool(pool);
+  request.set_alignment(alignment);
+  v1::StrideAlignment response;
+  absl::Status s = KVHOST_CALL(pools_, IsStridePageAligned, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::ContiguousBufferInfos> Client::GetContiguousBufferInfos(
+    const std::string& pool) {
+  v1::ContiguousBufferInfosRequest request;
+  request.set_pool(pool);
+  v1::ContiguousBufferInfos response;
+  absl::Status s =
+      KVHOST_CALL(pools_, GetContiguousBufferInfos, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<v1::Attachment> Client::AttachDevice(const v1::AttachDeviceRequest& request) {
   v1::Attachment response;
   absl::Status s = KVHOST_CALL(transfers_, AttachDevice, request, &response, options_.timeout);
@@ -265,39 +419,97 @@ absl::StatusOr<v1::TransferStatus> Client::PollTransfer(uint64_t ticket_id) {
 
 #undef KVHOST_CALL
 
+namespace {
+
+// kvhost.v1.AttachDeviceRequest: kinds whose first components travel in
+// k_layers (and v_layers).
+int KvComponents(v1::PoolKind kind) {
+  switch (kind) {
+    case v1::MHA:
+    case v1::MHA_ASYMMETRIC:
+      return 2;
+    case v1::MLA:
+    case v1::K_ONLY:
+    case v1::DSA:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ShmDevicePool>> ShmDevicePool::Create(const v1::Pool& pool,
                                                                      uint64_t device_size_tokens,
-                                                                     const std::string& shm_dir) {
+                                                                     const std::string& shm_dir,
+                                                                     uint32_t start_layer,
+                                                                     uint32_t end_layer) {
   const v1::PoolSpec& spec = pool.spec();
-  const uint64_t row_bytes = DeviceRowBytes(spec);
-  if (row_bytes == 0 || spec.layer_num() == 0) {
+  if (spec.layer_num() == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "pool '", pool.name(), "' has no row size; pass the Pool the daemon returned"));
+        "pool '", pool.name(), "' has no layers; pass the Pool the daemon returned"));
   }
   if (device_size_tokens == 0) return absl::InvalidArgumentError("device_size_tokens must be >= 1");
-  static std::atomic<uint64_t> counter{0};
   std::unique_ptr<ShmDevicePool> dev(new ShmDevicePool());
-  dev->planes_ = spec.kind() == v1::MLA ? 1 : 2;
-  dev->layers_ = spec.layer_num();
-  dev->rows_ = device_size_tokens;
-  dev->row_bytes_ = row_bytes;
-  dev->bytes_ = uint64_t{dev->planes_} * dev->layers_ * dev->rows_ * row_bytes;
+  dev->kind_ = spec.kind();
+  dev->device_size_tokens_ = device_size_tokens;
+  dev->explicit_range_ = start_layer != 0 || end_layer != 0;
+  if (dev->explicit_range_) {
+    dev->start_layer_ = start_layer;
+    dev->end_layer_ = end_layer;
+  } else {
+    dev->start_layer_ = spec.start_layer();
+    dev->end_layer_ = spec.start_layer() + spec.layer_num();
+  }
+  if (dev->end_layer_ <= dev->start_layer_) {
+    return absl::InvalidArgumentError(absl::StrCat("device layers [", dev->start_layer_, ", ",
+                                                   dev->end_layer_, ") are empty"));
+  }
+  std::vector<Buffer>& buffers = dev->buffers_;
+  for (const v1::PoolComponent& c : pool.components()) {
+    Buffer b;
+    b.name = c.name();
+    b.row_bytes = c.row_bytes();
+    b.row_tokens = std::max<uint64_t>(1, c.row_tokens());
+    if (device_size_tokens % b.row_tokens != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_size_tokens ", device_size_tokens, " is not a multiple of component '", b.name,
+          "''s ", b.row_tokens, " slots per row"));
+    }
+    b.rows = device_size_tokens / b.row_tokens;
+    buffers.push_back(std::move(b));
+  }
+  if (buffers.empty() && (spec.kind() == v1::MHA || spec.kind() == v1::MLA)) {
+    // A daemon that does not list its components: K and V, or the latent.
+    const uint64_t row_bytes = DeviceRowBytes(spec);
+    for (const char* name : {"k", "v"}) {
+      if (spec.kind() == v1::MLA && buffers.size() == 1) break;
+      buffers.push_back(Buffer{spec.kind() == v1::MLA ? "latent" : name, device_size_tokens,
+                               row_bytes, 1, 0});
+    }
+  }
+  const uint64_t layers = dev->layers();
+  for (Buffer& b : buffers) {
+    b.offset = dev->bytes_;
+    dev->bytes_ += layers * b.rows * b.row_bytes;
+  }
+  if (dev->bytes_ == 0) return dev;  // LOGICAL: nothing to hold
+  static std::atomic<uint64_t> counter{0};
   dev->path_ = absl::StrCat(shm_dir, "/kvhost-dev.", ::getpid(), ".", counter++, ".", pool.name());
   const int fd = ::open(dev->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
+    const std::string path = std::exchange(dev->path_, "");
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot create ", dev->path_, ": ", std::strerror(errno)));
+        absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
   }
   if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(dev->bytes_)); err != 0) {
     ::close(fd);
-    ::unlink(dev->path_.c_str());
     return absl::ResourceExhaustedError(absl::StrCat("cannot reserve ", dev->bytes_, " bytes for ",
                                                      dev->path_, ": ", std::strerror(err)));
   }
   void* data = ::mmap(nullptr, dev->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
   if (data == MAP_FAILED) {
-    ::unlink(dev->path_.c_str());
     return absl::ResourceExhaustedError(absl::StrCat("cannot map ", dev->path_));
   }
   dev->data_ = static_cast<uint8_t*>(data);
@@ -309,19 +521,36 @@ ShmDevicePool::~ShmDevicePool() {
   if (!path_.empty()) ::unlink(path_.c_str());
 }
 
-uint8_t* ShmDevicePool::layer(uint32_t plane, uint32_t layer) const {
-  return layer_ptr(plane, layer);
+uint8_t* ShmDevicePool::layer(uint32_t c, uint32_t layer) const {
+  const Buffer& b = buffers_[c];
+  return data_ + b.offset + uint64_t{layer} * b.rows * b.row_bytes;
 }
 
-v1::AttachDeviceRequest ShmDevicePool::MakeAttachRequest(const std::string& pool_name) const {
+v1::AttachDeviceRequest ShmDevicePool::MakeAttachRequest(const std::string& pool_name,
+                                                         const AttachOptions& options) const {
   v1::AttachDeviceRequest request;
   request.set_pool(pool_name);
-  request.set_device_size_tokens(rows_);
-  for (uint32_t plane = 0; plane < planes_; ++plane) {
-    for (uint32_t l = 0; l < layers_; ++l) {
-      v1::DeviceBuffer* buffer = plane == 0 ? request.add_k_layers() : request.add_v_layers();
-      buffer->mutable_shm()->set_path(path_);
-      buffer->mutable_shm()->set_offset(static_cast<uint64_t>(layer_ptr(plane, l) - data_));
+  request.set_device_size_tokens(device_size_tokens_);
+  if (explicit_range_) {
+    request.set_start_layer(start_layer_);
+    request.set_end_layer(end_layer_);
+  }
+  if (options.tp_rank.has_value()) request.set_tp_rank(*options.tp_rank);
+  request.set_load_only(options.load_only);
+  const int kv = KvComponents(kind_);
+  for (uint32_t c = 0; c < components(); ++c) {
+    google::protobuf::RepeatedPtrField<v1::DeviceBuffer>* buffers;
+    if (static_cast<int>(c) < kv) {
+      buffers = c == 0 ? request.mutable_k_layers() : request.mutable_v_layers();
+    } else {
+      v1::DeviceComponent* component = request.add_components();
+      component->set_name(buffers_[c].name);
+      buffers = component->mutable_layers();
+    }
+    for (uint32_t l = 0; l < layers(); ++l) {
+      v1::SharedMemoryBuffer* shm = buffers->Add()->mutable_shm();
+      shm->set_path(path_);
+      shm->set_offset(static_cast<uint64_t>(layer(c, l) - data_));
     }
   }
   return request;

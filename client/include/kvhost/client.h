@@ -18,11 +18,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kvhost/v1/daemon.grpc.pb.h"
@@ -78,6 +80,29 @@ class Client {
   absl::StatusOr<uint64_t> Free(const std::string& pool, absl::Span<const int64_t> indices);
   absl::StatusOr<v1::PageBufferMeta> GetPageBufferMeta(const std::string& pool,
                                                        absl::Span<const int64_t> indices);
+  // Page APIs. `index` / `indices` are first slots of pages. A flat page is
+  // the seeds' get_data_page(flat=True) bytes (kvhost.v1.PageData).
+  absl::StatusOr<std::string> GetDataPage(const std::string& pool, int64_t index);
+  absl::Status SetFromFlatDataPage(const std::string& pool, int64_t index, absl::string_view data);
+  // Streams the pages in chunks of at most `chunk_bytes` (0: the daemon's
+  // default) and returns them whole, in the order of `indices`.
+  absl::StatusOr<std::vector<std::string>> ReadPages(const std::string& pool,
+                                                     absl::Span<const int64_t> indices,
+                                                     uint32_t chunk_bytes = 0);
+  // Streams pages[i] to page indices[i] in chunks of at most `chunk_bytes`
+  // (0: 4 MiB). Returns the pages written; on an error the pages before the
+  // failing one stay written and the message says how many.
+  absl::StatusOr<uint64_t> WritePages(const std::string& pool, absl::Span<const int64_t> indices,
+                                      absl::Span<const std::string> pages,
+                                      uint32_t chunk_bytes = 0);
+  absl::StatusOr<v1::PageShape> GetPageShape(const std::string& pool);
+  absl::StatusOr<v1::PageBufferMeta> GetSplitHeadsPageBufferMeta(const std::string& pool,
+                                                                 absl::Span<const int64_t> indices,
+                                                                 uint32_t split_factor);
+  // `alignment` 0 means 4096.
+  absl::StatusOr<v1::StrideAlignment> IsStridePageAligned(const std::string& pool,
+                                                          uint64_t alignment = 0);
+  absl::StatusOr<v1::ContiguousBufferInfos> GetContiguousBufferInfos(const std::string& pool);
 
   // TransferService.
   absl::StatusOr<v1::Attachment> AttachDevice(const v1::AttachDeviceRequest& request);
@@ -120,52 +145,89 @@ class Client {
   std::unique_ptr<v1::TransferService::Stub> transfers_;
 };
 
-// A device KV pool emulated in one shared-memory file (host backend): for each
-// plane (K then V for MHA; the latent for MLA) and layer, `device_size_tokens`
-// rows of the pool's row size, back to back. The file is removed when the
-// object is destroyed. Not thread-safe to create or destroy; the bytes are the
-// caller's to synchronise with transfers (wait for the ticket).
+// How a ShmDevicePool attaches (kvhost.v1.AttachDeviceRequest fields 9, 10).
+struct AttachOptions {
+  // The worker's tensor-parallel rank (replicated kinds share one pool).
+  std::optional<uint32_t> tp_rank;
+  // Loads only: Backup on the attachment is refused.
+  bool load_only = false;
+};
+
+// A device KV pool emulated in one shared-memory file (host backend): one
+// buffer per component of the pool (Pool.components: K then V for MHA, the
+// latent for MLA, ...) and attached layer, back to back, component-major.
+// A token-row component's layer buffer has device_size_tokens rows, a
+// page-row component's (row_tokens = page_size) device_size_tokens /
+// page_size rows; each row is the component's row_bytes. The file is removed
+// when the object is destroyed. Not thread-safe to create or destroy; the
+// bytes are the caller's to synchronise with transfers (wait for the ticket).
 class ShmDevicePool {
  public:
   // `pool` as CreatePool / GetPool returned it. The file is created inside
-  // `shm_dir`, which must be the daemon's --shm-dir.
+  // `shm_dir`, which must be the daemon's --shm-dir. The device layers held
+  // are [start_layer, end_layer); 0 / 0 means the pool's own range.
   static absl::StatusOr<std::unique_ptr<ShmDevicePool>> Create(
-      const v1::Pool& pool, uint64_t device_size_tokens, const std::string& shm_dir = "/dev/shm");
+      const v1::Pool& pool, uint64_t device_size_tokens, const std::string& shm_dir = "/dev/shm",
+      uint32_t start_layer = 0, uint32_t end_layer = 0);
   ~ShmDevicePool();
   ShmDevicePool(const ShmDevicePool&) = delete;
   ShmDevicePool& operator=(const ShmDevicePool&) = delete;
 
-  // Rows of layer `layer` of plane `plane` (0 = K / latent, 1 = V).
-  uint8_t* layer(uint32_t plane, uint32_t layer) const;
-  uint8_t* row(uint32_t plane, uint32_t layer, uint64_t row) const {
-    return layer_ptr(plane, layer) + row * row_bytes_;
+  // Buffer of component `c` (Pool.components order) for attached layer
+  // `layer` (device layer start_layer() + layer).
+  uint8_t* layer(uint32_t c, uint32_t layer) const;
+  uint8_t* row(uint32_t c, uint32_t l, uint64_t r) const {
+    return layer(c, l) + r * buffers_[c].row_bytes;
   }
-  uint32_t planes() const { return planes_; }
-  uint32_t layers() const { return layers_; }
-  uint64_t rows() const { return rows_; }
-  uint64_t row_bytes() const { return row_bytes_; }
+  uint32_t components() const { return static_cast<uint32_t>(buffers_.size()); }
+  // Same as components() (K / V planes for MHA, one for MLA).
+  uint32_t planes() const { return components(); }
+  const std::string& component_name(uint32_t c) const { return buffers_[c].name; }
+  // Rows of each layer buffer of component c, and their size.
+  uint64_t rows(uint32_t c) const { return buffers_[c].rows; }
+  uint64_t row_bytes(uint32_t c) const { return buffers_[c].row_bytes; }
+  // Token slots per row of component c (1, or page_size for a page-row one).
+  uint64_t row_tokens(uint32_t c) const { return buffers_[c].row_tokens; }
+  // Component 0's rows (device_size_tokens) and row size.
+  uint64_t rows() const { return device_size_tokens_; }
+  uint64_t row_bytes() const { return buffers_.empty() ? 0 : buffers_[0].row_bytes; }
+  uint32_t layers() const { return end_layer_ - start_layer_; }
+  uint32_t start_layer() const { return start_layer_; }
+  uint32_t end_layer() const { return end_layer_; }
   uint64_t bytes() const { return bytes_; }
   const std::string& path() const { return path_; }
 
-  // The AttachDevice request that attaches this pool to `pool_name`.
-  v1::AttachDeviceRequest MakeAttachRequest(const std::string& pool_name) const;
+  // The AttachDevice request that attaches this pool to `pool_name`: the
+  // K / V / latent buffers in k_layers / v_layers (MHA, MLA, MHA_ASYMMETRIC,
+  // K_ONLY, and DSA's latent), every other component in `components`.
+  v1::AttachDeviceRequest MakeAttachRequest(const std::string& pool_name,
+                                            const AttachOptions& options = {}) const;
 
  private:
+  struct Buffer {
+    std::string name;
+    uint64_t rows = 0;
+    uint64_t row_bytes = 0;
+    uint64_t row_tokens = 1;
+    uint64_t offset = 0;  // of its layer 0 in the file
+  };
+
   ShmDevicePool() = default;
-  uint8_t* layer_ptr(uint32_t plane, uint32_t layer) const {
-    return data_ + (uint64_t{plane} * layers_ + layer) * rows_ * row_bytes_;
-  }
 
   std::string path_;
   uint8_t* data_ = nullptr;
   uint64_t bytes_ = 0;
-  uint32_t planes_ = 0;
-  uint32_t layers_ = 0;
-  uint64_t rows_ = 0;
-  uint64_t row_bytes_ = 0;
+  v1::PoolKind kind_ = v1::POOL_KIND_UNSPECIFIED;
+  std::vector<Buffer> buffers_;
+  uint64_t device_size_tokens_ = 0;
+  uint32_t start_layer_ = 0;
+  uint32_t end_layer_ = 0;
+  bool explicit_range_ = false;
 };
 
-// Bytes of one device row (one token, one layer, one plane) of a pool.
+// Bytes of one device row (one token, one layer) of a pool's first
+// component: the K row of MHA, MHA_ASYMMETRIC and K_ONLY, the latent row of
+// MLA and DSA (Pool.components gives every component's row_bytes).
 uint64_t DeviceRowBytes(const v1::PoolSpec& spec);
 // Element size of a dtype in bytes (0 for DTYPE_UNSPECIFIED).
 uint32_t DTypeBytes(v1::DType dtype);
