@@ -60,6 +60,7 @@ class JsonObject {
     return Raw(key, JsonQuote(value));
   }
   JsonObject& Uint(absl::string_view key, uint64_t value) { return Raw(key, absl::StrCat(value)); }
+  JsonObject& Int(absl::string_view key, int64_t value) { return Raw(key, absl::StrCat(value)); }
   // Rounded to `decimals`; null when not finite.
   JsonObject& Num(absl::string_view key, double value, int decimals = 3) {
     return Raw(key, std::isfinite(value) ? absl::StrFormat("%.*f", decimals, value) : "null");

@@ -1,6 +1,6 @@
 // kvhostctl: the operator's command line for kvhostd. It shows the daemon's
-// health and pools, creates and deletes pools, allocates, frees and locates
-// token slots, refreshes a live view of pools and transfers (watch), and runs
+// health and pools, creates and deletes pools of every kind, allocates, frees
+// and locates token slots, reads and writes flat pages, refreshes a live view of pools and transfers (watch), and runs
 // a self-checking demo workload: backup / load cycles between an emulated
 // device pool in shared memory and a host pool, verified byte for byte (host
 // backend).
@@ -24,10 +24,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,12 +65,15 @@ ABSL_FLAG(bool, json, false, "Print one JSON object per command instead of text.
 ABSL_FLAG(double, timeout, 30, "Deadline of each RPC, in seconds.");
 
 // create-pool.
-ABSL_FLAG(std::string, kind, "mha", "create-pool: what a token stores: mha or mla.");
+ABSL_FLAG(std::string, kind, "mha",
+          "create-pool: what a token stores: mha, mla, mha_asymmetric, k_only, dsa, dsa_indexer, "
+          "mamba, v4_paged, v4_state or logical.");
 ABSL_FLAG(std::string, layout, "page_first",
           "create-pool: layer_first, page_first, page_first_direct or page_head (MHA only).");
 ABSL_FLAG(std::string, dtype, "bf16",
           "create-pool: element type: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2 or uint8.");
-ABSL_FLAG(uint32_t, page_size, 16, "create-pool: token slots per page.");
+ABSL_FLAG(uint32_t, page_size, 16,
+          "create-pool: token slots per page (mamba: 1; a follower takes its pool's).");
 ABSL_FLAG(uint32_t, layers, 0, "create-pool: layers held on the host (required).");
 ABSL_FLAG(uint32_t, heads, 0, "create-pool: MHA KV heads (required for mha).");
 ABSL_FLAG(uint32_t, head_dim, 0, "create-pool: MHA head dimension (required for mha).");
@@ -81,6 +87,35 @@ ABSL_FLAG(double, ratio, 0,
           "create-pool: host slots per device slot, with --device-size-tokens (third sizing "
           "rule).");
 ABSL_FLAG(uint64_t, device_size_tokens, 0, "create-pool: the device pool's size in tokens.");
+ABSL_FLAG(std::string, spec, "",
+          "create-pool: a whole kvhost.v1.PoolSpec in protobuf JSON, e.g. "
+          "'{\"kind\":\"MLA\",\"layout\":\"LAYER_FIRST\",...}'; flags given override its fields.");
+ABSL_FLAG(uint32_t, v_head_dim, 0, "create-pool: mha_asymmetric V head dimension.");
+ABSL_FLAG(std::string, follows, "",
+          "create-pool: the pool whose page space this one shares (k_only, dsa_indexer, "
+          "v4_state).");
+ABSL_FLAG(uint32_t, start_layer, 0, "create-pool: first device layer held (layer sharding).");
+ABSL_FLAG(uint32_t, index_head_dim, 0, "create-pool: dsa, dsa_indexer index head dimension.");
+ABSL_FLAG(uint32_t, index_quant_block, 0,
+          "create-pool: dsa, dsa_indexer elements per fp32 scale.");
+ABSL_FLAG(uint32_t, index_row_bytes, 0, "create-pool: dsa index-K bytes per token, if explicit.");
+ABSL_FLAG(uint32_t, kv_cache_dim, 0,
+          "create-pool: mla, dsa latent elements when not kv_lora_rank + qk_rope_head_dim.");
+ABSL_FLAG(uint64_t, item_bytes, 0, "create-pool: v4_paged bytes per slot page and layer.");
+ABSL_FLAG(uint32_t, ring_size, 0, "create-pool: v4_state ring slots per page.");
+ABSL_FLAG(uint64_t, state_slot_bytes, 0, "create-pool: v4_state bytes per ring slot.");
+ABSL_FLAG(std::string, mamba_temporal, "",
+          "create-pool: mamba temporal state shape and optional dtype, e.g. 8x64x128:fp32.");
+ABSL_FLAG(std::string, mamba_conv, "",
+          "create-pool: mamba conv state shapes, comma separated, e.g. 2x4x1024,2x4x256.");
+
+// page commands.
+ABSL_FLAG(std::string, out, "", "page-get: file to write the page's bytes to.");
+ABSL_FLAG(std::string, in, "", "page-set: file holding exactly one flat page.");
+ABSL_FLAG(uint32_t, chunk_bytes, 0,
+          "page-get, page-set: bytes per streamed message (0: 4 MiB).");
+ABSL_FLAG(uint32_t, split_factor, 0, "split-meta: head groups per page (divides head_num).");
+ABSL_FLAG(uint64_t, alignment, 0, "stride: the alignment to check, a power of two (0: 4096).");
 
 // demo.
 ABSL_FLAG(std::string, shm_dir, "/dev/shm",
@@ -118,15 +153,34 @@ constexpr char kUsage[] =
     "                      kvhost.v1.TransferService); exit 0 only when SERVING, 1\n"
     "                      otherwise (starting, draining, unreachable): for probes\n"
     "  pools               table of pools\n"
+    "  pool NAME           one pool: its components, follows / followers, layers,\n"
+    "                      replicas\n"
     "  create-pool NAME    create a pool: --kind, --layout, --dtype, --page-size, --layers,\n"
-    "                      --heads and --head-dim (mha) or --kv-lora-rank and\n"
-    "                      --qk-rope-head-dim (mla), and a size: --size-tokens, --size-bytes,\n"
-    "                      or --ratio with --device-size-tokens\n"
+    "                      the kind's dimensions (mha, k_only: --heads --head-dim;\n"
+    "                      mha_asymmetric: also --v-head-dim; mla: --kv-lora-rank\n"
+    "                      --qk-rope-head-dim or --kv-cache-dim; dsa: mla's plus\n"
+    "                      --index-head-dim --index-quant-block or --index-row-bytes;\n"
+    "                      dsa_indexer: --index-head-dim --index-quant-block; mamba:\n"
+    "                      --mamba-temporal --mamba-conv; v4_paged: --item-bytes;\n"
+    "                      v4_state: --ring-size --state-slot-bytes), --follows (k_only,\n"
+    "                      dsa_indexer, v4_state: required, and then no size),\n"
+    "                      --start-layer, and a size: --size-tokens, --size-bytes, or\n"
+    "                      --ratio with --device-size-tokens. --spec=JSON gives a whole\n"
+    "                      kvhost.v1.PoolSpec (protobuf JSON); flags given override it\n"
     "  delete-pool NAME    delete a pool that has no attachments\n"
     "  alloc POOL N        allocate N token slots (whole pages); prints them as runs\n"
     "                      of slots, e.g. 0-15,32-47\n"
     "  free POOL INDICES   free slots, written as runs (0-15,32-47) or a comma list\n"
     "  meta POOL INDICES   region files and byte ranges of whole pages\n"
+    "  page-get POOL INDEX one flat page (streamed): --out=FILE writes its bytes,\n"
+    "                      else a hex dump of its start\n"
+    "  page-set POOL INDEX write one flat page from --in=FILE (exactly a page's bytes)\n"
+    "  page-shape POOL     the seeds' dummy flat page: parts, dims, dtype, bytes\n"
+    "  split-meta POOL INDICES\n"
+    "                      byte ranges per page and head group (--split-factor=F;\n"
+    "                      PAGE_HEAD pools)\n"
+    "  stride POOL         whether page blocks start on --alignment bytes (default 4096)\n"
+    "  bufinfo POOL        contiguous range per component and layer (LAYER_FIRST pools)\n"
     "  watch               a live view of pools, tickets and GB/s per direction,\n"
     "                      refreshed every --interval; --count=N stops after N frames\n"
     "                      (exit 1 if the last one failed); not on a terminal, frames\n"
@@ -176,6 +230,10 @@ int Report(const absl::Status& status) {
   return kExitRpc;
 }
 
+// kvhostctl's own flags given on the command line (underscored names), as
+// CheckFlags found them.
+std::set<std::string> g_given_flags;
+
 // Abseil exits with 1 on an unknown flag or a bad flag value, and 1 means a
 // failed RPC here; so kvhostctl's own flags are checked first, the way Abseil
 // would read them, and reported as usage errors.
@@ -202,6 +260,7 @@ absl::Status CheckFlags(int argc, char** argv) {
     }
     // Abseil's own flags (--flagfile, ...) are left to Abseil.
     if (!absl::EndsWith(flag->Filename(), "client/kvhostctl.cc")) continue;
+    g_given_flags.insert(std::string(flag->Name()));
     std::string value;
     if (eq != absl::string_view::npos) {
       value = std::string(body.substr(eq + 1));
@@ -347,11 +406,55 @@ std::string ShapeOf(const v1::PoolSpec& spec) {
                       v1::DType_Name(spec.dtype()));
 }
 
+std::string ShapeText(const v1::Shape& shape) { return absl::StrJoin(shape.dims(), "x"); }
+
+// The kind's dimensions in words.
 std::string DimsOf(const v1::PoolSpec& spec) {
-  if (spec.kind() == v1::MLA) {
-    return absl::StrCat(spec.kv_lora_rank(), " + ", spec.qk_rope_head_dim(), " latent dims");
+  const std::string latent =
+      spec.kv_cache_dim() != 0
+          ? absl::StrCat(spec.kv_cache_dim(), " latent dims")
+          : absl::StrCat(spec.kv_lora_rank(), " + ", spec.qk_rope_head_dim(), " latent dims");
+  const std::string index =
+      spec.index_row_bytes() != 0
+          ? absl::StrCat("index row ", spec.index_row_bytes(), " bytes")
+          : absl::StrCat("index dim ", spec.index_head_dim(), " / block ",
+                         spec.index_quant_block_size());
+  switch (spec.kind()) {
+    case v1::MLA:
+      return latent;
+    case v1::MHA_ASYMMETRIC:
+      return absl::StrCat(spec.head_num(), " heads x ", spec.head_dim(), " (K) / ",
+                          spec.v_head_dim(), " (V) dims");
+    case v1::DSA:
+      return absl::StrCat(latent, ", ", index);
+    case v1::DSA_INDEXER:
+      return index;
+    case v1::MAMBA: {
+      std::vector<std::string> conv;
+      for (const v1::Shape& c : spec.mamba().conv()) conv.push_back(ShapeText(c));
+      const v1::DType temporal_dtype = spec.mamba().temporal_dtype() == v1::DTYPE_UNSPECIFIED
+                                           ? spec.dtype()
+                                           : spec.mamba().temporal_dtype();
+      return absl::StrCat("temporal ", ShapeText(spec.mamba().temporal()), " ",
+                          absl::AsciiStrToLower(v1::DType_Name(temporal_dtype)), ", conv ",
+                          absl::StrJoin(conv, ", "));
+    }
+    case v1::V4_PAGED:
+      return absl::StrCat("item ", spec.item_bytes(), " bytes");
+    case v1::V4_STATE:
+      return absl::StrCat("ring ", spec.ring_size(), " x ", spec.state_slot_bytes(), " bytes");
+    case v1::LOGICAL:
+      return "no buffers";
+    default:
+      return absl::StrCat(spec.head_num(), " heads x ", spec.head_dim(), " dims");
   }
-  return absl::StrCat(spec.head_num(), " heads x ", spec.head_dim(), " dims");
+}
+
+// Device layers held, "[2,5)" when sharded, else the layer count.
+std::string LayersOf(const v1::Pool& pool) {
+  if (pool.spec().start_layer() == 0) return absl::StrCat(pool.spec().layer_num());
+  return absl::StrCat("[", pool.spec().start_layer(), ",",
+                      pool.spec().start_layer() + pool.spec().layer_num(), ")");
 }
 
 uint64_t UsedTokens(const v1::Pool& pool) {
@@ -478,14 +581,16 @@ absl::Status RunPools(Context& ctx, const Args&) {
     return absl::OkStatus();
   }
   std::vector<std::vector<std::string>> rows = {
-      {"NAME", "KIND/LAYOUT/DTYPE", "PAGE", "LAYERS", "TOKENS", "USED%", "GB", "ATTACH"}};
+      {"NAME", "KIND/LAYOUT/DTYPE", "PAGE", "LAYERS", "TOKENS", "USED%", "GB", "ATTACH",
+       "FOLLOWS"}};
   for (const v1::Pool& pool : *pools) {
     rows.push_back({pool.name(), ShapeOf(pool.spec()), absl::StrCat(pool.spec().page_size()),
-                    absl::StrCat(pool.spec().layer_num()), absl::StrCat(pool.size_tokens()),
+                    LayersOf(pool), absl::StrCat(pool.size_tokens()),
                     absl::StrFormat("%.1f", UsedPercent(pool)), Gb(pool.bytes()),
-                    absl::StrCat(pool.attachments())});
+                    absl::StrCat(pool.attachments()),
+                    pool.follows().empty() ? std::string("-") : pool.follows()});
   }
-  PrintTable(rows, "llrrrrrr");
+  PrintTable(rows, "llrrrrrrl");
   return absl::OkStatus();
 }
 
@@ -493,52 +598,230 @@ void PrintPool(const v1::Pool& pool) {
   const v1::PoolSpec& spec = pool.spec();
   PrintLine(absl::StrFormat("pool '%s': %s, page %d, %d layers, %s", pool.name(), ShapeOf(spec),
                             spec.page_size(), spec.layer_num(), DimsOf(spec)));
-  PrintLine(absl::StrFormat("  %d tokens (%d pages), %d available, %d bytes per token, %s GB",
-                            pool.size_tokens(), pool.page_num(), pool.available_tokens(),
-                            pool.bytes_per_token(), Gb(pool.bytes())));
+  PrintLine(absl::StrFormat(
+      "  %d tokens (%d pages), %d available, %d bytes per token, %d bytes per page, %s GB",
+      pool.size_tokens(), pool.page_num(), pool.available_tokens(), pool.bytes_per_token(),
+      pool.bytes_per_page(), Gb(pool.bytes())));
+  if (pool.end_layer() > pool.start_layer() && pool.start_layer() != 0) {
+    PrintLine(absl::StrFormat("  device layers [%d,%d)", pool.start_layer(), pool.end_layer()));
+  }
+  if (!pool.follows().empty()) {
+    PrintLine(absl::StrFormat("  follows '%s' (its page space; no allocator of its own)",
+                              pool.follows()));
+  } else if (spec.kind() == v1::V4_STATE) {
+    PrintLine("  no allocator");
+  }
+  if (!pool.followers().empty()) {
+    PrintLine(absl::StrCat("  followed by ", absl::StrJoin(pool.followers(), ", ")));
+  }
+  if (pool.replica_ranks() > 0) {
+    PrintLine(absl::StrFormat("  replicas %d (TP ranks attached), %s GB saved", pool.replica_ranks(),
+                              Gb(pool.bytes_saved())));
+  }
   for (const std::string& path : pool.region_paths()) PrintLine(absl::StrCat("  region: ", path));
+  if (pool.components_size() > 0) {
+    std::vector<std::vector<std::string>> rows = {
+        {"COMPONENT", "REGION", "OFFSET", "BYTES", "ROW", "PER"}};
+    for (const v1::PoolComponent& c : pool.components()) {
+      rows.push_back({c.name(), absl::StrCat(c.region_index()), absl::StrCat(c.offset()),
+                      absl::StrCat(c.bytes()), absl::StrCat(c.row_bytes()),
+                      c.row_tokens() > 1 ? absl::StrCat("page (", c.row_tokens(), " slots)")
+                                         : std::string("token")});
+    }
+    PrintTable(rows, "lrrrrl", "  ");
+  }
   PrintLine(absl::StrFormat("  backend: %s, %d attachment(s)", pool.backend(), pool.attachments()));
 }
 
-absl::Status RunCreatePool(Context& ctx, const Args& args) {
-  v1::PoolSpec spec;
-  absl::StatusOr<int> kind =
-      ParseEnumFlag("kind", absl::GetFlag(FLAGS_kind), v1::PoolKind_descriptor());
-  if (!kind.ok()) return kind.status();
-  absl::StatusOr<int> layout =
-      ParseEnumFlag("layout", absl::GetFlag(FLAGS_layout), v1::Layout_descriptor());
-  if (!layout.ok()) return layout.status();
-  absl::StatusOr<int> dtype =
-      ParseEnumFlag("dtype", absl::GetFlag(FLAGS_dtype), v1::DType_descriptor());
-  if (!dtype.ok()) return dtype.status();
-  absl::StatusOr<uint64_t> size_bytes =
-      ParseByteSize("size_bytes", absl::GetFlag(FLAGS_size_bytes));
-  if (!size_bytes.ok()) return size_bytes.status();
+absl::Status RunPool(Context& ctx, const Args& args) {
+  absl::StatusOr<v1::Pool> pool = ctx.client->GetPool(args[0]);
+  if (!pool.ok()) return pool.status();
+  if (ctx.json) {
+    PrintLine(MessageJson(*pool));
+  } else {
+    PrintPool(*pool);
+  }
+  return absl::OkStatus();
+}
 
-  spec.set_kind(static_cast<v1::PoolKind>(*kind));
-  spec.set_layout(static_cast<v1::Layout>(*layout));
-  spec.set_dtype(static_cast<v1::DType>(*dtype));
-  spec.set_page_size(absl::GetFlag(FLAGS_page_size));
-  spec.set_layer_num(absl::GetFlag(FLAGS_layers));
-  spec.set_head_num(absl::GetFlag(FLAGS_heads));
-  spec.set_head_dim(absl::GetFlag(FLAGS_head_dim));
-  spec.set_kv_lora_rank(absl::GetFlag(FLAGS_kv_lora_rank));
-  spec.set_qk_rope_head_dim(absl::GetFlag(FLAGS_qk_rope_head_dim));
-  spec.set_size_tokens(absl::GetFlag(FLAGS_size_tokens));
-  spec.set_size_bytes(*size_bytes);
-  spec.set_host_to_device_ratio(absl::GetFlag(FLAGS_ratio));
-  spec.set_device_size_tokens(absl::GetFlag(FLAGS_device_size_tokens));
+// Whether --NAME was given (for --spec, whose fields only given flags override).
+bool Given(absl::string_view name) { return g_given_flags.count(std::string(name)) > 0; }
+
+// "8x64x128" -> dims; "8x64x128:fp32" also sets *dtype.
+absl::Status ParseShape(absl::string_view flag, absl::string_view text, v1::Shape* shape,
+                        v1::DType* dtype) {
+  const size_t colon = text.find(':');
+  if (colon != absl::string_view::npos) {
+    if (dtype == nullptr) {
+      return UsageError(absl::StrCat(FlagName(flag), " '", text, "' takes no dtype"));
+    }
+    absl::StatusOr<int> parsed =
+        ParseEnumFlag(flag, std::string(text.substr(colon + 1)), v1::DType_descriptor());
+    if (!parsed.ok()) return parsed.status();
+    *dtype = static_cast<v1::DType>(*parsed);
+    text = text.substr(0, colon);
+  }
+  shape->clear_dims();
+  for (absl::string_view part : absl::StrSplit(text, 'x')) {
+    uint32_t dim = 0;
+    if (!absl::SimpleAtoi(part, &dim) || dim == 0) {
+      return UsageError(absl::StrCat(FlagName(flag), " '", text,
+                                     "' is not a shape like 8x64x128 (positive dims)"));
+    }
+    shape->add_dims(dim);
+  }
+  return absl::OkStatus();
+}
+
+// What each kind needs besides layers and a size: a flag given or a spec
+// field set; kvhostd judges the values.
+struct Requirement {
+  v1::PoolKind kind;
+  const char* flags;  // for the message
+  bool (*present)(const v1::PoolSpec&);
+};
+
+constexpr Requirement kRequirements[] = {
+    {v1::MHA, "--heads and --head-dim",
+     [](const v1::PoolSpec& s) { return s.head_num() != 0 && s.head_dim() != 0; }},
+    {v1::MHA_ASYMMETRIC, "--heads, --head-dim and --v-head-dim",
+     [](const v1::PoolSpec& s) {
+       return s.head_num() != 0 && s.head_dim() != 0 && s.v_head_dim() != 0;
+     }},
+    {v1::K_ONLY, "--heads, --head-dim and --follows",
+     [](const v1::PoolSpec& s) {
+       return s.head_num() != 0 && s.head_dim() != 0 && !s.follows().empty();
+     }},
+    {v1::MLA, "--kv-lora-rank and/or --qk-rope-head-dim (or --kv-cache-dim)",
+     [](const v1::PoolSpec& s) {
+       return s.kv_lora_rank() + s.qk_rope_head_dim() + s.kv_cache_dim() != 0;
+     }},
+    {v1::DSA,
+     "--kv-lora-rank and/or --qk-rope-head-dim (or --kv-cache-dim), and --index-head-dim with "
+     "--index-quant-block (or --index-row-bytes)",
+     [](const v1::PoolSpec& s) {
+       return s.kv_lora_rank() + s.qk_rope_head_dim() + s.kv_cache_dim() != 0 &&
+              (s.index_row_bytes() != 0 ||
+               (s.index_head_dim() != 0 && s.index_quant_block_size() != 0));
+     }},
+    {v1::DSA_INDEXER, "--index-head-dim, --index-quant-block and --follows",
+     [](const v1::PoolSpec& s) {
+       return s.index_head_dim() != 0 && s.index_quant_block_size() != 0 && !s.follows().empty();
+     }},
+    {v1::MAMBA, "--mamba-temporal and --mamba-conv",
+     [](const v1::PoolSpec& s) {
+       return s.mamba().temporal().dims_size() > 0 && s.mamba().conv_size() > 0;
+     }},
+    {v1::V4_PAGED, "--item-bytes", [](const v1::PoolSpec& s) { return s.item_bytes() != 0; }},
+    {v1::V4_STATE, "--ring-size, --state-slot-bytes and --follows",
+     [](const v1::PoolSpec& s) {
+       return s.ring_size() != 0 && s.state_slot_bytes() != 0 && !s.follows().empty();
+     }},
+};
+
+// The spec of create-pool: --spec's JSON, then every flag given (with
+// --spec) or every flag with its default (without it).
+absl::StatusOr<v1::PoolSpec> SpecFromFlags() {
+  v1::PoolSpec spec;
+  const std::string json = absl::GetFlag(FLAGS_spec);
+  const bool from_json = !json.empty();
+  if (from_json) {
+    if (auto s = google::protobuf::util::JsonStringToMessage(json, &spec); !s.ok()) {
+      return UsageError(absl::StrCat("--spec is not a kvhost.v1.PoolSpec in protobuf JSON: ",
+                                     std::string(s.message())));
+    }
+  }
+  const auto use = [&](absl::string_view name) { return !from_json || Given(name); };
+  if (use("kind")) {
+    absl::StatusOr<int> kind =
+        ParseEnumFlag("kind", absl::GetFlag(FLAGS_kind), v1::PoolKind_descriptor());
+    if (!kind.ok()) return kind.status();
+    spec.set_kind(static_cast<v1::PoolKind>(*kind));
+  }
+  if (use("layout")) {
+    absl::StatusOr<int> layout =
+        ParseEnumFlag("layout", absl::GetFlag(FLAGS_layout), v1::Layout_descriptor());
+    if (!layout.ok()) return layout.status();
+    spec.set_layout(static_cast<v1::Layout>(*layout));
+  }
+  if (use("dtype")) {
+    absl::StatusOr<int> dtype =
+        ParseEnumFlag("dtype", absl::GetFlag(FLAGS_dtype), v1::DType_descriptor());
+    if (!dtype.ok()) return dtype.status();
+    spec.set_dtype(static_cast<v1::DType>(*dtype));
+  }
+  if (use("size_bytes")) {
+    absl::StatusOr<uint64_t> size_bytes =
+        ParseByteSize("size_bytes", absl::GetFlag(FLAGS_size_bytes));
+    if (!size_bytes.ok()) return size_bytes.status();
+    spec.set_size_bytes(*size_bytes);
+  }
+  if (use("follows")) spec.set_follows(absl::GetFlag(FLAGS_follows));
+  if (Given("page_size")) {
+    spec.set_page_size(absl::GetFlag(FLAGS_page_size));
+  } else if (!from_json && spec.follows().empty()) {
+    // A follower takes its pool's page size; mamba's is 1.
+    spec.set_page_size(spec.kind() == v1::MAMBA ? 1 : absl::GetFlag(FLAGS_page_size));
+  }
+#define KVHOST_FLAG_FIELD(flag, setter) \
+  if (use(#flag)) spec.setter(absl::GetFlag(FLAGS_##flag))
+  KVHOST_FLAG_FIELD(layers, set_layer_num);
+  KVHOST_FLAG_FIELD(heads, set_head_num);
+  KVHOST_FLAG_FIELD(head_dim, set_head_dim);
+  KVHOST_FLAG_FIELD(v_head_dim, set_v_head_dim);
+  KVHOST_FLAG_FIELD(kv_lora_rank, set_kv_lora_rank);
+  KVHOST_FLAG_FIELD(qk_rope_head_dim, set_qk_rope_head_dim);
+  KVHOST_FLAG_FIELD(size_tokens, set_size_tokens);
+  KVHOST_FLAG_FIELD(ratio, set_host_to_device_ratio);
+  KVHOST_FLAG_FIELD(device_size_tokens, set_device_size_tokens);
+  KVHOST_FLAG_FIELD(start_layer, set_start_layer);
+  KVHOST_FLAG_FIELD(index_head_dim, set_index_head_dim);
+  KVHOST_FLAG_FIELD(index_quant_block, set_index_quant_block_size);
+  KVHOST_FLAG_FIELD(index_row_bytes, set_index_row_bytes);
+  KVHOST_FLAG_FIELD(kv_cache_dim, set_kv_cache_dim);
+  KVHOST_FLAG_FIELD(item_bytes, set_item_bytes);
+  KVHOST_FLAG_FIELD(ring_size, set_ring_size);
+  KVHOST_FLAG_FIELD(state_slot_bytes, set_state_slot_bytes);
+#undef KVHOST_FLAG_FIELD
+  if (const std::string temporal = absl::GetFlag(FLAGS_mamba_temporal); !temporal.empty()) {
+    v1::DType dtype = spec.mamba().temporal_dtype();
+    if (absl::Status s = ParseShape("mamba_temporal", temporal,
+                                    spec.mutable_mamba()->mutable_temporal(), &dtype);
+        !s.ok()) {
+      return s;
+    }
+    spec.mutable_mamba()->set_temporal_dtype(dtype);
+  }
+  if (const std::string conv = absl::GetFlag(FLAGS_mamba_conv); !conv.empty()) {
+    spec.mutable_mamba()->clear_conv();
+    for (absl::string_view shape : absl::StrSplit(conv, ',')) {
+      if (absl::Status s =
+              ParseShape("mamba_conv", shape, spec.mutable_mamba()->add_conv(), nullptr);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return spec;
+}
+
+absl::Status RunCreatePool(Context& ctx, const Args& args) {
+  absl::StatusOr<v1::PoolSpec> parsed = SpecFromFlags();
+  if (!parsed.ok()) return parsed.status();
+  const v1::PoolSpec& spec = *parsed;
 
   // Only whether a required flag was given is checked here, so the message
   // can name the flag; kvhostd judges the values.
-  if (spec.layer_num() == 0) return UsageError("create-pool needs --layers");
-  if (spec.kind() == v1::MHA && (spec.head_num() == 0 || spec.head_dim() == 0)) {
-    return UsageError("create-pool --kind=mha needs --heads and --head-dim");
+  const std::string kind = absl::AsciiStrToLower(v1::PoolKind_Name(spec.kind()));
+  if (spec.layer_num() == 0 && spec.kind() != v1::LOGICAL) {
+    return UsageError("create-pool needs --layers");
   }
-  if (spec.kind() == v1::MLA && spec.kv_lora_rank() + spec.qk_rope_head_dim() == 0) {
-    return UsageError("create-pool --kind=mla needs --kv-lora-rank and/or --qk-rope-head-dim");
+  for (const Requirement& r : kRequirements) {
+    if (r.kind == spec.kind() && !r.present(spec)) {
+      return UsageError(absl::StrCat("create-pool --kind=", kind, " needs ", r.flags));
+    }
   }
-  if (spec.size_tokens() == 0 && spec.size_bytes() == 0 &&
+  if (spec.follows().empty() && spec.size_tokens() == 0 && spec.size_bytes() == 0 &&
       (spec.host_to_device_ratio() <= 0 || spec.device_size_tokens() == 0)) {
     return UsageError(
         "create-pool needs a size: --size-tokens, --size-bytes, or --ratio with "
@@ -613,14 +896,23 @@ absl::Status RunFree(Context& ctx, const Args& args) {
   return absl::OkStatus();
 }
 
-// What segment `i` of a PageBufferMeta covers, in the order pool.proto gives;
-// empty when the answer does not have the shape that order implies.
+// What segment `i` of a PageBufferMeta covers, in the order pool.proto gives
+// (per page, per layer for LAYER_FIRST, per component); empty when the answer
+// does not have the shape that order implies.
 std::string SegmentLabel(const v1::Pool& pool, absl::Span<const int64_t> slots, int segments,
                          int i) {
   const v1::PoolSpec& spec = pool.spec();
-  const int planes = spec.kind() == v1::MLA ? 1 : 2;
+  std::vector<std::string> names;
+  for (const v1::PoolComponent& c : pool.components()) {
+    names.push_back(c.name() == "k" ? "K" : c.name() == "v" ? "V" : c.name());
+  }
+  if (names.empty()) {  // a daemon that does not list its components
+    names = spec.kind() == v1::MHA ? std::vector<std::string>{"K", "V"}
+                                   : std::vector<std::string>{""};
+  }
+  const int per_component = static_cast<int>(names.size());
   const bool per_layer = spec.layout() == v1::LAYER_FIRST;
-  const int per_page = (per_layer ? static_cast<int>(spec.layer_num()) : 1) * planes;
+  const int per_page = (per_layer ? static_cast<int>(spec.layer_num()) : 1) * per_component;
   const uint64_t page_size = spec.page_size();
   if (page_size == 0 || per_page == 0 ||
       static_cast<uint64_t>(segments) != slots.size() / page_size * per_page) {
@@ -630,8 +922,9 @@ std::string SegmentLabel(const v1::Pool& pool, absl::Span<const int64_t> slots, 
   const int within = i % per_page;
   std::string label = absl::StrCat(
       "page ", static_cast<uint64_t>(slots[page_index * page_size]) / page_size,
-      per_layer ? absl::StrCat(" layer ", within / planes) : std::string(" all layers"));
-  if (planes == 2) absl::StrAppend(&label, within % planes == 0 ? " K" : " V");
+      per_layer ? absl::StrCat(" layer ", within / per_component) : std::string(" all layers"));
+  const std::string& name = names[within % per_component];
+  if (!name.empty() && !(per_component == 1 && name == "latent")) absl::StrAppend(&label, " ", name);
   return label;
 }
 
@@ -659,6 +952,172 @@ absl::Status RunMeta(Context& ctx, const Args& args) {
                     pool.ok() ? SegmentLabel(*pool, *slots, meta->segments_size(), i) : ""});
   }
   PrintTable(rows, "rrrl", "  ");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> IndexArg(const std::string& text) {
+  int64_t index = 0;
+  if (!absl::SimpleAtoi(text, &index) || index < 0) {
+    return UsageError(absl::StrCat("INDEX '", text, "' is not a slot (the first slot of a page)"));
+  }
+  return index;
+}
+
+// Up to this many bytes of a page are dumped as hex when no --out is given.
+constexpr size_t kHexDumpBytes = 256;
+
+absl::Status RunPageGet(Context& ctx, const Args& args) {
+  absl::StatusOr<int64_t> index = IndexArg(args[1]);
+  if (!index.ok()) return index.status();
+  const int64_t indices[] = {*index};
+  absl::StatusOr<std::vector<std::string>> pages =
+      ctx.client->ReadPages(args[0], indices, absl::GetFlag(FLAGS_chunk_bytes));
+  if (!pages.ok()) return pages.status();
+  const std::string& page = (*pages)[0];
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (!out.empty()) {
+    std::ofstream file(out, std::ios::binary | std::ios::trunc);
+    file.write(page.data(), static_cast<std::streamsize>(page.size()));
+    file.close();
+    if (!file) return absl::UnavailableError(absl::StrCat("cannot write ", out));
+  }
+  if (ctx.json) {
+    if (out.empty()) {
+      v1::PageData data;
+      data.set_index(*index);
+      data.set_data(page);
+      data.set_page_bytes(page.size());
+      PrintLine(MessageJson(data));
+    } else {
+      PrintLine(JsonObject()
+                    .Str("pool", args[0])
+                    .Int("index", *index)
+                    .Uint("page_bytes", page.size())
+                    .Str("out", out)
+                    .str());
+    }
+    return absl::OkStatus();
+  }
+  PrintLine(absl::StrFormat("pool '%s' page at slot %d: %d bytes%s", args[0], *index, page.size(),
+                            out.empty() ? "" : absl::StrCat(", written to ", out)));
+  if (!out.empty()) return absl::OkStatus();
+  const size_t shown = std::min(page.size(), kHexDumpBytes);
+  for (size_t row = 0; row < shown; row += 16) {
+    std::string line = absl::StrFormat("  %08x ", row);
+    for (size_t k = row; k < std::min(shown, row + 16); ++k) {
+      absl::StrAppendFormat(&line, " %02x", static_cast<uint8_t>(page[k]));
+    }
+    PrintLine(line);
+  }
+  if (shown < page.size()) {
+    PrintLine(absl::StrFormat("  ... %d more bytes (--out=FILE writes them all)",
+                              page.size() - shown));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunPageSet(Context& ctx, const Args& args) {
+  absl::StatusOr<int64_t> index = IndexArg(args[1]);
+  if (!index.ok()) return index.status();
+  const std::string in = absl::GetFlag(FLAGS_in);
+  if (in.empty()) return UsageError("page-set needs --in=FILE (one flat page)");
+  std::ifstream file(in, std::ios::binary);
+  if (!file) return UsageError(absl::StrCat("page-set: cannot read ", in));
+  std::vector<std::string> pages(1);
+  pages[0].assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  const int64_t indices[] = {*index};
+  absl::StatusOr<uint64_t> written =
+      ctx.client->WritePages(args[0], indices, pages, absl::GetFlag(FLAGS_chunk_bytes));
+  if (!written.ok()) return written.status();
+  if (ctx.json) {
+    v1::WritePagesResponse response;
+    response.set_pages_written(*written);
+    PrintLine(MessageJson(response));
+  } else {
+    PrintLine(absl::StrFormat("wrote page at slot %d of pool '%s' (%d bytes from %s)", *index,
+                              args[0], pages[0].size(), in));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunPageShape(Context& ctx, const Args& args) {
+  absl::StatusOr<v1::PageShape> shape = ctx.client->GetPageShape(args[0]);
+  if (!shape.ok()) return shape.status();
+  if (ctx.json) {
+    PrintLine(MessageJson(*shape));
+    return absl::OkStatus();
+  }
+  PrintLine(absl::StrFormat("pool '%s': a flat page has %d bytes", args[0], shape->bytes()));
+  std::vector<std::vector<std::string>> rows = {{"PART", "DIMS", "DTYPE", "BYTES"}};
+  for (const v1::PageShape::Part& part : shape->parts()) {
+    rows.push_back({part.component(), absl::StrCat("(", absl::StrJoin(part.dims(), ","), ")"),
+                    absl::AsciiStrToLower(v1::DType_Name(part.dtype())),
+                    absl::StrCat(part.bytes())});
+  }
+  PrintTable(rows, "lllr", "  ");
+  return absl::OkStatus();
+}
+
+absl::Status RunSplitMeta(Context& ctx, const Args& args) {
+  absl::StatusOr<std::vector<int64_t>> slots = IndicesArg(args);
+  if (!slots.ok()) return slots.status();
+  const uint32_t factor = absl::GetFlag(FLAGS_split_factor);
+  if (factor == 0) return UsageError("split-meta needs --split-factor=F (head groups per page)");
+  absl::StatusOr<v1::PageBufferMeta> meta =
+      ctx.client->GetSplitHeadsPageBufferMeta(args[0], *slots, factor);
+  if (!meta.ok()) return meta.status();
+  if (ctx.json) {
+    PrintLine(MessageJson(*meta));
+    return absl::OkStatus();
+  }
+  PrintLine(absl::StrFormat("pool '%s': %d segment(s), %d head group(s) per page", args[0],
+                            meta->segments_size(), factor));
+  for (int r = 0; r < meta->region_paths_size(); ++r) {
+    PrintLine(absl::StrFormat("  region %d: %s", r, meta->region_paths(r)));
+  }
+  std::vector<std::vector<std::string>> rows = {{"REGION", "OFFSET", "LENGTH"}};
+  for (const v1::Segment& s : meta->segments()) {
+    rows.push_back({absl::StrCat(s.region_index()), absl::StrCat(s.offset()),
+                    absl::StrCat(s.length())});
+  }
+  PrintTable(rows, "rrr", "  ");
+  return absl::OkStatus();
+}
+
+absl::Status RunStride(Context& ctx, const Args& args) {
+  const uint64_t alignment = absl::GetFlag(FLAGS_alignment);
+  absl::StatusOr<v1::StrideAlignment> stride = ctx.client->IsStridePageAligned(args[0], alignment);
+  if (!stride.ok()) return stride.status();
+  if (ctx.json) {
+    PrintLine(MessageJson(*stride));
+    return absl::OkStatus();
+  }
+  PrintLine(absl::StrFormat("pool '%s': page blocks %s on %d bytes; strides %s", args[0],
+                            stride->aligned() ? "start" : "do not all start",
+                            alignment == 0 ? 4096 : alignment,
+                            absl::StrJoin(stride->page_strides(), ", ")));
+  return absl::OkStatus();
+}
+
+absl::Status RunBufInfo(Context& ctx, const Args& args) {
+  absl::StatusOr<v1::ContiguousBufferInfos> infos = ctx.client->GetContiguousBufferInfos(args[0]);
+  if (!infos.ok()) return infos.status();
+  if (ctx.json) {
+    PrintLine(MessageJson(*infos));
+    return absl::OkStatus();
+  }
+  PrintLine(absl::StrFormat("pool '%s': %d range(s)", args[0], infos->infos_size()));
+  for (int r = 0; r < infos->region_paths_size(); ++r) {
+    PrintLine(absl::StrFormat("  region %d: %s", r, infos->region_paths(r)));
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"COMPONENT", "LAYER", "REGION", "OFFSET", "LENGTH", "ITEM"}};
+  for (const v1::ContiguousBufferInfo& i : infos->infos()) {
+    rows.push_back({i.component(), absl::StrCat(i.layer()), absl::StrCat(i.region_index()),
+                    absl::StrCat(i.offset()), absl::StrCat(i.length()),
+                    absl::StrCat(i.item_bytes())});
+  }
+  PrintTable(rows, "lrrrrr", "  ");
   return absl::OkStatus();
 }
 
@@ -1284,11 +1743,18 @@ constexpr Command kCommands[] = {
     {"status", "", 0, 0, RunStatus},
     {"health", "[SERVICE]", 0, 1, RunHealth},
     {"pools", "", 0, 0, RunPools},
+    {"pool", "NAME", 1, 1, RunPool},
     {"create-pool", "NAME", 1, 1, RunCreatePool},
     {"delete-pool", "NAME", 1, 1, RunDeletePool},
     {"alloc", "POOL N", 2, 2, RunAlloc},
     {"free", "POOL INDICES", 2, kAnyNumber, RunFree},
     {"meta", "POOL INDICES", 2, kAnyNumber, RunMeta},
+    {"page-get", "POOL INDEX", 2, 2, RunPageGet},
+    {"page-set", "POOL INDEX", 2, 2, RunPageSet},
+    {"page-shape", "POOL", 1, 1, RunPageShape},
+    {"split-meta", "POOL INDICES", 2, kAnyNumber, RunSplitMeta},
+    {"stride", "POOL", 1, 1, RunStride},
+    {"bufinfo", "POOL", 1, 1, RunBufInfo},
     {"demo", "", 0, 0, RunDemo},
     {"watch", "", 0, 0, RunWatch},
 };
