@@ -120,8 +120,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Mutate("Kind", MhaSpec(), "spec.kind",
                [](PoolSpec& s) { s.kind = static_cast<PoolKind>(0); }),
-        Mutate("Kind9", MhaSpec(), "spec.kind",
-               [](PoolSpec& s) { s.kind = static_cast<PoolKind>(9); }),
+        Mutate("Kind11", MhaSpec(), "spec.kind",
+               [](PoolSpec& s) { s.kind = static_cast<PoolKind>(11); }),
         Mutate("Layout0", MhaSpec(), "spec.layout",
                [](PoolSpec& s) { s.layout = static_cast<LayoutKind>(0); }),
         Mutate("Layout5", MhaSpec(), "spec.layout",

@@ -1,8 +1,11 @@
 #include "server/pool/pool.h"
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace kvhost {
 
@@ -13,33 +16,62 @@ absl::Status WithPool(const std::string& pool, const absl::Status& status) {
 
 absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, const PoolSpec& spec,
                                                    uint64_t size_tokens,
-                                                   const std::string& region_prefix) {
-  const KvLayout layout = MakeKvLayout(spec, size_tokens);
-  // One file holding every plane, in the seeds' shapes: MHA (2, ...) with V at
-  // plane_bytes, MLA (...) alone.
-  std::vector<std::unique_ptr<ShmRegion>> regions;
-  absl::StatusOr<std::unique_ptr<ShmRegion>> kv =
-      ShmRegion::Create(absl::StrCat(region_prefix, name, ".kv"), layout.total_bytes());
-  if (!kv.ok()) return WithPool(name, kv.status());
-  regions.push_back(*std::move(kv));
-  std::shared_ptr<Pool> pool(new Pool(name, spec, layout, std::move(regions)));
-  // One component per plane: K at 0 and V at plane_bytes (MHA), or the latent.
-  KvLayout plane = layout;
-  plane.planes = 1;
-  const char* names[2] = {spec.kind == PoolKind::kMha ? "k" : "latent", "v"};
-  for (uint64_t p = 0; p < layout.planes; ++p) {
-    pool->components_.push_back(Component{names[p], plane, 0, p * layout.plane_bytes, 1});
+                                                   const std::string& region_prefix,
+                                                   std::shared_ptr<Pool> follows) {
+  // One file per distinct suffix, in the seeds' exact shapes: MHA (2, ...)
+  // with V at V_OFF in ".kv"; MHA_ASYMMETRIC ".k" and ".v"; DSA the latent
+  // and ".index_k"; MAMBA ".temporal" and ".conv<j>"; LOGICAL none.
+  const std::vector<Component> components = MakeComponents(spec, size_tokens);
+  const std::vector<std::string> suffixes = RegionSuffixes(spec);
+  std::vector<uint64_t> sizes(suffixes.size(), 0);
+  for (const Component& c : components) {
+    sizes[c.region] = std::max(sizes[c.region], c.region_offset + c.bytes());
   }
-  return pool;
+  std::vector<std::unique_ptr<ShmRegion>> regions;
+  for (size_t r = 0; r < suffixes.size(); ++r) {
+    absl::StatusOr<std::unique_ptr<ShmRegion>> region =
+        ShmRegion::Create(absl::StrCat(region_prefix, name, suffixes[r]), sizes[r]);
+    // The regions made so far go with `regions`: their files are removed.
+    if (!region.ok()) return WithPool(name, region.status());
+    regions.push_back(*std::move(region));
+  }
+  return std::shared_ptr<Pool>(
+      new Pool(name, spec, size_tokens, std::move(regions), std::move(follows)));
 }
 
-Pool::Pool(std::string name, const PoolSpec& spec, const KvLayout& layout,
-           std::vector<std::unique_ptr<ShmRegion>> regions)
+namespace {
+
+uint64_t SumSizes(const std::vector<std::unique_ptr<ShmRegion>>& regions) {
+  uint64_t bytes = 0;
+  for (const auto& r : regions) bytes += r->size();
+  return bytes;
+}
+
+bool AnyPageRow(const std::vector<Component>& components) {
+  for (const Component& c : components) {
+    if (c.row_tokens > 1) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Pool::Pool(std::string name, const PoolSpec& spec, uint64_t size_tokens,
+           std::vector<std::unique_ptr<ShmRegion>> regions, std::shared_ptr<Pool> follows)
     : name_(std::move(name)),
       spec_(spec),
-      layout_(layout),
+      layout_(MakeKvLayout(spec, size_tokens)),
       regions_(std::move(regions)),
-      allocator_(layout.page_num(), layout.page_size) {}
+      components_(MakeComponents(spec, size_tokens)),
+      whole_pages_(MovesWholePages(spec.kind) || AnyPageRow(components_)),
+      follows_(std::move(follows)),
+      bytes_(SumSizes(regions_)),
+      allocator_(follows_ ? 0 : size_tokens / spec.page_size, spec.page_size) {}
+
+std::string Pool::Label() const {
+  return absl::StrCat("pool '", name_, "' (", PoolKindName(spec_.kind), "/",
+                      LayoutName(spec_.layout), ")");
+}
 
 std::vector<std::string> Pool::region_paths() const {
   std::vector<std::string> paths;
@@ -47,7 +79,34 @@ std::vector<std::string> Pool::region_paths() const {
   return paths;
 }
 
+std::vector<std::string> Pool::followers() const {
+  absl::MutexLock lock(&mu_);
+  return followers_;
+}
+
+absl::Status Pool::AddFollower(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  if (retired_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool '", name_, "' is being deleted; '", name, "' cannot follow it"));
+  }
+  followers_.insert(std::upper_bound(followers_.begin(), followers_.end(), name), name);
+  return absl::OkStatus();
+}
+
+void Pool::RemoveFollower(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  followers_.erase(std::remove(followers_.begin(), followers_.end(), name), followers_.end());
+}
+
 absl::StatusOr<std::vector<uint64_t>> Pool::AllocPages(uint64_t num_tokens) {
+  if (follows_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Label(), " follows '", follows_->name(), "' and has no allocator",
+        spec_.kind == PoolKind::kV4State ? " (\"reuses SWA transfer indices and has no allocator\")"
+                                         : "",
+        "; Alloc on '", allocator_owner()->name(), "'"));
+  }
   std::vector<uint64_t> pages;
   absl::Status s = allocator_.Alloc(num_tokens, &pages);
   if (!s.ok()) return WithPool(name_, s);
@@ -55,6 +114,13 @@ absl::StatusOr<std::vector<uint64_t>> Pool::AllocPages(uint64_t num_tokens) {
 }
 
 absl::StatusOr<uint64_t> Pool::Free(absl::Span<const int64_t> slots) {
+  if (follows_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Label(), " follows '", follows_->name(), "' and has no allocator",
+        spec_.kind == PoolKind::kV4State ? " (\"reuses SWA transfer indices and has no free list\")"
+                                         : "",
+        "; Free on '", allocator_owner()->name(), "'"));
+  }
   absl::StatusOr<std::vector<uint64_t>> pages =
       ParsePages(slots, layout_.page_size, layout_.tokens);
   if (!pages.ok()) return WithPool(name_, pages.status());
@@ -63,43 +129,269 @@ absl::StatusOr<uint64_t> Pool::Free(absl::Span<const int64_t> slots) {
   return static_cast<uint64_t>(slots.size());
 }
 
-absl::StatusOr<std::vector<RegionSegment>> Pool::PageBufferMeta(
-    absl::Span<const int64_t> slots) const {
+absl::StatusOr<std::vector<uint64_t>> Pool::Pages(absl::Span<const int64_t> slots) const {
   absl::StatusOr<std::vector<uint64_t>> pages =
       ParsePages(slots, layout_.page_size, layout_.tokens);
   if (!pages.ok()) return WithPool(name_, pages.status());
-  const uint64_t meta_layers = layout_.MetaPerLayer() ? layout_.layers : 1;
-  const uint64_t length = layout_.MetaSegmentBytes();
+  return pages;
+}
+
+RegionSegment Pool::PageSegment(const Component& c, uint64_t first_slot, uint64_t layer) const {
+  // KvLayout's page-metadata math over the component's rows: a page is
+  // ps token rows, or one page row (layout.page_size 1).
+  const uint64_t row = c.row_of(first_slot);
+  return RegionSegment{c.region, c.region_offset + c.layout.MetaSegmentOffset(0, row, layer),
+                       c.layout.MetaSegmentBytes()};
+}
+
+template <typename Fn>
+void Pool::ForEachFlatSegment(uint64_t first_slot, Fn&& fn) const {
+  for (const Component& c : components_) {
+    if (c.layout.MetaPerLayer()) {
+      for (uint64_t l = 0; l < c.layout.layers; ++l) fn(PageSegment(c, first_slot, l));
+    } else {
+      fn(PageSegment(c, first_slot, 0));
+    }
+  }
+}
+
+absl::StatusOr<std::vector<RegionSegment>> Pool::PageBufferMeta(
+    absl::Span<const int64_t> slots) const {
+  // The seeds raise for these (ValueError "Unsupported layout").
+  if (spec_.layout == LayoutKind::kLayerFirst &&
+      (spec_.kind == PoolKind::kKOnly || spec_.kind == PoolKind::kDsaIndexer)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Label(), " has no page buffer metadata: the seeds describe its pages only in "
+                 "PAGE_FIRST and PAGE_FIRST_DIRECT (\"Unsupported layout: layer_first\")"));
+  }
+  absl::StatusOr<std::vector<uint64_t>> pages = Pages(slots);
+  if (!pages.ok()) return pages.status();
+  const bool per_layer = spec_.layout == LayoutKind::kLayerFirst;
+  const uint64_t meta_layers = per_layer ? spec_.layer_num : 1;
   std::vector<RegionSegment> segments;
-  segments.reserve(pages->size() * meta_layers * layout_.planes);
+  segments.reserve(pages->size() * meta_layers * components_.size());
   for (uint64_t page : *pages) {
     const uint64_t first = page * layout_.page_size;
+    // LAYER_FIRST: per page, per layer, per component; else per page, per
+    // component.
     for (uint64_t layer = 0; layer < meta_layers; ++layer) {
-      for (uint64_t plane = 0; plane < layout_.planes; ++plane) {
-        segments.push_back({0, layout_.MetaSegmentOffset(plane, first, layer), length});
+      for (const Component& c : components_) segments.push_back(PageSegment(c, first, layer));
+    }
+  }
+  return segments;
+}
+
+absl::Status Pool::CheckPage(int64_t first_slot) const {
+  if (spec_.kind == PoolKind::kMhaAsymmetric) {  // S1:1142-1149
+    return absl::FailedPreconditionError(absl::StrCat(
+        Label(), " has no flat page: K and V have different head dims and the seeds raise "
+                 "NotImplementedError for the flat-page APIs; use GetPageBufferMeta (zero copy)"));
+  }
+  const uint64_t ps = layout_.page_size;
+  if (first_slot < 0 || static_cast<uint64_t>(first_slot) >= layout_.tokens ||
+      static_cast<uint64_t>(first_slot) % ps != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Label(), ": index ", first_slot, " is not the first slot of a page in [0, ",
+                     layout_.tokens, ") (a multiple of page_size ", ps, ")"));
+  }
+  const int64_t slot[1] = {first_slot};
+  absl::Status s = allocator().CheckAllocated(slot);
+  if (!s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Label(), ": the page at index ", first_slot, " is not allocated",
+                     follows_ ? absl::StrCat(" in '", allocator_owner()->name(), "'") : "",
+                     " (", s.message(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+uint64_t Pool::flat_page_bytes() const { return bytes_per_page(); }
+
+absl::Status Pool::ReadPage(int64_t first_slot, absl::Span<uint8_t> out) const {
+  if (absl::Status s = CheckPage(first_slot); !s.ok()) return s;
+  if (out.size() != flat_page_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("a buffer of ", out.size(), " bytes; a page of ",
+                                                   Label(), " has ", flat_page_bytes()));
+  }
+  uint64_t at = 0;
+  ForEachFlatSegment(first_slot, [&](const RegionSegment& seg) {
+    std::memcpy(out.data() + at, regions_[seg.region]->data() + seg.offset, seg.length);
+    at += seg.length;
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Pool::WritePage(int64_t first_slot, absl::Span<const uint8_t> data) {
+  if (absl::Status s = CheckPage(first_slot); !s.ok()) return s;
+  if (data.size() != flat_page_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("data has ", data.size(), " bytes; a page of ",
+                                                   Label(), " has ", flat_page_bytes()));
+  }
+  uint64_t at = 0;
+  ForEachFlatSegment(first_slot, [&](const RegionSegment& seg) {
+    std::memcpy(regions_[seg.region]->data() + seg.offset, data.data() + at, seg.length);
+    at += seg.length;
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<PagePart>> Pool::PageShape() const {
+  if (spec_.kind == PoolKind::kMhaAsymmetric) {  // S1:1145-1146
+    return absl::FailedPreconditionError(absl::StrCat(
+        Label(), " has no flat page shape: the seeds raise NotImplementedError for "
+                 "get_dummy_flat_data_page; use GetPageBufferMeta (zero copy)"));
+  }
+  // The seeds' dummy flat page, one part per component; the parts
+  // concatenated are the seeds' tensor (MHA's k and v stack to
+  // (2, L, ps, H, D)), except DSA, whose index_k the seeds leave out.
+  const uint64_t L = spec_.layer_num;
+  const uint64_t ps = layout_.page_size;
+  std::vector<PagePart> parts;
+  for (const Component& c : components_) {
+    PagePart part;
+    part.component = c.name;
+    part.bytes = c.layout.MetaSegmentBytes() * (c.layout.MetaPerLayer() ? L : 1);
+    switch (spec_.kind) {
+      case PoolKind::kMha:
+      case PoolKind::kKOnly:
+        part.dims = {L, ps, spec_.head_num, spec_.head_dim};
+        part.dtype = spec_.dtype;
+        break;
+      case PoolKind::kMla:
+      case PoolKind::kDsa:
+        if (c.row_tokens == 1) {
+          part.dims = {L, ps, 1, c.row_bytes() / DTypeSize(spec_.dtype)};
+          part.dtype = spec_.dtype;
+        } else {
+          part.dims = {L, c.row_bytes()};
+        }
+        break;
+      case PoolKind::kMamba:
+        part.dims = {part.bytes};  // (ps * size_per_token,) uint8 over the parts
+        break;
+      default:  // DSA_INDEXER (L, G), V4 (L, R): uint8
+        part.dims = {L, c.row_bytes()};
+        break;
+    }
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
+absl::StatusOr<std::vector<RegionSegment>> Pool::SplitHeadsMeta(absl::Span<const int64_t> slots,
+                                                                uint32_t split_factor) const {
+  if (spec_.kind == PoolKind::kMhaAsymmetric) {  // S1:1151-1157
+    return absl::FailedPreconditionError(absl::StrCat(
+        Label(), " has no split-heads metadata (\"get_split_heads_page_buffer_meta requires "
+                 "layout='page_head', which is not supported for models with head_dim != "
+                 "v_head_dim\")"));
+  }
+  if (spec_.layout != LayoutKind::kPageHead) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Label(), " has no split-heads metadata: it needs layout PAGE_HEAD (seed assert)"));
+  }
+  const uint64_t heads = layout_.heads;
+  if (split_factor == 0 || heads % split_factor != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(Label(), ": split_factor ", split_factor,
+                                                   " must be >= 1 and divide head_num ", heads));
+  }
+  absl::StatusOr<std::vector<uint64_t>> pages = Pages(slots);
+  if (!pages.ok()) return pages.status();
+  const uint64_t group = heads / split_factor;
+  std::vector<RegionSegment> segments;
+  for (uint64_t page : *pages) {
+    const uint64_t first = page * layout_.page_size;
+    for (uint64_t h = 0; h < heads; h += group) {
+      for (const Component& c : components_) {
+        // The group's heads are adjacent in (P, H, ps, L, D): ps * L rows of
+        // head_bytes per head.
+        segments.push_back({c.region, c.region_offset + c.layout.Offset(0, first, 0, h),
+                            c.layout.MetaSegmentBytes() / split_factor});
       }
     }
   }
   return segments;
 }
 
-absl::Status Pool::AcquireAttachment() {
+absl::StatusOr<StrideCheck> Pool::StrideAlignment(uint64_t alignment) const {
+  if (alignment == 0) alignment = 4096;
+  if ((alignment & (alignment - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Label(), ": alignment ", alignment, " is not a power of two"));
+  }
+  StrideCheck out;
+  // Page-major layouts only: a LAYER_FIRST page is one range per layer.
+  out.aligned = spec_.layout != LayoutKind::kLayerFirst && !components_.empty();
+  for (size_t i = 0; i < components_.size(); ++i) {
+    const Component& c = components_[i];
+    // From one page's range to the next: a page's block (page-major), or a
+    // page of one layer (LAYER_FIRST).
+    const uint64_t stride = c.layout.MetaSegmentBytes();
+    out.page_strides.push_back(stride);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(component_base(i));
+    out.aligned = out.aligned && base % alignment == 0 && stride % alignment == 0;
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<BufferInfo>> Pool::ContiguousBufferInfos() const {
+  if (spec_.layout != LayoutKind::kLayerFirst) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Label(), " has no contiguous per-layer buffers: only LAYER_FIRST keeps a layer's rows "
+                 "in one range"));
+  }
+  std::vector<BufferInfo> infos;
+  // Per component, per layer (the device pools' k layers, then v layers).
+  for (const Component& c : components_) {
+    const uint64_t layer_bytes = c.layout.tokens * c.row_bytes();
+    for (uint32_t l = 0; l < c.layout.layers; ++l) {
+      infos.push_back(
+          {c.name, l,
+           RegionSegment{c.region, c.region_offset + c.layout.Offset(0, 0, l, 0), layer_bytes},
+           c.layout.MetaSegmentBytes()});
+    }
+  }
+  return infos;
+}
+
+absl::Status Pool::AcquireAttachment(std::optional<uint32_t> tp_rank) {
+  const uint32_t rank = tp_rank.value_or(0);
   absl::MutexLock lock(&mu_);
   if (retired_) {
     return absl::FailedPreconditionError(absl::StrCat("pool '", name_, "' is being deleted"));
   }
+  if (!IsReplicated(spec_.kind) && !ranks_.empty() && ranks_.count(rank) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Label(), " holds one TP rank's rows (rank ", ranks_.begin()->first,
+        " is attached); tp_rank ", rank, " needs a pool of its own (only MLA, DSA, DSA_INDEXER, "
+        "V4_PAGED and V4_STATE pools are shared by ranks)"));
+  }
   ++attachments_;
+  ++ranks_[rank];
   return absl::OkStatus();
 }
 
-void Pool::ReleaseAttachment() {
+void Pool::ReleaseAttachment(std::optional<uint32_t> tp_rank) {
+  const uint32_t rank = tp_rank.value_or(0);
   absl::MutexLock lock(&mu_);
   --attachments_;
+  auto it = ranks_.find(rank);
+  if (it != ranks_.end() && --it->second == 0) ranks_.erase(it);
 }
 
 uint32_t Pool::attachments() const {
   absl::MutexLock lock(&mu_);
   return attachments_;
+}
+
+uint32_t Pool::replica_ranks() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<uint32_t>(ranks_.size());
+}
+
+uint64_t Pool::bytes_saved() const {
+  const uint32_t ranks = replica_ranks();
+  return IsReplicated(spec_.kind) && ranks > 1 ? bytes_ * (ranks - 1) : 0;
 }
 
 absl::Status Pool::TryRetire() {
@@ -108,34 +400,16 @@ absl::Status Pool::TryRetire() {
     return absl::FailedPreconditionError(absl::StrCat("pool '", name_, "' has ", attachments_,
                                                       " device attachment(s); detach them first"));
   }
+  if (!followers_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Label(), " is followed by ", absl::StrJoin(followers_, ", "),
+                     "; delete the following pools first"));
+  }
   retired_ = true;
   // Jobs still in flight keep the mappings (and the memory) until they end,
   // but the name must be free now: a new pool of the same name reuses the path.
   for (const auto& region : regions_) region->Unlink();
   return absl::OkStatus();
-}
-
-// Page APIs: bodies come with the pool-kinds work (issue 4).
-absl::Status Pool::CheckPage(int64_t) const { return absl::UnimplementedError("CheckPage"); }
-uint64_t Pool::flat_page_bytes() const { return 0; }
-absl::Status Pool::ReadPage(int64_t, absl::Span<uint8_t>) const {
-  return absl::UnimplementedError("ReadPage");
-}
-absl::Status Pool::WritePage(int64_t, absl::Span<const uint8_t>) {
-  return absl::UnimplementedError("WritePage");
-}
-absl::StatusOr<std::vector<PagePart>> Pool::PageShape() const {
-  return absl::UnimplementedError("PageShape");
-}
-absl::StatusOr<std::vector<RegionSegment>> Pool::SplitHeadsMeta(absl::Span<const int64_t>,
-                                                                uint32_t) const {
-  return absl::UnimplementedError("SplitHeadsMeta");
-}
-absl::StatusOr<StrideCheck> Pool::StrideAlignment(uint64_t) const {
-  return absl::UnimplementedError("StrideAlignment");
-}
-absl::StatusOr<std::vector<BufferInfo>> Pool::ContiguousBufferInfos() const {
-  return absl::UnimplementedError("ContiguousBufferInfos");
 }
 
 }  // namespace kvhost

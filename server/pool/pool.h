@@ -1,19 +1,26 @@
 // Pool: one host index space of token slots with its memory, layout and
 // allocator (the seeds' HostKVCache).
 //
-// The bytes live in shared-memory regions created with the pool and removed
-// with it; `layout()` says where each (plane, token, layer, head) lies in
-// region 0. The pool counts the device attachments that use it so it is never
-// deleted under a transfer.
+// The bytes live in shared-memory regions (one file per distinct component
+// suffix, none for LOGICAL) created with the pool and removed with it;
+// `components()` say where each buffer's rows lie. `layout()` is the single
+// region's math of MHA, MLA and K_ONLY pools (and only the index space of the
+// other kinds). A follower (spec.follows) shares the page space and allocator
+// of the pool it follows, and that pool cannot be deleted while it exists.
+// The pool counts the device attachments that use it, and the TP ranks they
+// serve, so it is never deleted under a transfer.
 //
-// Thread safety: all methods may be called concurrently. Spec, layout and
-// regions are fixed at creation; the allocator and attachment count carry
-// their own locks.
+// Thread safety: all methods may be called concurrently. Spec, layout,
+// components and regions are fixed at creation; the allocator carries its own
+// lock; attachments and followers are guarded by the pool's mutex. Page reads
+// and writes are not serialised against transfers of the same page.
 #ifndef KVHOST_SERVER_POOL_POOL_H_
 #define KVHOST_SERVER_POOL_POOL_H_
 
 #include <cstdint>
 #include <memory>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,23 +41,6 @@ struct RegionSegment {
   uint32_t region = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
-};
-
-// One host buffer of a pool: a seed tensor, or one K/V plane of one
-// (kvhost.v1.PoolComponent). Its rows are addressed by `layout`, a one-plane
-// KvLayout whose token rows are either token slots (row_tokens 1) or whole
-// pages (row_tokens = page_size: then layout.page_size is 1, layout.tokens
-// the page count and layout.token_bytes the page row). Byte 0 of `layout`
-// is byte `region_offset` of region `region`. Device buffers of the
-// component have the same row_bytes.
-struct Component {
-  std::string name;
-  KvLayout layout;
-  uint32_t region = 0;
-  uint64_t region_offset = 0;
-  uint64_t row_tokens = 1;
-  uint64_t row_bytes() const { return layout.token_bytes; }
-  uint64_t bytes() const { return layout.total_bytes(); }
 };
 
 // One part of the seeds' dummy flat page (kvhost.v1.PageShape.Part).
@@ -80,9 +70,12 @@ class Pool {
   // Creates the pool's region files under `region_prefix` ("<dir>/kvhost.<pid>.")
   // and maps them. REQUIRES: ValidateSpec(spec).ok(), size_tokens a positive
   // multiple of spec.page_size.
+  // A follower is given the pool it follows (`follows`, whose size_tokens and
+  // page_size it has); others get null.
   static absl::StatusOr<std::shared_ptr<Pool>> Create(const std::string& name, const PoolSpec& spec,
                                                       uint64_t size_tokens,
-                                                      const std::string& region_prefix);
+                                                      const std::string& region_prefix,
+                                                      std::shared_ptr<Pool> follows = nullptr);
 
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -92,11 +85,22 @@ class Pool {
   const KvLayout& layout() const { return layout_; }
   uint64_t size_tokens() const { return layout_.tokens; }
   uint64_t page_num() const { return layout_.page_num(); }
-  uint64_t bytes() const { return layout_.total_bytes(); }
-  uint8_t* base() const { return regions_[0]->data(); }
+  uint64_t page_size() const { return layout_.page_size; }
+  // Host bytes of all regions together.
+  uint64_t bytes() const { return bytes_; }
+  // Host bytes of one page over all layers and components (the flat page).
+  uint64_t bytes_per_page() const { return BytesPerPage(spec_); }
+  // Region 0's first byte (MHA, MLA, K_ONLY: the layout() buffer); null for
+  // LOGICAL, which has no region.
+  uint8_t* base() const { return regions_.empty() ? nullptr : regions_[0]->data(); }
   std::vector<std::string> region_paths() const;
-  PageAllocator& allocator() { return allocator_; }
-  const PageAllocator& allocator() const { return allocator_; }
+  size_t region_count() const { return regions_.size(); }
+  uint8_t* region_base(size_t r) const { return regions_[r]->data(); }
+  uint64_t region_bytes(size_t r) const { return regions_[r]->size(); }
+  // The allocator of allocator_owner(): a follower's slots are the followed
+  // pool's.
+  PageAllocator& allocator() { return allocator_owner()->allocator_; }
+  const PageAllocator& allocator() const { return allocator_owner()->allocator_; }
 
   // The host buffers in flat-page / metadata order (empty for LOGICAL).
   const std::vector<Component>& components() const { return components_; }
@@ -118,7 +122,14 @@ class Pool {
   Pool* allocator_owner() { return follows_ ? follows_->allocator_owner() : this; }
   const Pool* allocator_owner() const { return follows_ ? follows_->allocator_owner() : this; }
 
+  // Names of the pools that follow this one, by name.
+  std::vector<std::string> followers() const;
+  // Registry bookkeeping: FAILED_PRECONDITION once the pool is being deleted.
+  absl::Status AddFollower(const std::string& name);
+  void RemoveFollower(const std::string& name);
+
   // Alloc / Free in token slots, with messages naming the pool.
+  // FAILED_PRECONDITION on a follower (it has no allocator of its own).
   absl::StatusOr<std::vector<uint64_t>> AllocPages(uint64_t num_tokens);
   absl::StatusOr<uint64_t> Free(absl::Span<const int64_t> slots);
 
@@ -143,29 +154,52 @@ class Pool {
   absl::StatusOr<std::vector<BufferInfo>> ContiguousBufferInfos() const;
 
   // Attachment accounting. AcquireAttachment fails with FAILED_PRECONDITION
-  // once the pool is being deleted; TryRetire succeeds only with no
-  // attachments, makes every later AcquireAttachment fail and removes the
-  // region files (jobs in flight keep their mappings).
-  absl::Status AcquireAttachment();
-  void ReleaseAttachment();
+  // once the pool is being deleted, and, for a kind that is not replicated
+  // (IsReplicated), when another TP rank is attached already (no tp_rank
+  // counts as rank 0). ReleaseAttachment takes the rank it was acquired with.
+  // TryRetire succeeds only with no attachments and no followers, makes every
+  // later AcquireAttachment fail and removes the region files (jobs in
+  // flight keep their mappings).
+  absl::Status AcquireAttachment(std::optional<uint32_t> tp_rank = std::nullopt);
+  void ReleaseAttachment(std::optional<uint32_t> tp_rank = std::nullopt);
   uint32_t attachments() const;
+  // Distinct TP ranks attached now, and for replicated kinds the bytes one
+  // shared pool saves over a pool per rank (bytes() x (ranks - 1); else 0).
+  uint32_t replica_ranks() const;
+  uint64_t bytes_saved() const;
   absl::Status TryRetire();
 
  private:
-  Pool(std::string name, const PoolSpec& spec, const KvLayout& layout,
-       std::vector<std::unique_ptr<ShmRegion>> regions);
+  Pool(std::string name, const PoolSpec& spec, uint64_t size_tokens,
+       std::vector<std::unique_ptr<ShmRegion>> regions, std::shared_ptr<Pool> follows);
+
+  // "pool 'x' (MHA/PAGE_FIRST)" for messages.
+  std::string Label() const;
+  // Region range of component c's bytes of the page starting at
+  // `first_slot`: of layer `layer` (LAYER_FIRST), or of all layers.
+  RegionSegment PageSegment(const Component& c, uint64_t first_slot, uint64_t layer) const;
+  // Calls fn(segment) for each range of the page starting at `first_slot` in
+  // flat-page order.
+  template <typename Fn>
+  void ForEachFlatSegment(uint64_t first_slot, Fn&& fn) const;
+  // The page starts of whole-page slot lists (ParsePages with this pool's
+  // messages).
+  absl::StatusOr<std::vector<uint64_t>> Pages(absl::Span<const int64_t> slots) const;
 
   const std::string name_;
   const PoolSpec spec_;
   const KvLayout layout_;
   const std::vector<std::unique_ptr<ShmRegion>> regions_;
-  std::vector<Component> components_;  // fixed after Create
-  bool whole_pages_ = false;           // fixed after Create
-  std::shared_ptr<Pool> follows_;      // fixed after Create
-  PageAllocator allocator_;
+  const std::vector<Component> components_;
+  const bool whole_pages_;
+  const std::shared_ptr<Pool> follows_;
+  const uint64_t bytes_;
+  PageAllocator allocator_;  // unused on a follower (allocator() is the owner's)
 
   mutable absl::Mutex mu_;
   uint32_t attachments_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint32_t, uint32_t> ranks_ ABSL_GUARDED_BY(mu_);  // tp_rank -> attachments
+  std::vector<std::string> followers_ ABSL_GUARDED_BY(mu_);
   bool retired_ ABSL_GUARDED_BY(mu_) = false;
 };
 

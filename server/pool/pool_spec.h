@@ -78,26 +78,81 @@ struct PoolSpec {
   uint64_t state_slot_bytes = 0;    // V4_STATE
 };
 
-// Checks dims, dtype and that the kind supports the layout. Errors are
-// INVALID_ARGUMENT naming the field ("spec.head_dim must be >= 1 for MHA").
+// One host buffer of a pool: a seed tensor, or one K/V plane of one
+// (kvhost.v1.PoolComponent). Its rows are addressed by `layout`, a one-plane
+// KvLayout whose token rows are either token slots (row_tokens 1) or whole
+// pages (row_tokens = page_size: then layout.page_size is 1, layout.tokens
+// the page count and layout.token_bytes the page row). Byte 0 of `layout`
+// is byte `region_offset` of region `region`. Device buffers of the
+// component have the same row_bytes.
+struct Component {
+  std::string name;
+  KvLayout layout;
+  uint32_t region = 0;
+  uint64_t region_offset = 0;
+  uint64_t row_tokens = 1;
+  uint64_t row_bytes() const { return layout.token_bytes; }
+  uint64_t bytes() const { return layout.total_bytes(); }
+  // Rows of one page in one layer: page_size token rows, or one page row.
+  uint64_t rows_per_page() const { return row_tokens == 1 ? layout.page_size : 1; }
+  // Row holding token slot `slot`.
+  uint64_t row_of(uint64_t slot) const { return slot / row_tokens; }
+};
+
+// Per-kind facts (the seeds' class differences that are not address math).
+// Kinds whose rows are the same on every tensor-parallel rank: one pool
+// serves many ranks (Pool::replica_ranks).
+bool IsReplicated(PoolKind kind);
+// Kinds that share another pool's page space (spec.follows required).
+bool NeedsFollows(PoolKind kind);
+// Kinds whose transfers and page calls move whole pages only.
+bool MovesWholePages(PoolKind kind);
+
+// Checks dims, dtype, that the kind supports the layout, and that the fields
+// the kind does not use are 0 / empty. Errors are INVALID_ARGUMENT naming the
+// kind, the layout and the field ("spec.head_dim must be >= 1 for
+// MHA/PAGE_FIRST"). A follower (spec.follows) is checked with the
+// page_size it inherits filled in (PoolRegistry::Create does that first).
 absl::Status ValidateSpec(const PoolSpec& spec);
 
-// Planes of the host buffer: 2 (K, V) for MHA, 1 for MLA.
+// MHA, MLA, K_ONLY only (the kinds with one region of `PlaneCount` planes of
+// equal token rows): 2 for MHA, 1 for MLA and K_ONLY; 0 for the other
+// kinds, whose buffers MakeComponents describes.
 uint32_t PlaneCount(const PoolSpec& spec);
-// Bytes of one token's row of one layer in one plane (the device row size).
+// Bytes of one token's row of one layer in one plane (the device row size)
+// for MHA, MLA and K_ONLY; 0 for the other kinds (see MakeComponents).
 // REQUIRES: ValidateSpec(spec).ok().
 uint64_t RowBytes(const PoolSpec& spec);
-// Bytes one token slot takes over all layers and planes (size_per_token).
+// Host bytes of one page over all layers and components (0 for LOGICAL).
+// REQUIRES: ValidateSpec(spec).ok().
+uint64_t BytesPerPage(const PoolSpec& spec);
+// BytesPerPage / page_size: the seeds' size_per_token. Exact for every kind
+// but V4_PAGED and V4_STATE, whose rows are per page (floored there).
 uint64_t BytesPerToken(const PoolSpec& spec);
 
 // Token slots of the pool: the first sizing rule that applies, rounded up to
-// whole pages. INVALID_ARGUMENT when no rule applies or the size is zero.
+// whole pages (size_bytes gives whole pages that fit for page-row kinds).
+// LOGICAL takes no size_bytes and is not rounded: its size must be a
+// multiple of page_size, as in the seeds. INVALID_ARGUMENT when no rule
+// applies or the size is zero. Followers are sized by the pool they follow
+// (PoolRegistry::Create), not here.
 // REQUIRES: ValidateSpec(spec).ok().
 absl::StatusOr<uint64_t> ResolveSizeTokens(const PoolSpec& spec);
 
-// The host buffer's address math for a pool of `size_tokens` slots.
+// MHA, MLA, K_ONLY: the one region's address math for a pool of
+// `size_tokens` slots. Other kinds: the index space only (tokens,
+// page_size, layers; planes 0, so it addresses no bytes); their buffers are
+// MakeComponents'.
 // REQUIRES: ValidateSpec(spec).ok(), size_tokens % page_size == 0.
 KvLayout MakeKvLayout(const PoolSpec& spec, uint64_t size_tokens);
+
+// The host buffers of a pool of `size_tokens` slots, in flat-page and
+// metadata order, with their region index and offset (empty for LOGICAL).
+// REQUIRES: ValidateSpec(spec).ok(), size_tokens % page_size == 0.
+std::vector<Component> MakeComponents(const PoolSpec& spec, uint64_t size_tokens);
+// The region files' name suffixes, indexed by Component::region (".kv",
+// ".k", ".v", ".index_k", ".temporal", ".conv0", ...; none for LOGICAL).
+std::vector<std::string> RegionSuffixes(const PoolSpec& spec);
 
 // "MHA/PAGE_FIRST bf16 L=32 H=8 D=128 ps=16" for logs and kvhostctl.
 std::string DescribeSpec(const PoolSpec& spec);

@@ -45,14 +45,95 @@ PoolRegistry::PoolRegistry(RegistryOptions options)
 
 PoolRegistry::~PoolRegistry() = default;
 
+namespace {
+
+// Which kinds a follower may follow (the seeds' anchors).
+bool CanFollow(PoolKind follower, PoolKind followed) {
+  switch (follower) {
+    case PoolKind::kKOnly:
+      return followed == PoolKind::kMha || followed == PoolKind::kMhaAsymmetric ||
+             followed == PoolKind::kKOnly;
+    case PoolKind::kDsaIndexer:
+      return followed == PoolKind::kMla || followed == PoolKind::kDsa;
+    case PoolKind::kV4State:
+      return followed == PoolKind::kV4Paged || followed == PoolKind::kLogical;
+    default:
+      return false;
+  }
+}
+
+// A follower's page size and size come from the pool it follows; values the
+// spec gives must agree with them.
+absl::Status InheritFromFollowed(const Pool& followed, PoolSpec* spec) {
+  if (spec->page_size != 0 && spec->page_size != followed.page_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.page_size ", spec->page_size, " differs from page_size ",
+                     followed.page_size(), " of pool '", followed.name(), "' that ",
+                     PoolKindName(spec->kind), " follows; leave it 0 or equal"));
+  }
+  spec->page_size = static_cast<uint32_t>(followed.page_size());
+  return absl::OkStatus();
+}
+
+absl::Status CheckFollowerSize(const Pool& followed, const PoolSpec& spec) {
+  if (!CanFollow(spec.kind, followed.spec().kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.follows '", followed.name(), "' is a ", PoolKindName(followed.spec().kind),
+        " pool; ", PoolKindName(spec.kind), "/", LayoutName(spec.layout), " follows ",
+        spec.kind == PoolKind::kKOnly       ? "MHA, MHA_ASYMMETRIC or K_ONLY"
+        : spec.kind == PoolKind::kDsaIndexer ? "MLA or DSA"
+                                             : "V4_PAGED or LOGICAL",
+        " pools"));
+  }
+  const bool sized = spec.size_tokens > 0 || spec.size_bytes > 0 ||
+                     (spec.host_to_device_ratio > 0 && spec.device_size_tokens > 0);
+  if (!sized) return absl::OkStatus();
+  absl::StatusOr<uint64_t> tokens = ResolveSizeTokens(spec);
+  if (!tokens.ok()) return tokens.status();
+  if (*tokens != followed.size_tokens()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec sizing gives ", *tokens, " tokens but pool '", followed.name(),
+                     "' that ", PoolKindName(spec.kind), " follows has ", followed.size_tokens(),
+                     "; a follower takes the followed pool's size (leave the sizing fields unset)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& name,
-                                                           const PoolSpec& spec,
+                                                           const PoolSpec& given,
                                                            const std::function<bool()>& abandoned) {
   if (absl::Status s = ValidatePoolName(name); !s.ok()) return s;
+  PoolSpec spec = given;
+  std::shared_ptr<Pool> followed;
+  if (!spec.follows.empty() && NeedsFollows(spec.kind)) {
+    absl::StatusOr<std::shared_ptr<Pool>> f = Get(spec.follows);
+    if (!f.ok()) {
+      return absl::NotFoundError(absl::StrCat("pool '", name, "': spec.follows: pool '",
+                                              spec.follows, "' not found"));
+    }
+    followed = *std::move(f);
+    if (absl::Status s = InheritFromFollowed(*followed, &spec); !s.ok()) return WithPool(name, s);
+  }
   if (absl::Status s = ValidateSpec(spec); !s.ok()) return WithPool(name, s);
-  absl::StatusOr<uint64_t> tokens = ResolveSizeTokens(spec);
-  if (!tokens.ok()) return WithPool(name, tokens.status());
-  const uint64_t bytes = *tokens * BytesPerToken(spec);
+  uint64_t tokens = 0;
+  if (followed) {
+    if (absl::Status s = CheckFollowerSize(*followed, spec); !s.ok()) return WithPool(name, s);
+    tokens = followed->size_tokens();
+    const uint64_t page_bytes = BytesPerPage(spec);
+    if (page_bytes > 0 && tokens / spec.page_size > UINT64_MAX / page_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool '", name, "': ", tokens / spec.page_size, " pages of '", followed->name(),
+          "' x ", page_bytes, " bytes per page overflow"));
+    }
+  } else {
+    absl::StatusOr<uint64_t> resolved = ResolveSizeTokens(spec);
+    if (!resolved.ok()) return WithPool(name, resolved.status());
+    tokens = *resolved;
+  }
+  const uint64_t pages = tokens / spec.page_size;
+  const uint64_t bytes = pages * BytesPerPage(spec);
 
   {
     // The check and the reservation happen together, so two creations cannot
@@ -72,7 +153,7 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     if (bytes > available) {
       return absl::ResourceExhaustedError(
           absl::StrCat("not enough host memory for pool '", name, "': requesting ", FormatGB(bytes),
-                       " (", *tokens, " tokens x ", BytesPerToken(spec), " bytes) but only ",
+                       " (", pages, " pages x ", BytesPerPage(spec), " bytes) but only ",
                        FormatGB(available), " available (", why, ")"));
     }
     absl::MutexLock lock(&mu_);
@@ -80,7 +161,8 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     creating_bytes_ += bytes;
   }
 
-  absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create(name, spec, *tokens, region_prefix_);
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      Pool::Create(name, spec, tokens, region_prefix_, followed);
   // A caller that gave up (deadline, cancellation) was told the call failed;
   // the pool must then not exist. Dropping it removes its file.
   if (pool.ok() && abandoned && abandoned()) {
@@ -91,14 +173,24 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
   absl::MutexLock lock(&mu_);
   creating_.erase(name);
   creating_bytes_ -= bytes;
+  if (pool.ok() && followed) {
+    // The followed pool may have been deleted meanwhile; then so is this one.
+    auto it = pools_.find(followed->name());
+    absl::Status s = it != pools_.end() && it->second == followed
+                         ? followed->AddFollower(name)
+                         : absl::FailedPreconditionError(absl::StrCat(
+                               "pool '", followed->name(), "' was deleted while '", name,
+                               "' that follows it was being created"));
+    if (!s.ok()) pool = s;
+  }
   if (!pool.ok()) return pool.status();
   // sglang's warning (tokenspeed's inverts it, see docs/SEEDS.md): a host tier
   // no larger than the device pool it backs can hold nothing the device lacks.
-  if (spec.device_size_tokens > 0 && *tokens <= spec.device_size_tokens) {
+  if (spec.device_size_tokens > 0 && tokens <= spec.device_size_tokens) {
     spdlog::warn(
         "pool '{}' has {} tokens, not more than the device pool's {}; the host tier "
         "adds no capacity",
-        name, *tokens, spec.device_size_tokens);
+        name, tokens, spec.device_size_tokens);
   }
   pools_[name] = *pool;
   used_bytes_ += bytes;
@@ -158,6 +250,9 @@ absl::StatusOr<uint64_t> PoolRegistry::Delete(const std::string& name) {
   auto it = pools_.find(name);
   if (it == pools_.end()) return absl::NotFoundError(absl::StrCat("pool '", name, "' not found"));
   if (absl::Status s = it->second->TryRetire(); !s.ok()) return s;
+  if (const std::shared_ptr<Pool>& followed = it->second->follows()) {
+    followed->RemoveFollower(name);
+  }
   const uint64_t bytes = it->second->bytes();
   used_bytes_ -= bytes;
   pools_.erase(it);

@@ -47,6 +47,10 @@ class PoolRegistry {
   ~PoolRegistry();
 
   // INVALID_ARGUMENT (bad name or spec), ALREADY_EXISTS, RESOURCE_EXHAUSTED.
+  // A follower (spec.follows): NOT_FOUND when that pool does not exist,
+  // INVALID_ARGUMENT when its kind cannot be followed by spec.kind or a given
+  // page_size / sizing disagrees with it; it takes its size_tokens and
+  // page_size (the stored spec has the page_size filled in).
   // Creating a large pool takes seconds (its memory is reserved and touched);
   // other calls, other creations included, proceed meanwhile. If `abandoned`
   // returns true once the memory is ready, the pool is dropped and CANCELLED
@@ -59,7 +63,8 @@ class PoolRegistry {
   // Every pool, by name.
   std::vector<std::shared_ptr<Pool>> List() const;
   // Removes the pool; its memory goes when the last user drops it. Returns its
-  // bytes. NOT_FOUND, or FAILED_PRECONDITION while it has attachments.
+  // bytes. NOT_FOUND, or FAILED_PRECONDITION while it has attachments or
+  // followers.
   absl::StatusOr<uint64_t> Delete(const std::string& name);
 
   uint64_t used_bytes() const;
