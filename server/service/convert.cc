@@ -9,30 +9,50 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
+namespace {
+
+std::string EnumText(const std::string& name, int value, const char* unspecified) {
+  if (value == 0) return unspecified;
+  return name.empty() ? absl::StrCat(value) : name;
+}
+
+absl::StatusOr<DType> DTypeFromProto(v1::DType in, const char* field) {
+  if (in < v1::BF16 || in > v1::UINT8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " ", EnumText(v1::DType_Name(in), in, "DTYPE_UNSPECIFIED"),
+        " is not a dtype; use BF16, FP16, FP32, FP8_E4M3, FP8_E5M2 or UINT8"));
+  }
+  return static_cast<DType>(in);
+}
+
+std::vector<uint32_t> DimsFromProto(const v1::Shape& in) {
+  return std::vector<uint32_t>(in.dims().begin(), in.dims().end());
+}
+
+void DimsToProto(const std::vector<uint32_t>& dims, v1::Shape* out) {
+  for (uint32_t d : dims) out->add_dims(d);
+}
+
+}  // namespace
+
 absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& in) {
   PoolSpec spec;
-  if (in.kind() != v1::MHA && in.kind() != v1::MLA) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.kind ",
-                                                   v1::PoolKind_Name(in.kind()).empty()
-                                                       ? absl::StrCat(in.kind())
-                                                       : v1::PoolKind_Name(in.kind()),
-                                                   " is not supported; use MHA or MLA"));
+  if (in.kind() < v1::MHA || in.kind() > v1::LOGICAL) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.kind ", EnumText(v1::PoolKind_Name(in.kind()), in.kind(), "POOL_KIND_UNSPECIFIED"),
+        " is not a pool kind; use MHA, MLA, MHA_ASYMMETRIC, K_ONLY, DSA, DSA_INDEXER, MAMBA, "
+        "V4_PAGED, V4_STATE or LOGICAL"));
   }
   if (in.layout() < v1::LAYER_FIRST || in.layout() > v1::PAGE_HEAD) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "spec.layout ",
-        in.layout() == v1::LAYOUT_UNSPECIFIED ? "LAYOUT_UNSPECIFIED" : absl::StrCat(in.layout()),
+        "spec.layout ", EnumText(v1::Layout_Name(in.layout()), in.layout(), "LAYOUT_UNSPECIFIED"),
         " is not a layout; use LAYER_FIRST, PAGE_FIRST, PAGE_FIRST_DIRECT or PAGE_HEAD"));
   }
-  if (in.dtype() < v1::BF16 || in.dtype() > v1::UINT8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.dtype ",
-        in.dtype() == v1::DTYPE_UNSPECIFIED ? "DTYPE_UNSPECIFIED" : absl::StrCat(in.dtype()),
-        " is not a dtype; use BF16, FP16, FP32, FP8_E4M3, FP8_E5M2 or UINT8"));
-  }
+  absl::StatusOr<DType> dtype = DTypeFromProto(in.dtype(), "spec.dtype");
+  if (!dtype.ok()) return dtype.status();
   spec.kind = static_cast<PoolKind>(in.kind());
   spec.layout = static_cast<LayoutKind>(in.layout());
-  spec.dtype = static_cast<DType>(in.dtype());
+  spec.dtype = *dtype;
   spec.page_size = in.page_size();
   spec.layer_num = in.layer_num();
   spec.head_num = in.head_num();
@@ -44,6 +64,29 @@ absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& in) {
   spec.size_bytes = in.size_bytes();
   spec.host_to_device_ratio = in.host_to_device_ratio();
   spec.device_size_tokens = in.device_size_tokens();
+  spec.follows = in.follows();
+  spec.start_layer = in.start_layer();
+  spec.index_head_dim = in.index_head_dim();
+  spec.index_quant_block_size = in.index_quant_block_size();
+  spec.index_row_bytes = in.index_row_bytes();
+  spec.kv_cache_dim = in.kv_cache_dim();
+  spec.item_bytes = in.item_bytes();
+  spec.ring_size = in.ring_size();
+  spec.state_slot_bytes = in.state_slot_bytes();
+  const v1::MambaStates& mamba = in.mamba();
+  spec.mamba.temporal = DimsFromProto(mamba.temporal());
+  for (const v1::Shape& conv : mamba.conv()) spec.mamba.conv.push_back(DimsFromProto(conv));
+  spec.mamba.temporal_dtype = spec.dtype;  // DTYPE_UNSPECIFIED: the spec's dtype
+  if (mamba.temporal_dtype() != v1::DTYPE_UNSPECIFIED) {
+    absl::StatusOr<DType> t = DTypeFromProto(mamba.temporal_dtype(), "spec.mamba.temporal_dtype");
+    if (!t.ok()) return t.status();
+    if (spec.kind != PoolKind::kMamba) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.mamba is not used by ",
+                                                     v1::PoolKind_Name(in.kind()),
+                                                     "; leave it unset"));
+    }
+    spec.mamba.temporal_dtype = *t;
+  }
   return spec;
 }
 
@@ -62,6 +105,23 @@ void ToProto(const PoolSpec& spec, v1::PoolSpec* out) {
   out->set_size_bytes(spec.size_bytes);
   out->set_host_to_device_ratio(spec.host_to_device_ratio);
   out->set_device_size_tokens(spec.device_size_tokens);
+  out->set_follows(spec.follows);
+  out->set_start_layer(spec.start_layer);
+  out->set_index_head_dim(spec.index_head_dim);
+  out->set_index_quant_block_size(spec.index_quant_block_size);
+  out->set_index_row_bytes(spec.index_row_bytes);
+  out->set_kv_cache_dim(spec.kv_cache_dim);
+  out->set_item_bytes(spec.item_bytes);
+  out->set_ring_size(spec.ring_size);
+  out->set_state_slot_bytes(spec.state_slot_bytes);
+  if (spec.kind == PoolKind::kMamba) {
+    v1::MambaStates* mamba = out->mutable_mamba();
+    DimsToProto(spec.mamba.temporal, mamba->mutable_temporal());
+    mamba->set_temporal_dtype(static_cast<v1::DType>(spec.mamba.temporal_dtype));
+    for (const std::vector<uint32_t>& conv : spec.mamba.conv) {
+      DimsToProto(conv, mamba->add_conv());
+    }
+  }
 }
 
 void ToProto(const Pool& pool, const char* backend, v1::Pool* out) {
@@ -75,6 +135,22 @@ void ToProto(const Pool& pool, const char* backend, v1::Pool* out) {
   out->set_bytes_per_token(BytesPerToken(pool.spec()));
   out->set_attachments(pool.attachments());
   out->set_backend(backend);
+  for (const Component& c : pool.components()) {
+    v1::PoolComponent* pc = out->add_components();
+    pc->set_name(c.name);
+    pc->set_region_index(c.region);
+    pc->set_offset(c.region_offset);
+    pc->set_bytes(c.bytes());
+    pc->set_row_bytes(c.row_bytes());
+    pc->set_row_tokens(static_cast<uint32_t>(c.row_tokens));
+  }
+  if (pool.follows()) out->set_follows(pool.follows()->name());
+  for (const std::string& name : pool.followers()) out->add_followers(name);
+  out->set_start_layer(pool.start_layer());
+  out->set_end_layer(pool.end_layer());
+  out->set_bytes_per_page(pool.bytes_per_page());
+  out->set_replica_ranks(pool.replica_ranks());
+  out->set_bytes_saved(pool.bytes_saved());
 }
 
 namespace {
