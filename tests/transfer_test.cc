@@ -389,6 +389,22 @@ struct DeviceFile {
   }
 };
 
+// `request` resolved against `pool`, as TransferManager::Attach does before
+// the engine's Open.
+AttachRequest Resolved(const Pool& pool, const AttachRequest& request) {
+  absl::StatusOr<AttachRequest> resolved = ResolveAttachRequest(pool, request);
+  EXPECT_TRUE(resolved.ok()) << resolved.status();
+  return resolved.ok() ? *std::move(resolved) : AttachRequest();
+}
+
+// Ticket layers of an attachment of exactly the pool's layers.
+std::vector<JobLayer> AllLayers(const Pool& pool) {
+  std::vector<JobLayer> layers;
+  for (uint32_t l = 0; l < pool.spec().layer_num; ++l)
+    layers.push_back({static_cast<int32_t>(l), l});
+  return layers;
+}
+
 struct EngineCase {
   Shape shape;
   int helper_threads;
@@ -424,11 +440,14 @@ TEST_P(HostEngineTest, BackupAndLoadAreExact) {
   options.min_split_bytes = c.min_split_bytes;
   HostEngine engine(options);
   absl::StatusOr<std::unique_ptr<DeviceMapping>> opened =
-      engine.Open(**pool, dev.Request(layout.planes, lead));
+      engine.Open(**pool, Resolved(**pool, dev.Request(layout.planes, lead)));
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::shared_ptr<const DeviceMapping> mapping = *std::move(opened);
-  EXPECT_EQ(mapping->rows().rows, rows);
-  EXPECT_EQ(mapping->rows().row_bytes, layout.token_bytes);
+  ASSERT_EQ(mapping->component_count(), layout.planes);
+  for (uint64_t plane = 0; plane < layout.planes; ++plane) {
+    EXPECT_EQ(mapping->rows(plane).rows, rows);
+    EXPECT_EQ(mapping->rows(plane).row_bytes, layout.token_bytes);
+  }
 
   uint8_t* host = (*pool)->base();
   uint8_t* device = dev.region->data() + lead;
@@ -456,6 +475,7 @@ TEST_P(HostEngineTest, BackupAndLoadAreExact) {
       job.device = mapping;
       job.runs = CoalesceRuns(host_idx, dev_idx);
       job.tokens = host_idx.size();
+      job.layers = AllLayers(**pool);
       job.ticket = std::make_shared<TransferTicket>(
           next_id++, dir_kind, static_cast<uint32_t>(layout.layers), engine.PathFor(job));
       std::shared_ptr<TransferTicket> ticket = job.ticket;
@@ -554,7 +574,7 @@ class EngineFixture : public ::testing::Test {
 TEST_F(EngineFixture, JobsOfOneDirectionRunInOrderAndDrainWaits) {
   HostEngine engine(Options());
   absl::StatusOr<std::unique_ptr<DeviceMapping>> opened =
-      engine.Open(*pool_, dev_.Request(pool_->layout().planes));
+      engine.Open(*pool_, Resolved(*pool_, dev_.Request(pool_->layout().planes)));
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::shared_ptr<const DeviceMapping> mapping = *std::move(opened);
   const KvLayout& layout = pool_->layout();
@@ -580,6 +600,7 @@ TEST_F(EngineFixture, JobsOfOneDirectionRunInOrderAndDrainWaits) {
     job.device = mapping;
     job.runs = CoalesceRuns(host, device);
     job.tokens = 16;
+    job.layers = AllLayers(*pool_);
     job.ticket = std::make_shared<TransferTicket>(j + 1, Direction::kBackup, layout.layers, "x");
     tickets.push_back(job.ticket);
     engine.Submit(std::move(job));
@@ -611,31 +632,33 @@ TEST_F(EngineFixture, OpenRefusesBadBuffers) {
   // Outside the shm dir.
   AttachRequest req = dev_.Request(planes);
   req.k_layers[1].shm_path = "/etc/hostname";
-  absl::StatusOr<std::unique_ptr<DeviceMapping>> m = engine.Open(*pool_, req);
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> m = engine.Open(*pool_, Resolved(*pool_, req));
   EXPECT_EQ(m.status().code(), absl::StatusCode::kPermissionDenied) << m.status();
   EXPECT_THAT(Msg(m.status()), HasSubstr("k_layers[1]"));
   // Missing file.
   req = dev_.Request(planes);
   req.v_layers[0].shm_path = dir_.path() + "/missing";
-  m = engine.Open(*pool_, req);
+  m = engine.Open(*pool_, Resolved(*pool_, req));
   EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound) << m.status();
   EXPECT_THAT(Msg(m.status()), HasSubstr("v_layers[0]"));
   // Buffer past the end of the file.
   req = dev_.Request(planes);
   req.v_layers[1].offset += 1;
-  m = engine.Open(*pool_, req);
+  m = engine.Open(*pool_, Resolved(*pool_, req));
   EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
   EXPECT_THAT(Msg(m.status()), HasSubstr("v_layers[1]"));
   // More rows than the file holds.
   req = dev_.Request(planes);
   req.device_size_tokens = kRows * 10;
-  EXPECT_EQ(engine.Open(*pool_, req).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.Open(*pool_, Resolved(*pool_, req)).status().code(),
+            absl::StatusCode::kInvalidArgument);
   // A CUDA buffer on the host backend.
   req = dev_.Request(planes);
   req.k_layers[0].kind = DeviceBufferRef::Kind::kCuda;
-  EXPECT_EQ(engine.Open(*pool_, req).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine.Open(*pool_, Resolved(*pool_, req)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
   // The good request opens.
-  EXPECT_TRUE(engine.Open(*pool_, dev_.Request(planes)).ok());
+  EXPECT_TRUE(engine.Open(*pool_, Resolved(*pool_, dev_.Request(planes))).ok());
 }
 
 // ============================================================ TransferManager

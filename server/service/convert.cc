@@ -193,6 +193,23 @@ absl::StatusOr<AttachRequest> FromProto(const v1::AttachDeviceRequest& in) {
     if (!ref.ok()) return ref.status();
     request.v_layers.push_back(*std::move(ref));
   }
+  for (int c = 0; c < in.components_size(); ++c) {
+    const v1::DeviceComponent& component = in.components(c);
+    ComponentBuffers buffers;
+    buffers.name = component.name();
+    buffers.field = absl::StrCat("components[", c, "].layers");
+    for (int i = 0; i < component.layers_size(); ++i) {
+      absl::StatusOr<DeviceBufferRef> ref =
+          FromProto(component.layers(i), buffers.field.c_str(), i);
+      if (!ref.ok()) return ref.status();
+      buffers.layers.push_back(*std::move(ref));
+    }
+    request.named.push_back(std::move(buffers));
+  }
+  request.start_layer = in.start_layer();
+  request.end_layer = in.end_layer();
+  if (in.has_tp_rank()) request.tp_rank = in.tp_rank();
+  request.load_only = in.load_only();
   return request;
 }
 

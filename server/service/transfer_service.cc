@@ -65,6 +65,10 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   for (const std::string& handle : info->load_event_handles)
     response->add_load_event_handles(handle);
   response->set_load_event_sets(info->load_event_sets);
+  response->set_start_layer(info->start_layer);
+  response->set_end_layer(info->end_layer);
+  if (info->tp_rank.has_value()) response->set_tp_rank(*info->tp_rank);
+  response->set_load_only(info->load_only);
   return Finish(context, absl::OkStatus());
 }
 

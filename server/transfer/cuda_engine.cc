@@ -247,8 +247,8 @@ struct CudaEngine::Lane {
 // once, and the pool's host memory pinned while the mapping lives.
 class CudaEngine::Mapping : public DeviceMapping {
  public:
-  Mapping(uint64_t layer_num, DeviceRows rows, int device, Lane* lanes)
-      : DeviceMapping(layer_num, rows), device_(device), lanes_(lanes) {}
+  Mapping(const Pool& pool, const AttachRequest& request, int device, Lane* lanes)
+      : DeviceMapping(pool, request), device_(device), lanes_(lanes) {}
 
   ~Mapping() override {
     // The handles were opened in this device's context and close there.
@@ -356,10 +356,11 @@ class CudaEngine::Mapping : public DeviceMapping {
     set_busy_[static_cast<uint32_t>(set)] = false;
   }
 
-  // Opens (or reuses) `ref`'s allocation and adds its layer buffer.
-  // REQUIRES: the current device is this mapping's; ref.ipc_handle has the
-  // size of a cudaIpcMemHandle_t.
-  absl::Status AddLayer(const DeviceBufferRef& ref, const std::string& where) {
+  // Opens (or reuses) `ref`'s allocation and adds its layer buffer of
+  // component `component`. REQUIRES: the current device is this mapping's;
+  // ref.ipc_handle has the size of a cudaIpcMemHandle_t; buffers are added
+  // component-major.
+  absl::Status AddLayer(size_t component, const DeviceBufferRef& ref, const std::string& where) {
     auto it = opened_.find(ref.ipc_handle);
     if (it == opened_.end()) {
       cudaIpcMemHandle_t handle;
@@ -388,12 +389,13 @@ class CudaEngine::Mapping : public DeviceMapping {
       // from ptr are what a layer may use either way.
       it->second.bytes = base + size - reinterpret_cast<CUdeviceptr>(ptr);
     }
-    const uint64_t need = rows_.total_bytes();
+    const DeviceRows& rows = rows_[component];
+    const uint64_t need = rows.total_bytes();
     const uint64_t have = it->second.bytes;
     if (ref.offset > have || have - ref.offset < need) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": offset ", ref.offset, " + ", rows_.rows, " rows x ",
-                       rows_.row_bytes, " bytes exceeds its CUDA allocation (", have, " bytes)"));
+          absl::StrCat(where, ": offset ", ref.offset, " + ", rows.rows, " rows x ",
+                       rows.row_bytes, " bytes exceeds its CUDA allocation (", have, " bytes)"));
     }
     layers_.push_back(it->second.ptr + ref.offset);
     return absl::OkStatus();
@@ -709,14 +711,22 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
     }
     return absl::OkStatus();
   };
-  for (size_t l = 0; l < request.k_layers.size(); ++l) {
-    if (absl::Status s = check(request.k_layers[l], absl::StrCat("k_layers[", l, "]")); !s.ok()) {
-      return s;
-    }
+  // Until the copy paths work per component, they serve the two kinds whose
+  // components are the planes of pool.layout(), over the pool's own layers.
+  const PoolKind kind = pool.spec().kind;
+  if (kind != PoolKind::kMha && kind != PoolKind::kMla) {
+    return absl::FailedPreconditionError(absl::StrCat("the cuda engine does not serve ",
+                                                      PoolKindName(kind), " pools yet"));
   }
-  for (size_t l = 0; l < request.v_layers.size(); ++l) {
-    if (absl::Status s = check(request.v_layers[l], absl::StrCat("v_layers[", l, "]")); !s.ok()) {
-      return s;
+  if (request.start_layer != pool.start_layer() || request.end_layer != pool.end_layer()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cuda engine does not serve attachments of layers [", request.start_layer, ", ",
+        request.end_layer, ") other than the pool's [", pool.start_layer(), ", ",
+        pool.end_layer(), ") yet"));
+  }
+  for (const ComponentBuffers& component : request.components) {
+    for (size_t l = 0; l < component.layers.size(); ++l) {
+      if (absl::Status s = check(component.layers[l], component.Where(l)); !s.ok()) return s;
     }
   }
   if (device < 0) return absl::InvalidArgumentError("no layer buffers");
@@ -728,18 +738,15 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
     return absl::InternalError(absl::StrCat("cudaSetDevice(", device, "): ", CudaError(e)));
   }
   // On any error below, `mapping` closes what it opened and unpins.
-  auto mapping = std::make_unique<Mapping>(
-      pool.layout().layers, DeviceRows{request.device_size_tokens, pool.layout().token_bytes},
-      device, *lanes);
-  for (size_t l = 0; l < request.k_layers.size(); ++l) {
-    absl::Status s = mapping->AddLayer(request.k_layers[l], absl::StrCat("k_layers[", l, "]"));
-    if (!s.ok()) return s;
+  auto mapping = std::make_unique<Mapping>(pool, request, device, *lanes);
+  for (size_t c = 0; c < request.components.size(); ++c) {
+    const ComponentBuffers& component = request.components[c];
+    for (size_t l = 0; l < component.layers.size(); ++l) {
+      absl::Status s = mapping->AddLayer(c, component.layers[l], component.Where(l));
+      if (!s.ok()) return s;
+    }
   }
-  for (size_t l = 0; l < request.v_layers.size(); ++l) {
-    absl::Status s = mapping->AddLayer(request.v_layers[l], absl::StrCat("v_layers[", l, "]"));
-    if (!s.ok()) return s;
-  }
-  if (absl::Status s = mapping->CreateLoadEvents(request.load_event_sets, pool.layout().layers);
+  if (absl::Status s = mapping->CreateLoadEvents(request.load_event_sets, request.layer_num());
       !s.ok()) {
     return s;
   }

@@ -1,11 +1,18 @@
 // TransferEngine: the seam between the transfer service and whatever moves
-// the bytes (the host engine now; the CUDA engine next).
+// the bytes (the host engine, the CUDA engine).
 //
 // An engine opens a worker's device layer buffers for a pool (DeviceMapping)
 // and runs transfer jobs on them. Jobs of one direction run in submission
 // order (like a CUDA stream per direction); backups and loads run
 // concurrently. A job reports each finished layer to its ticket and finishes
 // the ticket with OK or the error that stopped it.
+//
+// Everything is per component (Pool::components()): a device buffer holds one
+// component's rows of one device layer, and a job copies, for every ticket
+// layer, every component's runs (token runs, or page runs for page-row
+// components). The ticket's layers are the attachment's device layers
+// [start_layer, end_layer) in order; a layer the pool does not hold copies
+// nothing but still counts as done.
 //
 // Thread safety: Open and Submit may be called concurrently; Drain blocks
 // until every submitted job has finished.
@@ -14,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,14 +44,40 @@ struct DeviceBufferRef {
   uint64_t offset = 0;     // bytes from the file / allocation start
 };
 
+// One component's device buffers, one per attached layer.
+struct ComponentBuffers {
+  std::string name;                     // a Pool::components() name
+  std::string field;                    // the request field, for messages: "k_layers",
+                                        // "components[1].layers"; Where() appends "[i]"
+  std::vector<DeviceBufferRef> layers;  // [attached layer] = device layer start_layer + i
+  std::string Where(size_t layer) const { return absl::StrCat(field, "[", layer, "]"); }
+};
+
 struct AttachRequest {
-  std::vector<DeviceBufferRef> k_layers;  // one per layer (MHA K, MLA latent)
-  std::vector<DeviceBufferRef> v_layers;  // one per layer for MHA, empty for MLA
+  // As the worker spelled them (kvhost.v1.AttachDeviceRequest): k_layers and
+  // v_layers name components 0 and 1, `named` any component by name.
+  // ResolveAttachRequest (transfer_manager.h) turns them into `components`.
+  std::vector<DeviceBufferRef> k_layers;
+  std::vector<DeviceBufferRef> v_layers;
+  std::vector<ComponentBuffers> named;
+  // Resolved: one entry per Pool::components() entry, in that order, each
+  // with end_layer - start_layer buffers. What engines open.
+  std::vector<ComponentBuffers> components;
+  // Token slots of the device pool; device indices lie in [0, this). A
+  // page-row component's buffers hold device_size_tokens / row_tokens rows.
   uint64_t device_size_tokens = 0;
+  // Device layers attached, [start_layer, end_layer). 0 / 0 in a request
+  // means the pool's range; resolved requests hold the real range.
+  uint32_t start_layer = 0;
+  uint32_t end_layer = 0;
+  std::optional<uint32_t> tp_rank;
+  bool load_only = false;  // Backup refused (FAILED_PRECONDITION)
   // Sets of per-layer load events (engines with interprocess events only).
   // REQUIRES: 1 <= load_event_sets <= kMaxLoadEventSets (the caller applies
   // the default).
   uint32_t load_event_sets = 0;
+
+  uint32_t layer_num() const { return end_layer - start_layer; }
 };
 
 // Bounds of AttachRequest::load_event_sets. Four sets cover a worker that
@@ -52,30 +86,61 @@ struct AttachRequest {
 inline constexpr uint32_t kDefaultLoadEventSets = 4;
 inline constexpr uint32_t kMaxLoadEventSets = 64;
 
+// Rows of component `c`'s device buffers for a device pool of
+// `device_size_tokens` slots (a page-row component has a row per page).
+inline DeviceRows DeviceRowsOf(const Component& c, uint64_t device_size_tokens) {
+  return DeviceRows{device_size_tokens / c.row_tokens, c.row_bytes()};
+}
+
 // A worker's device layer buffers, opened by an engine. Closing happens in the
 // destructor, which runs once no job uses the mapping any more.
 class DeviceMapping {
  public:
   virtual ~DeviceMapping() = default;
-  // Base of layer `layer` of plane `plane` (0 = K or latent, 1 = V), in the
-  // engine's address space.
-  uint8_t* layer(uint64_t plane, uint64_t layer) const {
-    return layers_[plane * layer_num_ + layer];
+  // Base of attached layer `layer` (device layer start_layer + layer) of
+  // component `component`, in the engine's address space.
+  uint8_t* buffer(size_t component, uint64_t layer) const {
+    return layers_[component * layer_num_ + layer];
   }
-  const DeviceRows& rows() const { return rows_; }
+  // Same, with the old name (plane 0 = K or latent, 1 = V).
+  uint8_t* layer(uint64_t plane, uint64_t layer) const { return buffer(plane, layer); }
+  // Rows of component `component`'s buffers.
+  const DeviceRows& rows(size_t component) const { return rows_[component]; }
+  size_t component_count() const { return rows_.size(); }
+  // Attached layers (= the ticket layers of every job on this mapping).
+  uint64_t layer_num() const { return layer_num_; }
+  uint64_t device_size_tokens() const { return device_size_tokens_; }
   // The exported handles of the per-layer load events, set-major (set s,
-  // layer l at s * layer_num + l), as opaque bytes for the worker; empty for
-  // an engine without interprocess events (host).
+  // attached layer l at s * layer_num + l), as opaque bytes for the worker;
+  // empty for an engine without interprocess events (host).
   const std::vector<std::string>& load_event_handles() const { return load_event_handles_; }
   uint32_t load_event_sets() const { return load_event_sets_; }
 
  protected:
-  DeviceMapping(uint64_t layer_num, DeviceRows rows) : layer_num_(layer_num), rows_(rows) {}
+  // `rows`: one per component of the pool.
+  DeviceMapping(uint64_t layer_num, uint64_t device_size_tokens, std::vector<DeviceRows> rows)
+      : layer_num_(layer_num), device_size_tokens_(device_size_tokens), rows_(std::move(rows)) {}
+  // Rows of every component of `pool` for `request`.
+  DeviceMapping(const Pool& pool, const AttachRequest& request)
+      : layer_num_(request.layer_num()), device_size_tokens_(request.device_size_tokens) {
+    for (const Component& c : pool.components()) {
+      rows_.push_back(DeviceRowsOf(c, request.device_size_tokens));
+    }
+  }
   uint64_t layer_num_;
-  DeviceRows rows_;
-  std::vector<uint8_t*> layers_;  // plane-major
+  uint64_t device_size_tokens_;
+  std::vector<DeviceRows> rows_;  // per component
+  std::vector<uint8_t*> layers_;  // component-major: [c * layer_num_ + l]
   std::vector<std::string> load_event_handles_;
   uint32_t load_event_sets_ = 0;
+};
+
+// What one ticket layer of a job copies: host layer `host_layer` of the pool
+// (-1: the pool does not hold it, nothing is copied) to or from attached
+// layer `device_layer` of the mapping.
+struct JobLayer {
+  int32_t host_layer = -1;
+  uint32_t device_layer = 0;
 };
 
 // One backup or load, ready to run: validated, coalesced, with its ticket.
@@ -83,8 +148,14 @@ struct TransferJob {
   Direction direction = Direction::kBackup;
   std::shared_ptr<Pool> pool;
   std::shared_ptr<const DeviceMapping> device;
+  // Token runs (host slot, device slot), and for pools with page-row
+  // components the same runs in pages (host / ps, device / ps, count / ps);
+  // page_runs is filled only then (every run is whole pages).
   std::vector<IndexRun> runs;
+  std::vector<IndexRun> page_runs;
   uint64_t tokens = 0;
+  // Per ticket layer, in order (size = the ticket's layer_num).
+  std::vector<JobLayer> layers;
   std::shared_ptr<TransferTicket> ticket;
   // Loads: the load event set that Prepare reserved (-1: none).
   int event_set = -1;
@@ -98,6 +169,25 @@ struct TransferJob {
   std::shared_ptr<const void> plan;
 };
 
+// The runs a job copies for component `c`: page runs for a page-row
+// component, token runs otherwise.
+inline const std::vector<IndexRun>& RunsFor(const TransferJob& job, const Component& c) {
+  return c.row_tokens > 1 ? job.page_runs : job.runs;
+}
+
+// Bytes one held layer of `job` moves: every component's rows (tokens, or
+// tokens / row_tokens pages) x row bytes.
+inline uint64_t HeldLayerBytes(const Pool& pool, uint64_t tokens) {
+  uint64_t bytes = 0;
+  for (const Component& c : pool.components()) bytes += tokens / c.row_tokens * c.row_bytes();
+  return bytes;
+}
+
+// Bytes ticket layer `i` of `job` moves (0 for a layer the pool does not hold).
+inline uint64_t TicketLayerBytes(const TransferJob& job, size_t i) {
+  return job.layers[i].host_layer < 0 ? 0 : HeldLayerBytes(*job.pool, job.tokens);
+}
+
 class TransferEngine {
  public:
   virtual ~TransferEngine() = default;
@@ -105,10 +195,13 @@ class TransferEngine {
   virtual const char* name() const = 0;
   // The path a job would take ("host-memcpy", ...), shown in ticket status.
   virtual std::string PathFor(const TransferJob& job) const = 0;
-  // Opens `request`'s buffers for `pool`. REQUIRES: the layer counts match
-  // the pool and device_size_tokens >= 1 (checked by the caller). Errors:
-  // INVALID_ARGUMENT for a buffer too small, PERMISSION_DENIED for a path the
-  // engine may not open, FAILED_PRECONDITION for a buffer kind it cannot open.
+  // Opens `request.components`' buffers for `pool`. REQUIRES: `request` was
+  // resolved against `pool` (ResolveAttachRequest: one entry per component,
+  // layer_num() buffers each, device_size_tokens >= 1 and a multiple of every
+  // component's row_tokens). Errors: INVALID_ARGUMENT for a buffer too small
+  // (naming ComponentBuffers::Where), PERMISSION_DENIED for a path the engine
+  // may not open, FAILED_PRECONDITION for a buffer kind, pool kind or layer
+  // range it cannot serve.
   virtual absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(const Pool& pool,
                                                               const AttachRequest& request) = 0;
   // Reserves what `job` needs beyond its buffers, synchronously, so that the
@@ -134,9 +227,9 @@ class TransferEngine {
 };
 
 // Calls fn(host_offset, device_offset, bytes) for every contiguous piece of
-// tokens [from, to) of `run` in one layer and plane: host offsets from the
-// pool's layout, device offsets into the layer's row buffer. Shared by every
-// engine so the address math has one home (kernels/kvhost/layout.h).
+// rows [from, to) of `run` in one layer and plane: host offsets from the
+// layout, device offsets into the layer's row buffer. Shared by every engine
+// so the address math has one home (kernels/kvhost/layout.h).
 // REQUIRES: from <= to <= run.count.
 template <typename Fn>
 void ForEachPiece(const KvLayout& layout, uint64_t plane, uint64_t layer, const IndexRun& run,
@@ -158,6 +251,16 @@ void ForEachPiece(const KvLayout& layout, uint64_t plane, uint64_t layer, const 
     }
     t += n;
   }
+}
+
+// The same over one component of a pool: host offsets from
+// Pool::component_base(c), device offsets into the component's buffer of one
+// layer. `run` is a token run for a token-row component and a page run for a
+// page-row one (RunsFor); `layer` is the host layer.
+template <typename Fn>
+void ForEachPiece(const Component& c, uint64_t layer, const IndexRun& run, uint64_t from,
+                  uint64_t to, Fn&& fn) {
+  ForEachPiece(c.layout, 0, layer, run, from, to, fn);
 }
 
 }  // namespace kvhost

@@ -17,11 +17,12 @@ namespace {
 // file is mapped once even when many layers live in it.
 class ShmDeviceMapping : public DeviceMapping {
  public:
-  ShmDeviceMapping(uint64_t layer_num, DeviceRows rows) : DeviceMapping(layer_num, rows) {}
+  ShmDeviceMapping(const Pool& pool, const AttachRequest& request) : DeviceMapping(pool, request) {}
 
-  absl::Status Add(const std::string& shm_dir, const DeviceBufferRef& ref, const char* field,
-                   size_t index) {
-    const std::string where = absl::StrCat(field, "[", index, "]");
+  // Maps `ref` as a buffer of component `component`; buffers are added
+  // component-major.
+  absl::Status Add(const std::string& shm_dir, size_t component, const DeviceBufferRef& ref,
+                   const std::string& where) {
     if (ref.kind != DeviceBufferRef::Kind::kShm) {
       return absl::FailedPreconditionError(
           absl::StrCat(where,
@@ -42,11 +43,12 @@ class ShmDeviceMapping : public DeviceMapping {
       it = files_.emplace(*path, *std::move(region)).first;
     }
     const ShmRegion& file = *it->second;
-    const uint64_t need = rows_.total_bytes();
+    const DeviceRows& rows = rows_[component];
+    const uint64_t need = rows.total_bytes();
     if (ref.offset > file.size() || file.size() - ref.offset < need) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": offset ", ref.offset, " + ", rows_.rows, " rows x ", rows_.row_bytes,
-          " bytes exceeds ", ref.shm_path, " (", file.size(), " bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": offset ", ref.offset, " + ", rows.rows, " rows x ", rows.row_bytes,
+                       " bytes exceeds ", ref.shm_path, " (", file.size(), " bytes)"));
     }
     layers_.push_back(file.data() + ref.offset);
     return absl::OkStatus();
@@ -56,20 +58,28 @@ class ShmDeviceMapping : public DeviceMapping {
   std::map<std::string, std::unique_ptr<ShmRegion>> files_;
 };
 
-void CopyPieces(const TransferJob& job, uint64_t plane, uint64_t layer, const IndexRun& run,
-                uint64_t from, uint64_t to) {
-  const KvLayout& layout = job.pool->layout();
-  uint8_t* host = job.pool->base();
-  uint8_t* device = job.device->layer(plane, layer);
-  const bool backup = job.direction == Direction::kBackup;
-  ForEachPiece(layout, plane, layer, run, from, to,
-               [&](uint64_t host_off, uint64_t device_off, uint64_t bytes) {
-                 if (backup) {
-                   std::memcpy(host + host_off, device + device_off, bytes);
-                 } else {
-                   std::memcpy(device + device_off, host + host_off, bytes);
-                 }
-               });
+// Copies tokens [from, to) of token run `r` of one ticket layer, in every
+// component. Page-row components copy the same range in pages (every cut is
+// on a page boundary, see RunJob).
+void CopyPieces(const TransferJob& job, const JobLayer& layer, size_t r, uint64_t from,
+                uint64_t to) {
+  const std::vector<Component>& components = job.pool->components();
+  for (size_t c = 0; c < components.size(); ++c) {
+    const Component& component = components[c];
+    const uint64_t per_row = component.row_tokens;
+    const IndexRun& run = RunsFor(job, component)[r];
+    uint8_t* host = job.pool->component_base(c);
+    uint8_t* device = job.device->buffer(c, layer.device_layer);
+    const bool backup = job.direction == Direction::kBackup;
+    ForEachPiece(component, static_cast<uint64_t>(layer.host_layer), run, from / per_row,
+                 to / per_row, [&](uint64_t host_off, uint64_t device_off, uint64_t bytes) {
+                   if (backup) {
+                     std::memcpy(host + host_off, device + device_off, bytes);
+                   } else {
+                     std::memcpy(device + device_off, host + host_off, bytes);
+                   }
+                 });
+  }
 }
 
 }  // namespace
@@ -98,15 +108,13 @@ std::string HostEngine::PathFor(const TransferJob& job) const { return "host-mem
 
 absl::StatusOr<std::unique_ptr<DeviceMapping>> HostEngine::Open(const Pool& pool,
                                                                 const AttachRequest& request) {
-  auto mapping = std::make_unique<ShmDeviceMapping>(
-      pool.layout().layers, DeviceRows{request.device_size_tokens, pool.layout().token_bytes});
-  for (size_t l = 0; l < request.k_layers.size(); ++l) {
-    absl::Status s = mapping->Add(options_.shm_dir, request.k_layers[l], "k_layers", l);
-    if (!s.ok()) return s;
-  }
-  for (size_t l = 0; l < request.v_layers.size(); ++l) {
-    absl::Status s = mapping->Add(options_.shm_dir, request.v_layers[l], "v_layers", l);
-    if (!s.ok()) return s;
+  auto mapping = std::make_unique<ShmDeviceMapping>(pool, request);
+  for (size_t c = 0; c < request.components.size(); ++c) {
+    const ComponentBuffers& component = request.components[c];
+    for (size_t l = 0; l < component.layers.size(); ++l) {
+      absl::Status s = mapping->Add(options_.shm_dir, c, component.layers[l], component.Where(l));
+      if (!s.ok()) return s;
+    }
   }
   return mapping;
 }
@@ -150,16 +158,19 @@ void HostEngine::DriverLoop(Lane* lane) {
 }
 
 void HostEngine::RunJob(const TransferJob& job) {
-  const KvLayout& layout = job.pool->layout();
-  const uint64_t layer_bytes = job.tokens * layout.token_bytes * layout.planes;
+  const uint64_t layer_bytes = HeldLayerBytes(*job.pool, job.tokens);
   // Pieces per layer: as many threads as the layer's size justifies.
   const uint64_t max_parts = static_cast<uint64_t>(options_.helper_threads) + 1;
   const uint64_t parts = std::clamp<uint64_t>(
       layer_bytes / std::max<uint64_t>(options_.min_split_bytes, 1), 1, max_parts);
-  // Token boundaries of each part, as (run, offset in run) pairs.
+  // Token boundaries of each part, as (run, offset in run) pairs. With page
+  // runs, every run is whole pages, so cutting at multiples of the page
+  // keeps each page in one part.
+  uint64_t unit = 1;
+  for (const Component& c : job.pool->components()) unit = std::max(unit, c.row_tokens);
   std::vector<std::pair<size_t, uint64_t>> cuts;
   {
-    const uint64_t per_part = (job.tokens + parts - 1) / parts;
+    const uint64_t per_part = ((job.tokens + parts - 1) / parts + unit - 1) / unit * unit;
     uint64_t next = 0;
     uint64_t seen = 0;
     for (size_t r = 0; r < job.runs.size(); ++r) {
@@ -171,16 +182,18 @@ void HostEngine::RunJob(const TransferJob& job) {
     }
     cuts.emplace_back(job.runs.size(), 0);
   }
-  for (uint64_t layer = 0; layer < layout.layers; ++layer) {
-    auto copy_part = [&job, &cuts, &layout, layer](size_t part) {
+  for (const JobLayer& layer : job.layers) {
+    if (layer.host_layer < 0) {  // a device layer the pool does not hold
+      job.ticket->LayerDone(0);
+      continue;
+    }
+    auto copy_part = [&job, &cuts, &layer](size_t part) {
       auto [run, offset] = cuts[part];
       const auto [end_run, end_offset] = cuts[part + 1];
       for (; run < job.runs.size() && (run < end_run || (run == end_run && offset < end_offset));
            ++run, offset = 0) {
         const uint64_t to = run == end_run ? end_offset : job.runs[run].count;
-        for (uint64_t plane = 0; plane < layout.planes; ++plane) {
-          CopyPieces(job, plane, layer, job.runs[run], offset, to);
-        }
+        CopyPieces(job, layer, run, offset, to);
       }
     };
     if (cuts.size() <= 2) {

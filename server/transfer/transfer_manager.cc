@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -22,7 +24,164 @@ absl::Status CheckRange(absl::Span<const int64_t> indices, uint64_t limit, const
   return absl::OkStatus();
 }
 
+// "pool 'x' (MHA/PAGE_FIRST)" for messages.
+std::string PoolWhat(const Pool& pool) {
+  return absl::StrCat("pool '", pool.name(), "' (", PoolKindName(pool.spec().kind), "/",
+                      LayoutName(pool.spec().layout), ")");
+}
+
+// Kinds whose component 0 may come as k_layers, and component 1 as v_layers.
+bool TakesKLayers(PoolKind kind) {
+  return kind == PoolKind::kMha || kind == PoolKind::kMla || kind == PoolKind::kMhaAsymmetric ||
+         kind == PoolKind::kKOnly || kind == PoolKind::kDsa;
+}
+bool TakesVLayers(PoolKind kind) {
+  return kind == PoolKind::kMha || kind == PoolKind::kMhaAsymmetric;
+}
+
+// The ticket layers of an attachment of device layers [start, end) on
+// `pool`: attached layer i is device layer start + i, held by the pool as
+// host layer start + i - pool.start_layer() when inside its range.
+std::vector<JobLayer> MapLayers(const Pool& pool, uint32_t start, uint32_t end) {
+  std::vector<JobLayer> layers;
+  for (uint32_t d = start; d < end; ++d) {
+    JobLayer layer;
+    layer.device_layer = d - start;
+    if (d >= pool.start_layer() && d < pool.end_layer()) {
+      layer.host_layer = static_cast<int32_t>(d - pool.start_layer());
+    }
+    layers.push_back(layer);
+  }
+  return layers;
+}
+
 }  // namespace
+
+absl::StatusOr<AttachRequest> ResolveAttachRequest(const Pool& pool, AttachRequest request) {
+  const std::string what = PoolWhat(pool);
+  const PoolKind kind = pool.spec().kind;
+  const std::vector<Component>& components = pool.components();
+  if (request.start_layer == 0 && request.end_layer == 0) {
+    request.start_layer = pool.start_layer();
+    request.end_layer = pool.end_layer();
+  } else if (request.start_layer >= request.end_layer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start_layer ", request.start_layer, " must be below end_layer ", request.end_layer,
+        " (both 0: the layers of ", what, ", [", pool.start_layer(), ", ", pool.end_layer(), "))"));
+  }
+  const uint32_t layers = request.layer_num();
+  const std::string range = absl::StrCat("one per attached layer of [", request.start_layer, ", ",
+                                         request.end_layer, ")");
+  if (components.empty() &&
+      (!request.k_layers.empty() || !request.v_layers.empty() || !request.named.empty())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has no components and takes no device buffers"));
+  }
+  // Gather each component's buffers from whichever field names it.
+  std::vector<std::optional<ComponentBuffers>> given(components.size());
+  auto put = [&](size_t c, ComponentBuffers buffers) -> absl::Status {
+    if (given[c].has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("component '", components[c].name, "' of ",
+                                                     what, " is given twice: in ", given[c]->field,
+                                                     " and in ", buffers.field));
+    }
+    given[c] = std::move(buffers);
+    return absl::OkStatus();
+  };
+  if (!request.k_layers.empty()) {
+    if (!TakesKLayers(kind)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "k_layers has ", request.k_layers.size(), " buffers, but ", what,
+          " takes its buffers in components, by name (k_layers names component 0 of MHA, MLA, "
+          "MHA_ASYMMETRIC, K_ONLY and DSA)"));
+    }
+    if (absl::Status s = put(0, {components[0].name, "k_layers", std::move(request.k_layers)});
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (!request.v_layers.empty()) {
+    if (!TakesVLayers(kind)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("v_layers has ", request.v_layers.size(), " buffers but ", what,
+                       " needs 0 (v_layers names the V component of MHA and MHA_ASYMMETRIC)"));
+    }
+    if (absl::Status s = put(1, {components[1].name, "v_layers", std::move(request.v_layers)});
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (size_t i = 0; i < request.named.size(); ++i) {
+    ComponentBuffers& named = request.named[i];
+    size_t c = 0;
+    while (c < components.size() && components[c].name != named.name) ++c;
+    if (c == components.size()) {
+      std::vector<std::string> names;
+      for (const Component& component : components) names.push_back(component.name);
+      return absl::InvalidArgumentError(
+          absl::StrCat("components[", i, "] names component '", named.name, "', but ", what,
+                       " has components ", absl::StrJoin(names, ", ")));
+    }
+    if (named.field.empty()) named.field = absl::StrCat("components[", i, "].layers");
+    if (absl::Status s = put(c, std::move(named)); !s.ok()) return s;
+  }
+  request.named.clear();
+  request.k_layers.clear();
+  request.v_layers.clear();
+  request.components.clear();
+  for (size_t c = 0; c < components.size(); ++c) {
+    if (!given[c].has_value()) {
+      const char* field = c == 0 && TakesKLayers(kind)   ? "k_layers"
+                          : c == 1 && TakesVLayers(kind) ? "v_layers"
+                                                         : "components";
+      return absl::InvalidArgumentError(absl::StrCat(field, " has 0 buffers for component '",
+                                                     components[c].name, "' but ", what, " needs ",
+                                                     layers, " (", range, ")"));
+    }
+    if (given[c]->layers.size() != layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          given[c]->field, " has ", given[c]->layers.size(), " buffers for component '",
+          components[c].name, "' but ", what, " needs ", layers, " (", range, ")"));
+    }
+    given[c]->name = components[c].name;
+    request.components.push_back(*std::move(given[c]));
+  }
+  if (request.device_size_tokens == 0) {
+    return absl::InvalidArgumentError("device_size_tokens must be >= 1");
+  }
+  if (request.device_size_tokens > (uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_size_tokens ", request.device_size_tokens, " is too large"));
+  }
+  for (const Component& c : components) {
+    if (request.device_size_tokens % c.row_tokens != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_size_tokens ", request.device_size_tokens, " is not a multiple of ", c.row_tokens,
+          ": component '", c.name, "' of ", what, " has a device row per page of that many slots"));
+    }
+    // A layer buffer's size (rows x row bytes) must not wrap, or the engine's
+    // size check passes for any file and device offsets run past its end.
+    const uint64_t rows = request.device_size_tokens / c.row_tokens;
+    if (rows > std::numeric_limits<uint64_t>::max() / c.row_bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device_size_tokens ", request.device_size_tokens, ": ", rows, " rows x ",
+                       c.row_bytes(), " bytes of component '", c.name, "' is too large"));
+    }
+  }
+  if (request.load_event_sets > kMaxLoadEventSets) {
+    return absl::InvalidArgumentError(absl::StrCat("load_event_sets ", request.load_event_sets,
+                                                   " is above the limit of ", kMaxLoadEventSets));
+  }
+  if (request.load_event_sets == 0) request.load_event_sets = kDefaultLoadEventSets;
+  return request;
+}
+
+// A mapping of no buffers, for pools without components (LOGICAL): their
+// transfers never reach an engine.
+class EmptyMapping : public DeviceMapping {
+ public:
+  EmptyMapping(const Pool& pool, const AttachRequest& request) : DeviceMapping(pool, request) {}
+};
 
 TransferManager::TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine,
                                  KvhostMetrics* metrics)
@@ -34,52 +193,27 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
                                                        const AttachRequest& request) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(pool_name);
   if (!pool.ok()) return pool.status();
-  const PoolSpec& spec = (*pool)->spec();
-  const size_t layers = spec.layer_num;
-  const size_t want_v = PlaneCount(spec) == 2 ? layers : 0;
-  if (request.k_layers.size() != layers) {
-    return absl::InvalidArgumentError(absl::StrCat("k_layers has ", request.k_layers.size(),
-                                                   " buffers but pool '", pool_name, "' has ",
-                                                   layers, " layers"));
-  }
-  if (request.v_layers.size() != want_v) {
-    return absl::InvalidArgumentError(absl::StrCat("v_layers has ", request.v_layers.size(),
-                                                   " buffers but pool '", pool_name, "' (",
-                                                   PoolKindName(spec.kind), ") needs ", want_v));
-  }
-  if (request.device_size_tokens == 0) {
-    return absl::InvalidArgumentError("device_size_tokens must be >= 1");
-  }
-  if (request.device_size_tokens > (uint64_t{1} << 40)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device_size_tokens ", request.device_size_tokens, " is too large"));
-  }
-  // A layer buffer's size (rows x row bytes) must not wrap, or the engine's
-  // size check passes for any file and device offsets run past its end.
-  const uint64_t row_bytes = (*pool)->layout().token_bytes;
-  if (request.device_size_tokens > std::numeric_limits<uint64_t>::max() / row_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("device_size_tokens ",
-                                                   request.device_size_tokens, " x ", row_bytes,
-                                                   " bytes per row is too large"));
-  }
-  if (request.load_event_sets > kMaxLoadEventSets) {
-    return absl::InvalidArgumentError(absl::StrCat("load_event_sets ", request.load_event_sets,
-                                                   " is above the limit of ", kMaxLoadEventSets));
-  }
-  AttachRequest with_defaults = request;
-  if (with_defaults.load_event_sets == 0) with_defaults.load_event_sets = kDefaultLoadEventSets;
-  if (absl::Status s = (*pool)->AcquireAttachment(); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<DeviceMapping>> device = engine_->Open(**pool, with_defaults);
+  absl::StatusOr<AttachRequest> resolved = ResolveAttachRequest(**pool, request);
+  if (!resolved.ok()) return resolved.status();
+  if (absl::Status s = (*pool)->AcquireAttachment(resolved->tp_rank); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> device =
+      (*pool)->components().empty() ? std::make_unique<EmptyMapping>(**pool, *resolved)
+                                    : engine_->Open(**pool, *resolved);
   if (!device.ok()) {
-    (*pool)->ReleaseAttachment();
+    (*pool)->ReleaseAttachment(resolved->tp_rank);
     return WithPool(pool_name, device.status());
   }
   Attachment attachment;
   attachment.info.id = absl::StrCat("att-", ::getpid(), "-", next_attachment_++);
   attachment.info.pool = pool_name;
-  attachment.info.device_size_tokens = request.device_size_tokens;
+  attachment.info.device_size_tokens = resolved->device_size_tokens;
+  attachment.info.start_layer = resolved->start_layer;
+  attachment.info.end_layer = resolved->end_layer;
+  attachment.info.tp_rank = resolved->tp_rank;
+  attachment.info.load_only = resolved->load_only;
   attachment.pool = *pool;
   attachment.device = std::shared_ptr<const DeviceMapping>(*std::move(device));
+  attachment.layers = MapLayers(**pool, resolved->start_layer, resolved->end_layer);
   attachment.info.load_event_handles = attachment.device->load_event_handles();
   attachment.info.load_event_sets = attachment.device->load_event_sets();
   AttachmentInfo info = attachment.info;
@@ -87,8 +221,9 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
     absl::MutexLock lock(&mu_);
     attachments_.emplace(info.id, std::move(attachment));
   }
-  spdlog::info("attached {} to pool '{}' ({} layers, {} device rows, {} backend)", info.id,
-               pool_name, layers, request.device_size_tokens, engine_->name());
+  spdlog::info("attached {} to pool '{}' (device layers [{}, {}), {} device slots, {} backend)",
+               info.id, pool_name, info.start_layer, info.end_layer, info.device_size_tokens,
+               engine_->name());
   return info;
 }
 
@@ -105,7 +240,7 @@ absl::Status TransferManager::Detach(const std::string& attachment_id) {
   }
   // Jobs in flight hold the pool and the mapping; the pool can be deleted now
   // and its memory goes when they finish.
-  attachment.pool->ReleaseAttachment();
+  attachment.pool->ReleaseAttachment(attachment.info.tp_rank);
   spdlog::info("detached {} from pool '{}'", attachment_id, attachment.info.pool);
   return absl::OkStatus();
 }
@@ -123,8 +258,15 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     if (it == attachments_.end()) {
       return absl::NotFoundError(absl::StrCat("attachment '", attachment_id, "' not found"));
     }
+    if (direction == Direction::kBackup && it->second.info.load_only) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "attachment '", attachment_id, "' of pool '", it->second.info.pool,
+          "' is load_only: Backup is refused (back up through the rank's attachment that is "
+          "not load_only)"));
+    }
     job.pool = it->second.pool;
     job.device = it->second.device;
+    job.layers = it->second.layers;
   }
   const Pool& pool = *job.pool;
   if (host.size() != device.size()) {
@@ -135,31 +277,58 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   if (absl::Status s = CheckRange(host, pool.size_tokens(), "host_indices", pool_what); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckRange(device, job.device->rows().rows, "device_indices",
+  if (absl::Status s = CheckRange(device, job.device->device_size_tokens(), "device_indices",
                                   absl::StrCat("attachment '", attachment_id, "'"));
       !s.ok()) {
     return s;
   }
+  // Page-row components copy whole page rows, so both sides must name whole
+  // pages; kinds may also require it.
+  uint64_t page_rows = 0;
+  for (const Component& c : pool.components()) {
+    if (c.row_tokens > 1) page_rows = c.row_tokens;
+  }
+  const uint64_t page_size =
+      page_rows > 0 ? page_rows : pool.allocator_owner()->allocator().page_size();
+  if (pool.whole_pages() || page_rows > 0) {
+    const std::string what = PoolWhat(pool);
+    if (absl::Status s = CheckWholePages(host, page_size, "host_indices", what); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckWholePages(device, page_size, "device_indices", what); !s.ok()) {
+      return s;
+    }
+  }
   job.runs = CoalesceRuns(host, device);
+  if (page_rows > 0) job.page_runs = PageRuns(job.runs, page_rows);
   const bool backup = direction == Direction::kBackup;
   if (absl::Status s =
           CheckNoOverlap(job.runs, /*host_side=*/backup, backup ? "host slot" : "device row");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = pool.allocator().CheckAllocated(host); !s.ok()) {
-    return WithPool(pool.name(), s);
+  const Pool& owner = *pool.allocator_owner();
+  if (absl::Status s = owner.allocator().CheckAllocated(host); !s.ok()) {
+    if (&owner == &pool) return WithPool(pool.name(), s);
+    return WithPool(
+        pool.name(),
+        absl::Status(s.code(), absl::StrCat(s.message(), " (its slots are allocated in '",
+                                            owner.name(), "', which it follows)")));
   }
   job.tokens = host.size();
-  const uint64_t bytes =
-      job.tokens * pool.layout().token_bytes * pool.layout().planes * pool.layout().layers;
+  const bool copies = job.tokens > 0 && !pool.components().empty();
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < job.layers.size(); ++i) bytes += TicketLayerBytes(job, i);
   // Last, since what it reserves is released only by the job's end.
-  if (absl::Status s = engine_->Prepare(&job); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("attachment '", attachment_id, "': ", s.message()));
+  if (!pool.components().empty()) {
+    if (absl::Status s = engine_->Prepare(&job); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("attachment '", attachment_id, "': ", s.message()));
+    }
   }
-  job.ticket = std::make_shared<TransferTicket>(next_ticket_++, direction,
-                                                static_cast<uint32_t>(pool.layout().layers),
-                                                engine_->PathFor(job), job.event_set);
+  job.ticket = std::make_shared<TransferTicket>(
+      next_ticket_++, direction, static_cast<uint32_t>(job.layers.size()),
+      pool.components().empty() ? std::string("none") : engine_->PathFor(job), job.event_set);
   std::shared_ptr<TransferTicket> ticket = job.ticket;
   {
     absl::MutexLock lock(&mu_);
@@ -169,8 +338,8 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   ticket->OnDone([this, ticket, bytes, direction, pool_name = pool.name()] {
     Retire(ticket, bytes, direction, pool_name);
   });
-  if (job.tokens == 0) {
-    for (uint64_t l = 0; l < pool.layout().layers; ++l) ticket->LayerDone(0);
+  if (!copies) {
+    for (size_t l = 0; l < job.layers.size(); ++l) ticket->LayerDone(0);
     ticket->Finish(absl::OkStatus());
     return ticket;
   }

@@ -15,6 +15,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,11 @@ struct AttachmentInfo {
   std::string id;
   std::string pool;
   uint64_t device_size_tokens = 0;
+  // Device layers attached, [start_layer, end_layer): a ticket's layers.
+  uint32_t start_layer = 0;
+  uint32_t end_layer = 0;
+  std::optional<uint32_t> tp_rank;
+  bool load_only = false;
   // The engine's exported load events (DeviceMapping::load_event_handles).
   std::vector<std::string> load_event_handles;
   uint32_t load_event_sets = 0;
@@ -43,6 +49,17 @@ struct TransferCounters {
   uint64_t tickets_failed = 0;
   uint64_t bytes[2] = {0, 0};  // by Direction
 };
+
+// Validates `request` against `pool` and resolves its buffers: k_layers /
+// v_layers (components 0 and 1, see AttachDeviceRequest in
+// proto/kvhost/v1/transfer.proto) and `named` become `components`, one per
+// Pool::components() entry with layer_num() buffers each; a 0 / 0 layer
+// range becomes the pool's. INVALID_ARGUMENT, naming the component and the
+// counts, for an unknown or repeated component, a component given twice, a
+// count other than the attached layers, buffers for a kind that takes none
+// (LOGICAL); also for a bad layer range, device_size_tokens (0, too large, or
+// not whole pages for a page-row component) or load_event_sets.
+absl::StatusOr<AttachRequest> ResolveAttachRequest(const Pool& pool, AttachRequest request);
 
 class TransferManager {
  public:
@@ -56,11 +73,19 @@ class TransferManager {
 
   const char* backend() const { return engine_->name(); }
 
+  // ResolveAttachRequest, then Pool::AcquireAttachment(tp_rank) (a second
+  // rank on a kind that is not replicated is FAILED_PRECONDITION), then the
+  // engine's Open.
   absl::StatusOr<AttachmentInfo> Attach(const std::string& pool, const AttachRequest& request);
   // Transfers already accepted still complete; the buffers close after them.
   absl::Status Detach(const std::string& attachment_id);
   // Validates and queues a backup or load; returns its ticket (a load's
-  // names its event set). `wait_event_handle`: a backup's worker event (see
+  // names its event set). Validation: equal lengths, ranges, whole pages
+  // where the pool needs them (Pool::whole_pages()), no destination twice,
+  // host slots allocated in the pool's allocator owner (followers: the pool
+  // they follow); FAILED_PRECONDITION for a backup on a load_only
+  // attachment. The ticket has one layer per attached layer; a LOGICAL pool's
+  // finishes at once with 0 bytes. `wait_event_handle`: a backup's worker event (see
   // TransferJob). Errors beyond validation come from the engine's Prepare:
   // RESOURCE_EXHAUSTED when every load event set is busy, FAILED_PRECONDITION
   // for a wait event on an engine without events.
@@ -82,8 +107,10 @@ class TransferManager {
  private:
   struct Attachment {
     AttachmentInfo info;
+    // The attachment's range of ticket layers mapped onto the pool's.
     std::shared_ptr<Pool> pool;
     std::shared_ptr<const DeviceMapping> device;
+    std::vector<JobLayer> layers;
   };
 
   void Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes, Direction direction,
