@@ -445,7 +445,7 @@ absl::StatusOr<std::unique_ptr<ShmDevicePool>> ShmDevicePool::Create(const v1::P
                                                                      uint32_t start_layer,
                                                                      uint32_t end_layer) {
   const v1::PoolSpec& spec = pool.spec();
-  if (spec.layer_num() == 0) {
+  if (spec.layer_num() == 0 && spec.kind() != v1::LOGICAL) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pool '", pool.name(), "' has no layers; pass the Pool the daemon returned"));
   }
@@ -461,7 +461,7 @@ absl::StatusOr<std::unique_ptr<ShmDevicePool>> ShmDevicePool::Create(const v1::P
     dev->start_layer_ = spec.start_layer();
     dev->end_layer_ = spec.start_layer() + spec.layer_num();
   }
-  if (dev->end_layer_ <= dev->start_layer_) {
+  if (dev->end_layer_ <= dev->start_layer_ && spec.kind() != v1::LOGICAL) {
     return absl::InvalidArgumentError(absl::StrCat("device layers [", dev->start_layer_, ", ",
                                                    dev->end_layer_, ") are empty"));
   }

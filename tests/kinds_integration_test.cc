@@ -224,10 +224,8 @@ v1::PoolSpec V4Paged(v1::Layout layout) {
   return s;
 }
 
-v1::PoolSpec Logical() {
-  v1::PoolSpec s = Base(v1::LOGICAL, v1::LAYER_FIRST, 4, 1, 64, v1::UINT8);
-  return s;
-}
+// An index space without buffers: no layers.
+v1::PoolSpec Logical() { return Base(v1::LOGICAL, v1::LAYER_FIRST, 4, 0, 64, v1::UINT8); }
 
 // A follower's spec: no size, no page size (it takes the followed pool's).
 v1::PoolSpec Follower(v1::PoolSpec s) {
@@ -283,7 +281,9 @@ std::vector<KindCase> AllCases() {
     s.set_index_head_dim(16);
     s.set_index_quant_block_size(8);
     cases.push_back({"DSA_LF", s, std::nullopt, 64, 4});
-    s.set_index_row_bytes(21);  // odd, overrides the derived 24
+    s.clear_index_head_dim();  // one or the other
+    s.clear_index_quant_block_size();
+    s.set_index_row_bytes(21);  // odd
     cases.push_back({"DSA_LF_index_row_bytes", s, std::nullopt, 64, 4});
   }
   for (v1::Layout l : kThree) {
@@ -673,7 +673,7 @@ TEST_F(KindsTest, FollowerSharesThePageSpaceAndAllocator) {
   indexer.set_page_size(8);
   EXPECT_ERROR(client().CreatePool("p2", indexer), kInvalidArgument, "page_size");
   // The anchor stays while it has followers.
-  EXPECT_ERROR(client().DeletePool("anchor"), kFailedPrecondition, "anchor", "'p'");
+  EXPECT_ERROR(client().DeletePool("anchor"), kFailedPrecondition, "anchor", "followed by p");
   EXPECT_TRUE(client().GetPool("anchor").ok());
   ASSERT_TRUE(client().DeletePool("p").ok());
   absl::StatusOr<v1::Pool> anchor = client().GetPool("anchor");

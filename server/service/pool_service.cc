@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "server/service/convert.h"
 #include "spdlog/spdlog.h"
@@ -250,9 +251,10 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePool(grpc::CallbackServerContex
     spdlog::warn("CreatePool '{}' refused: {}", request->name(), pool.status().ToString());
     return Finish(context, pool.status());
   }
+  const std::vector<std::string> paths = (*pool)->region_paths();  // none for LOGICAL
   spdlog::info("created pool '{}': {}, {} tokens, {:.3f} GB in {}", request->name(),
                DescribeSpec(*spec), (*pool)->size_tokens(), (*pool)->bytes() / 1e9,
-               (*pool)->region_paths()[0]);
+               paths.empty() ? std::string("no region") : absl::StrJoin(paths, ", "));
   ToProto(**pool, backend_, response);
   return Finish(context, absl::OkStatus());
 }
