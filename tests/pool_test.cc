@@ -754,5 +754,486 @@ TEST(RegistryNoDirTest, RemoveStaleRegionsWithoutDirectory) {
   EXPECT_EQ(reg.RemoveStaleRegions(), 0);
 }
 
+
+// ============================================================ every kind
+
+// Valid specs of each kind (followers name "anchor").
+PoolSpec KindSpec(PoolKind kind) {
+  PoolSpec s;
+  s.kind = kind;
+  s.dtype = DType::kBf16;
+  s.page_size = 4;
+  s.layer_num = 2;
+  s.size_tokens = 64;
+  switch (kind) {
+    case PoolKind::kMha:
+      s.layout = LayoutKind::kPageFirst, s.head_num = 2, s.head_dim = 8;
+      break;
+    case PoolKind::kMhaAsymmetric:
+      s.layout = LayoutKind::kPageFirst, s.head_num = 2, s.head_dim = 8, s.v_head_dim = 4;
+      break;
+    case PoolKind::kKOnly:
+      s.layout = LayoutKind::kPageFirst, s.head_num = 2, s.head_dim = 8, s.follows = "anchor";
+      s.size_tokens = 0;
+      break;
+    case PoolKind::kMla:
+      s.layout = LayoutKind::kLayerFirst, s.kv_lora_rank = 8, s.qk_rope_head_dim = 4;
+      break;
+    case PoolKind::kDsa:
+      s.layout = LayoutKind::kLayerFirst, s.kv_lora_rank = 8, s.qk_rope_head_dim = 4;
+      s.index_head_dim = 16, s.index_quant_block_size = 8;
+      break;
+    case PoolKind::kDsaIndexer:
+      s.layout = LayoutKind::kPageFirst, s.dtype = DType::kUint8, s.index_head_dim = 16;
+      s.index_quant_block_size = 8, s.follows = "anchor", s.size_tokens = 0;
+      break;
+    case PoolKind::kMamba:
+      s.layout = LayoutKind::kPageFirstDirect, s.page_size = 1;
+      s.mamba.temporal = {2, 3}, s.mamba.temporal_dtype = DType::kFp32, s.mamba.conv = {{4}, {2, 2}};
+      break;
+    case PoolKind::kV4Paged:
+      s.layout = LayoutKind::kPageFirst, s.dtype = DType::kUint8, s.item_bytes = 24;
+      break;
+    case PoolKind::kV4State:
+      s.layout = LayoutKind::kPageFirst, s.dtype = DType::kUint8, s.ring_size = 3;
+      s.state_slot_bytes = 8, s.follows = "anchor", s.size_tokens = 0;
+      break;
+    case PoolKind::kLogical:
+      s.layout = LayoutKind::kLayerFirst, s.dtype = DType::kUint8, s.layer_num = 0;
+      break;
+  }
+  return s;
+}
+
+const PoolKind kKinds[] = {PoolKind::kMha,        PoolKind::kMla,     PoolKind::kMhaAsymmetric,
+                           PoolKind::kKOnly,      PoolKind::kDsa,     PoolKind::kDsaIndexer,
+                           PoolKind::kMamba,      PoolKind::kV4Paged, PoolKind::kV4State,
+                           PoolKind::kLogical};
+
+TEST(KindSpecTest, EveryKindSpecIsValid) {
+  for (PoolKind k : kKinds) EXPECT_TRUE(ValidateSpec(KindSpec(k)).ok()) << PoolKindName(k)
+                                                                        << ValidateSpec(KindSpec(k));
+}
+
+struct KindError {
+  const char* name;
+  PoolSpec spec;
+  std::vector<const char*> needles;  // kind, layout and field, as the message must name them
+};
+
+void PrintTo(const KindError& c, std::ostream* os) { *os << c.name; }
+
+KindError Bad(const char* name, PoolKind kind, std::vector<const char*> needles,
+              void (*f)(PoolSpec&)) {
+  PoolSpec s = KindSpec(kind);
+  f(s);
+  return {name, s, std::move(needles)};
+}
+
+class KindErrorTest : public ::testing::TestWithParam<KindError> {};
+
+TEST_P(KindErrorTest, IsInvalidArgumentNamingKindLayoutField) {
+  const KindError& c = GetParam();
+  absl::Status s = ValidateSpec(c.spec);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  for (const char* needle : c.needles) EXPECT_THAT(Msg(s), HasSubstr(needle));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EverySeedError, KindErrorTest,
+    ::testing::Values(
+        // MHA_ASYMMETRIC: lf / ph raise ValueError (S1:981); equal dims are MHA.
+        Bad("AsymLayerFirst", PoolKind::kMhaAsymmetric,
+            {"MHA_ASYMMETRIC/LAYER_FIRST", "spec.layout", "head_dim != v_head_dim"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kLayerFirst; }),
+        Bad("AsymPageHead", PoolKind::kMhaAsymmetric, {"MHA_ASYMMETRIC/PAGE_HEAD", "spec.layout"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageHead; }),
+        Bad("AsymEqualDims", PoolKind::kMhaAsymmetric,
+            {"MHA_ASYMMETRIC/PAGE_FIRST", "spec.v_head_dim", "kind MHA"},
+            [](PoolSpec& s) { s.v_head_dim = s.head_dim; }),
+        Bad("AsymNoVDim", PoolKind::kMhaAsymmetric, {"MHA_ASYMMETRIC/PAGE_FIRST", "spec.v_head_dim"},
+            [](PoolSpec& s) { s.v_head_dim = 0; }),
+        Bad("MhaUnequalDims", PoolKind::kMha, {"MHA/PAGE_FIRST", "spec.v_head_dim", "MHA_ASYMMETRIC"},
+            [](PoolSpec& s) { s.v_head_dim = 3; }),
+        // K_ONLY: follows required; ph raises.
+        Bad("KOnlyNoFollows", PoolKind::kKOnly, {"K_ONLY/PAGE_FIRST", "spec.follows", "required"},
+            [](PoolSpec& s) { s.follows.clear(); }),
+        Bad("KOnlyPageHead", PoolKind::kKOnly, {"K_ONLY/PAGE_HEAD", "spec.layout"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageHead; }),
+        Bad("KOnlyVDim", PoolKind::kKOnly, {"K_ONLY/PAGE_FIRST", "spec.v_head_dim", "not used"},
+            [](PoolSpec& s) { s.v_head_dim = 8; }),
+        Bad("KOnlyHeads", PoolKind::kKOnly, {"K_ONLY/PAGE_FIRST", "spec.head_num"},
+            [](PoolSpec& s) { s.head_num = 0; }),
+        // DSA: layer_first only (NotImplementedError S2:881-884).
+        Bad("DsaPageFirst", PoolKind::kDsa, {"DSA/PAGE_FIRST", "spec.layout", "layer_first"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageFirst; }),
+        Bad("DsaIndexNotMultiple", PoolKind::kDsa,
+            {"DSA/LAYER_FIRST", "spec.index_head_dim", "spec.index_quant_block_size"},
+            [](PoolSpec& s) { s.index_head_dim = 12; }),
+        Bad("DsaIndexBoth", PoolKind::kDsa, {"DSA/LAYER_FIRST", "spec.index_row_bytes"},
+            [](PoolSpec& s) { s.index_row_bytes = 20; }),
+        Bad("DsaNoIndex", PoolKind::kDsa, {"DSA/LAYER_FIRST", "spec.index_head_dim"},
+            [](PoolSpec& s) { s.index_head_dim = 0, s.index_quant_block_size = 0; }),
+        Bad("DsaNoLatent", PoolKind::kDsa, {"DSA/LAYER_FIRST", "spec.kv_lora_rank"},
+            [](PoolSpec& s) { s.kv_lora_rank = 0, s.qk_rope_head_dim = 0; }),
+        Bad("DsaHeads", PoolKind::kDsa, {"DSA/LAYER_FIRST", "spec.head_num", "not used"},
+            [](PoolSpec& s) { s.head_num = 1; }),
+        // DSA_INDEXER.
+        Bad("IndexerNoFollows", PoolKind::kDsaIndexer, {"DSA_INDEXER/PAGE_FIRST", "spec.follows"},
+            [](PoolSpec& s) { s.follows.clear(); }),
+        Bad("IndexerPageHead", PoolKind::kDsaIndexer, {"DSA_INDEXER/PAGE_HEAD", "spec.layout"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageHead; }),
+        Bad("IndexerRowBytes", PoolKind::kDsaIndexer,
+            {"DSA_INDEXER/PAGE_FIRST", "spec.index_row_bytes", "not used"},
+            [](PoolSpec& s) { s.index_row_bytes = 4; }),
+        Bad("IndexerBlock0", PoolKind::kDsaIndexer,
+            {"DSA_INDEXER/PAGE_FIRST", "spec.index_quant_block_size"},
+            [](PoolSpec& s) { s.index_quant_block_size = 0; }),
+        Bad("IndexerDtype", PoolKind::kDsaIndexer, {"DSA_INDEXER/PAGE_FIRST", "spec.dtype"},
+            [](PoolSpec& s) { s.dtype = DType::kBf16; }),
+        // MAMBA: pfd only (S0:616), ps 1 (S0:611), 1..7 convs.
+        Bad("MambaPageFirst", PoolKind::kMamba,
+            {"MAMBA/PAGE_FIRST", "spec.layout", "page_first_direct"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageFirst; }),
+        Bad("MambaPageSize", PoolKind::kMamba, {"MAMBA/PAGE_FIRST_DIRECT", "spec.page_size"},
+            [](PoolSpec& s) { s.page_size = 2; }),
+        Bad("MambaNoConv", PoolKind::kMamba, {"MAMBA/PAGE_FIRST_DIRECT", "spec.mamba.conv"},
+            [](PoolSpec& s) { s.mamba.conv.clear(); }),
+        Bad("MambaEightConvs", PoolKind::kMamba, {"MAMBA/PAGE_FIRST_DIRECT", "spec.mamba.conv"},
+            [](PoolSpec& s) { s.mamba.conv.assign(8, {2}); }),
+        Bad("MambaNoTemporal", PoolKind::kMamba,
+            {"MAMBA/PAGE_FIRST_DIRECT", "spec.mamba.temporal"},
+            [](PoolSpec& s) { s.mamba.temporal.clear(); }),
+        Bad("MambaZeroDim", PoolKind::kMamba, {"MAMBA/PAGE_FIRST_DIRECT", "spec.mamba.conv[1].dims[0]"},
+            [](PoolSpec& s) { s.mamba.conv[1][0] = 0; }),
+        Bad("MambaOnMha", PoolKind::kMha, {"MHA/PAGE_FIRST", "spec.mamba", "not used"},
+            [](PoolSpec& s) { s.mamba.conv = {{2}}; }),
+        // V4.
+        Bad("V4PagedNoItem", PoolKind::kV4Paged, {"V4_PAGED/PAGE_FIRST", "spec.item_bytes"},
+            [](PoolSpec& s) { s.item_bytes = 0; }),
+        Bad("V4PagedHeadDim", PoolKind::kV4Paged, {"V4_PAGED/PAGE_FIRST", "spec.head_dim", "not used"},
+            [](PoolSpec& s) { s.head_dim = 128; }),
+        Bad("V4PagedFollows", PoolKind::kV4Paged, {"V4_PAGED/PAGE_FIRST", "spec.follows", "not used"},
+            [](PoolSpec& s) { s.follows = "x"; }),
+        Bad("V4PagedPageHead", PoolKind::kV4Paged, {"V4_PAGED/PAGE_HEAD", "spec.layout"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageHead; }),
+        Bad("V4StateNoFollows", PoolKind::kV4State, {"V4_STATE/PAGE_FIRST", "spec.follows"},
+            [](PoolSpec& s) { s.follows.clear(); }),
+        Bad("V4StateRing0", PoolKind::kV4State, {"V4_STATE/PAGE_FIRST", "spec.ring_size"},
+            [](PoolSpec& s) { s.ring_size = 0; }),
+        Bad("V4StateSlot0", PoolKind::kV4State, {"V4_STATE/PAGE_FIRST", "spec.state_slot_bytes"},
+            [](PoolSpec& s) { s.state_slot_bytes = 0; }),
+        Bad("V4StateItem", PoolKind::kV4State, {"V4_STATE/PAGE_FIRST", "spec.item_bytes"},
+            [](PoolSpec& s) { s.item_bytes = 3; }),
+        // LOGICAL: no layers, no bytes.
+        Bad("LogicalLayers", PoolKind::kLogical, {"LOGICAL/LAYER_FIRST", "spec.layer_num"},
+            [](PoolSpec& s) { s.layer_num = 2; }),
+        Bad("LogicalSizeBytes", PoolKind::kLogical, {"LOGICAL/LAYER_FIRST", "spec.size_bytes"},
+            [](PoolSpec& s) { s.size_tokens = 0, s.size_bytes = 1000; }),
+        Bad("MlaIndex", PoolKind::kMla, {"MLA/LAYER_FIRST", "spec.index_head_dim", "not used"},
+            [](PoolSpec& s) { s.index_head_dim = 8; }),
+        Bad("StartLayerWraps", PoolKind::kMla, {"MLA/LAYER_FIRST", "spec.start_layer"},
+            [](PoolSpec& s) { s.start_layer = 4294967295u; }),
+        Bad("PageRowTooLarge", PoolKind::kV4Paged, {"V4_PAGED/PAGE_FIRST", "row"},
+            [](PoolSpec& s) { s.item_bytes = uint64_t{1} << 50; }),
+        Bad("MambaTooLarge", PoolKind::kMamba, {"MAMBA/PAGE_FIRST_DIRECT", "row"},
+            [](PoolSpec& s) { s.mamba.conv[0] = {65536, 65536, 65536}; })),
+    [](const ::testing::TestParamInfo<KindError>& info) { return info.param.name; });
+
+TEST(KindSizingTest, BytesPerPageAndTokenPerKind) {
+  // Formulas of plan §2, typed out: (D+Dv)·H·L·b; C·b·L + IKR·L; IS·L;
+  // (E_t·b_t + Σ E_c·b)·L; V4 L·R per page.
+  EXPECT_EQ(BytesPerPage(KindSpec(PoolKind::kMhaAsymmetric)), 4u * (8 + 4) * 2 * 2 * 2);
+  EXPECT_EQ(BytesPerToken(KindSpec(PoolKind::kDsa)), (8u + 4) * 2 * 2 + (16 + 16 / 8 * 4) * 2);
+  EXPECT_EQ(BytesPerToken(KindSpec(PoolKind::kDsaIndexer)), (16u + 8) * 2);
+  EXPECT_EQ(BytesPerToken(KindSpec(PoolKind::kMamba)), (6u * 4 + 4 * 2 + 4 * 2) * 2);
+  EXPECT_EQ(BytesPerPage(KindSpec(PoolKind::kV4Paged)), 2u * 24);
+  EXPECT_EQ(BytesPerToken(KindSpec(PoolKind::kV4Paged)), 2u * 24 / 4);
+  PoolSpec v4 = KindSpec(PoolKind::kV4Paged);
+  v4.item_bytes = 25;  // 50 bytes per page: 12.5 per token, floored
+  EXPECT_EQ(BytesPerToken(v4), 12u);
+  EXPECT_EQ(BytesPerPage(KindSpec(PoolKind::kV4State)), 2u * 3 * 8);
+  EXPECT_EQ(BytesPerPage(KindSpec(PoolKind::kLogical)), 0u);
+}
+
+TEST(KindSizingTest, PageRowKindsSizeBytesInWholePages) {
+  PoolSpec v4 = KindSpec(PoolKind::kV4Paged);
+  v4.item_bytes = 25, v4.size_tokens = 0, v4.size_bytes = 50 * 7 + 49;  // 7 pages fit
+  ASSERT_TRUE(ResolveSizeTokens(v4).ok());
+  EXPECT_EQ(*ResolveSizeTokens(v4), 7u * 4);
+}
+
+TEST(KindSizingTest, LogicalSizeMustBePageAligned) {
+  PoolSpec s = KindSpec(PoolKind::kLogical);
+  s.size_tokens = 66;  // not rounded up, as in the seeds (S0:1179)
+  absl::StatusOr<uint64_t> t = ResolveSizeTokens(s);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(t.status()), HasSubstr("page-aligned"));
+  s.size_tokens = 0, s.host_to_device_ratio = 2, s.device_size_tokens = 32;
+  ASSERT_TRUE(ResolveSizeTokens(s).ok());
+  EXPECT_EQ(*ResolveSizeTokens(s), 64u);
+  s.device_size_tokens = 33;  // 66
+  EXPECT_EQ(ResolveSizeTokens(s).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KindSizingTest, MambaIsOneSlotPages) {
+  PoolSpec s = KindSpec(PoolKind::kMamba);
+  s.size_tokens = 7;
+  ASSERT_TRUE(ResolveSizeTokens(s).ok());
+  EXPECT_EQ(*ResolveSizeTokens(s), 7u);
+}
+
+// ============================================================ followers, replicas, pages
+
+class KindRegistryTest : public RegistryTest {
+ protected:
+  std::shared_ptr<Pool> Make(PoolRegistry& reg, const std::string& name, PoolSpec s) {
+    absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create(name, s);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : nullptr;
+  }
+};
+
+TEST_F(KindRegistryTest, FollowerTakesSizeAndAllocatorOfTheFollowed) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  std::shared_ptr<Pool> anchor = Make(reg, "anchor", KindSpec(PoolKind::kMha));
+  ASSERT_NE(anchor, nullptr);
+  PoolSpec k = KindSpec(PoolKind::kKOnly);
+  k.page_size = 0;  // inherited
+  std::shared_ptr<Pool> follower = Make(reg, "idx", k);
+  ASSERT_NE(follower, nullptr);
+  EXPECT_EQ(follower->size_tokens(), 64u);
+  EXPECT_EQ(follower->spec().page_size, 4u);
+  EXPECT_EQ(follower->follows(), anchor);
+  EXPECT_EQ(follower->allocator_owner(), anchor.get());
+  EXPECT_EQ(anchor->followers(), std::vector<std::string>{"idx"});
+  EXPECT_EQ(follower->bytes(), 64u * 2 * 2 * 8 * 2);
+  EXPECT_EQ(reg.used_bytes(), anchor->bytes() + follower->bytes());
+  // No allocator of its own: Alloc / Free name both pools; nothing changes.
+  absl::StatusOr<std::vector<uint64_t>> a = follower->AllocPages(4);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(a.status()), HasSubstr("'idx' (K_ONLY/PAGE_FIRST) follows 'anchor'"));
+  const int64_t page[4] = {0, 1, 2, 3};
+  EXPECT_EQ(follower->Free(page).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(anchor->allocator().available_tokens(), 64u);
+  // Slots allocated in the followed pool are the follower's too.
+  ASSERT_TRUE(anchor->AllocPages(4).ok());
+  EXPECT_EQ(follower->allocator().available_tokens(), 60u);
+  EXPECT_TRUE(follower->allocator().CheckAllocated(page).ok());
+  EXPECT_TRUE(follower->CheckPage(0).ok());
+  EXPECT_EQ(follower->CheckPage(4).code(), absl::StatusCode::kFailedPrecondition);
+  // The followed pool stays while followed.
+  absl::StatusOr<uint64_t> del = reg.Delete("anchor");
+  EXPECT_EQ(del.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(del.status()), HasSubstr("followed by idx"));
+  EXPECT_TRUE(reg.Get("anchor").ok());
+  EXPECT_TRUE(anchor->AcquireAttachment().ok());  // not retired by the refusal
+  anchor->ReleaseAttachment();
+  ASSERT_TRUE(reg.Delete("idx").ok());
+  EXPECT_TRUE(anchor->followers().empty());
+  EXPECT_TRUE(reg.Delete("anchor").ok());
+}
+
+TEST_F(KindRegistryTest, FollowerErrorsCreateNothing) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  ASSERT_NE(Make(reg, "anchor", KindSpec(PoolKind::kMha)), nullptr);
+  ASSERT_NE(Make(reg, "mla", KindSpec(PoolKind::kMla)), nullptr);
+  const uint64_t used = reg.used_bytes();
+  const size_t files = dir_.Files().size();
+  struct C {
+    PoolSpec spec;
+    absl::StatusCode code;
+    const char* needle;
+  };
+  std::vector<C> cases;
+  PoolSpec s = KindSpec(PoolKind::kKOnly);
+  s.follows = "nope";
+  cases.push_back({s, absl::StatusCode::kNotFound, "'nope' not found"});
+  s = KindSpec(PoolKind::kKOnly);
+  s.follows = "mla";
+  cases.push_back({s, absl::StatusCode::kInvalidArgument, "is a MLA pool"});
+  s = KindSpec(PoolKind::kDsaIndexer);
+  cases.push_back({s, absl::StatusCode::kInvalidArgument, "MLA or DSA"});
+  s = KindSpec(PoolKind::kKOnly);
+  s.page_size = 8;
+  cases.push_back({s, absl::StatusCode::kInvalidArgument, "spec.page_size 8"});
+  s = KindSpec(PoolKind::kKOnly);
+  s.size_tokens = 128;
+  cases.push_back({s, absl::StatusCode::kInvalidArgument, "128 tokens"});
+  s = KindSpec(PoolKind::kKOnly);
+  s.follows.clear();
+  cases.push_back({s, absl::StatusCode::kInvalidArgument, "spec.follows is required"});
+  for (const C& c : cases) {
+    absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("f", c.spec);
+    EXPECT_EQ(p.status().code(), c.code) << p.status();
+    EXPECT_THAT(Msg(p.status()), HasSubstr(c.needle));
+  }
+  s = KindSpec(PoolKind::kKOnly);
+  s.size_tokens = 64;  // agreeing sizing is fine
+  EXPECT_TRUE(reg.Create("agree", s).ok());
+  ASSERT_TRUE(reg.Delete("agree").ok());
+  EXPECT_EQ(reg.used_bytes(), used);
+  EXPECT_EQ(dir_.Files().size(), files);
+  EXPECT_TRUE((*reg.Get("anchor"))->followers().empty());
+}
+
+TEST_F(KindRegistryTest, V4StateFollowsLogicalAndQuotesTheSeed) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  std::shared_ptr<Pool> logical = Make(reg, "anchor", KindSpec(PoolKind::kLogical));
+  ASSERT_NE(logical, nullptr);
+  EXPECT_EQ(logical->bytes(), 0u);
+  EXPECT_TRUE(logical->region_paths().empty());
+  std::shared_ptr<Pool> state = Make(reg, "swa", KindSpec(PoolKind::kV4State));
+  ASSERT_NE(state, nullptr);
+  EXPECT_EQ(state->bytes(), 64u / 4 * 2 * 3 * 8);
+  absl::StatusOr<std::vector<uint64_t>> a = state->AllocPages(4);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(a.status()), HasSubstr("reuses SWA transfer indices"));
+  EXPECT_TRUE(state->whole_pages());
+  EXPECT_FALSE(logical->whole_pages());
+}
+
+TEST_F(KindRegistryTest, ReplicatedKindsCountRanksOthersRefuseASecond) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  std::shared_ptr<Pool> mla = Make(reg, "mla", KindSpec(PoolKind::kMla));
+  std::shared_ptr<Pool> mha = Make(reg, "mha", KindSpec(PoolKind::kMha));
+  ASSERT_TRUE(mla && mha);
+  ASSERT_TRUE(mla->AcquireAttachment(0).ok());
+  ASSERT_TRUE(mla->AcquireAttachment(1).ok());
+  ASSERT_TRUE(mla->AcquireAttachment(1).ok());
+  EXPECT_EQ(mla->replica_ranks(), 2u);
+  EXPECT_EQ(mla->bytes_saved(), mla->bytes());
+  mla->ReleaseAttachment(1);
+  EXPECT_EQ(mla->replica_ranks(), 2u);
+  mla->ReleaseAttachment(1);
+  EXPECT_EQ(mla->replica_ranks(), 1u);
+  EXPECT_EQ(mla->bytes_saved(), 0u);
+  ASSERT_TRUE(mha->AcquireAttachment().ok());  // no rank = rank 0
+  ASSERT_TRUE(mha->AcquireAttachment(0).ok());
+  absl::Status second = mha->AcquireAttachment(1);
+  EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(second), HasSubstr("MHA/PAGE_FIRST"));
+  EXPECT_THAT(Msg(second), HasSubstr("tp_rank 1"));
+  EXPECT_EQ(mha->attachments(), 2u);  // the refusal changed nothing
+  EXPECT_EQ(mha->replica_ranks(), 1u);
+  EXPECT_EQ(mha->bytes_saved(), 0u);
+  mha->ReleaseAttachment();
+  mha->ReleaseAttachment(0);
+  EXPECT_TRUE(mha->AcquireAttachment(1).ok());  // rank 0 gone: rank 1 may attach
+  mha->ReleaseAttachment(1);
+  mla->ReleaseAttachment(0);
+}
+
+TEST_F(KindRegistryTest, PageMethodErrorsChangeNothing) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  std::shared_ptr<Pool> mha = Make(reg, "mha", KindSpec(PoolKind::kMha));
+  ASSERT_NE(mha, nullptr);
+  ASSERT_TRUE(mha->AllocPages(4).ok());  // page 0
+  const uint64_t n = mha->flat_page_bytes();
+  EXPECT_EQ(n, 4u * 2 * 2 * 8 * 2 * 2);
+  std::vector<uint8_t> page(n, 7), zeros(n, 0), out(n, 1);
+  struct C {
+    int64_t index;
+    size_t bytes;
+    absl::StatusCode code;
+    const char* needle;
+  };
+  const C cases[] = {
+      {2, n, absl::StatusCode::kInvalidArgument, "index 2 is not the first slot of a page"},
+      {64, n, absl::StatusCode::kInvalidArgument, "index 64"},
+      {-4, n, absl::StatusCode::kInvalidArgument, "index -4"},
+      {4, n, absl::StatusCode::kFailedPrecondition, "not allocated"},
+      {0, n - 1, absl::StatusCode::kInvalidArgument, "a page of pool 'mha' (MHA/PAGE_FIRST) has"},
+  };
+  for (const C& c : cases) {
+    absl::Status w = mha->WritePage(c.index, absl::MakeConstSpan(page.data(), c.bytes));
+    EXPECT_EQ(w.code(), c.code) << w;
+    EXPECT_THAT(Msg(w), HasSubstr(c.needle));
+    absl::Status r = mha->ReadPage(c.index, absl::MakeSpan(out.data(), c.bytes));
+    EXPECT_EQ(r.code(), c.code) << r;
+  }
+  EXPECT_EQ(out, std::vector<uint8_t>(n, 1));  // nothing read into it
+  for (size_t r = 0; r < mha->region_count(); ++r) {
+    for (uint64_t x = 0; x < mha->region_bytes(r); ++x) ASSERT_EQ(mha->region_base(r)[x], 0);
+  }
+  // Asymmetric: no flat page, no shape, no split heads (the seeds raise).
+  std::shared_ptr<Pool> asym = Make(reg, "asym", KindSpec(PoolKind::kMhaAsymmetric));
+  ASSERT_NE(asym, nullptr);
+  ASSERT_TRUE(asym->AllocPages(4).ok());
+  absl::Status a = asym->CheckPage(0);
+  EXPECT_EQ(a.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(a), HasSubstr("NotImplementedError"));
+  EXPECT_EQ(asym->PageShape().status().code(), absl::StatusCode::kFailedPrecondition);
+  const int64_t slots[4] = {0, 1, 2, 3};
+  EXPECT_EQ(asym->SplitHeadsMeta(slots, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(asym->PageBufferMeta(slots).ok());
+}
+
+TEST_F(KindRegistryTest, SplitHeadsStrideAndBufferInfos) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  PoolSpec s = KindSpec(PoolKind::kMha);
+  s.layout = LayoutKind::kPageHead, s.head_num = 4;
+  std::shared_ptr<Pool> ph = Make(reg, "ph", s);
+  ASSERT_NE(ph, nullptr);
+  const int64_t slots[4] = {4, 5, 6, 7};  // page 1
+  const uint64_t L = 2, ps = 4, H = 4, D = 8, b = 2, S = 64, v_off = L * S * H * D * b;
+  for (uint32_t f : {0u, 3u, 8u}) {
+    absl::StatusOr<std::vector<RegionSegment>> m = ph->SplitHeadsMeta(slots, f);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << f;
+    EXPECT_THAT(Msg(m.status()), HasSubstr("split_factor"));
+  }
+  absl::StatusOr<std::vector<RegionSegment>> m = ph->SplitHeadsMeta(slots, 2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->size(), 4u);
+  for (uint64_t g = 0; g < 2; ++g) {  // S1:489-535
+    const uint64_t k = 4 * L * H * D * b + g * 2 * ps * L * D * b;
+    EXPECT_EQ((*m)[2 * g].offset, k);
+    EXPECT_EQ((*m)[2 * g + 1].offset, k + v_off);
+    EXPECT_EQ((*m)[2 * g].length, L * b * ps * H * D / 2);
+  }
+  absl::StatusOr<StrideCheck> st = ph->StrideAlignment(0);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->page_strides, (std::vector<uint64_t>{ps * L * H * D * b, ps * L * H * D * b}));
+  EXPECT_EQ(st->aligned, (ps * L * H * D * b) % 4096 == 0);
+  EXPECT_TRUE(ph->StrideAlignment(512)->aligned);  // 512-byte strides, mmap'd bases
+  EXPECT_FALSE(ph->StrideAlignment(1024)->aligned);
+  EXPECT_EQ(ph->StrideAlignment(3).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ph->ContiguousBufferInfos().status().code(), absl::StatusCode::kFailedPrecondition);
+  // LAYER_FIRST: never page aligned; per component, per layer buffers.
+  std::shared_ptr<Pool> mla = Make(reg, "mla", KindSpec(PoolKind::kMla));
+  ASSERT_NE(mla, nullptr);
+  EXPECT_FALSE(mla->StrideAlignment(1)->aligned);
+  EXPECT_EQ(mla->SplitHeadsMeta(slots, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<std::vector<BufferInfo>> infos = mla->ContiguousBufferInfos();
+  ASSERT_TRUE(infos.ok());
+  ASSERT_EQ(infos->size(), 2u);
+  const uint64_t C = 12 * 2;
+  for (uint32_t l = 0; l < 2; ++l) {  // S0:121-127
+    EXPECT_EQ((*infos)[l].layer, l);
+    EXPECT_EQ((*infos)[l].range.offset, l * S * C);
+    EXPECT_EQ((*infos)[l].range.length, S * C);
+    EXPECT_EQ((*infos)[l].item_bytes, C * 4);
+  }
+  absl::StatusOr<std::vector<PagePart>> shape = mla->PageShape();
+  ASSERT_TRUE(shape.ok());
+  ASSERT_EQ(shape->size(), 1u);
+  EXPECT_EQ((*shape)[0].dims, (std::vector<uint64_t>{2, 4, 1, 12}));
+  EXPECT_EQ((*shape)[0].bytes, mla->flat_page_bytes());
+}
+
+TEST_F(KindRegistryTest, MetaRefusedWhereTheSeedsRaise) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  ASSERT_NE(Make(reg, "anchor", KindSpec(PoolKind::kMla)), nullptr);
+  PoolSpec s = KindSpec(PoolKind::kDsaIndexer);
+  s.layout = LayoutKind::kLayerFirst;
+  std::shared_ptr<Pool> idx = Make(reg, "idx", s);
+  ASSERT_NE(idx, nullptr);
+  const int64_t slots[4] = {0, 1, 2, 3};
+  absl::StatusOr<std::vector<RegionSegment>> m = idx->PageBufferMeta(slots);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Msg(m.status()), HasSubstr("DSA_INDEXER/LAYER_FIRST"));
+}
+
 }  // namespace
 }  // namespace kvhost
