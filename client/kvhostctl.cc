@@ -71,7 +71,8 @@ ABSL_FLAG(std::string, kind, "mha",
 ABSL_FLAG(std::string, layout, "page_first",
           "create-pool: layer_first, page_first, page_first_direct or page_head (MHA only).");
 ABSL_FLAG(std::string, dtype, "bf16",
-          "create-pool: element type: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2 or uint8.");
+          "create-pool: element type: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2 or uint8 (dsa_indexer, "
+          "v4_paged, v4_state and logical default to uint8).");
 ABSL_FLAG(uint32_t, page_size, 16,
           "create-pool: token slots per page (mamba: 1; a follower takes its pool's).");
 ABSL_FLAG(uint32_t, layers, 0, "create-pool: layers held on the host (required).");
@@ -744,9 +745,17 @@ absl::StatusOr<v1::PoolSpec> SpecFromFlags() {
     if (!layout.ok()) return layout.status();
     spec.set_layout(static_cast<v1::Layout>(*layout));
   }
-  if (use("dtype")) {
+  if (Given("dtype")) {
     absl::StatusOr<int> dtype =
         ParseEnumFlag("dtype", absl::GetFlag(FLAGS_dtype), v1::DType_descriptor());
+    if (!dtype.ok()) return dtype.status();
+    spec.set_dtype(static_cast<v1::DType>(*dtype));
+  } else if (!from_json) {
+    // Kinds whose rows are plain bytes default to uint8.
+    const bool bytes = spec.kind() == v1::DSA_INDEXER || spec.kind() == v1::V4_PAGED ||
+                       spec.kind() == v1::V4_STATE || spec.kind() == v1::LOGICAL;
+    absl::StatusOr<int> dtype = ParseEnumFlag(
+        "dtype", bytes ? std::string("uint8") : absl::GetFlag(FLAGS_dtype), v1::DType_descriptor());
     if (!dtype.ok()) return dtype.status();
     spec.set_dtype(static_cast<v1::DType>(*dtype));
   }

@@ -219,6 +219,10 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
   }
 
   void Fail(const absl::Status& status) {
+    if (pool_ == nullptr) {  // nothing could have been written
+      Finish(ToGrpcStatus(status));
+      return;
+    }
     Finish(ToGrpcStatus(absl::Status(
         status.code(), absl::StrCat(status.message(), " (", written_,
                                     written_ == 1 ? " page" : " pages",
