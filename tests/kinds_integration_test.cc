@@ -645,6 +645,31 @@ TEST_P(KindCaseTest, PageRpcsRoundTripInTheSeedByteOrder) {
   EXPECT_EQ(*got, pages[0]);
 }
 
+// A page over the 64 MiB message limit: GetDataPage refuses it, ReadPages and
+// WritePages stream it.
+TEST_F(KindsTest, PageOverTheMessageLimitStreams) {
+  v1::PoolSpec spec = Base(v1::MHA, v1::PAGE_FIRST, 64, 64, 64);
+  spec.set_head_num(32);
+  spec.set_head_dim(128);
+  const uint64_t page_bytes = 2ull * 64 * 64 * 32 * 128 * 2;  // K and V: 64 MiB
+  ASSERT_GT(page_bytes + 1024, uint64_t{64} << 20);
+  ASSERT_TRUE(client().CreatePool("big", spec).ok());
+  ASSERT_TRUE(client().Alloc("big", 64).ok());
+  EXPECT_ERROR(client().GetDataPage("big", 0), kResourceExhausted, "ReadPages",
+               absl::StrCat(page_bytes));
+  std::vector<std::string> pages = {std::string(page_bytes, '\0')};
+  std::mt19937 rng(13);
+  testing::FillRandomNonZero(reinterpret_cast<uint8_t*>(pages[0].data()), page_bytes, rng);
+  const std::vector<int64_t> first = {0};
+  absl::StatusOr<uint64_t> written = client().WritePages("big", first, pages);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*written, 1u);
+  absl::StatusOr<std::vector<std::string>> read = client().ReadPages("big", first);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->size(), 1u);
+  EXPECT_TRUE((*read)[0] == pages[0]);
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryKind, KindCaseTest, ::testing::Range<size_t>(0, Cases().size()),
                          CaseName);
 
