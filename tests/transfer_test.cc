@@ -1,7 +1,11 @@
 // Tests of the transfer path: index runs (server/transfer/runs.h), the
 // piece iterator every engine uses (ForEachPiece, server/transfer/engine.h),
 // the host engine (server/transfer/host_engine.h) and the manager's
-// validation (server/transfer/transfer_manager.h).
+// validation (server/transfer/transfer_manager.h); then every pool kind x
+// allowed layout through the manager and the host engine (per-component
+// buffers, page-row components in whole pages, sharded pools and partial
+// attachments, followers, TP ranks, LOGICAL), checked against SeedOffset,
+// an address formula written here from the seeds' tensor shapes.
 //
 // Every copy is checked byte for byte against a naive reference that moves one
 // (token, head) at a time with KvLayout::Offset, so a wrong merge of tokens
@@ -21,6 +25,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
@@ -906,6 +911,753 @@ TEST_F(ManagerTest, RefusedAfterDrain) {
   EXPECT_EQ(c.tickets_done, 1u);
   EXPECT_EQ(c.tickets_in_flight, 0u);
   EXPECT_EQ(manager_->FindTicket((*before)->id() + 1).status().code(), absl::StatusCode::kNotFound);
+}
+
+// ============================================================ every kind
+
+// The offset of row `row` (a token slot, or a page of a page-row
+// component), layer `layer`, head `head` in a one-plane component of shape
+// `c`, from the seeds' C-contiguous tensor shapes: LAYER_FIRST (L, S, H, D),
+// PAGE_FIRST (S, L, H, D), PAGE_FIRST_DIRECT (P, L, ps, H, D), PAGE_HEAD
+// (P, H, ps, L, D). Written here, apart from KvLayout::Offset.
+uint64_t SeedOffset(const KvLayout& c, uint64_t row, uint64_t layer, uint64_t head) {
+  const uint64_t L = c.layers, S = c.tokens, ps = c.page_size, H = c.heads, D = c.head_bytes;
+  const uint64_t p = row / ps, o = row % ps;
+  switch (c.kind) {
+    case LayoutKind::kLayerFirst:
+      return ((layer * S + row) * H + head) * D;
+    case LayoutKind::kPageFirst:
+      return ((row * L + layer) * H + head) * D;
+    case LayoutKind::kPageFirstDirect:
+      return (((p * L + layer) * ps + o) * H + head) * D;
+    case LayoutKind::kPageHead:
+      return (((p * H + head) * ps + o) * L + layer) * D;
+  }
+  return 0;
+}
+
+PoolSpec BaseSpec(PoolKind kind, LayoutKind layout, uint32_t ps, uint32_t layers,
+                  uint64_t size_tokens, DType dtype = DType::kBf16) {
+  PoolSpec s;
+  s.kind = kind;
+  s.layout = layout;
+  s.dtype = dtype;
+  s.page_size = ps;
+  s.layer_num = layers;
+  s.size_tokens = size_tokens;
+  return s;
+}
+PoolSpec MhaSpec(LayoutKind layout, uint32_t ps = 3) {
+  PoolSpec s = BaseSpec(PoolKind::kMha, layout, ps, 3, 12 * ps);
+  s.head_num = 2;
+  s.head_dim = 5;
+  return s;
+}
+PoolSpec MlaSpec(LayoutKind layout, uint32_t ps = 5) {
+  PoolSpec s = BaseSpec(PoolKind::kMla, layout, ps, 2, 10 * ps);
+  s.kv_lora_rank = 7;
+  s.qk_rope_head_dim = 2;
+  return s;
+}
+PoolSpec V4PagedSpec(LayoutKind layout, uint32_t ps = 3) {
+  PoolSpec s = BaseSpec(PoolKind::kV4Paged, layout, ps, 3, 12 * ps, DType::kUint8);
+  s.item_bytes = 13;
+  return s;
+}
+PoolSpec LogicalSpec(uint32_t ps = 3) {
+  return BaseSpec(PoolKind::kLogical, LayoutKind::kLayerFirst, ps, 0, 12 * ps, DType::kUint8);
+}
+// A follower of the pool named "anchor": its size and page size are the
+// anchor's.
+PoolSpec FollowerSpec(PoolSpec s) {
+  s.follows = "anchor";
+  s.size_tokens = 0;
+  s.page_size = 0;
+  return s;
+}
+
+struct KindCase {
+  std::string name;
+  PoolSpec spec;  // follows "anchor" when anchor is set
+  std::optional<PoolSpec> anchor;
+  uint32_t att_start = 0, att_end = 0;  // the attachment's device layers (0 / 0: the pool's)
+};
+
+void PrintTo(const KindCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<KindCase> KindCases() {
+  const LayoutKind kAll[] = {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
+                             LayoutKind::kPageFirstDirect, LayoutKind::kPageHead};
+  const LayoutKind kThree[] = {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
+                               LayoutKind::kPageFirstDirect};
+  const LayoutKind kPageMajor[] = {LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect};
+  auto name = [](const char* kind, LayoutKind l) { return absl::StrCat(kind, "_", LayoutName(l)); };
+  std::vector<KindCase> out;
+  for (LayoutKind l : kAll) out.push_back({name("MHA", l), MhaSpec(l), std::nullopt});
+  for (LayoutKind l : kThree) out.push_back({name("MLA", l), MlaSpec(l), std::nullopt});
+  for (LayoutKind l : kPageMajor) {
+    PoolSpec s = BaseSpec(PoolKind::kMhaAsymmetric, l, 3, 3, 36);
+    s.head_num = 2;
+    s.head_dim = 5;
+    s.v_head_dim = 3;
+    out.push_back({name("MHA_ASYMMETRIC", l), s, std::nullopt});
+  }
+  for (LayoutKind l : kThree) {
+    PoolSpec s = BaseSpec(PoolKind::kKOnly, l, 3, 2, 0, DType::kFp16);
+    s.head_num = 3;
+    s.head_dim = 3;
+    out.push_back({name("K_ONLY", l), FollowerSpec(s), MhaSpec(LayoutKind::kPageFirst)});
+  }
+  {
+    PoolSpec s = BaseSpec(PoolKind::kDsa, LayoutKind::kLayerFirst, 3, 3, 36);
+    s.kv_lora_rank = 7;
+    s.qk_rope_head_dim = 2;
+    s.index_head_dim = 16;
+    s.index_quant_block_size = 8;
+    out.push_back({"DSA_LAYER_FIRST", s, std::nullopt});
+    s.index_head_dim = 0;
+    s.index_quant_block_size = 0;
+    s.index_row_bytes = 21;
+    out.push_back({"DSA_LAYER_FIRST_index_row_bytes", s, std::nullopt});
+  }
+  for (LayoutKind l : kThree) {
+    PoolSpec s = BaseSpec(PoolKind::kDsaIndexer, l, 0, 2, 0, DType::kUint8);
+    s.index_head_dim = 16;
+    s.index_quant_block_size = 8;
+    out.push_back({name("DSA_INDEXER", l), FollowerSpec(s), MlaSpec(LayoutKind::kLayerFirst, 3)});
+  }
+  {
+    PoolSpec s = BaseSpec(PoolKind::kMamba, LayoutKind::kPageFirstDirect, 1, 2, 20);
+    s.mamba.temporal = {2, 3};
+    s.mamba.temporal_dtype = DType::kFp32;
+    s.mamba.conv = {{5}, {2, 3}};  // 5 bf16: an odd row of 10 bytes
+    out.push_back({"MAMBA_PAGE_FIRST_DIRECT", s, std::nullopt});
+  }
+  for (LayoutKind l : kThree) out.push_back({name("V4_PAGED", l), V4PagedSpec(l), std::nullopt});
+  for (LayoutKind l : kThree) {
+    PoolSpec s = BaseSpec(PoolKind::kV4State, l, 0, 2, 0, DType::kUint8);
+    s.ring_size = 3;
+    s.state_slot_bytes = 5;
+    out.push_back({name("V4_STATE", l), FollowerSpec(s), V4PagedSpec(LayoutKind::kPageFirst)});
+    if (l == LayoutKind::kLayerFirst) {
+      out.push_back({"V4_STATE_LAYER_FIRST_follows_LOGICAL", FollowerSpec(s), LogicalSpec()});
+    }
+  }
+  // Sharded pools (device layers [2, 5)) attached over device layers [1, 6):
+  // layers 1 and 5 copy nothing.
+  {
+    PoolSpec s = MhaSpec(LayoutKind::kPageFirstDirect);
+    s.start_layer = 2;
+    out.push_back({"MHA_PAGE_FIRST_DIRECT_sharded", s, std::nullopt, 1, 6});
+    s = V4PagedSpec(LayoutKind::kLayerFirst);
+    s.start_layer = 2;
+    out.push_back({"V4_PAGED_LAYER_FIRST_sharded", s, std::nullopt, 1, 6});
+    s = MlaSpec(LayoutKind::kPageFirst);
+    s.start_layer = 2;
+    s.layer_num = 3;
+    out.push_back({"MLA_PAGE_FIRST_sharded_tail", s, std::nullopt, 4, 6});
+  }
+  return out;
+}
+
+// An emulated device pool for any kind: per component and attached layer,
+// rows(c) rows of the component's row bytes, all in one shared-memory file.
+class DevicePool {
+ public:
+  static std::unique_ptr<DevicePool> Create(const std::string& path, const Pool& pool,
+                                            uint64_t device_tokens, uint32_t layers) {
+    auto d = std::unique_ptr<DevicePool>(new DevicePool);
+    d->layers_ = layers;
+    d->device_tokens_ = device_tokens;
+    uint64_t offset = 48;  // layer buffers need not start at the file's start
+    for (const Component& c : pool.components()) {
+      d->rows_.push_back(device_tokens / c.row_tokens);
+      d->row_bytes_.push_back(c.row_bytes());
+      d->names_.push_back(c.name);
+      d->offsets_.emplace_back();
+      for (uint32_t l = 0; l < layers; ++l) {
+        d->offsets_.back().push_back(offset);
+        offset += d->rows_.back() * c.row_bytes() + 8;  // a gap the copies must not touch
+      }
+    }
+    absl::StatusOr<std::unique_ptr<ShmRegion>> r = ShmRegion::Create(path, offset);
+    if (!r.ok()) return nullptr;
+    d->region_ = *std::move(r);
+    return d;
+  }
+  // Every component by name.
+  AttachRequest Request(uint32_t start = 0, uint32_t end = 0) const {
+    AttachRequest req;
+    req.device_size_tokens = device_tokens_;
+    req.start_layer = start;
+    req.end_layer = end;
+    for (size_t c = 0; c < names_.size(); ++c) req.named.push_back(Buffers(c));
+    return req;
+  }
+  ComponentBuffers Buffers(size_t c) const {
+    ComponentBuffers b;
+    b.name = names_[c];
+    for (uint64_t off : offsets_[c]) {
+      b.layers.push_back({DeviceBufferRef::Kind::kShm, region_->path(), "", "", off});
+    }
+    return b;
+  }
+  uint8_t* Row(size_t c, uint32_t layer, uint64_t row) const {
+    return region_->data() + offsets_[c][layer] + row * row_bytes_[c];
+  }
+  uint8_t* data() const { return region_->data(); }
+  uint64_t size() const { return region_->size(); }
+  uint64_t offset(size_t c, uint32_t layer) const { return offsets_[c][layer]; }
+
+ private:
+  DevicePool() = default;
+  std::unique_ptr<ShmRegion> region_;
+  uint32_t layers_ = 0;
+  uint64_t device_tokens_ = 0;
+  std::vector<uint64_t> rows_, row_bytes_;
+  std::vector<std::string> names_;
+  std::vector<std::vector<uint64_t>> offsets_;  // [component][attached layer]
+};
+
+// A registry and a manager on the host engine, in a private directory.
+class KindFixture {
+ public:
+  KindFixture() {
+    RegistryOptions o;
+    o.shm_dir = dir_.path();
+    o.read_memory = []() -> absl::StatusOr<MemorySnapshot> {
+      MemorySnapshot s;
+      s.mem_total = uint64_t{1} << 40;
+      s.mem_available = uint64_t{1} << 39;
+      return s;
+    };
+    registry_ = std::make_unique<PoolRegistry>(o);
+    HostEngineOptions e;
+    e.shm_dir = dir_.path();
+    e.helper_threads = 2;
+    e.min_split_bytes = 64;  // split layers over threads, cutting inside runs
+    manager_ = std::make_unique<TransferManager>(registry_.get(), std::make_unique<HostEngine>(e));
+  }
+  ~KindFixture() {
+    manager_.reset();
+    registry_.reset();
+  }
+  absl::StatusOr<std::shared_ptr<Pool>> Create(const KindCase& c) {
+    if (c.anchor.has_value()) {
+      absl::StatusOr<std::shared_ptr<Pool>> anchor = registry_->Create("anchor", *c.anchor);
+      if (!anchor.ok()) return anchor.status();
+    }
+    return registry_->Create("p", c.spec);
+  }
+  // Runs a transfer to the end; its final status.
+  TicketStatus Run(const std::string& att, Direction d, const std::vector<int64_t>& host,
+                   const std::vector<int64_t>& device) {
+    absl::StatusOr<std::shared_ptr<TransferTicket>> t = manager_->Submit(att, d, host, device);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return TicketStatus{};
+    EXPECT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
+    return (*t)->Snapshot();
+  }
+  void ExpectNoTickets() {
+    const TransferCounters c = manager_->counters();
+    EXPECT_EQ(c.tickets_in_flight + c.tickets_done + c.tickets_failed, 0u);
+    EXPECT_EQ(manager_->FindTicket(1).status().code(), absl::StatusCode::kNotFound);
+  }
+
+  ShmDir dir_;
+  std::unique_ptr<PoolRegistry> registry_;
+  std::unique_ptr<TransferManager> manager_;
+};
+
+// Host bytes of every component, for before / after comparisons.
+std::vector<std::vector<uint8_t>> HostBytes(const Pool& pool) {
+  std::vector<std::vector<uint8_t>> out;
+  for (size_t c = 0; c < pool.components().size(); ++c) {
+    const uint8_t* base = pool.component_base(c);
+    out.emplace_back(base, base + pool.components()[c].bytes());
+  }
+  return out;
+}
+
+// Slot pairs for a transfer of `pages` whole pages (shuffled, so runs form
+// and break), or of `tokens` single slots.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> PickPairs(std::mt19937_64& rng,
+                                                                bool whole_pages, uint64_t ps,
+                                                                uint64_t host_tokens,
+                                                                uint64_t device_tokens,
+                                                                uint64_t n) {
+  if (!whole_pages) return RandomPairs(rng, host_tokens, device_tokens, n);
+  auto pages = [&rng](uint64_t count) {
+    std::vector<int64_t> p(count);
+    for (uint64_t i = 0; i < count; ++i) p[i] = static_cast<int64_t>(i);
+    std::shuffle(p.begin(), p.end(), rng);
+    return p;
+  };
+  std::vector<int64_t> hp = pages(host_tokens / ps), dp = pages(device_tokens / ps);
+  const uint64_t np = std::min<uint64_t>({n / ps, hp.size(), dp.size()});
+  std::vector<int64_t> host, device;
+  for (uint64_t k = 0; k < np; ++k) {
+    for (uint64_t j = 0; j < ps; ++j) {
+      host.push_back(hp[k] * static_cast<int64_t>(ps) + static_cast<int64_t>(j));
+      device.push_back(dp[k] * static_cast<int64_t>(ps) + static_cast<int64_t>(j));
+    }
+  }
+  return {host, device};
+}
+
+// The reference copy of one transfer: one head of one row of one layer at a
+// time, at SeedOffset on the host and row x row_bytes + head x head_bytes on
+// the device; a page-row component moves the page row of each page once.
+// `host` holds each component's bytes; `device(c, attached layer)` a layer
+// buffer's base; `host_layer(a)` the host layer of attached layer a or -1.
+template <typename DeviceFn, typename LayerFn>
+void SeedCopy(const Pool& pool, std::vector<std::vector<uint8_t>>& host, DeviceFn&& device,
+              uint32_t attached, LayerFn&& host_layer, const std::vector<int64_t>& host_idx,
+              const std::vector<int64_t>& dev_idx, bool backup) {
+  for (size_t c = 0; c < pool.components().size(); ++c) {
+    const Component& comp = pool.components()[c];
+    const KvLayout& shape = comp.layout;
+    for (uint32_t a = 0; a < attached; ++a) {
+      const int64_t l = host_layer(a);
+      if (l < 0) continue;
+      for (size_t i = 0; i < host_idx.size(); ++i) {
+        if (static_cast<uint64_t>(host_idx[i]) % comp.row_tokens != 0) continue;
+        const uint64_t hrow = static_cast<uint64_t>(host_idx[i]) / comp.row_tokens;
+        const uint64_t drow = static_cast<uint64_t>(dev_idx[i]) / comp.row_tokens;
+        for (uint64_t h = 0; h < shape.heads; ++h) {
+          uint8_t* hp = host[c].data() + SeedOffset(shape, hrow, static_cast<uint64_t>(l), h);
+          uint8_t* dp = device(c, a) + drow * shape.heads * shape.head_bytes + h * shape.head_bytes;
+          if (backup) {
+            std::memcpy(hp, dp, shape.head_bytes);
+          } else {
+            std::memcpy(dp, hp, shape.head_bytes);
+          }
+        }
+      }
+    }
+  }
+}
+
+class KindTransferTest : public ::testing::TestWithParam<KindCase> {};
+
+TEST_P(KindTransferTest, BackupThenLoadIsByteExact) {
+  const KindCase& kc = GetParam();
+  KindFixture f;
+  ASSERT_FALSE(f.dir_.path().empty());
+  absl::StatusOr<std::shared_ptr<Pool>> created = f.Create(kc);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Pool& pool = **created;
+  ASSERT_FALSE(pool.components().empty());
+  const PoolSpec& spec = pool.spec();
+  const uint64_t ps = pool.allocator_owner()->allocator().page_size();
+  const uint64_t S = pool.size_tokens();
+  const bool whole_pages = MovesWholePages(spec.kind);
+  const uint32_t att_start = kc.att_end == 0 ? spec.start_layer : kc.att_start;
+  const uint32_t att_end = kc.att_end == 0 ? spec.start_layer + spec.layer_num : kc.att_end;
+  const uint32_t attached = att_end - att_start;
+  auto host_layer = [&](uint32_t a) -> int64_t {
+    const uint32_t d = att_start + a;
+    return d >= spec.start_layer && d < spec.start_layer + spec.layer_num
+               ? static_cast<int64_t>(d - spec.start_layer)
+               : -1;
+  };
+  uint32_t held = 0;
+  for (uint32_t a = 0; a < attached; ++a) held += host_layer(a) >= 0 ? 1 : 0;
+
+  // A device pool of more pages than half the host's, not a multiple of it.
+  const uint64_t device_tokens = (S / ps / 2 + 3) * ps;
+  std::unique_ptr<DevicePool> dev =
+      DevicePool::Create(f.dir_.path() + "/device", pool, device_tokens, attached);
+  ASSERT_NE(dev, nullptr);
+  absl::StatusOr<AttachmentInfo> att =
+      f.manager_->Attach("p", dev->Request(kc.att_start, kc.att_end));
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_EQ(att->start_layer, att_start);
+  EXPECT_EQ(att->end_layer, att_end);
+  // Every slot allocated, in the pool that owns the page space.
+  ASSERT_TRUE(pool.allocator_owner()->AllocPages(S).ok());
+
+  std::mt19937_64 rng(std::hash<std::string>()(kc.name));
+  for (int round = 0; round < 3; ++round) {
+    // Random non-zero bytes everywhere, host and device.
+    std::vector<std::vector<uint8_t>> h0;
+    for (size_t c = 0; c < pool.components().size(); ++c) {
+      std::vector<uint8_t> bytes = RandomBytes(rng, pool.components()[c].bytes());
+      for (uint8_t& b : bytes) b |= 1;
+      std::memcpy(pool.component_base(c), bytes.data(), bytes.size());
+      h0.push_back(std::move(bytes));
+    }
+    std::vector<uint8_t> d0 = RandomBytes(rng, dev->size());
+    for (uint8_t& b : d0) b |= 1;
+    std::memcpy(dev->data(), d0.data(), d0.size());
+
+    auto [host_idx, src] = PickPairs(rng, whole_pages, ps, S, device_tokens, S / 2 + 1);
+    ASSERT_FALSE(host_idx.empty());
+    const uint64_t tokens = host_idx.size();
+    // Bytes of one held layer, from the seeds' page size: a page of all
+    // layers is BytesPerPage.
+    const uint64_t want_bytes = tokens * BytesPerPage(spec) / ps / spec.layer_num * held;
+
+    // Backup: device rows src -> host slots host_idx.
+    std::vector<std::vector<uint8_t>> h1 = h0;
+    SeedCopy(
+        pool, h1, [&](size_t c, uint32_t a) { return d0.data() + dev->offset(c, a); }, attached,
+        host_layer, host_idx, src, /*backup=*/true);
+    TicketStatus st = f.Run(att->id, Direction::kBackup, host_idx, src);
+    EXPECT_TRUE(st.status.ok()) << st.status;
+    EXPECT_EQ(st.layer_num, attached);
+    EXPECT_EQ(st.layers_done, attached);
+    EXPECT_EQ(st.bytes, want_bytes);
+    for (size_t c = 0; c < pool.components().size(); ++c) {
+      ASSERT_TRUE(SameBytes(pool.component_base(c), h1[c].data(), h1[c].size()))
+          << "backup round " << round << " component " << pool.components()[c].name;
+    }
+    ASSERT_TRUE(SameBytes(dev->data(), d0.data(), d0.size())) << "a backup wrote the device";
+
+    // Load: host slots host_idx -> other device rows.
+    auto [unused, dst] = PickPairs(rng, whole_pages, ps, S, device_tokens, tokens);
+    dst.resize(std::min(dst.size(), host_idx.size()));
+    std::vector<int64_t> load_host(host_idx.begin(), host_idx.begin() + dst.size());
+    std::vector<uint8_t> d1 = d0;
+    SeedCopy(
+        pool, h1, [&](size_t c, uint32_t a) { return d1.data() + dev->offset(c, a); }, attached,
+        host_layer, load_host, dst, /*backup=*/false);
+    st = f.Run(att->id, Direction::kLoad, load_host, dst);
+    EXPECT_TRUE(st.status.ok()) << st.status;
+    EXPECT_EQ(st.layers_done, attached);
+    ASSERT_TRUE(SameBytes(dev->data(), d1.data(), d1.size())) << "load round " << round;
+    // The round trip, without any layout math: device row dst[i] of a held
+    // layer now holds what row src[i] held, other layers are untouched.
+    for (size_t c = 0; c < pool.components().size(); ++c) {
+      const Component& comp = pool.components()[c];
+      for (uint32_t a = 0; a < attached; ++a) {
+        for (size_t i = 0; i < dst.size(); i += comp.row_tokens) {
+          const uint64_t from = static_cast<uint64_t>(src[i]) / comp.row_tokens;
+          const uint64_t to = static_cast<uint64_t>(dst[i]) / comp.row_tokens;
+          const uint8_t* want = host_layer(a) >= 0
+                                    ? d0.data() + dev->offset(c, a) + from * comp.row_bytes()
+                                    : d0.data() + dev->offset(c, a) + to * comp.row_bytes();
+          ASSERT_TRUE(SameBytes(dev->Row(c, a, to), want, comp.row_bytes()))
+              << comp.name << " attached layer " << a << " pair " << i;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryKind, KindTransferTest, ::testing::ValuesIn(KindCases()),
+                         [](const ::testing::TestParamInfo<KindCase>& info) {
+                           return info.param.name;
+                         });
+
+// A DSA_INDEXER following an MLA pool: page-row rows, whole pages only.
+class PageRowTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(f_.dir_.path().empty());
+    PoolSpec s = BaseSpec(PoolKind::kDsaIndexer, LayoutKind::kPageFirst, 0, 2, 0, DType::kUint8);
+    s.index_head_dim = 16;
+    s.index_quant_block_size = 8;
+    absl::StatusOr<std::shared_ptr<Pool>> p =
+        f_.Create({"indexer", FollowerSpec(s), MlaSpec(LayoutKind::kLayerFirst, 4)});
+    ASSERT_TRUE(p.ok()) << p.status();
+    pool_ = *p;
+    ASSERT_EQ(pool_->components().size(), 1u);
+    ASSERT_EQ(pool_->components()[0].row_tokens, 4u);
+    dev_ = DevicePool::Create(f_.dir_.path() + "/device", *pool_, kDeviceTokens, 2);
+    ASSERT_NE(dev_, nullptr);
+    std::mt19937_64 rng(3);
+    std::vector<uint8_t> bytes = RandomBytes(rng, dev_->size());
+    std::memcpy(dev_->data(), bytes.data(), bytes.size());
+  }
+  std::string DeviceBytes() const {
+    return std::string(reinterpret_cast<const char*>(dev_->data()), dev_->size());
+  }
+
+  static constexpr uint64_t kDeviceTokens = 32;  // 8 device pages
+  KindFixture f_;
+  std::shared_ptr<Pool> pool_;
+  std::unique_ptr<DevicePool> dev_;
+};
+
+TEST_F(PageRowTest, AttachErrorsTakeNoAttachment) {
+  struct Bad {
+    const char* what;
+    std::function<void(AttachRequest&)> edit;
+    const char* needle1;
+    const char* needle2;
+  } cases[] = {
+      {"unknown component", [](AttachRequest& r) { r.named[0].name = "index"; }, "'index'",
+       "index_k"},
+      {"given twice", [this](AttachRequest& r) { r.named.push_back(dev_->Buffers(0)); },
+       "given twice", "index_k"},
+      {"too few layers", [](AttachRequest& r) { r.named[0].layers.pop_back(); }, "has 1 buffers",
+       "needs 2"},
+      {"missing component", [](AttachRequest& r) { r.named.clear(); }, "index_k", "needs 2"},
+      {"k_layers on a kind without it",
+       [](AttachRequest& r) {
+         r.k_layers = r.named[0].layers;
+         r.named.clear();
+       },
+       "k_layers", "DSA_INDEXER"},
+      {"v_layers on a kind without it", [](AttachRequest& r) { r.v_layers = r.named[0].layers; },
+       "v_layers", "needs 0"},
+      {"partial device page", [](AttachRequest& r) { r.device_size_tokens = 30; }, "30",
+       "multiple of 4"},
+      {"no device slots", [](AttachRequest& r) { r.device_size_tokens = 0; }, "device_size_tokens",
+       ">= 1"},
+      {"empty layer range",
+       [](AttachRequest& r) {
+         r.start_layer = 3;
+         r.end_layer = 3;
+       },
+       "start_layer 3", "end_layer 3"},
+      {"more layers than buffers",
+       [](AttachRequest& r) {
+         r.start_layer = 0;
+         r.end_layer = 3;
+       },
+       "has 2 buffers", "needs 3"},
+  };
+  for (const Bad& b : cases) {
+    AttachRequest req = dev_->Request();
+    b.edit(req);
+    absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("p", req);
+    EXPECT_EQ(att.status().code(), absl::StatusCode::kInvalidArgument)
+        << b.what << ": " << att.status();
+    EXPECT_THAT(Msg(att.status()), HasSubstr(b.needle1)) << b.what;
+    EXPECT_THAT(Msg(att.status()), HasSubstr(b.needle2)) << b.what;
+  }
+  EXPECT_EQ(pool_->attachments(), 0u);
+  EXPECT_TRUE(f_.manager_->ListAttachments().empty());
+  EXPECT_TRUE(f_.manager_->Attach("p", dev_->Request()).ok());
+  EXPECT_EQ(pool_->attachments(), 1u);
+}
+
+TEST_F(PageRowTest, PartialPagesAreRefusedAndChangeNothing) {
+  absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("p", dev_->Request());
+  ASSERT_TRUE(att.ok()) << att.status();
+  // The follower has no allocator; pages 0..3 (slots 0..15) in the MLA pool.
+  EXPECT_EQ(pool_->AllocPages(4).status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<std::shared_ptr<Pool>> anchor = f_.registry_->Get("anchor");
+  ASSERT_TRUE(anchor.ok());
+  ASSERT_TRUE((*anchor)->AllocPages(16).ok());
+  const std::vector<std::vector<uint8_t>> host_before = HostBytes(*pool_);
+  const std::string device_before = DeviceBytes();
+  auto r = [](int64_t from, int64_t n) {
+    std::vector<int64_t> v;
+    for (int64_t i = 0; i < n; ++i) v.push_back(from + i);
+    return v;
+  };
+  auto cat = [](std::vector<int64_t> a, const std::vector<int64_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  struct Bad {
+    const char* what;
+    Direction dir;
+    std::vector<int64_t> host, device;
+    absl::StatusCode code;
+    const char* needle;
+    bool names_kind = false;  // the whole-page errors name the pool's kind
+  } cases[] = {
+      {"host not a page start", Direction::kBackup, r(2, 4), r(0, 4),
+       absl::StatusCode::kInvalidArgument, "host_indices[0] = 2 does not start a page", true},
+      {"device not a page start", Direction::kLoad, r(0, 4), r(5, 4),
+       absl::StatusCode::kInvalidArgument, "device_indices[0] = 5 does not start a page", true},
+      {"part of a page", Direction::kBackup, r(0, 6), r(8, 6), absl::StatusCode::kInvalidArgument,
+       "not a multiple of 4", true},
+      {"page broken in the middle", Direction::kBackup, cat(r(4, 2), r(7, 2)), r(0, 4),
+       absl::StatusCode::kInvalidArgument, "host_indices[2] = 7 breaks the page 4..7", true},
+      {"second page broken on the device", Direction::kLoad, r(0, 8),
+       cat(r(0, 4), {12, 13, 15, 14}), absl::StatusCode::kInvalidArgument, "device_indices[6] = 15",
+       true},
+      {"device page past the end", Direction::kLoad, r(0, 4), r(32, 4),
+       absl::StatusCode::kInvalidArgument, "device_indices[0] = 32 out of range"},
+      {"page twice", Direction::kBackup, cat(r(4, 4), r(4, 4)), r(0, 8),
+       absl::StatusCode::kInvalidArgument, "host slot 4"},
+      {"page not allocated in the followed pool", Direction::kBackup, r(16, 4), r(0, 4),
+       absl::StatusCode::kFailedPrecondition, "anchor"},
+  };
+  for (const Bad& b : cases) {
+    absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+        f_.manager_->Submit(att->id, b.dir, b.host, b.device);
+    EXPECT_EQ(t.status().code(), b.code) << b.what << ": " << t.status();
+    EXPECT_THAT(Msg(t.status()), HasSubstr(b.needle)) << b.what;
+    if (b.names_kind) {
+      EXPECT_THAT(Msg(t.status()), HasSubstr("DSA_INDEXER")) << b.what;
+    }
+  }
+  f_.ExpectNoTickets();
+  EXPECT_EQ(HostBytes(*pool_), host_before);
+  EXPECT_EQ(DeviceBytes(), device_before);
+  // Whole pages in any order go through: pages 3, 1 -> device pages 7, 0.
+  const TicketStatus st =
+      f_.Run(att->id, Direction::kBackup, cat(r(12, 4), r(4, 4)), cat(r(28, 4), r(0, 4)));
+  EXPECT_TRUE(st.status.ok()) << st.status;
+  const Component& c = pool_->components()[0];
+  EXPECT_EQ(st.bytes, 2 * c.row_bytes() * 2);  // 2 pages x 2 layers
+  for (uint32_t l = 0; l < 2; ++l) {
+    EXPECT_TRUE(SameBytes(pool_->component_base(0) + SeedOffset(c.layout, 3, l, 0),
+                          dev_->Row(0, l, 7), c.row_bytes()));
+    EXPECT_TRUE(SameBytes(pool_->component_base(0) + SeedOffset(c.layout, 1, l, 0),
+                          dev_->Row(0, l, 0), c.row_bytes()));
+  }
+}
+
+TEST(FollowerTest, KOnlyTransfersSlotsAllocatedInTheMhaPool) {
+  KindFixture f;
+  PoolSpec s = BaseSpec(PoolKind::kKOnly, LayoutKind::kPageFirst, 0, 2, 0);
+  s.head_num = 1;
+  s.head_dim = 4;
+  absl::StatusOr<std::shared_ptr<Pool>> p =
+      f.Create({"k_only", FollowerSpec(s), MhaSpec(LayoutKind::kLayerFirst)});
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::shared_ptr<Pool> anchor = *f.registry_->Get("anchor");
+  EXPECT_EQ((*p)->size_tokens(), anchor->size_tokens());
+  std::unique_ptr<DevicePool> dev = DevicePool::Create(f.dir_.path() + "/device", **p, 9, 2);
+  ASSERT_NE(dev, nullptr);
+  // k_layers is K_ONLY's spelling too.
+  AttachRequest req = dev->Request();
+  req.k_layers = req.named[0].layers;
+  req.named.clear();
+  absl::StatusOr<AttachmentInfo> att = f.manager_->Attach("p", req);
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_EQ((*p)->AllocPages(3).status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+      f.manager_->Submit(att->id, Direction::kBackup, {4, 0}, {1, 2});
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << t.status();
+  EXPECT_THAT(Msg(t.status()), HasSubstr("'anchor'"));
+  f.ExpectNoTickets();
+  ASSERT_TRUE(anchor->AllocPages(6).ok());  // slots 0..5
+  std::memset(dev->Row(0, 1, 2), 0x5a, (*p)->components()[0].row_bytes());
+  const TicketStatus st = f.Run(att->id, Direction::kBackup, {4, 0}, {1, 2});
+  EXPECT_TRUE(st.status.ok()) << st.status;
+  const Component& k = (*p)->components()[0];
+  EXPECT_TRUE(SameBytes((*p)->component_base(0) + SeedOffset(k.layout, 0, 1, 0), dev->Row(0, 1, 2),
+                        k.row_bytes()));
+  EXPECT_EQ(dev->Row(0, 1, 2)[0], 0x5a);
+}
+
+TEST(TpRankTest, ReplicatedKindsShareOtherKindsRefuseASecondRank) {
+  KindFixture f;
+  absl::StatusOr<std::shared_ptr<Pool>> mla =
+      f.registry_->Create("p", MlaSpec(LayoutKind::kPageFirst));
+  ASSERT_TRUE(mla.ok()) << mla.status();
+  absl::StatusOr<std::shared_ptr<Pool>> mha =
+      f.registry_->Create("m", MhaSpec(LayoutKind::kPageFirst));
+  ASSERT_TRUE(mha.ok()) << mha.status();
+  std::unique_ptr<DevicePool> d0 = DevicePool::Create(f.dir_.path() + "/d0", **mla, 20, 2);
+  std::unique_ptr<DevicePool> d1 = DevicePool::Create(f.dir_.path() + "/d1", **mla, 20, 2);
+  std::unique_ptr<DevicePool> dm = DevicePool::Create(f.dir_.path() + "/dm", **mha, 9, 3);
+  ASSERT_TRUE(d0 && d1 && dm);
+  AttachRequest r0 = d0->Request();
+  r0.tp_rank = 0;
+  AttachRequest r1 = d1->Request();
+  r1.tp_rank = 1;
+  r1.load_only = true;
+  absl::StatusOr<AttachmentInfo> a0 = f.manager_->Attach("p", r0);
+  absl::StatusOr<AttachmentInfo> a1 = f.manager_->Attach("p", r1);
+  ASSERT_TRUE(a0.ok()) << a0.status();
+  ASSERT_TRUE(a1.ok()) << a1.status();
+  EXPECT_EQ(a1->tp_rank, std::optional<uint32_t>(1));
+  EXPECT_TRUE(a1->load_only);
+  EXPECT_FALSE(a0->load_only);
+  EXPECT_EQ((*mla)->replica_ranks(), 2u);
+  ASSERT_TRUE((*mla)->AllocPages(10).ok());
+  // Rank 1 only loads.
+  absl::StatusOr<std::shared_ptr<TransferTicket>> refused =
+      f.manager_->Submit(a1->id, Direction::kBackup, {0}, {0});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(Msg(refused.status()), HasSubstr("load_only"));
+  f.ExpectNoTickets();
+  // Rank 0 backs up, rank 1 loads the same bytes.
+  std::vector<int64_t> host = {7, 8, 9, 0, 1}, from = {3, 4, 5, 19, 0}, to = {10, 11, 12, 2, 6};
+  std::mt19937_64 rng(11);
+  std::vector<uint8_t> bytes = RandomBytes(rng, d0->size());
+  std::memcpy(d0->data(), bytes.data(), bytes.size());
+  EXPECT_TRUE(f.Run(a0->id, Direction::kBackup, host, from).status.ok());
+  EXPECT_TRUE(f.Run(a1->id, Direction::kLoad, host, to).status.ok());
+  const uint64_t row = (*mla)->components()[0].row_bytes();
+  for (uint32_t l = 0; l < 2; ++l) {
+    for (size_t i = 0; i < host.size(); ++i) {
+      EXPECT_TRUE(SameBytes(d1->Row(0, l, static_cast<uint64_t>(to[i])),
+                            d0->Row(0, l, static_cast<uint64_t>(from[i])), row))
+          << "layer " << l << " pair " << i;
+    }
+  }
+  // MHA holds one rank's heads.
+  AttachRequest m0 = dm->Request();
+  m0.tp_rank = 0;
+  AttachRequest m1 = dm->Request();
+  m1.tp_rank = 1;
+  ASSERT_TRUE(f.manager_->Attach("m", m0).ok());
+  absl::StatusOr<AttachmentInfo> second = f.manager_->Attach("m", m1);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_EQ((*mha)->attachments(), 1u);
+  EXPECT_TRUE(f.manager_->Attach("m", m0).ok());  // the same rank again is fine
+  EXPECT_EQ((*mha)->attachments(), 2u);
+}
+
+TEST(LogicalTest, TakesNoBuffersAndFinishesWithNoBytes) {
+  KindFixture f;
+  absl::StatusOr<std::shared_ptr<Pool>> p = f.registry_->Create("p", LogicalSpec(4));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE((*p)->components().empty());
+  AttachRequest req;
+  req.device_size_tokens = 16;
+  req.k_layers.push_back({DeviceBufferRef::Kind::kShm, "x", "", "", 0});
+  absl::StatusOr<AttachmentInfo> bad = f.manager_->Attach("p", req);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_THAT(Msg(bad.status()), HasSubstr("LOGICAL"));
+  EXPECT_EQ((*p)->attachments(), 0u);
+  req.k_layers.clear();
+  absl::StatusOr<AttachmentInfo> att = f.manager_->Attach("p", req);
+  ASSERT_TRUE(att.ok()) << att.status();
+  // Validated like any other: unallocated slots and bad ranges are refused.
+  EXPECT_EQ(f.manager_->Submit(att->id, Direction::kBackup, {0}, {0}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(f.manager_->Submit(att->id, Direction::kLoad, {0}, {16}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  f.ExpectNoTickets();
+  ASSERT_TRUE((*p)->AllocPages(8).ok());
+  const TicketStatus st = f.Run(att->id, Direction::kBackup, {0, 1, 2, 3}, {4, 5, 6, 7});
+  EXPECT_TRUE(st.done);
+  EXPECT_TRUE(st.status.ok()) << st.status;
+  EXPECT_EQ(st.bytes, 0u);
+  EXPECT_EQ(st.layer_num, 0u);
+}
+
+TEST(ComponentSpellingTest, KLayersAndNamedComponentsMix) {
+  // DSA: k_layers is the latent, the index_k goes by name; MHA_ASYMMETRIC:
+  // k_layers / v_layers are K and V. The same bytes move either way.
+  KindFixture f;
+  PoolSpec dsa = BaseSpec(PoolKind::kDsa, LayoutKind::kLayerFirst, 2, 2, 8);
+  dsa.kv_lora_rank = 3;
+  dsa.qk_rope_head_dim = 1;
+  dsa.index_row_bytes = 5;
+  absl::StatusOr<std::shared_ptr<Pool>> p = f.registry_->Create("p", dsa);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ((*p)->components().size(), 2u);
+  std::unique_ptr<DevicePool> dev = DevicePool::Create(f.dir_.path() + "/device", **p, 4, 2);
+  ASSERT_NE(dev, nullptr);
+  AttachRequest req = dev->Request();
+  req.k_layers = req.named[0].layers;
+  req.named.erase(req.named.begin());
+  ASSERT_TRUE(f.manager_->Attach("p", req).ok());
+  // Both spellings for the latent: refused, naming both.
+  AttachRequest twice = dev->Request();
+  twice.k_layers = twice.named[0].layers;
+  absl::StatusOr<AttachmentInfo> bad = f.manager_->Attach("p", twice);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(bad.status()), HasSubstr("k_layers"));
+  EXPECT_THAT(Msg(bad.status()), HasSubstr("components[0]"));
+  // v_layers is not DSA's.
+  AttachRequest v = req;
+  v.v_layers = v.named[0].layers;
+  v.named.clear();
+  EXPECT_EQ(f.manager_->Attach("p", v).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*p)->attachments(), 1u);
 }
 
 }  // namespace
