@@ -4,9 +4,11 @@
 // run coalescing and layout math as the CUDA engine.
 //
 // Each direction has a driver thread with a FIFO queue (the CPU counterpart of
-// one CUDA stream per direction). A driver copies a job layer by layer, in
-// layer order, and splits a large layer over the helper threads; after each
-// layer it reports progress to the ticket.
+// one CUDA stream per direction). A driver copies a job ticket layer by
+// ticket layer, in order: every component of the pool (token runs, or page
+// runs for page-row components), nothing for a layer the pool does not hold.
+// It splits a large layer over the helper threads at page boundaries; after
+// each layer it reports progress to the ticket.
 //
 // Thread safety: as TransferEngine.
 #ifndef KVHOST_SERVER_TRANSFER_HOST_ENGINE_H_
