@@ -52,7 +52,8 @@ __global__ void SegmentCopyKernel(SegmentCopyArgs a) {
       }
     }
     const CopySegment& s = a.segments[lo];
-    const CopyItem item = DecodeCopyItem(a.layout, s, i - s.first_item, a.layer_shift);
+    const CopyItem item = DecodeCopyItem(a.layout, s, i - s.first_item, a.layer_shift,
+                                         a.device_layers_per_plane, a.device_layer_delta);
     uint8_t* device = a.device_layers[item.device_buffer] + item.device_offset;
     uint8_t* other = a.other + (item.host_offset - static_cast<uint64_t>(s.bias));
     if (a.to_device) {

@@ -18,10 +18,17 @@
 namespace kvhost {
 
 struct SegmentCopyArgs {
+  // The launch's components as the planes of one layout (a LayoutGroup,
+  // server/transfer/segments.h); segments name host layers of it.
   KvLayout layout;
-  // Device memory: layout.planes * layout.layers layer buffer bases.
+  // Device memory: layout.planes x device_layers_per_plane layer buffer
+  // bases, plane-major; host layer h of plane p is buffer
+  // p * device_layers_per_plane + h + device_layer_delta
+  // (kernels/kvhost/copy_segment.h).
   uint8_t* const* device_layers = nullptr;
-  // The other side: the pool base as the device sees it (SM path) or a
+  uint32_t device_layers_per_plane = 0;
+  int32_t device_layer_delta = 0;
+  // The other side: the group's plane 0 as the device sees it (SM path) or a
   // staging buffer (staged path).
   uint8_t* other = nullptr;
   // Device memory: `segment_count` segments ordered by first_item.

@@ -5,14 +5,23 @@
 //
 // A CopySegment names a block of items: `tokens` consecutive host slots
 // starting at `host_token`, paired with as many consecutive device rows
-// starting at `device_token`, for layers [layer0, layer0 + layers) (plus the
-// launch's layer shift) of one K / V plane, and heads [head0, head0 + heads).
-// An item is one contiguous piece that a warp copies: a token's whole row of
-// one layer (`token_bytes`), or, where the layout splits rows by head
-// (PAGE_HEAD with several heads), one head of it (`head_bytes`). Its host
-// offset comes from KvLayout::Offset, its device address from the layer
-// buffer and the row, and the address of its other side (the staging buffer,
-// or the pool itself through mapped memory) is `other + host offset - bias`.
+// starting at `device_token`, for host layers [layer0, layer0 + layers) (plus
+// the launch's layer shift) of one plane, and heads [head0, head0 + heads).
+// A launch addresses one KvLayout whose planes are pool components (a
+// LayoutGroup, server/transfer/segments.h: MHA's K and V, or any one
+// component); for a page-row component the "tokens" are pages. An item is
+// one contiguous piece that a warp copies: a token's whole row of one layer
+// (`token_bytes`), or, where the layout splits rows by head (PAGE_HEAD with
+// several heads), one head of it (`head_bytes`). Its host offset comes from
+// KvLayout::Offset, its device address from the layer buffer and the row, and
+// the address of its other side (the staging buffer, or the pool itself
+// through mapped memory) is `other + host offset - bias`.
+//
+// Device layer buffers are a table of `device_layers_per_plane` buffers per
+// plane (the attached layers); host layer h of plane p lives in buffer
+// p * device_layers_per_plane + h + device_layer_delta, the delta being the
+// attachment's first device layer's offset from the pool's (layer sharding;
+// 0 when both hold the same layers).
 //
 // Plain data, no dependencies beyond layout.h; usable from host and device.
 #ifndef KVHOST_KERNELS_COPY_SEGMENT_H_
@@ -37,13 +46,13 @@ struct CopySegment {
   uint32_t layers = 0;
   uint16_t head0 = 0;
   uint16_t heads = 1;  // 1 unless the layout splits rows by head
-  uint16_t plane = 0;
+  uint16_t plane = 0;  // of the launch's layout (a component of its group)
 };
 
 // One item's addresses, as offsets.
 struct CopyItem {
   uint64_t host_offset;    // from the pool base (KvLayout::Offset)
-  uint64_t device_buffer;  // index of the layer buffer: plane * layers + layer
+  uint64_t device_buffer;  // index of the layer buffer (see above)
   uint64_t device_offset;  // from that layer buffer's base
 };
 
@@ -58,15 +67,19 @@ KVHOST_HD inline uint64_t SegmentItems(const CopySegment& s) {
 
 // Item `r` (0 <= r < SegmentItems(s)) of segment `s`, heads varying fastest,
 // then tokens, then layers; `layer_shift` is added to every layer.
+// REQUIRES: every host layer + device_layer_delta lies in
+// [0, device_layers_per_plane).
 KVHOST_HD inline CopyItem DecodeCopyItem(const KvLayout& layout, const CopySegment& s, uint64_t r,
-                                         uint32_t layer_shift) {
+                                         uint32_t layer_shift, uint64_t device_layers_per_plane,
+                                         int64_t device_layer_delta) {
   const uint64_t head = s.head0 + r % s.heads;
   r /= s.heads;
   const uint64_t token = r % s.tokens;
   const uint64_t layer = s.layer0 + layer_shift + r / s.tokens;
   CopyItem item;
   item.host_offset = layout.Offset(s.plane, s.host_token + token, layer, head);
-  item.device_buffer = s.plane * layout.layers + layer;
+  item.device_buffer = s.plane * device_layers_per_plane +
+                       static_cast<uint64_t>(static_cast<int64_t>(layer) + device_layer_delta);
   item.device_offset = (s.device_token + token) * layout.token_bytes +
                        (layout.RowContiguous() ? 0 : head * layout.head_bytes);
   return item;

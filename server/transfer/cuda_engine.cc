@@ -35,13 +35,6 @@ bool LooksLikeUuid(const std::string& s) {
   return true;
 }
 
-// A contiguous copy: host offset from the pool base, device address, length.
-struct Piece {
-  uint64_t host_off;
-  uint8_t* device;
-  uint64_t bytes;
-};
-
 // MPS serves a CUDA process when the control daemon's pipe exists where the
 // client library looks for it.
 bool MpsActive(std::string* detail) {
@@ -184,8 +177,7 @@ struct CudaEngine::Pending {
   // Pinned descriptor scratch the job's uploads read; back to
   // free_scratch once the job is done.
   std::vector<void*> scratch;
-  uint64_t layers_enqueued = 0;
-  uint64_t layer_bytes = 0;
+  uint64_t layers_enqueued = 0;  // ticket layers
   // A gated load (see Lane::gate_stream): its gate counts from gate_base.
   bool gated = false;
   uint64_t gate_base = 0;
@@ -224,7 +216,7 @@ struct CudaEngine::Lane {
   // Held while a job is enqueued: the order in which jobs take it is their
   // order on the stream and in `pending`, so one direction stays FIFO.
   absl::Mutex submit_mu;
-  std::vector<Piece> pieces ABSL_GUARDED_BY(submit_mu);
+  std::vector<CopyEnginePiece> pieces ABSL_GUARDED_BY(submit_mu);
   std::vector<void*> dsts ABSL_GUARDED_BY(submit_mu);
   std::vector<void*> srcs ABSL_GUARDED_BY(submit_mu);
   std::vector<size_t> sizes ABSL_GUARDED_BY(submit_mu);
@@ -244,11 +236,14 @@ struct CudaEngine::Lane {
 };
 
 // A worker's device layer buffers opened from CUDA IPC handles, each handle
-// once, and the pool's host memory pinned while the mapping lives.
+// once, and the pool's host regions pinned while the mapping lives.
 class CudaEngine::Mapping : public DeviceMapping {
  public:
   Mapping(const Pool& pool, const AttachRequest& request, int device, Lane* lanes)
-      : DeviceMapping(pool, request), device_(device), lanes_(lanes) {}
+      : DeviceMapping(pool, request),
+        device_(device),
+        lanes_(lanes),
+        groups_(GroupComponents(pool.components())) {}
 
   ~Mapping() override {
     // The handles were opened in this device's context and close there.
@@ -265,7 +260,7 @@ class CudaEngine::Mapping : public DeviceMapping {
         spdlog::error("cudaIpcCloseMemHandle on GPU {}: {}", device_, CudaError(e));
       }
     }
-    if (pins_ != nullptr) pins_->Release(pinned_);
+    for (uint8_t* base : pinned_) pins_->Release(base);
   }
 
   // The GPU's two lanes: [0] backups, [1] loads.
@@ -401,19 +396,25 @@ class CudaEngine::Mapping : public DeviceMapping {
     return absl::OkStatus();
   }
 
+  // Registers every region of `pool` (none for LOGICAL); a region that
+  // fails leaves the ones before it to the destructor.
   absl::Status Pin(const Pool& pool, std::shared_ptr<HostPins> pins) {
-    absl::Status s = pins->Acquire(pool.base(), pool.bytes(), pool.name());
-    if (!s.ok()) return s;
     pins_ = std::move(pins);
-    pinned_ = pool.base();
+    for (size_t r = 0; r < pool.region_count(); ++r) {
+      const std::string what =
+          pool.region_count() == 1 ? pool.name() : absl::StrCat(pool.name(), "' region '", r);
+      absl::Status s = pins_->Acquire(pool.region_base(r), pool.region_bytes(r), what);
+      if (!s.ok()) return s;
+      pinned_.push_back(pool.region_base(r));
+    }
     return absl::OkStatus();
   }
 
-  // What the kernel paths need: the layer bases in device memory, and the
-  // pool's address for the GPU (its host address, where the device can use
-  // it; else the SM path is unavailable). REQUIRES: every layer added, the
-  // pool pinned, the current device is this mapping's.
-  absl::Status PrepareKernels(const Pool& pool, bool host_pointer_ok) {
+  // What the kernel paths need: the layer bases in device memory, and
+  // whether the GPU can use the pool's host addresses (else the SM path is
+  // unavailable). REQUIRES: every layer added, the pool pinned, the current
+  // device is this mapping's.
+  absl::Status PrepareKernels(bool host_pointer_ok) {
     const size_t bytes = layers_.size() * sizeof(uint8_t*);
     if (cudaError_t e = cudaMalloc(&layer_table_, bytes); e != cudaSuccess) {
       cudaGetLastError();
@@ -427,15 +428,22 @@ class CudaEngine::Mapping : public DeviceMapping {
       return absl::InternalError(
           absl::StrCat("GPU ", device_, ": uploading the layer table: ", CudaError(e)));
     }
-    aligned16_ = reinterpret_cast<uintptr_t>(pool.base()) % 16 == 0;
+    aligned16_ = true;
     for (uint8_t* layer : layers_) aligned16_ &= reinterpret_cast<uintptr_t>(layer) % 16 == 0;
-    if (host_pointer_ok) pool_for_device_ = pool.base();
+    host_pointer_ok_ = host_pointer_ok;
     return absl::OkStatus();
   }
 
-  uint8_t* const* layer_table() const { return layer_table_; }
-  uint8_t* pool_for_device() const { return pool_for_device_; }
+  // The device table of group `group`'s buffers (plane-major, layer_num()
+  // per plane: components are contiguous in the table).
+  uint8_t* const* layer_table(const LayoutGroup& group) const {
+    return layer_table_ + uint64_t{group.first_component} * layer_num_;
+  }
+  bool host_pointer_ok() const { return host_pointer_ok_; }
+  // Every device layer buffer is 16-byte aligned.
   bool aligned16() const { return aligned16_; }
+  // The pool's components as kernel launch groups.
+  const std::vector<LayoutGroup>& groups() const { return groups_; }
 
   // The path of this attachment's last job per direction, so that the log
   // says when the choice changes rather than once per job.
@@ -451,14 +459,15 @@ class CudaEngine::Mapping : public DeviceMapping {
 
   const int device_;
   Lane* const lanes_;                         // owned by the engine, which outlives us
+  const std::vector<LayoutGroup> groups_;
   std::map<std::string, Allocation> opened_;  // by handle bytes
   std::shared_ptr<HostPins> pins_;
-  uint8_t* pinned_ = nullptr;
+  std::vector<uint8_t*> pinned_;  // region bases
   std::vector<cudaEvent_t> load_events_;     // set-major, as load_event_handles_
   uint8_t** layer_table_ = nullptr;          // device copy of layers_
   uint64_t* gates_ = nullptr;                // device words, one per load event set
   mutable std::vector<uint64_t> gate_next_;  // guarded by the load lane's gate_mu
-  uint8_t* pool_for_device_ = nullptr;
+  bool host_pointer_ok_ = false;
   bool aligned16_ = false;
   mutable std::atomic<uint8_t> last_path_[2] = {255, 255};
 
@@ -711,19 +720,6 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
     }
     return absl::OkStatus();
   };
-  // Until the copy paths work per component, they serve the two kinds whose
-  // components are the planes of pool.layout(), over the pool's own layers.
-  const PoolKind kind = pool.spec().kind;
-  if (kind != PoolKind::kMha && kind != PoolKind::kMla) {
-    return absl::FailedPreconditionError(absl::StrCat("the cuda engine does not serve ",
-                                                      PoolKindName(kind), " pools yet"));
-  }
-  if (request.start_layer != pool.start_layer() || request.end_layer != pool.end_layer()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the cuda engine does not serve attachments of layers [", request.start_layer, ", ",
-        request.end_layer, ") other than the pool's [", pool.start_layer(), ", ",
-        pool.end_layer(), ") yet"));
-  }
   for (const ComponentBuffers& component : request.components) {
     for (size_t l = 0; l < component.layers.size(); ++l) {
       if (absl::Status s = check(component.layers[l], component.Where(l)); !s.ok()) return s;
@@ -752,60 +748,36 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
   }
   if (absl::Status s = mapping->Pin(pool, pins_); !s.ok()) return s;
   if (absl::Status s =
-          mapping->PrepareKernels(pool, devices_[static_cast<size_t>(device)].host_pointer_ok);
+          mapping->PrepareKernels(devices_[static_cast<size_t>(device)].host_pointer_ok);
       !s.ok()) {
     return s;
   }
   return std::unique_ptr<DeviceMapping>(std::move(mapping));
 }
 
-absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, uint64_t layer) {
-  const KvLayout& layout = job.pool->layout();
+absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, size_t ticket_layer) {
+  const JobLayer& layer = job.layers[ticket_layer];
+  if (layer.host_layer < 0) return absl::OkStatus();  // a device layer the pool does not hold
+  const Pool& pool = *job.pool;
   const bool backup = job.direction == Direction::kBackup;
-  uint8_t* const host = job.pool->base();
-  const uint64_t chunk = pins_->chunk();
-  std::vector<Piece>& pieces = lane->pieces;
+  std::vector<CopyEnginePiece>& pieces = lane->pieces;
   pieces.clear();
-  for (uint64_t plane = 0; plane < layout.planes; ++plane) {
-    uint8_t* const device = job.device->layer(plane, layer);
-    // Merging stays inside one plane's layer buffer: two buffers that happen
-    // to be adjacent may still be different allocations.
-    const size_t first = pieces.size();
-    for (const IndexRun& run : job.runs) {
-      ForEachPiece(layout, plane, layer, run, 0, run.count,
-                   [&](uint64_t host_off, uint64_t device_off, uint64_t bytes) {
-                     while (bytes > 0) {
-                       // Split at host registration chunks (see CudaEngineOptions).
-                       const uint64_t n =
-                           std::min(bytes, (host_off / chunk + 1) * chunk - host_off);
-                       uint8_t* const dev = device + device_off;
-                       if (pieces.size() > first && host_off % chunk != 0 &&
-                           pieces.back().host_off + pieces.back().bytes == host_off &&
-                           pieces.back().device + pieces.back().bytes == dev) {
-                         pieces.back().bytes += n;
-                       } else {
-                         pieces.push_back(Piece{host_off, dev, n});
-                       }
-                       host_off += n;
-                       device_off += n;
-                       bytes -= n;
-                     }
-                   });
-    }
-  }
+  PlanCopyEngineLayer(pool.components(), job.runs, job.page_runs,
+                      static_cast<uint64_t>(layer.host_layer), pins_->chunk(), &pieces);
   if (pieces.empty()) return absl::OkStatus();
   lane->dsts.resize(pieces.size());
   lane->srcs.resize(pieces.size());
   lane->sizes.resize(pieces.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
-    void* const h = host + pieces[i].host_off;
-    void* const d = pieces[i].device;
+    const CopyEnginePiece& p = pieces[i];
+    void* const h = pool.region_base(p.region) + p.host_offset;
+    void* const d = job.device->buffer(p.component, layer.device_layer) + p.device_offset;
     lane->dsts[i] = backup ? h : d;
     lane->srcs[i] = backup ? d : h;
-    lane->sizes[i] = static_cast<size_t>(pieces[i].bytes);
+    lane->sizes[i] = static_cast<size_t>(p.bytes);
   }
   return SubmitCopies(lane, lane->stream, pieces.size(),
-                      absl::StrCat(DirectionName(job.direction), " layer ", layer));
+                      absl::StrCat(DirectionName(job.direction), " layer ", ticket_layer));
 }
 
 absl::Status CudaEngine::SubmitCopies(Lane* lane, cudaStream_t stream, size_t n_copies,
@@ -885,23 +857,32 @@ absl::Status CudaEngine::SubmitCopies(Lane* lane, cudaStream_t stream, size_t n_
 
 absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
   const auto& mapping = static_cast<const Mapping&>(*job->device);
-  const KvLayout& layout = job->pool->layout();
-  const uint64_t pieces = CopyEnginePiecesPerLayer(layout, job->runs);
-  const uint64_t ce_piece = pieces == 0 ? 0 : job->tokens * layout.token_bytes / pieces;
-  const uint64_t total = job->tokens * layout.token_bytes * layout.planes * layout.layers;
+  const std::vector<LayoutGroup>& groups = mapping.groups();
+  const HeldLayers held = HeldLayersOf(job->layers);
+  // The average piece is the same over every held layer.
+  const LayerPieces per_layer = CopyEngineLayerPieces(groups, job->runs, job->page_runs);
+  const uint64_t ce_piece = per_layer.pieces == 0 ? 0 : per_layer.bytes / per_layer.pieces;
+  const uint64_t total = per_layer.bytes * held.count();
   auto use = [job](CudaPath path, std::shared_ptr<const void> plan) {
     job->path = static_cast<uint8_t>(path);
     job->plan = std::move(plan);
     return absl::OkStatus();
   };
+  // Staged only where every group's blocks fit a chunk (else an error, which
+  // auto answers with the copy engines).
   auto staged = [&]() -> absl::StatusOr<std::shared_ptr<const StagedPlan>> {
     auto plan = std::make_shared<StagedPlan>();
-    absl::Status s = PlanStaged(layout, job->runs, StagingChunk(options_.staging_bytes),
-                                pins_->chunk(), plan.get());
-    if (!s.ok()) return s;
+    if (held.count() > 0) {
+      absl::Status s = PlanStaged(groups, job->runs, job->page_runs, held.begin, held.end,
+                                  StagingChunk(options_.staging_bytes), pins_->chunk(), plan.get());
+      if (!s.ok()) return s;
+    }
     return std::shared_ptr<const StagedPlan>(std::move(plan));
   };
-  const char* no_sm = mapping.pool_for_device() != nullptr
+  auto direct = [&]() {
+    return std::make_shared<const DirectPlan>(PlanDirect(groups, job->runs, job->page_runs));
+  };
+  const char* no_sm = mapping.host_pointer_ok()
                           ? nullptr
                           : "this GPU cannot address registered host memory by its host pointer "
                             "(cudaDevAttrCanUseHostPointerForRegisteredMem is 0)";
@@ -914,7 +895,7 @@ absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
         return absl::FailedPreconditionError(absl::StrCat("--transfer-path=sm: ", no_sm));
       }
       *why = "--transfer-path=sm";
-      return use(CudaPath::kSm, std::make_shared<const DirectPlan>(PlanDirect(layout, job->runs)));
+      return use(CudaPath::kSm, direct());
     case CudaPath::kStaged: {
       absl::StatusOr<std::shared_ptr<const StagedPlan>> plan = staged();
       if (!plan.ok()) {
@@ -934,11 +915,11 @@ absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
   }
   if (mps_ && no_sm == nullptr) {
     *why = absl::StrCat("auto: copy-engine pieces of only ", Bytes(ce_piece), ", MPS active");
-    return use(CudaPath::kSm, std::make_shared<const DirectPlan>(PlanDirect(layout, job->runs)));
+    return use(CudaPath::kSm, direct());
   }
   // LAYER_FIRST blocks are the copy-engine pieces themselves: staging them
   // adds a kernel and gains nothing.
-  if (layout.kind != LayoutKind::kLayerFirst) {
+  if (!groups.empty() && groups.front().layout.kind != LayoutKind::kLayerFirst) {
     absl::StatusOr<std::shared_ptr<const StagedPlan>> plan = staged();
     if (plan.ok()) {
       const uint64_t block = total / std::max<size_t>((*plan)->copies.size(), 1);
@@ -1001,32 +982,44 @@ absl::Status CudaEngine::EnqueueDirect(Lane* lane, const TransferJob& job,
                                        std::vector<void*>* scratch, LayerDone&& layer_done) {
   const auto& mapping = static_cast<const Mapping&>(*job.device);
   const auto& plan = *static_cast<const DirectPlan*>(job.plan.get());
-  absl::StatusOr<void*> segments =
-      UploadDescriptors(lane, lane->stream, plan.segments.data(),
-                        plan.segments.size() * sizeof(CopySegment), scratch);
-  if (!segments.ok()) return segments.status();
-  SegmentCopyArgs args;
-  args.layout = job.pool->layout();
-  args.device_layers = mapping.layer_table();
-  args.other = mapping.pool_for_device();
-  args.segments = static_cast<const CopySegment*>(*segments);
-  args.segment_count = static_cast<uint32_t>(plan.segments.size());
-  args.item_count = plan.items_per_layer;
-  args.to_device = job.direction == Direction::kLoad;
-  args.aligned16 = mapping.aligned16();
-  absl::Status status;
-  for (uint64_t layer = 0; layer < args.layout.layers; ++layer) {
-    args.layer_shift = static_cast<uint32_t>(layer);
-    if (cudaError_t e = LaunchSegmentCopy(args, options_.sm_blocks, lane->stream);
-        e != cudaSuccess) {
-      status = absl::InternalError(absl::StrCat(DirectionName(job.direction), " layer ", layer,
-                                                ": SM copy kernel: ", CudaError(e)));
-      break;
-    }
-    status = layer_done(layer);
-    if (!status.ok()) break;
+  const CopySegment* segments = nullptr;
+  if (!plan.segments.empty()) {
+    absl::StatusOr<void*> uploaded =
+        UploadDescriptors(lane, lane->stream, plan.segments.data(),
+                          plan.segments.size() * sizeof(CopySegment), scratch);
+    if (!uploaded.ok()) return uploaded.status();
+    segments = static_cast<const CopySegment*>(*uploaded);
   }
-  cudaFreeAsync(*segments, lane->stream);
+  SegmentCopyArgs args;
+  args.device_layers_per_plane = static_cast<uint32_t>(mapping.layer_num());
+  args.to_device = job.direction == Direction::kLoad;
+  absl::Status status;
+  for (size_t i = 0; i < job.layers.size() && status.ok(); ++i) {
+    const JobLayer& layer = job.layers[i];
+    // One launch per group (one for MHA's K and V) and held layer; a layer
+    // the pool does not hold only records its events.
+    for (size_t k = 0; layer.host_layer >= 0 && k < plan.launches.size(); ++k) {
+      const SegmentLaunch& launch = plan.launches[k];
+      const LayoutGroup& group = mapping.groups()[launch.group];
+      args.layout = group.layout;
+      args.device_layers = mapping.layer_table(group);
+      args.device_layer_delta = static_cast<int32_t>(int64_t{layer.device_layer} - layer.host_layer);
+      args.other = job.pool->region_base(group.region) + group.region_offset;
+      args.aligned16 = mapping.aligned16() && reinterpret_cast<uintptr_t>(args.other) % 16 == 0;
+      args.segments = segments + launch.segment_begin;
+      args.segment_count = static_cast<uint32_t>(launch.segment_end - launch.segment_begin);
+      args.item_count = launch.items;
+      args.layer_shift = static_cast<uint32_t>(layer.host_layer);
+      if (cudaError_t e = LaunchSegmentCopy(args, options_.sm_blocks, lane->stream);
+          e != cudaSuccess) {
+        status = absl::InternalError(absl::StrCat(DirectionName(job.direction), " layer ", i,
+                                                  ": SM copy kernel: ", CudaError(e)));
+        break;
+      }
+    }
+    if (status.ok()) status = layer_done(i);
+  }
+  if (segments != nullptr) cudaFreeAsync(const_cast<CopySegment*>(segments), lane->stream);
   return status;
 }
 
@@ -1034,6 +1027,7 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
                                        std::vector<void*>* scratch) {
   const auto& mapping = static_cast<const Mapping&>(*job.device);
   const auto& plan = *static_cast<const StagedPlan*>(job.plan.get());
+  if (plan.chunks.empty()) return absl::OkStatus();  // no layer held: nothing to copy
   const bool backup = job.direction == Direction::kBackup;
   const uint64_t chunk_bytes = StagingChunk(options_.staging_bytes);
   if (lane->staging == nullptr) {
@@ -1073,14 +1067,28 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
       lane, kernels, plan.segments.data(), plan.segments.size() * sizeof(CopySegment), scratch);
   if (!segments.ok()) return segments.status();
   SegmentCopyArgs args;
-  args.layout = job.pool->layout();
-  args.device_layers = mapping.layer_table();
+  args.device_layers_per_plane = static_cast<uint32_t>(mapping.layer_num());
+  args.device_layer_delta = static_cast<int32_t>(HeldLayersOf(job.layers).delta);
   args.to_device = !backup;
   args.aligned16 = mapping.aligned16();
   const int blocks = options_.staged_blocks > 0
                          ? options_.staged_blocks
                          : 4 * devices_[static_cast<size_t>(lane->device)].sms;
-  uint8_t* const host = job.pool->base();
+  const Pool& pool = *job.pool;
+  const auto* uploaded = static_cast<const CopySegment*>(*segments);
+  // The chunk's kernels, one per group in it (one for MHA's K and V).
+  auto launch_chunk = [&](const StagedChunk& chunk, const char* what) {
+    for (size_t k = chunk.launch_begin; k < chunk.launch_end; ++k) {
+      const SegmentLaunch& launch = plan.launches[k];
+      const LayoutGroup& group = mapping.groups()[launch.group];
+      args.layout = group.layout;
+      args.device_layers = mapping.layer_table(group);
+      args.segments = uploaded + launch.segment_begin;
+      args.segment_count = static_cast<uint32_t>(launch.segment_end - launch.segment_begin);
+      args.item_count = launch.items;
+      if (!ok(LaunchSegmentCopy(args, blocks, kernels), what)) return;
+    }
+  };
   absl::Status status;
   for (size_t i = 0; i < plan.chunks.size() && status.ok(); ++i) {
     const StagedChunk& chunk = plan.chunks[i];
@@ -1092,16 +1100,13 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
     lane->sizes.resize(n);
     for (size_t k = 0; k < n; ++k) {
       const StagedCopy& c = plan.copies[chunk.copy_begin + k];
-      void* const h = host + c.host_offset;
+      void* const h = pool.region_base(c.region) + c.host_offset;
       void* const d = half + c.staging_offset;
       lane->dsts[k] = backup ? h : d;
       lane->srcs[k] = backup ? d : h;
       lane->sizes[k] = static_cast<size_t>(c.bytes);
     }
     args.other = half;
-    args.segments = static_cast<const CopySegment*>(*segments) + chunk.segment_begin;
-    args.segment_count = static_cast<uint32_t>(chunk.segment_end - chunk.segment_begin);
-    args.item_count = chunk.items;
     const std::string what = absl::StrCat(DirectionName(job.direction), " chunk ", i, " of ",
                                           plan.chunks.size(), " (staged)");
     // Backup: gather (kernel stream) -> copy out (copy stream); load: copy
@@ -1110,7 +1115,7 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
     cudaStream_t second = backup ? copies : kernels;
     if (!ok(cudaStreamWaitEvent(first, lane->half_free[b], 0), "cudaStreamWaitEvent")) break;
     if (backup) {
-      ok(LaunchSegmentCopy(args, blocks, kernels), "gather kernel");
+      launch_chunk(chunk, "gather kernel");
     } else {
       status = SubmitCopies(lane, copies, n, what);
     }
@@ -1121,7 +1126,7 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
     if (backup) {
       status = SubmitCopies(lane, copies, n, what);
     } else {
-      ok(LaunchSegmentCopy(args, blocks, kernels), "scatter kernel");
+      launch_chunk(chunk, "scatter kernel");
     }
     if (!status.ok()) break;
     ok(cudaEventRecord(lane->half_free[b], second), "cudaEventRecord");
@@ -1191,22 +1196,22 @@ void CudaEngine::Submit(TransferJob job) {
   // Every mapping this engine sees is one it opened.
   const auto& mapping = static_cast<const Mapping&>(*job.device);
   Lane* lane = mapping.lanes() + (job.direction == Direction::kLoad ? 1 : 0);
-  const KvLayout& layout = job.pool->layout();
+  // One completion event per ticket layer, held or not.
+  const size_t layers = job.layers.size();
   Pending pending;
-  pending.layer_bytes = job.tokens * layout.token_bytes * layout.planes;
   pending.job = std::move(job);
 
   // Events are recycled by the completion thread; new ones are made only
   // when more layers are in flight than ever before.
   {
     absl::MutexLock lock(&lane->mu);
-    while (pending.events.size() < layout.layers && !lane->free_events.empty()) {
+    while (pending.events.size() < layers && !lane->free_events.empty()) {
       pending.events.push_back(lane->free_events.back());
       lane->free_events.pop_back();
     }
   }
   cudaError_t e = cudaSetDevice(lane->device);
-  while (e == cudaSuccess && pending.events.size() < layout.layers) {
+  while (e == cudaSuccess && pending.events.size() < layers) {
     cudaEvent_t event = nullptr;
     // Blocking sync: the completion threads sleep instead of spinning a core
     // each while copies run.
@@ -1236,7 +1241,7 @@ void CudaEngine::Submit(TransferJob job) {
 
 absl::Status CudaEngine::OpenGates(Lane* lane, Pending* pending) {
   const auto& mapping = static_cast<const Mapping&>(*pending->job.device);
-  const uint64_t layers = pending->job.pool->layout().layers;
+  const uint64_t layers = pending->job.layers.size();
   const int set = pending->job.event_set;
   const StreamMemOps ops = *StreamMemOpsFns();  // present: gate_stream exists
   pending->gate_base = mapping.TakeGateRange(set, layers);
@@ -1289,7 +1294,7 @@ void CudaEngine::EnqueueLoop(Lane* lane) {
 void CudaEngine::EnqueueWork(Lane* lane, Pending* p) {
   Pending& pending = *p;
   const auto& mapping = static_cast<const Mapping&>(*pending.job.device);
-  const KvLayout& layout = pending.job.pool->layout();
+  const uint64_t layers = pending.job.layers.size();  // ticket layers
   cudaError_t e = cudaSuccess;
   if (pending.error.ok() && pending.job.wait_event != nullptr) {
     // The worker's record precedes this request, so the wait covers the
@@ -1339,11 +1344,11 @@ void CudaEngine::EnqueueWork(Lane* lane, Pending* p) {
       case CudaPath::kStaged:
         // Every layer is complete only after the last chunk.
         s = EnqueueStaged(lane, pending.job, &pending.scratch);
-        for (uint64_t layer = 0; s.ok() && layer < layout.layers; ++layer) s = layer_done(layer);
+        for (uint64_t layer = 0; s.ok() && layer < layers; ++layer) s = layer_done(layer);
         break;
       case CudaPath::kAuto:
       case CudaPath::kCopyEngine:
-        for (uint64_t layer = 0; s.ok() && layer < layout.layers; ++layer) {
+        for (uint64_t layer = 0; s.ok() && layer < layers; ++layer) {
           s = EnqueueLayer(lane, pending.job, layer);
           if (s.ok()) s = layer_done(layer);
         }
@@ -1358,10 +1363,10 @@ void CudaEngine::EnqueueWork(Lane* lane, Pending* p) {
       pending.error = s;
     }
   }
-  if (pending.gated && pending.layers_enqueued < layout.layers) {
+  if (pending.gated && pending.layers_enqueued < layers) {
     // A failed load still opens its gates (the ticket carries the error), or
     // every later load of the lane would wait behind them forever.
-    ops.write(lane->stream, mapping.gate(set), pending.gate_base + layout.layers, 0);
+    ops.write(lane->stream, mapping.gate(set), pending.gate_base + layers, 0);
     cudaStreamSynchronize(lane->stream);
     cudaGetLastError();
   }
@@ -1393,7 +1398,7 @@ void CudaEngine::CompleteLoop(Lane* lane) {
         events_ok = false;
         break;
       }
-      pending.job.ticket->LayerDone(pending.layer_bytes);
+      pending.job.ticket->LayerDone(TicketLayerBytes(pending.job, layer));
     }
     if (!events_ok) {
       // The copies may still be running after a failed wait (the context is

@@ -2,17 +2,23 @@
 // layer buffers arrive as CUDA IPC handles (one per allocation, opened once
 // per attachment), the host pools are registered with CUDA, and each job
 // takes one of three paths (CudaPath), chosen by Prepare:
-//   cuda-ce      per layer and K / V plane, the pieces that the layout math
-//                yields (ForEachPiece) are merged where they are contiguous on
-//                both sides and submitted as one cudaMemcpyBatchAsync;
+//   cuda-ce      per layer and component, the pieces that the layout math
+//                yields (ForEachPiece; page runs for page-row components) are
+//                merged where they are contiguous on both sides and
+//                submitted as one cudaMemcpyBatchAsync per layer;
 //   cuda-staged  the job's complete pool blocks (segments.h) go through a
 //                device staging buffer in two halves: a gather kernel fills
 //                half b while the copy engines drain half 1-b to the pool
 //                (backup), or the copy engines fill it while a scatter kernel
 //                empties the other (load); a second stream per lane runs the
 //                kernels;
-//   cuda-sm      one copy kernel per layer through mapped host memory, its
-//                grid bounded by sm_blocks.
+//   cuda-sm      one copy kernel per layer and launch group (segments.h:
+//                one for MHA's K and V) through mapped host memory, its grid
+//                bounded by sm_blocks.
+// Every pool kind is served through its components (Pool::components());
+// all the per-component, page-run and layer-range planning is in segments.h.
+// A ticket has one layer per attached device layer; a layer the pool does
+// not hold (layer sharding) copies nothing but still records its events.
 // auto takes the copy engines when their pieces are large, else the SM path
 // under MPS, else the staged path where its blocks are larger than the
 // pieces, else the copy engines (never a kernel that time-slices against the
@@ -176,13 +182,14 @@ class CudaEngine : public TransferEngine {
   // The path of `job`, and why (auto), from its runs and layout. Fills
   // job->plan for the kernel paths.
   absl::Status ChoosePath(TransferJob* job, std::string* why) const;
-  // Enqueues one layer of `job` (both planes) on the lane's stream by the
-  // copy engines.
-  absl::Status EnqueueLayer(Lane* lane, const TransferJob& job, uint64_t layer);
+  // Enqueues ticket layer `ticket_layer` of `job` (every component; nothing
+  // for a layer the pool does not hold) on the lane's stream by the copy
+  // engines.
+  absl::Status EnqueueLayer(Lane* lane, const TransferJob& job, size_t ticket_layer);
   // Submits copies dsts[i] <- srcs[i] of sizes[i] bytes on `stream`, batched.
   absl::Status SubmitCopies(Lane* lane, cudaStream_t stream, size_t n, const std::string& what);
-  // The SM path: descriptors up, then one kernel per layer, each followed by
-  // `layer_done(layer)`.
+  // The SM path: descriptors up, then per ticket layer one kernel per
+  // launch group the pool holds it for, followed by `layer_done(layer)`.
   template <typename LayerDone>
   absl::Status EnqueueDirect(Lane* lane, const TransferJob& job, std::vector<void*>* scratch,
                              LayerDone&& layer_done);

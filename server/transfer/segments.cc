@@ -16,17 +16,29 @@ uint16_t HeadsPerItem(const KvLayout& layout) {
   return layout.RowContiguous() ? 1 : static_cast<uint16_t>(layout.heads);
 }
 
+bool SameShape(const KvLayout& a, const KvLayout& b) {
+  return a.kind == b.kind && a.layers == b.layers && a.tokens == b.tokens &&
+         a.page_size == b.page_size && a.heads == b.heads && a.head_bytes == b.head_bytes;
+}
+
 // Fills a StagedPlan chunk by chunk.
 class ChunkBuilder {
  public:
-  ChunkBuilder(const KvLayout& layout, uint64_t chunk_bytes, uint64_t host_split, StagedPlan* plan)
-      : layout_(layout), chunk_bytes_(chunk_bytes), host_split_(host_split), plan_(plan) {}
+  ChunkBuilder(uint64_t chunk_bytes, uint64_t host_split, StagedPlan* plan)
+      : chunk_bytes_(chunk_bytes), host_split_(host_split), plan_(plan) {}
+
+  // The group the next Adds belong to.
+  void SetGroup(uint32_t index, const LayoutGroup* group) {
+    group_index_ = index;
+    group_ = group;
+  }
 
   // Adds `units` units of `unit_tokens` tokens and `unit_bytes` host bytes
   // each, starting at `seg`'s tokens (its `tokens` is ignored). The units'
   // host bytes are one contiguous block starting at the offset of the first
   // (token, layer0, head0). REQUIRES: unit_bytes <= chunk_bytes.
   void Add(CopySegment seg, uint64_t units, uint64_t unit_tokens, uint64_t unit_bytes) {
+    const KvLayout& layout = group_->layout;
     while (units > 0) {
       uint64_t fit = (chunk_bytes_ - used_) / unit_bytes;
       if (fit == 0) {
@@ -36,13 +48,20 @@ class ChunkBuilder {
       fit = std::min({fit, units, kMaxSegmentTokens / unit_tokens});
       CopySegment s = seg;
       s.tokens = static_cast<uint32_t>(fit * unit_tokens);
-      const uint64_t host_offset = layout_.Offset(s.plane, s.host_token, s.layer0, s.head0);
+      const uint64_t host_offset = layout.Offset(s.plane, s.host_token, s.layer0, s.head0);
       const uint64_t bytes = fit * unit_bytes;
       s.bias = static_cast<int64_t>(host_offset - used_);
-      s.first_item = items_;
+      std::vector<SegmentLaunch>& launches = plan_->launches;
+      if (launches.size() == launch_begin_ || launches.back().group != group_index_) {
+        const size_t at = plan_->segments.size();
+        launches.push_back(SegmentLaunch{group_index_, at, at, 0});
+      }
+      SegmentLaunch& launch = launches.back();
+      s.first_item = launch.items;
       plan_->segments.push_back(s);
-      items_ += SegmentItems(s);
-      AddCopy(host_offset, used_, bytes);
+      launch.segment_end = plan_->segments.size();
+      launch.items += SegmentItems(s);
+      AddCopy(group_->region_offset + host_offset, used_, bytes);
       used_ += bytes;
       seg.host_token += s.tokens;
       seg.device_token += s.tokens;
@@ -53,30 +72,30 @@ class ChunkBuilder {
   void Flush() {
     if (used_ == 0) return;
     StagedChunk chunk;
-    chunk.segment_begin = segment_begin_;
-    chunk.segment_end = plan_->segments.size();
+    chunk.launch_begin = launch_begin_;
+    chunk.launch_end = plan_->launches.size();
     chunk.copy_begin = copy_begin_;
     chunk.copy_end = plan_->copies.size();
-    chunk.items = items_;
     chunk.bytes = used_;
     plan_->chunks.push_back(chunk);
-    segment_begin_ = plan_->segments.size();
+    launch_begin_ = plan_->launches.size();
     copy_begin_ = plan_->copies.size();
-    items_ = 0;
     used_ = 0;
   }
 
  private:
+  // `host`: from the base of the group's region.
   void AddCopy(uint64_t host, uint64_t staging, uint64_t bytes) {
+    const uint32_t region = group_->region;
     while (bytes > 0) {
       const uint64_t n = std::min(bytes, (host / host_split_ + 1) * host_split_ - host);
       std::vector<StagedCopy>& copies = plan_->copies;
       if (copies.size() > copy_begin_ && host % host_split_ != 0 &&
-          copies.back().host_offset + copies.back().bytes == host &&
+          copies.back().region == region && copies.back().host_offset + copies.back().bytes == host &&
           copies.back().staging_offset + copies.back().bytes == staging) {
         copies.back().bytes += n;
       } else {
-        copies.push_back(StagedCopy{host, staging, n});
+        copies.push_back(StagedCopy{region, host, staging, n});
       }
       host += n;
       staging += n;
@@ -84,13 +103,13 @@ class ChunkBuilder {
     }
   }
 
-  const KvLayout& layout_;
   const uint64_t chunk_bytes_;
   const uint64_t host_split_;
   StagedPlan* const plan_;
-  size_t segment_begin_ = 0;
+  uint32_t group_index_ = 0;
+  const LayoutGroup* group_ = nullptr;
+  size_t launch_begin_ = 0;
   size_t copy_begin_ = 0;
-  uint64_t items_ = 0;
   uint64_t used_ = 0;
 };
 
@@ -107,18 +126,25 @@ CopySegment Segment(uint64_t plane, uint64_t host_token, uint64_t device_token, 
   return s;
 }
 
+// Tokens [host, host + count) of PAGE_HEAD, each token's held layers of one
+// head as a block (the layers of a token's head are adjacent; nothing
+// larger is once some layers are left out).
+void AddTokenHeads(const KvLayout& layout, uint64_t plane, uint64_t host, uint64_t device,
+                   uint64_t count, uint64_t lb, uint64_t n, ChunkBuilder* builder) {
+  const uint64_t heads = layout.RowContiguous() ? 1 : layout.heads;
+  for (uint64_t t = 0; t < count; ++t) {
+    for (uint64_t h = 0; h < heads; ++h) {
+      builder->Add(Segment(plane, host + t, device + t, lb, n, h, 1), 1, 1, n * layout.head_bytes);
+    }
+  }
+}
+
 // Tokens [host, host + count) of a page-major layout that lie in one page
 // but do not fill it, as blocks that are complete: per layer for
 // PAGE_FIRST_DIRECT, per head for PAGE_HEAD (a head's tokens of one page are
-// adjacent there, all layers each).
+// adjacent there, all layers each). All layers held.
 void AddPartialPage(const KvLayout& layout, uint64_t plane, uint64_t host, uint64_t device,
                     uint64_t count, ChunkBuilder* builder) {
-  if (layout.kind == LayoutKind::kPageFirstDirect) {
-    for (uint64_t l = 0; l < layout.layers; ++l) {
-      builder->Add(Segment(plane, host, device, l, 1, 0, 1), count, 1, layout.token_bytes);
-    }
-    return;
-  }
   // PAGE_HEAD.
   if (layout.RowContiguous()) {
     builder->Add(Segment(plane, host, device, 0, layout.layers, 0, 1), count, 1,
@@ -131,92 +157,230 @@ void AddPartialPage(const KvLayout& layout, uint64_t plane, uint64_t host, uint6
   }
 }
 
+// One plane of one group, host layers [lb, lb + n).
+void PlanPlane(const KvLayout& layout, uint64_t plane, const std::vector<IndexRun>& runs,
+               uint64_t lb, uint64_t n, ChunkBuilder* builder) {
+  const uint64_t tb = layout.token_bytes;
+  const uint64_t ps = layout.page_size;
+  const bool all = lb == 0 && n == layout.layers;
+  switch (layout.kind) {
+    case LayoutKind::kLayerFirst:
+      // Layer by layer, so that runs adjacent in the pool share one copy.
+      for (uint64_t l = lb; l < lb + n; ++l) {
+        for (const IndexRun& run : runs) {
+          builder->Add(Segment(plane, run.host, run.device, l, 1, 0, 1), run.count, 1, tb);
+        }
+      }
+      return;
+    case LayoutKind::kPageFirst:
+      for (const IndexRun& run : runs) {
+        if (all) {
+          builder->Add(Segment(plane, run.host, run.device, 0, n, 0, 1), run.count, 1, n * tb);
+          continue;
+        }
+        for (uint64_t t = 0; t < run.count; ++t) {
+          builder->Add(Segment(plane, run.host + t, run.device + t, lb, n, 0, 1), 1, 1, n * tb);
+        }
+      }
+      return;
+    case LayoutKind::kPageFirstDirect:
+    case LayoutKind::kPageHead:
+      for (const IndexRun& run : runs) {
+        if (layout.kind == LayoutKind::kPageHead && !all) {
+          AddTokenHeads(layout, plane, run.host, run.device, run.count, lb, n, builder);
+          continue;
+        }
+        uint64_t t = run.host;
+        const uint64_t end = run.host + run.count;
+        while (t < end) {
+          const uint64_t device = run.device + (t - run.host);
+          const uint64_t page_end = t - t % ps + ps;
+          if (t % ps != 0 || end < page_end) {
+            const uint64_t to = std::min(end, page_end);
+            if (layout.kind == LayoutKind::kPageFirstDirect) {
+              for (uint64_t l = lb; l < lb + n; ++l) {
+                builder->Add(Segment(plane, t, device, l, 1, 0, 1), to - t, 1, tb);
+              }
+            } else {
+              AddPartialPage(layout, plane, t, device, to - t, builder);
+            }
+            t = to;
+            continue;
+          }
+          const uint64_t pages = (end - t) / ps;
+          if (all) {
+            builder->Add(Segment(plane, t, device, 0, n, 0, HeadsPerItem(layout)), pages, ps,
+                         n * layout.page_bytes);
+          } else {  // PAGE_FIRST_DIRECT: a page's held layers are adjacent
+            for (uint64_t p = 0; p < pages; ++p) {
+              builder->Add(Segment(plane, t + p * ps, device + p * ps, lb, n, 0, 1), 1, ps,
+                           n * layout.page_bytes);
+            }
+          }
+          t += pages * ps;
+        }
+      }
+      return;
+  }
+}
+
 }  // namespace
 
-DirectPlan PlanDirect(const KvLayout& layout, const std::vector<IndexRun>& runs) {
-  DirectPlan plan;
-  for (uint64_t plane = 0; plane < layout.planes; ++plane) {
-    for (const IndexRun& run : runs) {
-      for (uint64_t t = 0; t < run.count; t += kMaxSegmentTokens) {
-        CopySegment s = Segment(plane, run.host + t, run.device + t, 0, 1, 0, HeadsPerItem(layout));
-        s.tokens = static_cast<uint32_t>(std::min(kMaxSegmentTokens, run.count - t));
-        s.first_item = plan.items_per_layer;
-        plan.items_per_layer += SegmentItems(s);
-        plan.segments.push_back(s);
+std::vector<LayoutGroup> GroupComponents(const std::vector<Component>& components) {
+  std::vector<LayoutGroup> groups;
+  for (size_t i = 0; i < components.size(); ++i) {
+    const Component& c = components[i];
+    const bool page_rows = c.row_tokens > 1;
+    if (!groups.empty()) {
+      LayoutGroup& g = groups.back();
+      if (g.page_rows == page_rows && g.region == c.region && SameShape(g.layout, c.layout) &&
+          c.region_offset == g.region_offset + g.layout.planes * g.layout.plane_bytes) {
+        const KvLayout& l = g.layout;
+        g.layout = KvLayout(l.kind, l.planes + 1, l.layers, l.tokens, l.page_size, l.heads,
+                            l.head_bytes);
+        continue;
       }
     }
+    LayoutGroup g;
+    g.layout = c.layout;
+    g.first_component = static_cast<uint32_t>(i);
+    g.region = c.region;
+    g.region_offset = c.region_offset;
+    g.page_rows = page_rows;
+    groups.push_back(g);
+  }
+  return groups;
+}
+
+HeldLayers HeldLayersOf(const std::vector<JobLayer>& layers) {
+  HeldLayers held;
+  for (const JobLayer& layer : layers) {
+    if (layer.host_layer < 0) continue;
+    const auto host = static_cast<uint64_t>(layer.host_layer);
+    if (held.count() == 0) {
+      held.begin = host;
+      held.delta = int64_t{layer.device_layer} - layer.host_layer;
+    }
+    held.end = host + 1;
+  }
+  return held;
+}
+
+LayoutGroup GroupOf(const KvLayout& layout, bool page_rows) {
+  LayoutGroup g;
+  g.layout = layout;
+  g.page_rows = page_rows;
+  return g;
+}
+
+void PlanCopyEngineLayer(const std::vector<Component>& components,
+                         const std::vector<IndexRun>& runs, const std::vector<IndexRun>& page_runs,
+                         uint64_t host_layer, uint64_t host_split,
+                         std::vector<CopyEnginePiece>* pieces) {
+  for (size_t c = 0; c < components.size(); ++c) {
+    const Component& component = components[c];
+    // Merging stays inside one component's layer buffer: two buffers that
+    // happen to be adjacent may still be different allocations.
+    const size_t first = pieces->size();
+    for (const IndexRun& run : component.row_tokens > 1 ? page_runs : runs) {
+      ForEachPiece(component, host_layer, run, 0, run.count,
+                   [&](uint64_t host_off, uint64_t device_off, uint64_t bytes) {
+                     uint64_t host = component.region_offset + host_off;
+                     while (bytes > 0) {
+                       // Split at host registration chunks (CudaEngineOptions).
+                       const uint64_t n =
+                           std::min(bytes, (host / host_split + 1) * host_split - host);
+                       CopyEnginePiece* last = pieces->size() > first ? &pieces->back() : nullptr;
+                       if (last != nullptr && host % host_split != 0 &&
+                           last->host_offset + last->bytes == host &&
+                           last->device_offset + last->bytes == device_off) {
+                         last->bytes += n;
+                       } else {
+                         pieces->push_back(CopyEnginePiece{static_cast<uint32_t>(c),
+                                                           component.region, host, device_off, n});
+                       }
+                       host += n;
+                       device_off += n;
+                       bytes -= n;
+                     }
+                   });
+    }
+  }
+}
+
+DirectPlan PlanDirect(const std::vector<LayoutGroup>& groups, const std::vector<IndexRun>& runs,
+                      const std::vector<IndexRun>& page_runs) {
+  DirectPlan plan;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const KvLayout& layout = groups[g].layout;
+    SegmentLaunch launch{static_cast<uint32_t>(g), plan.segments.size(), 0, 0};
+    for (uint64_t plane = 0; plane < layout.planes; ++plane) {
+      for (const IndexRun& run : RunsOf(groups[g], runs, page_runs)) {
+        for (uint64_t t = 0; t < run.count; t += kMaxSegmentTokens) {
+          CopySegment s =
+              Segment(plane, run.host + t, run.device + t, 0, 1, 0, HeadsPerItem(layout));
+          s.tokens = static_cast<uint32_t>(std::min(kMaxSegmentTokens, run.count - t));
+          s.first_item = launch.items;
+          launch.items += SegmentItems(s);
+          plan.segments.push_back(s);
+        }
+      }
+    }
+    launch.segment_end = plan.segments.size();
+    if (launch.items == 0) continue;
+    plan.items_per_layer += launch.items;
+    plan.launches.push_back(launch);
   }
   return plan;
 }
 
-uint64_t StagedUnitBytes(const KvLayout& layout) {
+uint64_t StagedUnitBytes(const KvLayout& layout, uint64_t layer_begin, uint64_t layer_end) {
+  const uint64_t n = layer_end - layer_begin;
   switch (layout.kind) {
     case LayoutKind::kLayerFirst:
       return layout.token_bytes;
     case LayoutKind::kPageFirst:
-      return layout.layers * layout.token_bytes;
+      return n * layout.token_bytes;
     case LayoutKind::kPageFirstDirect:
+      return n * layout.page_bytes;
     case LayoutKind::kPageHead:
-      return layout.layers * layout.page_bytes;
+      return n == layout.layers ? n * layout.page_bytes : n * layout.head_bytes;
   }
-  return layout.layers * layout.page_bytes;
+  return n * layout.page_bytes;
 }
 
-absl::Status PlanStaged(const KvLayout& layout, const std::vector<IndexRun>& runs,
-                        uint64_t chunk_bytes, uint64_t host_split, StagedPlan* plan) {
-  const uint64_t unit = StagedUnitBytes(layout);
-  if (unit > chunk_bytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the staged path moves whole blocks of ", unit, " bytes for this pool (",
-        layout.kind == LayoutKind::kLayerFirst  ? "a token's row"
-        : layout.kind == LayoutKind::kPageFirst ? "a token's rows of all layers"
-                                                : "a page of all layers",
-        ") but a staging chunk has ", chunk_bytes, " bytes; raise --staging-bytes to at least ",
-        2 * unit, " or use another path"));
+absl::Status PlanStaged(const std::vector<LayoutGroup>& groups, const std::vector<IndexRun>& runs,
+                        const std::vector<IndexRun>& page_runs, uint64_t layer_begin,
+                        uint64_t layer_end, uint64_t chunk_bytes, uint64_t host_split,
+                        StagedPlan* plan) {
+  for (const LayoutGroup& g : groups) {
+    const KvLayout& layout = g.layout;
+    const uint64_t unit = StagedUnitBytes(layout, layer_begin, layer_end);
+    if (unit > chunk_bytes) {
+      const bool all = layer_end - layer_begin == layout.layers;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the staged path moves whole blocks of ", unit, " bytes for this pool (",
+          g.page_rows                              ? "a page row of "
+          : layout.kind == LayoutKind::kLayerFirst ? "a token's row of "
+          : layout.kind == LayoutKind::kPageFirst  ? "a token's rows of "
+                                                   : "a page of ",
+          layout.kind == LayoutKind::kLayerFirst ? "one layer"
+          : all                                  ? "all layers"
+                                                 : "the held layers",
+          ") but a staging chunk has ", chunk_bytes, " bytes; raise --staging-bytes to at least ",
+          2 * unit, " or use another path"));
+    }
   }
   plan->segments.clear();
+  plan->launches.clear();
   plan->copies.clear();
   plan->chunks.clear();
-  ChunkBuilder builder(layout, chunk_bytes, host_split, plan);
-  const uint64_t tb = layout.token_bytes;
-  const uint64_t ps = layout.page_size;
-  for (uint64_t plane = 0; plane < layout.planes; ++plane) {
-    switch (layout.kind) {
-      case LayoutKind::kLayerFirst:
-        // Layer by layer, so that runs adjacent in the pool share one copy.
-        for (uint64_t l = 0; l < layout.layers; ++l) {
-          for (const IndexRun& run : runs) {
-            builder.Add(Segment(plane, run.host, run.device, l, 1, 0, 1), run.count, 1, tb);
-          }
-        }
-        break;
-      case LayoutKind::kPageFirst:
-        for (const IndexRun& run : runs) {
-          builder.Add(Segment(plane, run.host, run.device, 0, layout.layers, 0, 1), run.count, 1,
-                      layout.layers * tb);
-        }
-        break;
-      case LayoutKind::kPageFirstDirect:
-      case LayoutKind::kPageHead:
-        for (const IndexRun& run : runs) {
-          uint64_t t = run.host;
-          const uint64_t end = run.host + run.count;
-          while (t < end) {
-            const uint64_t device = run.device + (t - run.host);
-            const uint64_t page_end = t - t % ps + ps;
-            if (t % ps != 0 || end < page_end) {
-              const uint64_t to = std::min(end, page_end);
-              AddPartialPage(layout, plane, t, device, to - t, &builder);
-              t = to;
-              continue;
-            }
-            const uint64_t pages = (end - t) / ps;
-            builder.Add(Segment(plane, t, device, 0, layout.layers, 0, HeadsPerItem(layout)), pages,
-                        ps, layout.layers * layout.page_bytes);
-            t += pages * ps;
-          }
-        }
-        break;
+  ChunkBuilder builder(chunk_bytes, host_split, plan);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    builder.SetGroup(static_cast<uint32_t>(g), &groups[g]);
+    for (uint64_t plane = 0; plane < groups[g].layout.planes; ++plane) {
+      PlanPlane(groups[g].layout, plane, RunsOf(groups[g], runs, page_runs), layer_begin,
+                layer_end - layer_begin, &builder);
     }
   }
   builder.Flush();
@@ -229,6 +393,20 @@ uint64_t CopyEnginePiecesPerLayer(const KvLayout& layout, const std::vector<Inde
     ForEachPiece(layout, 0, 0, run, 0, run.count, [&](uint64_t, uint64_t, uint64_t) { ++pieces; });
   }
   return pieces;
+}
+
+LayerPieces CopyEngineLayerPieces(const std::vector<LayoutGroup>& groups,
+                                  const std::vector<IndexRun>& runs,
+                                  const std::vector<IndexRun>& page_runs) {
+  LayerPieces out;
+  for (const LayoutGroup& g : groups) {
+    const std::vector<IndexRun>& rs = RunsOf(g, runs, page_runs);
+    out.pieces += g.layout.planes * CopyEnginePiecesPerLayer(g.layout, rs);
+    uint64_t rows = 0;
+    for (const IndexRun& run : rs) rows += run.count;
+    out.bytes += g.layout.planes * rows * g.layout.token_bytes;
+  }
+  return out;
 }
 
 }  // namespace kvhost

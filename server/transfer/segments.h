@@ -1,9 +1,22 @@
-// Planning of the CUDA engine's kernel paths: a job's index runs as
-// CopySegments (kernels/kvhost/copy_segment.h) for the copy kernel.
+// Planning of the CUDA engine's copies: a job's index runs as copy-engine
+// pieces, or as CopySegments (kernels/kvhost/copy_segment.h) for the copy
+// kernel. Everything that knows about components, page runs and layer
+// ranges lives here, so that tests/segments_test.cc can replay the plans on
+// the CPU; the engine only turns offsets into pointers and launches.
+//
+// Components and launches: the copy kernel addresses one KvLayout per
+// launch. Consecutive components with the same layout lying back to back in
+// one region (MHA's K and V) form one LayoutGroup, whose planes they are, so
+// MHA and MLA take one launch per layer or chunk as before; other kinds take
+// one launch per group. Page-row components (Component::row_tokens > 1) copy
+// the job's page runs instead of its token runs.
+//
+// Copy engines (PlanCopyEngineLayer): per held layer and component, the
+// pieces that ForEachPiece yields, merged where contiguous on both sides.
 //
 // SM zero-copy (PlanDirect): the kernel reads or writes the pool itself
-// through mapped memory, one launch per layer, so a segment is simply one run
-// of one plane, one layer wide.
+// through mapped memory, one launch per group and layer, so a segment is
+// simply one run of one plane, one layer wide.
 //
 // Staged (PlanStaged): the job goes through a device staging buffer in
 // chunks of `chunk_bytes`. In a chunk, every segment's host bytes form one
@@ -11,12 +24,16 @@
 // out in the staging buffer exactly as in the pool, so that one copy-engine
 // copy moves a block (or several adjacent ones) between staging and pool,
 // and the kernel gathers or scatters the items between staging and the
-// worker's rows. Blocks are as large as the layout allows:
+// worker's rows. Blocks are as large as the layout allows, over the held
+// host layers [layer_begin, layer_end):
 //   LAYER_FIRST        a run's rows of one layer;
-//   PAGE_FIRST         a run's tokens, all layers (a token's layers are adjacent);
-//   PAGE_FIRST_DIRECT  a run's whole pages, all layers; partial pages per layer;
-//   PAGE_HEAD          a run's whole pages, all heads and layers; partial pages
-//                      per head.
+//   PAGE_FIRST         a run's tokens, all layers (a token's layers are
+//                      adjacent); a token's held layers when they are not all;
+//   PAGE_FIRST_DIRECT  a run's whole pages, all layers; a page's held layers
+//                      when they are not all; partial pages per layer;
+//   PAGE_HEAD          a run's whole pages, all heads and layers; partial
+//                      pages per head; a token's head's held layers when they
+//                      are not all.
 // A block larger than a chunk is split at units (a token, or a whole page for
 // the page-major layouts); a unit never is, so a chunk must hold the largest
 // unit (StagedUnitBytes).
@@ -31,56 +48,147 @@
 #include "absl/status/status.h"
 #include "kvhost/copy_segment.h"
 #include "kvhost/layout.h"
+#include "server/pool/pool_spec.h"
+#include "server/transfer/engine.h"
 #include "server/transfer/runs.h"
 
 namespace kvhost {
 
-// SM path: segments of one layer (launch with layer_shift = layer).
+// Components [first_component, first_component + layout.planes) of a pool,
+// addressed as the planes of `layout`: plane p starts at byte
+// region_offset + p * layout.plane_bytes of region `region`.
+struct LayoutGroup {
+  KvLayout layout;
+  uint32_t first_component = 0;
+  uint32_t region = 0;
+  uint64_t region_offset = 0;
+  bool page_rows = false;  // rows are whole pages: the job's page runs apply
+};
+
+// The groups of `components` in order (every component in exactly one).
+// REQUIRES: every component's layout has one plane.
+std::vector<LayoutGroup> GroupComponents(const std::vector<Component>& components);
+
+// The group made of one layout of any plane count (region 0, offset 0):
+// the MHA / MLA planes of a Pool::layout(), for callers that have no
+// components.
+LayoutGroup GroupOf(const KvLayout& layout, bool page_rows = false);
+
+// The runs a group copies: page runs for page rows, token runs otherwise.
+inline const std::vector<IndexRun>& RunsOf(const LayoutGroup& group,
+                                           const std::vector<IndexRun>& runs,
+                                           const std::vector<IndexRun>& page_runs) {
+  return group.page_rows ? page_runs : runs;
+}
+
+// The host layers a job's ticket layers hold, [begin, end) (both ranges are
+// intervals, so these are too), and device layer - host layer, the same for
+// every held layer. Empty when the attachment and the pool share no layer.
+struct HeldLayers {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  int64_t delta = 0;
+  uint64_t count() const { return end - begin; }
+};
+HeldLayers HeldLayersOf(const std::vector<JobLayer>& layers);
+
+// A copy-engine copy of one held layer: bytes [host_offset, + bytes) of
+// region `region` and [device_offset, + bytes) of component `component`'s
+// buffer of the layer.
+struct CopyEnginePiece {
+  uint32_t component = 0;
+  uint32_t region = 0;
+  uint64_t host_offset = 0;  // from the region's base
+  uint64_t device_offset = 0;
+  uint64_t bytes = 0;
+};
+
+// Appends to `pieces` the copies of host layer `host_layer` of every
+// component: pieces contiguous on both sides merged, split where they would
+// cross a multiple of `host_split` region bytes (the pool's CUDA
+// registration chunks). REQUIRES: host_split > 0; page_runs filled when a
+// component has page rows.
+void PlanCopyEngineLayer(const std::vector<Component>& components,
+                         const std::vector<IndexRun>& runs, const std::vector<IndexRun>& page_runs,
+                         uint64_t host_layer, uint64_t host_split,
+                         std::vector<CopyEnginePiece>* pieces);
+
+// Segments [segment_begin, segment_end) of a plan, for one kernel launch over
+// group `group` (first_item counted from the launch's first item).
+struct SegmentLaunch {
+  uint32_t group = 0;
+  size_t segment_begin = 0;
+  size_t segment_end = 0;
+  uint64_t items = 0;
+};
+
+// SM path: per layer, every launch (with layer_shift = the host layer).
 struct DirectPlan {
   std::vector<CopySegment> segments;
-  uint64_t items_per_layer = 0;
+  std::vector<SegmentLaunch> launches;
+  uint64_t items_per_layer = 0;  // over all launches
 };
-DirectPlan PlanDirect(const KvLayout& layout, const std::vector<IndexRun>& runs);
+DirectPlan PlanDirect(const std::vector<LayoutGroup>& groups, const std::vector<IndexRun>& runs,
+                      const std::vector<IndexRun>& page_runs);
 
-// A copy-engine copy between the pool and a chunk of the staging buffer.
+// A copy-engine copy between a region of the pool and a chunk of the
+// staging buffer.
 struct StagedCopy {
-  uint64_t host_offset = 0;     // from the pool base
+  uint32_t region = 0;
+  uint64_t host_offset = 0;     // from the region's base
   uint64_t staging_offset = 0;  // from the chunk's base
   uint64_t bytes = 0;
 };
 
-// One chunk: segments [segment_begin, segment_end) of the plan (first_item
-// counted from the chunk's first item, bias relative to the chunk's base) and
-// copies [copy_begin, copy_end).
+// One chunk: launches [launch_begin, launch_end) of the plan (their
+// segments' bias relative to the chunk's base) and copies
+// [copy_begin, copy_end).
 struct StagedChunk {
-  size_t segment_begin = 0;
-  size_t segment_end = 0;
+  size_t launch_begin = 0;
+  size_t launch_end = 0;
   size_t copy_begin = 0;
   size_t copy_end = 0;
-  uint64_t items = 0;
   uint64_t bytes = 0;
 };
 
 struct StagedPlan {
   std::vector<CopySegment> segments;
+  std::vector<SegmentLaunch> launches;
   std::vector<StagedCopy> copies;
   std::vector<StagedChunk> chunks;
 };
 
-// The largest block the staged path never splits.
-uint64_t StagedUnitBytes(const KvLayout& layout);
+// The largest block the staged path never splits, for host layers
+// [layer_begin, layer_end) of `layout`.
+uint64_t StagedUnitBytes(const KvLayout& layout, uint64_t layer_begin, uint64_t layer_end);
+inline uint64_t StagedUnitBytes(const KvLayout& layout) {
+  return StagedUnitBytes(layout, 0, layout.layers);
+}
 
-// Plans `runs` in chunks of at most `chunk_bytes`, copies split where they
-// would cross a multiple of `host_split` host bytes (the pool's CUDA
-// registration chunks). FAILED_PRECONDITION when a unit does not fit in a
-// chunk. REQUIRES: host_split > 0.
-absl::Status PlanStaged(const KvLayout& layout, const std::vector<IndexRun>& runs,
-                        uint64_t chunk_bytes, uint64_t host_split, StagedPlan* plan);
+// Plans host layers [layer_begin, layer_end) of every group in chunks of at
+// most `chunk_bytes`, copies split where they would cross a multiple of
+// `host_split` region bytes. FAILED_PRECONDITION when a unit of some group
+// does not fit in a chunk. REQUIRES: host_split > 0, layer_begin < layer_end
+// <= every group's layers, page_runs filled when a group has page rows.
+absl::Status PlanStaged(const std::vector<LayoutGroup>& groups, const std::vector<IndexRun>& runs,
+                        const std::vector<IndexRun>& page_runs, uint64_t layer_begin,
+                        uint64_t layer_end, uint64_t chunk_bytes, uint64_t host_split,
+                        StagedPlan* plan);
 
 // Contiguous pieces per layer and plane that the copy-engine path would
 // issue for `runs` (layer 0, plane 0: every layer and plane has the same
 // shape), for the path choice.
 uint64_t CopyEnginePiecesPerLayer(const KvLayout& layout, const std::vector<IndexRun>& runs);
+
+// Bytes and copy-engine pieces of one held layer over every group, for the
+// path choice (their ratio is the average piece).
+struct LayerPieces {
+  uint64_t bytes = 0;
+  uint64_t pieces = 0;
+};
+LayerPieces CopyEngineLayerPieces(const std::vector<LayoutGroup>& groups,
+                                  const std::vector<IndexRun>& runs,
+                                  const std::vector<IndexRun>& page_runs);
 
 }  // namespace kvhost
 
