@@ -82,25 +82,15 @@ absl::StatusOr<v1::CudaIpcBuffer> ExportCudaBuffer(const void* device_ptr) {
   return out;
 }
 
-absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(const std::string& pool,
-                                                              absl::Span<void* const> k_layers,
-                                                              absl::Span<void* const> v_layers,
-                                                              uint64_t device_size_tokens) {
-  v1::AttachDeviceRequest request;
-  request.set_pool(pool);
-  request.set_device_size_tokens(device_size_tokens);
-  // Exports by allocation base, so each allocation's handle is made once.
-  struct Export {
-    CUdeviceptr base;
-    CUdeviceptr end;
-    v1::CudaIpcBuffer buffer;
-  };
-  std::vector<Export> exports;
-  absl::StatusOr<PFN_cuMemGetAddressRange_v3020> range = AddressRangeFn();
-  if (!range.ok()) return range.status();
-  auto add = [&](void* ptr, const char* field, size_t i, v1::DeviceBuffer* out) -> absl::Status {
+// Describes device pointers as buffers of an AttachDeviceRequest, exporting
+// each allocation once (by its base) however many buffers it holds.
+class BufferExporter {
+ public:
+  absl::Status Add(void* ptr, const std::string& where, v1::DeviceBuffer* out) {
+    absl::StatusOr<PFN_cuMemGetAddressRange_v3020> range = AddressRangeFn();
+    if (!range.ok()) return range.status();
     const auto p = reinterpret_cast<CUdeviceptr>(ptr);
-    for (const Export& e : exports) {
+    for (const Export& e : exports_) {
       if (p >= e.base && p < e.end) {
         *out->mutable_cuda() = e.buffer;
         out->mutable_cuda()->set_offset(p - e.base);
@@ -110,26 +100,70 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(const std::string&
     absl::StatusOr<v1::CudaIpcBuffer> buffer = ExportCudaBuffer(ptr);
     if (!buffer.ok()) {
       return absl::Status(buffer.status().code(),
-                          absl::StrCat(field, "[", i, "]: ", buffer.status().message()));
+                          absl::StrCat(where, ": ", buffer.status().message()));
     }
     CUdeviceptr base = 0;
     size_t size = 0;
     if (CUresult r = (*range)(&base, &size, p); r != CUDA_SUCCESS) {
       return absl::InternalError(
-          absl::StrCat(field, "[", i, "]: cuMemGetAddressRange: ", static_cast<int>(r)));
+          absl::StrCat(where, ": cuMemGetAddressRange: ", static_cast<int>(r)));
     }
-    exports.push_back(Export{base, base + size, *buffer});
+    exports_.push_back(Export{base, base + size, *buffer});
     *out->mutable_cuda() = *std::move(buffer);
     return absl::OkStatus();
+  }
+
+ private:
+  struct Export {
+    CUdeviceptr base;
+    CUdeviceptr end;
+    v1::CudaIpcBuffer buffer;
   };
+  std::vector<Export> exports_;
+};
+
+absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(const std::string& pool,
+                                                              absl::Span<void* const> k_layers,
+                                                              absl::Span<void* const> v_layers,
+                                                              uint64_t device_size_tokens) {
+  v1::AttachDeviceRequest request;
+  request.set_pool(pool);
+  request.set_device_size_tokens(device_size_tokens);
+  BufferExporter exporter;
   for (size_t i = 0; i < k_layers.size(); ++i) {
-    if (absl::Status s = add(k_layers[i], "k_layers", i, request.add_k_layers()); !s.ok()) {
+    if (absl::Status s = exporter.Add(k_layers[i], absl::StrCat("k_layers[", i, "]"),
+                                      request.add_k_layers());
+        !s.ok()) {
       return s;
     }
   }
   for (size_t i = 0; i < v_layers.size(); ++i) {
-    if (absl::Status s = add(v_layers[i], "v_layers", i, request.add_v_layers()); !s.ok()) {
+    if (absl::Status s = exporter.Add(v_layers[i], absl::StrCat("v_layers[", i, "]"),
+                                      request.add_v_layers());
+        !s.ok()) {
       return s;
+    }
+  }
+  return request;
+}
+
+absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
+    const std::string& pool, absl::Span<const CudaComponentLayers> components,
+    uint64_t device_size_tokens) {
+  v1::AttachDeviceRequest request;
+  request.set_pool(pool);
+  request.set_device_size_tokens(device_size_tokens);
+  BufferExporter exporter;
+  for (size_t c = 0; c < components.size(); ++c) {
+    v1::DeviceComponent* out = request.add_components();
+    out->set_name(components[c].name);
+    for (size_t i = 0; i < components[c].layers.size(); ++i) {
+      if (absl::Status s = exporter.Add(
+              components[c].layers[i],
+              absl::StrCat("component '", components[c].name, "' layer ", i), out->add_layers());
+          !s.ok()) {
+        return s;
+      }
     }
   }
   return request;

@@ -60,6 +60,24 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(const std::string&
                                                               absl::Span<void* const> v_layers,
                                                               uint64_t device_size_tokens);
 
+// One pool component's device buffers, one per attached layer (for the
+// components overload below).
+struct CudaComponentLayers {
+  std::string name;           // a Pool.components name ("k", "index_k", "conv0", ...)
+  std::vector<void*> layers;  // one per attached layer
+};
+
+// The AttachDevice request for any pool kind: every component's buffers in
+// AttachDeviceRequest.components, by name, in the order given. A token-row
+// component's buffers hold `device_size_tokens` rows, a page-row
+// component's device_size_tokens / page_size. Set start_layer / end_layer
+// on the result to attach a layer range other than the pool's. Each
+// allocation is exported once. Errors as ExportCudaBuffer, naming the
+// component and layer.
+absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
+    const std::string& pool, absl::Span<const CudaComponentLayers> components,
+    uint64_t device_size_tokens);
+
 // The bytes of `event`'s cudaIpcEventHandle_t, for BackupRequest.
 // wait_event_handle. The event must have been created with
 // cudaEventInterprocess | cudaEventDisableTiming; record it on the stream
