@@ -11,6 +11,10 @@
 // host offsets (SEED_INVENTORY.md §2, written out here independently of
 // kernels/kvhost/layout.h) and nothing elsewhere, and a load into other rows
 // must give back the exact bytes and leave every other device byte alone.
+// The other kinds (MHA_ASYMMETRIC, K_ONLY and DSA_INDEXER and V4_STATE
+// following their pools, DSA, MAMBA, V4_PAGED), a sharded attachment (device
+// layers [1, 6) of a pool holding [2, 5)) and LOGICAL run the same round
+// trip through Pool.components, on ce, staged, sm and auto.
 // Also: backups and loads in flight together on one attachment, detaching
 // idle / after transfers / with a transfer in flight, and the attach errors.
 // Synchronisation: the per-layer load events order the worker's own reads
@@ -1237,6 +1241,574 @@ TEST_F(CudaTest, LoadEventSetsCycleAndAFullRingIsRefused) {
   dev.ExpectMatchesImage("after loads of the rows backed up");
   ASSERT_TRUE(client().DetachDevice(att->id()).ok());
   ASSERT_TRUE(client().DeletePool("ring").ok());
+}
+
+// ===========================================================================
+// Every other pool kind, layer sharding and LOGICAL, per path.
+//
+// Each case creates its pool (and the pool it follows), gives the worker one
+// device buffer per component and attached layer (page-row components get a
+// row per device page), backs up a shuffled set of whole pages and loads it
+// back into other device pages, on ce, staged, sm and auto. The host bytes
+// are checked at offsets written out here from the seeds' shapes
+// (SEED_INVENTORY.md §2, one row per token or per page: LAYER_FIRST
+// (L, N, R), PAGE_FIRST (N, L, R), PAGE_FIRST_DIRECT (P, L, ps, R)), every
+// other host byte must stay zero, and after the load the whole device image
+// must be as expected.
+
+// The worker's buffers: `buffers[b]` rows of row_bytes each, spread over
+// two cudaMalloc allocations after a lead-in and with gaps, as GpuKvPool.
+class GpuBuffers {
+ public:
+  struct Shape {
+    uint64_t rows;
+    uint64_t row_bytes;
+  };
+  explicit GpuBuffers(std::vector<Shape> shapes) : shapes_(std::move(shapes)) {
+    const size_t split = (shapes_.size() + 1) / 2;
+    for (size_t b = 0; b < shapes_.size(); ++b) {
+      const int a = b < split ? 0 : 1;
+      alloc_of_.push_back(a);
+      offsets_.push_back(bytes_[a] == 0 ? GpuKvPool::kLead : bytes_[a]);
+      bytes_[a] = offsets_.back() + shapes_[b].rows * shapes_[b].row_bytes + GpuKvPool::kGap;
+    }
+  }
+  ~GpuBuffers() {
+    for (uint8_t* p : alloc_) {
+      if (p != nullptr) cudaFree(p);
+    }
+  }
+  void Init(std::mt19937& rng) {
+    for (int a = 0; a < 2; ++a) {
+      if (bytes_[a] == 0) continue;
+      ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&alloc_[a]), bytes_[a]));
+      image[a].resize(bytes_[a]);
+      FillRandomNonZero(image[a].data(), bytes_[a], rng);
+    }
+    Upload();
+  }
+  void Upload() {
+    for (int a = 0; a < 2; ++a) {
+      if (bytes_[a] != 0) {
+        ASSERT_CUDA(cudaMemcpy(alloc_[a], image[a].data(), bytes_[a], cudaMemcpyHostToDevice));
+      }
+    }
+  }
+  void ExpectMatchesImage(const std::string& when) {
+    for (int a = 0; a < 2; ++a) {
+      if (bytes_[a] == 0) continue;
+      std::vector<uint8_t> got(bytes_[a]);
+      ASSERT_CUDA(cudaMemcpy(got.data(), alloc_[a], bytes_[a], cudaMemcpyDeviceToHost));
+      int bad = 0;
+      for (uint64_t i = 0; i < bytes_[a] && bad < 5; ++i) {
+        if (got[i] == image[a][i]) continue;
+        ++bad;
+        ADD_FAILURE() << when << ": device allocation " << a << " byte " << i << " is "
+                      << int{got[i]} << ", want " << int{image[a][i]} << " (" << Where(a, i) << ")";
+        // One report per row.
+        for (size_t b = 0; b < shapes_.size(); ++b) {
+          const uint64_t rb = shapes_[b].row_bytes;
+          if (alloc_of_[b] == a && i >= offsets_[b] && i < offsets_[b] + shapes_[b].rows * rb) {
+            i = offsets_[b] + ((i - offsets_[b]) / rb + 1) * rb - 1;
+          }
+        }
+      }
+    }
+  }
+  void* buffer(size_t b) const { return alloc_[alloc_of_[b]] + offsets_[b]; }
+  uint8_t* image_row(size_t b, uint64_t row) {
+    return image[alloc_of_[b]].data() + offsets_[b] + row * shapes_[b].row_bytes;
+  }
+  const Shape& shape(size_t b) const { return shapes_[b]; }
+
+  std::vector<uint8_t> image[2];
+
+ private:
+  std::string Where(int a, uint64_t i) const {
+    for (size_t b = 0; b < shapes_.size(); ++b) {
+      if (alloc_of_[b] == a && i >= offsets_[b] &&
+          i < offsets_[b] + shapes_[b].rows * shapes_[b].row_bytes) {
+        return absl::StrCat("buffer ", b, " row ", (i - offsets_[b]) / shapes_[b].row_bytes);
+      }
+    }
+    return "outside every buffer";
+  }
+  std::vector<Shape> shapes_;
+  std::vector<int> alloc_of_;
+  std::vector<uint64_t> offsets_;
+  uint64_t bytes_[2] = {0, 0};
+  uint8_t* alloc_[2] = {nullptr, nullptr};
+};
+
+// One kind case: the pool, and the pool it follows (kind 0: none).
+struct KindGpuCase {
+  const char* name;
+  v1::PoolSpec spec;
+  v1::PoolSpec followed;
+  // Attached device layers (0 / 0: the pool's).
+  uint32_t start_layer = 0;
+  uint32_t end_layer = 0;
+};
+
+v1::PoolSpec KindSpec(v1::PoolKind kind, v1::Layout layout, uint32_t ps, v1::DType dtype) {
+  v1::PoolSpec s;
+  s.set_kind(kind);
+  s.set_layout(layout);
+  s.set_dtype(dtype);
+  s.set_page_size(ps);
+  s.set_layer_num(3);
+  return s;
+}
+
+std::vector<KindGpuCase> KindGpuCases() {
+  std::vector<KindGpuCase> out;
+  {  // K and V in files of their own, K rows 512 B, V rows 256 B.
+    KindGpuCase c;
+    c.name = "MhaAsymmetric_PageFirst";
+    c.spec = KindSpec(v1::MHA_ASYMMETRIC, v1::PAGE_FIRST, 4, v1::BF16);
+    c.spec.set_head_num(4);
+    c.spec.set_head_dim(64);
+    c.spec.set_v_head_dim(32);
+    out.push_back(c);
+  }
+  {  // A follower of an MHA pool.
+    KindGpuCase c;
+    c.name = "KOnly_PageFirstDirect";
+    c.followed = KindSpec(v1::MHA, v1::PAGE_FIRST_DIRECT, 4, v1::BF16);
+    c.followed.set_head_num(4);
+    c.followed.set_head_dim(64);
+    c.spec = KindSpec(v1::K_ONLY, v1::PAGE_FIRST_DIRECT, 4, v1::BF16);
+    c.spec.set_head_num(2);
+    c.spec.set_head_dim(64);
+    out.push_back(c);
+  }
+  {  // The latent's token rows and the index_k page rows (4 x 132 B) in
+     // two files.
+    KindGpuCase c;
+    c.name = "Dsa_LayerFirst";
+    c.spec = KindSpec(v1::DSA, v1::LAYER_FIRST, 4, v1::BF16);
+    c.spec.set_kv_lora_rank(64);
+    c.spec.set_qk_rope_head_dim(16);
+    c.spec.set_index_head_dim(128);
+    c.spec.set_index_quant_block_size(128);
+    out.push_back(c);
+  }
+  {  // Page rows of 4 x 136 B, following an MLA pool.
+    KindGpuCase c;
+    c.name = "DsaIndexer_PageFirst";
+    c.followed = KindSpec(v1::MLA, v1::PAGE_FIRST, 4, v1::BF16);
+    c.followed.set_kv_lora_rank(64);
+    c.followed.set_qk_rope_head_dim(16);
+    c.spec = KindSpec(v1::DSA_INDEXER, v1::PAGE_FIRST, 4, v1::UINT8);
+    c.spec.set_index_head_dim(128);
+    c.spec.set_index_quant_block_size(64);
+    out.push_back(c);
+  }
+  {  // Temporal fp32 [4, 16] (256 B) and two conv states bf16 (192 B, 160 B).
+    KindGpuCase c;
+    c.name = "Mamba_PageFirstDirect";
+    c.spec = KindSpec(v1::MAMBA, v1::PAGE_FIRST_DIRECT, 1, v1::BF16);
+    v1::MambaStates* m = c.spec.mutable_mamba();
+    for (uint32_t d : {4u, 16u}) m->mutable_temporal()->add_dims(d);
+    m->set_temporal_dtype(v1::FP32);
+    for (uint32_t d : {3u, 32u}) m->add_conv()->add_dims(d);
+    v1::Shape* conv1 = m->add_conv();
+    for (uint32_t d : {2u, 40u}) conv1->add_dims(d);
+    out.push_back(c);
+  }
+  for (v1::Layout layout : {v1::LAYER_FIRST, v1::PAGE_FIRST}) {
+    // Page rows of 1000 B: not a multiple of 16, so the kernels copy bytes.
+    KindGpuCase c;
+    c.name = layout == v1::LAYER_FIRST ? "V4Paged_LayerFirst" : "V4Paged_PageFirst";
+    c.spec = KindSpec(v1::V4_PAGED, layout, 8, v1::UINT8);
+    c.spec.set_item_bytes(1000);
+    out.push_back(c);
+  }
+  {  // Ring rows of 4 x 96 B, following a V4_PAGED pool.
+    KindGpuCase c;
+    c.name = "V4State_PageFirstDirect";
+    c.followed = KindSpec(v1::V4_PAGED, v1::PAGE_FIRST_DIRECT, 8, v1::UINT8);
+    c.followed.set_item_bytes(512);
+    c.spec = KindSpec(v1::V4_STATE, v1::PAGE_FIRST_DIRECT, 8, v1::UINT8);
+    c.spec.set_ring_size(4);
+    c.spec.set_state_slot_bytes(96);
+    out.push_back(c);
+  }
+  {  // Layer sharding: the pool holds device layers [2, 5), the worker
+     // attaches [1, 6).
+    KindGpuCase c;
+    c.name = "Mha_Sharded";
+    c.spec = KindSpec(v1::MHA, v1::PAGE_FIRST_DIRECT, 4, v1::BF16);
+    c.spec.set_head_num(4);
+    c.spec.set_head_dim(64);
+    c.spec.set_start_layer(2);
+    c.start_layer = 1;
+    c.end_layer = 6;
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Offset of row `row` (a token, or a page for page rows) of host layer `l`
+// in a component of `rows` rows: the seeds' shapes with one row per entry.
+uint64_t RowOffset(v1::Layout layout, uint64_t L, uint64_t rows, uint64_t rows_per_page,
+                   uint64_t R, uint64_t row, uint64_t l) {
+  switch (layout) {
+    case v1::LAYER_FIRST:  // (L, N, R)
+      return (l * rows + row) * R;
+    case v1::PAGE_FIRST:  // (N, L, R)
+      return (row * L + l) * R;
+    case v1::PAGE_FIRST_DIRECT: {  // (P, L, ps, R)
+      const uint64_t p = row / rows_per_page, o = row % rows_per_page;
+      return ((p * L + l) * rows_per_page + o) * R;
+    }
+    default:
+      ADD_FAILURE() << "layout " << v1::Layout_Name(layout) << " not covered here";
+      return 0;
+  }
+}
+
+struct KindRoundTripCase {
+  int kind_case;
+  TransferPath path;
+};
+
+constexpr TransferPath kKindPaths[] = {
+    {"ce", "cuda-ce"}, {"staged", "cuda-staged"}, {"sm", "cuda-sm"}, {"auto", nullptr}};
+
+std::vector<KindRoundTripCase> KindRoundTripCases() {
+  std::vector<KindRoundTripCase> out;
+  for (const TransferPath& path : kKindPaths) {
+    for (int k = 0; k < static_cast<int>(KindGpuCases().size()); ++k) out.push_back({k, path});
+  }
+  return out;
+}
+
+std::string KindRoundTripName(const KindRoundTripCase& c) {
+  return absl::StrCat(KindGpuCases()[static_cast<size_t>(c.kind_case)].name, "_",
+                      PathLabel(c.path));
+}
+
+void PrintTo(const KindRoundTripCase& c, std::ostream* os) { *os << KindRoundTripName(c); }
+
+class CudaKindRoundTripTest : public CudaTest,
+                              public ::testing::WithParamInterface<KindRoundTripCase> {
+ protected:
+  const TransferPath& path() const override { return GetParam().path; }
+  bool share_daemon() const override { return true; }
+};
+
+TEST_P(CudaKindRoundTripTest, BackupThenLoadIsByteExact) {
+  const KindGpuCase kc = KindGpuCases()[static_cast<size_t>(GetParam().kind_case)];
+  const std::string name = absl::StrCat("kind-", kc.name);
+  const std::string base = name + "-base";
+  SCOPED_TRACE(absl::StrCat(name, " --transfer-path=", PathLabel(GetParam().path)));
+  std::mt19937 rng(77u + static_cast<uint32_t>(GetParam().kind_case));
+  const uint32_t ps = kc.spec.page_size();
+  const bool follower = kc.followed.kind() != v1::POOL_KIND_UNSPECIFIED;
+
+  // Size: at least 2 MiB each way (four staging halves), 8 pages, 4 freed.
+  uint64_t page_bytes = 0;
+  {
+    v1::PoolSpec probe = follower ? kc.followed : kc.spec;
+    probe.set_size_tokens(64 * ps);
+    // The follower's page bytes come from its own spec: create it on a
+    // probe pool pair, read bytes_per_page, delete both.
+    absl::StatusOr<v1::Pool> p = client().CreatePool(name + "-probe", probe);
+    ASSERT_TRUE(p.ok()) << p.status();
+    if (follower) {
+      v1::PoolSpec f = kc.spec;
+      f.set_follows(name + "-probe");
+      absl::StatusOr<v1::Pool> q = client().CreatePool(name + "-probe2", f);
+      ASSERT_TRUE(q.ok()) << q.status();
+      page_bytes = q->bytes_per_page();
+      ASSERT_TRUE(client().DeletePool(name + "-probe2").ok());
+    } else {
+      page_bytes = p->bytes_per_page();
+    }
+    ASSERT_TRUE(client().DeletePool(name + "-probe").ok());
+  }
+  ASSERT_GT(page_bytes, 0u);
+  const uint64_t freed_pages = 4;
+  const uint64_t pool_pages =
+      std::max<uint64_t>(8, (kRoundTripMinBytes + page_bytes - 1) / page_bytes) + freed_pages;
+
+  std::string owner = name;
+  v1::PoolSpec spec = kc.spec;
+  if (follower) {
+    v1::PoolSpec f = kc.followed;
+    f.set_size_tokens(pool_pages * ps);
+    absl::StatusOr<v1::Pool> b = client().CreatePool(base, f);
+    ASSERT_TRUE(b.ok()) << b.status();
+    spec.set_follows(base);
+    owner = base;
+  } else {
+    spec.set_size_tokens(pool_pages * ps);
+  }
+  absl::StatusOr<v1::Pool> pool = client().CreatePool(name, spec);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_EQ(pool->size_tokens(), pool_pages * ps);
+  const uint64_t L = pool->spec().layer_num();
+  const uint32_t pool_start = pool->start_layer();
+  const uint32_t att_start = kc.end_layer != 0 ? kc.start_layer : pool_start;
+  const uint32_t att_end = kc.end_layer != 0 ? kc.end_layer : pool_start + L;
+  const uint32_t att_layers = att_end - att_start;
+
+  absl::StatusOr<std::vector<int64_t>> all = client().Alloc(owner, pool_pages * ps);
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::vector<uint64_t> pages;
+  for (size_t i = 0; i < all->size(); i += ps) pages.push_back(static_cast<uint64_t>((*all)[i]) / ps);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  const std::vector<uint64_t> given_back(pages.end() - freed_pages, pages.end());
+  pages.resize(pages.size() - freed_pages);
+  ASSERT_TRUE(client().Free(owner, PageSlots(given_back, ps)).ok());
+  const uint64_t n_pages = pages.size();
+  // Device pages: src and dst distinct, both shuffled, out of 2n + 5.
+  const uint64_t device_pages = 2 * n_pages + 5;
+  std::vector<uint64_t> dev_pages(device_pages);
+  for (uint64_t p = 0; p < device_pages; ++p) dev_pages[p] = p;
+  std::shuffle(dev_pages.begin(), dev_pages.end(), rng);
+  const std::vector<uint64_t> src_pages(dev_pages.begin(), dev_pages.begin() + n_pages);
+  const std::vector<uint64_t> dst_pages(dev_pages.begin() + n_pages,
+                                        dev_pages.begin() + 2 * n_pages);
+  const std::vector<int64_t> host = PageSlots(pages, ps);
+  const std::vector<int64_t> src = PageSlots(src_pages, ps);
+  const std::vector<int64_t> dst = PageSlots(dst_pages, ps);
+
+  // Buffers: component-major, one per attached layer.
+  const auto& comps = pool->components();
+  ASSERT_GT(comps.size(), 0);
+  std::vector<GpuBuffers::Shape> shapes;
+  for (const v1::PoolComponent& c : comps) {
+    ASSERT_GE(c.row_tokens(), 1u);
+    for (uint32_t l = 0; l < att_layers; ++l) {
+      shapes.push_back({device_pages * ps / c.row_tokens(), c.row_bytes()});
+    }
+  }
+  GpuBuffers dev(shapes);
+  dev.Init(rng);
+  if (HasFatalFailure()) return;
+  std::vector<CudaComponentLayers> layers;
+  for (size_t c = 0; c < static_cast<size_t>(comps.size()); ++c) {
+    CudaComponentLayers cl{comps[static_cast<int>(c)].name(), {}};
+    for (uint32_t l = 0; l < att_layers; ++l) cl.layers.push_back(dev.buffer(c * att_layers + l));
+    layers.push_back(cl);
+  }
+  absl::StatusOr<v1::AttachDeviceRequest> request =
+      MakeCudaAttachRequest(name, layers, device_pages * ps);
+  ASSERT_TRUE(request.ok()) << request.status();
+  request->set_start_layer(kc.end_layer != 0 ? kc.start_layer : 0);
+  request->set_end_layer(kc.end_layer);
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  ASSERT_EQ(att->load_event_handles_size(), static_cast<int>(4 * att_layers));
+
+  // Rows of one component moved for page i: one page row, or ps token rows.
+  struct RowPair {
+    uint64_t host, device;
+  };
+  auto rows_of = [&](const v1::PoolComponent& c, uint64_t host_page, uint64_t device_page) {
+    std::vector<RowPair> rows;
+    if (c.row_tokens() > 1) {
+      rows.push_back({host_page, device_page});
+    } else {
+      for (uint64_t o = 0; o < ps; ++o) rows.push_back({host_page * ps + o, device_page * ps + o});
+    }
+    return rows;
+  };
+  auto held = [&](uint32_t attached) {
+    const uint32_t d = att_start + attached;
+    return d >= pool_start && d < pool_start + L;
+  };
+  auto expect_done = [&](absl::StatusOr<uint64_t> ticket) {
+    ASSERT_TRUE(ticket.ok()) << ticket.status();
+    absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(*ticket, kWait);
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_TRUE(st->done());
+    ExpectPath(*st);
+    EXPECT_EQ(st->bytes(), n_pages * page_bytes);
+    EXPECT_EQ(st->layers_done(), att_layers);
+  };
+
+  expect_done(client().Backup(att->id(), host, src));
+  if (HasFatalFailure()) return;
+  dev.ExpectMatchesImage("after the backup (a backup must not write the device)");
+  {
+    std::vector<std::unique_ptr<MappedFile>> regions;
+    std::vector<std::vector<uint8_t>> covered;
+    for (const std::string& path : pool->region_paths()) {
+      regions.push_back(MappedFile::Open(path));
+      ASSERT_NE(regions.back(), nullptr) << path;
+      covered.emplace_back(regions.back()->size(), 0);
+    }
+    uint64_t mismatches = 0;
+    for (size_t c = 0; c < static_cast<size_t>(comps.size()); ++c) {
+      const v1::PoolComponent& comp = comps[static_cast<int>(c)];
+      const uint64_t R = comp.row_bytes();
+      const uint64_t rows_total = pool->size_tokens() / comp.row_tokens();
+      const uint64_t rows_per_page = comp.row_tokens() > 1 ? 1 : ps;
+      ASSERT_EQ(comp.bytes(), rows_total * L * R);
+      MappedFile& region = *regions[comp.region_index()];
+      for (uint32_t a = 0; a < att_layers; ++a) {
+        if (!held(a)) continue;
+        const uint64_t l = att_start + a - pool_start;
+        for (uint64_t i = 0; i < n_pages; ++i) {
+          for (const RowPair& r : rows_of(comp, pages[i], src_pages[i])) {
+            const uint64_t off =
+                comp.offset() + RowOffset(pool->spec().layout(), L, rows_total, rows_per_page, R,
+                                          r.host, l);
+            ASSERT_LE(off + R, region.size());
+            if (std::memcmp(region.data() + off, dev.image_row(c * att_layers + a, r.device), R) !=
+                    0 &&
+                mismatches++ < 5) {
+              ADD_FAILURE() << comp.name() << " host row " << r.host << " layer " << l
+                            << " (device row " << r.device << ") differs at region "
+                            << comp.region_index() << " offset " << off;
+            }
+            std::fill(covered[comp.region_index()].begin() + static_cast<std::ptrdiff_t>(off),
+                      covered[comp.region_index()].begin() + static_cast<std::ptrdiff_t>(off + R),
+                      1);
+          }
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0u);
+    for (size_t r = 0; r < regions.size(); ++r) {
+      uint64_t stray = 0;
+      for (uint64_t i = 0; i < regions[r]->size(); ++i) {
+        if (!covered[r][i] && regions[r]->data()[i] != 0 && stray++ == 0) {
+          ADD_FAILURE() << "region " << r << " byte " << i << " written outside the targeted rows";
+        }
+      }
+      EXPECT_EQ(stray, 0u) << "region " << r;
+    }
+  }
+  if (HasFatalFailure()) return;
+
+  // Zero the source rows of every attached layer, load into the dst rows:
+  // held layers get the saved rows, the others keep what they had.
+  std::vector<std::vector<uint8_t>> saved;
+  for (size_t c = 0; c < static_cast<size_t>(comps.size()); ++c) {
+    for (uint32_t a = 0; a < att_layers; ++a) {
+      for (uint64_t i = 0; i < n_pages; ++i) {
+        for (const RowPair& r : rows_of(comps[static_cast<int>(c)], 0, src_pages[i])) {
+          uint8_t* row = dev.image_row(c * att_layers + a, r.device);
+          saved.emplace_back(row, row + comps[static_cast<int>(c)].row_bytes());
+          std::memset(row, 0, comps[static_cast<int>(c)].row_bytes());
+        }
+      }
+    }
+  }
+  dev.Upload();
+  if (HasFatalFailure()) return;
+  size_t k = 0;
+  for (size_t c = 0; c < static_cast<size_t>(comps.size()); ++c) {
+    for (uint32_t a = 0; a < att_layers; ++a) {
+      for (uint64_t i = 0; i < n_pages; ++i) {
+        const std::vector<RowPair> dst_rows = rows_of(comps[static_cast<int>(c)], 0, dst_pages[i]);
+        for (const RowPair& r : dst_rows) {
+          if (held(a)) {
+            std::memcpy(dev.image_row(c * att_layers + a, r.device), saved[k].data(),
+                        saved[k].size());
+          }
+          ++k;
+        }
+      }
+    }
+  }
+  absl::StatusOr<std::unique_ptr<LoadEvents>> events = LoadEvents::Open(*att);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ((*events)->layers(), att_layers);
+  absl::StatusOr<LoadTicket> load = client().LoadWithEvents(att->id(), host, dst);
+  ASSERT_TRUE(load.ok()) << load.status();
+  ASSERT_GE(load->event_set, 0);
+  {
+    // The worker waits on every attached layer's event, then copies that
+    // layer's buffers with its own kernel: what it reads must be the
+    // loaded rows, held layer or not.
+    CudaCleanup cleanup;
+    cudaStream_t stream = nullptr;
+    ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cleanup.streams.push_back(stream);
+    std::vector<uint8_t*> copies;
+    for (uint32_t a = 0; a < att_layers; ++a) {
+      absl::Status s = (*events)->WaitLayer(load->event_set, a, stream);
+      ASSERT_TRUE(s.ok()) << s;
+      for (size_t c = 0; c < static_cast<size_t>(comps.size()); ++c) {
+        const GpuBuffers::Shape& sh = dev.shape(c * att_layers + a);
+        uint8_t* copy = nullptr;
+        ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&copy), sh.rows * sh.row_bytes));
+        cleanup.memory.push_back(copy);
+        copies.push_back(copy);
+        ASSERT_CUDA(testing::LaunchCopyRows(copy, dev.buffer(c * att_layers + a),
+                                            sh.rows * sh.row_bytes, stream));
+      }
+    }
+    ASSERT_CUDA(cudaStreamSynchronize(stream));
+    size_t q = 0;
+    for (uint32_t a = 0; a < att_layers; ++a) {
+      for (size_t c = 0; c < static_cast<size_t>(comps.size()); ++c, ++q) {
+        const GpuBuffers::Shape& sh = dev.shape(c * att_layers + a);
+        std::vector<uint8_t> got(sh.rows * sh.row_bytes);
+        ASSERT_CUDA(cudaMemcpy(got.data(), copies[q], got.size(), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(std::memcmp(got.data(), dev.image_row(c * att_layers + a, 0), got.size()), 0)
+            << comps[static_cast<int>(c)].name() << " attached layer " << a
+            << ": the worker read other bytes after waiting on its load event";
+      }
+    }
+  }
+  expect_done(load->ticket_id);
+  if (HasFatalFailure()) return;
+  dev.ExpectMatchesImage("after the load");
+
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client().DeletePool(name).ok());
+  if (follower) {
+    ASSERT_TRUE(client().DeletePool(base).ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CudaKindRoundTripTest, ::testing::ValuesIn(KindRoundTripCases()),
+                         [](const ::testing::TestParamInfo<KindRoundTripCase>& info) {
+                           return KindRoundTripName(info.param);
+                         });
+
+// LOGICAL has no bytes: an attachment takes no buffers, and transfers of
+// allocated pages finish at once with 0 bytes, every attached layer done.
+// No buffer names a GPU, so no load events are made (event_set -1).
+TEST_F(CudaTest, LogicalPoolTransfersNoBytes) {
+  v1::PoolSpec spec;
+  spec.set_kind(v1::LOGICAL);
+  spec.set_layout(v1::LAYER_FIRST);
+  spec.set_dtype(v1::UINT8);
+  spec.set_page_size(4);
+  spec.set_size_tokens(64);
+  absl::StatusOr<v1::Pool> pool = client().CreatePool("logical", spec);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ(pool->components_size(), 0);
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("logical", 16);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  absl::StatusOr<v1::AttachDeviceRequest> request =
+      MakeCudaAttachRequest("logical", std::vector<CudaComponentLayers>{}, 64);
+  ASSERT_TRUE(request.ok()) << request.status();
+  request->set_start_layer(0);
+  request->set_end_layer(4);
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  const std::vector<int64_t>& rows = *slots;
+  for (bool backup : {true, false}) {
+    absl::StatusOr<uint64_t> t =
+        backup ? client().Backup(att->id(), *slots, rows) : client().Load(att->id(), *slots, rows);
+    ASSERT_TRUE(t.ok()) << t.status();
+    absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(*t, kWait);
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_TRUE(st->done());
+    EXPECT_EQ(st->bytes(), 0u);
+    EXPECT_EQ(st->layers_done(), 4u);
+    EXPECT_EQ(st->event_set(), -1);
+  }
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client().DeletePool("logical").ok());
 }
 
 // ===========================================================================
