@@ -46,6 +46,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -172,27 +173,37 @@ void PrintTo(const TransferPath& path, std::ostream* os) { *os << PathLabel(path
 // ---------------------------------------------------------------------------
 // The worker's device pool.
 
-// Per plane and layer, `rows` rows of `row_bytes` in GPU memory, spread over
-// two cudaMalloc allocations: the first (planes x layers + 1) / 2 buffers in
-// allocation 0, the rest in allocation 1. Buffers start after a lead-in and
-// have gaps between them, so IPC offsets are not zero and stray writes show.
-// `image` holds what each allocation should contain.
-class GpuKvPool {
+// The worker's buffers: `buffers[b]` rows of row_bytes each, spread over two
+// cudaMalloc allocations: the first (buffers + 1) / 2 in allocation 0, the
+// rest in allocation 1. Buffers start after a lead-in and have gaps between
+// them, so IPC offsets are not zero and stray writes show. `image` holds what
+// each allocation should contain.
+class GpuBuffers {
  public:
   static constexpr uint64_t kLead = 4096;
   static constexpr uint64_t kGap = 768;
 
-  GpuKvPool(uint32_t planes, uint32_t layers, uint64_t rows, uint64_t row_bytes)
-      : planes_(planes), layers_(layers), rows_(rows), row_bytes_(row_bytes) {
-    const uint32_t buffers = planes * layers;
-    split_ = (buffers + 1) / 2;
-    for (uint32_t b = 0; b < buffers; ++b) {
-      const int a = b < split_ ? 0 : 1;
+  struct Shape {
+    uint64_t rows;
+    uint64_t row_bytes;
+  };
+  explicit GpuBuffers(std::vector<Shape> shapes)
+      : GpuBuffers(
+            std::move(shapes), [](size_t b) { return absl::StrCat("buffer ", b); },
+            "outside every buffer") {}
+  // `name(b)` names buffer b in failure messages, `outside` a byte in none.
+  GpuBuffers(std::vector<Shape> shapes, std::function<std::string(size_t)> name,
+             std::string outside)
+      : shapes_(std::move(shapes)), name_(std::move(name)), outside_(std::move(outside)) {
+    const size_t split = (shapes_.size() + 1) / 2;
+    for (size_t b = 0; b < shapes_.size(); ++b) {
+      const int a = b < split ? 0 : 1;
+      alloc_of_.push_back(a);
       offsets_.push_back(bytes_[a] == 0 ? kLead : bytes_[a]);
-      bytes_[a] = offsets_.back() + rows * row_bytes + kGap;
+      bytes_[a] = offsets_.back() + shapes_[b].rows * shapes_[b].row_bytes + kGap;
     }
   }
-  ~GpuKvPool() {
+  ~GpuBuffers() {
     for (uint8_t* p : alloc_) {
       if (p != nullptr) cudaFree(p);
     }
@@ -215,14 +226,15 @@ class GpuKvPool {
       }
     }
   }
-  // Compares the device with `image`, naming up to five bad rows or gaps.
+  // Compares the device with `image`, naming up to five bad rows or gaps per
+  // allocation.
   void ExpectMatchesImage(const std::string& when) {
-    uint64_t bad = 0;
     for (int a = 0; a < 2; ++a) {
       if (bytes_[a] == 0) continue;
       std::vector<uint8_t> got(bytes_[a]);
       ASSERT_CUDA(cudaMemcpy(got.data(), alloc_[a], bytes_[a], cudaMemcpyDeviceToHost));
       if (std::memcmp(got.data(), image[a].data(), bytes_[a]) == 0) continue;
+      int bad = 0;
       for (uint64_t i = 0; i < bytes_[a] && bad < 5; ++i) {
         if (got[i] == image[a][i]) continue;
         ++bad;
@@ -234,14 +246,71 @@ class GpuKvPool {
     }
   }
 
+  void* buffer(size_t b) const { return alloc_[alloc_of_[b]] + offsets_[b]; }
+  // The expected bytes of a row.
+  uint8_t* image_row(size_t b, uint64_t row) {
+    return image[alloc_of_[b]].data() + offsets_[b] + row * shapes_[b].row_bytes;
+  }
+  const Shape& shape(size_t b) const { return shapes_[b]; }
+  uint64_t allocation_bytes(int a) const { return bytes_[a]; }
+
+  std::vector<uint8_t> image[2];
+
+ private:
+  // The buffer holding byte i of allocation a, or -1.
+  int BufferAt(int a, uint64_t i) const {
+    for (size_t b = 0; b < shapes_.size(); ++b) {
+      if (alloc_of_[b] == a && i >= offsets_[b] &&
+          i < offsets_[b] + shapes_[b].rows * shapes_[b].row_bytes) {
+        return static_cast<int>(b);
+      }
+    }
+    return -1;
+  }
+  std::string Where(int a, uint64_t i) const {
+    const int b = BufferAt(a, i);
+    if (b < 0) return outside_;
+    return absl::StrCat(name_(b), " row ", (i - offsets_[b]) / shapes_[b].row_bytes);
+  }
+  // The last byte of the row holding byte i of allocation a; i in a gap.
+  uint64_t NextRegion(int a, uint64_t i) const {
+    const int b = BufferAt(a, i);
+    if (b < 0) return i;
+    const uint64_t rb = shapes_[b].row_bytes;
+    return offsets_[b] + ((i - offsets_[b]) / rb + 1) * rb - 1;
+  }
+
+  std::vector<Shape> shapes_;
+  std::function<std::string(size_t)> name_;
+  std::string outside_;
+  std::vector<int> alloc_of_;
+  std::vector<uint64_t> offsets_;
+  uint64_t bytes_[2] = {0, 0};
+  uint8_t* alloc_[2] = {nullptr, nullptr};
+};
+
+// Per plane and layer, `rows` rows of `row_bytes` in GPU memory: GpuBuffers
+// with buffer plane x layers + layer for each, named by plane and layer.
+class GpuKvPool : public GpuBuffers {
+ public:
+  GpuKvPool(uint32_t planes, uint32_t layers, uint64_t rows, uint64_t row_bytes)
+      : GpuBuffers(
+            std::vector<Shape>(planes * layers, Shape{rows, row_bytes}),
+            [layers](size_t b) {
+              return absl::StrCat("plane ", b / layers, " layer ", b % layers);
+            },
+            "outside every layer buffer"),
+        planes_(planes),
+        layers_(layers),
+        rows_(rows),
+        row_bytes_(row_bytes) {}
+
   uint8_t* layer(uint32_t plane, uint32_t layer) const {
-    const uint32_t b = plane * layers_ + layer;
-    return alloc_[b < split_ ? 0 : 1] + offsets_[b];
+    return static_cast<uint8_t*>(buffer(plane * layers_ + layer));
   }
   // The expected bytes of a row.
   uint8_t* image_row(uint32_t plane, uint32_t layer, uint64_t row) {
-    const uint32_t b = plane * layers_ + layer;
-    return image[b < split_ ? 0 : 1].data() + offsets_[b] + row * row_bytes_;
+    return GpuBuffers::image_row(plane * layers_ + layer, row);
   }
   std::vector<void*> layers(uint32_t plane) const {
     std::vector<void*> out;
@@ -249,39 +318,12 @@ class GpuKvPool {
     for (uint32_t l = 0; l < layers_; ++l) out.push_back(layer(plane, l));
     return out;
   }
-  uint64_t allocation_bytes(int a) const { return bytes_[a]; }
   uint64_t rows() const { return rows_; }
   uint64_t row_bytes() const { return row_bytes_; }
 
-  std::vector<uint8_t> image[2];
-
  private:
-  std::string Where(int a, uint64_t i) const {
-    for (uint32_t b = 0; b < planes_ * layers_; ++b) {
-      if ((b < split_ ? 0 : 1) != a) continue;
-      if (i >= offsets_[b] && i < offsets_[b] + rows_ * row_bytes_) {
-        return absl::StrCat("plane ", b / layers_, " layer ", b % layers_, " row ",
-                            (i - offsets_[b]) / row_bytes_);
-      }
-    }
-    return "outside every layer buffer";
-  }
-  uint64_t NextRegion(int a, uint64_t i) const {
-    for (uint32_t b = 0; b < planes_ * layers_; ++b) {
-      if ((b < split_ ? 0 : 1) != a) continue;
-      if (i >= offsets_[b] && i < offsets_[b] + rows_ * row_bytes_) {
-        return offsets_[b] + ((i - offsets_[b]) / row_bytes_ + 1) * row_bytes_ - 1;
-      }
-    }
-    return i;
-  }
-
   uint32_t planes_, layers_;
   uint64_t rows_, row_bytes_;
-  uint32_t split_ = 0;
-  std::vector<uint64_t> offsets_;
-  uint64_t bytes_[2] = {0, 0};
-  uint8_t* alloc_[2] = {nullptr, nullptr};
 };
 
 // ---------------------------------------------------------------------------
@@ -1255,90 +1297,6 @@ TEST_F(CudaTest, LoadEventSetsCycleAndAFullRingIsRefused) {
 // (L, N, R), PAGE_FIRST (N, L, R), PAGE_FIRST_DIRECT (P, L, ps, R)), every
 // other host byte must stay zero, and after the load the whole device image
 // must be as expected.
-
-// The worker's buffers: `buffers[b]` rows of row_bytes each, spread over
-// two cudaMalloc allocations after a lead-in and with gaps, as GpuKvPool.
-class GpuBuffers {
- public:
-  struct Shape {
-    uint64_t rows;
-    uint64_t row_bytes;
-  };
-  explicit GpuBuffers(std::vector<Shape> shapes) : shapes_(std::move(shapes)) {
-    const size_t split = (shapes_.size() + 1) / 2;
-    for (size_t b = 0; b < shapes_.size(); ++b) {
-      const int a = b < split ? 0 : 1;
-      alloc_of_.push_back(a);
-      offsets_.push_back(bytes_[a] == 0 ? GpuKvPool::kLead : bytes_[a]);
-      bytes_[a] = offsets_.back() + shapes_[b].rows * shapes_[b].row_bytes + GpuKvPool::kGap;
-    }
-  }
-  ~GpuBuffers() {
-    for (uint8_t* p : alloc_) {
-      if (p != nullptr) cudaFree(p);
-    }
-  }
-  void Init(std::mt19937& rng) {
-    for (int a = 0; a < 2; ++a) {
-      if (bytes_[a] == 0) continue;
-      ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&alloc_[a]), bytes_[a]));
-      image[a].resize(bytes_[a]);
-      FillRandomNonZero(image[a].data(), bytes_[a], rng);
-    }
-    Upload();
-  }
-  void Upload() {
-    for (int a = 0; a < 2; ++a) {
-      if (bytes_[a] != 0) {
-        ASSERT_CUDA(cudaMemcpy(alloc_[a], image[a].data(), bytes_[a], cudaMemcpyHostToDevice));
-      }
-    }
-  }
-  void ExpectMatchesImage(const std::string& when) {
-    for (int a = 0; a < 2; ++a) {
-      if (bytes_[a] == 0) continue;
-      std::vector<uint8_t> got(bytes_[a]);
-      ASSERT_CUDA(cudaMemcpy(got.data(), alloc_[a], bytes_[a], cudaMemcpyDeviceToHost));
-      int bad = 0;
-      for (uint64_t i = 0; i < bytes_[a] && bad < 5; ++i) {
-        if (got[i] == image[a][i]) continue;
-        ++bad;
-        ADD_FAILURE() << when << ": device allocation " << a << " byte " << i << " is "
-                      << int{got[i]} << ", want " << int{image[a][i]} << " (" << Where(a, i) << ")";
-        // One report per row.
-        for (size_t b = 0; b < shapes_.size(); ++b) {
-          const uint64_t rb = shapes_[b].row_bytes;
-          if (alloc_of_[b] == a && i >= offsets_[b] && i < offsets_[b] + shapes_[b].rows * rb) {
-            i = offsets_[b] + ((i - offsets_[b]) / rb + 1) * rb - 1;
-          }
-        }
-      }
-    }
-  }
-  void* buffer(size_t b) const { return alloc_[alloc_of_[b]] + offsets_[b]; }
-  uint8_t* image_row(size_t b, uint64_t row) {
-    return image[alloc_of_[b]].data() + offsets_[b] + row * shapes_[b].row_bytes;
-  }
-  const Shape& shape(size_t b) const { return shapes_[b]; }
-
-  std::vector<uint8_t> image[2];
-
- private:
-  std::string Where(int a, uint64_t i) const {
-    for (size_t b = 0; b < shapes_.size(); ++b) {
-      if (alloc_of_[b] == a && i >= offsets_[b] &&
-          i < offsets_[b] + shapes_[b].rows * shapes_[b].row_bytes) {
-        return absl::StrCat("buffer ", b, " row ", (i - offsets_[b]) / shapes_[b].row_bytes);
-      }
-    }
-    return "outside every buffer";
-  }
-  std::vector<Shape> shapes_;
-  std::vector<int> alloc_of_;
-  std::vector<uint64_t> offsets_;
-  uint64_t bytes_[2] = {0, 0};
-  uint8_t* alloc_[2] = {nullptr, nullptr};
-};
 
 // One kind case: the pool, and the pool it follows (kind 0: none).
 struct KindGpuCase {
