@@ -55,6 +55,7 @@
 #include "cli_flags.h"
 #include "cli_output.h"
 #include "google/protobuf/descriptor.h"
+#include "google/protobuf/repeated_ptr_field.h"
 #include "google/protobuf/util/json_util.h"
 #include "kvhost/client.h"
 
@@ -937,6 +938,11 @@ std::string SegmentLabel(const v1::Pool& pool, absl::Span<const int64_t> slots, 
   return label;
 }
 
+// The region files, numbered as region_index counts them.
+void PrintRegions(const google::protobuf::RepeatedPtrField<std::string>& paths) {
+  for (int r = 0; r < paths.size(); ++r) PrintLine(absl::StrFormat("  region %d: %s", r, paths[r]));
+}
+
 absl::Status RunMeta(Context& ctx, const Args& args) {
   absl::StatusOr<std::vector<int64_t>> slots = IndicesArg(args);
   if (!slots.ok()) return slots.status();
@@ -950,9 +956,7 @@ absl::Status RunMeta(Context& ctx, const Args& args) {
   // without it (the pool may have gone meanwhile).
   absl::StatusOr<v1::Pool> pool = ctx.client->GetPool(args[0]);
   PrintLine(absl::StrFormat("pool '%s': %d segment(s)", args[0], meta->segments_size()));
-  for (int r = 0; r < meta->region_paths_size(); ++r) {
-    PrintLine(absl::StrFormat("  region %d: %s", r, meta->region_paths(r)));
-  }
+  PrintRegions(meta->region_paths());
   std::vector<std::vector<std::string>> rows = {{"REGION", "OFFSET", "LENGTH", "COVERS"}};
   for (int i = 0; i < meta->segments_size(); ++i) {
     const v1::Segment& s = meta->segments(i);
@@ -1081,9 +1085,7 @@ absl::Status RunSplitMeta(Context& ctx, const Args& args) {
   }
   PrintLine(absl::StrFormat("pool '%s': %d segment(s), %d head group(s) per page", args[0],
                             meta->segments_size(), factor));
-  for (int r = 0; r < meta->region_paths_size(); ++r) {
-    PrintLine(absl::StrFormat("  region %d: %s", r, meta->region_paths(r)));
-  }
+  PrintRegions(meta->region_paths());
   std::vector<std::vector<std::string>> rows = {{"REGION", "OFFSET", "LENGTH"}};
   for (const v1::Segment& s : meta->segments()) {
     rows.push_back({absl::StrCat(s.region_index()), absl::StrCat(s.offset()),
@@ -1116,9 +1118,7 @@ absl::Status RunBufInfo(Context& ctx, const Args& args) {
     return absl::OkStatus();
   }
   PrintLine(absl::StrFormat("pool '%s': %d range(s)", args[0], infos->infos_size()));
-  for (int r = 0; r < infos->region_paths_size(); ++r) {
-    PrintLine(absl::StrFormat("  region %d: %s", r, infos->region_paths(r)));
-  }
+  PrintRegions(infos->region_paths());
   std::vector<std::vector<std::string>> rows = {
       {"COMPONENT", "LAYER", "REGION", "OFFSET", "LENGTH", "ITEM"}};
   for (const v1::ContiguousBufferInfo& i : infos->infos()) {
