@@ -74,24 +74,9 @@ struct Part {
     uint64_t off = 0;
     if (page_rows) {  // (L, P, R), (P, L, R), (P, L, 1, R)
       off = layout == v1::LAYER_FIRST ? (l * P() + r) * Db : (r * L + l) * Db;
-    } else {
-      const uint64_t p = r / ps, o = r % ps;
-      switch (layout) {
-        case v1::LAYER_FIRST:  // (L, S, H, D)
-          off = ((l * S + r) * H + h) * Db;
-          break;
-        case v1::PAGE_FIRST:  // (S, L, H, D)
-          off = ((r * L + l) * H + h) * Db;
-          break;
-        case v1::PAGE_FIRST_DIRECT:  // (P, L, ps, H, D)
-          off = (((p * L + l) * ps + o) * H + h) * Db;
-          break;
-        case v1::PAGE_HEAD:  // (P, H, ps, L, D)
-          off = (((p * H + h) * ps + o) * L + l) * Db;
-          break;
-        default:
-          ADD_FAILURE() << "no layout";
-      }
+    } else {  // the MHA / MLA token shapes of one plane
+      const testing::Geo g{/*mla=*/false, layout, L, S, ps, H, Db};
+      off = g.Offset(/*kv=*/0, r, l, h);
     }
     return offset + off;
   }
