@@ -668,19 +668,25 @@ TEST_F(EngineFixture, OpenRefusesBadBuffers) {
 
 // ============================================================ TransferManager
 
+// A registry's options for `shm_dir` on a host of 1 TiB, half of it
+// available: room for every pool the tests create.
+RegistryOptions RoomyRegistryOptions(const std::string& shm_dir) {
+  RegistryOptions o;
+  o.shm_dir = shm_dir;
+  o.read_memory = []() -> absl::StatusOr<MemorySnapshot> {
+    MemorySnapshot s;
+    s.mem_total = uint64_t{1} << 40;
+    s.mem_available = uint64_t{1} << 39;
+    return s;
+  };
+  return o;
+}
+
 class ManagerTest : public EngineFixture {
  protected:
   void SetUp() override {
     EngineFixture::SetUp();
-    RegistryOptions o;
-    o.shm_dir = dir_.path();
-    o.read_memory = []() -> absl::StatusOr<MemorySnapshot> {
-      MemorySnapshot s;
-      s.mem_total = uint64_t{1} << 40;
-      s.mem_available = uint64_t{1} << 39;
-      return s;
-    };
-    registry_ = std::make_unique<PoolRegistry>(o);
+    registry_ = std::make_unique<PoolRegistry>(RoomyRegistryOptions(dir_.path()));
     absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Create("llama", spec_);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = *pool;  // the registry's pool; the device file matches its layout
@@ -1123,15 +1129,7 @@ class DevicePool {
 class KindFixture {
  public:
   KindFixture() {
-    RegistryOptions o;
-    o.shm_dir = dir_.path();
-    o.read_memory = []() -> absl::StatusOr<MemorySnapshot> {
-      MemorySnapshot s;
-      s.mem_total = uint64_t{1} << 40;
-      s.mem_available = uint64_t{1} << 39;
-      return s;
-    };
-    registry_ = std::make_unique<PoolRegistry>(o);
+    registry_ = std::make_unique<PoolRegistry>(RoomyRegistryOptions(dir_.path()));
     HostEngineOptions e;
     e.shm_dir = dir_.path();
     e.helper_threads = 2;
