@@ -2,7 +2,8 @@
 // (integration_test, cuda_engine_gpu_test): status matchers, pool specs for
 // every kind x layout, the seeds' address math written out independently of
 // kernels/kvhost/layout.h (SEED_INVENTORY.md §2), random fills and a read-only
-// mapping of a pool's region file.
+// mapping of a pool's region file, and WithDaemon, a fixture that runs a
+// kvhostd per test.
 //
 // Header only, for test binaries; nothing here is thread-safe unless said.
 #ifndef KVHOST_TESTS_API_TEST_UTIL_H_
@@ -15,6 +16,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -24,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "daemon_fixture.h"
 #include "gtest/gtest.h"
 #include "kvhost/client.h"
 
@@ -267,6 +271,30 @@ inline std::vector<int64_t> OtherRows(std::mt19937& rng, uint64_t n, uint64_t li
   for (const auto& c : chunks) out.insert(out.end(), c.begin(), c.end());
   return out;
 }
+
+// A gtest fixture (Base: ::testing::Test or ::testing::TestWithParam<T>)
+// with a kvhostd of its own per test (host backend); a failed test prints the
+// tail of its log.
+template <typename Base>
+class WithDaemon : public Base {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<TestDaemon>> d = TestDaemon::Start(KVHOSTD_PATH);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+  }
+  void TearDown() override {
+    if (daemon_ != nullptr && this->HasFailure()) {
+      std::string log = daemon_->Log();
+      if (log.size() > 6000) log = "..." + log.substr(log.size() - 6000);
+      std::fprintf(stderr, "--- kvhostd log (tail) ---\n%s\n", log.c_str());
+    }
+  }
+  Client& client() { return daemon_->client(); }
+  const std::string& shm_dir() const { return daemon_->shm_dir(); }
+
+  std::unique_ptr<TestDaemon> daemon_;
+};
 
 }  // namespace kvhost::testing
 

@@ -129,38 +129,22 @@ std::string Describe(const std::vector<v1::Pool>& pools) {
 }
 
 // ---------------------------------------------------------------------------
-// Fixture: one daemon per test.
+// Fixture: one daemon per test (testing::WithDaemon), and the pools as they
+// are now.
 
 template <typename Base>
-class WithDaemon : public Base {
+class WithDaemon : public testing::WithDaemon<Base> {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<TestDaemon>> d = TestDaemon::Start(KVHOSTD_PATH);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
-  }
-  void TearDown() override {
-    if (daemon_ != nullptr && this->HasFailure()) {
-      std::string log = daemon_->Log();
-      if (log.size() > 6000) log = "..." + log.substr(log.size() - 6000);
-      std::fprintf(stderr, "--- kvhostd log (tail) ---\n%s\n", log.c_str());
-    }
-  }
-  Client& client() { return daemon_->client(); }
-  const std::string& shm_dir() const { return daemon_->shm_dir(); }
-
   std::string PoolsNow() {
-    absl::StatusOr<std::vector<v1::Pool>> pools = client().ListPools();
+    absl::StatusOr<std::vector<v1::Pool>> pools = this->client().ListPools();
     EXPECT_TRUE(pools.ok()) << pools.status();
     return pools.ok() ? Describe(*pools) : "";
   }
   uint64_t Available(const std::string& pool) {
-    absl::StatusOr<v1::Pool> p = client().GetPool(pool);
+    absl::StatusOr<v1::Pool> p = this->client().GetPool(pool);
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? p->available_tokens() : ~uint64_t{0};
   }
-
-  std::unique_ptr<TestDaemon> daemon_;
 };
 
 using DaemonTest = WithDaemon<::testing::Test>;

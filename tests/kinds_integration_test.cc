@@ -312,23 +312,8 @@ const std::vector<KindCase>& Cases() {
 // ---------------------------------------------------------------------------
 // Fixture.
 
-class KindsTest : public ::testing::Test {
+class KindsTest : public testing::WithDaemon<::testing::Test> {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<TestDaemon>> d = TestDaemon::Start(KVHOSTD_PATH);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
-  }
-  void TearDown() override {
-    if (daemon_ != nullptr && HasFailure()) {
-      std::string log = daemon_->Log();
-      if (log.size() > 6000) log = "..." + log.substr(log.size() - 6000);
-      std::fprintf(stderr, "--- kvhostd log (tail) ---\n%s\n", log.c_str());
-    }
-  }
-  Client& client() { return daemon_->client(); }
-  const std::string& shm_dir() const { return daemon_->shm_dir(); }
-
   // Creates the case's anchor (if any) and pool "p"; returns the pool.
   absl::StatusOr<v1::Pool> CreateCase(const KindCase& c) {
     if (c.anchor.has_value()) {
@@ -364,8 +349,6 @@ class KindsTest : public ::testing::Test {
     EXPECT_TRUE(st.ok()) << st.status();
     return st.ok() ? st->layer_num() : 0;
   }
-
-  std::unique_ptr<TestDaemon> daemon_;
 };
 
 class KindCaseTest : public KindsTest, public ::testing::WithParamInterface<size_t> {
