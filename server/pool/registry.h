@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/pool/host_memory.h"
 #include "server/pool/pool.h"
+#include "server/pool/pool_group.h"
 
 namespace kvhost {
 
@@ -66,6 +67,21 @@ class PoolRegistry {
   // bytes. NOT_FOUND, or FAILED_PRECONDITION while it has attachments or
   // followers.
   absl::StatusOr<uint64_t> Delete(const std::string& name);
+
+  // Pool groups (server/pool/pool_group.h). Groups share the pools' name
+  // space. CreateGroup: INVALID_ARGUMENT, NOT_FOUND (an entry's pool),
+  // ALREADY_EXISTS, FAILED_PRECONDITION (a pool already in a group).
+  // DeleteGroup: NOT_FOUND, FAILED_PRECONDITION while attached. Delete of a
+  // pool in a group is FAILED_PRECONDITION naming the group.
+  absl::StatusOr<std::shared_ptr<PoolGroup>> CreateGroup(const std::string& name,
+                                                         uint32_t layer_num,
+                                                         const std::vector<GroupEntrySpec>& entries);
+  absl::StatusOr<std::shared_ptr<PoolGroup>> GetGroup(const std::string& name) const;
+  std::vector<std::shared_ptr<PoolGroup>> ListGroups() const;
+  absl::Status DeleteGroup(const std::string& name);
+  // The pool named `name`, or the anchor pool of the group named `name`
+  // (what Alloc, Free, GetPageBufferMeta and the page RPCs act on).
+  absl::StatusOr<std::shared_ptr<Pool>> GetPoolOrAnchor(const std::string& name) const;
 
   uint64_t used_bytes() const;
   // Bytes a new pool could take now; `why`, if given, spells out the inputs
