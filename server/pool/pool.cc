@@ -99,6 +99,31 @@ void Pool::RemoveFollower(const std::string& name) {
   followers_.erase(std::remove(followers_.begin(), followers_.end(), name), followers_.end());
 }
 
+std::string Pool::group() const {
+  absl::MutexLock lock(&mu_);
+  return group_;
+}
+
+absl::Status Pool::JoinGroup(const std::string& group) {
+  absl::MutexLock lock(&mu_);
+  if (retired_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool '", name_, "' is being deleted; group '", group, "' cannot use it"));
+  }
+  if (!group_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool '", name_, "' is in group '", group_, "' already; a pool is in one "
+                     "group at most"));
+  }
+  group_ = group;
+  return absl::OkStatus();
+}
+
+void Pool::LeaveGroup() {
+  absl::MutexLock lock(&mu_);
+  group_.clear();
+}
+
 absl::StatusOr<std::vector<uint64_t>> Pool::AllocPages(uint64_t num_tokens) {
   if (follows_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -404,6 +429,10 @@ absl::Status Pool::TryRetire() {
     return absl::FailedPreconditionError(
         absl::StrCat(Label(), " is followed by ", absl::StrJoin(followers_, ", "),
                      "; delete the following pools first"));
+  }
+  if (!group_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Label(), " is an entry of group '", group_, "'; delete the group first"));
   }
   retired_ = true;
   // Jobs still in flight keep the mappings (and the memory) until they end,

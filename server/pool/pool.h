@@ -127,6 +127,12 @@ class Pool {
   // Registry bookkeeping: FAILED_PRECONDITION once the pool is being deleted.
   absl::Status AddFollower(const std::string& name);
   void RemoveFollower(const std::string& name);
+  // The pool group this pool is an entry of, or "" (kvhost.v1.Pool.group).
+  std::string group() const;
+  // Registry bookkeeping: FAILED_PRECONDITION naming the group when the pool
+  // is in one already, or once it is being deleted.
+  absl::Status JoinGroup(const std::string& group);
+  void LeaveGroup();
 
   // Alloc / Free in token slots, with messages naming the pool.
   // FAILED_PRECONDITION on a follower (it has no allocator of its own).
@@ -157,7 +163,8 @@ class Pool {
   // once the pool is being deleted, and, for a kind that is not replicated
   // (IsReplicated), when another TP rank is attached already (no tp_rank
   // counts as rank 0). ReleaseAttachment takes the rank it was acquired with.
-  // TryRetire succeeds only with no attachments and no followers, makes every
+  // TryRetire succeeds only with no attachments, no followers and no group
+  // (FAILED_PRECONDITION naming them), makes every
   // later AcquireAttachment fail and removes the region files (jobs in
   // flight keep their mappings).
   absl::Status AcquireAttachment(std::optional<uint32_t> tp_rank = std::nullopt);
@@ -200,6 +207,7 @@ class Pool {
   uint32_t attachments_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, uint32_t> ranks_ ABSL_GUARDED_BY(mu_);  // tp_rank -> attachments
   std::vector<std::string> followers_ ABSL_GUARDED_BY(mu_);
+  std::string group_ ABSL_GUARDED_BY(mu_);
   bool retired_ ABSL_GUARDED_BY(mu_) = false;
 };
 

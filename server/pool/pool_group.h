@@ -42,9 +42,15 @@ inline constexpr size_t kMaxGroupEntries = 8;
 
 class PoolGroup {
  public:
-  // Validates `entries` against the resolved `pools` (same order) and
-  // `layer_num`: INVALID_ARGUMENT naming the entry and value. REQUIRES:
-  // pools[i] is entries[i].pool.
+  // The checks that need no pool: the group's name, layer_num >= 1, 1 to
+  // kMaxGroupEntries entries with unique valid names, each pool in one entry
+  // only, layer maps empty or of layer_num values, at most one anchor.
+  // INVALID_ARGUMENT naming the group, the entry and the value.
+  static absl::Status CheckShape(const std::string& name, uint32_t layer_num,
+                                 const std::vector<GroupEntrySpec>& entries);
+  // CheckShape, then each layer map against its pool: every value -1 or a
+  // device layer the pool holds, none twice (INVALID_ARGUMENT naming the
+  // entry, the index and the value). REQUIRES: pools[i] is entries[i].pool.
   static absl::StatusOr<std::shared_ptr<PoolGroup>> Create(
       const std::string& name, uint32_t layer_num, const std::vector<GroupEntrySpec>& entries,
       const std::vector<std::shared_ptr<Pool>>& pools);

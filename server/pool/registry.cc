@@ -145,6 +145,10 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
       if (pools_.count(name) != 0 || creating_.count(name) != 0) {
         return absl::AlreadyExistsError(absl::StrCat("pool '", name, "' already exists"));
       }
+      if (groups_.count(name) != 0) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("'", name, "' is a pool group's name; pools and groups share names"));
+      }
     }
     std::string why;
     absl::StatusOr<uint64_t> budget = Available(&why);
@@ -257,6 +261,87 @@ absl::StatusOr<uint64_t> PoolRegistry::Delete(const std::string& name) {
   used_bytes_ -= bytes;
   pools_.erase(it);
   return bytes;
+}
+
+absl::StatusOr<std::shared_ptr<PoolGroup>> PoolRegistry::CreateGroup(
+    const std::string& name, uint32_t layer_num, const std::vector<GroupEntrySpec>& entries) {
+  if (absl::Status s = PoolGroup::CheckShape(name, layer_num, entries); !s.ok()) return s;
+  // Resolving, creating and joining happen under one lock, so no entry's pool
+  // can be deleted (or join another group) in between.
+  absl::MutexLock lock(&mu_);
+  if (pools_.count(name) != 0 || creating_.count(name) != 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("'", name, "' is a pool's name; pools and groups share names"));
+  }
+  if (groups_.count(name) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("group '", name, "' already exists"));
+  }
+  std::vector<std::shared_ptr<Pool>> pools;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto it = pools_.find(entries[i].pool);
+    if (it == pools_.end()) {
+      return absl::NotFoundError(absl::StrCat("group '", name, "': entries[", i, "] '",
+                                              entries[i].name, "': pool '", entries[i].pool,
+                                              "' not found"));
+    }
+    const std::string in_group = it->second->group();
+    if (!in_group.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group '", name, "': entries[", i, "] '", entries[i].name, "': pool '",
+          entries[i].pool, "' is in group '", in_group, "' already; a pool is in one group at most"));
+    }
+    pools.push_back(it->second);
+  }
+  absl::StatusOr<std::shared_ptr<PoolGroup>> group =
+      PoolGroup::Create(name, layer_num, entries, pools);
+  if (!group.ok()) return group.status();
+  for (size_t i = 0; i < pools.size(); ++i) {
+    // Cannot fail: each pool is registered (not retired) and in no group, and
+    // both change only under mu_.
+    if (absl::Status s = pools[i]->JoinGroup(name); !s.ok()) {
+      for (size_t j = 0; j < i; ++j) pools[j]->LeaveGroup();
+      return s;
+    }
+  }
+  groups_[name] = *group;
+  return *group;
+}
+
+absl::StatusOr<std::shared_ptr<PoolGroup>> PoolRegistry::GetGroup(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find(name);
+  if (it == groups_.end()) {
+    return absl::NotFoundError(absl::StrCat("group '", name, "' not found"));
+  }
+  return it->second;
+}
+
+std::vector<std::shared_ptr<PoolGroup>> PoolRegistry::ListGroups() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<PoolGroup>> out;
+  out.reserve(groups_.size());
+  for (const auto& [name, group] : groups_) out.push_back(group);
+  return out;
+}
+
+absl::Status PoolRegistry::DeleteGroup(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find(name);
+  if (it == groups_.end()) {
+    return absl::NotFoundError(absl::StrCat("group '", name, "' not found"));
+  }
+  if (absl::Status s = it->second->TryRetire(); !s.ok()) return s;
+  for (const GroupEntry& e : it->second->entries()) e.pool->LeaveGroup();
+  groups_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::GetPoolOrAnchor(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  if (auto it = pools_.find(name); it != pools_.end()) return it->second;
+  if (auto it = groups_.find(name); it != groups_.end()) return it->second->anchor().pool;
+  return absl::NotFoundError(
+      absl::StrCat("pool '", name, "' not found (no pool or group has that name)"));
 }
 
 uint64_t PoolRegistry::used_bytes() const {

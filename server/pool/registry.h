@@ -47,7 +47,8 @@ class PoolRegistry {
   explicit PoolRegistry(RegistryOptions options);
   ~PoolRegistry();
 
-  // INVALID_ARGUMENT (bad name or spec), ALREADY_EXISTS, RESOURCE_EXHAUSTED.
+  // INVALID_ARGUMENT (bad name or spec), ALREADY_EXISTS (a pool's or a
+  // group's name), RESOURCE_EXHAUSTED.
   // A follower (spec.follows): NOT_FOUND when that pool does not exist,
   // INVALID_ARGUMENT when its kind cannot be followed by spec.kind or a given
   // page_size / sizing disagrees with it; it takes its size_tokens and
@@ -65,7 +66,7 @@ class PoolRegistry {
   std::vector<std::shared_ptr<Pool>> List() const;
   // Removes the pool; its memory goes when the last user drops it. Returns its
   // bytes. NOT_FOUND, or FAILED_PRECONDITION while it has attachments or
-  // followers.
+  // followers or is in a group.
   absl::StatusOr<uint64_t> Delete(const std::string& name);
 
   // Pool groups (server/pool/pool_group.h). Groups share the pools' name
@@ -102,6 +103,9 @@ class PoolRegistry {
   absl::Mutex create_mu_;  // serialises Create's memory check and reservation
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Pool>> pools_ ABSL_GUARDED_BY(mu_);
+  // Groups share the pools' name space: a name is in at most one of pools_,
+  // creating_ and groups_.
+  std::map<std::string, std::shared_ptr<PoolGroup>> groups_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Pools whose memory is being reserved: their names are taken, their bytes
   // counted against the budget.
