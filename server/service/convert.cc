@@ -151,6 +151,34 @@ void ToProto(const Pool& pool, const char* backend, v1::Pool* out) {
   out->set_bytes_per_page(pool.bytes_per_page());
   out->set_replica_ranks(pool.replica_ranks());
   out->set_bytes_saved(pool.bytes_saved());
+  out->set_group(pool.group());
+}
+
+std::vector<GroupEntrySpec> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::PoolEntry>& entries) {
+  std::vector<GroupEntrySpec> out;
+  out.reserve(entries.size());
+  for (const v1::PoolEntry& e : entries) {
+    out.push_back(GroupEntrySpec{e.name(), e.pool(),
+                                 std::vector<int32_t>(e.layer_map().begin(), e.layer_map().end()),
+                                 e.anchor()});
+  }
+  return out;
+}
+
+void ToProto(const PoolGroup& group, v1::PoolGroup* out) {
+  out->set_name(group.name());
+  out->set_layer_num(group.layer_num());
+  for (size_t i = 0; i < group.entries().size(); ++i) {
+    const GroupEntry& e = group.entries()[i];
+    v1::PoolEntry* entry = out->add_entries();
+    entry->set_name(e.name);
+    entry->set_pool(e.pool->name());
+    for (int32_t v : e.layer_map) entry->add_layer_map(v);
+    entry->set_anchor(i == group.anchor_index());
+  }
+  out->set_anchor(group.anchor().name);
+  out->set_attachments(group.attachments());
 }
 
 namespace {

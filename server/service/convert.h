@@ -13,6 +13,7 @@
 #include "kvhost/v1/pool.pb.h"
 #include "kvhost/v1/transfer.pb.h"
 #include "server/pool/pool.h"
+#include "server/pool/pool_group.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/ticket.h"
 
@@ -25,6 +26,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& spec);
 void ToProto(const PoolSpec& spec, v1::PoolSpec* out);
 void ToProto(const Pool& pool, const char* backend, v1::Pool* out);
+// CreatePoolGroup's entries (pools unresolved; the registry checks them).
+std::vector<GroupEntrySpec> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::PoolEntry>& entries);
+// Layer maps spelled out, the anchor flagged on its entry and named.
+void ToProto(const PoolGroup& group, v1::PoolGroup* out);
 absl::StatusOr<AttachRequest> FromProto(const v1::AttachDeviceRequest& request);
 void ToProto(const TicketStatus& status, v1::TransferStatus* out);
 

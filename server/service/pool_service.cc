@@ -82,7 +82,7 @@ class PageReader final : public grpc::ServerWriteReactor<v1::PageData> {
  private:
   absl::Status Start(PoolRegistry* registry, const v1::ReadPagesRequest& request,
                      uint64_t chunk_limit) {
-    absl::StatusOr<std::shared_ptr<Pool>> pool = registry->Get(request.pool());
+    absl::StatusOr<std::shared_ptr<Pool>> pool = registry->GetPoolOrAnchor(request.pool());
     if (!pool.ok()) return pool.status();
     pool_ = *std::move(pool);
     std::set<int64_t> seen;
@@ -177,14 +177,15 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
       if (chunk.pool().empty()) {
         return absl::InvalidArgumentError("WritePages: the first chunk must name the pool");
       }
-      absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(chunk.pool());
+      absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(chunk.pool());
       if (!pool.ok()) return pool.status();
       pool_ = *std::move(pool);
+      name_ = chunk.pool();
       page_.resize(pool_->flat_page_bytes());
-    } else if (!chunk.pool().empty() && chunk.pool() != pool_->name()) {
+    } else if (!chunk.pool().empty() && chunk.pool() != name_) {
       return absl::InvalidArgumentError(absl::StrCat("WritePages: chunk names pool '",
                                                      chunk.pool(), "' in a stream for pool '",
-                                                     pool_->name(), "'"));
+                                                     name_, "'"));
     }
     if (!in_page_) {
       if (absl::Status s = pool_->CheckPage(chunk.index()); !s.ok()) return s;
@@ -233,6 +234,7 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
   v1::WritePagesResponse* const response_;
   v1::WritePagesChunk chunk_;
   std::shared_ptr<Pool> pool_;
+  std::string name_;  // as the first chunk named it (a pool, or a group for its anchor)
   std::vector<uint8_t> page_;
   bool in_page_ = false;
   int64_t index_ = 0;
@@ -294,12 +296,14 @@ grpc::ServerUnaryReactor* PoolServiceImpl::DeletePool(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* context,
                                                  const v1::AllocRequest* request,
                                                  v1::AllocResponse* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
-  if (metrics_ != nullptr) metrics_->pool_alloc_calls->WithLabels({request->pool()})->Increment();
+  // A group's name acts on its anchor, which the metrics count.
+  const std::string& name = (*pool)->name();
+  if (metrics_ != nullptr) metrics_->pool_alloc_calls->WithLabels({name})->Increment();
   const auto failed = [&](const absl::Status& status) {
     if (metrics_ != nullptr) {
-      metrics_->pool_alloc_failures->WithLabels({request->pool()})->Increment();
+      metrics_->pool_alloc_failures->WithLabels({name})->Increment();
     }
     return Finish(context, status);
   };
@@ -312,7 +316,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* co
         request->num_tokens() * CodedOutputStream::VarintSize64(size - 1) + 32;
     if (response_bytes > static_cast<uint64_t>(max_message_bytes_)) {
       return failed(WithPool(
-          request->pool(), absl::ResourceExhaustedError(absl::StrCat(
+          name, absl::ResourceExhaustedError(absl::StrCat(
                                "num_tokens ", request->num_tokens(), " needs a response of up to ",
                                response_bytes, " bytes, over the ", max_message_bytes_,
                                "-byte message limit; allocate in smaller batches"))));
@@ -334,9 +338,9 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* PoolServiceImpl::Free(grpc::CallbackServerContext* context,
                                                 const v1::FreeRequest* request,
                                                 v1::FreeResponse* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
-  if (metrics_ != nullptr) metrics_->pool_free_calls->WithLabels({request->pool()})->Increment();
+  if (metrics_ != nullptr) metrics_->pool_free_calls->WithLabels({(*pool)->name()})->Increment();
   absl::StatusOr<uint64_t> freed = (*pool)->Free(Indices(request->indices()));
   if (!freed.ok()) return Finish(context, freed.status());
   response->set_freed(*freed);
@@ -347,7 +351,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Free(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
     grpc::CallbackServerContext* context, const v1::GetPageBufferMetaRequest* request,
     v1::PageBufferMeta* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   absl::StatusOr<std::vector<RegionSegment>> segments =
       (*pool)->PageBufferMeta(Indices(request->indices()));
@@ -359,12 +363,12 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
 grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerContext* context,
                                                        const v1::PageRequest* request,
                                                        v1::PageData* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   if (absl::Status s = (*pool)->CheckPage(request->index()); !s.ok()) return Finish(context, s);
   const uint64_t bytes = (*pool)->flat_page_bytes();
   if (bytes + kMessageOverheadBytes > static_cast<uint64_t>(max_message_bytes_)) {
-    return Finish(context, WithPool(request->pool(),
+    return Finish(context, WithPool((*pool)->name(),
                                     absl::ResourceExhaustedError(absl::StrCat(
                                         "a page has ", bytes, " bytes, over the ",
                                         max_message_bytes_, "-byte message limit; use ReadPages"))));
@@ -379,7 +383,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* PoolServiceImpl::SetFromFlatDataPage(
     grpc::CallbackServerContext* context, const v1::SetPageRequest* request,
     v1::SetPageResponse* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   if (absl::Status s = (*pool)->CheckPage(request->index()); !s.ok()) return Finish(context, s);
   const uint64_t bytes = (*pool)->flat_page_bytes();
@@ -406,7 +410,7 @@ grpc::ServerReadReactor<v1::WritePagesChunk>* PoolServiceImpl::WritePages(
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerContext* context,
                                                         const v1::GetPageShapeRequest* request,
                                                         v1::PageShape* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   absl::StatusOr<std::vector<PagePart>> parts = (*pool)->PageShape();
   if (!parts.ok()) return Finish(context, parts.status());
@@ -426,7 +430,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* PoolServiceImpl::GetSplitHeadsPageBufferMeta(
     grpc::CallbackServerContext* context, const v1::SplitHeadsMetaRequest* request,
     v1::PageBufferMeta* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   absl::StatusOr<std::vector<RegionSegment>> segments =
       (*pool)->SplitHeadsMeta(Indices(request->indices()), request->split_factor());
@@ -438,7 +442,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetSplitHeadsPageBufferMeta(
 grpc::ServerUnaryReactor* PoolServiceImpl::IsStridePageAligned(
     grpc::CallbackServerContext* context, const v1::StrideAlignmentRequest* request,
     v1::StrideAlignment* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   const uint64_t alignment = request->alignment() == 0 ? kDefaultAlignment : request->alignment();
   absl::StatusOr<StrideCheck> check = (*pool)->StrideAlignment(alignment);
@@ -451,7 +455,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::IsStridePageAligned(
 grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
     grpc::CallbackServerContext* context, const v1::ContiguousBufferInfosRequest* request,
     v1::ContiguousBufferInfos* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   absl::StatusOr<std::vector<BufferInfo>> infos = (*pool)->ContiguousBufferInfos();
   if (!infos.ok()) return Finish(context, infos.status());
@@ -466,6 +470,51 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
     out->set_item_bytes(info.item_bytes);
   }
   return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
+    grpc::CallbackServerContext* context, const v1::CreatePoolGroupRequest* request,
+    v1::PoolGroup* response) {
+  absl::StatusOr<std::shared_ptr<PoolGroup>> group = registry_->CreateGroup(
+      request->name(), request->layer_num(), FromProto(request->entries()));
+  if (!group.ok()) {
+    spdlog::warn("CreatePoolGroup '{}' refused: {}", request->name(), group.status().ToString());
+    return Finish(context, group.status());
+  }
+  ToProto(**group, response);
+  std::vector<std::string> entries;
+  for (const GroupEntry& e : (*group)->entries()) {
+    entries.push_back(absl::StrCat(e.name, "=", e.pool->name()));
+  }
+  spdlog::info("created pool group '{}': {} model layers, entries {}, anchor '{}'",
+               request->name(), request->layer_num(), absl::StrJoin(entries, ", "),
+               (*group)->anchor().name);
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::GetPoolGroup(grpc::CallbackServerContext* context,
+                                                        const v1::GetPoolGroupRequest* request,
+                                                        v1::PoolGroup* response) {
+  absl::StatusOr<std::shared_ptr<PoolGroup>> group = registry_->GetGroup(request->name());
+  if (group.ok()) ToProto(**group, response);
+  return Finish(context, group.status());
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::ListPoolGroups(grpc::CallbackServerContext* context,
+                                                          const v1::ListPoolGroupsRequest* request,
+                                                          v1::ListPoolGroupsResponse* response) {
+  for (const std::shared_ptr<PoolGroup>& group : registry_->ListGroups()) {
+    ToProto(*group, response->add_groups());
+  }
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::DeletePoolGroup(
+    grpc::CallbackServerContext* context, const v1::DeletePoolGroupRequest* request,
+    v1::DeletePoolGroupResponse* response) {
+  absl::Status status = registry_->DeleteGroup(request->name());
+  if (status.ok()) spdlog::info("deleted pool group '{}'", request->name());
+  return Finish(context, status);
 }
 
 }  // namespace kvhost

@@ -1,5 +1,7 @@
 // PoolServiceImpl: kvhost.v1.PoolService over the pool registry. Translates
-// and validates; the registry and pools do the work. Callback (reactor) API:
+// and validates; the registry and pools do the work. The per-pool calls
+// (Alloc, Free, the page calls) accept a pool group's name and act on its
+// anchor pool. Callback (reactor) API:
 // the unary handlers finish inline; ReadPages and WritePages are streaming
 // reactors that copy one page at a time and never block a gRPC thread.
 //
@@ -68,6 +70,18 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   grpc::ServerUnaryReactor* GetContiguousBufferInfos(
       grpc::CallbackServerContext* context, const v1::ContiguousBufferInfosRequest* request,
       v1::ContiguousBufferInfos* response) override;
+  grpc::ServerUnaryReactor* CreatePoolGroup(grpc::CallbackServerContext* context,
+                                            const v1::CreatePoolGroupRequest* request,
+                                            v1::PoolGroup* response) override;
+  grpc::ServerUnaryReactor* GetPoolGroup(grpc::CallbackServerContext* context,
+                                         const v1::GetPoolGroupRequest* request,
+                                         v1::PoolGroup* response) override;
+  grpc::ServerUnaryReactor* ListPoolGroups(grpc::CallbackServerContext* context,
+                                           const v1::ListPoolGroupsRequest* request,
+                                           v1::ListPoolGroupsResponse* response) override;
+  grpc::ServerUnaryReactor* DeletePoolGroup(grpc::CallbackServerContext* context,
+                                            const v1::DeletePoolGroupRequest* request,
+                                            v1::DeletePoolGroupResponse* response) override;
 
   // Data bytes per ReadPages message when the request leaves chunk_bytes 0.
   static constexpr uint64_t kDefaultChunkBytes = 4 << 20;
