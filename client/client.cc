@@ -341,6 +341,42 @@ absl::StatusOr<v1::ContiguousBufferInfos> Client::GetContiguousBufferInfos(
   return response;
 }
 
+absl::StatusOr<v1::PoolGroup> Client::CreatePoolGroup(const std::string& name, uint32_t layer_num,
+                                                      const std::vector<v1::PoolEntry>& entries) {
+  v1::CreatePoolGroupRequest request;
+  request.set_name(name);
+  request.set_layer_num(layer_num);
+  for (const v1::PoolEntry& e : entries) *request.add_entries() = e;
+  v1::PoolGroup response;
+  absl::Status s = KVHOST_CALL(pools_, CreatePoolGroup, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::PoolGroup> Client::GetPoolGroup(const std::string& name) {
+  v1::GetPoolGroupRequest request;
+  request.set_name(name);
+  v1::PoolGroup response;
+  absl::Status s = KVHOST_CALL(pools_, GetPoolGroup, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::PoolGroup>> Client::ListPoolGroups() {
+  v1::ListPoolGroupsRequest request;
+  v1::ListPoolGroupsResponse response;
+  absl::Status s = KVHOST_CALL(pools_, ListPoolGroups, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return std::vector<v1::PoolGroup>(response.groups().begin(), response.groups().end());
+}
+
+absl::Status Client::DeletePoolGroup(const std::string& name) {
+  v1::DeletePoolGroupRequest request;
+  request.set_name(name);
+  v1::DeletePoolGroupResponse response;
+  return KVHOST_CALL(pools_, DeletePoolGroup, request, &response, options_.timeout);
+}
+
 absl::StatusOr<v1::Attachment> Client::AttachDevice(const v1::AttachDeviceRequest& request) {
   v1::Attachment response;
   absl::Status s = KVHOST_CALL(transfers_, AttachDevice, request, &response, options_.timeout);
@@ -365,11 +401,20 @@ absl::StatusOr<uint64_t> Client::Backup(const std::string& attachment_id,
                                         absl::Span<const int64_t> host_indices,
                                         absl::Span<const int64_t> device_indices,
                                         const std::string& wait_event_handle) {
+  return Backup(attachment_id, host_indices, device_indices, {}, wait_event_handle);
+}
+
+absl::StatusOr<uint64_t> Client::Backup(const std::string& attachment_id,
+                                        absl::Span<const int64_t> host_indices,
+                                        absl::Span<const int64_t> device_indices,
+                                        absl::Span<const v1::PoolTransfer> pool_transfers,
+                                        const std::string& wait_event_handle) {
   v1::BackupRequest request;
   request.set_attachment_id(attachment_id);
   request.set_wait_event_handle(wait_event_handle);
   Fill(request.mutable_host_indices(), host_indices);
   Fill(request.mutable_device_indices(), device_indices);
+  for (const v1::PoolTransfer& t : pool_transfers) *request.add_pool_transfers() = t;
   v1::TransferTicket response;
   absl::Status s = KVHOST_CALL(transfers_, Backup, request, &response, options_.timeout);
   if (!s.ok()) return s;
@@ -384,13 +429,31 @@ absl::StatusOr<uint64_t> Client::Load(const std::string& attachment_id,
   return ticket->ticket_id;
 }
 
+absl::StatusOr<uint64_t> Client::Load(const std::string& attachment_id,
+                                      absl::Span<const int64_t> host_indices,
+                                      absl::Span<const int64_t> device_indices,
+                                      absl::Span<const v1::PoolTransfer> pool_transfers) {
+  absl::StatusOr<LoadTicket> ticket =
+      LoadWithEvents(attachment_id, host_indices, device_indices, pool_transfers);
+  if (!ticket.ok()) return ticket.status();
+  return ticket->ticket_id;
+}
+
 absl::StatusOr<LoadTicket> Client::LoadWithEvents(const std::string& attachment_id,
                                                   absl::Span<const int64_t> host_indices,
                                                   absl::Span<const int64_t> device_indices) {
+  return LoadWithEvents(attachment_id, host_indices, device_indices, {});
+}
+
+absl::StatusOr<LoadTicket> Client::LoadWithEvents(const std::string& attachment_id,
+                                                  absl::Span<const int64_t> host_indices,
+                                                  absl::Span<const int64_t> device_indices,
+                                                  absl::Span<const v1::PoolTransfer> pool_transfers) {
   v1::LoadRequest request;
   request.set_attachment_id(attachment_id);
   Fill(request.mutable_host_indices(), host_indices);
   Fill(request.mutable_device_indices(), device_indices);
+  for (const v1::PoolTransfer& t : pool_transfers) *request.add_pool_transfers() = t;
   v1::TransferTicket response;
   absl::Status s = KVHOST_CALL(transfers_, Load, request, &response, options_.timeout);
   if (!s.ok()) return s;
@@ -526,6 +589,34 @@ uint8_t* ShmDevicePool::layer(uint32_t c, uint32_t layer) const {
   return data_ + b.offset + uint64_t{layer} * b.rows * b.row_bytes;
 }
 
+namespace {
+
+// Fills `out` (AttachDeviceRequest or DeviceEntry: the same buffer fields)
+// with the layer buffers of `dev`.
+template <typename Out>
+void FillBuffers(const ShmDevicePool& dev, v1::PoolKind kind, Out* out) {
+  const int kv = KvComponents(kind);
+  const uint8_t* base = dev.layers() > 0 && dev.components() > 0 ? dev.layer(0, 0) : nullptr;
+  for (uint32_t c = 0; c < dev.components(); ++c) {
+    google::protobuf::RepeatedPtrField<v1::DeviceBuffer>* buffers;
+    if (static_cast<int>(c) < kv) {
+      buffers = c == 0 ? out->mutable_k_layers() : out->mutable_v_layers();
+    } else {
+      v1::DeviceComponent* component = out->add_components();
+      component->set_name(dev.component_name(c));
+      buffers = component->mutable_layers();
+    }
+    for (uint32_t l = 0; l < dev.layers(); ++l) {
+      v1::SharedMemoryBuffer* shm = buffers->Add()->mutable_shm();
+      shm->set_path(dev.path());
+      // Component 0's layer 0 is at offset 0 of the file.
+      shm->set_offset(static_cast<uint64_t>(dev.layer(c, l) - base));
+    }
+  }
+}
+
+}  // namespace
+
 v1::AttachDeviceRequest ShmDevicePool::MakeAttachRequest(const std::string& pool_name,
                                                          const AttachOptions& options) const {
   v1::AttachDeviceRequest request;
@@ -537,23 +628,40 @@ v1::AttachDeviceRequest ShmDevicePool::MakeAttachRequest(const std::string& pool
   }
   if (options.tp_rank.has_value()) request.set_tp_rank(*options.tp_rank);
   request.set_load_only(options.load_only);
-  const int kv = KvComponents(kind_);
-  for (uint32_t c = 0; c < components(); ++c) {
-    google::protobuf::RepeatedPtrField<v1::DeviceBuffer>* buffers;
-    if (static_cast<int>(c) < kv) {
-      buffers = c == 0 ? request.mutable_k_layers() : request.mutable_v_layers();
-    } else {
-      v1::DeviceComponent* component = request.add_components();
-      component->set_name(buffers_[c].name);
-      buffers = component->mutable_layers();
-    }
-    for (uint32_t l = 0; l < layers(); ++l) {
-      v1::SharedMemoryBuffer* shm = buffers->Add()->mutable_shm();
-      shm->set_path(path_);
-      shm->set_offset(static_cast<uint64_t>(layer(c, l) - data_));
-    }
-  }
+  FillBuffers(*this, kind_, &request);
   return request;
+}
+
+v1::DeviceEntry ShmDevicePool::MakeDeviceEntry(const std::string& entry) const {
+  v1::DeviceEntry out;
+  out.set_entry(entry);
+  out.set_device_size_tokens(device_size_tokens_);
+  if (explicit_range_) {
+    out.set_start_layer(start_layer_);
+    out.set_end_layer(end_layer_);
+  }
+  FillBuffers(*this, kind_, &out);
+  return out;
+}
+
+v1::AttachDeviceRequest MakeGroupAttachRequest(const std::string& group,
+                                               absl::Span<const GroupDevice> devices,
+                                               const AttachOptions& options) {
+  v1::AttachDeviceRequest request;
+  request.set_pool(group);
+  if (options.tp_rank.has_value()) request.set_tp_rank(*options.tp_rank);
+  request.set_load_only(options.load_only);
+  for (const GroupDevice& d : devices) *request.add_entries() = d.device->MakeDeviceEntry(d.entry);
+  return request;
+}
+
+v1::PoolTransfer MakePoolTransfer(const std::string& entry, absl::Span<const int64_t> host_indices,
+                                  absl::Span<const int64_t> device_indices) {
+  v1::PoolTransfer t;
+  t.set_name(entry);
+  Fill(t.mutable_host_indices(), host_indices);
+  Fill(t.mutable_device_indices(), device_indices);
+  return t;
 }
 
 }  // namespace kvhost

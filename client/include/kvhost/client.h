@@ -103,6 +103,14 @@ class Client {
   absl::StatusOr<v1::StrideAlignment> IsStridePageAligned(const std::string& pool,
                                                           uint64_t alignment = 0);
   absl::StatusOr<v1::ContiguousBufferInfos> GetContiguousBufferInfos(const std::string& pool);
+  // Pool groups (kvhost.v1.PoolGroup): pools a worker moves together, e.g. a
+  // hybrid model's attention KV pool and its Mamba state pool. Alloc, Free
+  // and the page calls above take a group's name for its anchor pool.
+  absl::StatusOr<v1::PoolGroup> CreatePoolGroup(const std::string& name, uint32_t layer_num,
+                                                const std::vector<v1::PoolEntry>& entries);
+  absl::StatusOr<v1::PoolGroup> GetPoolGroup(const std::string& name);
+  absl::StatusOr<std::vector<v1::PoolGroup>> ListPoolGroups();
+  absl::Status DeletePoolGroup(const std::string& name);
 
   // TransferService.
   absl::StatusOr<v1::Attachment> AttachDevice(const v1::AttachDeviceRequest& request);
@@ -126,6 +134,22 @@ class Client {
   absl::StatusOr<LoadTicket> LoadWithEvents(const std::string& attachment_id,
                                             absl::Span<const int64_t> host_indices,
                                             absl::Span<const int64_t> device_indices);
+  // Group attachments: host_indices / device_indices are the anchor entry's
+  // rows (may be empty) and `pool_transfers` the other entries' (see
+  // MakePoolTransfer); all are checked before anything is copied.
+  absl::StatusOr<uint64_t> Backup(const std::string& attachment_id,
+                                  absl::Span<const int64_t> host_indices,
+                                  absl::Span<const int64_t> device_indices,
+                                  absl::Span<const v1::PoolTransfer> pool_transfers,
+                                  const std::string& wait_event_handle = "");
+  absl::StatusOr<uint64_t> Load(const std::string& attachment_id,
+                                absl::Span<const int64_t> host_indices,
+                                absl::Span<const int64_t> device_indices,
+                                absl::Span<const v1::PoolTransfer> pool_transfers);
+  absl::StatusOr<LoadTicket> LoadWithEvents(const std::string& attachment_id,
+                                            absl::Span<const int64_t> host_indices,
+                                            absl::Span<const int64_t> device_indices,
+                                            absl::Span<const v1::PoolTransfer> pool_transfers);
   // Blocks until the ticket is done (its error if it failed) or `timeout`
   // passes (DEADLINE_EXCEEDED).
   absl::StatusOr<v1::TransferStatus> WaitTransfer(uint64_t ticket_id,
@@ -202,6 +226,8 @@ class ShmDevicePool {
   // K_ONLY, and DSA's latent), every other component in `components`.
   v1::AttachDeviceRequest MakeAttachRequest(const std::string& pool_name,
                                             const AttachOptions& options = {}) const;
+  // The same buffers as group entry `entry` (AttachDeviceRequest.entries).
+  v1::DeviceEntry MakeDeviceEntry(const std::string& entry) const;
 
  private:
   struct Buffer {
@@ -224,6 +250,23 @@ class ShmDevicePool {
   uint32_t end_layer_ = 0;
   bool explicit_range_ = false;
 };
+
+// One group entry's device pool, for MakeGroupAttachRequest.
+struct GroupDevice {
+  std::string entry;  // PoolEntry.name
+  const ShmDevicePool* device = nullptr;
+};
+
+// The AttachDevice request that attaches the pool group `group` with one
+// device pool per entry (each made with Create from that entry's Pool; its
+// device layers must include every layer the entry's layer_map names).
+v1::AttachDeviceRequest MakeGroupAttachRequest(const std::string& group,
+                                               absl::Span<const GroupDevice> devices,
+                                               const AttachOptions& options = {});
+
+// One group entry's rows of a transfer (BackupRequest.pool_transfers).
+v1::PoolTransfer MakePoolTransfer(const std::string& entry, absl::Span<const int64_t> host_indices,
+                                  absl::Span<const int64_t> device_indices);
 
 // Bytes of one device row (one token, one layer) of a pool's first
 // component: the K row of MHA, MHA_ASYMMETRIC and K_ONLY, the latent row of
