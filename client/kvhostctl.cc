@@ -76,7 +76,11 @@ ABSL_FLAG(std::string, dtype, "bf16",
           "v4_paged, v4_state and logical default to uint8).");
 ABSL_FLAG(uint32_t, page_size, 16,
           "create-pool: token slots per page (mamba: 1; a follower takes its pool's).");
-ABSL_FLAG(uint32_t, layers, 0, "create-pool: layers held on the host (required).");
+ABSL_FLAG(uint32_t, layers, 0,
+          "create-pool: layers held on the host; create-group: model layers (both required).");
+ABSL_FLAG(std::string, entry, "",
+          "create-group: one entry NAME:POOL[:anchor][:map=L0,L1,...] (a device layer of POOL "
+          "or -1 per model layer; no map: the identity); repeat the flag per entry.");
 ABSL_FLAG(uint32_t, heads, 0, "create-pool: MHA KV heads (required for mha).");
 ABSL_FLAG(uint32_t, head_dim, 0, "create-pool: MHA head dimension (required for mha).");
 ABSL_FLAG(uint32_t, kv_lora_rank, 0, "create-pool: MLA latent rank.");
@@ -169,7 +173,14 @@ constexpr char kUsage[] =
     "                      --start-layer, and a size: --size-tokens, --size-bytes, or\n"
     "                      --ratio with --device-size-tokens. --spec=JSON gives a whole\n"
     "                      kvhost.v1.PoolSpec (protobuf JSON); flags given override it\n"
-    "  delete-pool NAME    delete a pool that has no attachments\n"
+    "  delete-pool NAME    delete a pool that has no attachments and is in no group\n"
+    "  groups              table of pool groups\n"
+    "  group NAME          one pool group: its entries, layer maps and anchor\n"
+    "  create-group NAME   create a pool group: --layers=N model layers and one\n"
+    "                      --entry=NAME:POOL[:anchor][:map=0,-1,1,...] per pool; alloc,\n"
+    "                      free, meta and the page commands take a group's name for\n"
+    "                      its anchor pool\n"
+    "  delete-group NAME   delete a pool group that has no attachments\n"
     "  alloc POOL N        allocate N token slots (whole pages); prints them as runs\n"
     "                      of slots, e.g. 0-15,32-47\n"
     "  free POOL INDICES   free slots, written as runs (0-15,32-47) or a comma list\n"
@@ -235,6 +246,8 @@ int Report(const absl::Status& status) {
 // kvhostctl's own flags given on the command line (underscored names), as
 // CheckFlags found them.
 std::set<std::string> g_given_flags;
+// Every --entry given, in order (create-group).
+std::vector<std::string> g_entries;
 
 // Abseil exits with 1 on an unknown flag or a bad flag value, and 1 means a
 // failed RPC here; so kvhostctl's own flags are checked first, the way Abseil
@@ -273,6 +286,7 @@ absl::Status CheckFlags(int argc, char** argv) {
     } else {
       return UsageError(absl::StrCat("flag --", flag->Name(), " needs a value"));
     }
+    if (flag->Name() == "entry") g_entries.push_back(value);  // repeatable; Abseil keeps the last
     std::string error;
     if (!flag->ParseFrom(value, &error)) {
       return UsageError(absl::StrCat("--", absl::StrReplaceAll(flag->Name(), {{"_", "-"}}), "='",
@@ -583,16 +597,17 @@ absl::Status RunPools(Context& ctx, const Args&) {
     return absl::OkStatus();
   }
   std::vector<std::vector<std::string>> rows = {
-      {"NAME", "KIND/LAYOUT/DTYPE", "PAGE", "LAYERS", "TOKENS", "USED%", "GB", "ATTACH",
+      {"NAME", "KIND/LAYOUT/DTYPE", "PAGE", "LAYERS", "TOKENS", "USED%", "GB", "ATTACH", "GROUP",
        "FOLLOWS"}};
   for (const v1::Pool& pool : *pools) {
     rows.push_back({pool.name(), ShapeOf(pool.spec()), absl::StrCat(pool.spec().page_size()),
                     LayersOf(pool), absl::StrCat(pool.size_tokens()),
                     absl::StrFormat("%.1f", UsedPercent(pool)), Gb(pool.bytes()),
                     absl::StrCat(pool.attachments()),
+                    pool.group().empty() ? std::string("-") : pool.group(),
                     pool.follows().empty() ? std::string("-") : pool.follows()});
   }
-  PrintTable(rows, "llrrrrrrl");
+  PrintTable(rows, "llrrrrrrll");
   return absl::OkStatus();
 }
 
@@ -615,6 +630,9 @@ void PrintPool(const v1::Pool& pool) {
   }
   if (!pool.followers().empty()) {
     PrintLine(absl::StrCat("  followed by ", absl::StrJoin(pool.followers(), ", ")));
+  }
+  if (!pool.group().empty()) {
+    PrintLine(absl::StrFormat("  in group '%s' (delete the group before the pool)", pool.group()));
   }
   if (pool.replica_ranks() > 0) {
     PrintLine(absl::StrFormat("  replicas %d (TP ranks attached), %s GB saved", pool.replica_ranks(),
@@ -1737,6 +1755,126 @@ absl::Status RunWatch(Context& ctx, const Args&) {
 }
 
 // ---------------------------------------------------------------------------
+// Pool groups.
+
+// "0,-1,1" as a layer map.
+std::string MapText(const v1::PoolEntry& entry) {
+  return absl::StrJoin(entry.layer_map(), ",");
+}
+
+absl::Status RunGroups(Context& ctx, const Args&) {
+  absl::StatusOr<std::vector<v1::PoolGroup>> groups = ctx.client->ListPoolGroups();
+  if (!groups.ok()) return groups.status();
+  if (ctx.json) {
+    v1::ListPoolGroupsResponse response;
+    for (const v1::PoolGroup& g : *groups) *response.add_groups() = g;
+    PrintLine(MessageJson(response));
+    return absl::OkStatus();
+  }
+  if (groups->empty()) {
+    PrintLine("no pool groups");
+    return absl::OkStatus();
+  }
+  std::vector<std::vector<std::string>> rows = {{"NAME", "LAYERS", "ANCHOR", "ATTACH", "ENTRIES"}};
+  for (const v1::PoolGroup& g : *groups) {
+    std::vector<std::string> entries;
+    for (const v1::PoolEntry& e : g.entries()) entries.push_back(e.name() + "=" + e.pool());
+    rows.push_back({g.name(), absl::StrCat(g.layer_num()), g.anchor(),
+                    absl::StrCat(g.attachments()), absl::StrJoin(entries, " ")});
+  }
+  PrintTable(rows, "lrlrl");
+  return absl::OkStatus();
+}
+
+void PrintGroup(const v1::PoolGroup& g) {
+  PrintLine(absl::StrFormat("group '%s': %d model layers, %d entries, anchor '%s'", g.name(),
+                            g.layer_num(), g.entries_size(), g.anchor()));
+  std::vector<std::vector<std::string>> rows = {{"ENTRY", "POOL", "ANCHOR", "LAYER_MAP"}};
+  for (const v1::PoolEntry& e : g.entries()) {
+    rows.push_back({e.name(), e.pool(), e.anchor() ? "yes" : "-", MapText(e)});
+  }
+  PrintTable(rows, "llll", "  ");
+  PrintLine(absl::StrFormat("  %d attachment(s)", g.attachments()));
+}
+
+absl::Status RunGroup(Context& ctx, const Args& args) {
+  absl::StatusOr<v1::PoolGroup> group = ctx.client->GetPoolGroup(args[0]);
+  if (!group.ok()) return group.status();
+  if (ctx.json) {
+    PrintLine(MessageJson(*group));
+  } else {
+    PrintGroup(*group);
+  }
+  return absl::OkStatus();
+}
+
+// "--entry" NAME:POOL[:anchor][:map=0,-1,1]
+absl::StatusOr<v1::PoolEntry> ParseEntry(const std::string& text) {
+  const auto bad = [&](absl::string_view why) {
+    return UsageError(absl::StrCat("--entry '", text, "': ", why,
+                                   "; write NAME:POOL[:anchor][:map=0,-1,1,...]"));
+  };
+  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  if (parts.size() < 2 || parts[0].empty() || parts[1].empty()) {
+    return bad("needs an entry name and a pool");
+  }
+  v1::PoolEntry entry;
+  entry.set_name(parts[0]);
+  entry.set_pool(parts[1]);
+  bool mapped = false;
+  for (size_t i = 2; i < parts.size(); ++i) {
+    const std::string& part = parts[i];
+    if (part == "anchor" && !entry.anchor()) {
+      entry.set_anchor(true);
+    } else if (absl::StartsWith(part, "map=") && !mapped) {
+      mapped = true;
+      for (absl::string_view v : absl::StrSplit(part.substr(4), ',')) {
+        int32_t layer = 0;
+        if (!absl::SimpleAtoi(v, &layer)) {
+          return bad(absl::StrCat("map value '", v, "' is not a layer number or -1"));
+        }
+        entry.add_layer_map(layer);
+      }
+    } else {
+      return bad(absl::StrCat("'", part, "' is not 'anchor' or 'map=...' (each at most once)"));
+    }
+  }
+  return entry;
+}
+
+absl::Status RunCreateGroup(Context& ctx, const Args& args) {
+  const uint32_t layers = absl::GetFlag(FLAGS_layers);
+  if (layers == 0) return UsageError("create-group needs --layers (the model's layers)");
+  if (g_entries.empty()) {
+    return UsageError("create-group needs --entry=NAME:POOL[:anchor][:map=...] per pool");
+  }
+  std::vector<v1::PoolEntry> entries;
+  for (const std::string& text : g_entries) {
+    absl::StatusOr<v1::PoolEntry> entry = ParseEntry(text);
+    if (!entry.ok()) return entry.status();
+    entries.push_back(*std::move(entry));
+  }
+  absl::StatusOr<v1::PoolGroup> group = ctx.client->CreatePoolGroup(args[0], layers, entries);
+  if (!group.ok()) return group.status();
+  if (ctx.json) {
+    PrintLine(MessageJson(*group));
+  } else {
+    PrintGroup(*group);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunDeleteGroup(Context& ctx, const Args& args) {
+  if (absl::Status s = ctx.client->DeletePoolGroup(args[0]); !s.ok()) return s;
+  if (ctx.json) {
+    PrintLine(JsonObject().Str("deleted_group", args[0]).str());
+  } else {
+    PrintLine(absl::StrFormat("deleted pool group '%s' (its pools stay)", args[0]));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
 
 struct Command {
   const char* name;
@@ -1755,6 +1893,10 @@ constexpr Command kCommands[] = {
     {"pool", "NAME", 1, 1, RunPool},
     {"create-pool", "NAME", 1, 1, RunCreatePool},
     {"delete-pool", "NAME", 1, 1, RunDeletePool},
+    {"groups", "", 0, 0, RunGroups},
+    {"group", "NAME", 1, 1, RunGroup},
+    {"create-group", "NAME", 1, 1, RunCreateGroup},
+    {"delete-group", "NAME", 1, 1, RunDeleteGroup},
     {"alloc", "POOL N", 2, 2, RunAlloc},
     {"free", "POOL INDICES", 2, kAnyNumber, RunFree},
     {"meta", "POOL INDICES", 2, kAnyNumber, RunMeta},

@@ -4,7 +4,9 @@
 # flags), `pool` with its components table and follows / followers, `pools`
 # with FOLLOWS, page-set / page-get round trips (streamed in small chunks,
 # byte-exact), page-shape, stride, bufinfo, split-meta, and their refusals
-# (exit 1 with the daemon's code).
+# (exit 1 with the daemon's code); pool groups: create-group / group / groups
+# / delete-group, a pool's group in pool / pools, alloc through a group's
+# name, and their refusals.
 #   usage: kvhostctl_kinds_test.sh KVHOSTD KVHOSTCTL
 set -euo pipefail
 kvhostd=$1 kvhostctl=$2
@@ -106,6 +108,66 @@ ctl create-pool ph --kind=mha --layout=page_head --layers=2 --heads=2 --head-dim
   --page-size=4 --size-tokens=16 >/dev/null
 ctl split-meta ph 4-7 --split-factor=2 >"$dir/out" || fail "split-meta"
 grep -q "4 segment(s), 2 head group(s) per page" "$dir/out" || fail "split-meta text"
+
+# --- pool groups: a hybrid model's MHA pool and Mamba pool.
+ctl create-pool attn --kind=mha --layout=page_first --layers=2 --heads=2 --head-dim=8 \
+  --page-size=4 --size-tokens=16 >/dev/null
+ctl create-pool ssm --kind=mamba --layout=page_first_direct --layers=2 \
+  --mamba-temporal=2x3:fp32 --mamba-conv=4 --size-tokens=16 >/dev/null
+ctl create-group hybrid --layers=4 --entry=kv:attn:map=-1,0,-1,1 \
+  --entry=ssm:ssm:anchor:map=0,-1,1,-1 >"$dir/out" || fail "create-group"
+grep -q "group 'hybrid': 4 model layers, 2 entries, anchor 'ssm'" "$dir/out" || fail "group line"
+grep -qE '^  kv +attn +- +-1,0,-1,1$' "$dir/out" || fail "kv entry row"
+grep -qE '^  ssm +ssm +yes +0,-1,1,-1$' "$dir/out" || fail "ssm entry row"
+# No map: the identity over the layers the pool holds (mla holds [0, 2)).
+ctl create-group ident --layers=3 --entry=m:mla >"$dir/out" || fail "create-group identity"
+grep -qE '^  m +mla +yes +0,1,-1$' "$dir/out" || fail "identity map, first entry the anchor"
+ctl groups >"$dir/out"
+grep -qE '^hybrid +4 +ssm +0 +kv=attn ssm=ssm$' "$dir/out" || fail "groups table"
+grep -qE '^ident +3 +m +0 +m=mla$' "$dir/out" || fail "groups table (ident)"
+ctl --json group hybrid >"$dir/out"
+grep -q '"anchor":"ssm"' "$dir/out" || fail "group --json anchor"
+grep -q '"layer_map":\[-1,0,-1,1\]' "$dir/out" || fail "group --json layer_map"
+ctl --json groups >"$dir/out"
+grep -q '"groups":\[' "$dir/out" || fail "groups --json"
+ctl pool attn >"$dir/out"
+grep -q "in group 'hybrid'" "$dir/out" || fail "pool shows its group"
+ctl pools >"$dir/out"
+grep -qE '^attn +MHA/PAGE_FIRST/BF16 .* hybrid +-$' "$dir/out" || fail "pools GROUP column"
+grep -qE '^idx +DSA_INDEXER/PAGE_FIRST/UINT8 .* - +mla$' "$dir/out" || fail "pools GROUP of idx"
+ctl --json pool ssm >"$dir/out"
+grep -q '"group":"hybrid"' "$dir/out" || fail "pool --json group"
+# alloc / free through the group act on its anchor (ssm, one-slot pages).
+ctl alloc hybrid 3 >"$dir/out" || fail "alloc through the group"
+grep -qx "0-2" "$dir/out" || fail "alloc hybrid slots"
+ctl --json pool ssm >"$dir/out"
+grep -q '"available_tokens":"13"' "$dir/out" || fail "the anchor allocated"
+ctl --json pool attn >"$dir/out"
+grep -q '"available_tokens":"16"' "$dir/out" || fail "the other entry allocated"
+ctl free hybrid 0-2 >/dev/null || fail "free through the group"
+# Refusals: usage (exit 2) and the daemon's (exit 1), each changing nothing.
+expect_exit 2 "--entry" create-group g2 --layers=4
+expect_exit 2 "--layers" create-group g2 --entry=a:attn
+expect_exit 2 "map value 'x'" create-group g2 --layers=2 --entry=a:v4:map=0,x
+expect_exit 2 "'bogus'" create-group g2 --layers=2 --entry=a:v4:bogus
+expect_exit 1 "layer_map[1] = 5" create-group g2 --layers=2 --entry=a:v4:map=0,5
+expect_exit 1 "INVALID_ARGUMENT" create-group g2 --layers=2 --entry=a:v4:anchor \
+  --entry=b:ph:anchor
+expect_exit 1 "NOT_FOUND" create-group g2 --layers=1 --entry=a:nope
+expect_exit 1 "FAILED_PRECONDITION" create-group g2 --layers=2 --entry=a:attn
+expect_exit 1 "ALREADY_EXISTS" create-group attn --layers=2 --entry=a:v4
+expect_exit 1 "ALREADY_EXISTS" create-pool hybrid --kind=mla --layers=2 --kv-lora-rank=8 \
+  --qk-rope-head-dim=8 --page-size=4 --size-tokens=64
+expect_exit 1 "group 'hybrid'" delete-pool ssm
+expect_exit 1 "NOT_FOUND" group g2
+ctl delete-group hybrid >"$dir/out" || fail "delete-group"
+grep -q "deleted pool group 'hybrid'" "$dir/out" || fail "delete-group text"
+ctl delete-group ident >/dev/null || fail "delete-group ident"
+ctl groups >"$dir/out"
+grep -qx "no pool groups" "$dir/out" || fail "groups after delete"
+expect_exit 1 "NOT_FOUND" delete-group hybrid
+ctl delete-pool ssm >/dev/null || fail "a pool of a deleted group deletes"
+ctl delete-pool attn >/dev/null
 
 # --- the follower goes first.
 expect_exit 1 "FAILED_PRECONDITION" delete-pool mla
