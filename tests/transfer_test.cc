@@ -476,11 +476,13 @@ TEST_P(HostEngineTest, BackupAndLoadAreExact) {
 
       TransferJob job;
       job.direction = dir_kind;
-      job.pool = *pool;
       job.device = mapping;
-      job.runs = CoalesceRuns(host_idx, dev_idx);
-      job.tokens = host_idx.size();
-      job.layers = AllLayers(**pool);
+      job.parts.resize(1);
+      job.parts[0].pool = *pool;
+      job.parts[0].device = mapping;
+      job.parts[0].runs = CoalesceRuns(host_idx, dev_idx);
+      job.parts[0].tokens = host_idx.size();
+      job.parts[0].layers = AllLayers(**pool);
       job.ticket = std::make_shared<TransferTicket>(
           next_id++, dir_kind, static_cast<uint32_t>(layout.layers), engine.PathFor(job));
       std::shared_ptr<TransferTicket> ticket = job.ticket;
@@ -601,11 +603,13 @@ TEST_F(EngineFixture, JobsOfOneDirectionRunInOrderAndDrainWaits) {
     }
     TransferJob job;
     job.direction = Direction::kBackup;
-    job.pool = pool_;
     job.device = mapping;
-    job.runs = CoalesceRuns(host, device);
-    job.tokens = 16;
-    job.layers = AllLayers(*pool_);
+    job.parts.resize(1);
+    job.parts[0].pool = pool_;
+    job.parts[0].device = mapping;
+    job.parts[0].runs = CoalesceRuns(host, device);
+    job.parts[0].tokens = 16;
+    job.parts[0].layers = AllLayers(*pool_);
     job.ticket = std::make_shared<TransferTicket>(j + 1, Direction::kBackup, layout.layers, "x");
     tickets.push_back(job.ticket);
     engine.Submit(std::move(job));

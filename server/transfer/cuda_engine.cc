@@ -567,6 +567,12 @@ std::string CudaEngine::PathFor(const TransferJob& job) const {
   return CudaPathName(static_cast<CudaPath>(job.path));
 }
 
+absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::OpenGroup(
+    std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
+    uint32_t load_event_sets) {
+  return absl::FailedPreconditionError("the cuda engine does not serve pool groups yet");
+}
+
 absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
   absl::MutexLock lock(&lanes_mu_);
   std::unique_ptr<Lane[]>& lanes = lanes_[static_cast<size_t>(ordinal)];
@@ -756,13 +762,14 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
 }
 
 absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, size_t ticket_layer) {
-  const JobLayer& layer = job.layers[ticket_layer];
+  const JobPart& part = job.parts[0];
+  const JobLayer& layer = part.layers[ticket_layer];
   if (layer.host_layer < 0) return absl::OkStatus();  // a device layer the pool does not hold
-  const Pool& pool = *job.pool;
+  const Pool& pool = *part.pool;
   const bool backup = job.direction == Direction::kBackup;
   std::vector<CopyEnginePiece>& pieces = lane->pieces;
   pieces.clear();
-  PlanCopyEngineLayer(pool.components(), job.runs, job.page_runs,
+  PlanCopyEngineLayer(pool.components(), part.runs, part.page_runs,
                       static_cast<uint64_t>(layer.host_layer), pins_->chunk(), &pieces);
   if (pieces.empty()) return absl::OkStatus();
   lane->dsts.resize(pieces.size());
@@ -771,7 +778,7 @@ absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, size_t
   for (size_t i = 0; i < pieces.size(); ++i) {
     const CopyEnginePiece& p = pieces[i];
     void* const h = pool.region_base(p.region) + p.host_offset;
-    void* const d = job.device->buffer(p.component, layer.device_layer) + p.device_offset;
+    void* const d = part.device->buffer(p.component, layer.device_layer) + p.device_offset;
     lane->dsts[i] = backup ? h : d;
     lane->srcs[i] = backup ? d : h;
     lane->sizes[i] = static_cast<size_t>(p.bytes);
@@ -856,11 +863,12 @@ absl::Status CudaEngine::SubmitCopies(Lane* lane, cudaStream_t stream, size_t n_
 }
 
 absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
-  const auto& mapping = static_cast<const Mapping&>(*job->device);
+  const JobPart& part = job->parts[0];
+  const auto& mapping = static_cast<const Mapping&>(*part.device);
   const std::vector<LayoutGroup>& groups = mapping.groups();
-  const HeldLayers held = HeldLayersOf(job->layers);
+  const HeldLayers held = HeldLayersOf(part.layers);
   // The average piece is the same over every held layer.
-  const LayerPieces per_layer = CopyEngineLayerPieces(groups, job->runs, job->page_runs);
+  const LayerPieces per_layer = CopyEngineLayerPieces(groups, part.runs, part.page_runs);
   const uint64_t ce_piece = per_layer.pieces == 0 ? 0 : per_layer.bytes / per_layer.pieces;
   const uint64_t total = per_layer.bytes * held.count();
   auto use = [job](CudaPath path, std::shared_ptr<const void> plan) {
@@ -873,14 +881,14 @@ absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
   auto staged = [&]() -> absl::StatusOr<std::shared_ptr<const StagedPlan>> {
     auto plan = std::make_shared<StagedPlan>();
     if (held.count() > 0) {
-      absl::Status s = PlanStaged(groups, job->runs, job->page_runs, held.begin, held.end,
+      absl::Status s = PlanStaged(groups, part.runs, part.page_runs, held.begin, held.end,
                                   StagingChunk(options_.staging_bytes), pins_->chunk(), plan.get());
       if (!s.ok()) return s;
     }
     return std::shared_ptr<const StagedPlan>(std::move(plan));
   };
   auto direct = [&]() {
-    return std::make_shared<const DirectPlan>(PlanDirect(groups, job->runs, job->page_runs));
+    return std::make_shared<const DirectPlan>(PlanDirect(groups, part.runs, part.page_runs));
   };
   const char* no_sm = mapping.host_pointer_ok()
                           ? nullptr
@@ -980,7 +988,8 @@ absl::StatusOr<void*> CudaEngine::UploadDescriptors(Lane* lane, cudaStream_t str
 template <typename LayerDone>
 absl::Status CudaEngine::EnqueueDirect(Lane* lane, const TransferJob& job,
                                        std::vector<void*>* scratch, LayerDone&& layer_done) {
-  const auto& mapping = static_cast<const Mapping&>(*job.device);
+  const JobPart& part = job.parts[0];
+  const auto& mapping = static_cast<const Mapping&>(*part.device);
   const auto& plan = *static_cast<const DirectPlan*>(job.plan.get());
   const CopySegment* segments = nullptr;
   if (!plan.segments.empty()) {
@@ -994,8 +1003,8 @@ absl::Status CudaEngine::EnqueueDirect(Lane* lane, const TransferJob& job,
   args.device_layers_per_plane = static_cast<uint32_t>(mapping.layer_num());
   args.to_device = job.direction == Direction::kLoad;
   absl::Status status;
-  for (size_t i = 0; i < job.layers.size() && status.ok(); ++i) {
-    const JobLayer& layer = job.layers[i];
+  for (size_t i = 0; i < part.layers.size() && status.ok(); ++i) {
+    const JobLayer& layer = part.layers[i];
     // One launch per group (one for MHA's K and V) and held layer; a layer
     // the pool does not hold only records its events.
     for (size_t k = 0; layer.host_layer >= 0 && k < plan.launches.size(); ++k) {
@@ -1004,7 +1013,7 @@ absl::Status CudaEngine::EnqueueDirect(Lane* lane, const TransferJob& job,
       args.layout = group.layout;
       args.device_layers = mapping.layer_table(group);
       args.device_layer_delta = static_cast<int32_t>(int64_t{layer.device_layer} - layer.host_layer);
-      args.other = job.pool->region_base(group.region) + group.region_offset;
+      args.other = part.pool->region_base(group.region) + group.region_offset;
       args.aligned16 = mapping.aligned16() && reinterpret_cast<uintptr_t>(args.other) % 16 == 0;
       args.segments = segments + launch.segment_begin;
       args.segment_count = static_cast<uint32_t>(launch.segment_end - launch.segment_begin);
@@ -1025,7 +1034,8 @@ absl::Status CudaEngine::EnqueueDirect(Lane* lane, const TransferJob& job,
 
 absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
                                        std::vector<void*>* scratch) {
-  const auto& mapping = static_cast<const Mapping&>(*job.device);
+  const JobPart& part = job.parts[0];
+  const auto& mapping = static_cast<const Mapping&>(*part.device);
   const auto& plan = *static_cast<const StagedPlan*>(job.plan.get());
   if (plan.chunks.empty()) return absl::OkStatus();  // no layer held: nothing to copy
   const bool backup = job.direction == Direction::kBackup;
@@ -1068,13 +1078,13 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
   if (!segments.ok()) return segments.status();
   SegmentCopyArgs args;
   args.device_layers_per_plane = static_cast<uint32_t>(mapping.layer_num());
-  args.device_layer_delta = static_cast<int32_t>(HeldLayersOf(job.layers).delta);
+  args.device_layer_delta = static_cast<int32_t>(HeldLayersOf(part.layers).delta);
   args.to_device = !backup;
   args.aligned16 = mapping.aligned16();
   const int blocks = options_.staged_blocks > 0
                          ? options_.staged_blocks
                          : 4 * devices_[static_cast<size_t>(lane->device)].sms;
-  const Pool& pool = *job.pool;
+  const Pool& pool = *part.pool;
   const auto* uploaded = static_cast<const CopySegment*>(*segments);
   // The chunk's kernels, one per group in it (one for MHA's K and V).
   auto launch_chunk = [&](const StagedChunk& chunk, const char* what) {
@@ -1141,6 +1151,9 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
 }
 
 absl::Status CudaEngine::Prepare(TransferJob* job) {
+  if (job->parts.size() > 1) {
+    return absl::FailedPreconditionError("the cuda engine does not serve pool groups yet");
+  }
   const auto& mapping = static_cast<const Mapping&>(*job->device);
   const bool has_wait = job->direction == Direction::kBackup && !job->wait_event_handle.empty();
   if (has_wait && job->wait_event_handle.size() != sizeof(cudaIpcEventHandle_t)) {
@@ -1150,14 +1163,15 @@ absl::Status CudaEngine::Prepare(TransferJob* job) {
   }
   job->path = static_cast<uint8_t>(options_.path == CudaPath::kAuto ? CudaPath::kCopyEngine
                                                                     : options_.path);
-  if (job->tokens == 0) return absl::OkStatus();  // finishes at once, copies nothing
+  // Finishes at once, copies nothing.
+  if (job->parts.empty() || job->parts[0].tokens == 0) return absl::OkStatus();
   std::string why;
   if (absl::Status s = ChoosePath(job, &why); !s.ok()) return s;
   if (mapping.PathChanged(job->direction, job->path)) {
-    spdlog::info("pool '{}' on GPU {}: {}s by {} ({})", job->pool->name(), mapping.device(),
+    spdlog::info("pool '{}' on GPU {}: {}s by {} ({})", job->parts[0].pool->name(), mapping.device(),
                  DirectionName(job->direction), PathFor(*job), why);
   } else {
-    spdlog::debug("pool '{}' on GPU {}: {} by {} ({})", job->pool->name(), mapping.device(),
+    spdlog::debug("pool '{}' on GPU {}: {} by {} ({})", job->parts[0].pool->name(), mapping.device(),
                   DirectionName(job->direction), PathFor(*job), why);
   }
   if (job->direction == Direction::kLoad) {
@@ -1193,11 +1207,16 @@ absl::Status CudaEngine::Prepare(TransferJob* job) {
 }
 
 void CudaEngine::Submit(TransferJob job) {
+  if (job.parts.size() > 1) {
+    job.ticket->Finish(
+        absl::FailedPreconditionError("the cuda engine does not serve pool groups yet"));
+    return;
+  }
   // Every mapping this engine sees is one it opened.
   const auto& mapping = static_cast<const Mapping&>(*job.device);
   Lane* lane = mapping.lanes() + (job.direction == Direction::kLoad ? 1 : 0);
   // One completion event per ticket layer, held or not.
-  const size_t layers = job.layers.size();
+  const size_t layers = job.layer_num();
   Pending pending;
   pending.job = std::move(job);
 
@@ -1241,7 +1260,7 @@ void CudaEngine::Submit(TransferJob job) {
 
 absl::Status CudaEngine::OpenGates(Lane* lane, Pending* pending) {
   const auto& mapping = static_cast<const Mapping&>(*pending->job.device);
-  const uint64_t layers = pending->job.layers.size();
+  const uint64_t layers = pending->job.layer_num();
   const int set = pending->job.event_set;
   const StreamMemOps ops = *StreamMemOpsFns();  // present: gate_stream exists
   pending->gate_base = mapping.TakeGateRange(set, layers);
@@ -1294,7 +1313,7 @@ void CudaEngine::EnqueueLoop(Lane* lane) {
 void CudaEngine::EnqueueWork(Lane* lane, Pending* p) {
   Pending& pending = *p;
   const auto& mapping = static_cast<const Mapping&>(*pending.job.device);
-  const uint64_t layers = pending.job.layers.size();  // ticket layers
+  const uint64_t layers = pending.job.layer_num();  // ticket layers
   cudaError_t e = cudaSuccess;
   if (pending.error.ok() && pending.job.wait_event != nullptr) {
     // The worker's record precedes this request, so the wait covers the

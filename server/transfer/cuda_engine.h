@@ -153,8 +153,14 @@ class CudaEngine : public TransferEngine {
   // Loads take the attachment's next free load event set (RESOURCE_EXHAUSTED
   // when all are busy); a backup's wait_event_handle is opened here
   // (INVALID_ARGUMENT for a wrong size or a handle that will not open).
+  // Pool groups are not served yet: FAILED_PRECONDITION for a job of more
+  // than one part (Submit finishes its ticket with that error).
   absl::Status Prepare(TransferJob* job) override;
   void Submit(TransferJob job) override;
+  // FAILED_PRECONDITION: the cuda engine does not serve pool groups yet.
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenGroup(
+      std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
+      uint32_t load_event_sets) override;
   void Drain() override;
 
   // "1 GPU(s): 0 NVIDIA H200 GPU-xxxxxxxx-...", for the log and status.

@@ -12,7 +12,10 @@
 // layer, every component's runs (token runs, or page runs for page-row
 // components). The ticket's layers are the attachment's device layers
 // [start_layer, end_layer) in order; a layer the pool does not hold copies
-// nothing but still counts as done.
+// nothing but still counts as done. A pool group's attachment (OpenGroup)
+// counts model layers instead, and its jobs have one part per pool: ticket
+// layer l copies, in every part, the device layer that part's layer map
+// gives (JobLayer), before layer l counts as done.
 //
 // Thread safety: Open and Submit may be called concurrently; Drain blocks
 // until every submitted job has finished.
@@ -135,18 +138,20 @@ class DeviceMapping {
   uint32_t load_event_sets_ = 0;
 };
 
-// What one ticket layer of a job copies: host layer `host_layer` of the pool
-// (-1: the pool does not hold it, nothing is copied) to or from attached
-// layer `device_layer` of the mapping.
+// What one ticket layer of a job part copies: host layer `host_layer` of the
+// part's pool (-1: nothing, the pool does not hold that layer or the group
+// maps no layer of it there) to or from attached layer `device_layer` of the
+// part's mapping.
 struct JobLayer {
   int32_t host_layer = -1;
   uint32_t device_layer = 0;
 };
 
-// One backup or load, ready to run: validated, coalesced, with its ticket.
-struct TransferJob {
-  Direction direction = Direction::kBackup;
+// One pool's share of a job: a plain attachment's job has exactly one part;
+// a pool group's has one per entry with rows in the transfer.
+struct JobPart {
   std::shared_ptr<Pool> pool;
+  // That pool's buffers (for a plain attachment, the job's own `device`).
   std::shared_ptr<const DeviceMapping> device;
   // Token runs (host slot, device slot), and for pools with page-row
   // components the same runs in pages (host / ps, device / ps, count / ps);
@@ -154,8 +159,19 @@ struct TransferJob {
   std::vector<IndexRun> runs;
   std::vector<IndexRun> page_runs;
   uint64_t tokens = 0;
-  // Per ticket layer, in order (size = the ticket's layer_num).
+  // Per ticket layer, in order (size = the job's layer_num()).
   std::vector<JobLayer> layers;
+};
+
+// One backup or load, ready to run: validated, coalesced, with its ticket.
+struct TransferJob {
+  Direction direction = Direction::kBackup;
+  // The attachment's mapping: its layer_num() is the ticket's, and a load
+  // records its load events (per ticket layer, after every part's copies of
+  // that layer). For a plain attachment, parts[0].device; for a group, the
+  // mapping OpenGroup made.
+  std::shared_ptr<const DeviceMapping> device;
+  std::vector<JobPart> parts;
   std::shared_ptr<TransferTicket> ticket;
   // Loads: the load event set that Prepare reserved (-1: none).
   int event_set = -1;
@@ -167,25 +183,41 @@ struct TransferJob {
   // and what it planned for that path.
   uint8_t path = 0;
   std::shared_ptr<const void> plan;
+
+  // Ticket layers.
+  uint64_t layer_num() const { return device->layer_num(); }
+  // Token rows over every part.
+  uint64_t tokens() const {
+    uint64_t n = 0;
+    for (const JobPart& part : parts) n += part.tokens;
+    return n;
+  }
 };
 
-// The runs a job copies for component `c`: page runs for a page-row
-// component, token runs otherwise.
-inline const std::vector<IndexRun>& RunsFor(const TransferJob& job, const Component& c) {
-  return c.row_tokens > 1 ? job.page_runs : job.runs;
+// The runs a part copies for component `c` of its pool: page runs for a
+// page-row component, token runs otherwise.
+inline const std::vector<IndexRun>& RunsFor(const JobPart& part, const Component& c) {
+  return c.row_tokens > 1 ? part.page_runs : part.runs;
 }
 
-// Bytes one held layer of `job` moves: every component's rows (tokens, or
-// tokens / row_tokens pages) x row bytes.
+// Bytes one held layer of `tokens` rows of `pool` moves: every component's
+// rows (tokens, or tokens / row_tokens pages) x row bytes.
 inline uint64_t HeldLayerBytes(const Pool& pool, uint64_t tokens) {
   uint64_t bytes = 0;
   for (const Component& c : pool.components()) bytes += tokens / c.row_tokens * c.row_bytes();
   return bytes;
 }
 
-// Bytes ticket layer `i` of `job` moves (0 for a layer the pool does not hold).
+// Bytes ticket layer `i` of `part` moves (0 where it copies nothing).
+inline uint64_t PartLayerBytes(const JobPart& part, size_t i) {
+  return part.layers[i].host_layer < 0 ? 0 : HeldLayerBytes(*part.pool, part.tokens);
+}
+
+// Bytes ticket layer `i` of `job` moves, over every part.
 inline uint64_t TicketLayerBytes(const TransferJob& job, size_t i) {
-  return job.layers[i].host_layer < 0 ? 0 : HeldLayerBytes(*job.pool, job.tokens);
+  uint64_t bytes = 0;
+  for (const JobPart& part : job.parts) bytes += PartLayerBytes(part, i);
+  return bytes;
 }
 
 class TransferEngine {
@@ -204,6 +236,17 @@ class TransferEngine {
   // range it cannot serve.
   virtual absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(const Pool& pool,
                                                               const AttachRequest& request) = 0;
+  // A pool group's mapping: `entries` (mappings this engine opened, one per
+  // group entry, in the group's order) kept alive, and load events per model
+  // layer: layer_num() is `layer_num`, load_event_sets() `load_event_sets`
+  // (REQUIRES: as AttachRequest::load_event_sets). It holds no buffers of
+  // its own (component_count() 0); jobs copy through their parts' mappings.
+  // Errors: INVALID_ARGUMENT for entries the engine cannot serve together
+  // (cuda: on different GPUs), FAILED_PRECONDITION for an engine without
+  // groups.
+  virtual absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenGroup(
+      std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
+      uint32_t load_event_sets) = 0;
   // Reserves what `job` needs beyond its buffers, synchronously, so that the
   // RPC can refuse it: a load's event set (job->event_set), the backup's
   // wait event (job->wait_event). Called right before the ticket is made and

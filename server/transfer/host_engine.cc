@@ -58,19 +58,30 @@ class ShmDeviceMapping : public DeviceMapping {
   std::map<std::string, std::unique_ptr<ShmRegion>> files_;
 };
 
-// Copies tokens [from, to) of token run `r` of one ticket layer, in every
-// component. Page-row components copy the same range in pages (every cut is
-// on a page boundary, see RunJob).
-void CopyPieces(const TransferJob& job, const JobLayer& layer, size_t r, uint64_t from,
-                uint64_t to) {
-  const std::vector<Component>& components = job.pool->components();
+// A pool group's mapping: its entries' mappings, kept open while the
+// attachment or a job uses the group; no buffers or events of its own.
+class GroupMapping : public DeviceMapping {
+ public:
+  GroupMapping(std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num)
+      : DeviceMapping(layer_num, 0, {}), entries_(std::move(entries)) {}
+
+ private:
+  const std::vector<std::shared_ptr<const DeviceMapping>> entries_;
+};
+
+// Copies tokens [from, to) of token run `r` of `part` in one ticket layer,
+// in every component. Page-row components copy the same range in pages
+// (every cut is on a page boundary, see PartCuts).
+void CopyPieces(const JobPart& part, Direction direction, const JobLayer& layer, size_t r,
+                uint64_t from, uint64_t to) {
+  const std::vector<Component>& components = part.pool->components();
+  const bool backup = direction == Direction::kBackup;
   for (size_t c = 0; c < components.size(); ++c) {
     const Component& component = components[c];
     const uint64_t per_row = component.row_tokens;
-    const IndexRun& run = RunsFor(job, component)[r];
-    uint8_t* host = job.pool->component_base(c);
-    uint8_t* device = job.device->buffer(c, layer.device_layer);
-    const bool backup = job.direction == Direction::kBackup;
+    const IndexRun& run = RunsFor(part, component)[r];
+    uint8_t* host = part.pool->component_base(c);
+    uint8_t* device = part.device->buffer(c, layer.device_layer);
     ForEachPiece(component, static_cast<uint64_t>(layer.host_layer), run, from / per_row,
                  to / per_row, [&](uint64_t host_off, uint64_t device_off, uint64_t bytes) {
                    if (backup) {
@@ -79,6 +90,43 @@ void CopyPieces(const TransferJob& job, const JobLayer& layer, size_t r, uint64_
                      std::memcpy(device + device_off, host + host_off, bytes);
                    }
                  });
+  }
+}
+
+// A place in a part's token runs: (run, token offset in that run).
+using Cut = std::pair<size_t, uint64_t>;
+
+// Boundaries of `pieces` near-equal pieces of `part`'s tokens, ending with
+// (runs.size(), 0). With page runs every run is whole pages, so cutting at
+// multiples of the page keeps each page in one piece.
+std::vector<Cut> PartCuts(const JobPart& part, uint64_t pieces) {
+  uint64_t unit = 1;
+  for (const Component& c : part.pool->components()) unit = std::max(unit, c.row_tokens);
+  const uint64_t per_piece = ((part.tokens + pieces - 1) / pieces + unit - 1) / unit * unit;
+  std::vector<Cut> cuts;
+  uint64_t next = 0;
+  uint64_t seen = 0;
+  for (size_t r = 0; r < part.runs.size(); ++r) {
+    while (next < part.tokens && next < seen + part.runs[r].count) {
+      cuts.emplace_back(r, next - seen);
+      next += per_piece;
+    }
+    seen += part.runs[r].count;
+  }
+  cuts.emplace_back(part.runs.size(), 0);
+  return cuts;
+}
+
+// Copies piece `piece` (between cuts[piece] and cuts[piece + 1]) of `part`
+// in one ticket layer.
+void CopyPiece(const JobPart& part, Direction direction, const JobLayer& layer,
+               const std::vector<Cut>& cuts, size_t piece) {
+  auto [run, offset] = cuts[piece];
+  const auto [end_run, end_offset] = cuts[piece + 1];
+  for (; run < part.runs.size() && (run < end_run || (run == end_run && offset < end_offset));
+       ++run, offset = 0) {
+    const uint64_t to = run == end_run ? end_offset : part.runs[run].count;
+    CopyPieces(part, direction, layer, run, offset, to);
   }
 }
 
@@ -117,6 +165,12 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> HostEngine::Open(const Pool& pool
     }
   }
   return mapping;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceMapping>> HostEngine::OpenGroup(
+    std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
+    uint32_t /*load_event_sets: no interprocess events here*/) {
+  return std::make_unique<GroupMapping>(std::move(entries), layer_num);
 }
 
 void HostEngine::Submit(TransferJob job) {
@@ -158,54 +212,35 @@ void HostEngine::DriverLoop(Lane* lane) {
 }
 
 void HostEngine::RunJob(const TransferJob& job) {
-  const uint64_t layer_bytes = HeldLayerBytes(*job.pool, job.tokens);
-  // Pieces per layer: as many threads as the layer's size justifies.
-  const uint64_t max_parts = static_cast<uint64_t>(options_.helper_threads) + 1;
-  const uint64_t parts = std::clamp<uint64_t>(
-      layer_bytes / std::max<uint64_t>(options_.min_split_bytes, 1), 1, max_parts);
-  // Token boundaries of each part, as (run, offset in run) pairs. With page
-  // runs, every run is whole pages, so cutting at multiples of the page
-  // keeps each page in one part.
-  uint64_t unit = 1;
-  for (const Component& c : job.pool->components()) unit = std::max(unit, c.row_tokens);
-  std::vector<std::pair<size_t, uint64_t>> cuts;
-  {
-    const uint64_t per_part = ((job.tokens + parts - 1) / parts + unit - 1) / unit * unit;
-    uint64_t next = 0;
-    uint64_t seen = 0;
-    for (size_t r = 0; r < job.runs.size(); ++r) {
-      while (next < job.tokens && next < seen + job.runs[r].count) {
-        cuts.emplace_back(r, next - seen);
-        next += per_part;
-      }
-      seen += job.runs[r].count;
-    }
-    cuts.emplace_back(job.runs.size(), 0);
+  // Pieces per part and layer: as many threads as the part's layer size
+  // justifies. A ticket layer's pieces of every part run together.
+  const uint64_t max_pieces = static_cast<uint64_t>(options_.helper_threads) + 1;
+  std::vector<std::vector<Cut>> cuts;
+  for (const JobPart& part : job.parts) {
+    const uint64_t layer_bytes = HeldLayerBytes(*part.pool, part.tokens);
+    cuts.push_back(PartCuts(part, std::clamp<uint64_t>(
+                                      layer_bytes / std::max<uint64_t>(options_.min_split_bytes, 1),
+                                      1, max_pieces)));
   }
-  for (const JobLayer& layer : job.layers) {
-    if (layer.host_layer < 0) {  // a device layer the pool does not hold
-      job.ticket->LayerDone(0);
-      continue;
+  std::vector<std::function<void()>> tasks;
+  for (size_t l = 0; l < job.layer_num(); ++l) {
+    tasks.clear();
+    for (size_t p = 0; p < job.parts.size(); ++p) {
+      const JobPart& part = job.parts[p];
+      const JobLayer& layer = part.layers[l];
+      if (layer.host_layer < 0) continue;  // nothing of this part in this layer
+      for (size_t piece = 0; piece + 1 < cuts[p].size(); ++piece) {
+        tasks.push_back([&job, &part, &layer, &cuts, p, piece] {
+          CopyPiece(part, job.direction, layer, cuts[p], piece);
+        });
+      }
     }
-    auto copy_part = [&job, &cuts, &layer](size_t part) {
-      auto [run, offset] = cuts[part];
-      const auto [end_run, end_offset] = cuts[part + 1];
-      for (; run < job.runs.size() && (run < end_run || (run == end_run && offset < end_offset));
-           ++run, offset = 0) {
-        const uint64_t to = run == end_run ? end_offset : job.runs[run].count;
-        CopyPieces(job, layer, run, offset, to);
-      }
-    };
-    if (cuts.size() <= 2) {
-      if (cuts.size() == 2) copy_part(0);
-    } else {
-      std::vector<std::function<void()>> tasks;
-      for (size_t part = 0; part + 1 < cuts.size(); ++part) {
-        tasks.push_back([&copy_part, part] { copy_part(part); });
-      }
+    if (tasks.size() == 1) {
+      tasks[0]();
+    } else if (tasks.size() > 1) {
       RunParallel(tasks);
     }
-    job.ticket->LayerDone(layer_bytes);
+    job.ticket->LayerDone(TicketLayerBytes(job, l));
   }
   job.ticket->Finish(absl::OkStatus());
 }

@@ -5,10 +5,12 @@
 //
 // Each direction has a driver thread with a FIFO queue (the CPU counterpart of
 // one CUDA stream per direction). A driver copies a job ticket layer by
-// ticket layer, in order: every component of the pool (token runs, or page
-// runs for page-row components), nothing for a layer the pool does not hold.
-// It splits a large layer over the helper threads at page boundaries; after
-// each layer it reports progress to the ticket.
+// ticket layer, in order: in every part (one per pool; several for a pool
+// group), every component of the part's pool (token runs, or page runs for
+// page-row components), nothing where the part's JobLayer says -1. It
+// splits a large part's layer over the helper threads at page boundaries;
+// after each ticket layer, every part's copies of it done, it reports that
+// layer's bytes over all parts to the ticket.
 //
 // Thread safety: as TransferEngine.
 #ifndef KVHOST_SERVER_TRANSFER_HOST_ENGINE_H_
@@ -47,6 +49,10 @@ class HostEngine : public TransferEngine {
   std::string PathFor(const TransferJob& job) const override;
   absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(const Pool& pool,
                                                       const AttachRequest& request) override;
+  // Keeps `entries` open; no load events (the host backend has none).
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenGroup(
+      std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
+      uint32_t load_event_sets) override;
   void Submit(TransferJob job) override;
   void Drain() override;
 

@@ -264,11 +264,14 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
           "' is load_only: Backup is refused (back up through the rank's attachment that is "
           "not load_only)"));
     }
-    job.pool = it->second.pool;
     job.device = it->second.device;
-    job.layers = it->second.layers;
+    job.parts.resize(1);
+    job.parts[0].pool = it->second.pool;
+    job.parts[0].device = it->second.device;
+    job.parts[0].layers = it->second.layers;
   }
-  const Pool& pool = *job.pool;
+  JobPart& part = job.parts[0];
+  const Pool& pool = *part.pool;
   if (host.size() != device.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "host_indices has ", host.size(), " entries but device_indices has ", device.size()));
@@ -299,11 +302,11 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
       return s;
     }
   }
-  job.runs = CoalesceRuns(host, device);
-  if (page_rows > 0) job.page_runs = PageRuns(job.runs, page_rows);
+  part.runs = CoalesceRuns(host, device);
+  if (page_rows > 0) part.page_runs = PageRuns(part.runs, page_rows);
   const bool backup = direction == Direction::kBackup;
   if (absl::Status s =
-          CheckNoOverlap(job.runs, /*host_side=*/backup, backup ? "host slot" : "device row");
+          CheckNoOverlap(part.runs, /*host_side=*/backup, backup ? "host slot" : "device row");
       !s.ok()) {
     return s;
   }
@@ -315,10 +318,10 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
         absl::Status(s.code(), absl::StrCat(s.message(), " (its slots are allocated in '",
                                             owner.name(), "', which it follows)")));
   }
-  job.tokens = host.size();
-  const bool copies = job.tokens > 0 && !pool.components().empty();
+  part.tokens = host.size();
+  const bool copies = part.tokens > 0 && !pool.components().empty();
   uint64_t bytes = 0;
-  for (size_t i = 0; i < job.layers.size(); ++i) bytes += TicketLayerBytes(job, i);
+  for (size_t i = 0; i < job.layer_num(); ++i) bytes += TicketLayerBytes(job, i);
   // Last, since what it reserves is released only by the job's end.
   if (!pool.components().empty()) {
     if (absl::Status s = engine_->Prepare(&job); !s.ok()) {
@@ -327,7 +330,7 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     }
   }
   job.ticket = std::make_shared<TransferTicket>(
-      next_ticket_++, direction, static_cast<uint32_t>(job.layers.size()),
+      next_ticket_++, direction, static_cast<uint32_t>(job.layer_num()),
       pool.components().empty() ? std::string("none") : engine_->PathFor(job), job.event_set);
   std::shared_ptr<TransferTicket> ticket = job.ticket;
   {
@@ -339,12 +342,12 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     Retire(ticket, bytes, direction, pool_name);
   });
   if (!copies) {
-    for (size_t l = 0; l < job.layers.size(); ++l) ticket->LayerDone(0);
+    for (size_t l = 0; l < job.layer_num(); ++l) ticket->LayerDone(0);
     ticket->Finish(absl::OkStatus());
     return ticket;
   }
   spdlog::debug("ticket {}: {} of {} tokens in {} runs, pool '{}', {}", ticket->id(),
-                DirectionName(direction), job.tokens, job.runs.size(), pool.name(),
+                DirectionName(direction), part.tokens, part.runs.size(), pool.name(),
                 ticket->Snapshot().path);
   engine_->Submit(std::move(job));
   ticket->Enqueued();
