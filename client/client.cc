@@ -445,10 +445,9 @@ absl::StatusOr<LoadTicket> Client::LoadWithEvents(const std::string& attachment_
   return LoadWithEvents(attachment_id, host_indices, device_indices, {});
 }
 
-absl::StatusOr<LoadTicket> Client::LoadWithEvents(const std::string& attachment_id,
-                                                  absl::Span<const int64_t> host_indices,
-                                                  absl::Span<const int64_t> device_indices,
-                                                  absl::Span<const v1::PoolTransfer> pool_transfers) {
+absl::StatusOr<LoadTicket> Client::LoadWithEvents(
+    const std::string& attachment_id, absl::Span<const int64_t> host_indices,
+    absl::Span<const int64_t> device_indices, absl::Span<const v1::PoolTransfer> pool_transfers) {
   v1::LoadRequest request;
   request.set_attachment_id(attachment_id);
   Fill(request.mutable_host_indices(), host_indices);

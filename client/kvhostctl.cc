@@ -596,9 +596,9 @@ absl::Status RunPools(Context& ctx, const Args&) {
     PrintLine("no pools");
     return absl::OkStatus();
   }
-  std::vector<std::vector<std::string>> rows = {
-      {"NAME", "KIND/LAYOUT/DTYPE", "PAGE", "LAYERS", "TOKENS", "USED%", "GB", "ATTACH", "GROUP",
-       "FOLLOWS"}};
+  std::vector<std::vector<std::string>> rows = {{"NAME", "KIND/LAYOUT/DTYPE", "PAGE", "LAYERS",
+                                                 "TOKENS", "USED%", "GB", "ATTACH", "GROUP",
+                                                 "FOLLOWS"}};
   for (const v1::Pool& pool : *pools) {
     rows.push_back({pool.name(), ShapeOf(pool.spec()), absl::StrCat(pool.spec().page_size()),
                     LayersOf(pool), absl::StrCat(pool.size_tokens()),
@@ -1758,9 +1758,7 @@ absl::Status RunWatch(Context& ctx, const Args&) {
 // Pool groups.
 
 // "0,-1,1" as a layer map.
-std::string MapText(const v1::PoolEntry& entry) {
-  return absl::StrJoin(entry.layer_map(), ",");
-}
+std::string MapText(const v1::PoolEntry& entry) { return absl::StrJoin(entry.layer_map(), ","); }
 
 absl::Status RunGroups(Context& ctx, const Args&) {
   absl::StatusOr<std::vector<v1::PoolGroup>> groups = ctx.client->ListPoolGroups();
@@ -1811,8 +1809,8 @@ absl::Status RunGroup(Context& ctx, const Args& args) {
 // "--entry" NAME:POOL[:anchor][:map=0,-1,1]
 absl::StatusOr<v1::PoolEntry> ParseEntry(const std::string& text) {
   const auto bad = [&](absl::string_view why) {
-    return UsageError(absl::StrCat("--entry '", text, "': ", why,
-                                   "; write NAME:POOL[:anchor][:map=0,-1,1,...]"));
+    return UsageError(
+        absl::StrCat("--entry '", text, "': ", why, "; write NAME:POOL[:anchor][:map=0,-1,1,...]"));
   };
   std::vector<std::string> parts = absl::StrSplit(text, ':');
   if (parts.size() < 2 || parts[0].empty() || parts[1].empty()) {

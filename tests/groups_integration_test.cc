@@ -102,7 +102,7 @@ struct HostBuffer {
 // attn: K then V in one ".kv" file, V at L * S * row; ssm: ".temporal" and
 // ".conv0".
 const std::vector<HostBuffer> kAttnBuffers = {
-    {0, 0, kAttnRow, kAttnLayers}, {0, kAttnLayers * kAttnTokens * kAttnRow, kAttnRow, kAttnLayers}};
+    {0, 0, kAttnRow, kAttnLayers}, {0, kAttnLayers* kAttnTokens* kAttnRow, kAttnRow, kAttnLayers}};
 const std::vector<HostBuffer> kSsmBuffers = {{0, 0, kTemporalRow, kSsmLayers},
                                              {1, 0, kConvRow, kSsmLayers}};
 
@@ -138,9 +138,9 @@ class GroupsTest : public testing::WithDaemon<::testing::Test> {
     for (const std::string& path : p->region_paths()) {
       std::unique_ptr<testing::MappedFile> f = testing::MappedFile::Open(path);
       EXPECT_NE(f, nullptr) << path;
-      files.push_back(f == nullptr ? std::string()
-                                   : std::string(reinterpret_cast<const char*>(f->data()),
-                                                 f->size()));
+      files.push_back(f == nullptr
+                          ? std::string()
+                          : std::string(reinterpret_cast<const char*>(f->data()), f->size()));
     }
     return files;
   }
@@ -179,15 +179,15 @@ TEST_F(GroupsTest, CreateGetListDeleteSpellOutTheMapsAndTheAnchor) {
     EXPECT_EQ(g->entries(0).name(), "kv");
     EXPECT_EQ(g->entries(0).pool(), "attn");
     EXPECT_FALSE(g->entries(0).anchor());
-    EXPECT_EQ(std::vector<int32_t>(g->entries(0).layer_map().begin(),
-                                   g->entries(0).layer_map().end()),
-              kAttnMap);
+    EXPECT_EQ(
+        std::vector<int32_t>(g->entries(0).layer_map().begin(), g->entries(0).layer_map().end()),
+        kAttnMap);
     EXPECT_EQ(g->entries(1).pool(), "ssm");
     EXPECT_TRUE(g->entries(1).anchor());
     // Empty: the identity over the layers ssm holds, [0, 2).
-    EXPECT_EQ(std::vector<int32_t>(g->entries(1).layer_map().begin(),
-                                   g->entries(1).layer_map().end()),
-              (std::vector<int32_t>{0, 1, -1, -1, -1, -1}));
+    EXPECT_EQ(
+        std::vector<int32_t>(g->entries(1).layer_map().begin(), g->entries(1).layer_map().end()),
+        (std::vector<int32_t>{0, 1, -1, -1, -1, -1}));
   }
   EXPECT_EQ(client().GetPool("attn")->group(), "hybrid");
   EXPECT_EQ(client().GetPool("ssm")->group(), "hybrid");
@@ -343,9 +343,9 @@ TEST_F(GroupsTest, HybridBackupAndLoadFollowTheLayerMaps) {
   EXPECT_ERROR(client().Backup(att->id(), kv.host, kv.device,
                                {MakePoolTransfer("mamba", st.host, st.device)}),
                kInvalidArgument, "mamba");
-  EXPECT_ERROR(client().Backup(att->id(), kv.host, kv.device,
-                               {MakePoolTransfer("kv", st.host, st.device)}),
-               kInvalidArgument, "kv");
+  EXPECT_ERROR(
+      client().Backup(att->id(), kv.host, kv.device, {MakePoolTransfer("kv", st.host, st.device)}),
+      kInvalidArgument, "kv");
   EXPECT_ERROR(client().Backup(att->id(), kv.host, kv.device, {good, good}), kInvalidArgument,
                "ssm");
   EXPECT_FALSE(client()
@@ -392,7 +392,7 @@ TEST_F(GroupsTest, HybridBackupAndLoadFollowTheLayerMaps) {
   const std::string ssm2_before = DeviceImage(**ssm_dev2);
   const uint64_t tickets2 = Tickets();
   EXPECT_TRUE(IsError(StatusOf(client().Load(att2->id(), kv2.host, kv2.device,
-                                              {MakePoolTransfer("ssm", st2.host, {0, 7})})),
+                                             {MakePoolTransfer("ssm", st2.host, {0, 7})})),
                       absl::StatusCode::kInvalidArgument, {}))
       << "lengths differ";
   EXPECT_ERROR(client().Load(att2->id(), kv2.host, kv2.device,
@@ -423,9 +423,9 @@ TEST_F(GroupsTest, HybridBackupAndLoadFollowTheLayerMaps) {
         std::string want(ck.dst->rows(c) * ck.dst->row_bytes(c), '\0');
         if (Mapped(*ck.map, l)) {
           for (size_t i = 0; i < ck.to->device.size(); ++i) {
-            std::memcpy(want.data() + static_cast<uint64_t>(ck.to->device[i]) * ck.dst->row_bytes(c),
-                        ck.src->row(c, l, static_cast<uint64_t>(ck.from->device[i])),
-                        ck.dst->row_bytes(c));
+            std::memcpy(
+                want.data() + static_cast<uint64_t>(ck.to->device[i]) * ck.dst->row_bytes(c),
+                ck.src->row(c, l, static_cast<uint64_t>(ck.from->device[i])), ck.dst->row_bytes(c));
           }
         }
         const std::string got(reinterpret_cast<const char*>(ck.dst->layer(c, l)), want.size());
@@ -451,11 +451,11 @@ TEST_F(GroupsTest, GroupAttachRefusesMissingOrUnknownEntries) {
   auto ssm_dev = ShmDevicePool::Create(*ssm, 8, shm_dir());
   ASSERT_TRUE(kv_dev.ok() && ssm_dev.ok());
   const GroupDevice only_kv[] = {{"kv", kv_dev->get()}};
-  EXPECT_ERROR(client().AttachDevice(MakeGroupAttachRequest("hybrid", only_kv)),
-               kInvalidArgument, "ssm");
+  EXPECT_ERROR(client().AttachDevice(MakeGroupAttachRequest("hybrid", only_kv)), kInvalidArgument,
+               "ssm");
   const GroupDevice unknown[] = {{"kv", kv_dev->get()}, {"mamba", ssm_dev->get()}};
-  EXPECT_ERROR(client().AttachDevice(MakeGroupAttachRequest("hybrid", unknown)),
-               kInvalidArgument, "mamba");
+  EXPECT_ERROR(client().AttachDevice(MakeGroupAttachRequest("hybrid", unknown)), kInvalidArgument,
+               "mamba");
   // The group's name with a plain pool's buffers.
   EXPECT_ERROR(client().AttachDevice((*kv_dev)->MakeAttachRequest("hybrid")), kInvalidArgument,
                "hybrid");

@@ -1285,38 +1285,96 @@ std::vector<GroupEntrySpec> NineEntries() {
 }
 
 const BadGroup kBadGroups[] = {
-    {"bad_group_name", "a b", 4, {Entry("kv", "attn")}, absl::StatusCode::kInvalidArgument,
+    {"bad_group_name",
+     "a b",
+     4,
+     {Entry("kv", "attn")},
+     absl::StatusCode::kInvalidArgument,
      {"group name 'a b'"}},
-    {"layer_num_0", "g", 0, {Entry("kv", "attn")}, absl::StatusCode::kInvalidArgument,
+    {"layer_num_0",
+     "g",
+     0,
+     {Entry("kv", "attn")},
+     absl::StatusCode::kInvalidArgument,
      {"group 'g'", "layer_num"}},
     {"no_entries", "g", 4, {}, absl::StatusCode::kInvalidArgument, {"group 'g'", "0 entries"}},
-    {"nine_entries", "g", 4, NineEntries(), absl::StatusCode::kInvalidArgument,
+    {"nine_entries",
+     "g",
+     4,
+     NineEntries(),
+     absl::StatusCode::kInvalidArgument,
      {"9 entries", "1 to 8"}},
-    {"bad_entry_name", "g", 4, {Entry("kv", "attn"), Entry(".x", "ssm")},
-     absl::StatusCode::kInvalidArgument, {"entries[1]", "'.x'"}},
-    {"entry_name_twice", "g", 4, {Entry("kv", "attn"), Entry("kv", "ssm")},
-     absl::StatusCode::kInvalidArgument, {"entries[1] 'kv'", "earlier entry"}},
-    {"no_pool", "g", 4, {Entry("kv", "")}, absl::StatusCode::kInvalidArgument,
+    {"bad_entry_name",
+     "g",
+     4,
+     {Entry("kv", "attn"), Entry(".x", "ssm")},
+     absl::StatusCode::kInvalidArgument,
+     {"entries[1]", "'.x'"}},
+    {"entry_name_twice",
+     "g",
+     4,
+     {Entry("kv", "attn"), Entry("kv", "ssm")},
+     absl::StatusCode::kInvalidArgument,
+     {"entries[1] 'kv'", "earlier entry"}},
+    {"no_pool",
+     "g",
+     4,
+     {Entry("kv", "")},
+     absl::StatusCode::kInvalidArgument,
      {"entries[0] 'kv'", "no pool"}},
-    {"pool_twice", "g", 4, {Entry("kv", "attn"), Entry("again", "attn")},
-     absl::StatusCode::kInvalidArgument, {"entries[1] 'again'", "pool 'attn'"}},
-    {"map_too_short", "g", 4, {Entry("kv", "attn", {0, 1, 2})},
-     absl::StatusCode::kInvalidArgument, {"entries[0] 'kv'", "3 values", "layer_num 4"}},
-    {"two_anchors", "g", 4,
+    {"pool_twice",
+     "g",
+     4,
+     {Entry("kv", "attn"), Entry("again", "attn")},
+     absl::StatusCode::kInvalidArgument,
+     {"entries[1] 'again'", "pool 'attn'"}},
+    {"map_too_short",
+     "g",
+     4,
+     {Entry("kv", "attn", {0, 1, 2})},
+     absl::StatusCode::kInvalidArgument,
+     {"entries[0] 'kv'", "3 values", "layer_num 4"}},
+    {"two_anchors",
+     "g",
+     4,
      {Entry("kv", "attn", {}, true), Entry("ssm", "ssm", {}, true)},
-     absl::StatusCode::kInvalidArgument, {"entries[1] 'ssm'", "second anchor"}},
-    {"map_past_the_pool", "g", 4, {Entry("kv", "attn"), Entry("ssm", "ssm", {0, 1, 2, -1})},
+     absl::StatusCode::kInvalidArgument,
+     {"entries[1] 'ssm'", "second anchor"}},
+    {"map_past_the_pool",
+     "g",
+     4,
+     {Entry("kv", "attn"), Entry("ssm", "ssm", {0, 1, 2, -1})},
      absl::StatusCode::kInvalidArgument,
      {"entries[1] 'ssm'", "layer_map[2] = 2", "pool 'ssm'", "MAMBA", "[0, 2)"}},
-    {"map_below_minus_one", "g", 4, {Entry("kv", "attn", {-2, 1, 2, 3})},
-     absl::StatusCode::kInvalidArgument, {"entries[0] 'kv'", "layer_map[0] = -2"}},
-    {"map_layer_twice", "g", 4, {Entry("kv", "attn", {0, -1, 0, -1})},
-     absl::StatusCode::kInvalidArgument, {"entries[0] 'kv'", "layer_map[2] = 0"}},
-    {"map_below_the_shard", "g", 4, {Entry("kv", "shard", {0, 1, 2, 3})},
-     absl::StatusCode::kInvalidArgument, {"layer_map[0] = 0", "pool 'shard'", "[2, 4)"}},
-    {"unknown_pool", "g", 4, {Entry("kv", "attn"), Entry("x", "nope")},
-     absl::StatusCode::kNotFound, {"entries[1] 'x'", "pool 'nope'"}},
-    {"name_of_a_pool", "attn", 4, {Entry("kv", "ssm")}, absl::StatusCode::kAlreadyExists,
+    {"map_below_minus_one",
+     "g",
+     4,
+     {Entry("kv", "attn", {-2, 1, 2, 3})},
+     absl::StatusCode::kInvalidArgument,
+     {"entries[0] 'kv'", "layer_map[0] = -2"}},
+    {"map_layer_twice",
+     "g",
+     4,
+     {Entry("kv", "attn", {0, -1, 0, -1})},
+     absl::StatusCode::kInvalidArgument,
+     {"entries[0] 'kv'", "layer_map[2] = 0"}},
+    {"map_below_the_shard",
+     "g",
+     4,
+     {Entry("kv", "shard", {0, 1, 2, 3})},
+     absl::StatusCode::kInvalidArgument,
+     {"layer_map[0] = 0", "pool 'shard'", "[2, 4)"}},
+    {"unknown_pool",
+     "g",
+     4,
+     {Entry("kv", "attn"), Entry("x", "nope")},
+     absl::StatusCode::kNotFound,
+     {"entries[1] 'x'", "pool 'nope'"}},
+    {"name_of_a_pool",
+     "attn",
+     4,
+     {Entry("kv", "ssm")},
+     absl::StatusCode::kAlreadyExists,
      {"'attn'", "pool"}},
 };
 
@@ -1345,9 +1403,9 @@ TEST_F(GroupRegistryTest, EmptyMapsAreTheIdentityOverTheHeldLayers) {
   const std::vector<GroupEntry>& e = (*g)->entries();
   ASSERT_EQ(e.size(), 3u);
   EXPECT_EQ(e[0].layer_map, (std::vector<int32_t>{0, 1, 2, 3}));
-  EXPECT_EQ(e[1].layer_map, (std::vector<int32_t>{0, 1, -1, -1}));   // holds [0, 2)
-  EXPECT_EQ(e[2].layer_map, (std::vector<int32_t>{-1, -1, 2, 3}));   // holds [2, 4)
-  EXPECT_EQ((*g)->anchor_index(), 0u);  // none flagged: the first
+  EXPECT_EQ(e[1].layer_map, (std::vector<int32_t>{0, 1, -1, -1}));  // holds [0, 2)
+  EXPECT_EQ(e[2].layer_map, (std::vector<int32_t>{-1, -1, 2, 3}));  // holds [2, 4)
+  EXPECT_EQ((*g)->anchor_index(), 0u);                              // none flagged: the first
   EXPECT_EQ((*g)->anchor().pool->name(), "attn");
   EXPECT_EQ((*g)->layer_num(), 4u);
   ASSERT_NE((*g)->Find("ssm"), nullptr);
@@ -1360,7 +1418,8 @@ TEST_F(GroupRegistryTest, EmptyMapsAreTheIdentityOverTheHeldLayers) {
 TEST_F(GroupRegistryTest, AGivenMapAndAnchorAreKept) {
   // A hybrid model: MHA on model layers 1 and 3, Mamba on 0 and 2.
   absl::StatusOr<std::shared_ptr<PoolGroup>> g = reg_.CreateGroup(
-      "hybrid", 4, {Entry("kv", "attn", {-1, 0, -1, 1}), Entry("ssm", "ssm", {1, -1, 0, -1}, true)});
+      "hybrid", 4,
+      {Entry("kv", "attn", {-1, 0, -1, 1}), Entry("ssm", "ssm", {1, -1, 0, -1}, true)});
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ((*g)->entries()[0].layer_map, (std::vector<int32_t>{-1, 0, -1, 1}));
   EXPECT_EQ((*g)->entries()[1].layer_map, (std::vector<int32_t>{1, -1, 0, -1}));

@@ -111,9 +111,9 @@ absl::Status Pool::JoinGroup(const std::string& group) {
         absl::StrCat("pool '", name_, "' is being deleted; group '", group, "' cannot use it"));
   }
   if (!group_.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("pool '", name_, "' is in group '", group_, "' already; a pool is in one "
-                     "group at most"));
+    return absl::FailedPreconditionError(absl::StrCat("pool '", name_, "' is in group '", group_,
+                                                      "' already; a pool is in one "
+                                                      "group at most"));
   }
   group_ = group;
   return absl::OkStatus();
@@ -431,8 +431,8 @@ absl::Status Pool::TryRetire() {
                      "; delete the following pools first"));
   }
   if (!group_.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Label(), " is an entry of group '", group_, "'; delete the group first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Label(), " is an entry of group '", group_, "'; delete the group first"));
   }
   retired_ = true;
   // Jobs still in flight keep the mappings (and the memory) until they end,

@@ -38,7 +38,8 @@ absl::Status PoolGroup::CheckShape(const std::string& name, uint32_t layer_num,
       return Invalid(name, absl::StrCat("entries[", i, "] ", s.message()));
     }
     if (!names.insert(e.name).second) {
-      return Invalid(name, absl::StrCat(EntryLabel(i, e), ": the name is used by an earlier entry"));
+      return Invalid(name,
+                     absl::StrCat(EntryLabel(i, e), ": the name is used by an earlier entry"));
     }
     if (e.pool.empty()) return Invalid(name, absl::StrCat(EntryLabel(i, e), " names no pool"));
     if (!pools.insert(e.pool).second) {
@@ -80,11 +81,11 @@ absl::StatusOr<std::shared_ptr<PoolGroup>> PoolGroup::Create(
       const int32_t v = map[l];
       if (v == -1) continue;
       if (v < start || v >= end) {
-        return Invalid(name, absl::StrCat(EntryLabel(i, e), ": layer_map[", l, "] = ", v,
-                                          " is not a device layer of pool '", pool.name(), "' (",
-                                          PoolKindName(pool.spec().kind), "/",
-                                          LayoutName(pool.spec().layout), "), which holds [",
-                                          start, ", ", end, "); use -1 for none"));
+        return Invalid(
+            name, absl::StrCat(EntryLabel(i, e), ": layer_map[", l, "] = ", v,
+                               " is not a device layer of pool '", pool.name(), "' (",
+                               PoolKindName(pool.spec().kind), "/", LayoutName(pool.spec().layout),
+                               "), which holds [", start, ", ", end, "); use -1 for none"));
       }
       if (!used.insert(v).second) {
         return Invalid(name, absl::StrCat(EntryLabel(i, e), ": layer_map[", l, "] = ", v,
@@ -94,8 +95,7 @@ absl::StatusOr<std::shared_ptr<PoolGroup>> PoolGroup::Create(
     if (e.anchor) anchor = i;
     resolved.push_back(GroupEntry{e.name, pools[i], std::move(map)});
   }
-  return std::shared_ptr<PoolGroup>(
-      new PoolGroup(name, layer_num, std::move(resolved), anchor));
+  return std::shared_ptr<PoolGroup>(new PoolGroup(name, layer_num, std::move(resolved), anchor));
 }
 
 const GroupEntry* PoolGroup::Find(const std::string& name) const {
@@ -127,8 +127,8 @@ uint32_t PoolGroup::attachments() const {
 absl::Status PoolGroup::TryRetire() {
   absl::MutexLock lock(&mu_);
   if (attachments_ > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "group '", name_, "' has ", attachments_, " device attachment(s); detach them first"));
+    return absl::FailedPreconditionError(absl::StrCat("group '", name_, "' has ", attachments_,
+                                                      " device attachment(s); detach them first"));
   }
   retired_ = true;
   return absl::OkStatus();

@@ -287,8 +287,8 @@ absl::StatusOr<std::shared_ptr<PoolGroup>> PoolRegistry::CreateGroup(
     const std::string in_group = it->second->group();
     if (!in_group.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "group '", name, "': entries[", i, "] '", entries[i].name, "': pool '",
-          entries[i].pool, "' is in group '", in_group, "' already; a pool is in one group at most"));
+          "group '", name, "': entries[", i, "] '", entries[i].name, "': pool '", entries[i].pool,
+          "' is in group '", in_group, "' already; a pool is in one group at most"));
     }
     pools.push_back(it->second);
   }

@@ -183,9 +183,8 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
       name_ = chunk.pool();
       page_.resize(pool_->flat_page_bytes());
     } else if (!chunk.pool().empty() && chunk.pool() != name_) {
-      return absl::InvalidArgumentError(absl::StrCat("WritePages: chunk names pool '",
-                                                     chunk.pool(), "' in a stream for pool '",
-                                                     name_, "'"));
+      return absl::InvalidArgumentError(absl::StrCat("WritePages: chunk names pool '", chunk.pool(),
+                                                     "' in a stream for pool '", name_, "'"));
     }
     if (!in_page_) {
       if (absl::Status s = pool_->CheckPage(chunk.index()); !s.ok()) return s;
@@ -315,11 +314,11 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* co
     const uint64_t response_bytes =
         request->num_tokens() * CodedOutputStream::VarintSize64(size - 1) + 32;
     if (response_bytes > static_cast<uint64_t>(max_message_bytes_)) {
-      return failed(WithPool(
-          name, absl::ResourceExhaustedError(absl::StrCat(
-                               "num_tokens ", request->num_tokens(), " needs a response of up to ",
-                               response_bytes, " bytes, over the ", max_message_bytes_,
-                               "-byte message limit; allocate in smaller batches"))));
+      return failed(
+          WithPool(name, absl::ResourceExhaustedError(absl::StrCat(
+                             "num_tokens ", request->num_tokens(), " needs a response of up to ",
+                             response_bytes, " bytes, over the ", max_message_bytes_,
+                             "-byte message limit; allocate in smaller batches"))));
     }
   }
   absl::StatusOr<std::vector<uint64_t>> pages = (*pool)->AllocPages(request->num_tokens());
@@ -368,10 +367,10 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerConte
   if (absl::Status s = (*pool)->CheckPage(request->index()); !s.ok()) return Finish(context, s);
   const uint64_t bytes = (*pool)->flat_page_bytes();
   if (bytes + kMessageOverheadBytes > static_cast<uint64_t>(max_message_bytes_)) {
-    return Finish(context, WithPool((*pool)->name(),
-                                    absl::ResourceExhaustedError(absl::StrCat(
-                                        "a page has ", bytes, " bytes, over the ",
-                                        max_message_bytes_, "-byte message limit; use ReadPages"))));
+    return Finish(context, WithPool((*pool)->name(), absl::ResourceExhaustedError(absl::StrCat(
+                                                         "a page has ", bytes, " bytes, over the ",
+                                                         max_message_bytes_,
+                                                         "-byte message limit; use ReadPages"))));
   }
   response->set_index(request->index());
   response->set_page_bytes(bytes);
@@ -475,8 +474,8 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
 grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
     grpc::CallbackServerContext* context, const v1::CreatePoolGroupRequest* request,
     v1::PoolGroup* response) {
-  absl::StatusOr<std::shared_ptr<PoolGroup>> group = registry_->CreateGroup(
-      request->name(), request->layer_num(), FromProto(request->entries()));
+  absl::StatusOr<std::shared_ptr<PoolGroup>> group =
+      registry_->CreateGroup(request->name(), request->layer_num(), FromProto(request->entries()));
   if (!group.ok()) {
     spdlog::warn("CreatePoolGroup '{}' refused: {}", request->name(), group.status().ToString());
     return Finish(context, group.status());
@@ -486,9 +485,8 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
   for (const GroupEntry& e : (*group)->entries()) {
     entries.push_back(absl::StrCat(e.name, "=", e.pool->name()));
   }
-  spdlog::info("created pool group '{}': {} model layers, entries {}, anchor '{}'",
-               request->name(), request->layer_num(), absl::StrJoin(entries, ", "),
-               (*group)->anchor().name);
+  spdlog::info("created pool group '{}': {} model layers, entries {}, anchor '{}'", request->name(),
+               request->layer_num(), absl::StrJoin(entries, ", "), (*group)->anchor().name);
   return Finish(context, absl::OkStatus());
 }
 
