@@ -11,7 +11,10 @@
 // (multi-component kinds, page-row components that copy page runs, components
 // in separate region files at offsets), and layer sharding (attachments wider
 // than the pool, narrower, and offset from it, where host layer h is device
-// layer h + delta and device layers the pool does not hold stay untouched).
+// layer h + delta and device layers the pool does not hold stay untouched),
+// and pool group layer maps (held host layers with gaps and in any model
+// order: the staged path plans each interval of HeldLayerRanges, and host
+// layers no model layer maps stay untouched).
 // Staging chunks run from the smallest allowed to larger than the job. Also:
 // every staging byte a chunk copies is written by exactly one item (so a
 // backup never writes stale staging bytes into the pool), no copy crosses a
@@ -19,7 +22,9 @@
 #include "server/transfer/segments.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -99,25 +104,34 @@ void NaiveCopy(const Case& c, bool backup, Buffers* b) {
   }
 }
 
-// Host layers the job holds, [begin, end), and the device layer delta.
+// Host layers the job holds as intervals of consecutive host layers, each
+// with its device layer delta, computed independently of HeldLayerRanges:
+// a plain attachment's layers give one; a pool group's layer map (any held
+// layers, any order) may give several.
 struct Held {
   uint64_t begin = 0, end = 0;
   int64_t delta = 0;
 };
-Held HeldOf(const Case& c) {
-  Held h;
-  bool any = false;
+std::vector<Held> HeldOf(const Case& c) {
+  std::vector<int64_t> delta_of;  // per host layer, or kNone
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::min();
   for (const JobLayer& jl : c.layers) {
     if (jl.host_layer < 0) continue;
-    if (!any) {
-      h.begin = static_cast<uint64_t>(jl.host_layer);
-      h.delta = int64_t{jl.device_layer} - jl.host_layer;
-    }
-    any = true;
-    h.end = static_cast<uint64_t>(jl.host_layer) + 1;
-    EXPECT_EQ(int64_t{jl.device_layer} - jl.host_layer, h.delta) << "delta not constant";
+    const auto h = static_cast<size_t>(jl.host_layer);
+    if (delta_of.size() <= h) delta_of.resize(h + 1, kNone);
+    EXPECT_EQ(delta_of[h], kNone) << "host layer " << h << " held twice";
+    delta_of[h] = int64_t{jl.device_layer} - jl.host_layer;
   }
-  return h;
+  std::vector<Held> out;
+  for (size_t h = 0; h < delta_of.size(); ++h) {
+    if (delta_of[h] == kNone) continue;
+    if (!out.empty() && out.back().end == h && out.back().delta == delta_of[h]) {
+      ++out.back().end;
+    } else {
+      out.push_back(Held{h, h + 1, delta_of[h]});
+    }
+  }
+  return out;
 }
 
 // Replays one kernel launch over group `g` (segments [begin, end), items
@@ -155,10 +169,12 @@ void ReplayLaunch(const Case& c, const LayoutGroup& g, const CopySegment* segmen
   ASSERT_EQ(seen, items);
 }
 
-uint64_t UnitOf(const std::vector<LayoutGroup>& groups, const Held& held) {
+uint64_t UnitOf(const std::vector<LayoutGroup>& groups, const std::vector<Held>& held) {
   uint64_t unit = 0;
-  for (const LayoutGroup& g : groups) {
-    unit = std::max(unit, StagedUnitBytes(g.layout, held.begin, held.end));
+  for (const Held& h : held) {
+    for (const LayoutGroup& g : groups) {
+      unit = std::max(unit, StagedUnitBytes(g.layout, h.begin, h.end));
+    }
   }
   return unit;
 }
@@ -173,53 +189,83 @@ void ExpectStagedMatchesNaive(const Case& c) {
   SCOPED_TRACE(c.name);
   std::mt19937_64 rng(7);
   const std::vector<LayoutGroup> groups = GroupComponents(c.components);
-  const Held held = HeldOf(c);
-  ASSERT_LT(held.begin, held.end) << "the case holds no layer";
+  const std::vector<Held> held = HeldOf(c);
+  ASSERT_FALSE(held.empty()) << "the case holds no layer";
+  // As the engine plans: one interval per HeldLayerRanges entry.
+  const std::vector<HeldLayers> ranges = HeldLayerRanges(c.layers);
+  ASSERT_EQ(ranges.size(), held.size());
+  for (size_t i = 0; i < held.size(); ++i) {
+    EXPECT_EQ(ranges[i].begin, held[i].begin) << "range " << i;
+    EXPECT_EQ(ranges[i].end, held[i].end) << "range " << i;
+    EXPECT_EQ(ranges[i].delta, held[i].delta) << "range " << i;
+  }
+  bool in_order = true;  // host layers rise with the ticket layers, as a plain attachment's
+  int32_t last = -1;
+  for (const JobLayer& jl : c.layers) {
+    if (jl.host_layer < 0) continue;
+    in_order = in_order && jl.host_layer > last;
+    last = jl.host_layer;
+  }
+  if (held.size() == 1 && in_order) {
+    // A plain attachment's: the same as HeldLayersOf.
+    const HeldLayers one = HeldLayersOf(c.layers);
+    EXPECT_EQ(one.begin, held[0].begin);
+    EXPECT_EQ(one.end, held[0].end);
+    EXPECT_EQ(one.delta, held[0].delta);
+  }
   const uint64_t unit = UnitOf(groups, held);
   for (const uint64_t chunk : {unit, 3 * unit + 5, uint64_t{1} << 20}) {
     Buffers got = MakeBuffers(c, rng);
     // A registration split inside the regions, so that some copies are cut.
     const uint64_t split = SplitOf(got);
-    StagedPlan plan;
-    ASSERT_TRUE(
-        PlanStaged(groups, c.runs, c.page_runs, held.begin, held.end, chunk, split, &plan).ok());
+    std::vector<StagedPlan> plans(held.size());
+    for (size_t i = 0; i < held.size(); ++i) {
+      ASSERT_TRUE(PlanStaged(groups, c.runs, c.page_runs, held[i].begin, held[i].end, chunk, split,
+                             &plans[i])
+                      .ok());
+    }
     for (const bool backup : {true, false}) {
       SCOPED_TRACE(absl::StrCat("chunk ", chunk, backup ? " backup" : " load"));
       got = MakeBuffers(c, rng);
       Buffers want = got;
       NaiveCopy(c, backup, &want);
       std::vector<uint8_t> staging(chunk);
-      for (const StagedChunk& ch : plan.chunks) {
-        ASSERT_LE(ch.bytes, chunk);
-        std::fill(staging.begin(), staging.end(), 0);
-        std::vector<int> writes(chunk, 0);
-        if (!backup) {
+      for (size_t range = 0; range < held.size(); ++range) {
+        const StagedPlan& plan = plans[range];
+        const int64_t delta = held[range].delta;
+        for (const StagedChunk& ch : plan.chunks) {
+          ASSERT_LE(ch.bytes, chunk);
+          std::fill(staging.begin(), staging.end(), 0);
+          std::vector<int> writes(chunk, 0);
+          if (!backup) {
+            for (size_t i = ch.copy_begin; i < ch.copy_end; ++i) {
+              const StagedCopy& cp = plan.copies[i];
+              std::memcpy(staging.data() + cp.staging_offset,
+                          got.regions[cp.region].data() + cp.host_offset, cp.bytes);
+            }
+          }
+          for (size_t k = ch.launch_begin; k < ch.launch_end; ++k) {
+            const SegmentLaunch& launch = plan.launches[k];
+            ReplayLaunch(c, groups[launch.group], plan.segments.data() + launch.segment_begin,
+                         launch.segment_end - launch.segment_begin, launch.items, 0, delta,
+                         staging.data(), chunk, !backup, &got, &writes);
+            if (::testing::Test::HasFatalFailure()) return;
+          }
           for (size_t i = ch.copy_begin; i < ch.copy_end; ++i) {
             const StagedCopy& cp = plan.copies[i];
-            std::memcpy(staging.data() + cp.staging_offset,
-                        got.regions[cp.region].data() + cp.host_offset, cp.bytes);
-          }
-        }
-        for (size_t k = ch.launch_begin; k < ch.launch_end; ++k) {
-          const SegmentLaunch& launch = plan.launches[k];
-          ReplayLaunch(c, groups[launch.group], plan.segments.data() + launch.segment_begin,
-                       launch.segment_end - launch.segment_begin, launch.items, 0, held.delta,
-                       staging.data(), chunk, !backup, &got, &writes);
-          if (::testing::Test::HasFatalFailure()) return;
-        }
-        for (size_t i = ch.copy_begin; i < ch.copy_end; ++i) {
-          const StagedCopy& cp = plan.copies[i];
-          ASSERT_LE(cp.host_offset + cp.bytes, got.regions[cp.region].size());
-          EXPECT_EQ(cp.host_offset / split, (cp.host_offset + cp.bytes - 1) / split)
-              << "copy crosses a registration chunk";
-          if (backup) {
-            for (uint64_t k = 0; k < cp.bytes; ++k) {
-              ASSERT_EQ(writes[cp.staging_offset + k], 1)
-                  << "staging byte " << cp.staging_offset + k << " copied to the pool but written "
-                  << writes[cp.staging_offset + k] << " times";
+            ASSERT_LE(cp.host_offset + cp.bytes, got.regions[cp.region].size());
+            EXPECT_EQ(cp.host_offset / split, (cp.host_offset + cp.bytes - 1) / split)
+                << "copy crosses a registration chunk";
+            if (backup) {
+              for (uint64_t k = 0; k < cp.bytes; ++k) {
+                ASSERT_EQ(writes[cp.staging_offset + k], 1)
+                    << "staging byte " << cp.staging_offset + k
+                    << " copied to the pool but written " << writes[cp.staging_offset + k]
+                    << " times";
+              }
+              std::memcpy(got.regions[cp.region].data() + cp.host_offset,
+                          staging.data() + cp.staging_offset, cp.bytes);
             }
-            std::memcpy(got.regions[cp.region].data() + cp.host_offset,
-                        staging.data() + cp.staging_offset, cp.bytes);
           }
         }
       }
@@ -319,6 +365,23 @@ std::vector<JobLayer> ShardLayers(uint32_t pool_start, uint32_t layers, uint32_t
     JobLayer jl;
     jl.device_layer = d - att_start;
     if (d >= pool_start && d < pool_start + layers) jl.host_layer = static_cast<int32_t>(d - pool_start);
+    out.push_back(jl);
+  }
+  return out;
+}
+
+// A pool group entry's ticket layers: model layer l copies host layer
+// map[l] (-1: none) to or from attached layer map[l] + delta, as the
+// transfer manager fills a group job's part (device layer - host layer is
+// the attachment's offset from the pool, the same for every layer).
+std::vector<JobLayer> MapLayers(const std::vector<int>& map, int delta) {
+  std::vector<JobLayer> out;
+  for (int h : map) {
+    JobLayer jl;
+    if (h >= 0) {
+      jl.host_layer = h;
+      jl.device_layer = static_cast<uint32_t>(h + delta);
+    }
     out.push_back(jl);
   }
   return out;
@@ -429,6 +492,33 @@ TEST_P(SegmentsTest, ShardedLayersMoveOnlyTheHeldLayers) {
   ExpectAllPathsMatchNaive(PlaneCase(GetParam(), ShardLayers(2, kLayers, 1, 6), 5));
   ExpectAllPathsMatchNaive(PlaneCase(GetParam(), ShardLayers(2, kLayers, 3, 5), 2));
   ExpectAllPathsMatchNaive(PlaneCase(GetParam(), ShardLayers(2, kLayers, 3, 4), 1));
+}
+
+TEST_P(SegmentsTest, GroupLayerMapsMoveOnlyTheMappedLayers) {
+  // A group entry of a 3-layer pool over 5 model layers: layers 0 and 2 held
+  // with 1 unmapped between them (untouched in every layout, including the
+  // PAGE_FIRST blocks that span a token's layers), attached from one layer
+  // below the pool (delta 1); all three in reverse model order; only the
+  // middle one.
+  ExpectAllPathsMatchNaive(PlaneCase(GetParam(), MapLayers({0, -1, -1, 2, -1}, 1), 4));
+  ExpectAllPathsMatchNaive(PlaneCase(GetParam(), MapLayers({2, -1, 1, 0, -1}, 0), 3));
+  ExpectAllPathsMatchNaive(PlaneCase(GetParam(), MapLayers({-1, -1, -1, 1, -1}, 0), 3));
+}
+
+TEST(HeldLayerRangesTest, IntervalsInHostLayerOrder) {
+  const std::vector<HeldLayers> r = HeldLayerRanges(MapLayers({4, -1, 0, 1, 5, -1, 2}, 3));
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].begin, 0u);
+  EXPECT_EQ(r[0].end, 3u);
+  EXPECT_EQ(r[0].delta, 3);
+  EXPECT_EQ(r[1].begin, 4u);
+  EXPECT_EQ(r[1].end, 6u);
+  EXPECT_EQ(r[1].delta, 3);
+  EXPECT_TRUE(HeldLayerRanges(MapLayers({-1, -1}, 0)).empty());
+  // A delta that changes starts a new interval.
+  std::vector<JobLayer> layers = MapLayers({0, 1}, 0);
+  layers[1].device_layer = 5;
+  EXPECT_EQ(HeldLayerRanges(layers).size(), 2u);
 }
 
 TEST_P(SegmentsTest, ChunkSmallerThanAUnitIsRefused) {
@@ -565,6 +655,11 @@ TEST_P(KindSegmentsTest, EveryPathMovesExactlyTheRunsBytes) {
 TEST_P(KindSegmentsTest, ShardedLayersMoveOnlyTheHeldLayers) {
   ExpectAllPathsMatchNaive(KindOf(GetParam(), ShardLayers(2, 3, 1, 6), 5));
   ExpectAllPathsMatchNaive(KindOf(GetParam(), ShardLayers(2, 3, 3, 4), 1));
+}
+
+TEST_P(KindSegmentsTest, GroupLayerMapsMoveOnlyTheMappedLayers) {
+  ExpectAllPathsMatchNaive(KindOf(GetParam(), MapLayers({-1, 2, -1, 0}, 0), 3));
+  ExpectAllPathsMatchNaive(KindOf(GetParam(), MapLayers({1, -1, 0, 2}, 2), 5));
 }
 
 TEST_P(KindSegmentsTest, GroupsCoverEveryComponentOnce) {

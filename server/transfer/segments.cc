@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/transfer/engine.h"
@@ -264,6 +265,26 @@ HeldLayers HeldLayersOf(const std::vector<JobLayer>& layers) {
     held.end = host + 1;
   }
   return held;
+}
+
+std::vector<HeldLayers> HeldLayerRanges(const std::vector<JobLayer>& layers) {
+  // (host layer, delta) of every held ticket layer, in host layer order.
+  std::vector<std::pair<uint64_t, int64_t>> held;
+  for (const JobLayer& layer : layers) {
+    if (layer.host_layer < 0) continue;
+    held.emplace_back(static_cast<uint64_t>(layer.host_layer),
+                      int64_t{layer.device_layer} - layer.host_layer);
+  }
+  std::sort(held.begin(), held.end());
+  std::vector<HeldLayers> ranges;
+  for (const auto& [host, delta] : held) {
+    if (ranges.empty() || ranges.back().end != host || ranges.back().delta != delta) {
+      ranges.push_back(HeldLayers{host, host + 1, delta});
+    } else {
+      ranges.back().end = host + 1;
+    }
+  }
+  return ranges;
 }
 
 LayoutGroup GroupOf(const KvLayout& layout, bool page_rows) {

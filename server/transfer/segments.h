@@ -92,6 +92,12 @@ struct HeldLayers {
 };
 HeldLayers HeldLayersOf(const std::vector<JobLayer>& layers);
 
+// The held host layers of a pool group's job part, whose layer map may hold
+// any set of a pool's layers in any order: maximal intervals of consecutive
+// host layers with one delta, in host layer order. A plain attachment's
+// layers give one interval, HeldLayersOf's (none when nothing is held).
+std::vector<HeldLayers> HeldLayerRanges(const std::vector<JobLayer>& layers);
+
 // A copy-engine copy of one held layer: bytes [host_offset, + bytes) of
 // region `region` and [device_offset, + bytes) of component `component`'s
 // buffer of the layer.
