@@ -63,6 +63,43 @@ std::string Bytes(uint64_t n) {
   return absl::StrCat(n, " B");
 }
 
+// The SM path's plan of a job: one DirectPlan per job part, in order.
+struct JobDirectPlan {
+  std::vector<DirectPlan> parts;
+};
+
+// The staged path's plan of one job part over one interval of its held host
+// layers (HeldLayerRanges; a plain attachment's job has one).
+struct StagedRange {
+  size_t part = 0;
+  int64_t delta = 0;  // device layer - host layer
+  StagedPlan plan;
+};
+
+// The staged path's plan of a job: its ranges run one after the other, and
+// every ticket layer is complete after the last.
+struct JobStagedPlan {
+  std::vector<StagedRange> ranges;
+
+  size_t chunks() const {
+    size_t n = 0;
+    for (const StagedRange& range : ranges) n += range.plan.chunks.size();
+    return n;
+  }
+  size_t copies() const {
+    size_t n = 0;
+    for (const StagedRange& range : ranges) n += range.plan.copies.size();
+    return n;
+  }
+};
+
+// "pool 'a'", or "pools 'a', 'b'" for a pool group's job, for the log.
+std::string PoolsOf(const TransferJob& job) {
+  std::vector<std::string> names;
+  for (const JobPart& part : job.parts) names.push_back(absl::StrCat("'", part.pool->name(), "'"));
+  return absl::StrCat(names.size() == 1 ? "pool " : "pools ", absl::StrJoin(names, ", "));
+}
+
 }  // namespace
 
 absl::StatusOr<CudaPath> ParseCudaPath(const std::string& name) {
@@ -244,6 +281,15 @@ class CudaEngine::Mapping : public DeviceMapping {
         device_(device),
         lanes_(lanes),
         groups_(GroupComponents(pool.components())) {}
+  // A pool group's: no buffers of its own (jobs copy through their parts'
+  // mappings), `layer_num` model layers of load events, and the entries'
+  // mappings kept open as long as this one.
+  Mapping(std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num, int device,
+          Lane* lanes)
+      : DeviceMapping(layer_num, 0, {}),
+        device_(device),
+        lanes_(lanes),
+        entries_(std::move(entries)) {}
 
   ~Mapping() override {
     // The handles were opened in this device's context and close there.
@@ -460,6 +506,8 @@ class CudaEngine::Mapping : public DeviceMapping {
   const int device_;
   Lane* const lanes_;                         // owned by the engine, which outlives us
   const std::vector<LayoutGroup> groups_;
+  // A group's entries (empty for a plain attachment's mapping).
+  const std::vector<std::shared_ptr<const DeviceMapping>> entries_;
   std::map<std::string, Allocation> opened_;  // by handle bytes
   std::shared_ptr<HostPins> pins_;
   std::vector<uint8_t*> pinned_;  // region bases
@@ -570,7 +618,31 @@ std::string CudaEngine::PathFor(const TransferJob& job) const {
 absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::OpenGroup(
     std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
     uint32_t load_event_sets) {
-  return absl::FailedPreconditionError("the cuda engine does not serve pool groups yet");
+  if (entries.empty()) return absl::InvalidArgumentError("a pool group attachment with no entries");
+  // Every mapping this engine sees is one it opened.
+  auto device_of = [&](size_t i) { return static_cast<const Mapping&>(*entries[i]).device(); };
+  const int device = device_of(0);
+  for (size_t i = 1; i < entries.size(); ++i) {
+    if (device_of(i) == device) continue;
+    std::vector<std::string> where;
+    for (size_t k = 0; k < entries.size(); ++k) {
+      where.push_back(absl::StrCat("entries[", k, "] on GPU ",
+                                   devices_[static_cast<size_t>(device_of(k))].uuid));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("the group's entries are on different GPUs (", absl::StrJoin(where, ", "),
+                     "); every buffer of a group attachment must be on one GPU"));
+  }
+  absl::StatusOr<Lane*> lanes = LanesFor(device);
+  if (!lanes.ok()) return lanes.status();
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("cudaSetDevice(", device, "): ", CudaError(e)));
+  }
+  // On error, `mapping` destroys the events it made.
+  auto mapping = std::make_unique<Mapping>(std::move(entries), layer_num, device, *lanes);
+  if (absl::Status s = mapping->CreateLoadEvents(load_event_sets, layer_num); !s.ok()) return s;
+  return std::unique_ptr<DeviceMapping>(std::move(mapping));
 }
 
 absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
@@ -762,28 +834,31 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
 }
 
 absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, size_t ticket_layer) {
-  const JobPart& part = job.parts[0];
-  const JobLayer& layer = part.layers[ticket_layer];
-  if (layer.host_layer < 0) return absl::OkStatus();  // a device layer the pool does not hold
-  const Pool& pool = *part.pool;
   const bool backup = job.direction == Direction::kBackup;
   std::vector<CopyEnginePiece>& pieces = lane->pieces;
-  pieces.clear();
-  PlanCopyEngineLayer(pool.components(), part.runs, part.page_runs,
-                      static_cast<uint64_t>(layer.host_layer), pins_->chunk(), &pieces);
-  if (pieces.empty()) return absl::OkStatus();
-  lane->dsts.resize(pieces.size());
-  lane->srcs.resize(pieces.size());
-  lane->sizes.resize(pieces.size());
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const CopyEnginePiece& p = pieces[i];
-    void* const h = pool.region_base(p.region) + p.host_offset;
-    void* const d = part.device->buffer(p.component, layer.device_layer) + p.device_offset;
-    lane->dsts[i] = backup ? h : d;
-    lane->srcs[i] = backup ? d : h;
-    lane->sizes[i] = static_cast<size_t>(p.bytes);
+  // Every part's pieces of the layer, in one batch.
+  size_t n = 0;
+  for (const JobPart& part : job.parts) {
+    const JobLayer& layer = part.layers[ticket_layer];
+    if (layer.host_layer < 0) continue;  // a device layer the part's pool does not copy here
+    const Pool& pool = *part.pool;
+    pieces.clear();
+    PlanCopyEngineLayer(pool.components(), part.runs, part.page_runs,
+                        static_cast<uint64_t>(layer.host_layer), pins_->chunk(), &pieces);
+    lane->dsts.resize(n + pieces.size());
+    lane->srcs.resize(n + pieces.size());
+    lane->sizes.resize(n + pieces.size());
+    for (const CopyEnginePiece& p : pieces) {
+      void* const h = pool.region_base(p.region) + p.host_offset;
+      void* const d = part.device->buffer(p.component, layer.device_layer) + p.device_offset;
+      lane->dsts[n] = backup ? h : d;
+      lane->srcs[n] = backup ? d : h;
+      lane->sizes[n] = static_cast<size_t>(p.bytes);
+      ++n;
+    }
   }
-  return SubmitCopies(lane, lane->stream, pieces.size(),
+  if (n == 0) return absl::OkStatus();
+  return SubmitCopies(lane, lane->stream, n,
                       absl::StrCat(DirectionName(job.direction), " layer ", ticket_layer));
 }
 
@@ -863,34 +938,74 @@ absl::Status CudaEngine::SubmitCopies(Lane* lane, cudaStream_t stream, size_t n_
 }
 
 absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
-  const JobPart& part = job->parts[0];
-  const auto& mapping = static_cast<const Mapping&>(*part.device);
-  const std::vector<LayoutGroup>& groups = mapping.groups();
-  const HeldLayers held = HeldLayersOf(part.layers);
-  // The average piece is the same over every held layer.
-  const LayerPieces per_layer = CopyEngineLayerPieces(groups, part.runs, part.page_runs);
-  const uint64_t ce_piece = per_layer.pieces == 0 ? 0 : per_layer.bytes / per_layer.pieces;
-  const uint64_t total = per_layer.bytes * held.count();
+  // Over every part: the bytes moved and the copy-engine pieces, each part's
+  // per held layer (the same over its held layers) times its held layers.
+  uint64_t total = 0;
+  uint64_t total_pieces = 0;
+  // The same per layer, unweighted: the average piece of a job that holds
+  // no layer (it copies nothing; the path name is all it gets).
+  uint64_t layer_bytes = 0;
+  uint64_t layer_pieces = 0;
+  bool host_pointer_ok = true;
+  bool stageable = false;  // some part's layout has blocks larger than its pieces
+  for (const JobPart& part : job->parts) {
+    const auto& mapping = static_cast<const Mapping&>(*part.device);
+    const std::vector<LayoutGroup>& groups = mapping.groups();
+    uint64_t held = 0;
+    for (const JobLayer& layer : part.layers) held += layer.host_layer >= 0 ? 1 : 0;
+    const LayerPieces per_layer = CopyEngineLayerPieces(groups, part.runs, part.page_runs);
+    total += per_layer.bytes * held;
+    total_pieces += per_layer.pieces * held;
+    layer_bytes += per_layer.bytes;
+    layer_pieces += per_layer.pieces;
+    host_pointer_ok = host_pointer_ok && mapping.host_pointer_ok();
+    // LAYER_FIRST blocks are the copy-engine pieces themselves: staging them
+    // adds a kernel and gains nothing.
+    stageable =
+        stageable || (!groups.empty() && groups.front().layout.kind != LayoutKind::kLayerFirst);
+  }
+  const uint64_t ce_piece = total_pieces > 0   ? total / total_pieces
+                            : layer_pieces > 0 ? layer_bytes / layer_pieces
+                                               : 0;
   auto use = [job](CudaPath path, std::shared_ptr<const void> plan) {
     job->path = static_cast<uint8_t>(path);
     job->plan = std::move(plan);
     return absl::OkStatus();
   };
   // Staged only where every group's blocks fit a chunk (else an error, which
-  // auto answers with the copy engines).
-  auto staged = [&]() -> absl::StatusOr<std::shared_ptr<const StagedPlan>> {
-    auto plan = std::make_shared<StagedPlan>();
-    if (held.count() > 0) {
-      absl::Status s = PlanStaged(groups, part.runs, part.page_runs, held.begin, held.end,
-                                  StagingChunk(options_.staging_bytes), pins_->chunk(), plan.get());
-      if (!s.ok()) return s;
+  // auto answers with the copy engines): one plan per part and interval of
+  // its held host layers.
+  auto staged = [&]() -> absl::StatusOr<std::shared_ptr<const JobStagedPlan>> {
+    auto plan = std::make_shared<JobStagedPlan>();
+    for (size_t j = 0; j < job->parts.size(); ++j) {
+      const JobPart& part = job->parts[j];
+      if (part.tokens == 0) continue;
+      const auto& mapping = static_cast<const Mapping&>(*part.device);
+      for (const HeldLayers& held : HeldLayerRanges(part.layers)) {
+        StagedRange& range = plan->ranges.emplace_back();
+        range.part = j;
+        range.delta = held.delta;
+        absl::Status s =
+            PlanStaged(mapping.groups(), part.runs, part.page_runs, held.begin, held.end,
+                       StagingChunk(options_.staging_bytes), pins_->chunk(), &range.plan);
+        if (!s.ok()) {
+          if (job->parts.size() == 1) return s;
+          return absl::Status(s.code(),
+                              absl::StrCat("pool '", part.pool->name(), "': ", s.message()));
+        }
+      }
     }
-    return std::shared_ptr<const StagedPlan>(std::move(plan));
+    return std::shared_ptr<const JobStagedPlan>(std::move(plan));
   };
   auto direct = [&]() {
-    return std::make_shared<const DirectPlan>(PlanDirect(groups, part.runs, part.page_runs));
+    auto plan = std::make_shared<JobDirectPlan>();
+    for (const JobPart& part : job->parts) {
+      const auto& mapping = static_cast<const Mapping&>(*part.device);
+      plan->parts.push_back(PlanDirect(mapping.groups(), part.runs, part.page_runs));
+    }
+    return std::shared_ptr<const JobDirectPlan>(std::move(plan));
   };
-  const char* no_sm = mapping.host_pointer_ok()
+  const char* no_sm = host_pointer_ok
                           ? nullptr
                           : "this GPU cannot address registered host memory by its host pointer "
                             "(cudaDevAttrCanUseHostPointerForRegisteredMem is 0)";
@@ -905,7 +1020,7 @@ absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
       *why = "--transfer-path=sm";
       return use(CudaPath::kSm, direct());
     case CudaPath::kStaged: {
-      absl::StatusOr<std::shared_ptr<const StagedPlan>> plan = staged();
+      absl::StatusOr<std::shared_ptr<const JobStagedPlan>> plan = staged();
       if (!plan.ok()) {
         return absl::Status(plan.status().code(),
                             absl::StrCat("--transfer-path=staged: ", plan.status().message()));
@@ -925,12 +1040,10 @@ absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
     *why = absl::StrCat("auto: copy-engine pieces of only ", Bytes(ce_piece), ", MPS active");
     return use(CudaPath::kSm, direct());
   }
-  // LAYER_FIRST blocks are the copy-engine pieces themselves: staging them
-  // adds a kernel and gains nothing.
-  if (!groups.empty() && groups.front().layout.kind != LayoutKind::kLayerFirst) {
-    absl::StatusOr<std::shared_ptr<const StagedPlan>> plan = staged();
+  if (stageable) {
+    absl::StatusOr<std::shared_ptr<const JobStagedPlan>> plan = staged();
     if (plan.ok()) {
-      const uint64_t block = total / std::max<size_t>((*plan)->copies.size(), 1);
+      const uint64_t block = total / std::max<size_t>((*plan)->copies(), 1);
       if (block >= 2 * ce_piece) {
         *why = absl::StrCat("auto: copy-engine pieces of only ", Bytes(ce_piece),
                             ", staged blocks of ", Bytes(block), ", MPS not active");
@@ -988,56 +1101,75 @@ absl::StatusOr<void*> CudaEngine::UploadDescriptors(Lane* lane, cudaStream_t str
 template <typename LayerDone>
 absl::Status CudaEngine::EnqueueDirect(Lane* lane, const TransferJob& job,
                                        std::vector<void*>* scratch, LayerDone&& layer_done) {
-  const JobPart& part = job.parts[0];
-  const auto& mapping = static_cast<const Mapping&>(*part.device);
-  const auto& plan = *static_cast<const DirectPlan*>(job.plan.get());
-  const CopySegment* segments = nullptr;
-  if (!plan.segments.empty()) {
+  // No plan: a job of no rows, which only records its events.
+  static const JobDirectPlan kNoRows;
+  const auto& plan =
+      job.plan == nullptr ? kNoRows : *static_cast<const JobDirectPlan*>(job.plan.get());
+  // Each part's descriptors, uploaded once for every layer.
+  std::vector<const CopySegment*> segments(job.parts.size(), nullptr);
+  absl::Status status;
+  for (size_t j = 0; j < plan.parts.size() && status.ok(); ++j) {
+    const DirectPlan& part_plan = plan.parts[j];
+    if (part_plan.segments.empty()) continue;
     absl::StatusOr<void*> uploaded =
-        UploadDescriptors(lane, lane->stream, plan.segments.data(),
-                          plan.segments.size() * sizeof(CopySegment), scratch);
-    if (!uploaded.ok()) return uploaded.status();
-    segments = static_cast<const CopySegment*>(*uploaded);
+        UploadDescriptors(lane, lane->stream, part_plan.segments.data(),
+                          part_plan.segments.size() * sizeof(CopySegment), scratch);
+    if (!uploaded.ok()) {
+      status = uploaded.status();
+    } else {
+      segments[j] = static_cast<const CopySegment*>(*uploaded);
+    }
   }
   SegmentCopyArgs args;
-  args.device_layers_per_plane = static_cast<uint32_t>(mapping.layer_num());
   args.to_device = job.direction == Direction::kLoad;
-  absl::Status status;
-  for (size_t i = 0; i < part.layers.size() && status.ok(); ++i) {
-    const JobLayer& layer = part.layers[i];
-    // One launch per group (one for MHA's K and V) and held layer; a layer
-    // the pool does not hold only records its events.
-    for (size_t k = 0; layer.host_layer >= 0 && k < plan.launches.size(); ++k) {
-      const SegmentLaunch& launch = plan.launches[k];
-      const LayoutGroup& group = mapping.groups()[launch.group];
-      args.layout = group.layout;
-      args.device_layers = mapping.layer_table(group);
-      args.device_layer_delta = static_cast<int32_t>(int64_t{layer.device_layer} - layer.host_layer);
-      args.other = part.pool->region_base(group.region) + group.region_offset;
-      args.aligned16 = mapping.aligned16() && reinterpret_cast<uintptr_t>(args.other) % 16 == 0;
-      args.segments = segments + launch.segment_begin;
-      args.segment_count = static_cast<uint32_t>(launch.segment_end - launch.segment_begin);
-      args.item_count = launch.items;
-      args.layer_shift = static_cast<uint32_t>(layer.host_layer);
-      if (cudaError_t e = LaunchSegmentCopy(args, options_.sm_blocks, lane->stream);
-          e != cudaSuccess) {
-        status = absl::InternalError(absl::StrCat(DirectionName(job.direction), " layer ", i,
-                                                  ": SM copy kernel: ", CudaError(e)));
-        break;
+  const uint64_t layers = job.layer_num();
+  for (size_t i = 0; i < layers && status.ok(); ++i) {
+    // Per part, one launch per group (one for MHA's K and V) where the part
+    // holds the layer; a layer no part holds only records its events.
+    for (size_t j = 0; j < job.parts.size() && status.ok(); ++j) {
+      const JobPart& part = job.parts[j];
+      const JobLayer& layer = part.layers[i];
+      if (layer.host_layer < 0 || j >= plan.parts.size()) continue;
+      const auto& mapping = static_cast<const Mapping&>(*part.device);
+      const DirectPlan& part_plan = plan.parts[j];
+      args.device_layers_per_plane = static_cast<uint32_t>(mapping.layer_num());
+      for (size_t k = 0; k < part_plan.launches.size(); ++k) {
+        const SegmentLaunch& launch = part_plan.launches[k];
+        const LayoutGroup& group = mapping.groups()[launch.group];
+        args.layout = group.layout;
+        args.device_layers = mapping.layer_table(group);
+        args.device_layer_delta =
+            static_cast<int32_t>(int64_t{layer.device_layer} - layer.host_layer);
+        args.other = part.pool->region_base(group.region) + group.region_offset;
+        args.aligned16 = mapping.aligned16() && reinterpret_cast<uintptr_t>(args.other) % 16 == 0;
+        args.segments = segments[j] + launch.segment_begin;
+        args.segment_count = static_cast<uint32_t>(launch.segment_end - launch.segment_begin);
+        args.item_count = launch.items;
+        args.layer_shift = static_cast<uint32_t>(layer.host_layer);
+        if (cudaError_t e = LaunchSegmentCopy(args, options_.sm_blocks, lane->stream);
+            e != cudaSuccess) {
+          status = absl::InternalError(absl::StrCat(
+              DirectionName(job.direction), " layer ", i,
+              job.parts.size() > 1 ? absl::StrCat(" of pool '", part.pool->name(), "'") : "",
+              ": SM copy kernel: ", CudaError(e)));
+          break;
+        }
       }
     }
     if (status.ok()) status = layer_done(i);
   }
-  if (segments != nullptr) cudaFreeAsync(const_cast<CopySegment*>(segments), lane->stream);
+  for (const CopySegment* s : segments) {
+    if (s != nullptr) cudaFreeAsync(const_cast<CopySegment*>(s), lane->stream);
+  }
   return status;
 }
 
 absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
                                        std::vector<void*>* scratch) {
-  const JobPart& part = job.parts[0];
-  const auto& mapping = static_cast<const Mapping&>(*part.device);
-  const auto& plan = *static_cast<const StagedPlan*>(job.plan.get());
-  if (plan.chunks.empty()) return absl::OkStatus();  // no layer held: nothing to copy
+  // No plan: a job of no rows. No chunks: no layer held. Nothing to copy.
+  if (job.plan == nullptr) return absl::OkStatus();
+  const auto& plan = *static_cast<const JobStagedPlan*>(job.plan.get());
+  if (plan.chunks() == 0) return absl::OkStatus();
   const bool backup = job.direction == Direction::kBackup;
   const uint64_t chunk_bytes = StagingChunk(options_.staging_bytes);
   if (lane->staging == nullptr) {
@@ -1073,75 +1205,90 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
       !ok(cudaStreamWaitEvent(kernels, lane->stage_start, 0), "cudaStreamWaitEvent")) {
     return failed();
   }
-  absl::StatusOr<void*> segments = UploadDescriptors(
-      lane, kernels, plan.segments.data(), plan.segments.size() * sizeof(CopySegment), scratch);
-  if (!segments.ok()) return segments.status();
-  SegmentCopyArgs args;
-  args.device_layers_per_plane = static_cast<uint32_t>(mapping.layer_num());
-  args.device_layer_delta = static_cast<int32_t>(HeldLayersOf(part.layers).delta);
-  args.to_device = !backup;
-  args.aligned16 = mapping.aligned16();
   const int blocks = options_.staged_blocks > 0
                          ? options_.staged_blocks
                          : 4 * devices_[static_cast<size_t>(lane->device)].sms;
-  const Pool& pool = *part.pool;
-  const auto* uploaded = static_cast<const CopySegment*>(*segments);
-  // The chunk's kernels, one per group in it (one for MHA's K and V).
-  auto launch_chunk = [&](const StagedChunk& chunk, const char* what) {
-    for (size_t k = chunk.launch_begin; k < chunk.launch_end; ++k) {
-      const SegmentLaunch& launch = plan.launches[k];
-      const LayoutGroup& group = mapping.groups()[launch.group];
-      args.layout = group.layout;
-      args.device_layers = mapping.layer_table(group);
-      args.segments = uploaded + launch.segment_begin;
-      args.segment_count = static_cast<uint32_t>(launch.segment_end - launch.segment_begin);
-      args.item_count = launch.items;
-      if (!ok(LaunchSegmentCopy(args, blocks, kernels), what)) return;
-    }
-  };
   absl::Status status;
-  for (size_t i = 0; i < plan.chunks.size() && status.ok(); ++i) {
-    const StagedChunk& chunk = plan.chunks[i];
-    const int b = static_cast<int>(i % 2);
-    uint8_t* const half = lane->staging + b * chunk_bytes;
-    const size_t n = chunk.copy_end - chunk.copy_begin;
-    lane->dsts.resize(n);
-    lane->srcs.resize(n);
-    lane->sizes.resize(n);
-    for (size_t k = 0; k < n; ++k) {
-      const StagedCopy& c = plan.copies[chunk.copy_begin + k];
-      void* const h = pool.region_base(c.region) + c.host_offset;
-      void* const d = half + c.staging_offset;
-      lane->dsts[k] = backup ? h : d;
-      lane->srcs[k] = backup ? d : h;
-      lane->sizes[k] = static_cast<size_t>(c.bytes);
+  // Chunks over every range, alternating halves of the staging buffer.
+  size_t chunk_count = 0;
+  // One part's held host layer range (a plain attachment's job has one).
+  auto run_range = [&](const StagedRange& range) {
+    const JobPart& part = job.parts[range.part];
+    const auto& mapping = static_cast<const Mapping&>(*part.device);
+    const StagedPlan& p = range.plan;
+    absl::StatusOr<void*> segments = UploadDescriptors(
+        lane, kernels, p.segments.data(), p.segments.size() * sizeof(CopySegment), scratch);
+    if (!segments.ok()) {
+      status = segments.status();
+      return;
     }
-    args.other = half;
-    const std::string what = absl::StrCat(DirectionName(job.direction), " chunk ", i, " of ",
-                                          plan.chunks.size(), " (staged)");
-    // Backup: gather (kernel stream) -> copy out (copy stream); load: copy
-    // in -> scatter. Half b is refilled only after its last consumer.
-    cudaStream_t first = backup ? kernels : copies;
-    cudaStream_t second = backup ? copies : kernels;
-    if (!ok(cudaStreamWaitEvent(first, lane->half_free[b], 0), "cudaStreamWaitEvent")) break;
-    if (backup) {
-      launch_chunk(chunk, "gather kernel");
-    } else {
-      status = SubmitCopies(lane, copies, n, what);
+    SegmentCopyArgs args;
+    args.device_layers_per_plane = static_cast<uint32_t>(mapping.layer_num());
+    args.device_layer_delta = static_cast<int32_t>(range.delta);
+    args.to_device = !backup;
+    args.aligned16 = mapping.aligned16();
+    const Pool& pool = *part.pool;
+    const auto* uploaded = static_cast<const CopySegment*>(*segments);
+    // The chunk's kernels, one per group in it (one for MHA's K and V).
+    auto launch_chunk = [&](const StagedChunk& chunk, const char* what) {
+      for (size_t k = chunk.launch_begin; k < chunk.launch_end; ++k) {
+        const SegmentLaunch& launch = p.launches[k];
+        const LayoutGroup& group = mapping.groups()[launch.group];
+        args.layout = group.layout;
+        args.device_layers = mapping.layer_table(group);
+        args.segments = uploaded + launch.segment_begin;
+        args.segment_count = static_cast<uint32_t>(launch.segment_end - launch.segment_begin);
+        args.item_count = launch.items;
+        if (!ok(LaunchSegmentCopy(args, blocks, kernels), what)) return;
+      }
+    };
+    for (size_t i = 0; i < p.chunks.size() && status.ok(); ++i) {
+      const StagedChunk& chunk = p.chunks[i];
+      const int b = static_cast<int>(chunk_count++ % 2);
+      uint8_t* const half = lane->staging + b * chunk_bytes;
+      const size_t n = chunk.copy_end - chunk.copy_begin;
+      lane->dsts.resize(n);
+      lane->srcs.resize(n);
+      lane->sizes.resize(n);
+      for (size_t k = 0; k < n; ++k) {
+        const StagedCopy& c = p.copies[chunk.copy_begin + k];
+        void* const h = pool.region_base(c.region) + c.host_offset;
+        void* const d = half + c.staging_offset;
+        lane->dsts[k] = backup ? h : d;
+        lane->srcs[k] = backup ? d : h;
+        lane->sizes[k] = static_cast<size_t>(c.bytes);
+      }
+      args.other = half;
+      const std::string what = absl::StrCat(
+          DirectionName(job.direction), " chunk ", i, " of ", p.chunks.size(),
+          job.parts.size() > 1 ? absl::StrCat(" of pool '", pool.name(), "'") : "", " (staged)");
+      // Backup: gather (kernel stream) -> copy out (copy stream); load: copy
+      // in -> scatter. Half b is refilled only after its last consumer.
+      cudaStream_t first = backup ? kernels : copies;
+      cudaStream_t second = backup ? copies : kernels;
+      if (!ok(cudaStreamWaitEvent(first, lane->half_free[b], 0), "cudaStreamWaitEvent")) break;
+      if (backup) {
+        launch_chunk(chunk, "gather kernel");
+      } else {
+        status = SubmitCopies(lane, copies, n, what);
+      }
+      if (!status.ok() || !ok(cudaEventRecord(lane->half_ready[b], first), "cudaEventRecord") ||
+          !ok(cudaStreamWaitEvent(second, lane->half_ready[b], 0), "cudaStreamWaitEvent")) {
+        break;
+      }
+      if (backup) {
+        status = SubmitCopies(lane, copies, n, what);
+      } else {
+        launch_chunk(chunk, "scatter kernel");
+      }
+      if (!status.ok()) break;
+      ok(cudaEventRecord(lane->half_free[b], second), "cudaEventRecord");
     }
-    if (!status.ok() || !ok(cudaEventRecord(lane->half_ready[b], first), "cudaEventRecord") ||
-        !ok(cudaStreamWaitEvent(second, lane->half_ready[b], 0), "cudaStreamWaitEvent")) {
-      break;
-    }
-    if (backup) {
-      status = SubmitCopies(lane, copies, n, what);
-    } else {
-      launch_chunk(chunk, "scatter kernel");
-    }
-    if (!status.ok()) break;
-    ok(cudaEventRecord(lane->half_free[b], second), "cudaEventRecord");
+    cudaFreeAsync(*segments, kernels);
+  };
+  for (size_t r = 0; r < plan.ranges.size() && status.ok() && e == cudaSuccess; ++r) {
+    run_range(plan.ranges[r]);
   }
-  cudaFreeAsync(*segments, kernels);
   if (!status.ok()) return status;
   // Whatever follows on the copy stream (this job's layer events, the next
   // job) comes after the last kernel.
@@ -1151,9 +1298,6 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
 }
 
 absl::Status CudaEngine::Prepare(TransferJob* job) {
-  if (job->parts.size() > 1) {
-    return absl::FailedPreconditionError("the cuda engine does not serve pool groups yet");
-  }
   const auto& mapping = static_cast<const Mapping&>(*job->device);
   const bool has_wait = job->direction == Direction::kBackup && !job->wait_event_handle.empty();
   if (has_wait && job->wait_event_handle.size() != sizeof(cudaIpcEventHandle_t)) {
@@ -1164,14 +1308,14 @@ absl::Status CudaEngine::Prepare(TransferJob* job) {
   job->path = static_cast<uint8_t>(options_.path == CudaPath::kAuto ? CudaPath::kCopyEngine
                                                                     : options_.path);
   // Finishes at once, copies nothing.
-  if (job->parts.empty() || job->parts[0].tokens == 0) return absl::OkStatus();
+  if (job->tokens() == 0) return absl::OkStatus();
   std::string why;
   if (absl::Status s = ChoosePath(job, &why); !s.ok()) return s;
   if (mapping.PathChanged(job->direction, job->path)) {
-    spdlog::info("pool '{}' on GPU {}: {}s by {} ({})", job->parts[0].pool->name(), mapping.device(),
+    spdlog::info("{} on GPU {}: {}s by {} ({})", PoolsOf(*job), mapping.device(),
                  DirectionName(job->direction), PathFor(*job), why);
   } else {
-    spdlog::debug("pool '{}' on GPU {}: {} by {} ({})", job->parts[0].pool->name(), mapping.device(),
+    spdlog::debug("{} on GPU {}: {} by {} ({})", PoolsOf(*job), mapping.device(),
                   DirectionName(job->direction), PathFor(*job), why);
   }
   if (job->direction == Direction::kLoad) {
@@ -1207,11 +1351,6 @@ absl::Status CudaEngine::Prepare(TransferJob* job) {
 }
 
 void CudaEngine::Submit(TransferJob job) {
-  if (job.parts.size() > 1) {
-    job.ticket->Finish(
-        absl::FailedPreconditionError("the cuda engine does not serve pool groups yet"));
-    return;
-  }
   // Every mapping this engine sees is one it opened.
   const auto& mapping = static_cast<const Mapping&>(*job.device);
   Lane* lane = mapping.lanes() + (job.direction == Direction::kLoad ? 1 : 0);

@@ -19,6 +19,10 @@
 // all the per-component, page-run and layer-range planning is in segments.h.
 // A ticket has one layer per attached device layer; a layer the pool does
 // not hold (layer sharding) copies nothing but still records its events.
+// A pool group's attachment (OpenGroup) has the load events, one per model
+// layer, and its jobs one part per pool: each path loops over the parts
+// (per layer for ce and sm, one staged plan per part and interval of its
+// held layers), each part copying through its own entry's mapping.
 // auto takes the copy engines when their pieces are large, else the SM path
 // under MPS, else the staged path where its blocks are larger than the
 // pieces, else the copy engines (never a kernel that time-slices against the
@@ -153,11 +157,15 @@ class CudaEngine : public TransferEngine {
   // Loads take the attachment's next free load event set (RESOURCE_EXHAUSTED
   // when all are busy); a backup's wait_event_handle is opened here
   // (INVALID_ARGUMENT for a wrong size or a handle that will not open).
-  // Pool groups are not served yet: FAILED_PRECONDITION for a job of more
-  // than one part (Submit finishes its ticket with that error).
+  // A pool group's job (several parts) takes one path, chosen from every
+  // part's runs, and per ticket (model) layer copies every part's rows of
+  // that layer before the layer's events; staged, every part's chunks run
+  // and then every layer's events are recorded.
   absl::Status Prepare(TransferJob* job) override;
   void Submit(TransferJob job) override;
-  // FAILED_PRECONDITION: the cuda engine does not serve pool groups yet.
+  // The group mapping's load events are made on the entries' GPU, like a
+  // plain mapping's. INVALID_ARGUMENT when the entries are on different GPUs
+  // (naming each entry's) or there are none.
   absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenGroup(
       std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
       uint32_t load_event_sets) override;
@@ -188,18 +196,19 @@ class CudaEngine : public TransferEngine {
   // The path of `job`, and why (auto), from its runs and layout. Fills
   // job->plan for the kernel paths.
   absl::Status ChoosePath(TransferJob* job, std::string* why) const;
-  // Enqueues ticket layer `ticket_layer` of `job` (every component; nothing
-  // for a layer the pool does not hold) on the lane's stream by the copy
-  // engines.
+  // Enqueues ticket layer `ticket_layer` of `job` (every part and
+  // component, in one batch; nothing for a part that does not copy the
+  // layer) on the lane's stream by the copy engines.
   absl::Status EnqueueLayer(Lane* lane, const TransferJob& job, size_t ticket_layer);
   // Submits copies dsts[i] <- srcs[i] of sizes[i] bytes on `stream`, batched.
   absl::Status SubmitCopies(Lane* lane, cudaStream_t stream, size_t n, const std::string& what);
-  // The SM path: descriptors up, then per ticket layer one kernel per
-  // launch group the pool holds it for, followed by `layer_done(layer)`.
+  // The SM path: descriptors up, then per ticket layer and part one kernel
+  // per launch group where the part copies the layer, followed by
+  // `layer_done(layer)`.
   template <typename LayerDone>
   absl::Status EnqueueDirect(Lane* lane, const TransferJob& job, std::vector<void*>* scratch,
                              LayerDone&& layer_done);
-  // The staged path: every chunk of the job's plan.
+  // The staged path: every chunk of the job's plan (every part's ranges).
   absl::Status EnqueueStaged(Lane* lane, const TransferJob& job, std::vector<void*>* scratch);
   // Copies `bytes` of descriptors to a device buffer allocated on `stream`
   // (freed by the caller with cudaFreeAsync), through the pinned scratch
