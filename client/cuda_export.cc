@@ -147,6 +147,31 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(const std::string&
   return request;
 }
 
+namespace {
+
+// Adds `components` to `out` (AttachDeviceRequest.components or
+// DeviceEntry.components); `prefix` starts the failure messages.
+absl::Status AddComponents(absl::Span<const CudaComponentLayers> components,
+                           const std::string& prefix, BufferExporter* exporter,
+                           google::protobuf::RepeatedPtrField<v1::DeviceComponent>* out) {
+  for (const CudaComponentLayers& component : components) {
+    v1::DeviceComponent* added = out->Add();
+    added->set_name(component.name);
+    for (size_t i = 0; i < component.layers.size(); ++i) {
+      if (absl::Status s =
+              exporter->Add(component.layers[i],
+                            absl::StrCat(prefix, "component '", component.name, "' layer ", i),
+                            added->add_layers());
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
     const std::string& pool, absl::Span<const CudaComponentLayers> components,
     uint64_t device_size_tokens) {
@@ -154,16 +179,28 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
   request.set_pool(pool);
   request.set_device_size_tokens(device_size_tokens);
   BufferExporter exporter;
-  for (size_t c = 0; c < components.size(); ++c) {
-    v1::DeviceComponent* out = request.add_components();
-    out->set_name(components[c].name);
-    for (size_t i = 0; i < components[c].layers.size(); ++i) {
-      if (absl::Status s = exporter.Add(
-              components[c].layers[i],
-              absl::StrCat("component '", components[c].name, "' layer ", i), out->add_layers());
-          !s.ok()) {
-        return s;
-      }
+  if (absl::Status s = AddComponents(components, "", &exporter, request.mutable_components());
+      !s.ok()) {
+    return s;
+  }
+  return request;
+}
+
+absl::StatusOr<v1::AttachDeviceRequest> MakeCudaGroupAttachRequest(
+    const std::string& group, absl::Span<const CudaGroupEntry> entries) {
+  v1::AttachDeviceRequest request;
+  request.set_pool(group);
+  BufferExporter exporter;  // one export per allocation over every entry
+  for (const CudaGroupEntry& entry : entries) {
+    v1::DeviceEntry* out = request.add_entries();
+    out->set_entry(entry.entry);
+    out->set_device_size_tokens(entry.device_size_tokens);
+    out->set_start_layer(entry.start_layer);
+    out->set_end_layer(entry.end_layer);
+    if (absl::Status s = AddComponents(entry.components, absl::StrCat("entry '", entry.entry, "' "),
+                                       &exporter, out->mutable_components());
+        !s.ok()) {
+      return s;
     }
   }
   return request;

@@ -78,6 +78,28 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
     const std::string& pool, absl::Span<const CudaComponentLayers> components,
     uint64_t device_size_tokens);
 
+// One pool group entry's device buffers (for MakeCudaGroupAttachRequest):
+// as the components overload above gives a plain pool's. Its layers are
+// device layers [start_layer, end_layer) of the entry's pool (0 / 0: the
+// pool's range), which must include every layer the entry's layer_map
+// names.
+struct CudaGroupEntry {
+  std::string entry;  // PoolEntry.name
+  std::vector<CudaComponentLayers> components;
+  uint64_t device_size_tokens = 0;
+  uint32_t start_layer = 0;
+  uint32_t end_layer = 0;
+};
+
+// The AttachDevice request for the pool group `group`: one
+// AttachDeviceRequest.entries element per entry, in the order given (every
+// buffer on one GPU). Set load_event_sets / tp_rank / load_only on the
+// result as for a plain pool. Each allocation is exported once over all
+// entries. Errors as ExportCudaBuffer, naming the entry, component and
+// layer.
+absl::StatusOr<v1::AttachDeviceRequest> MakeCudaGroupAttachRequest(
+    const std::string& group, absl::Span<const CudaGroupEntry> entries);
+
 // The bytes of `event`'s cudaIpcEventHandle_t, for BackupRequest.
 // wait_event_handle. The event must have been created with
 // cudaEventInterprocess | cudaEventDisableTiming; record it on the stream
