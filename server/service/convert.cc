@@ -207,37 +207,63 @@ absl::StatusOr<DeviceBufferRef> FromProto(const v1::DeviceBuffer& in, const char
 
 }  // namespace
 
-absl::StatusOr<AttachRequest> FromProto(const v1::AttachDeviceRequest& in) {
-  AttachRequest request;
-  request.device_size_tokens = in.device_size_tokens();
-  request.load_event_sets = in.load_event_sets();
+namespace {
+
+// The buffers, size and layer range of a plain attachment or of one group
+// entry (v1::AttachDeviceRequest and v1::DeviceEntry spell them alike).
+// `prefix` ("", "entries[1].") starts the field names in messages.
+template <typename Message>
+absl::Status BuffersFromProto(const Message& in, const std::string& prefix, AttachRequest* out) {
+  out->device_size_tokens = in.device_size_tokens();
+  const std::string k_field = absl::StrCat(prefix, "k_layers");
   for (int i = 0; i < in.k_layers_size(); ++i) {
-    absl::StatusOr<DeviceBufferRef> ref = FromProto(in.k_layers(i), "k_layers", i);
+    absl::StatusOr<DeviceBufferRef> ref = FromProto(in.k_layers(i), k_field.c_str(), i);
     if (!ref.ok()) return ref.status();
-    request.k_layers.push_back(*std::move(ref));
+    out->k_layers.push_back(*std::move(ref));
   }
+  const std::string v_field = absl::StrCat(prefix, "v_layers");
   for (int i = 0; i < in.v_layers_size(); ++i) {
-    absl::StatusOr<DeviceBufferRef> ref = FromProto(in.v_layers(i), "v_layers", i);
+    absl::StatusOr<DeviceBufferRef> ref = FromProto(in.v_layers(i), v_field.c_str(), i);
     if (!ref.ok()) return ref.status();
-    request.v_layers.push_back(*std::move(ref));
+    out->v_layers.push_back(*std::move(ref));
   }
   for (int c = 0; c < in.components_size(); ++c) {
     const v1::DeviceComponent& component = in.components(c);
     ComponentBuffers buffers;
     buffers.name = component.name();
+    // Relative to the entry: the manager names the entry in its messages.
     buffers.field = absl::StrCat("components[", c, "].layers");
+    const std::string field = absl::StrCat(prefix, buffers.field);
     for (int i = 0; i < component.layers_size(); ++i) {
-      absl::StatusOr<DeviceBufferRef> ref =
-          FromProto(component.layers(i), buffers.field.c_str(), i);
+      absl::StatusOr<DeviceBufferRef> ref = FromProto(component.layers(i), field.c_str(), i);
       if (!ref.ok()) return ref.status();
       buffers.layers.push_back(*std::move(ref));
     }
-    request.named.push_back(std::move(buffers));
+    out->named.push_back(std::move(buffers));
   }
-  request.start_layer = in.start_layer();
-  request.end_layer = in.end_layer();
+  out->start_layer = in.start_layer();
+  out->end_layer = in.end_layer();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<AttachRequest> FromProto(const v1::AttachDeviceRequest& in) {
+  AttachRequest request;
+  if (absl::Status s = BuffersFromProto(in, "", &request); !s.ok()) return s;
+  request.load_event_sets = in.load_event_sets();
   if (in.has_tp_rank()) request.tp_rank = in.tp_rank();
   request.load_only = in.load_only();
+  for (int e = 0; e < in.entries_size(); ++e) {
+    AttachEntry entry;
+    entry.entry = in.entries(e).entry();
+    if (absl::Status s =
+            BuffersFromProto(in.entries(e), absl::StrCat("entries[", e, "]."), &entry.request);
+        !s.ok()) {
+      return s;
+    }
+    request.entries.push_back(std::move(entry));
+  }
   return request;
 }
 

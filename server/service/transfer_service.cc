@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <memory>
+#include <vector>
 
 #include "server/service/convert.h"
 
@@ -69,6 +70,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   response->set_end_layer(info->end_layer);
   if (info->tp_rank.has_value()) response->set_tp_rank(*info->tp_rank);
   response->set_load_only(info->load_only);
+  response->set_group(info->group);
   return Finish(context, absl::OkStatus());
 }
 
@@ -82,10 +84,18 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
     grpc::CallbackServerContext* context, Direction direction, const std::string& attachment_id,
     const google::protobuf::RepeatedField<int64_t>& host,
     const google::protobuf::RepeatedField<int64_t>& device, const std::string& wait_event_handle,
+    const google::protobuf::RepeatedPtrField<v1::PoolTransfer>& pool_transfers,
     v1::TransferTicket* response) {
-  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket =
-      manager_->Submit(attachment_id, direction, absl::MakeConstSpan(host.data(), host.size()),
-                       absl::MakeConstSpan(device.data(), device.size()), wait_event_handle);
+  std::vector<EntryRows> entries;
+  entries.reserve(pool_transfers.size());
+  for (const v1::PoolTransfer& t : pool_transfers) {
+    entries.push_back({t.name(),
+                       absl::MakeConstSpan(t.host_indices().data(), t.host_indices().size()),
+                       absl::MakeConstSpan(t.device_indices().data(), t.device_indices().size())});
+  }
+  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket = manager_->Submit(
+      attachment_id, direction, absl::MakeConstSpan(host.data(), host.size()),
+      absl::MakeConstSpan(device.data(), device.size()), wait_event_handle, entries);
   if (!ticket.ok()) return Finish(context, ticket.status());
   response->set_id((*ticket)->id());
   response->set_event_set((*ticket)->event_set());
@@ -96,14 +106,16 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Backup(grpc::CallbackServerContex
                                                       const v1::BackupRequest* request,
                                                       v1::TransferTicket* response) {
   return Submit(context, Direction::kBackup, request->attachment_id(), request->host_indices(),
-                request->device_indices(), request->wait_event_handle(), response);
+                request->device_indices(), request->wait_event_handle(), request->pool_transfers(),
+                response);
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::Load(grpc::CallbackServerContext* context,
                                                     const v1::LoadRequest* request,
                                                     v1::TransferTicket* response) {
   return Submit(context, Direction::kLoad, request->attachment_id(), request->host_indices(),
-                request->device_indices(), /*wait_event_handle=*/"", response);
+                request->device_indices(), /*wait_event_handle=*/"", request->pool_transfers(),
+                response);
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(grpc::CallbackServerContext* context,

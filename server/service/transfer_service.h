@@ -33,12 +33,12 @@ class TransferServiceImpl final : public v1::TransferService::CallbackService {
                                          v1::TransferStatus* response) override;
 
  private:
-  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* context, Direction direction,
-                                   const std::string& attachment_id,
-                                   const google::protobuf::RepeatedField<int64_t>& host,
-                                   const google::protobuf::RepeatedField<int64_t>& device,
-                                   const std::string& wait_event_handle,
-                                   v1::TransferTicket* response);
+  grpc::ServerUnaryReactor* Submit(
+      grpc::CallbackServerContext* context, Direction direction, const std::string& attachment_id,
+      const google::protobuf::RepeatedField<int64_t>& host,
+      const google::protobuf::RepeatedField<int64_t>& device, const std::string& wait_event_handle,
+      const google::protobuf::RepeatedPtrField<v1::PoolTransfer>& pool_transfers,
+      v1::TransferTicket* response);
 
   TransferManager* const manager_;
 };

@@ -56,6 +56,8 @@ struct ComponentBuffers {
   std::string Where(size_t layer) const { return absl::StrCat(field, "[", layer, "]"); }
 };
 
+struct AttachEntry;
+
 struct AttachRequest {
   // As the worker spelled them (kvhost.v1.AttachDeviceRequest): k_layers and
   // v_layers name components 0 and 1, `named` any component by name.
@@ -79,8 +81,18 @@ struct AttachRequest {
   // REQUIRES: 1 <= load_event_sets <= kMaxLoadEventSets (the caller applies
   // the default).
   uint32_t load_event_sets = 0;
+  // A pool group's attachment (kvhost.v1.DeviceEntry): per group entry, its
+  // buffers as a plain request of that entry's pool. The buffer, size and
+  // layer fields above are then empty / 0; tp_rank, load_only and
+  // load_event_sets are the attachment's.
+  std::vector<AttachEntry> entries;
 
   uint32_t layer_num() const { return end_layer - start_layer; }
+};
+
+struct AttachEntry {
+  std::string entry;  // the group entry's name (PoolEntry.name)
+  AttachRequest request;
 };
 
 // Bounds of AttachRequest::load_event_sets. Four sets cover a worker that

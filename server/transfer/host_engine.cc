@@ -218,9 +218,9 @@ void HostEngine::RunJob(const TransferJob& job) {
   std::vector<std::vector<Cut>> cuts;
   for (const JobPart& part : job.parts) {
     const uint64_t layer_bytes = HeldLayerBytes(*part.pool, part.tokens);
-    cuts.push_back(PartCuts(part, std::clamp<uint64_t>(
-                                      layer_bytes / std::max<uint64_t>(options_.min_split_bytes, 1),
-                                      1, max_pieces)));
+    const uint64_t pieces = std::clamp<uint64_t>(
+        layer_bytes / std::max<uint64_t>(options_.min_split_bytes, 1), 1, max_pieces);
+    cuts.push_back(PartCuts(part, pieces));
   }
   std::vector<std::function<void()>> tasks;
   for (size_t l = 0; l < job.layer_num(); ++l) {

@@ -183,6 +183,95 @@ class EmptyMapping : public DeviceMapping {
   EmptyMapping(const Pool& pool, const AttachRequest& request) : DeviceMapping(pool, request) {}
 };
 
+namespace {
+
+// The ticket layers of group entry `entry` attached at device layers
+// [start, ...): model layer l copies device layer layer_map[l] (attached
+// layer layer_map[l] - start), held as host layer layer_map[l] -
+// pool.start_layer(). REQUIRES: every mapped layer attached.
+std::vector<JobLayer> MapEntryLayers(const GroupEntry& entry, uint32_t start) {
+  std::vector<JobLayer> layers;
+  for (int32_t d : entry.layer_map) {
+    JobLayer layer;
+    if (d >= 0 && static_cast<uint32_t>(d) >= entry.pool->start_layer() &&
+        static_cast<uint32_t>(d) < entry.pool->end_layer()) {
+      layer.device_layer = static_cast<uint32_t>(d) - start;
+      layer.host_layer = static_cast<int32_t>(static_cast<uint32_t>(d) - entry.pool->start_layer());
+    }
+    layers.push_back(layer);
+  }
+  return layers;
+}
+
+bool HasComponents(const std::vector<std::shared_ptr<Pool>>& pools) {
+  for (const auto& pool : pools) {
+    if (!pool->components().empty()) return true;
+  }
+  return false;
+}
+
+// Validates one pool's rows of a transfer and fills `part` (runs, page runs,
+// tokens). `prefix` starts the field names ("", "pool_transfers[1]."),
+// `device_what` names the attachment (and entry) for device ranges.
+absl::Status BuildPart(Direction direction, absl::Span<const int64_t> host,
+                       absl::Span<const int64_t> device, const std::string& prefix,
+                       const std::string& device_what, JobPart* part) {
+  const Pool& pool = *part->pool;
+  const std::string host_field = absl::StrCat(prefix, "host_indices");
+  const std::string device_field = absl::StrCat(prefix, "device_indices");
+  if (host.size() != device.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        host_field, " has ", host.size(), " entries but ", device_field, " has ", device.size()));
+  }
+  const std::string pool_what = absl::StrCat("pool '", pool.name(), "'");
+  if (absl::Status s = CheckRange(host, pool.size_tokens(), host_field.c_str(), pool_what);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckRange(device, part->device->device_size_tokens(), device_field.c_str(), device_what);
+      !s.ok()) {
+    return s;
+  }
+  // Page-row components copy whole page rows, so both sides must name whole
+  // pages; kinds may also require it.
+  uint64_t page_rows = 0;
+  for (const Component& c : pool.components()) {
+    if (c.row_tokens > 1) page_rows = c.row_tokens;
+  }
+  const uint64_t page_size =
+      page_rows > 0 ? page_rows : pool.allocator_owner()->allocator().page_size();
+  if (pool.whole_pages() || page_rows > 0) {
+    const std::string what = PoolWhat(pool);
+    if (absl::Status s = CheckWholePages(host, page_size, host_field.c_str(), what); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckWholePages(device, page_size, device_field.c_str(), what); !s.ok()) {
+      return s;
+    }
+  }
+  part->runs = CoalesceRuns(host, device);
+  if (page_rows > 0) part->page_runs = PageRuns(part->runs, page_rows);
+  const bool backup = direction == Direction::kBackup;
+  if (absl::Status s =
+          CheckNoOverlap(part->runs, /*host_side=*/backup, backup ? "host slot" : "device row");
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(pool_what, ": ", s.message()));
+  }
+  const Pool& owner = *pool.allocator_owner();
+  if (absl::Status s = owner.allocator().CheckAllocated(host); !s.ok()) {
+    if (&owner == &pool) return WithPool(pool.name(), s);
+    return WithPool(
+        pool.name(),
+        absl::Status(s.code(), absl::StrCat(s.message(), " (its slots are allocated in '",
+                                            owner.name(), "', which it follows)")));
+  }
+  part->tokens = host.size();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 TransferManager::TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine,
                                  KvhostMetrics* metrics)
     : registry_(registry), metrics_(metrics), engine_(std::move(engine)) {}
@@ -192,7 +281,16 @@ TransferManager::~TransferManager() { Drain(); }
 absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_name,
                                                        const AttachRequest& request) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(pool_name);
-  if (!pool.ok()) return pool.status();
+  if (!pool.ok()) {
+    absl::StatusOr<std::shared_ptr<PoolGroup>> group = registry_->GetGroup(pool_name);
+    if (group.ok()) return AttachGroup(*group, request);
+    return pool.status();
+  }
+  if (!request.entries.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "entries has ", request.entries.size(), " entries, but '", pool_name,
+        "' is a pool, not a pool group; give its buffers in k_layers, v_layers or components"));
+  }
   absl::StatusOr<AttachRequest> resolved = ResolveAttachRequest(**pool, request);
   if (!resolved.ok()) return resolved.status();
   if (absl::Status s = (*pool)->AcquireAttachment(resolved->tp_rank); !s.ok()) return s;
@@ -204,16 +302,145 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
     return WithPool(pool_name, device.status());
   }
   Attachment attachment;
-  attachment.info.id = absl::StrCat("att-", ::getpid(), "-", next_attachment_++);
   attachment.info.pool = pool_name;
   attachment.info.device_size_tokens = resolved->device_size_tokens;
   attachment.info.start_layer = resolved->start_layer;
   attachment.info.end_layer = resolved->end_layer;
   attachment.info.tp_rank = resolved->tp_rank;
   attachment.info.load_only = resolved->load_only;
-  attachment.pool = *pool;
   attachment.device = std::shared_ptr<const DeviceMapping>(*std::move(device));
-  attachment.layers = MapLayers(**pool, resolved->start_layer, resolved->end_layer);
+  attachment.pools.push_back({"", *pool, attachment.device,
+                              MapLayers(**pool, resolved->start_layer, resolved->end_layer)});
+  return Register(std::move(attachment));
+}
+
+absl::StatusOr<AttachmentInfo> TransferManager::AttachGroup(const std::shared_ptr<PoolGroup>& group,
+                                                            const AttachRequest& request) {
+  const std::string what = absl::StrCat("pool group '", group->name(), "'");
+  const std::vector<GroupEntry>& entries = group->entries();
+  std::string names;
+  for (const GroupEntry& e : entries) absl::StrAppend(&names, names.empty() ? "" : ", ", e.name);
+  if (!request.k_layers.empty() || !request.v_layers.empty() || !request.named.empty() ||
+      request.device_size_tokens != 0 || request.start_layer != 0 || request.end_layer != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", group->name(), "' is a pool group: give its buffers in entries, one per group entry (",
+        names,
+        "); k_layers, v_layers, components, device_size_tokens, start_layer and end_layer "
+        "must be empty / 0"));
+  }
+  // Each group entry's request, in the group's order, resolved like a plain
+  // attachment of that entry's pool.
+  std::vector<std::optional<AttachRequest>> resolved(entries.size());
+  for (size_t i = 0; i < request.entries.size(); ++i) {
+    const AttachEntry& given = request.entries[i];
+    size_t e = 0;
+    while (e < entries.size() && entries[e].name != given.entry) ++e;
+    if (e == entries.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("entries[", i, "] names entry '", given.entry,
+                                                     "', but ", what, " has entries ", names));
+    }
+    if (resolved[e].has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("entries[", i, "]: entry '", given.entry, "' of ", what, " is given twice"));
+    }
+    const GroupEntry& entry = entries[e];
+    AttachRequest one = given.request;
+    one.entries.clear();
+    one.tp_rank = request.tp_rank;
+    one.load_only = request.load_only;
+    // The events a load records are the group mapping's; the entries' own
+    // go unused, so take the fewest.
+    one.load_event_sets = 1;
+    const std::string where =
+        absl::StrCat("entries[", i, "] (entry '", entry.name, "' of ", what, "): ");
+    absl::StatusOr<AttachRequest> r = ResolveAttachRequest(*entry.pool, std::move(one));
+    if (!r.ok()) {
+      return absl::Status(r.status().code(), absl::StrCat(where, r.status().message()));
+    }
+    for (size_t l = 0; l < entry.layer_map.size(); ++l) {
+      const int32_t d = entry.layer_map[l];
+      if (d >= 0 &&
+          (static_cast<uint32_t>(d) < r->start_layer || static_cast<uint32_t>(d) >= r->end_layer)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "device layers [", r->start_layer, ", ", r->end_layer,
+            ") do not include device layer ", d, ", which model layer ", l, " maps to (layer_map[",
+            l, "]); attach a range holding every mapped layer"));
+      }
+    }
+    resolved[e] = *std::move(r);
+  }
+  for (size_t e = 0; e < entries.size(); ++e) {
+    if (!resolved[e].has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("entries has no buffers for entry '", entries[e].name, "' of ", what,
+                       ", which needs one per group entry (", names, ")"));
+    }
+  }
+  // Hold every pool and the group; on any failure release what was taken.
+  const std::optional<uint32_t> tp_rank = request.tp_rank;
+  size_t acquired = 0;
+  auto release = [&entries, &acquired, tp_rank]() {
+    for (size_t e = 0; e < acquired; ++e) entries[e].pool->ReleaseAttachment(tp_rank);
+  };
+  for (; acquired < entries.size(); ++acquired) {
+    if (absl::Status s = entries[acquired].pool->AcquireAttachment(tp_rank); !s.ok()) {
+      release();
+      return absl::Status(s.code(), absl::StrCat("entry '", entries[acquired].name, "' of ", what,
+                                                 ": ", s.message()));
+    }
+  }
+  if (absl::Status s = group->AcquireAttachment(); !s.ok()) {
+    release();
+    return s;
+  }
+  auto fail = [&](const absl::Status& s) {
+    group->ReleaseAttachment();
+    release();
+    return s;
+  };
+  Attachment attachment;
+  attachment.group = group;
+  std::vector<std::shared_ptr<const DeviceMapping>> mappings;
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const Pool& pool = *entries[e].pool;
+    absl::StatusOr<std::unique_ptr<DeviceMapping>> device =
+        pool.components().empty() ? std::make_unique<EmptyMapping>(pool, *resolved[e])
+                                  : engine_->Open(pool, *resolved[e]);
+    if (!device.ok()) {
+      return fail(absl::Status(device.status().code(),
+                               absl::StrCat("entry '", entries[e].name, "' of ", what, " (pool '",
+                                            pool.name(), "'): ", device.status().message())));
+    }
+    mappings.push_back(*std::move(device));
+    attachment.pools.push_back({entries[e].name, entries[e].pool, mappings.back(),
+                                MapEntryLayers(entries[e], resolved[e]->start_layer)});
+  }
+  uint32_t sets = request.load_event_sets;
+  if (sets > kMaxLoadEventSets) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("load_event_sets ", sets, " is above the limit of ", kMaxLoadEventSets)));
+  }
+  if (sets == 0) sets = kDefaultLoadEventSets;
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> device =
+      engine_->OpenGroup(mappings, group->layer_num(), sets);
+  if (!device.ok()) {
+    return fail(
+        absl::Status(device.status().code(), absl::StrCat(what, ": ", device.status().message())));
+  }
+  const AttachRequest& anchor = *resolved[group->anchor_index()];
+  attachment.info.pool = group->anchor().pool->name();
+  attachment.info.group = group->name();
+  attachment.info.device_size_tokens = anchor.device_size_tokens;
+  attachment.info.start_layer = 0;
+  attachment.info.end_layer = group->layer_num();
+  attachment.info.tp_rank = tp_rank;
+  attachment.info.load_only = request.load_only;
+  attachment.device = std::shared_ptr<const DeviceMapping>(*std::move(device));
+  return Register(std::move(attachment));
+}
+
+absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) {
+  attachment.info.id = absl::StrCat("att-", ::getpid(), "-", next_attachment_++);
   attachment.info.load_event_handles = attachment.device->load_event_handles();
   attachment.info.load_event_sets = attachment.device->load_event_sets();
   AttachmentInfo info = attachment.info;
@@ -221,9 +448,14 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
     absl::MutexLock lock(&mu_);
     attachments_.emplace(info.id, std::move(attachment));
   }
-  spdlog::info("attached {} to pool '{}' (device layers [{}, {}), {} device slots, {} backend)",
-               info.id, pool_name, info.start_layer, info.end_layer, info.device_size_tokens,
-               engine_->name());
+  if (info.group.empty()) {
+    spdlog::info("attached {} to pool '{}' (device layers [{}, {}), {} device slots, {} backend)",
+                 info.id, info.pool, info.start_layer, info.end_layer, info.device_size_tokens,
+                 engine_->name());
+  } else {
+    spdlog::info("attached {} to pool group '{}' ({} model layers, anchor pool '{}', {} backend)",
+                 info.id, info.group, info.end_layer, info.pool, engine_->name());
+  }
   return info;
 }
 
@@ -238,19 +470,30 @@ absl::Status TransferManager::Detach(const std::string& attachment_id) {
     attachment = std::move(it->second);
     attachments_.erase(it);
   }
-  // Jobs in flight hold the pool and the mapping; the pool can be deleted now
-  // and its memory goes when they finish.
-  attachment.pool->ReleaseAttachment(attachment.info.tp_rank);
-  spdlog::info("detached {} from pool '{}'", attachment_id, attachment.info.pool);
+  // Jobs in flight hold the pools and the mappings; the pools can be deleted
+  // now and their memory goes when they finish.
+  if (attachment.group != nullptr) attachment.group->ReleaseAttachment();
+  for (const AttachedPool& attached : attachment.pools) {
+    attached.pool->ReleaseAttachment(attachment.info.tp_rank);
+  }
+  if (attachment.group != nullptr) {
+    spdlog::info("detached {} from pool group '{}'", attachment_id, attachment.info.group);
+  } else {
+    spdlog::info("detached {} from pool '{}'", attachment_id, attachment.info.pool);
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     const std::string& attachment_id, Direction direction, absl::Span<const int64_t> host,
-    absl::Span<const int64_t> device, const std::string& wait_event_handle) {
+    absl::Span<const int64_t> device, const std::string& wait_event_handle,
+    absl::Span<const EntryRows> pool_transfers) {
   TransferJob job;
   job.direction = direction;
   job.wait_event_handle = wait_event_handle;
+  std::shared_ptr<PoolGroup> group;
+  std::vector<AttachedPool> pools;
+  std::string label;  // the metrics' pool label
   {
     absl::MutexLock lock(&mu_);
     if (draining_) return absl::UnavailableError("kvhostd is shutting down; transfer refused");
@@ -258,72 +501,92 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     if (it == attachments_.end()) {
       return absl::NotFoundError(absl::StrCat("attachment '", attachment_id, "' not found"));
     }
-    if (direction == Direction::kBackup && it->second.info.load_only) {
+    const Attachment& attachment = it->second;
+    if (direction == Direction::kBackup && attachment.info.load_only) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "attachment '", attachment_id, "' of pool '", it->second.info.pool,
+          "attachment '", attachment_id, "' of pool '", attachment.info.pool,
           "' is load_only: Backup is refused (back up through the rank's attachment that is "
           "not load_only)"));
     }
-    job.device = it->second.device;
-    job.parts.resize(1);
-    job.parts[0].pool = it->second.pool;
-    job.parts[0].device = it->second.device;
-    job.parts[0].layers = it->second.layers;
+    group = attachment.group;
+    pools = attachment.pools;
+    job.device = attachment.device;
+    label = attachment.info.group.empty() ? attachment.info.pool : attachment.info.group;
   }
-  JobPart& part = job.parts[0];
-  const Pool& pool = *part.pool;
-  if (host.size() != device.size()) {
+  if (group == nullptr && !pool_transfers.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "host_indices has ", host.size(), " entries but device_indices has ", device.size()));
+        "pool_transfers has ", pool_transfers.size(), " entries, but attachment '", attachment_id,
+        "' is of pool '", pools[0].pool->name(), "', not of a pool group"));
   }
-  const std::string pool_what = absl::StrCat("pool '", pool.name(), "'");
-  if (absl::Status s = CheckRange(host, pool.size_tokens(), "host_indices", pool_what); !s.ok()) {
-    return s;
+  // Each pool's rows: the request's for a plain attachment or the group's
+  // anchor, each pool_transfers entry's for the others.
+  struct Rows {
+    absl::Span<const int64_t> host, device;
+    std::string prefix;
+    bool given = false;
+  };
+  std::vector<Rows> rows(pools.size());
+  const size_t anchor = group == nullptr ? 0 : group->anchor_index();
+  rows[anchor] = {host, device, "", true};
+  for (size_t i = 0; i < pool_transfers.size(); ++i) {
+    const EntryRows& t = pool_transfers[i];
+    size_t e = 0;
+    while (e < pools.size() && pools[e].entry != t.name) ++e;
+    if (e == pools.size()) {
+      std::string names;
+      for (const AttachedPool& p : pools)
+        absl::StrAppend(&names, names.empty() ? "" : ", ", p.entry);
+      return absl::InvalidArgumentError(absl::StrCat("pool_transfers[", i, "] names entry '",
+                                                     t.name, "', but pool group '", group->name(),
+                                                     "' has entries ", names));
+    }
+    if (e == anchor) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool_transfers[", i, "] names entry '", t.name, "', the anchor of pool group '",
+          group->name(), "'; its rows go in host_indices / device_indices"));
+    }
+    if (rows[e].given) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool_transfers[", i, "] names entry '", t.name, "' a second time"));
+    }
+    rows[e] = {t.host, t.device, absl::StrCat("pool_transfers[", i, "]."), true};
   }
-  if (absl::Status s = CheckRange(device, job.device->device_size_tokens(), "device_indices",
-                                  absl::StrCat("attachment '", attachment_id, "'"));
-      !s.ok()) {
-    return s;
-  }
-  // Page-row components copy whole page rows, so both sides must name whole
-  // pages; kinds may also require it.
-  uint64_t page_rows = 0;
-  for (const Component& c : pool.components()) {
-    if (c.row_tokens > 1) page_rows = c.row_tokens;
-  }
-  const uint64_t page_size =
-      page_rows > 0 ? page_rows : pool.allocator_owner()->allocator().page_size();
-  if (pool.whole_pages() || page_rows > 0) {
-    const std::string what = PoolWhat(pool);
-    if (absl::Status s = CheckWholePages(host, page_size, "host_indices", what); !s.ok()) {
+  // Every pool's rows validated before anything is reserved or submitted.
+  std::vector<JobPart> parts(pools.size());
+  std::vector<std::shared_ptr<Pool>> all_pools;
+  for (size_t e = 0; e < pools.size(); ++e) {
+    JobPart& part = parts[e];
+    part.pool = pools[e].pool;
+    part.device = pools[e].device;
+    part.layers = pools[e].layers;
+    all_pools.push_back(part.pool);
+    const std::string device_what =
+        group == nullptr
+            ? absl::StrCat("attachment '", attachment_id, "'")
+            : absl::StrCat("attachment '", attachment_id, "' (entry '", pools[e].entry, "')");
+    if (absl::Status s =
+            BuildPart(direction, rows[e].host, rows[e].device, rows[e].prefix, device_what, &part);
+        !s.ok()) {
       return s;
     }
-    if (absl::Status s = CheckWholePages(device, page_size, "device_indices", what); !s.ok()) {
-      return s;
+  }
+  // A plain attachment's job has its one part; a group's, the parts with
+  // rows to copy.
+  const bool components = HasComponents(all_pools);
+  for (JobPart& part : parts) {
+    if (group == nullptr || (part.tokens > 0 && !part.pool->components().empty())) {
+      job.parts.push_back(std::move(part));
     }
   }
-  part.runs = CoalesceRuns(host, device);
-  if (page_rows > 0) part.page_runs = PageRuns(part.runs, page_rows);
-  const bool backup = direction == Direction::kBackup;
-  if (absl::Status s =
-          CheckNoOverlap(part.runs, /*host_side=*/backup, backup ? "host slot" : "device row");
-      !s.ok()) {
-    return s;
+  uint64_t tokens = 0;
+  for (const JobPart& part : job.parts) {
+    if (!part.pool->components().empty()) tokens += part.tokens;
   }
-  const Pool& owner = *pool.allocator_owner();
-  if (absl::Status s = owner.allocator().CheckAllocated(host); !s.ok()) {
-    if (&owner == &pool) return WithPool(pool.name(), s);
-    return WithPool(
-        pool.name(),
-        absl::Status(s.code(), absl::StrCat(s.message(), " (its slots are allocated in '",
-                                            owner.name(), "', which it follows)")));
-  }
-  part.tokens = host.size();
-  const bool copies = part.tokens > 0 && !pool.components().empty();
+  const bool copies = tokens > 0;
   uint64_t bytes = 0;
   for (size_t i = 0; i < job.layer_num(); ++i) bytes += TicketLayerBytes(job, i);
   // Last, since what it reserves is released only by the job's end.
-  if (!pool.components().empty()) {
+  if (components) {
     if (absl::Status s = engine_->Prepare(&job); !s.ok()) {
       return absl::Status(s.code(),
                           absl::StrCat("attachment '", attachment_id, "': ", s.message()));
@@ -331,24 +594,22 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   }
   job.ticket = std::make_shared<TransferTicket>(
       next_ticket_++, direction, static_cast<uint32_t>(job.layer_num()),
-      pool.components().empty() ? std::string("none") : engine_->PathFor(job), job.event_set);
+      components ? engine_->PathFor(job) : std::string("none"), job.event_set);
   std::shared_ptr<TransferTicket> ticket = job.ticket;
   {
     absl::MutexLock lock(&mu_);
     tickets_[ticket->id()] = ticket;
     ++counters_.tickets_in_flight;
   }
-  ticket->OnDone([this, ticket, bytes, direction, pool_name = pool.name()] {
-    Retire(ticket, bytes, direction, pool_name);
-  });
+  ticket->OnDone(
+      [this, ticket, bytes, direction, label] { Retire(ticket, bytes, direction, label); });
   if (!copies) {
     for (size_t l = 0; l < job.layer_num(); ++l) ticket->LayerDone(0);
     ticket->Finish(absl::OkStatus());
     return ticket;
   }
-  spdlog::debug("ticket {}: {} of {} tokens in {} runs, pool '{}', {}", ticket->id(),
-                DirectionName(direction), part.tokens, part.runs.size(), pool.name(),
-                ticket->Snapshot().path);
+  spdlog::debug("ticket {}: {} of {} tokens in {} parts, '{}', {}", ticket->id(),
+                DirectionName(direction), tokens, job.parts.size(), label, ticket->Snapshot().path);
   engine_->Submit(std::move(job));
   ticket->Enqueued();
   return ticket;

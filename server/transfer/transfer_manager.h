@@ -31,9 +31,14 @@ namespace kvhost {
 
 struct AttachmentInfo {
   std::string id;
+  // The pool; for a group attachment, the anchor entry's pool.
   std::string pool;
+  // The group attached to; empty for a plain pool's attachment.
+  std::string group;
+  // Device slots of the pool's buffers (a group's: the anchor entry's).
   uint64_t device_size_tokens = 0;
   // Device layers attached, [start_layer, end_layer): a ticket's layers.
+  // A group attachment counts model layers: [0, the group's layer_num).
   uint32_t start_layer = 0;
   uint32_t end_layer = 0;
   std::optional<uint32_t> tp_rank;
@@ -61,6 +66,14 @@ struct TransferCounters {
 // not whole pages for a page-row component) or load_event_sets.
 absl::StatusOr<AttachRequest> ResolveAttachRequest(const Pool& pool, AttachRequest request);
 
+// One group entry's rows in a transfer on a group attachment
+// (kvhost.v1.PoolTransfer).
+struct EntryRows {
+  std::string name;  // PoolEntry.name
+  absl::Span<const int64_t> host;
+  absl::Span<const int64_t> device;
+};
+
 class TransferManager {
  public:
   // Completed tickets kept for WaitTransfer after they finish.
@@ -76,8 +89,18 @@ class TransferManager {
   // ResolveAttachRequest, then Pool::AcquireAttachment(tp_rank) (a second
   // rank on a kind that is not replicated is FAILED_PRECONDITION), then the
   // engine's Open.
+  // `pool` may name a pool group (PoolRegistry::GetGroup): then
+  // request.entries gives exactly the group's entries, each resolved like a
+  // plain attachment of that entry's pool, whose device layer range must
+  // include every layer the entry's layer_map names (INVALID_ARGUMENT
+  // naming the entry otherwise, or for buffers outside entries); every
+  // entry's pool and the group are acquired, each entry opened, and the
+  // engine's OpenGroup makes the one mapping with the load events per model
+  // layer. entries on a plain pool's name is INVALID_ARGUMENT. A failed
+  // Attach holds nothing.
   absl::StatusOr<AttachmentInfo> Attach(const std::string& pool, const AttachRequest& request);
   // Transfers already accepted still complete; the buffers close after them.
+  // A group attachment releases the group and every entry's pool.
   absl::Status Detach(const std::string& attachment_id);
   // Validates and queues a backup or load; returns its ticket (a load's
   // names its event set). Validation: equal lengths, ranges, whole pages
@@ -89,11 +112,17 @@ class TransferManager {
   // TransferJob). Errors beyond validation come from the engine's Prepare:
   // RESOURCE_EXHAUSTED when every load event set is busy, FAILED_PRECONDITION
   // for a wait event on an engine without events.
-  absl::StatusOr<std::shared_ptr<TransferTicket>> Submit(const std::string& attachment_id,
-                                                         Direction direction,
-                                                         absl::Span<const int64_t> host,
-                                                         absl::Span<const int64_t> device,
-                                                         const std::string& wait_event_handle = "");
+  // On a group attachment `host` / `device` are the anchor entry's rows (may
+  // be empty) and `pool_transfers` the other entries', each validated as
+  // above against its own pool; INVALID_ARGUMENT for an unknown name, the
+  // anchor's or a name twice, and for pool_transfers on a plain attachment.
+  // All is validated before anything is submitted. The ticket has the
+  // group's layer_num layers; model layer l copies, in every entry with
+  // rows, the device layer its layer_map gives (nothing for -1).
+  absl::StatusOr<std::shared_ptr<TransferTicket>> Submit(
+      const std::string& attachment_id, Direction direction, absl::Span<const int64_t> host,
+      absl::Span<const int64_t> device, const std::string& wait_event_handle = "",
+      absl::Span<const EntryRows> pool_transfers = {});
   // NOT_FOUND for an unknown or expired ticket.
   absl::StatusOr<std::shared_ptr<TransferTicket>> FindTicket(uint64_t id) const;
 
@@ -105,13 +134,26 @@ class TransferManager {
   TransferCounters counters() const;
 
  private:
-  struct Attachment {
-    AttachmentInfo info;
-    // The attachment's range of ticket layers mapped onto the pool's.
+  // One pool of an attachment: a plain attachment has one, a group
+  // attachment one per group entry, in the group's order.
+  struct AttachedPool {
+    std::string entry;  // the group entry's name; empty for a plain attachment
     std::shared_ptr<Pool> pool;
     std::shared_ptr<const DeviceMapping> device;
+    // Per ticket layer: the pool's host layer and the mapping's layer.
     std::vector<JobLayer> layers;
   };
+  struct Attachment {
+    AttachmentInfo info;
+    std::shared_ptr<PoolGroup> group;  // null for a plain attachment
+    // The mapping jobs record their load events on (a group's: OpenGroup's).
+    std::shared_ptr<const DeviceMapping> device;
+    std::vector<AttachedPool> pools;
+  };
+
+  absl::StatusOr<AttachmentInfo> AttachGroup(const std::shared_ptr<PoolGroup>& group,
+                                             const AttachRequest& request);
+  absl::StatusOr<AttachmentInfo> Register(Attachment attachment);
 
   void Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes, Direction direction,
               const std::string& pool);
