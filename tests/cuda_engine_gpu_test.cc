@@ -14,7 +14,10 @@
 // The other kinds (MHA_ASYMMETRIC, K_ONLY and DSA_INDEXER and V4_STATE
 // following their pools, DSA, MAMBA, V4_PAGED), a sharded attachment (device
 // layers [1, 6) of a pool holding [2, 5)) and LOGICAL run the same round
-// trip through Pool.components, on ce, staged, sm and auto.
+// trip through Pool.components, on ce, staged, sm and auto. A pool group (a
+// hybrid model's MHA pool and MAMBA pool, layer maps with unmapped layers)
+// backs up and loads as one attachment with per-model-layer load events, on
+// every path, gated too.
 // Also: backups and loads in flight together on one attachment, detaching
 // idle / after transfers / with a transfer in flight, and the attach errors.
 // Synchronisation: the per-layer load events order the worker's own reads
@@ -1844,6 +1847,391 @@ TEST_F(CudaAutoPathTest, WholePagesRoundTripOnACudaPath) {
       static_cast<unsigned long>(used_pages), backup_st->path().c_str(), load_st->path().c_str());
   ASSERT_TRUE(client().DetachDevice(att->id()).ok());
   ASSERT_TRUE(client().DeletePool("auto").ok());
+}
+
+// ===========================================================================
+// Pool groups: a hybrid model's attention KV pool and Mamba state pool
+// attached as one group on every path.
+//
+// 6 model layers; attention on model layers 1, 2 and 4 (device layers 0, 1
+// and 3 of the MHA pool: its layer 2 is mapped by no model layer, so the
+// staged path plans its held layers as two intervals), Mamba on model layers
+// 0 and 3. The MHA pool (PAGE_FIRST, page size 4) is the anchor; the MAMBA
+// pool's rows go in a pool_transfer. A backup must put every row of every
+// mapped layer at the host offsets written out here (PAGE_FIRST token rows:
+// token t, layer l at (t * L + l) * row, V after L * S rows; MAMBA's one-slot
+// PAGE_FIRST_DIRECT the same in its own files) and nothing elsewhere. A load
+// into a second group attachment's zeroed buffers must give back exactly the
+// loaded rows of the mapped layers (unmapped layers stay zero), and the
+// worker, waiting on each model layer's load event right after the Load
+// RPC, must read the loaded rows of every layer that model layer maps.
+
+constexpr uint32_t kGroupLayers = 6;
+const std::vector<int32_t> kGroupAttnMap = {-1, 0, 1, -1, 3, -1};
+const std::vector<int32_t> kGroupSsmMap = {0, -1, -1, 1, -1, -1};
+constexpr uint64_t kGroupAttnLayers = 4, kGroupAttnTokens = 256, kGroupAttnPage = 4;
+constexpr uint64_t kGroupAttnRow = 4 * 64 * 2;  // heads x head_dim x bf16
+constexpr uint64_t kGroupSsmLayers = 2, kGroupSsmTokens = 16;
+constexpr uint64_t kGroupTemporalRow = 2 * 3 * 4;  // 2x3 fp32
+constexpr uint64_t kGroupConvRow = 5 * 2;          // 5 bf16
+constexpr uint64_t kGroupAttnDevice = 32, kGroupSsmDevice = 16;
+
+// One component of a group entry: its host rows (token t, host layer l at
+// base + (t * layers + l) * row of region file `region`) and its device
+// buffers (buffer component * layers + l of the entry's GpuBuffers).
+struct GroupComponent {
+  std::string name;
+  uint32_t region;
+  uint64_t base;
+  uint64_t row;
+  uint64_t At(uint64_t t, uint64_t l, uint64_t layers) const {
+    return base + (t * layers + l) * row;
+  }
+};
+
+struct GroupEntryCase {
+  std::string entry;  // PoolEntry.name
+  std::string pool;
+  const std::vector<int32_t>* map;
+  uint64_t layers;
+  uint64_t device_rows;
+  std::vector<GroupComponent> components;
+};
+
+// Rows of one transfer of one entry.
+struct GroupRows {
+  std::vector<int64_t> host, device;
+};
+
+bool MapsLayer(const std::vector<int32_t>& map, uint64_t device_layer) {
+  return std::find(map.begin(), map.end(), static_cast<int32_t>(device_layer)) != map.end();
+}
+
+class CudaGroupTest : public CudaTest, public ::testing::WithParamInterface<TransferPath> {
+ protected:
+  const TransferPath& path() const override { return GetParam(); }
+  bool share_daemon() const override { return true; }
+
+  // One GpuBuffers per entry: buffer c * layers + l holds component c's
+  // device layer l, named so in failure messages.
+  static std::unique_ptr<GpuBuffers> DeviceFor(const GroupEntryCase& e) {
+    std::vector<GpuBuffers::Shape> shapes;
+    for (const GroupComponent& c : e.components) {
+      for (uint64_t l = 0; l < e.layers; ++l) shapes.push_back({e.device_rows, c.row});
+    }
+    return std::make_unique<GpuBuffers>(
+        std::move(shapes),
+        [e](size_t b) {
+          return absl::StrCat(e.entry, " component ", e.components[b / e.layers].name, " layer ",
+                              b % e.layers);
+        },
+        absl::StrCat("outside every buffer of ", e.entry));
+  }
+  static CudaGroupEntry GroupEntryOf(const GroupEntryCase& e, const GpuBuffers& dev) {
+    CudaGroupEntry out;
+    out.entry = e.entry;
+    out.device_size_tokens = e.device_rows;
+    for (size_t c = 0; c < e.components.size(); ++c) {
+      CudaComponentLayers layers;
+      layers.name = e.components[c].name;
+      for (uint64_t l = 0; l < e.layers; ++l) layers.layers.push_back(dev.buffer(c * e.layers + l));
+      out.components.push_back(std::move(layers));
+    }
+    return out;
+  }
+  // Every region file of `pool`, in order.
+  std::vector<std::string> HostFiles(const std::string& pool) {
+    absl::StatusOr<v1::Pool> p = client().GetPool(pool);
+    EXPECT_TRUE(p.ok()) << p.status();
+    std::vector<std::string> files;
+    if (!p.ok()) return files;
+    for (const std::string& file : p->region_paths()) {
+      std::unique_ptr<MappedFile> f = MappedFile::Open(file);
+      EXPECT_NE(f, nullptr) << file;
+      files.push_back(f == nullptr
+                          ? std::string()
+                          : std::string(reinterpret_cast<const char*>(f->data()), f->size()));
+    }
+    return files;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Paths, CudaGroupTest,
+                         ::testing::Values(kForcedPaths[0], kForcedPaths[1], kForcedPaths[2],
+                                           kAutoPath, kSyncPaths[3], kSyncPaths[4], kSyncPaths[5]),
+                         [](const ::testing::TestParamInfo<TransferPath>& info) {
+                           return PathLabel(info.param);
+                         });
+
+TEST_P(CudaGroupTest, HybridBackupAndLoadFollowTheLayerMapsAndEvents) {
+  v1::PoolSpec attn_spec;
+  attn_spec.set_kind(v1::MHA);
+  attn_spec.set_layout(v1::PAGE_FIRST);
+  attn_spec.set_dtype(v1::BF16);
+  attn_spec.set_page_size(kGroupAttnPage);
+  attn_spec.set_layer_num(kGroupAttnLayers);
+  attn_spec.set_head_num(4);
+  attn_spec.set_head_dim(64);
+  attn_spec.set_size_tokens(kGroupAttnTokens);
+  v1::PoolSpec ssm_spec;
+  ssm_spec.set_kind(v1::MAMBA);
+  ssm_spec.set_layout(v1::PAGE_FIRST_DIRECT);
+  ssm_spec.set_dtype(v1::BF16);
+  ssm_spec.set_page_size(1);
+  ssm_spec.set_layer_num(kGroupSsmLayers);
+  ssm_spec.set_size_tokens(kGroupSsmTokens);
+  ssm_spec.mutable_mamba()->mutable_temporal()->add_dims(2);
+  ssm_spec.mutable_mamba()->mutable_temporal()->add_dims(3);
+  ssm_spec.mutable_mamba()->set_temporal_dtype(v1::FP32);
+  ssm_spec.mutable_mamba()->add_conv()->add_dims(5);
+  absl::StatusOr<v1::Pool> attn = client().CreatePool("gattn", attn_spec);
+  ASSERT_TRUE(attn.ok()) << attn.status();
+  absl::StatusOr<v1::Pool> ssm = client().CreatePool("gssm", ssm_spec);
+  ASSERT_TRUE(ssm.ok()) << ssm.status();
+  v1::PoolEntry kv_entry;
+  kv_entry.set_name("kv");
+  kv_entry.set_pool("gattn");
+  for (int32_t v : kGroupAttnMap) kv_entry.add_layer_map(v);
+  v1::PoolEntry ssm_entry;
+  ssm_entry.set_name("ssm");
+  ssm_entry.set_pool("gssm");
+  for (int32_t v : kGroupSsmMap) ssm_entry.add_layer_map(v);
+  absl::StatusOr<v1::PoolGroup> group =
+      client().CreatePoolGroup("ghybrid", kGroupLayers, {kv_entry, ssm_entry});
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(group->anchor(), "kv");
+
+  const std::vector<GroupEntryCase> entries = {
+      {"kv",
+       "gattn",
+       &kGroupAttnMap,
+       kGroupAttnLayers,
+       kGroupAttnDevice,
+       {{"k", 0, 0, kGroupAttnRow},
+        {"v", 0, kGroupAttnLayers * kGroupAttnTokens * kGroupAttnRow, kGroupAttnRow}}},
+      {"ssm",
+       "gssm",
+       &kGroupSsmMap,
+       kGroupSsmLayers,
+       kGroupSsmDevice,
+       {{"temporal", 0, 0, kGroupTemporalRow}, {"conv0", 1, 0, kGroupConvRow}}},
+  };
+  // The daemon's components are the ones written out above.
+  for (const auto& [e, pool] : {std::pair(&entries[0], &*attn), std::pair(&entries[1], &*ssm)}) {
+    ASSERT_EQ(pool->components_size(), static_cast<int>(e->components.size())) << e->pool;
+    for (size_t c = 0; c < e->components.size(); ++c) {
+      const v1::PoolComponent& got = pool->components(static_cast<int>(c));
+      EXPECT_EQ(got.name(), e->components[c].name) << e->pool;
+      EXPECT_EQ(got.region_index(), e->components[c].region) << e->pool << " " << got.name();
+      EXPECT_EQ(got.offset(), e->components[c].base) << e->pool << " " << got.name();
+      EXPECT_EQ(got.row_bytes(), e->components[c].row) << e->pool << " " << got.name();
+    }
+  }
+  if (HasFailure()) return;
+
+  std::mt19937 rng(41);
+  std::vector<std::unique_ptr<GpuBuffers>> src;  // backed up from
+  std::vector<std::unique_ptr<GpuBuffers>> dst;  // loaded into, zeroed
+  std::vector<CudaGroupEntry> src_entries, dst_entries;
+  for (const GroupEntryCase& e : entries) {
+    src.push_back(DeviceFor(e));
+    src.back()->Init(rng);
+    dst.push_back(DeviceFor(e));
+    dst.back()->Init(rng);
+    if (HasFatalFailure()) return;
+    for (std::vector<uint8_t>& image : dst.back()->image) std::fill(image.begin(), image.end(), 0);
+    dst.back()->Upload();
+    if (HasFatalFailure()) return;
+    src_entries.push_back(GroupEntryOf(e, *src.back()));
+    dst_entries.push_back(GroupEntryOf(e, *dst.back()));
+  }
+  absl::StatusOr<v1::AttachDeviceRequest> src_request =
+      MakeCudaGroupAttachRequest("ghybrid", src_entries);
+  ASSERT_TRUE(src_request.ok()) << src_request.status();
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*src_request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_EQ(att->group(), "ghybrid");
+  EXPECT_EQ(att->pool(), "gattn");  // the anchor
+  // Load events per model layer.
+  EXPECT_EQ(att->load_event_sets(), 4u);
+  EXPECT_EQ(att->load_event_handles_size(), static_cast<int>(4 * kGroupLayers));
+
+  // Rows: the anchor's through the group's name (4 whole pages), the Mamba
+  // pool's through its own; device rows in runs, singletons, out of order.
+  absl::StatusOr<std::vector<int64_t>> kv_host = client().Alloc("ghybrid", 4 * kGroupAttnPage);
+  ASSERT_TRUE(kv_host.ok()) << kv_host.status();
+  absl::StatusOr<std::vector<int64_t>> ssm_host = client().Alloc("gssm", 4);
+  ASSERT_TRUE(ssm_host.ok()) << ssm_host.status();
+  const GroupRows backup_rows[] = {
+      {*kv_host, {3, 4, 5, 6, 9, 10, 11, 0, 20, 21, 22, 23, 30, 17, 18, 25}},
+      {*ssm_host, {5, 1, 6, 9}}};
+  const GroupRows load_rows[] = {
+      {*kv_host, {31, 30, 29, 28, 1, 2, 7, 8, 12, 13, 14, 15, 16, 19, 24, 26}},
+      {*ssm_host, {0, 7, 2, 15}}};
+  // Ticket bytes: every entry's rows x row bytes over the layers mapped.
+  uint64_t ticket_bytes = 0;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    uint64_t mapped = 0;
+    for (int32_t v : *entries[k].map) mapped += v >= 0 ? 1 : 0;
+    for (const GroupComponent& c : entries[k].components) {
+      ticket_bytes += backup_rows[k].host.size() * c.row * mapped;
+    }
+  }
+  auto expect_done = [&](uint64_t ticket) {
+    absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(ticket, kWait);
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_TRUE(st->done());
+    ExpectPath(*st);
+    EXPECT_EQ(st->bytes(), ticket_bytes);
+    EXPECT_EQ(st->layer_num(), kGroupLayers);
+    EXPECT_EQ(st->layers_done(), kGroupLayers);
+  };
+
+  // Backup, checked against the host files as they were plus the rows of
+  // the mapped layers.
+  std::vector<std::string> want_host[2] = {HostFiles("gattn"), HostFiles("gssm")};
+  absl::StatusOr<uint64_t> backup =
+      client().Backup(att->id(), backup_rows[0].host, backup_rows[0].device,
+                      {MakePoolTransfer("ssm", backup_rows[1].host, backup_rows[1].device)});
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  expect_done(*backup);
+  if (HasFatalFailure()) return;
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const GroupEntryCase& e = entries[k];
+    for (size_t c = 0; c < e.components.size(); ++c) {
+      const GroupComponent& comp = e.components[c];
+      for (uint64_t l = 0; l < e.layers; ++l) {
+        if (!MapsLayer(*e.map, l)) continue;
+        for (size_t i = 0; i < backup_rows[k].host.size(); ++i) {
+          const uint64_t off = comp.At(static_cast<uint64_t>(backup_rows[k].host[i]), l, e.layers);
+          ASSERT_LE(off + comp.row, want_host[k][comp.region].size());
+          std::memcpy(
+              want_host[k][comp.region].data() + off,
+              src[k]->image_row(c * e.layers + l, static_cast<uint64_t>(backup_rows[k].device[i])),
+              comp.row);
+        }
+      }
+    }
+    const std::vector<std::string> got = HostFiles(e.pool);
+    ASSERT_EQ(got.size(), want_host[k].size()) << e.pool;
+    for (size_t r = 0; r < got.size(); ++r) {
+      if (got[r] == want_host[k][r]) continue;
+      // Name the first wrong row: which component, token and layer.
+      uint64_t byte = 0;
+      while (byte < got[r].size() && got[r][byte] == want_host[k][r][byte]) ++byte;
+      std::string where = "outside every row";
+      for (const GroupComponent& comp : e.components) {
+        if (comp.region != r || byte < comp.base) continue;
+        const uint64_t row = (byte - comp.base) / comp.row;
+        if (row >= e.layers * (e.pool == "gattn" ? kGroupAttnTokens : kGroupSsmTokens)) continue;
+        where = absl::StrCat(comp.name, " token ", row / e.layers, " layer ", row % e.layers,
+                             MapsLayer(*e.map, row % e.layers) ? "" : " (unmapped)");
+      }
+      ADD_FAILURE() << "after the backup, " << e.pool << " file " << r << " byte " << byte << " is "
+                    << int{static_cast<uint8_t>(got[r][byte])} << ", want "
+                    << int{static_cast<uint8_t>(want_host[k][r][byte])} << " (" << where << ")";
+    }
+  }
+  // The backup leaves the worker's buffers alone.
+  for (auto& dev : src) dev->ExpectMatchesImage("after the backup");
+
+  // Load into the zeroed buffers of a second group attachment; the worker
+  // waits on each model layer's event and reads what that layer maps.
+  absl::StatusOr<v1::AttachDeviceRequest> dst_request =
+      MakeCudaGroupAttachRequest("ghybrid", dst_entries);
+  ASSERT_TRUE(dst_request.ok()) << dst_request.status();
+  absl::StatusOr<v1::Attachment> att2 = client().AttachDevice(*dst_request);
+  ASSERT_TRUE(att2.ok()) << att2.status();
+  absl::StatusOr<std::unique_ptr<LoadEvents>> events = LoadEvents::Open(*att2);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ((*events)->layers(), kGroupLayers);
+  // Where the worker's reads go: per model layer, per entry it maps, per
+  // component, the whole device layer.
+  struct Read {
+    uint32_t model_layer;
+    size_t entry, component;
+    uint64_t layer, bytes, offset;
+  };
+  std::vector<Read> reads;
+  uint64_t read_bytes = 0;
+  for (uint32_t m = 0; m < kGroupLayers; ++m) {
+    for (size_t k = 0; k < entries.size(); ++k) {
+      const int32_t d = (*entries[k].map)[m];
+      if (d < 0) continue;
+      for (size_t c = 0; c < entries[k].components.size(); ++c) {
+        const uint64_t bytes = entries[k].device_rows * entries[k].components[c].row;
+        reads.push_back(Read{m, k, c, static_cast<uint64_t>(d), bytes, read_bytes});
+        read_bytes += bytes;
+      }
+    }
+  }
+  CudaCleanup cleanup;
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cleanup.streams.push_back(stream);
+  uint8_t* result = nullptr;
+  ASSERT_CUDA(cudaMalloc(reinterpret_cast<void**>(&result), read_bytes));
+  cleanup.memory.push_back(result);
+  ASSERT_CUDA(cudaMemset(result, 0, read_bytes));
+
+  absl::StatusOr<LoadTicket> load =
+      client().LoadWithEvents(att2->id(), load_rows[0].host, load_rows[0].device,
+                              {MakePoolTransfer("ssm", load_rows[1].host, load_rows[1].device)});
+  ASSERT_TRUE(load.ok()) << load.status();
+  ASSERT_GE(load->event_set, 0);
+  size_t next = 0;
+  for (uint32_t m = 0; m < kGroupLayers; ++m) {
+    absl::Status s = (*events)->WaitLayer(load->event_set, m, stream);
+    ASSERT_TRUE(s.ok()) << s;
+    for (; next < reads.size() && reads[next].model_layer == m; ++next) {
+      const Read& r = reads[next];
+      ASSERT_CUDA(testing::LaunchCopyRows(
+          result + r.offset, dst[r.entry]->buffer(r.component * entries[r.entry].layers + r.layer),
+          r.bytes, stream));
+    }
+  }
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  expect_done(load->ticket_id);
+  if (HasFatalFailure()) return;
+
+  // Expected device images: zero but the loaded rows of the mapped layers,
+  // which are the rows first backed up from `src`.
+  for (size_t k = 0; k < entries.size(); ++k) {
+    const GroupEntryCase& e = entries[k];
+    for (size_t c = 0; c < e.components.size(); ++c) {
+      for (uint64_t l = 0; l < e.layers; ++l) {
+        if (!MapsLayer(*e.map, l)) continue;
+        for (size_t i = 0; i < load_rows[k].device.size(); ++i) {
+          std::memcpy(
+              dst[k]->image_row(c * e.layers + l, static_cast<uint64_t>(load_rows[k].device[i])),
+              src[k]->image_row(c * e.layers + l, static_cast<uint64_t>(backup_rows[k].device[i])),
+              e.components[c].row);
+        }
+      }
+    }
+    dst[k]->ExpectMatchesImage(absl::StrCat("after the load, entry ", e.entry));
+  }
+  std::vector<uint8_t> got(read_bytes);
+  ASSERT_CUDA(cudaMemcpy(got.data(), result, read_bytes, cudaMemcpyDeviceToHost));
+  int bad = 0;
+  for (const Read& r : reads) {
+    const uint8_t* want =
+        dst[r.entry]->image_row(r.component * entries[r.entry].layers + r.layer, 0);
+    if (std::memcmp(got.data() + r.offset, want, r.bytes) != 0 && bad++ < 5) {
+      ADD_FAILURE() << "model layer " << r.model_layer << ": the worker read bytes other than "
+                    << "the loaded ones of entry " << entries[r.entry].entry << " component "
+                    << entries[r.entry].components[r.component].name << " layer " << r.layer
+                    << " after waiting on load event [" << load->event_set << "][" << r.model_layer
+                    << "]";
+    }
+  }
+  EXPECT_EQ(bad, 0);
+
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client().DetachDevice(att2->id()).ok());
+  ASSERT_TRUE(client().DeletePoolGroup("ghybrid").ok());
+  ASSERT_TRUE(client().DeletePool("gattn").ok());
+  ASSERT_TRUE(client().DeletePool("gssm").ok());
 }
 
 // How a kvhostd run that is meant to fail at start ended.

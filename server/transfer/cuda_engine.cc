@@ -619,19 +619,33 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::OpenGroup(
     std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
     uint32_t load_event_sets) {
   if (entries.empty()) return absl::InvalidArgumentError("a pool group attachment with no entries");
-  // Every mapping this engine sees is one it opened.
-  auto device_of = [&](size_t i) { return static_cast<const Mapping&>(*entries[i]).device(); };
-  const int device = device_of(0);
-  for (size_t i = 1; i < entries.size(); ++i) {
-    if (device_of(i) == device) continue;
+  // The GPU of each entry this engine opened; the others (pools without
+  // components, LOGICAL) have no buffers and no GPU, and their jobs' parts
+  // never reach the engine.
+  std::vector<int> device_of(entries.size(), -1);
+  int device = -1;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (const auto* m = dynamic_cast<const Mapping*>(entries[i].get()); m != nullptr) {
+      device_of[i] = m->device();
+      if (device < 0) device = m->device();
+    }
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (device_of[i] < 0 || device_of[i] == device) continue;
     std::vector<std::string> where;
     for (size_t k = 0; k < entries.size(); ++k) {
+      if (device_of[k] < 0) continue;
       where.push_back(absl::StrCat("entries[", k, "] on GPU ",
-                                   devices_[static_cast<size_t>(device_of(k))].uuid));
+                                   devices_[static_cast<size_t>(device_of[k])].uuid));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("the group's entries are on different GPUs (", absl::StrJoin(where, ", "),
                      "); every buffer of a group attachment must be on one GPU"));
+  }
+  if (device < 0) {
+    // No entry has buffers: no GPU to make events on, and no job copies.
+    return std::unique_ptr<DeviceMapping>(
+        std::make_unique<Mapping>(std::move(entries), layer_num, -1, nullptr));
   }
   absl::StatusOr<Lane*> lanes = LanesFor(device);
   if (!lanes.ok()) return lanes.status();

@@ -164,8 +164,9 @@ class CudaEngine : public TransferEngine {
   absl::Status Prepare(TransferJob* job) override;
   void Submit(TransferJob job) override;
   // The group mapping's load events are made on the entries' GPU, like a
-  // plain mapping's. INVALID_ARGUMENT when the entries are on different GPUs
-  // (naming each entry's) or there are none.
+  // plain mapping's (none when no entry has buffers: all LOGICAL).
+  // INVALID_ARGUMENT when the entries are on different GPUs (naming each
+  // entry's) or there are none.
   absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenGroup(
       std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
       uint32_t load_event_sets) override;
