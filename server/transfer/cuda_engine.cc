@@ -1230,6 +1230,7 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
     const JobPart& part = job.parts[range.part];
     const auto& mapping = static_cast<const Mapping&>(*part.device);
     const StagedPlan& p = range.plan;
+    if (p.chunks.empty()) return;
     absl::StatusOr<void*> segments = UploadDescriptors(
         lane, kernels, p.segments.data(), p.segments.size() * sizeof(CopySegment), scratch);
     if (!segments.ok()) {
