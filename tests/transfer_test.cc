@@ -4,7 +4,8 @@
 // validation (server/transfer/transfer_manager.h); then every pool kind x
 // allowed layout through the manager and the host engine (per-component
 // buffers, page-row components in whole pages, sharded pools and partial
-// attachments, followers, TP ranks, LOGICAL), checked against SeedOffset,
+// attachments, followers, TP ranks, LOGICAL) and pool groups (layer maps,
+// pool_transfers, all-or-nothing validation), checked against SeedOffset,
 // an address formula written here from the seeds' tensor shapes.
 //
 // Every copy is checked byte for byte against a naive reference that moves one
@@ -1660,6 +1661,490 @@ TEST(ComponentSpellingTest, KLayersAndNamedComponentsMix) {
   v.named.clear();
   EXPECT_EQ(f.manager_->Attach("p", v).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*p)->attachments(), 1u);
+}
+
+// ---------------------------------------------------------------------------
+// Pool groups through the manager and the host engine: per model layer, every
+// entry with rows copies the device layer its layer_map names.
+
+// One entry of a group under test: its pool, an emulated device pool over
+// its attached device layers [att_start, att_start + layers) and its layer
+// map.
+struct Member {
+  std::string entry;
+  std::shared_ptr<Pool> pool;
+  std::unique_ptr<DevicePool> dev;
+  uint32_t att_start = 0;
+  uint32_t attached = 0;
+  std::vector<int32_t> map;
+
+  // Host layer of attached layer `a` when some model layer maps its device
+  // layer, else -1: what a group transfer touches, written from the map.
+  int64_t MappedHostLayer(uint32_t a) const {
+    const int32_t d = static_cast<int32_t>(att_start + a);
+    if (std::find(map.begin(), map.end(), d) == map.end()) return -1;
+    return d - static_cast<int32_t>(pool->start_layer());
+  }
+  uint32_t mapped_layers() const {
+    uint32_t n = 0;
+    for (int32_t d : map) n += d >= 0 ? 1 : 0;
+    return n;
+  }
+  std::vector<uint8_t> DeviceBytes() const {
+    return std::vector<uint8_t>(dev->data(), dev->data() + dev->size());
+  }
+  // The host and device images after moving rows host[i] <-> device[i] of
+  // the mapped layers, from `host0` / `device0`.
+  void Expect(bool backup, const std::vector<int64_t>& host, const std::vector<int64_t>& device,
+              std::vector<std::vector<uint8_t>>* host0, std::vector<uint8_t>* device0) const {
+    SeedCopy(
+        *pool, *host0, [&](size_t c, uint32_t a) { return device0->data() + dev->offset(c, a); },
+        attached, [this](uint32_t a) { return MappedHostLayer(a); }, host, device, backup);
+  }
+};
+
+// Allocates `tokens` slots of `pool` (whole pages); the slots, page by page.
+std::vector<int64_t> AllocSlots(Pool& pool, uint64_t tokens) {
+  absl::StatusOr<std::vector<uint64_t>> pages = pool.AllocPages(tokens);
+  EXPECT_TRUE(pages.ok()) << pages.status();
+  if (!pages.ok()) return {};
+  const uint64_t ps = pool.allocator().page_size();
+  std::vector<int64_t> slots;
+  for (uint64_t page : *pages) {
+    for (uint64_t j = 0; j < ps; ++j) slots.push_back(static_cast<int64_t>(page * ps + j));
+  }
+  return slots;
+}
+
+class GroupTest : public ::testing::Test {
+ protected:
+  // attn: MHA PAGE_FIRST holding device layers [1, 4), ps 3, rows of
+  // 2 heads x 5 x bf16 = 20 bytes for K and for V. ssm: MAMBA with a
+  // temporal state of 2 x 3 fp32 (24 bytes) and conv states of 5 and 2 x 3
+  // bf16 (10 and 12 bytes), 2 layers. The group has 4 model layers:
+  // kv = [3, -1, 1, -1] (attn's device layer 2 unmapped), ssm = [-1, 1, -1, 0].
+  static constexpr uint64_t kKvTokenBytes = 2 * 2 * 5 * 2;
+  static constexpr uint64_t kSsmTokenBytes = 2 * 3 * 4 + 5 * 2 + 2 * 3 * 2;
+
+  void SetUp() override {
+    ASSERT_FALSE(f_.dir_.path().empty());
+    PoolSpec attn = BaseSpec(PoolKind::kMha, LayoutKind::kPageFirst, 3, 3, 36);
+    attn.head_num = 2;
+    attn.head_dim = 5;
+    attn.start_layer = 1;
+    PoolSpec ssm = BaseSpec(PoolKind::kMamba, LayoutKind::kPageFirstDirect, 1, 2, 20);
+    ssm.mamba.temporal = {2, 3};
+    ssm.mamba.temporal_dtype = DType::kFp32;
+    ssm.mamba.conv = {{5}, {2, 3}};
+    absl::StatusOr<std::shared_ptr<Pool>> a = f_.registry_->Create("attn", attn);
+    absl::StatusOr<std::shared_ptr<Pool>> m = f_.registry_->Create("ssm", ssm);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(m.ok()) << m.status();
+    kv_ = Make("kv", *a, 12, 1, 3, {3, -1, 1, -1});
+    ssm_ = Make("ssm", *m, 8, 0, 2, {-1, 1, -1, 0});
+    ASSERT_NE(kv_.dev, nullptr);
+    ASSERT_NE(ssm_.dev, nullptr);
+    absl::StatusOr<std::shared_ptr<PoolGroup>> g = f_.registry_->CreateGroup(
+        "hybrid", 4, {{"kv", "attn", kv_.map, true}, {"ssm", "ssm", ssm_.map, false}});
+    ASSERT_TRUE(g.ok()) << g.status();
+    group_ = *g;
+    std::mt19937_64 rng(17);
+    Scramble(rng);
+  }
+
+  Member Make(const std::string& entry, std::shared_ptr<Pool> pool, uint64_t device_tokens,
+              uint32_t att_start, uint32_t attached, std::vector<int32_t> map) {
+    Member m;
+    m.entry = entry;
+    m.dev = DevicePool::Create(absl::StrCat(f_.dir_.path(), "/device-", entry, "-", ++devices_),
+                               *pool, device_tokens, attached);
+    m.pool = std::move(pool);
+    m.att_start = att_start;
+    m.attached = attached;
+    m.map = std::move(map);
+    return m;
+  }
+  // Random non-zero bytes in every host pool and device pool.
+  void Scramble(std::mt19937_64& rng) {
+    for (Member* m : {&kv_, &ssm_}) {
+      for (size_t c = 0; c < m->pool->components().size(); ++c) {
+        std::vector<uint8_t> bytes = RandomBytes(rng, m->pool->components()[c].bytes());
+        for (uint8_t& b : bytes) b |= 1;
+        std::memcpy(m->pool->component_base(c), bytes.data(), bytes.size());
+      }
+      std::vector<uint8_t> d = RandomBytes(rng, m->dev->size());
+      for (uint8_t& b : d) b |= 1;
+      std::memcpy(m->dev->data(), d.data(), d.size());
+    }
+  }
+  AttachRequest GroupRequest(const Member& kv, const Member& ssm) const {
+    AttachRequest req;
+    req.entries.push_back({kv.entry, kv.dev->Request()});
+    req.entries.push_back({ssm.entry, ssm.dev->Request()});
+    return req;
+  }
+  TicketStatus Run(const std::string& att, Direction d, const std::vector<int64_t>& host,
+                   const std::vector<int64_t>& device, const std::vector<EntryRows>& others) {
+    absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+        f_.manager_->Submit(att, d, host, device, "", others);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return TicketStatus{};
+    EXPECT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
+    return (*t)->Snapshot();
+  }
+  std::vector<int64_t> Alloc(Pool& pool, uint64_t tokens) { return AllocSlots(pool, tokens); }
+
+  KindFixture f_;
+  int devices_ = 0;
+  Member kv_, ssm_;
+  std::shared_ptr<PoolGroup> group_;
+};
+
+TEST_F(GroupTest, BackupThenLoadFollowTheLayerMaps) {
+  absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", GroupRequest(kv_, ssm_));
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_EQ(att->group, "hybrid");
+  EXPECT_EQ(att->pool, "attn");  // the anchor
+  EXPECT_EQ(att->start_layer, 0u);
+  EXPECT_EQ(att->end_layer, 4u);
+  EXPECT_EQ(att->device_size_tokens, 12u);
+  EXPECT_TRUE(att->load_event_handles.empty());
+  EXPECT_EQ(group_->attachments(), 1u);
+  EXPECT_EQ(kv_.pool->attachments(), 1u);
+  EXPECT_EQ(ssm_.pool->attachments(), 1u);
+
+  // Two attn pages (shuffled rows, runs that break) and three ssm slots.
+  const std::vector<int64_t> kv_host = Alloc(*kv_.pool, 6);
+  const std::vector<int64_t> ssm_host = Alloc(*ssm_.pool, 3);
+  ASSERT_EQ(kv_host.size(), 6u);
+  ASSERT_EQ(ssm_host.size(), 3u);
+  const std::vector<int64_t> kv_dev = {7, 8, 2, 11, 0, 1};
+  const std::vector<int64_t> ssm_dev = {5, 1, 6};
+  const uint64_t want_bytes = kv_.mapped_layers() * kv_host.size() * kKvTokenBytes +
+                              ssm_.mapped_layers() * ssm_host.size() * kSsmTokenBytes;
+
+  // Backup: host rows of the mapped layers take the device rows; nothing
+  // else changes (attn's device layer 2 is no model layer's).
+  std::vector<std::vector<uint8_t>> kv_h = HostBytes(*kv_.pool), ssm_h = HostBytes(*ssm_.pool);
+  std::vector<uint8_t> kv_d = kv_.DeviceBytes(), ssm_d = ssm_.DeviceBytes();
+  kv_.Expect(true, kv_host, kv_dev, &kv_h, &kv_d);
+  ssm_.Expect(true, ssm_host, ssm_dev, &ssm_h, &ssm_d);
+  ASSERT_NE(kv_h, HostBytes(*kv_.pool));
+  TicketStatus st = Run(att->id, Direction::kBackup, kv_host, kv_dev, {{"ssm", ssm_host, ssm_dev}});
+  EXPECT_TRUE(st.done);
+  EXPECT_TRUE(st.status.ok()) << st.status;
+  EXPECT_EQ(st.layer_num, 4u);
+  EXPECT_EQ(st.layers_done, 4u);
+  EXPECT_EQ(st.bytes, want_bytes);
+  EXPECT_TRUE(HostBytes(*kv_.pool) == kv_h) << "attn host bytes";
+  EXPECT_TRUE(HostBytes(*ssm_.pool) == ssm_h) << "ssm host bytes";
+  EXPECT_TRUE(kv_.DeviceBytes() == kv_d);
+  EXPECT_TRUE(ssm_.DeviceBytes() == ssm_d);
+
+  // Load the same host rows into other device rows (fresh device bytes).
+  std::mt19937_64 rng(5);
+  for (Member* m : {&kv_, &ssm_}) {
+    std::vector<uint8_t> d = RandomBytes(rng, m->dev->size());
+    std::memcpy(m->dev->data(), d.data(), d.size());
+  }
+  const std::vector<int64_t> kv_dev2 = {0, 1, 2, 9, 10, 11};
+  const std::vector<int64_t> ssm_dev2 = {0, 7, 2};
+  kv_d = kv_.DeviceBytes();
+  ssm_d = ssm_.DeviceBytes();
+  kv_.Expect(false, kv_host, kv_dev2, &kv_h, &kv_d);
+  ssm_.Expect(false, ssm_host, ssm_dev2, &ssm_h, &ssm_d);
+  ASSERT_NE(kv_d, kv_.DeviceBytes());
+  st = Run(att->id, Direction::kLoad, kv_host, kv_dev2, {{"ssm", ssm_host, ssm_dev2}});
+  EXPECT_TRUE(st.status.ok()) << st.status;
+  EXPECT_EQ(st.layer_num, 4u);
+  EXPECT_EQ(st.layers_done, 4u);
+  EXPECT_EQ(st.bytes, want_bytes);
+  EXPECT_TRUE(kv_.DeviceBytes() == kv_d) << "attn device bytes";
+  EXPECT_TRUE(ssm_.DeviceBytes() == ssm_d) << "ssm device bytes";
+  // The loaded rows of a mapped layer hold what the backup took from the
+  // first device image; attn's attached layer 1 (device layer 2) kept its own.
+  EXPECT_TRUE(HostBytes(*kv_.pool) == kv_h);
+
+  // Only another entry's rows (the anchor's lists empty): its layers alone.
+  st = Run(att->id, Direction::kBackup, {}, {}, {{"ssm", ssm_host, ssm_dev2}});
+  EXPECT_TRUE(st.status.ok()) << st.status;
+  EXPECT_EQ(st.layer_num, 4u);
+  EXPECT_EQ(st.layers_done, 4u);
+  EXPECT_EQ(st.bytes, ssm_.mapped_layers() * ssm_host.size() * kSsmTokenBytes);
+  // No rows at all: a ticket of 4 layers and no bytes.
+  st = Run(att->id, Direction::kLoad, {}, {}, {});
+  EXPECT_TRUE(st.status.ok()) << st.status;
+  EXPECT_EQ(st.layers_done, 4u);
+  EXPECT_EQ(st.bytes, 0u);
+
+  // Detach releases the group and both pools.
+  EXPECT_EQ(f_.registry_->DeleteGroup("hybrid").code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(f_.manager_->Detach(att->id).ok());
+  EXPECT_EQ(group_->attachments(), 0u);
+  EXPECT_EQ(kv_.pool->attachments(), 0u);
+  EXPECT_EQ(ssm_.pool->attachments(), 0u);
+}
+
+TEST_F(GroupTest, RefusedTransfersLeaveNoTicketAndChangeNothing) {
+  absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", GroupRequest(kv_, ssm_));
+  ASSERT_TRUE(att.ok()) << att.status();
+  const std::vector<int64_t> kv_host = Alloc(*kv_.pool, 3);
+  const std::vector<int64_t> ssm_host = Alloc(*ssm_.pool, 2);
+  ASSERT_EQ(ssm_host.size(), 2u);
+  const std::vector<int64_t> kv_dev = {3, 4, 5};
+  const std::vector<int64_t> ssm_dev = {1, 2};
+  // The free ssm slot that is not allocated.
+  int64_t free_slot = 0;
+  while (std::find(ssm_host.begin(), ssm_host.end(), free_slot) != ssm_host.end()) ++free_slot;
+  const std::vector<int64_t> one_ssm = {ssm_host[0]};
+  struct Bad {
+    const char* what;
+    std::vector<EntryRows> others;
+    absl::StatusCode code;
+    const char* needle;
+  };
+  const std::vector<int64_t> bad_dev = {1, 8};  // ssm's device has 8 rows
+  const std::vector<int64_t> bad_host = {ssm_host[0], free_slot};
+  const std::vector<int64_t> neg = {-1, 2};
+  const std::vector<int64_t> dup_dev = {2, 2};
+  const Bad cases[] = {
+      {"unknown entry",
+       {{"mamba", ssm_host, ssm_dev}},
+       absl::StatusCode::kInvalidArgument,
+       "'mamba'"},
+      {"the anchor", {{"kv", kv_host, kv_dev}}, absl::StatusCode::kInvalidArgument, "anchor"},
+      {"a name twice",
+       {{"ssm", ssm_host, ssm_dev}, {"ssm", ssm_host, ssm_dev}},
+       absl::StatusCode::kInvalidArgument,
+       "pool_transfers[1]"},
+      {"device row out of range",
+       {{"ssm", ssm_host, bad_dev}},
+       absl::StatusCode::kInvalidArgument,
+       "pool_transfers[0].device_indices[1] = 8"},
+      {"negative host slot",
+       {{"ssm", neg, ssm_dev}},
+       absl::StatusCode::kInvalidArgument,
+       "pool_transfers[0].host_indices[0] = -1"},
+      {"lengths differ",
+       {{"ssm", one_ssm, ssm_dev}},
+       absl::StatusCode::kInvalidArgument,
+       "pool_transfers[0].host_indices has 1"},
+      {"device row twice (load)",
+       {{"ssm", ssm_host, dup_dev}},
+       absl::StatusCode::kInvalidArgument,
+       "device row 2"},
+      {"host slot not allocated",
+       {{"ssm", bad_host, ssm_dev}},
+       absl::StatusCode::kFailedPrecondition,
+       "ssm"},
+  };
+  const std::vector<std::vector<uint8_t>> kv_h = HostBytes(*kv_.pool);
+  const std::vector<std::vector<uint8_t>> ssm_h = HostBytes(*ssm_.pool);
+  const std::vector<uint8_t> kv_d = kv_.DeviceBytes(), ssm_d = ssm_.DeviceBytes();
+  for (const Bad& b : cases) {
+    for (Direction d : {Direction::kBackup, Direction::kLoad}) {
+      if (std::string(b.what) == "device row twice (load)" && d == Direction::kBackup) continue;
+      absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+          f_.manager_->Submit(att->id, d, kv_host, kv_dev, "", b.others);
+      EXPECT_EQ(t.status().code(), b.code) << b.what << ": " << t.status();
+      EXPECT_THAT(Msg(t.status()), HasSubstr(b.needle)) << b.what;
+    }
+  }
+  // pool_transfers on a plain attachment.
+  std::unique_ptr<DevicePool> plain =
+      DevicePool::Create(f_.dir_.path() + "/plain", *kv_.pool, 12, 3);
+  ASSERT_NE(plain, nullptr);
+  absl::StatusOr<AttachmentInfo> plain_att = f_.manager_->Attach("attn", plain->Request());
+  ASSERT_TRUE(plain_att.ok()) << plain_att.status();
+  EXPECT_TRUE(plain_att->group.empty());
+  absl::StatusOr<std::shared_ptr<TransferTicket>> t = f_.manager_->Submit(
+      plain_att->id, Direction::kBackup, kv_host, kv_dev, "", {{"ssm", ssm_host, ssm_dev}});
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+  EXPECT_THAT(Msg(t.status()), HasSubstr("not of a pool group"));
+
+  f_.ExpectNoTickets();
+  EXPECT_TRUE(HostBytes(*kv_.pool) == kv_h);
+  EXPECT_TRUE(HostBytes(*ssm_.pool) == ssm_h);
+  EXPECT_TRUE(kv_.DeviceBytes() == kv_d);
+  EXPECT_TRUE(ssm_.DeviceBytes() == ssm_d);
+}
+
+TEST_F(GroupTest, AttachErrorsHoldNothing) {
+  struct Bad {
+    const char* what;
+    std::function<void(AttachRequest&)> edit;
+    const char* needle1;
+    const char* needle2;
+  } cases[] = {
+      {"missing entry", [](AttachRequest& r) { r.entries.pop_back(); }, "'ssm'",
+       "one per group entry"},
+      {"unknown entry", [](AttachRequest& r) { r.entries[1].entry = "mamba"; }, "'mamba'",
+       "kv, ssm"},
+      {"entry twice", [](AttachRequest& r) { r.entries[1] = r.entries[0]; }, "'kv'", "given twice"},
+      {"no entries", [](AttachRequest& r) { r.entries.clear(); }, "'kv'", "one per group entry"},
+      {"range without a mapped layer",
+       [this](AttachRequest& r) {
+         // attn attached at device layers [2, 4): model layer 2 maps device layer 1.
+         r.entries[0].request = kv_.dev->Request(2, 4);
+         r.entries[0].request.named.clear();
+         for (size_t c = 0; c < 2; ++c) {
+           ComponentBuffers b = kv_.dev->Buffers(c);
+           b.layers.pop_back();
+           r.entries[0].request.named.push_back(b);
+         }
+       },
+       "device layer 1", "layer_map[2]"},
+      {"bad buffers in an entry",
+       [](AttachRequest& r) { r.entries[1].request.named[0].layers.pop_back(); }, "entry 'ssm'",
+       "needs 2"},
+      {"plain buffers with a group's name",
+       [this](AttachRequest& r) { r.named = kv_.dev->Request().named; }, "'hybrid' is a pool group",
+       "entries"},
+      {"device slots with a group's name", [](AttachRequest& r) { r.device_size_tokens = 12; },
+       "'hybrid' is a pool group", "device_size_tokens"},
+  };
+  for (const Bad& b : cases) {
+    AttachRequest req = GroupRequest(kv_, ssm_);
+    b.edit(req);
+    absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", req);
+    EXPECT_EQ(att.status().code(), absl::StatusCode::kInvalidArgument)
+        << b.what << ": " << att.status();
+    EXPECT_THAT(Msg(att.status()), HasSubstr(b.needle1)) << b.what;
+    EXPECT_THAT(Msg(att.status()), HasSubstr(b.needle2)) << b.what;
+  }
+  // Entries on a plain pool's name.
+  absl::StatusOr<AttachmentInfo> plain = f_.manager_->Attach("attn", GroupRequest(kv_, ssm_));
+  EXPECT_EQ(plain.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(plain.status()), HasSubstr("not a pool group"));
+  EXPECT_EQ(f_.manager_->Attach("nope", GroupRequest(kv_, ssm_)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(group_->attachments(), 0u);
+  EXPECT_EQ(kv_.pool->attachments(), 0u);
+  EXPECT_EQ(ssm_.pool->attachments(), 0u);
+  EXPECT_TRUE(f_.manager_->ListAttachments().empty());
+  // A wider range that holds every mapped layer is fine.
+  AttachRequest wide = GroupRequest(kv_, ssm_);
+  std::unique_ptr<DevicePool> wider =
+      DevicePool::Create(f_.dir_.path() + "/wide", *kv_.pool, 12, 5);
+  ASSERT_NE(wider, nullptr);
+  wide.entries[0].request = wider->Request(0, 5);
+  EXPECT_TRUE(f_.manager_->Attach("hybrid", wide).ok());
+}
+
+TEST_F(GroupTest, DeletesRefusedWhileGroupedOrAttached) {
+  EXPECT_EQ(f_.registry_->Delete("attn").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(f_.registry_->Delete("ssm").status().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", GroupRequest(kv_, ssm_));
+  ASSERT_TRUE(att.ok()) << att.status();
+  absl::Status del = f_.registry_->DeleteGroup("hybrid");
+  EXPECT_EQ(del.code(), absl::StatusCode::kFailedPrecondition) << del;
+  EXPECT_TRUE(f_.registry_->GetGroup("hybrid").ok());
+  ASSERT_TRUE(f_.manager_->Detach(att->id).ok());
+  EXPECT_TRUE(f_.registry_->DeleteGroup("hybrid").ok());
+  EXPECT_TRUE(f_.registry_->Delete("ssm").ok());
+}
+
+// A group with a page-row entry: V4_PAGED rows move in whole pages, mapped
+// per model layer like any other entry.
+TEST(GroupPageRowTest, WholePagesFollowTheMapAndPartialPagesChangeNothing) {
+  KindFixture f;
+  ASSERT_FALSE(f.dir_.path().empty());
+  absl::StatusOr<std::shared_ptr<Pool>> mla =
+      f.registry_->Create("mla", MlaSpec(LayoutKind::kLayerFirst, 3));
+  absl::StatusOr<std::shared_ptr<Pool>> v4 =
+      f.registry_->Create("v4", V4PagedSpec(LayoutKind::kPageFirst));
+  ASSERT_TRUE(mla.ok()) << mla.status();
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  ASSERT_EQ((*v4)->components().size(), 1u);
+  ASSERT_EQ((*v4)->components()[0].row_tokens, 3u);
+  Member a, b;
+  a.entry = "latent";
+  a.pool = *mla;
+  a.attached = 2;
+  a.map = {1, -1, 0};
+  a.dev = DevicePool::Create(f.dir_.path() + "/dev-mla", *a.pool, 9, 2);
+  b.entry = "paged";
+  b.pool = *v4;
+  b.attached = 3;
+  b.map = {-1, 2, 0};
+  b.dev = DevicePool::Create(f.dir_.path() + "/dev-v4", *b.pool, 12, 3);
+  ASSERT_NE(a.dev, nullptr);
+  ASSERT_NE(b.dev, nullptr);
+  ASSERT_TRUE(
+      f.registry_
+          ->CreateGroup("mixed", 3, {{"latent", "mla", a.map, false}, {"paged", "v4", b.map, true}})
+          .ok());
+  AttachRequest req;
+  req.entries.push_back({"paged", b.dev->Request()});
+  req.entries.push_back({"latent", a.dev->Request()});  // any order
+  absl::StatusOr<AttachmentInfo> att = f.manager_->Attach("mixed", req);
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_EQ(att->pool, "v4");
+  EXPECT_EQ(att->end_layer, 3u);
+  std::mt19937_64 rng(9);
+  for (Member* m : {&a, &b}) {
+    std::vector<uint8_t> d = RandomBytes(rng, m->dev->size());
+    for (uint8_t& x : d) x |= 1;
+    std::memcpy(m->dev->data(), d.data(), d.size());
+  }
+  // Two whole v4 pages against device pages 3 and 1.
+  std::vector<int64_t> v4_host = AllocSlots(*b.pool, 6);
+  std::vector<int64_t> mla_host = AllocSlots(*a.pool, 3);
+  ASSERT_EQ(v4_host.size(), 6u);
+  ASSERT_EQ(mla_host.size(), 3u);
+  std::vector<int64_t> v4_dev = {9, 10, 11, 3, 4, 5};
+  std::vector<int64_t> mla_dev = {8, 0, 4};
+
+  // A partial v4 page: refused, no ticket, nothing changed.
+  const std::vector<std::vector<uint8_t>> v4_before = HostBytes(*b.pool);
+  const std::vector<int64_t> partial_host(v4_host.begin(), v4_host.begin() + 2);
+  const std::vector<int64_t> partial_dev = {9, 10};
+  absl::StatusOr<std::shared_ptr<TransferTicket>> refused = f.manager_->Submit(
+      att->id, Direction::kBackup, partial_host, partial_dev, "", {{"latent", mla_host, mla_dev}});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(Msg(refused.status()), HasSubstr("whole pages"));
+  f.ExpectNoTickets();
+  EXPECT_TRUE(HostBytes(*b.pool) == v4_before);
+
+  // Backup, then load into other device rows, byte-exact per entry.
+  std::vector<std::vector<uint8_t>> ah = HostBytes(*a.pool), bh = HostBytes(*b.pool);
+  std::vector<uint8_t> ad = a.DeviceBytes(), bd = b.DeviceBytes();
+  a.Expect(true, mla_host, mla_dev, &ah, &ad);
+  b.Expect(true, v4_host, v4_dev, &bh, &bd);
+  absl::StatusOr<std::shared_ptr<TransferTicket>> t = f.manager_->Submit(
+      att->id, Direction::kBackup, v4_host, v4_dev, "", {{"latent", mla_host, mla_dev}});
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
+  TicketStatus st = (*t)->Snapshot();
+  EXPECT_TRUE(st.status.ok()) << st.status;
+  EXPECT_EQ(st.layer_num, 3u);
+  EXPECT_EQ(st.layers_done, 3u);
+  // MLA rows: (7 + 2) bf16 per token; V4_PAGED: one item_bytes (13) row per page.
+  const uint64_t want = a.mapped_layers() * mla_host.size() * (7 + 2) * 2 +
+                        b.mapped_layers() * (v4_host.size() / 3) * 13;
+  EXPECT_EQ(st.bytes, want);
+  EXPECT_TRUE(HostBytes(*a.pool) == ah) << "mla host bytes";
+  EXPECT_TRUE(HostBytes(*b.pool) == bh) << "v4 host bytes";
+
+  for (Member* m : {&a, &b}) {
+    std::vector<uint8_t> d = RandomBytes(rng, m->dev->size());
+    std::memcpy(m->dev->data(), d.data(), d.size());
+  }
+  std::vector<int64_t> v4_dev2 = {0, 1, 2, 6, 7, 8};
+  std::vector<int64_t> mla_dev2 = {1, 2, 3};
+  ad = a.DeviceBytes();
+  bd = b.DeviceBytes();
+  a.Expect(false, mla_host, mla_dev2, &ah, &ad);
+  b.Expect(false, v4_host, v4_dev2, &bh, &bd);
+  t = f.manager_->Submit(att->id, Direction::kLoad, v4_host, v4_dev2, "",
+                         {{"latent", mla_host, mla_dev2}});
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
+  st = (*t)->Snapshot();
+  EXPECT_TRUE(st.status.ok()) << st.status;
+  EXPECT_EQ(st.bytes, want);
+  EXPECT_TRUE(a.DeviceBytes() == ad) << "mla device bytes";
+  EXPECT_TRUE(b.DeviceBytes() == bd) << "v4 device bytes";
 }
 
 }  // namespace
