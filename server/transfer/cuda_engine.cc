@@ -1591,7 +1591,12 @@ void CudaEngine::CompleteLoop(Lane* lane) {
     std::vector<void*> scratch = std::move(pending.scratch);
     // Dropping the job may close the mapping (a detached attachment's last
     // job) and unpin its pool; done here, not in a CUDA callback, since that
-    // calls CUDA.
+    // calls CUDA. The mappings go before the pools they pinned, whatever
+    // TransferJob's member order: the attachment's (a group's keeps its
+    // entries', which the parts still hold), then each part's, then the
+    // rest with the pools.
+    pending.job.device.reset();
+    for (JobPart& part : pending.job.parts) part.device.reset();
     pending = Pending();
     absl::MutexLock lock(&lane->mu);
     if (events_ok) {
