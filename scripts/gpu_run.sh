@@ -31,6 +31,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   run cuda_engine_gpu_test bundle/bin/cuda_engine_gpu_test
   run integration_test bundle/bin/integration_test
   [ -x bundle/bin/kinds_integration_test ] && run kinds_integration_test bundle/bin/kinds_integration_test
+  [ -x bundle/bin/groups_integration_test ] && run groups_integration_test bundle/bin/groups_integration_test
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   run cuda_transfer_bench bundle/bin/kvhost_cuda_transfer_bench \
