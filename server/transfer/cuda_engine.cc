@@ -1593,7 +1593,7 @@ void CudaEngine::CompleteLoop(Lane* lane) {
     // job) and unpin its pool; done here, not in a CUDA callback, since that
     // calls CUDA. The mappings go before the pools they pinned, whatever
     // TransferJob's member order: the attachment's (a group's keeps its
-    // entries', which the parts still hold), then each part's, then the
+    // entries', whose pools job.group still holds), then each part's, then the
     // rest with the pools.
     pending.job.device.reset();
     for (JobPart& part : pending.job.parts) part.device.reset();

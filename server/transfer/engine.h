@@ -32,6 +32,7 @@
 #include "absl/strings/str_cat.h"
 #include "kvhost/layout.h"
 #include "server/pool/pool.h"
+#include "server/pool/pool_group.h"
 #include "server/transfer/runs.h"
 #include "server/transfer/ticket.h"
 
@@ -184,6 +185,10 @@ struct TransferJob {
   // mapping OpenGroup made.
   std::shared_ptr<const DeviceMapping> device;
   std::vector<JobPart> parts;
+  // A group attachment's job holds its group, and with it the pool of every
+  // entry, those without rows in this job included: the group mapping pins
+  // them all, and the pools must outlive it.
+  std::shared_ptr<const PoolGroup> group;
   std::shared_ptr<TransferTicket> ticket;
   // Loads: the load event set that Prepare reserved (-1: none).
   int event_set = -1;

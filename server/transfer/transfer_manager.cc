@@ -573,6 +573,7 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   // A plain attachment's job has its one part; a group's, the parts with
   // rows to copy.
   const bool components = HasComponents(all_pools);
+  job.group = group;
   for (JobPart& part : parts) {
     if (group == nullptr || (part.tokens > 0 && !part.pool->components().empty())) {
       job.parts.push_back(std::move(part));
