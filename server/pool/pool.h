@@ -81,6 +81,8 @@ class Pool {
   Pool& operator=(const Pool&) = delete;
 
   const std::string& name() const { return name_; }
+  // "pool 'x' (MHA/PAGE_FIRST)" for messages.
+  std::string Label() const;
   const PoolSpec& spec() const { return spec_; }
   const KvLayout& layout() const { return layout_; }
   uint64_t size_tokens() const { return layout_.tokens; }
@@ -180,8 +182,6 @@ class Pool {
   Pool(std::string name, const PoolSpec& spec, uint64_t size_tokens,
        std::vector<std::unique_ptr<ShmRegion>> regions, std::shared_ptr<Pool> follows);
 
-  // "pool 'x' (MHA/PAGE_FIRST)" for messages.
-  std::string Label() const;
   // Region range of component c's bytes of the page starting at
   // `first_slot`: of layer `layer` (LAYER_FIRST), or of all layers.
   RegionSegment PageSegment(const Component& c, uint64_t first_slot, uint64_t layer) const;

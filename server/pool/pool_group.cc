@@ -83,9 +83,8 @@ absl::StatusOr<std::shared_ptr<PoolGroup>> PoolGroup::Create(
       if (v < start || v >= end) {
         return Invalid(
             name, absl::StrCat(EntryLabel(i, e), ": layer_map[", l, "] = ", v,
-                               " is not a device layer of pool '", pool.name(), "' (",
-                               PoolKindName(pool.spec().kind), "/", LayoutName(pool.spec().layout),
-                               "), which holds [", start, ", ", end, "); use -1 for none"));
+                               " is not a device layer of ", pool.Label(), ", which holds [", start,
+                               ", ", end, "); use -1 for none"));
       }
       if (!used.insert(v).second) {
         return Invalid(name, absl::StrCat(EntryLabel(i, e), ": layer_map[", l, "] = ", v,

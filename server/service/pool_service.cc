@@ -36,12 +36,6 @@ absl::Span<const uint8_t> Bytes(const std::string& s) {
   return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size());
 }
 
-// "pool 'x' (MHA/PAGE_FIRST)" for messages about a page's size.
-std::string PoolLabel(const Pool& pool) {
-  return absl::StrCat("pool '", pool.name(), "' (", PoolKindName(pool.spec().kind), "/",
-                      LayoutName(pool.spec().layout), ")");
-}
-
 void ToProto(absl::Span<const RegionSegment> segments, const Pool& pool,
              v1::PageBufferMeta* out) {
   for (const std::string& path : pool.region_paths()) out->add_region_paths(path);
@@ -206,7 +200,7 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
       return WithPool(pool_->name(),
                       absl::InvalidArgumentError(absl::StrCat(
                           "WritePages: page ", index_, " chunk at offset ", offset_, " has ",
-                          chunk.data().size(), " bytes; a page of ", PoolLabel(*pool_), " has ",
+                          chunk.data().size(), " bytes; a page of ", pool_->Label(), " has ",
                           page_.size())));
     }
     std::copy(chunk.data().begin(), chunk.data().end(), page_.begin() + offset_);
@@ -389,7 +383,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::SetFromFlatDataPage(
   if (request->data().size() != bytes) {
     return Finish(context, absl::InvalidArgumentError(absl::StrCat(
                                "data has ", request->data().size(), " bytes; a page of ",
-                               PoolLabel(**pool), " has ", bytes)));
+                               (*pool)->Label(), " has ", bytes)));
   }
   return Finish(context, (*pool)->WritePage(request->index(), Bytes(request->data())));
 }
