@@ -378,13 +378,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::SetFromFlatDataPage(
     v1::SetPageResponse* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
-  if (absl::Status s = (*pool)->CheckPage(request->index()); !s.ok()) return Finish(context, s);
-  const uint64_t bytes = (*pool)->flat_page_bytes();
-  if (request->data().size() != bytes) {
-    return Finish(context, absl::InvalidArgumentError(absl::StrCat(
-                               "data has ", request->data().size(), " bytes; a page of ",
-                               (*pool)->Label(), " has ", bytes)));
-  }
+  // WritePage checks the page and the data's size first.
   return Finish(context, (*pool)->WritePage(request->index(), Bytes(request->data())));
 }
 
