@@ -339,7 +339,7 @@ absl::StatusOr<std::vector<RegionSegment>> Pool::SplitHeadsMeta(absl::Span<const
 }
 
 absl::StatusOr<StrideCheck> Pool::StrideAlignment(uint64_t alignment) const {
-  if (alignment == 0) alignment = 4096;
+  if (alignment == 0) alignment = kDefaultStrideAlignment;
   if ((alignment & (alignment - 1)) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(Label(), ": alignment ", alignment, " is not a power of two"));

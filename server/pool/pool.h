@@ -65,6 +65,9 @@ struct BufferInfo {
   uint64_t item_bytes = 0;
 };
 
+// Pool::StrideAlignment's alignment when none is given: a host page.
+inline constexpr uint64_t kDefaultStrideAlignment = 4096;
+
 class Pool {
  public:
   // Creates the pool's region files under `region_prefix` ("<dir>/kvhost.<pid>.")
@@ -158,6 +161,7 @@ class Pool {
   absl::StatusOr<std::vector<PagePart>> PageShape() const;
   absl::StatusOr<std::vector<RegionSegment>> SplitHeadsMeta(absl::Span<const int64_t> slots,
                                                            uint32_t split_factor) const;
+  // `alignment` 0 means kDefaultStrideAlignment.
   absl::StatusOr<StrideCheck> StrideAlignment(uint64_t alignment) const;
   absl::StatusOr<std::vector<BufferInfo>> ContiguousBufferInfos() const;
 

@@ -431,8 +431,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::IsStridePageAligned(
     v1::StrideAlignment* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
-  const uint64_t alignment = request->alignment() == 0 ? kDefaultAlignment : request->alignment();
-  absl::StatusOr<StrideCheck> check = (*pool)->StrideAlignment(alignment);
+  absl::StatusOr<StrideCheck> check = (*pool)->StrideAlignment(request->alignment());
   if (!check.ok()) return Finish(context, check.status());
   response->set_aligned(check->aligned);
   for (uint64_t stride : check->page_strides) response->add_page_strides(stride);

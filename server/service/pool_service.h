@@ -85,8 +85,6 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
 
   // Data bytes per ReadPages message when the request leaves chunk_bytes 0.
   static constexpr uint64_t kDefaultChunkBytes = 4 << 20;
-  // IsStridePageAligned's alignment when the request leaves it 0.
-  static constexpr uint64_t kDefaultAlignment = 4096;
   // GetDataPage: room kept in a message beside the page's bytes (index,
   // offset, page_bytes and their tags take under 40 bytes).
   static constexpr uint64_t kMessageOverheadBytes = 1024;
