@@ -191,8 +191,7 @@ absl::StatusOr<std::vector<RegionSegment>> Pool::PageBufferMeta(
   }
   absl::StatusOr<std::vector<uint64_t>> pages = Pages(slots);
   if (!pages.ok()) return pages.status();
-  const bool per_layer = spec_.layout == LayoutKind::kLayerFirst;
-  const uint64_t meta_layers = per_layer ? spec_.layer_num : 1;
+  const uint64_t meta_layers = layout_.MetaPerLayer() ? layout_.layers : 1;
   std::vector<RegionSegment> segments;
   segments.reserve(pages->size() * meta_layers * components_.size());
   for (uint64_t page : *pages) {
