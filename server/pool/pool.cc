@@ -21,7 +21,7 @@ absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, cons
   // One file per distinct suffix, in the seeds' exact shapes: MHA (2, ...)
   // with V at V_OFF in ".kv"; MHA_ASYMMETRIC ".k" and ".v"; DSA the latent
   // and ".index_k"; MAMBA ".temporal" and ".conv<j>"; LOGICAL none.
-  const std::vector<Component> components = MakeComponents(spec, size_tokens);
+  std::vector<Component> components = MakeComponents(spec, size_tokens);
   const std::vector<std::string> suffixes = RegionSuffixes(spec);
   std::vector<uint64_t> sizes(suffixes.size(), 0);
   for (const Component& c : components) {
@@ -35,8 +35,8 @@ absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, cons
     if (!region.ok()) return WithPool(name, region.status());
     regions.push_back(*std::move(region));
   }
-  return std::shared_ptr<Pool>(
-      new Pool(name, spec, size_tokens, std::move(regions), std::move(follows)));
+  return std::shared_ptr<Pool>(new Pool(name, spec, size_tokens, std::move(components),
+                                        std::move(regions), std::move(follows)));
 }
 
 namespace {
@@ -57,12 +57,13 @@ bool AnyPageRow(const std::vector<Component>& components) {
 }  // namespace
 
 Pool::Pool(std::string name, const PoolSpec& spec, uint64_t size_tokens,
-           std::vector<std::unique_ptr<ShmRegion>> regions, std::shared_ptr<Pool> follows)
+           std::vector<Component> components, std::vector<std::unique_ptr<ShmRegion>> regions,
+           std::shared_ptr<Pool> follows)
     : name_(std::move(name)),
       spec_(spec),
       layout_(MakeKvLayout(spec, size_tokens)),
       regions_(std::move(regions)),
-      components_(MakeComponents(spec, size_tokens)),
+      components_(std::move(components)),
       whole_pages_(MovesWholePages(spec.kind) || AnyPageRow(components_)),
       follows_(std::move(follows)),
       bytes_(SumSizes(regions_)),

@@ -184,7 +184,8 @@ class Pool {
 
  private:
   Pool(std::string name, const PoolSpec& spec, uint64_t size_tokens,
-       std::vector<std::unique_ptr<ShmRegion>> regions, std::shared_ptr<Pool> follows);
+       std::vector<Component> components, std::vector<std::unique_ptr<ShmRegion>> regions,
+       std::shared_ptr<Pool> follows);
 
   // Region range of component c's bytes of the page starting at
   // `first_slot`: of layer `layer` (LAYER_FIRST), or of all layers.
