@@ -118,8 +118,6 @@ class DeviceMapping {
   uint8_t* buffer(size_t component, uint64_t layer) const {
     return layers_[component * layer_num_ + layer];
   }
-  // Same, with the old name (plane 0 = K or latent, 1 = V).
-  uint8_t* layer(uint64_t plane, uint64_t layer) const { return buffer(plane, layer); }
   // Rows of component `component`'s buffers.
   const DeviceRows& rows(size_t component) const { return rows_[component]; }
   size_t component_count() const { return rows_.size(); }
