@@ -92,7 +92,8 @@ class ChunkBuilder {
       const uint64_t n = std::min(bytes, (host / host_split_ + 1) * host_split_ - host);
       std::vector<StagedCopy>& copies = plan_->copies;
       if (copies.size() > copy_begin_ && host % host_split_ != 0 &&
-          copies.back().region == region && copies.back().host_offset + copies.back().bytes == host &&
+          copies.back().region == region &&
+          copies.back().host_offset + copies.back().bytes == host &&
           copies.back().staging_offset + copies.back().bytes == staging) {
         copies.back().bytes += n;
       } else {
@@ -140,13 +141,12 @@ void AddTokenHeads(const KvLayout& layout, uint64_t plane, uint64_t host, uint64
   }
 }
 
-// Tokens [host, host + count) of a page-major layout that lie in one page
-// but do not fill it, as blocks that are complete: per layer for
-// PAGE_FIRST_DIRECT, per head for PAGE_HEAD (a head's tokens of one page are
-// adjacent there, all layers each). All layers held.
+// Tokens [host, host + count) of PAGE_HEAD that lie in one page but do not
+// fill it, as blocks that are complete: per head (a head's tokens of one page
+// are adjacent there, all layers each). All layers held; PAGE_FIRST_DIRECT's
+// partial pages are planned per layer in PlanPlane.
 void AddPartialPage(const KvLayout& layout, uint64_t plane, uint64_t host, uint64_t device,
                     uint64_t count, ChunkBuilder* builder) {
-  // PAGE_HEAD.
   if (layout.RowContiguous()) {
     builder->Add(Segment(plane, host, device, 0, layout.layers, 0, 1), count, 1,
                  layout.layers * layout.token_bytes);
@@ -237,8 +237,8 @@ std::vector<LayoutGroup> GroupComponents(const std::vector<Component>& component
       if (g.page_rows == page_rows && g.region == c.region && SameShape(g.layout, c.layout) &&
           c.region_offset == g.region_offset + g.layout.planes * g.layout.plane_bytes) {
         const KvLayout& l = g.layout;
-        g.layout = KvLayout(l.kind, l.planes + 1, l.layers, l.tokens, l.page_size, l.heads,
-                            l.head_bytes);
+        g.layout =
+            KvLayout(l.kind, l.planes + 1, l.layers, l.tokens, l.page_size, l.heads, l.head_bytes);
         continue;
       }
     }
