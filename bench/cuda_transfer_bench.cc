@@ -1528,12 +1528,18 @@ std::string Json(const Options& o, const Results& r, const absl::Status& status)
                         .Num("worker_slowdown_pct", c.slowdown_pct, 2)
                         .str());
   }
+  // The duplex and time-to-first-layer rows measure one case: MHA,
+  // LAYER_FIRST, kProbePageSize.
+  auto probe_row = [](const std::string& path) {
+    bench::JsonObject row;
+    row.Str("path", path)
+        .Str("kind", "MHA")
+        .Str("layout", "LAYER_FIRST")
+        .Uint("page_size", kProbePageSize);
+    return row;
+  };
   for (const DuplexResult& d : r.duplex) {
-    duplex.push_back(bench::JsonObject()
-                         .Str("path", d.path)
-                         .Str("kind", "MHA")
-                         .Str("layout", "LAYER_FIRST")
-                         .Uint("page_size", kProbePageSize)
+    duplex.push_back(probe_row(d.path)
                          .Uint("bytes_per_transfer", d.bytes)
                          .Num("backup_alone_gb_per_s", d.backup_alone_gbps)
                          .Num("load_alone_gb_per_s", d.load_alone_gbps)
@@ -1555,11 +1561,7 @@ std::string Json(const Options& o, const Results& r, const absl::Status& status)
     return bench::JsonArray(out);
   };
   for (const TtflResult& t : r.ttfl) {
-    ttfl.push_back(bench::JsonObject()
-                       .Str("path", t.path)
-                       .Str("kind", "MHA")
-                       .Str("layout", "LAYER_FIRST")
-                       .Uint("page_size", kProbePageSize)
+    ttfl.push_back(probe_row(t.path)
                        .Uint("layers", t.layers)
                        .Uint("bytes", t.bytes)
                        .Num("rpc_return_ms", t.rpc_median_ms, 4)
