@@ -55,6 +55,16 @@ std::vector<JobLayer> MapLayers(const Pool& pool, uint32_t start, uint32_t end) 
   return layers;
 }
 
+// A request's load_event_sets: 0 means the default; above the limit is
+// INVALID_ARGUMENT.
+absl::StatusOr<uint32_t> ResolveLoadEventSets(uint32_t sets) {
+  if (sets > kMaxLoadEventSets) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load_event_sets ", sets, " is above the limit of ", kMaxLoadEventSets));
+  }
+  return sets == 0 ? kDefaultLoadEventSets : sets;
+}
+
 }  // namespace
 
 absl::StatusOr<AttachRequest> ResolveAttachRequest(const Pool& pool, AttachRequest request) {
@@ -168,11 +178,9 @@ absl::StatusOr<AttachRequest> ResolveAttachRequest(const Pool& pool, AttachReque
                        c.row_bytes(), " bytes of component '", c.name, "' is too large"));
     }
   }
-  if (request.load_event_sets > kMaxLoadEventSets) {
-    return absl::InvalidArgumentError(absl::StrCat("load_event_sets ", request.load_event_sets,
-                                                   " is above the limit of ", kMaxLoadEventSets));
-  }
-  if (request.load_event_sets == 0) request.load_event_sets = kDefaultLoadEventSets;
+  absl::StatusOr<uint32_t> sets = ResolveLoadEventSets(request.load_event_sets);
+  if (!sets.ok()) return sets.status();
+  request.load_event_sets = *sets;
   return request;
 }
 
@@ -415,14 +423,10 @@ absl::StatusOr<AttachmentInfo> TransferManager::AttachGroup(const std::shared_pt
     attachment.pools.push_back({entries[e].name, entries[e].pool, mappings.back(),
                                 MapEntryLayers(entries[e], resolved[e]->start_layer)});
   }
-  uint32_t sets = request.load_event_sets;
-  if (sets > kMaxLoadEventSets) {
-    return fail(absl::InvalidArgumentError(
-        absl::StrCat("load_event_sets ", sets, " is above the limit of ", kMaxLoadEventSets)));
-  }
-  if (sets == 0) sets = kDefaultLoadEventSets;
+  absl::StatusOr<uint32_t> sets = ResolveLoadEventSets(request.load_event_sets);
+  if (!sets.ok()) return fail(sets.status());
   absl::StatusOr<std::unique_ptr<DeviceMapping>> device =
-      engine_->OpenGroup(mappings, group->layer_num(), sets);
+      engine_->OpenGroup(mappings, group->layer_num(), *sets);
   if (!device.ok()) {
     return fail(
         absl::Status(device.status().code(), absl::StrCat(what, ": ", device.status().message())));
