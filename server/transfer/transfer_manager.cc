@@ -211,13 +211,6 @@ std::vector<JobLayer> MapEntryLayers(const GroupEntry& entry, uint32_t start) {
   return layers;
 }
 
-bool HasComponents(const std::vector<std::shared_ptr<Pool>>& pools) {
-  for (const auto& pool : pools) {
-    if (!pool->components().empty()) return true;
-  }
-  return false;
-}
-
 // Validates one pool's rows of a transfer and fills `part` (runs, page runs,
 // tokens). `prefix` starts the field names ("", "pool_transfers[1]."),
 // `device_what` names the attachment (and entry) for device ranges.
@@ -557,13 +550,13 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   }
   // Every pool's rows validated before anything is reserved or submitted.
   std::vector<JobPart> parts(pools.size());
-  std::vector<std::shared_ptr<Pool>> all_pools;
+  bool components = false;  // some pool of the attachment has buffers to copy
   for (size_t e = 0; e < pools.size(); ++e) {
     JobPart& part = parts[e];
     part.pool = pools[e].pool;
     part.device = pools[e].device;
     part.layers = pools[e].layers;
-    all_pools.push_back(part.pool);
+    components = components || !part.pool->components().empty();
     const std::string device_what =
         group == nullptr
             ? absl::StrCat("attachment '", attachment_id, "'")
@@ -576,18 +569,14 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   }
   // A plain attachment's job has its one part; a group's, the parts with
   // rows to copy.
-  const bool components = HasComponents(all_pools);
   job.group = group;
   for (JobPart& part : parts) {
     if (group == nullptr || (part.tokens > 0 && !part.pool->components().empty())) {
       job.parts.push_back(std::move(part));
     }
   }
-  uint64_t tokens = 0;
-  for (const JobPart& part : job.parts) {
-    if (!part.pool->components().empty()) tokens += part.tokens;
-  }
-  const bool copies = tokens > 0;
+  // The only part without components left is a plain LOGICAL pool's.
+  const bool copies = components && job.tokens() > 0;
   uint64_t bytes = 0;
   for (size_t i = 0; i < job.layer_num(); ++i) bytes += TicketLayerBytes(job, i);
   // Last, since what it reserves is released only by the job's end.
@@ -614,7 +603,8 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     return ticket;
   }
   spdlog::debug("ticket {}: {} of {} tokens in {} parts, '{}', {}", ticket->id(),
-                DirectionName(direction), tokens, job.parts.size(), label, ticket->Snapshot().path);
+                DirectionName(direction), job.tokens(), job.parts.size(), label,
+                ticket->Snapshot().path);
   engine_->Submit(std::move(job));
   ticket->Enqueued();
   return ticket;
