@@ -432,6 +432,33 @@ bool NeedsFollows(PoolKind kind) {
   return kind == PoolKind::kKOnly || kind == PoolKind::kDsaIndexer || kind == PoolKind::kV4State;
 }
 
+bool CanFollow(PoolKind follower, PoolKind followed) {
+  switch (follower) {
+    case PoolKind::kKOnly:
+      return followed == PoolKind::kMha || followed == PoolKind::kMhaAsymmetric ||
+             followed == PoolKind::kKOnly;
+    case PoolKind::kDsaIndexer:
+      return followed == PoolKind::kMla || followed == PoolKind::kDsa;
+    case PoolKind::kV4State:
+      return followed == PoolKind::kV4Paged || followed == PoolKind::kLogical;
+    default:
+      return false;
+  }
+}
+
+const char* FollowableKinds(PoolKind follower) {
+  switch (follower) {
+    case PoolKind::kKOnly:
+      return "MHA, MHA_ASYMMETRIC or K_ONLY";
+    case PoolKind::kDsaIndexer:
+      return "MLA or DSA";
+    case PoolKind::kV4State:
+      return "V4_PAGED or LOGICAL";
+    default:
+      return "no kind";
+  }
+}
+
 bool MovesWholePages(PoolKind kind) { return kind == PoolKind::kDsa || PageRowsOnly(kind); }
 
 absl::Status ValidateSpec(const PoolSpec& spec) {
@@ -454,10 +481,7 @@ absl::Status ValidateSpec(const PoolSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.follows is required for ", Where(spec),
         ": it shares the page space and allocator of the pool it follows (",
-        spec.kind == PoolKind::kKOnly       ? "MHA, MHA_ASYMMETRIC or K_ONLY"
-        : spec.kind == PoolKind::kDsaIndexer ? "MLA or DSA"
-                                             : "V4_PAGED or LOGICAL",
-        ")"));
+        FollowableKinds(spec.kind), ")"));
   }
   if (absl::Status s = NeedPositive(spec.page_size, "page_size", spec); !s.ok()) return s;
   if (spec.kind != PoolKind::kLogical) {

@@ -105,6 +105,10 @@ struct Component {
 bool IsReplicated(PoolKind kind);
 // Kinds that share another pool's page space (spec.follows required).
 bool NeedsFollows(PoolKind kind);
+// Whether a `follower` pool may follow a `followed` one (the seeds' anchors),
+// and the followable kinds spelled out for messages ("MLA or DSA").
+bool CanFollow(PoolKind follower, PoolKind followed);
+const char* FollowableKinds(PoolKind follower);
 // Kinds whose transfers and page calls move whole pages only.
 bool MovesWholePages(PoolKind kind);
 

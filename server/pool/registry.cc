@@ -47,21 +47,6 @@ PoolRegistry::~PoolRegistry() = default;
 
 namespace {
 
-// Which kinds a follower may follow (the seeds' anchors).
-bool CanFollow(PoolKind follower, PoolKind followed) {
-  switch (follower) {
-    case PoolKind::kKOnly:
-      return followed == PoolKind::kMha || followed == PoolKind::kMhaAsymmetric ||
-             followed == PoolKind::kKOnly;
-    case PoolKind::kDsaIndexer:
-      return followed == PoolKind::kMla || followed == PoolKind::kDsa;
-    case PoolKind::kV4State:
-      return followed == PoolKind::kV4Paged || followed == PoolKind::kLogical;
-    default:
-      return false;
-  }
-}
-
 // A follower's page size and size come from the pool it follows; values the
 // spec gives must agree with them.
 absl::Status InheritFromFollowed(const Pool& followed, PoolSpec* spec) {
@@ -80,10 +65,7 @@ absl::Status CheckFollowerSize(const Pool& followed, const PoolSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.follows '", followed.name(), "' is a ", PoolKindName(followed.spec().kind),
         " pool; ", PoolKindName(spec.kind), "/", LayoutName(spec.layout), " follows ",
-        spec.kind == PoolKind::kKOnly       ? "MHA, MHA_ASYMMETRIC or K_ONLY"
-        : spec.kind == PoolKind::kDsaIndexer ? "MLA or DSA"
-                                             : "V4_PAGED or LOGICAL",
-        " pools"));
+        FollowableKinds(spec.kind), " pools"));
   }
   const bool sized = spec.size_tokens > 0 || spec.size_bytes > 0 ||
                      (spec.host_to_device_ratio > 0 && spec.device_size_tokens > 0);
