@@ -39,19 +39,24 @@ bool TakesVLayers(PoolKind kind) {
   return kind == PoolKind::kMha || kind == PoolKind::kMhaAsymmetric;
 }
 
+// What a ticket layer copies for device layer `d` of `pool` attached from
+// device layer `start`: attached layer d - start, held as host layer
+// d - pool.start_layer() when inside the pool's range (d < 0: nothing).
+JobLayer LayerOf(const Pool& pool, int64_t d, uint32_t start) {
+  JobLayer layer;
+  if (d < 0) return layer;
+  layer.device_layer = static_cast<uint32_t>(d - start);
+  if (d >= pool.start_layer() && d < pool.end_layer()) {
+    layer.host_layer = static_cast<int32_t>(d - pool.start_layer());
+  }
+  return layer;
+}
+
 // The ticket layers of an attachment of device layers [start, end) on
-// `pool`: attached layer i is device layer start + i, held by the pool as
-// host layer start + i - pool.start_layer() when inside its range.
+// `pool`: attached layer i is device layer start + i.
 std::vector<JobLayer> MapLayers(const Pool& pool, uint32_t start, uint32_t end) {
   std::vector<JobLayer> layers;
-  for (uint32_t d = start; d < end; ++d) {
-    JobLayer layer;
-    layer.device_layer = d - start;
-    if (d >= pool.start_layer() && d < pool.end_layer()) {
-      layer.host_layer = static_cast<int32_t>(d - pool.start_layer());
-    }
-    layers.push_back(layer);
-  }
+  for (uint32_t d = start; d < end; ++d) layers.push_back(LayerOf(pool, d, start));
   return layers;
 }
 
@@ -194,20 +199,11 @@ class EmptyMapping : public DeviceMapping {
 namespace {
 
 // The ticket layers of group entry `entry` attached at device layers
-// [start, ...): model layer l copies device layer layer_map[l] (attached
-// layer layer_map[l] - start), held as host layer layer_map[l] -
-// pool.start_layer(). REQUIRES: every mapped layer attached.
+// [start, ...): model layer l copies device layer layer_map[l].
+// REQUIRES: every mapped layer attached.
 std::vector<JobLayer> MapEntryLayers(const GroupEntry& entry, uint32_t start) {
   std::vector<JobLayer> layers;
-  for (int32_t d : entry.layer_map) {
-    JobLayer layer;
-    if (d >= 0 && static_cast<uint32_t>(d) >= entry.pool->start_layer() &&
-        static_cast<uint32_t>(d) < entry.pool->end_layer()) {
-      layer.device_layer = static_cast<uint32_t>(d) - start;
-      layer.host_layer = static_cast<int32_t>(static_cast<uint32_t>(d) - entry.pool->start_layer());
-    }
-    layers.push_back(layer);
-  }
+  for (int32_t d : entry.layer_map) layers.push_back(LayerOf(*entry.pool, d, start));
   return layers;
 }
 
