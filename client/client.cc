@@ -58,12 +58,6 @@ uint64_t DeviceRowBytes(const v1::PoolSpec& spec) {
   return uint64_t{spec.head_num()} * spec.head_dim() * b;
 }
 
-Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
-    : options_(std::move(options)),
-      channel_(std::move(channel)),
-      daemon_(v1::DaemonService::NewStub(channel_)),
-      pools_(v1::PoolService::NewStub(channel_)),
-      transfers_(v1::TransferService::NewStub(channel_)) {}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.address.empty()) return absl::InvalidArgumentError("client address is empty");
@@ -73,6 +67,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // Reconnect quickly after a daemon restart instead of gRPC's default
   // backoff of up to two minutes.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // While a call (such as the worker session) is open, find a daemon that
+  // stopped answering within 15 s (the daemon allows pings every 1 s).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   auto channel =
       grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
   if (channel == nullptr) {
@@ -377,7 +375,7 @@ absl::Status Client::DeletePoolGroup(const std::string& name) {
   return KVHOST_CALL(pools_, DeletePoolGroup, request, &response, options_.timeout);
 }
 
-absl::StatusOr<v1::Attachment> Client::AttachDevice(const v1::AttachDeviceRequest& request) {
+absl::StatusOr<v1::Attachment> Client::AttachOnce(const v1::AttachDeviceRequest& request) {
   v1::Attachment response;
   absl::Status s = KVHOST_CALL(transfers_, AttachDevice, request, &response, options_.timeout);
   if (!s.ok()) return s;
@@ -388,7 +386,9 @@ absl::Status Client::DetachDevice(const std::string& attachment_id) {
   v1::DetachDeviceRequest request;
   request.set_attachment_id(attachment_id);
   v1::DetachDeviceResponse response;
-  return KVHOST_CALL(transfers_, DetachDevice, request, &response, options_.timeout);
+  absl::Status s = KVHOST_CALL(transfers_, DetachDevice, request, &response, options_.timeout);
+  if (s.ok()) ForgetAttachment(attachment_id);
+  return s;
 }
 
 absl::StatusOr<uint64_t> Client::Backup(const std::string& attachment_id,

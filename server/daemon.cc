@@ -11,7 +11,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
+#include <random>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -153,6 +155,13 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& 
   return std::unique_ptr<TransferEngine>(new HostEngine(host));
 }
 
+// DaemonStatus.instance_id: 16 hex digits from the kernel's random source.
+std::string NewInstanceId() {
+  std::random_device random;
+  const uint64_t id = (uint64_t{random()} << 32) ^ random();
+  return absl::StrCat(absl::Hex(id, absl::kZeroPad16));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
@@ -215,6 +224,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // Worker sessions: a peer that stops answering pings (a frozen host, a
+  // cut link; a dead process closes its connection at once) is found within
+  // --session-timeout: a ping every half of it, the other half to answer.
+  const int half_ms =
+      static_cast<int>(std::max<int64_t>(absl::ToInt64Milliseconds(options.session_timeout) / 2, 50));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, half_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, half_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Clients may ping too (kvhost::Client does every 10 s).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   if (daemon->metrics_ != nullptr) {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
     creators.push_back(MakeRpcMetricsInterceptorFactory(daemon->metrics_.get()));
@@ -237,8 +257,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       std::make_unique<PoolServiceImpl>(daemon->registry_.get(), daemon->transfers_->backend(),
                                         options.max_message_bytes, daemon->metrics_.get());
   auto transfers = std::make_unique<TransferServiceImpl>(daemon->transfers_.get());
+  DaemonIdentity identity;
+  identity.backend_detail = backend_detail;
+  identity.instance_id = NewInstanceId();
+  for (const auto& [name, spec] : options.pools) identity.declared_pools.push_back(name);
+  identity.session_timeout = options.session_timeout;
   auto status = std::make_unique<DaemonServiceImpl>(daemon->registry_.get(),
-                                                    daemon->transfers_.get(), backend_detail);
+                                                    daemon->transfers_.get(), identity);
+  daemon->daemon_service_ = status.get();
+  daemon->drain_timeout_ = options.drain_timeout;
   builder.RegisterService(pools.get());
   builder.RegisterService(transfers.get());
   builder.RegisterService(status.get());
@@ -286,8 +313,12 @@ void Daemon::Shutdown(absl::Duration grace) {
   stopped_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
   const TransferCounters before = transfers_->counters();
-  spdlog::info("shutting down: draining {} transfer(s) in flight", before.tickets_in_flight);
-  transfers_->Drain();
+  spdlog::info("shutting down: draining {} transfer(s) in flight (at most {})",
+               before.tickets_in_flight, absl::FormatDuration(drain_timeout_));
+  transfers_->Drain(drain_timeout_);
+  // Session streams last as long as their workers; end them so that the
+  // server's shutdown does not wait out `grace` for them.
+  daemon_service_->EndSessions();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
   if (metrics_server_ != nullptr) metrics_server_->Stop();

@@ -24,6 +24,7 @@
 #include "server/metrics/http_server.h"
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
+#include "server/service/daemon_service.h"
 #include "server/transfer/transfer_manager.h"
 
 namespace kvhost {
@@ -46,6 +47,27 @@ struct DaemonOptions {
   int sm_blocks = 16;
   bool load_gates = false;
   int max_message_bytes = 64 << 20;
+  // Most indices one call may carry (Alloc's num_tokens, Free, meta, Backup /
+  // Load per pool): INVALID_ARGUMENT naming the count and the limit above it.
+  uint64_t max_indices_per_call = uint64_t{1} << 22;
+  // Access control (docs/RELIABILITY.md). Unix socket files get this mode
+  // and group ("" = the process's group).
+  uint32_t socket_mode = 0660;
+  std::string socket_group;
+  // TCP listeners: TLS with this certificate and key (PEM files); with
+  // tls_client_ca, clients must present a certificate it signed. Without a
+  // certificate, a TCP listener is refused unless insecure_tcp.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  bool insecure_tcp = false;
+  // Worker sessions: how long a broken session's attachments may keep
+  // transfers in flight before they are closed (also the keepalive bound
+  // that finds a silent peer).
+  absl::Duration session_timeout = absl::Seconds(5);
+  // SIGTERM: accepted transfers get this long to finish, then the rest are
+  // cancelled.
+  absl::Duration drain_timeout = absl::Seconds(30);
   // Prometheus endpoint, "host:port" or ":port" ("" = no metrics at all).
   std::string metrics_listen;
 };
@@ -73,6 +95,8 @@ class Daemon {
   std::unique_ptr<PoolRegistry> registry_;
   std::unique_ptr<TransferManager> transfers_;
   std::vector<std::unique_ptr<grpc::Service>> services_;
+  DaemonServiceImpl* daemon_service_ = nullptr;  // in services_
+  absl::Duration drain_timeout_ = absl::Seconds(30);
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::string> addresses_;
   std::vector<std::string> socket_paths_;

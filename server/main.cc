@@ -9,6 +9,7 @@
 #include <systemd/sd-daemon.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "client/cli_flags.h"
 #include "server/config.h"
 #include "server/daemon.h"
@@ -78,6 +80,30 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "'' = no metrics. See docs/METRICS.md.");
 ABSL_FLAG(int, shutdown_grace_s, 10,
           "Seconds in-flight RPCs get to finish after SIGTERM, once accepted transfers are done.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+          "After SIGTERM, how long accepted transfers get to finish (e.g. '30s'); the ones "
+          "still queued then are cancelled and logged.");
+ABSL_FLAG(absl::Duration, session_timeout, absl::Seconds(5),
+          "Worker sessions: at most this long after a worker's session breaks (exit, kill, or "
+          "no keepalive answer), its attachments are closed and their transfers finished or "
+          "cancelled. Pools and their data stay.");
+ABSL_FLAG(uint64_t, max_indices_per_call, uint64_t{1} << 22,
+          "Most indices (or tokens, for Alloc) one call may carry, per pool; more is "
+          "INVALID_ARGUMENT.");
+ABSL_FLAG(int, max_message_bytes, 64 << 20,
+          "Largest gRPC message either way, in bytes; larger is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, socket_mode, "0660",
+          "File mode (octal) of the unix socket files; who may connect is who may use kvhostd.");
+ABSL_FLAG(std::string, socket_group, "",
+          "Group (name or gid) of the unix socket files; '' = kvhostd's own group.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) for TCP listeners; with --tls-key. TCP without TLS needs "
+          "--insecure-tcp.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: TCP clients must present a certificate it signed (mutual TLS).");
+ABSL_FLAG(bool, insecure_tcp, false,
+          "Allow plaintext TCP listeners (no TLS): anyone who reaches the port may use kvhostd.");
 
 namespace {
 
@@ -145,6 +171,29 @@ int main(int argc, char** argv) {
   options.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
   options.load_gates = absl::GetFlag(FLAGS_load_gates);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.session_timeout = absl::GetFlag(FLAGS_session_timeout);
+  if (options.session_timeout < absl::Milliseconds(100)) {
+    return Fail("--session-timeout must be at least 100ms");
+  }
+  options.max_indices_per_call = absl::GetFlag(FLAGS_max_indices_per_call);
+  if (options.max_indices_per_call == 0) return Fail("--max-indices-per-call must be >= 1");
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (options.max_message_bytes < 4096) return Fail("--max-message-bytes must be >= 4096");
+  {
+    const std::string mode = absl::GetFlag(FLAGS_socket_mode);
+    char* end = nullptr;
+    const unsigned long parsed = std::strtoul(mode.c_str(), &end, 8);
+    if (mode.empty() || *end != '\0' || parsed > 0777) {
+      return Fail(absl::StrCat("--socket-mode '", mode, "' is not an octal mode such as 0660"));
+    }
+    options.socket_mode = static_cast<uint32_t>(parsed);
+  }
+  options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.insecure_tcp = absl::GetFlag(FLAGS_insecure_tcp);
   for (const kvhost::DeclaredPool& pool : declared_pools) {
     options.pools.emplace_back(pool.name, pool.spec);
   }

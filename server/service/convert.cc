@@ -250,6 +250,7 @@ absl::Status BuffersFromProto(const Message& in, const std::string& prefix, Atta
 
 absl::StatusOr<AttachRequest> FromProto(const v1::AttachDeviceRequest& in) {
   AttachRequest request;
+  request.session_id = in.session_id();
   if (absl::Status s = BuffersFromProto(in, "", &request); !s.ok()) return s;
   request.load_event_sets = in.load_event_sets();
   if (in.has_tp_rank()) request.tp_rank = in.tp_rank();

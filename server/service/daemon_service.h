@@ -1,13 +1,18 @@
 // DaemonServiceImpl: kvhost.v1.DaemonService — the daemon's own status (engine,
-// memory budget, attachments, ticket counters) for operators and kvhostctl.
+// memory budget, attachments, ticket counters, sessions) for operators and
+// kvhostctl, and the workers' sessions (OpenSession: a stream whose end
+// closes the session's attachments, TransferManager::CloseSession).
 //
 // Thread safety: handlers run concurrently; the registry and the manager
 // synchronise themselves, the rest is fixed at construction.
 #ifndef KVHOST_SERVER_SERVICE_DAEMON_SERVICE_H_
 #define KVHOST_SERVER_SERVICE_DAEMON_SERVICE_H_
 
+#include <set>
 #include <string>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kvhost/v1/daemon.grpc.pb.h"
 #include "server/pool/registry.h"
@@ -15,24 +20,45 @@
 
 namespace kvhost {
 
+struct DaemonIdentity {
+  std::string backend_detail;
+  // DaemonStatus.instance_id: random, new at every start.
+  std::string instance_id;
+  std::vector<std::string> declared_pools;
+  // --session-timeout.
+  absl::Duration session_timeout = absl::Seconds(5);
+};
+
+class SessionReactor;
+
 class DaemonServiceImpl final : public v1::DaemonService::CallbackService {
  public:
-  DaemonServiceImpl(const PoolRegistry* registry, const TransferManager* transfers,
-                    std::string backend_detail)
+  DaemonServiceImpl(const PoolRegistry* registry, TransferManager* transfers,
+                    DaemonIdentity identity)
       : registry_(registry),
         transfers_(transfers),
-        backend_detail_(std::move(backend_detail)),
+        identity_(std::move(identity)),
         started_(absl::Now()) {}
 
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const v1::GetStatusRequest* request,
                                       v1::DaemonStatus* response) override;
+  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* OpenSession(
+      grpc::CallbackServerContext* context) override;
+
+  // Ends every open session stream with UNAVAILABLE (kvhostd is stopping),
+  // so that the server's shutdown need not wait for them.
+  void EndSessions();
 
  private:
+  friend class SessionReactor;
+
   const PoolRegistry* const registry_;
-  const TransferManager* const transfers_;
-  const std::string backend_detail_;
+  TransferManager* const transfers_;
+  const DaemonIdentity identity_;
   const absl::Time started_;
+  absl::Mutex live_mu_;
+  std::set<SessionReactor*> live_ ABSL_GUARDED_BY(live_mu_);
 };
 
 }  // namespace kvhost

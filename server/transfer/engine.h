@@ -87,6 +87,9 @@ struct AttachRequest {
   // layer fields above are then empty / 0; tp_rank, load_only and
   // load_event_sets are the attachment's.
   std::vector<AttachEntry> entries;
+  // The worker session the attachment belongs to (TransferManager); "" for
+  // none. Engines ignore it.
+  std::string session_id;
 
   uint32_t layer_num() const { return end_layer - start_layer; }
 };

@@ -224,6 +224,11 @@ void HostEngine::RunJob(const TransferJob& job) {
   }
   std::vector<std::function<void()>> tasks;
   for (size_t l = 0; l < job.layer_num(); ++l) {
+    // A cancelled ticket stops between layers; the layers before stay copied.
+    if (absl::Status cancel = job.ticket->CancelReason(); !cancel.ok()) {
+      job.ticket->Finish(std::move(cancel));
+      return;
+    }
     tasks.clear();
     for (size_t p = 0; p < job.parts.size(); ++p) {
       const JobPart& part = job.parts[p];

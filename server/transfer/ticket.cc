@@ -41,6 +41,16 @@ void TransferTicket::Finish(absl::Status status) {
   for (auto& callback : callbacks) callback();
 }
 
+void TransferTicket::RequestCancel(absl::Status reason) {
+  absl::MutexLock lock(&mu_);
+  if (cancel_.ok()) cancel_ = std::move(reason);
+}
+
+absl::Status TransferTicket::CancelReason() const {
+  absl::MutexLock lock(&mu_);
+  return cancel_;
+}
+
 TicketStatus TransferTicket::Snapshot() const {
   absl::MutexLock lock(&mu_);
   TicketStatus s;

@@ -56,6 +56,15 @@ class TransferTicket {
   // Ends the ticket; callbacks run here. Later calls are ignored.
   void Finish(absl::Status status);
 
+  // Asks the engine to stop the ticket early with `reason` (a non-OK
+  // status, e.g. CANCELLED): an engine that copies on its own threads (the
+  // host engine) checks CancelReason() before each ticket layer and
+  // finishes the ticket with it; one that queued every copy at Submit (the
+  // CUDA engine) lets the ticket run to its end. The first reason stays.
+  void RequestCancel(absl::Status reason);
+  // The reason RequestCancel gave, or OK while none was asked.
+  absl::Status CancelReason() const;
+
   // Waiter side.
   TicketStatus Snapshot() const;
   // Blocks until finished or `deadline`; returns whether finished.
@@ -72,6 +81,7 @@ class TransferTicket {
 
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status cancel_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t layers_done_ ABSL_GUARDED_BY(mu_) = 0;

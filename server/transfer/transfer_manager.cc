@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <limits>
+#include <thread>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,6 +25,14 @@ absl::Status CheckRange(absl::Span<const int64_t> indices, uint64_t limit, const
     }
   }
   return absl::OkStatus();
+}
+
+// 16 hex digits from the kernel's random source: attachment and session ids
+// carry them, so that an id cannot be guessed from another (the id is what
+// authorises transfers on an attachment).
+std::string RandomHex() {
+  std::random_device random;
+  return absl::StrCat(absl::Hex((uint64_t{random()} << 32) ^ random(), absl::kZeroPad16));
 }
 
 // "pool 'x' (MHA/PAGE_FIRST)" for messages.
@@ -277,6 +288,13 @@ TransferManager::~TransferManager() { Drain(); }
 
 absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_name,
                                                        const AttachRequest& request) {
+  if (!request.session_id.empty()) {
+    absl::MutexLock lock(&mu_);
+    if (sessions_.count(request.session_id) == 0) {
+      return absl::NotFoundError(absl::StrCat("session '", request.session_id,
+                                              "' is not open (open one with OpenSession)"));
+    }
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(pool_name);
   if (!pool.ok()) {
     absl::StatusOr<std::shared_ptr<PoolGroup>> group = registry_->GetGroup(pool_name);
@@ -305,6 +323,7 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
   attachment.info.end_layer = resolved->end_layer;
   attachment.info.tp_rank = resolved->tp_rank;
   attachment.info.load_only = resolved->load_only;
+  attachment.info.session_id = request.session_id;
   attachment.device = std::shared_ptr<const DeviceMapping>(*std::move(device));
   attachment.pools.push_back({"", *pool, attachment.device,
                               MapLayers(**pool, resolved->start_layer, resolved->end_layer)});
@@ -428,17 +447,27 @@ absl::StatusOr<AttachmentInfo> TransferManager::AttachGroup(const std::shared_pt
   attachment.info.end_layer = group->layer_num();
   attachment.info.tp_rank = tp_rank;
   attachment.info.load_only = request.load_only;
+  attachment.info.session_id = request.session_id;
   attachment.device = std::shared_ptr<const DeviceMapping>(*std::move(device));
   return Register(std::move(attachment));
 }
 
 absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) {
-  attachment.info.id = absl::StrCat("att-", ::getpid(), "-", next_attachment_++);
+  attachment.info.id = absl::StrCat("att-", next_attachment_++, "-", RandomHex());
   attachment.info.load_event_handles = attachment.device->load_event_handles();
   attachment.info.load_event_sets = attachment.device->load_event_sets();
   AttachmentInfo info = attachment.info;
   {
     absl::MutexLock lock(&mu_);
+    if (!info.session_id.empty()) {
+      auto session = sessions_.find(info.session_id);
+      if (session == sessions_.end()) {
+        Release(attachment);
+        return absl::NotFoundError(
+            absl::StrCat("session '", info.session_id, "' closed while attaching"));
+      }
+      session->second.attachments.push_back(info.id);
+    }
     attachments_.emplace(info.id, std::move(attachment));
   }
   if (info.group.empty()) {
@@ -462,19 +491,27 @@ absl::Status TransferManager::Detach(const std::string& attachment_id) {
     }
     attachment = std::move(it->second);
     attachments_.erase(it);
+    if (auto session = sessions_.find(attachment.info.session_id); session != sessions_.end()) {
+      std::vector<std::string>& ids = session->second.attachments;
+      ids.erase(std::remove(ids.begin(), ids.end(), attachment_id), ids.end());
+    }
   }
-  // Jobs in flight hold the pools and the mappings; the pools can be deleted
-  // now and their memory goes when they finish.
-  if (attachment.group != nullptr) attachment.group->ReleaseAttachment();
-  for (const AttachedPool& attached : attachment.pools) {
-    attached.pool->ReleaseAttachment(attachment.info.tp_rank);
-  }
+  Release(attachment);
   if (attachment.group != nullptr) {
     spdlog::info("detached {} from pool group '{}'", attachment_id, attachment.info.group);
   } else {
     spdlog::info("detached {} from pool '{}'", attachment_id, attachment.info.pool);
   }
   return absl::OkStatus();
+}
+
+void TransferManager::Release(const Attachment& attachment) {
+  // Jobs in flight hold the pools and the mappings; the pools can be deleted
+  // now and their memory goes when they finish.
+  if (attachment.group != nullptr) attachment.group->ReleaseAttachment();
+  for (const AttachedPool& attached : attachment.pools) {
+    attached.pool->ReleaseAttachment(attachment.info.tp_rank);
+  }
 }
 
 absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
@@ -589,7 +626,15 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   {
     absl::MutexLock lock(&mu_);
     tickets_[ticket->id()] = ticket;
+    ticket_attachment_[ticket->id()] = attachment_id;
     ++counters_.tickets_in_flight;
+    // Detached (its session closed) since validation: the ticket runs, but
+    // an engine that can stops it before its first layer.
+    if (attachments_.count(attachment_id) == 0) {
+      ticket->RequestCancel(absl::CancelledError(
+          absl::StrCat("attachment '", attachment_id, "' was detached while this ",
+                       DirectionName(direction), " was submitted")));
+    }
   }
   ticket->OnDone(
       [this, ticket, bytes, direction, label] { Retire(ticket, bytes, direction, label); });
@@ -625,6 +670,7 @@ void TransferManager::Retire(const std::shared_ptr<TransferTicket>& ticket, uint
   }
   absl::MutexLock lock(&mu_);
   --counters_.tickets_in_flight;
+  ticket_attachment_.erase(ticket->id());
   if (status.status.ok()) {
     ++counters_.tickets_done;
     counters_.bytes[static_cast<int>(direction)] += bytes;
@@ -648,12 +694,131 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::FindTicket(uint
   return it->second;
 }
 
-void TransferManager::Drain() {
+uint64_t TransferManager::Drain(absl::Duration timeout) {
+  std::vector<std::shared_ptr<TransferTicket>> in_flight;
   {
     absl::MutexLock lock(&mu_);
     draining_ = true;
+    for (const auto& [id, attachment] : ticket_attachment_) in_flight.push_back(tickets_.at(id));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  uint64_t cancelled = 0;
+  for (const std::shared_ptr<TransferTicket>& ticket : in_flight) {
+    if (ticket->WaitUntil(deadline)) continue;
+    ticket->RequestCancel(absl::CancelledError(absl::StrCat(
+        "kvhostd is shutting down and the drain timeout (", absl::FormatDuration(timeout),
+        ") passed before this ", DirectionName(ticket->direction()), " finished")));
+    ++cancelled;
+  }
+  if (cancelled > 0) {
+    spdlog::warn("drain: {} transfer(s) unfinished after {}; cancelled the ones not yet copied",
+                 cancelled, absl::FormatDuration(timeout));
   }
   engine_->Drain();
+  absl::MutexLock lock(&mu_);
+  auto reaped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return reapers_ == 0; };
+  mu_.Await(absl::Condition(&reaped));
+  return cancelled;
+}
+
+std::string TransferManager::OpenSession(const std::string& worker, int64_t pid,
+                                         const std::string& peer) {
+  SessionSnapshot session;
+  session.id = absl::StrCat("ses-", next_session_++, "-", RandomHex());
+  session.worker = worker;
+  session.pid = pid;
+  session.peer = peer;
+  session.opened = absl::Now();
+  {
+    absl::MutexLock lock(&mu_);
+    sessions_[session.id] = session;
+  }
+  spdlog::info("session {} opened by worker '{}' (pid {}, {})", session.id, worker, pid, peer);
+  return session.id;
+}
+
+void TransferManager::CloseSession(const std::string& session_id, const std::string& reason,
+                                   absl::Duration timeout) {
+  std::vector<Attachment> closed;
+  std::vector<std::shared_ptr<TransferTicket>> tickets;
+  SessionSnapshot session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return;
+    session = std::move(it->second);
+    sessions_.erase(it);
+    for (const std::string& id : session.attachments) {
+      auto attachment = attachments_.find(id);
+      if (attachment == attachments_.end()) continue;
+      closed.push_back(std::move(attachment->second));
+      attachments_.erase(attachment);
+    }
+    for (const auto& [ticket_id, attachment_id] : ticket_attachment_) {
+      if (std::find(session.attachments.begin(), session.attachments.end(), attachment_id) !=
+          session.attachments.end()) {
+        tickets.push_back(tickets_.at(ticket_id));
+      }
+    }
+  }
+  for (const Attachment& attachment : closed) Release(attachment);
+  // Nobody will read what a load would write: stop the ones not started.
+  for (const std::shared_ptr<TransferTicket>& ticket : tickets) {
+    if (ticket->direction() == Direction::kLoad) {
+      ticket->RequestCancel(absl::CancelledError(absl::StrCat(
+          "worker session ", session_id, " of '", session.worker, "' ended (", reason, ")")));
+    }
+  }
+  spdlog::warn(
+      "session {} of worker '{}' (pid {}) ended: {}; closed {} attachment(s), {} transfer(s) in "
+      "flight (loads cancelled, backups get {} to finish)",
+      session_id, session.worker, session.pid, reason, closed.size(), tickets.size(),
+      absl::FormatDuration(timeout));
+  if (tickets.empty()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    ++reapers_;
+  }
+  std::thread(&TransferManager::ReapSession, this, session_id, session.worker, reason,
+              std::move(tickets), timeout)
+      .detach();
+}
+
+void TransferManager::ReapSession(std::string session_id, std::string worker, std::string reason,
+                                  std::vector<std::shared_ptr<TransferTicket>> tickets,
+                                  absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  uint64_t ok = 0;
+  uint64_t failed = 0;
+  uint64_t late = 0;
+  for (const std::shared_ptr<TransferTicket>& ticket : tickets) {
+    if (!ticket->WaitUntil(deadline)) {
+      ticket->RequestCancel(absl::CancelledError(
+          absl::StrCat("worker session ", session_id, " of '", worker, "' ended (", reason,
+                       ") and the transfer did not finish within ", absl::FormatDuration(timeout))));
+      ++late;
+      continue;
+    }
+    (ticket->Snapshot().status.ok() ? ok : failed) += 1;
+  }
+  if (late > 0) {
+    spdlog::warn(
+        "session {}: {} transfer(s) still running {} after the session ended; cancelled where the "
+        "engine can, their attachments close when they stop",
+        session_id, late, absl::FormatDuration(timeout));
+  }
+  spdlog::info("session {} closed: of its {} transfer(s) in flight {} finished, {} failed or "
+               "were cancelled, {} outlived the timeout",
+               session_id, tickets.size(), ok, failed, late);
+  absl::MutexLock lock(&mu_);
+  --reapers_;
+}
+
+std::vector<SessionSnapshot> TransferManager::ListSessions() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<SessionSnapshot> out;
+  for (const auto& [id, session] : sessions_) out.push_back(session);
+  return out;
 }
 
 std::vector<AttachmentInfo> TransferManager::ListAttachments() const {

@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
@@ -43,9 +44,21 @@ struct AttachmentInfo {
   uint32_t end_layer = 0;
   std::optional<uint32_t> tp_rank;
   bool load_only = false;
+  // The worker session it belongs to ("" for none).
+  std::string session_id;
   // The engine's exported load events (DeviceMapping::load_event_handles).
   std::vector<std::string> load_event_handles;
   uint32_t load_event_sets = 0;
+};
+
+// A worker session (kvhost.v1.SessionInfo).
+struct SessionSnapshot {
+  std::string id;
+  std::string worker;
+  int64_t pid = 0;
+  std::string peer;
+  absl::Time opened;
+  std::vector<std::string> attachments;
 };
 
 struct TransferCounters {
@@ -126,9 +139,26 @@ class TransferManager {
   // NOT_FOUND for an unknown or expired ticket.
   absl::StatusOr<std::shared_ptr<TransferTicket>> FindTicket(uint64_t id) const;
 
-  // Refuses new transfers from now on (UNAVAILABLE), then waits for the ones
-  // accepted to finish.
-  void Drain();
+  // Refuses new transfers from now on (UNAVAILABLE), then waits up to
+  // `timeout` for the ones accepted to finish; cancels what is left then
+  // (loads and backups the engine has not started; see
+  // TransferTicket::RequestCancel) and waits for the engine to stop. Returns
+  // the tickets cancelled.
+  uint64_t Drain(absl::Duration timeout = absl::InfiniteDuration());
+
+  // Worker sessions (kvhost.v1.DaemonService.OpenSession). OpenSession
+  // returns the new session's id. An attachment whose AttachRequest names a
+  // session belongs to it: Attach is NOT_FOUND for a session that is not
+  // open (or closes while it attaches). CloseSession (a session id not open
+  // is ignored) returns at once after detaching the session's attachments
+  // (new transfers on them are NOT_FOUND) and asking the engine to cancel
+  // their loads not yet started; a thread of its own then waits up to
+  // `timeout` for their other tickets, cancels whatever is still queued,
+  // and logs the outcome. Mappings close when their last job ends.
+  std::string OpenSession(const std::string& worker, int64_t pid, const std::string& peer);
+  void CloseSession(const std::string& session_id, const std::string& reason,
+                    absl::Duration timeout);
+  std::vector<SessionSnapshot> ListSessions() const;
 
   std::vector<AttachmentInfo> ListAttachments() const;
   TransferCounters counters() const;
@@ -154,6 +184,13 @@ class TransferManager {
   absl::StatusOr<AttachmentInfo> AttachGroup(const std::shared_ptr<PoolGroup>& group,
                                              const AttachRequest& request);
   absl::StatusOr<AttachmentInfo> Register(Attachment attachment);
+  // Gives back what an attachment holds (its pools' and group's counts).
+  static void Release(const Attachment& attachment);
+  // The session's closing, on a detached thread counted in reapers_:
+  // waits for `tickets` up to `timeout`, cancels what is left, logs.
+  void ReapSession(std::string session_id, std::string worker, std::string reason,
+                          std::vector<std::shared_ptr<TransferTicket>> tickets,
+                          absl::Duration timeout);
 
   void Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes, Direction direction,
               const std::string& pool);
@@ -163,10 +200,16 @@ class TransferManager {
   const std::unique_ptr<TransferEngine> engine_;
   std::atomic<uint64_t> next_ticket_{1};
   std::atomic<uint64_t> next_attachment_{1};
+  std::atomic<uint64_t> next_session_{1};
 
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, Attachment> attachments_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, SessionSnapshot> sessions_ ABSL_GUARDED_BY(mu_);
+  // Tickets in flight and the attachment each was submitted on.
+  std::map<uint64_t, std::string> ticket_attachment_ ABSL_GUARDED_BY(mu_);
+  // Session reapers still running; Drain waits for them.
+  int reapers_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::shared_ptr<TransferTicket>> tickets_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
   TransferCounters counters_ ABSL_GUARDED_BY(mu_);

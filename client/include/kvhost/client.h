@@ -17,6 +17,7 @@
 #define KVHOST_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,66 @@ struct ClientOptions {
   absl::Duration timeout = absl::Seconds(30);
   // Largest message either way (Alloc of many tokens returns many indices).
   int max_message_bytes = 64 << 20;
+
+  // --- Access control (docs/RELIABILITY.md) ---
+  // Sent as gRPC metadata `kvhost-token` on every call when not empty: the
+  // owner token of the pools this client creates and changes
+  // (CreatePoolRequest.owner_token is set from it too).
+  std::string owner_token;
+  // TCP addresses: TLS unless `insecure` is set. PEM files: the CA that
+  // signed the daemon's certificate (empty: the system roots), and this
+  // client's certificate and key for a daemon that requires client
+  // certificates (--tls-client-ca). `tls_server_name` overrides the name
+  // checked against the daemon's certificate (default: the address's host).
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  // Plaintext TCP, for a daemon started with --insecure-tcp. Unix sockets
+  // are always plaintext (their file mode and group are the control).
+  bool insecure = false;
+
+  // --- Worker session (DaemonService.OpenSession) ---
+  // AttachDevice opens the client's session first (once; it is kept open
+  // and reconnected by a background thread for the client's lifetime) and
+  // attaches within it, so a worker that dies has its attachments closed by
+  // the daemon within --session-timeout. False: attachments without a
+  // session (tools such as kvhostctl), which live until DetachDevice.
+  bool worker_session = true;
+  // Worker name for the daemon's logs and status; default "<host>:<pid>".
+  std::string worker_name;
+  // Most time between reconnection attempts after the daemon went away;
+  // attempts start at 50 ms and double up to this.
+  absl::Duration reconnect_max_backoff = absl::Seconds(5);
+};
+
+// What a worker lost when its session broke and was opened again
+// (Client::session_losses, ClientOptions-independent): the daemon
+// restarted (its instance changed) or only the connection broke (the same
+// daemon closed the session's attachments after --session-timeout).
+struct SessionLoss {
+  absl::Time when;
+  bool daemon_restarted = false;
+  std::string old_instance;
+  std::string new_instance;
+  // Attachment ids the session owned; all are gone and must be attached
+  // again (with their new ids).
+  std::vector<std::string> attachments;
+  // Of the pools those attachments were on: the ones that no longer exist,
+  // and the ones that exist again but empty (declared in the daemon's
+  // config, so recreated at its start; every slot free, no data).
+  std::vector<std::string> pools_gone;
+  std::vector<std::string> pools_recreated_empty;
+  // One line for logs saying all of the above.
+  std::string Describe() const;
+};
+
+// The client's session as it stands (Client::session_state).
+struct SessionState {
+  bool open = false;         // a session stream is up now
+  std::string session_id;    // "" until the first open
+  std::string daemon_instance;
+  uint64_t reconnects = 0;   // sessions opened after the first
 };
 
 // A load's ticket and the load event set it records (cuda backend; see
@@ -157,16 +218,35 @@ class Client {
   // The ticket's status now, without waiting.
   absl::StatusOr<v1::TransferStatus> PollTransfer(uint64_t ticket_id);
 
+  // Worker session. OpenSession opens it now (AttachDevice does when
+  // options().worker_session and it is not open); it blocks until the daemon
+  // answered or `timeout` passed (UNAVAILABLE / DEADLINE_EXCEEDED then; a
+  // background thread keeps trying). Idempotent.
+  absl::Status OpenSession(absl::Duration timeout = absl::Seconds(10));
+  SessionState session_state() const;
+  // Every loss since the client was made, oldest first; `on_loss` (if set)
+  // is called from the session thread with each one as it is found,
+  // after the new session is open.
+  std::vector<SessionLoss> session_losses() const;
+  void OnSessionLoss(std::function<void(const SessionLoss&)> on_loss);
+
   const ClientOptions& options() const { return options_; }
 
+  ~Client();
+
  private:
+  class SessionKeeper;
   Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  // AttachDevice's call as given (session.cc adds the session around it).
+  absl::StatusOr<v1::Attachment> AttachOnce(const v1::AttachDeviceRequest& request);
+  void ForgetAttachment(const std::string& attachment_id);
 
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::DaemonService::Stub> daemon_;
   std::unique_ptr<v1::PoolService::Stub> pools_;
   std::unique_ptr<v1::TransferService::Stub> transfers_;
+  std::unique_ptr<SessionKeeper> session_;
 };
 
 // How a ShmDevicePool attaches (kvhost.v1.AttachDeviceRequest fields 9, 10).
