@@ -100,9 +100,22 @@ class TestDaemon {
 
   ~TestDaemon() {
     if (pid_ > 0) (void)Stop();
+    // A sanitized kvhostd (scripts/sanitize.sh) that reported an error fails
+    // the test, even when the error did not change what the test saw.
+    const std::string daemon_log = Log();
+    const char* report = nullptr;
+    for (const char* marker : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                               "WARNING: ThreadSanitizer", ": runtime error: "}) {
+      if (daemon_log.find(marker) != std::string::npos) report = marker;
+    }
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
     std::filesystem::remove_all(shm_dir_, ec);
+    if (report != nullptr) {
+      std::fprintf(stderr, "kvhostd made a sanitizer report (%s)\n--- kvhostd log ---\n%s\n",
+                   report, daemon_log.c_str());
+      std::abort();
+    }
   }
 
   // SIGTERM, then waits; returns the exit code (or 128 + signal).
