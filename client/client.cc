@@ -9,8 +9,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -24,6 +27,56 @@ absl::Status FromGrpc(const grpc::Status& status) {
 
 // WritePages' chunk when the caller gives none (the daemon's ReadPages default).
 constexpr size_t kDefaultPageChunkBytes = 4 << 20;
+
+// Every call carries the owner token, when the client has one (the daemon
+// checks it on calls that change a protected pool or read its data).
+void AddOwnerToken(const ClientOptions& options, grpc::ClientContext* context) {
+  if (!options.owner_token.empty()) context->AddMetadata("kvhost-token", options.owner_token);
+}
+
+absl::StatusOr<std::string> ReadPemFile(const char* field, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::FailedPreconditionError(absl::StrCat("ClientOptions.", field, " ", path,
+                                                      " cannot be read: ", std::strerror(errno)));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ClientOptions.", field, " ", path, " is empty"));
+  }
+  return text.str();
+}
+
+// Unix sockets: plaintext (the socket file's mode and group are the
+// control). TCP: TLS, unless options.insecure.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const ClientOptions& options, grpc::ChannelArguments* args) {
+  if (absl::StartsWith(options.address, "unix") || options.insecure) {
+    return grpc::InsecureChannelCredentials();
+  }
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.tls_cert_file and tls_key_file go together; one was given alone");
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!options.tls_ca_file.empty()) {  // else gRPC's default roots
+    absl::StatusOr<std::string> ca = ReadPemFile("tls_ca_file", options.tls_ca_file);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *std::move(ca);
+  }
+  if (!options.tls_cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadPemFile("tls_cert_file", options.tls_cert_file);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadPemFile("tls_key_file", options.tls_key_file);
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *std::move(cert);
+    ssl.pem_private_key = *std::move(key);
+  }
+  if (!options.tls_server_name.empty()) args->SetSslTargetNameOverride(options.tls_server_name);
+  return grpc::SslCredentials(ssl);
+}
 
 template <typename Repeated>
 void Fill(Repeated* field, absl::Span<const int64_t> values) {
@@ -67,12 +120,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // Reconnect quickly after a daemon restart instead of gRPC's default
   // backoff of up to two minutes.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   // While a call (such as the worker session) is open, find a daemon that
   // stopped answering within 15 s (the daemon allows pings every 1 s).
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  auto channel =
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentials(options, &args);
+  if (!credentials.ok()) return credentials.status();
+  auto channel = grpc::CreateCustomChannel(options.address, *credentials, args);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot make a channel to ", options.address));
   }
@@ -83,6 +140,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   [&]() -> absl::Status {                                              \
     grpc::ClientContext context;                                       \
     context.set_deadline(absl::ToChronoTime(absl::Now() + (timeout))); \
+    AddOwnerToken(options_, &context);                                 \
     return FromGrpc((stub)->method(&context, (request), (response)));  \
   }()
 
@@ -130,6 +188,7 @@ absl::StatusOr<v1::Pool> Client::CreatePool(const std::string& name, const v1::P
   v1::CreatePoolRequest request;
   request.set_name(name);
   *request.mutable_spec() = spec;
+  request.set_owner_token(options_.owner_token);
   v1::Pool response;
   absl::Status s = KVHOST_CALL(pools_, CreatePool, request, &response, options_.timeout);
   if (!s.ok()) return s;
@@ -222,6 +281,7 @@ absl::StatusOr<std::vector<std::string>> Client::ReadPages(const std::string& po
   request.set_chunk_bytes(chunk_bytes);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  AddOwnerToken(options_, &context);
   std::unique_ptr<grpc::ClientReader<v1::PageData>> reader = pools_->ReadPages(&context, request);
   std::vector<std::string> pages;
   pages.reserve(indices.size());
@@ -272,6 +332,7 @@ absl::StatusOr<uint64_t> Client::WritePages(const std::string& pool,
   const size_t chunk = chunk_bytes == 0 ? kDefaultPageChunkBytes : chunk_bytes;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
+  AddOwnerToken(options_, &context);
   v1::WritePagesResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::WritePagesChunk>> writer =
       pools_->WritePages(&context, &response);

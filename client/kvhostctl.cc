@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -64,6 +65,18 @@ ABSL_FLAG(std::string, server, kvhost::kDefaultAddress,
           "kvhostd address: 'unix:///path.sock' or 'host:port'.");
 ABSL_FLAG(bool, json, false, "Print one JSON object per command instead of text.");
 ABSL_FLAG(double, timeout, 30, "Deadline of each RPC, in seconds.");
+ABSL_FLAG(std::string, token, "",
+          "Owner token sent as gRPC metadata 'kvhost-token' on every call (create-pool protects "
+          "the new pool with it); default: the environment variable KVHOST_TOKEN.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "TCP --server: PEM CA that signed kvhostd's certificate ('' = the system roots).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "TCP --server: PEM client certificate, for a kvhostd with --tls-client-ca.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "TCP --server: the name to check kvhostd's certificate against (default: its host).");
+ABSL_FLAG(bool, insecure, false,
+          "TCP --server: plaintext, for a kvhostd started with --insecure-tcp.");
 
 // create-pool.
 ABSL_FLAG(std::string, kind, "mha",
@@ -490,7 +503,25 @@ struct Context {
   bool json = false;
   std::string server;
   absl::Duration timeout;
+  kvhost::ClientOptions options;  // what `client` was made with
 };
+
+// The client's options from the global flags (--server, --timeout, access).
+kvhost::ClientOptions ClientOptionsFromFlags(const std::string& server, absl::Duration timeout) {
+  kvhost::ClientOptions options;
+  options.address = server;
+  options.timeout = timeout;
+  options.owner_token = absl::GetFlag(FLAGS_token);
+  if (options.owner_token.empty()) {
+    if (const char* env = std::getenv("KVHOST_TOKEN"); env != nullptr) options.owner_token = env;
+  }
+  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  options.insecure = absl::GetFlag(FLAGS_insecure);
+  return options;
+}
 
 using Args = std::vector<std::string>;  // after the command name
 
@@ -633,6 +664,9 @@ void PrintPool(const v1::Pool& pool) {
   }
   if (!pool.group().empty()) {
     PrintLine(absl::StrFormat("  in group '%s' (delete the group before the pool)", pool.group()));
+  }
+  if (pool.owner_protected()) {
+    PrintLine("  owner-protected (changes and data reads need its token: --token / KVHOST_TOKEN)");
   }
   if (pool.replica_ranks() > 0) {
     PrintLine(absl::StrFormat("  replicas %d (TP ranks attached), %s GB saved", pool.replica_ranks(),
@@ -1715,12 +1749,10 @@ absl::Status RunWatch(Context& ctx, const Args&) {
     if (n > 0 && !SleepUntil(next)) break;
     next = std::max(next + absl::ToChronoNanoseconds(interval), std::chrono::steady_clock::now());
     if (!last.ok()) {
-      kvhost::ClientOptions options;
-      options.address = ctx.server;
-      options.timeout = ctx.timeout;
-      absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(options);
-      // Connect refuses only an empty address, which Dispatch has refused
-      // already; were it to fail, the old client stays in use.
+      absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(ctx.options);
+      // Connect refuses an empty address or unreadable TLS files, which
+      // Dispatch has refused already; were it to fail, the old client stays
+      // in use.
       if (connected.ok()) {
         fresh = *std::move(connected);
         client = fresh.get();
@@ -1932,10 +1964,8 @@ absl::Status Dispatch(const std::vector<std::string>& positional) {
     return UsageError(absl::StrCat("--timeout ", timeout, " must be a positive number of seconds"));
   }
   ctx.timeout = absl::Seconds(timeout);
-  kvhost::ClientOptions options;
-  options.address = ctx.server;
-  options.timeout = ctx.timeout;
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ctx.options = ClientOptionsFromFlags(ctx.server, ctx.timeout);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(ctx.options);
   if (!client.ok()) return client.status();
   ctx.client = client->get();
   return command->run(ctx, args);

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential cmake pkg-config ccache git
           libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
           libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-          libsystemd-dev systemd python3 python3-yaml libyaml-cpp-dev)
+          libsystemd-dev systemd python3 python3-yaml libyaml-cpp-dev openssl)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

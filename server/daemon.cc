@@ -1,5 +1,6 @@
 #include "server/daemon.h"
 
+#include <grp.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
@@ -9,14 +10,18 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "server/gpu_probe.h"
 #include "server/metrics/daemon_metrics.h"
@@ -73,6 +78,100 @@ absl::Status PrepareSocketPath(const std::string& path) {
   }
   ::unlink(path.c_str());
   spdlog::info("removed stale socket {}", path);
+  return absl::OkStatus();
+}
+
+// --socket-group: a group name or a numeric gid; "" = the process's group.
+absl::StatusOr<gid_t> ResolveSocketGroup(const std::string& group) {
+  if (group.empty()) return ::getegid();
+  uint32_t gid = 0;
+  if (absl::SimpleAtoi(group, &gid)) return static_cast<gid_t>(gid);
+  std::vector<char> buffer(16384);
+  struct group entry;
+  struct group* found = nullptr;
+  const int err = ::getgrnam_r(group.c_str(), &entry, buffer.data(), buffer.size(), &found);
+  if (found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--socket-group '", group, "' is not a known group",
+                     err != 0 ? absl::StrCat(" (", std::strerror(err), ")") : std::string()));
+  }
+  return found->gr_gid;
+}
+
+// A PEM file named by `flag`, read whole; FAILED_PRECONDITION naming the file.
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, " ", path, " cannot be read: ", std::strerror(errno)));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(flag, " ", path, " is empty"));
+  }
+  return text.str();
+}
+
+// The credentials of TCP listeners: TLS from --tls-cert / --tls-key (with
+// --tls-client-ca, clients must present a certificate it signed), or
+// plaintext with --insecure-tcp. Null when there is no TCP listener to serve.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(
+    const DaemonOptions& options, const std::vector<std::string>& tcp_addresses) {
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together; one was given alone");
+  }
+  if (!options.tls_client_ca.empty() && options.tls_cert.empty()) {
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  }
+  if (tcp_addresses.empty()) return std::shared_ptr<grpc::ServerCredentials>();
+  if (options.tls_cert.empty()) {
+    if (!options.insecure_tcp) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "TCP listener ", absl::StrJoin(tcp_addresses, ", "),
+          " needs TLS: give --tls-cert/--tls-key or --insecure-tcp (plaintext, anyone who "
+          "reaches the port may use kvhostd)"));
+    }
+    spdlog::warn(
+        "INSECURE: --insecure-tcp: {} serve(s) plaintext TCP without TLS or any client "
+        "authentication; anyone who can reach the port can create, read, change and delete pools",
+        absl::StrJoin(tcp_addresses, ", "));
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  absl::StatusOr<std::string> cert = ReadPem("--tls-cert", options.tls_cert);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem("--tls-key", options.tls_key);
+  if (!key.ok()) return key.status();
+  ssl.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  if (!options.tls_client_ca.empty()) {
+    absl::StatusOr<std::string> ca = ReadPem("--tls-client-ca", options.tls_client_ca);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *std::move(ca);
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  } else {
+    ssl.client_certificate_request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+  }
+  spdlog::info(
+      "TLS on {} with certificate {}{}", absl::StrJoin(tcp_addresses, ", "), options.tls_cert,
+      options.tls_client_ca.empty()
+          ? std::string(" (no client certificates)")
+          : absl::StrCat(", client certificates required, signed by ", options.tls_client_ca));
+  return grpc::SslServerCredentials(ssl);
+}
+
+// Gives a unix socket file its group and then its mode (it was created with
+// at most the owner's bits of the mode, so it is never more open than asked).
+absl::Status ApplySocketAccess(const std::string& path, uint32_t mode, gid_t gid) {
+  if (::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot give socket ", path, " group ", gid, ": ", std::strerror(errno)));
+  }
+  if (::chmod(path.c_str(), static_cast<mode_t>(mode)) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot give socket ", path, " mode ",
+                                                    absl::StrFormat("%04o", mode), ": ",
+                                                    std::strerror(errno)));
+  }
   return absl::OkStatus();
 }
 
@@ -167,6 +266,23 @@ std::string NewInstanceId() {
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   if (options.listen.empty()) return absl::InvalidArgumentError("--listen names no address");
+  if (options.socket_mode > 0777) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--socket-mode ", absl::StrFormat("%04o", options.socket_mode), " is not a file mode"));
+  }
+  // Access control is settled before anything is created: a bad group or an
+  // unreadable certificate fails the start at once.
+  absl::StatusOr<gid_t> socket_gid = ResolveSocketGroup(options.socket_group);
+  if (!socket_gid.ok()) return socket_gid.status();
+  std::vector<std::string> tcp_addresses;
+  for (const std::string& address : options.listen) {
+    if (UnixPath(address).empty() && !absl::StartsWith(address, "unix")) {
+      tcp_addresses.push_back(address);
+    }
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tcp_credentials =
+      TcpCredentials(options, tcp_addresses);
+  if (!tcp_credentials.ok()) return tcp_credentials.status();
   if (!options.metrics_listen.empty()) {
     // A malformed address fails before anything starts; one that cannot be
     // bound fails once the endpoint starts, after the gRPC server.
@@ -248,15 +364,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       if (absl::Status s = PrepareSocketPath(path); !s.ok()) return s;
       daemon->socket_paths_.push_back(path);
     }
-    // TLS and access control arrive with the reliability work; until then TCP
-    // listeners are plaintext, which the log says loudly.
-    if (path.empty()) spdlog::warn("listening on {} without TLS", address);
-    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &ports[i]);
+    // Unix sockets: plaintext; their file's mode and group are the control.
+    const bool unix_socket = !path.empty() || absl::StartsWith(address, "unix");
+    builder.AddListeningPort(
+        address, unix_socket ? grpc::InsecureServerCredentials() : *tcp_credentials, &ports[i]);
   }
-  auto pools =
-      std::make_unique<PoolServiceImpl>(daemon->registry_.get(), daemon->transfers_->backend(),
-                                        options.max_message_bytes, daemon->metrics_.get());
-  auto transfers = std::make_unique<TransferServiceImpl>(daemon->transfers_.get());
+  auto pools = std::make_unique<PoolServiceImpl>(
+      daemon->registry_.get(), daemon->transfers_->backend(), options.max_message_bytes,
+      daemon->metrics_.get(), options.max_indices_per_call);
+  auto transfers = std::make_unique<TransferServiceImpl>(
+      daemon->transfers_.get(), daemon->registry_.get(), options.max_indices_per_call);
   DaemonIdentity identity;
   identity.backend_detail = backend_detail;
   identity.instance_id = NewInstanceId();
@@ -272,13 +389,29 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->services_.push_back(std::move(pools));
   daemon->services_.push_back(std::move(transfers));
   daemon->services_.push_back(std::move(status));
+  // The socket files are made while the server starts (bind); a umask that
+  // leaves at most the mode's owner bits means no one else may connect
+  // before ApplySocketAccess gives them the group and the mode asked for.
+  // (The umask is the process's: nothing else creates files meanwhile.)
+  const mode_t umask_before = ::umask(static_cast<mode_t>(0777 & ~(options.socket_mode & 0700)));
   daemon->server_ = builder.BuildAndStart();
+  ::umask(umask_before);
   if (daemon->server_ == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", absl::StrJoin(options.listen, ", ")));
   }
   // gRPC's health service starts out SERVING; until the rest is up it is not.
   daemon->server_->GetHealthCheckService()->SetServingStatus(false);
+  for (const std::string& path : daemon->socket_paths_) {
+    if (absl::Status s = ApplySocketAccess(path, options.socket_mode, *socket_gid); !s.ok()) {
+      return s;
+    }
+    spdlog::info("socket {}: mode {}, group {}{}", path,
+                 absl::StrFormat("%04o", options.socket_mode), *socket_gid,
+                 options.socket_group.empty()
+                     ? " (kvhostd's own)"
+                     : absl::StrCat(" (--socket-group ", options.socket_group, ")"));
+  }
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& address = options.listen[i];
     if (UnixPath(address).empty() && absl::EndsWith(address, ":0")) {

@@ -14,6 +14,17 @@ absl::Status WithPool(const std::string& pool, const absl::Status& status) {
   return absl::Status(status.code(), absl::StrCat("pool '", pool, "': ", status.message()));
 }
 
+bool Pool::OwnerTokenMatches(absl::string_view given) const {
+  if (owner_token_.empty()) return true;
+  // Every byte of `given` is compared (against the owner's, repeated), so the
+  // time says nothing about the owner's token.
+  unsigned char diff = given.size() == owner_token_.size() ? 0 : 1;
+  for (size_t i = 0; i < given.size(); ++i) {
+    diff |= static_cast<unsigned char>(given[i] ^ owner_token_[i % owner_token_.size()]);
+  }
+  return diff == 0;
+}
+
 absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, const PoolSpec& spec,
                                                    uint64_t size_tokens,
                                                    const std::string& region_prefix,

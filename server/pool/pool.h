@@ -18,8 +18,8 @@
 #define KVHOST_SERVER_POOL_POOL_H_
 
 #include <cstdint>
-#include <memory>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "kvhost/layout.h"
@@ -182,6 +183,15 @@ class Pool {
   uint64_t bytes_saved() const;
   absl::Status TryRetire();
 
+  // Owner token (kvhost.v1.CreatePoolRequest.owner_token). SetOwnerToken is
+  // the registry's, before the pool is published; the token is never read
+  // back, only compared. OwnerTokenMatches takes time that depends only on
+  // `given`'s length, not on where it differs from the owner's.
+  // REQUIRES: SetOwnerToken before any other thread sees the pool.
+  void SetOwnerToken(std::string token) { owner_token_ = std::move(token); }
+  bool owner_protected() const { return !owner_token_.empty(); }
+  bool OwnerTokenMatches(absl::string_view given) const;
+
  private:
   Pool(std::string name, const PoolSpec& spec, uint64_t size_tokens,
        std::vector<Component> components, std::vector<std::unique_ptr<ShmRegion>> regions,
@@ -207,6 +217,7 @@ class Pool {
   const std::shared_ptr<Pool> follows_;
   const uint64_t bytes_;
   PageAllocator allocator_;  // unused on a follower (allocator() is the owner's)
+  std::string owner_token_;  // "" = not protected; fixed once published
 
   mutable absl::Mutex mu_;
   uint32_t attachments_ ABSL_GUARDED_BY(mu_) = 0;

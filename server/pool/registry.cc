@@ -85,8 +85,15 @@ absl::Status CheckFollowerSize(const Pool& followed, const PoolSpec& spec) {
 
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& name,
                                                            const PoolSpec& given,
-                                                           const std::function<bool()>& abandoned) {
+                                                           const std::function<bool()>& abandoned,
+                                                           const std::string& owner_token,
+                                                           const std::string* follows_token) {
   if (absl::Status s = ValidatePoolName(name); !s.ok()) return s;
+  if (owner_token.size() > kMaxOwnerTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("pool '", name, "': owner_token has ",
+                                                   owner_token.size(), " bytes, over the limit of ",
+                                                   kMaxOwnerTokenBytes));
+  }
   PoolSpec spec = given;
   std::shared_ptr<Pool> followed;
   if (!spec.follows.empty() && NeedsFollows(spec.kind)) {
@@ -96,6 +103,11 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
                                               spec.follows, "' not found"));
     }
     followed = *std::move(f);
+    // A follower shares the followed pool's slots and blocks its deletion.
+    if (absl::Status s = CheckPoolOwner(*followed, follows_token); !s.ok()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(s.message(), " (creating pool '", name, "' that follows it)"));
+    }
     if (absl::Status s = InheritFromFollowed(*followed, &spec); !s.ok()) return WithPool(name, s);
   }
   if (absl::Status s = ValidateSpec(spec); !s.ok()) return WithPool(name, s);
@@ -178,6 +190,7 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
         "adds no capacity",
         name, tokens, spec.device_size_tokens);
   }
+  (*pool)->SetOwnerToken(owner_token);
   pools_[name] = *pool;
   used_bytes_ += bytes;
   return *pool;
@@ -324,6 +337,39 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::GetPoolOrAnchor(const std::s
   if (auto it = groups_.find(name); it != groups_.end()) return it->second->anchor().pool;
   return absl::NotFoundError(
       absl::StrCat("pool '", name, "' not found (no pool or group has that name)"));
+}
+
+absl::Status PoolRegistry::CheckOwner(absl::Span<const std::string> names,
+                                      const std::string* token) const {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& name : names) {
+    if (auto it = pools_.find(name); it != pools_.end()) {
+      if (absl::Status s = CheckPoolOwner(*it->second, token); !s.ok()) return s;
+    } else if (auto g = groups_.find(name); g != groups_.end()) {
+      for (const GroupEntry& e : g->second->entries()) {
+        if (absl::Status s = CheckPoolOwner(*e.pool, token); !s.ok()) {
+          return absl::PermissionDeniedError(
+              absl::StrCat(s.message(), " (entry '", e.name, "' of group '", name, "')"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPoolOwner(const Pool& pool, const std::string* token) {
+  if (!pool.owner_protected()) return absl::OkStatus();
+  if (token == nullptr) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("pool '", pool.name(),
+                     "' is owner-protected: the call needs its owner token in gRPC metadata "
+                     "'kvhost-token'"));
+  }
+  if (!pool.OwnerTokenMatches(*token)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "pool '", pool.name(), "' is owner-protected: the token given does not match"));
+  }
+  return absl::OkStatus();
 }
 
 uint64_t PoolRegistry::used_bytes() const {

@@ -23,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "server/pool/host_memory.h"
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
@@ -58,8 +59,13 @@ class PoolRegistry {
   // returns true once the memory is ready, the pool is dropped and CANCELLED
   // returned, so a caller whose deadline passed is not left with a pool it was
   // told does not exist.
+  // `owner_token` (at most kMaxOwnerTokenBytes, else INVALID_ARGUMENT)
+  // protects the pool: see CheckOwner. A follower of a protected pool needs
+  // the followed pool's token as `follows_token` (PERMISSION_DENIED).
   absl::StatusOr<std::shared_ptr<Pool>> Create(const std::string& name, const PoolSpec& spec,
-                                               const std::function<bool()>& abandoned = {});
+                                               const std::function<bool()>& abandoned = {},
+                                               const std::string& owner_token = "",
+                                               const std::string* follows_token = nullptr);
   // NOT_FOUND naming the pool.
   absl::StatusOr<std::shared_ptr<Pool>> Get(const std::string& name) const;
   // Every pool, by name.
@@ -83,6 +89,15 @@ class PoolRegistry {
   // The pool named `name`, or the anchor pool of the group named `name`
   // (what Alloc, Free, GetPageBufferMeta and the page RPCs act on).
   absl::StatusOr<std::shared_ptr<Pool>> GetPoolOrAnchor(const std::string& name) const;
+
+  // The owner check of a call that changes or reads the data of the pools
+  // `names` (pool names, or group names standing for every entry's pool):
+  // PERMISSION_DENIED naming the first protected pool the token does not
+  // open. `token` is the call's kvhost-token metadata, null when it carried
+  // none. One token per call: it must match every protected pool touched.
+  // Names that are neither a pool nor a group pass (the call itself then
+  // reports NOT_FOUND).
+  absl::Status CheckOwner(absl::Span<const std::string> names, const std::string* token) const;
 
   uint64_t used_bytes() const;
   // Bytes a new pool could take now; `why`, if given, spells out the inputs
@@ -112,6 +127,13 @@ class PoolRegistry {
   std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);
   uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// Longest CreatePoolRequest.owner_token.
+inline constexpr size_t kMaxOwnerTokenBytes = 256;
+
+// PERMISSION_DENIED unless `token` (null: none given) opens `pool`; OK for a
+// pool without an owner token. The message names the pool, never a token.
+absl::Status CheckPoolOwner(const Pool& pool, const std::string* token);
 
 // OK when `name` is 1-64 characters of [A-Za-z0-9._-] not starting with '.'.
 absl::Status ValidatePoolName(const std::string& name);

@@ -152,6 +152,7 @@ void ToProto(const Pool& pool, const char* backend, v1::Pool* out) {
   out->set_replica_ranks(pool.replica_ranks());
   out->set_bytes_saved(pool.bytes_saved());
   out->set_group(pool.group());
+  out->set_owner_protected(pool.owner_protected());
 }
 
 std::vector<GroupEntrySpec> FromProto(
@@ -279,6 +280,20 @@ void ToProto(const TicketStatus& status, v1::TransferStatus* out) {
   out->set_first_layer_us(status.first_layer_us);
   out->set_enqueue_us(status.enqueue_us);
   out->set_event_set(status.event_set);
+}
+
+std::optional<std::string> OwnerToken(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kOwnerTokenMetadata);
+  if (it == metadata.end()) return std::nullopt;
+  return std::string(it->second.data(), it->second.size());
+}
+
+absl::Status CheckIndexCount(const std::string& what, uint64_t count, uint64_t limit) {
+  if (count <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", count,
+                                                 " is over the daemon's limit of ", limit,
+                                                 " per call (--max-indices-per-call)"));
 }
 
 }  // namespace kvhost

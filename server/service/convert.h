@@ -6,7 +6,12 @@
 #ifndef KVHOST_SERVER_SERVICE_CONVERT_H_
 #define KVHOST_SERVER_SERVICE_CONVERT_H_
 
+#include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -33,6 +38,16 @@ std::vector<GroupEntrySpec> FromProto(
 void ToProto(const PoolGroup& group, v1::PoolGroup* out);
 absl::StatusOr<AttachRequest> FromProto(const v1::AttachDeviceRequest& request);
 void ToProto(const TicketStatus& status, v1::TransferStatus* out);
+
+// The gRPC metadata key carrying a pool's owner token.
+inline constexpr char kOwnerTokenMetadata[] = "kvhost-token";
+// The call's owner token (kOwnerTokenMetadata), or nullopt when it carries
+// none.
+std::optional<std::string> OwnerToken(const grpc::ServerContextBase& context);
+
+// --max-indices-per-call: INVALID_ARGUMENT naming `what`, the count and the
+// limit when count > limit.
+absl::Status CheckIndexCount(const std::string& what, uint64_t count, uint64_t limit);
 
 }  // namespace kvhost
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -22,6 +23,14 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const abs
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+// The owner check of a call on `names` (PoolRegistry::CheckOwner) with the
+// call's kvhost-token metadata.
+absl::Status Authorize(const PoolRegistry& registry, const grpc::CallbackServerContext& context,
+                       std::vector<std::string> names) {
+  const std::optional<std::string> token = OwnerToken(context);
+  return registry.CheckOwner(names, token ? &*token : nullptr);
 }
 
 absl::Span<const int64_t> Indices(const google::protobuf::RepeatedField<int64_t>& field) {
@@ -53,9 +62,13 @@ void ToProto(absl::Span<const RegionSegment> segments, const Pool& pool,
 // chunks, one message in flight at a time.
 class PageReader final : public grpc::ServerWriteReactor<v1::PageData> {
  public:
-  PageReader(PoolRegistry* registry, const v1::ReadPagesRequest& request, uint64_t chunk_limit)
-      : indices_(request.indices().begin(), request.indices().end()) {
-    absl::Status status = Start(registry, request, chunk_limit);
+  // `authorized`: the caller's owner check of request.pool(), done before
+  // anything else (the indices are not even copied when it failed).
+  PageReader(PoolRegistry* registry, const v1::ReadPagesRequest& request, uint64_t chunk_limit,
+             const absl::Status& authorized)
+      : indices_(authorized.ok() ? request.indices().begin() : request.indices().end(),
+                 request.indices().end()) {
+    absl::Status status = authorized.ok() ? Start(registry, request, chunk_limit) : authorized;
     if (!status.ok()) {
       Finish(ToGrpcStatus(status));
       return;
@@ -138,8 +151,11 @@ class PageReader final : public grpc::ServerWriteReactor<v1::PageData> {
 // leaves every page either fully written or untouched.
 class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
  public:
-  PageWriter(PoolRegistry* registry, v1::WritePagesResponse* response)
-      : registry_(registry), response_(response) {
+  // `token`: the call's kvhost-token metadata; `max_pages`: the most pages
+  // one stream may write (--max-indices-per-call).
+  PageWriter(PoolRegistry* registry, v1::WritePagesResponse* response,
+             std::optional<std::string> token, uint64_t max_pages)
+      : registry_(registry), response_(response), token_(std::move(token)), max_pages_(max_pages) {
     StartRead(&chunk_);
   }
 
@@ -171,6 +187,10 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
       if (chunk.pool().empty()) {
         return absl::InvalidArgumentError("WritePages: the first chunk must name the pool");
       }
+      if (absl::Status s = registry_->CheckOwner({chunk.pool()}, token_ ? &*token_ : nullptr);
+          !s.ok()) {
+        return s;
+      }
       absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(chunk.pool());
       if (!pool.ok()) return pool.status();
       pool_ = *std::move(pool);
@@ -181,6 +201,11 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
                                                      "' in a stream for pool '", name_, "'"));
     }
     if (!in_page_) {
+      if (absl::Status s =
+              CheckIndexCount("WritePages: pages in one stream", pages_started_ + 1, max_pages_);
+          !s.ok()) {
+        return WithPool(pool_->name(), s);
+      }
       if (absl::Status s = pool_->CheckPage(chunk.index()); !s.ok()) return s;
       if (chunk.offset() != 0) {
         return WithPool(pool_->name(), absl::InvalidArgumentError(absl::StrCat(
@@ -190,6 +215,7 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
       index_ = chunk.index();
       offset_ = 0;
       in_page_ = true;
+      ++pages_started_;
     } else if (chunk.index() != index_ || chunk.offset() != offset_) {
       return WithPool(pool_->name(),
                       absl::InvalidArgumentError(absl::StrCat(
@@ -225,6 +251,9 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
 
   PoolRegistry* const registry_;
   v1::WritePagesResponse* const response_;
+  const std::optional<std::string> token_;
+  const uint64_t max_pages_;
+  uint64_t pages_started_ = 0;
   v1::WritePagesChunk chunk_;
   std::shared_ptr<Pool> pool_;
   std::string name_;  // as the first chunk named it (a pool, or a group for its anchor)
@@ -244,16 +273,20 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePool(grpc::CallbackServerContex
   if (!spec.ok()) {
     return Finish(context, WithPool(request->name(), spec.status()));
   }
-  absl::StatusOr<std::shared_ptr<Pool>> pool =
-      registry_->Create(request->name(), *spec, [context] { return context->IsCancelled(); });
+  // The token also opens a protected pool this one follows.
+  const std::optional<std::string> token = OwnerToken(*context);
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Create(
+      request->name(), *spec, [context] { return context->IsCancelled(); }, request->owner_token(),
+      token ? &*token : nullptr);
   if (!pool.ok()) {
     spdlog::warn("CreatePool '{}' refused: {}", request->name(), pool.status().ToString());
     return Finish(context, pool.status());
   }
   const std::vector<std::string> paths = (*pool)->region_paths();  // none for LOGICAL
-  spdlog::info("created pool '{}': {}, {} tokens, {:.3f} GB in {}", request->name(),
+  spdlog::info("created pool '{}': {}, {} tokens, {:.3f} GB in {}{}", request->name(),
                DescribeSpec(*spec), (*pool)->size_tokens(), (*pool)->bytes() / 1e9,
-               paths.empty() ? std::string("no region") : absl::StrJoin(paths, ", "));
+               paths.empty() ? std::string("no region") : absl::StrJoin(paths, ", "),
+               (*pool)->owner_protected() ? ", owner-protected" : "");
   ToProto(**pool, backend_, response);
   return Finish(context, absl::OkStatus());
 }
@@ -278,6 +311,9 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* PoolServiceImpl::DeletePool(grpc::CallbackServerContext* context,
                                                       const v1::DeletePoolRequest* request,
                                                       v1::DeletePoolResponse* response) {
+  if (absl::Status s = Authorize(*registry_, *context, {request->name()}); !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<uint64_t> bytes = registry_->Delete(request->name());
   if (bytes.ok()) {
     response->set_bytes_released(*bytes);
@@ -289,6 +325,13 @@ grpc::ServerUnaryReactor* PoolServiceImpl::DeletePool(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* context,
                                                  const v1::AllocRequest* request,
                                                  v1::AllocResponse* response) {
+  if (absl::Status s = CheckIndexCount("Alloc num_tokens", request->num_tokens(), max_indices_);
+      !s.ok()) {
+    return Finish(context, WithPool(request->pool(), s));
+  }
+  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   // A group's name acts on its anchor, which the metrics count.
@@ -331,6 +374,13 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* PoolServiceImpl::Free(grpc::CallbackServerContext* context,
                                                 const v1::FreeRequest* request,
                                                 v1::FreeResponse* response) {
+  if (absl::Status s = CheckIndexCount("Free indices", request->indices_size(), max_indices_);
+      !s.ok()) {
+    return Finish(context, WithPool(request->pool(), s));
+  }
+  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   if (metrics_ != nullptr) metrics_->pool_free_calls->WithLabels({(*pool)->name()})->Increment();
@@ -344,6 +394,11 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Free(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
     grpc::CallbackServerContext* context, const v1::GetPageBufferMetaRequest* request,
     v1::PageBufferMeta* response) {
+  if (absl::Status s =
+          CheckIndexCount("GetPageBufferMeta indices", request->indices_size(), max_indices_);
+      !s.ok()) {
+    return Finish(context, WithPool(request->pool(), s));
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   absl::StatusOr<std::vector<RegionSegment>> segments =
@@ -356,6 +411,9 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
 grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerContext* context,
                                                        const v1::PageRequest* request,
                                                        v1::PageData* response) {
+  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   if (absl::Status s = (*pool)->CheckPage(request->index()); !s.ok()) return Finish(context, s);
@@ -376,6 +434,9 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* PoolServiceImpl::SetFromFlatDataPage(
     grpc::CallbackServerContext* context, const v1::SetPageRequest* request,
     v1::SetPageResponse* response) {
+  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   // WritePage checks the page and the data's size first.
@@ -386,12 +447,20 @@ grpc::ServerWriteReactor<v1::PageData>* PoolServiceImpl::ReadPages(
     grpc::CallbackServerContext* context, const v1::ReadPagesRequest* request) {
   // Half the message limit leaves room for the message's other fields and
   // keeps a chunk well inside what either side accepts.
-  return new PageReader(registry_, *request, static_cast<uint64_t>(max_message_bytes_) / 2);
+  absl::Status authorized =
+      CheckIndexCount("ReadPages indices", request->indices_size(), max_indices_);
+  if (!authorized.ok()) {
+    authorized = WithPool(request->pool(), authorized);
+  } else {
+    authorized = Authorize(*registry_, *context, {request->pool()});
+  }
+  return new PageReader(registry_, *request, static_cast<uint64_t>(max_message_bytes_) / 2,
+                        authorized);
 }
 
 grpc::ServerReadReactor<v1::WritePagesChunk>* PoolServiceImpl::WritePages(
     grpc::CallbackServerContext* context, v1::WritePagesResponse* response) {
-  return new PageWriter(registry_, response);
+  return new PageWriter(registry_, response, OwnerToken(*context), max_indices_);
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerContext* context,
@@ -417,6 +486,11 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* PoolServiceImpl::GetSplitHeadsPageBufferMeta(
     grpc::CallbackServerContext* context, const v1::SplitHeadsMetaRequest* request,
     v1::PageBufferMeta* response) {
+  if (absl::Status s = CheckIndexCount("GetSplitHeadsPageBufferMeta indices",
+                                       request->indices_size(), max_indices_);
+      !s.ok()) {
+    return Finish(context, WithPool(request->pool(), s));
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
   absl::StatusOr<std::vector<RegionSegment>> segments =
@@ -461,6 +535,11 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
 grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
     grpc::CallbackServerContext* context, const v1::CreatePoolGroupRequest* request,
     v1::PoolGroup* response) {
+  std::vector<std::string> pools;
+  for (const v1::PoolEntry& entry : request->entries()) pools.push_back(entry.pool());
+  if (absl::Status s = Authorize(*registry_, *context, std::move(pools)); !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<std::shared_ptr<PoolGroup>> group =
       registry_->CreateGroup(request->name(), request->layer_num(), FromProto(request->entries()));
   if (!group.ok()) {
@@ -497,6 +576,9 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPoolGroups(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* PoolServiceImpl::DeletePoolGroup(
     grpc::CallbackServerContext* context, const v1::DeletePoolGroupRequest* request,
     v1::DeletePoolGroupResponse* response) {
+  if (absl::Status s = Authorize(*registry_, *context, {request->name()}); !s.ok()) {
+    return Finish(context, s);
+  }
   absl::Status status = registry_->DeleteGroup(request->name());
   if (status.ok()) spdlog::info("deleted pool group '{}'", request->name());
   return Finish(context, status);

@@ -1,7 +1,8 @@
 // PoolServiceImpl: kvhost.v1.PoolService over the pool registry. Translates
 // and validates; the registry and pools do the work. The per-pool calls
 // (Alloc, Free, the page calls) accept a pool group's name and act on its
-// anchor pool. Callback (reactor) API:
+// anchor pool. Calls that change a pool or read its data check its owner
+// token (PoolRegistry::CheckOwner) before anything else. Callback (reactor) API:
 // the unary handlers finish inline; ReadPages and WritePages are streaming
 // reactors that copy one page at a time and never block a gRPC thread.
 //
@@ -20,13 +21,17 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
  public:
   // `backend` names the transfer engine, shown in Pool.backend;
   // `max_message_bytes` is the server's largest response; `metrics`, if
-  // given, counts Alloc and Free per pool and must outlive this.
+  // given, counts Alloc and Free per pool and must outlive this;
+  // `max_indices_per_call` bounds Alloc's num_tokens and every index list
+  // (INVALID_ARGUMENT above it, nothing touched).
   PoolServiceImpl(PoolRegistry* registry, const char* backend, int max_message_bytes = 64 << 20,
-                  KvhostMetrics* metrics = nullptr)
+                  KvhostMetrics* metrics = nullptr,
+                  uint64_t max_indices_per_call = kDefaultMaxIndicesPerCall)
       : registry_(registry),
         backend_(backend),
         max_message_bytes_(max_message_bytes),
-        metrics_(metrics) {}
+        metrics_(metrics),
+        max_indices_(max_indices_per_call) {}
 
   grpc::ServerUnaryReactor* CreatePool(grpc::CallbackServerContext* context,
                                        const v1::CreatePoolRequest* request,
@@ -88,12 +93,15 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   // GetDataPage: room kept in a message beside the page's bytes (index,
   // offset, page_bytes and their tags take under 40 bytes).
   static constexpr uint64_t kMessageOverheadBytes = 1024;
+  // DaemonOptions::max_indices_per_call's default.
+  static constexpr uint64_t kDefaultMaxIndicesPerCall = uint64_t{1} << 22;
 
  private:
   PoolRegistry* const registry_;
   const char* const backend_;
   const int max_message_bytes_;
   KvhostMetrics* const metrics_;
+  const uint64_t max_indices_;
 };
 
 }  // namespace kvhost

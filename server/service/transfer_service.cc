@@ -2,8 +2,11 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/service/convert.h"
 
 namespace kvhost {
@@ -55,6 +58,11 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServerContext* context,
                                                             const v1::AttachDeviceRequest* request,
                                                             v1::Attachment* response) {
+  const std::optional<std::string> token = OwnerToken(*context);
+  if (absl::Status s = registry_->CheckOwner({request->pool()}, token ? &*token : nullptr);
+      !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<AttachRequest> attach = FromProto(*request);
   if (!attach.ok()) return Finish(context, attach.status());
   absl::StatusOr<AttachmentInfo> info = manager_->Attach(request->pool(), *attach);
@@ -86,6 +94,23 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
     const google::protobuf::RepeatedField<int64_t>& device, const std::string& wait_event_handle,
     const google::protobuf::RepeatedPtrField<v1::PoolTransfer>& pool_transfers,
     v1::TransferTicket* response) {
+  const char* call = direction == Direction::kBackup ? "Backup" : "Load";
+  absl::Status counts =
+      CheckIndexCount(absl::StrCat(call, " host_indices"), host.size(), max_indices_);
+  if (counts.ok()) {
+    counts = CheckIndexCount(absl::StrCat(call, " device_indices"), device.size(), max_indices_);
+  }
+  for (const v1::PoolTransfer& t : pool_transfers) {
+    if (!counts.ok()) break;
+    counts = CheckIndexCount(absl::StrCat(call, " pool_transfers '", t.name(), "' host_indices"),
+                             t.host_indices_size(), max_indices_);
+    if (counts.ok()) {
+      counts =
+          CheckIndexCount(absl::StrCat(call, " pool_transfers '", t.name(), "' device_indices"),
+                          t.device_indices_size(), max_indices_);
+    }
+  }
+  if (!counts.ok()) return Finish(context, counts);
   std::vector<EntryRows> entries;
   entries.reserve(pool_transfers.size());
   for (const v1::PoolTransfer& t : pool_transfers) {

@@ -1,5 +1,7 @@
 // TransferServiceImpl: kvhost.v1.TransferService over the TransferManager.
-// Translates and validates; WaitTransfer holds its call open without holding a
+// Translates and validates; AttachDevice checks the pools' owner token (the
+// attachment id then authorises Backup / Load / Detach: it is the
+// capability); WaitTransfer holds its call open without holding a
 // thread, finishing when the ticket's completion callback fires (or the call
 // is cancelled, e.g. by its deadline).
 //
@@ -7,14 +9,21 @@
 #ifndef KVHOST_SERVER_SERVICE_TRANSFER_SERVICE_H_
 #define KVHOST_SERVER_SERVICE_TRANSFER_SERVICE_H_
 
+#include <cstdint>
+
 #include "kvhost/v1/transfer.grpc.pb.h"
+#include "server/pool/registry.h"
 #include "server/transfer/transfer_manager.h"
 
 namespace kvhost {
 
 class TransferServiceImpl final : public v1::TransferService::CallbackService {
  public:
-  explicit TransferServiceImpl(TransferManager* manager) : manager_(manager) {}
+  // `registry` answers AttachDevice's owner check; `max_indices_per_call`
+  // bounds each index list of Backup / Load (INVALID_ARGUMENT above it).
+  TransferServiceImpl(TransferManager* manager, const PoolRegistry* registry,
+                      uint64_t max_indices_per_call)
+      : manager_(manager), registry_(registry), max_indices_(max_indices_per_call) {}
 
   grpc::ServerUnaryReactor* AttachDevice(grpc::CallbackServerContext* context,
                                          const v1::AttachDeviceRequest* request,
@@ -41,6 +50,8 @@ class TransferServiceImpl final : public v1::TransferService::CallbackService {
       v1::TransferTicket* response);
 
   TransferManager* const manager_;
+  const PoolRegistry* const registry_;
+  const uint64_t max_indices_;
 };
 
 }  // namespace kvhost
