@@ -80,7 +80,7 @@ log="$build_dir/Testing/Temporary/LastTest.log"
 run=0 failed=0 reports=0
 if [[ -f "$log" ]]; then
   run=$(grep -c '^[0-9]*/[0-9]* Testing: ' "$log" || true)
-  failed=$(grep -c '^Test Failed' "$log" || true)
+  failed=$((run - $(grep -c '^Test Passed' "$log" || true)))
   reports=$(grep -cE 'ERROR: (AddressSanitizer|LeakSanitizer)|WARNING: ThreadSanitizer|runtime error: ' \
     "$log" || true)
 fi
