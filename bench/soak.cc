@@ -291,35 +291,20 @@ enum class Invalid {
   kCount,
 };
 
-const char* InvalidName(Invalid kind) {
-  switch (kind) {
-    case Invalid::kAllocZero: return "alloc_zero_tokens";
-    case Invalid::kAllocUnaligned: return "alloc_not_page_multiple";
-    case Invalid::kAllocHuge: return "alloc_more_than_pool";
-    case Invalid::kAllocOverCallLimit: return "alloc_over_call_limit";
-    case Invalid::kAllocUnknownPool: return "alloc_unknown_pool";
-    case Invalid::kFreeOutOfRange: return "free_index_out_of_range";
-    case Invalid::kFreeNegative: return "free_negative_index";
-    case Invalid::kFreeRepeated: return "free_page_twice";
-    case Invalid::kFreeUnaligned: return "free_not_page_start";
-    case Invalid::kFreeBrokenRun: return "free_broken_page_run";
-    case Invalid::kFreeEmpty: return "free_empty_list";
-    case Invalid::kFreeNotAllocated: return "free_unallocated_page";
-    case Invalid::kMetaOutOfRange: return "meta_index_out_of_range";
-    case Invalid::kMetaNegative: return "meta_negative_index";
-    case Invalid::kPageNotAllocated: return "get_page_unallocated";
-    case Invalid::kPageUnaligned: return "get_page_not_page_start";
-    case Invalid::kPageNegative: return "get_page_negative";
-    case Invalid::kPageOutOfRange: return "get_page_out_of_range";
-    case Invalid::kSetWrongSize: return "set_page_wrong_size";
-    case Invalid::kSetUnknownPool: return "set_page_unknown_pool";
-    case Invalid::kGetPoolUnknown: return "get_pool_unknown";
-    case Invalid::kCount: break;
-  }
-  return "?";
-}
-
 constexpr int kInvalidKinds = static_cast<int>(Invalid::kCount);
+
+// JSON names of the kinds, in enum order.
+constexpr const char* kInvalidNames[kInvalidKinds] = {
+    "alloc_zero_tokens",       "alloc_not_page_multiple", "alloc_more_than_pool",
+    "alloc_over_call_limit",   "alloc_unknown_pool",      "free_index_out_of_range",
+    "free_negative_index",     "free_page_twice",         "free_not_page_start",
+    "free_broken_page_run",    "free_empty_list",         "free_unallocated_page",
+    "meta_index_out_of_range", "meta_negative_index",     "get_page_unallocated",
+    "get_page_not_page_start", "get_page_negative",       "get_page_out_of_range",
+    "set_page_wrong_size",     "set_page_unknown_pool",   "get_pool_unknown",
+};
+
+const char* InvalidName(Invalid kind) { return kInvalidNames[static_cast<int>(kind)]; }
 
 // Worker-side invalid transfers, counted with the scheduler's kinds.
 const char* const kWorkerInvalidNames[] = {"backup_host_out_of_range", "backup_device_out_of_range",
@@ -423,21 +408,21 @@ class Scheduler {
     if (ledger.pages.empty()) op = 0;
     if (ledger.pages.size() >= kMaxHeldPages && op < 25) op = 30;
     if (op < 25) {  // Alloc
-      const uint64_t want =
-          std::min<uint64_t>(1 + rng_() % 4, kMaxHeldPages - ledger.pages.size());
+      const uint64_t want = std::min<uint64_t>(1 + rng_() % 4, kMaxHeldPages - ledger.pages.size());
       absl::StatusOr<std::vector<int64_t>> slots = client_->Alloc(pool.name, want * pool.page_size);
       if (!ExpectOk(slots.status(), absl::StrCat("Alloc of ", want, " pages of ", pool.name)))
         return;
       if (slots->size() != want * pool.page_size) {
-        Fail(absl::StrCat("Alloc of ", want * pool.page_size, " slots of ", pool.name,
-                          " returned ", slots->size()));
+        Fail(absl::StrCat("Alloc of ", want * pool.page_size, " slots of ", pool.name, " returned ",
+                          slots->size()));
         return;
       }
       for (size_t i = 0; i < slots->size(); i += pool.page_size) {
         const int64_t first = (*slots)[i];
         bool run = first >= 0 && static_cast<uint64_t>(first) < pool.size_tokens &&
                    first % static_cast<int64_t>(pool.page_size) == 0;
-        for (uint64_t j = 1; run && j < pool.page_size; ++j) run = (*slots)[i + j] == first + static_cast<int64_t>(j);
+        for (uint64_t j = 1; run && j < pool.page_size; ++j)
+          run = (*slots)[i + j] == first + static_cast<int64_t>(j);
         if (!run) {
           Fail(absl::StrCat("Alloc of ", pool.name, " returned a malformed page at position ", i,
                             " (first slot ", first, ")"));
@@ -487,7 +472,8 @@ class Scheduler {
   void CheckPage(size_t p, int64_t first, const std::string& why) {
     const SchedPool& pool = shared_->pools[p];
     absl::StatusOr<std::string> data = client_->GetDataPage(pool.name, first);
-    if (!ExpectOk(data.status(), absl::StrCat(why, ": GetDataPage of ", pool.name, " page ", first)))
+    if (!ExpectOk(data.status(),
+                  absl::StrCat(why, ": GetDataPage of ", pool.name, " page ", first)))
       return;
     if (data->size() != pool.page_bytes) {
       Fail(absl::StrCat(why, ": GetDataPage of ", pool.name, " returned ", data->size(),
@@ -530,7 +516,8 @@ class Scheduler {
     const int64_t size = static_cast<int64_t>(pool.size_tokens);
     // Held pages some of the requests carry too: a request that fails must
     // not free them.
-    const std::vector<int64_t> held = ledger.pages.empty() ? std::vector<int64_t>{} : SomeHeld(p, 2);
+    const std::vector<int64_t> held =
+        ledger.pages.empty() ? std::vector<int64_t>{} : SomeHeld(p, 2);
     std::vector<int64_t> slots = PageSlots(pool, held);
     const std::string unknown = absl::StrCat(pool.name, "-missing");
     absl::StatusCode expected = absl::StatusCode::kInvalidArgument;
@@ -729,11 +716,11 @@ struct WorkerStats {
   std::array<uint64_t, kWorkerInvalidKinds> invalid_kinds{};
 
   std::string Format() const {
-    std::string out = absl::StrCat("requests ", requests, "\ninvalid ", invalid, "\nbackups ",
-                                   backups, "\nloads ", loads, "\nverified_bytes ", verified_bytes,
-                                   "\nrecovered_slots ", recovered_slots, "\nrecovered_bytes ",
-                                   recovered_bytes, "\nfailures ", failures, "\nready ",
-                                   ready ? 1 : 0, "\n");
+    std::string out =
+        absl::StrCat("requests ", requests, "\ninvalid ", invalid, "\nbackups ", backups,
+                     "\nloads ", loads, "\nverified_bytes ", verified_bytes, "\nrecovered_slots ",
+                     recovered_slots, "\nrecovered_bytes ", recovered_bytes, "\nfailures ",
+                     failures, "\nready ", ready ? 1 : 0, "\n");
     for (int c = 0; c < kCodes; ++c) absl::StrAppend(&out, "code", c, " ", codes[c], "\n");
     for (int k = 0; k < kWorkerInvalidKinds; ++k) {
       absl::StrAppend(&out, "kind", k, " ", invalid_kinds[k], "\n");
@@ -805,14 +792,14 @@ class Worker {
     if (!client.ok()) return client.status();
     client_ = *std::move(client);
     absl::StatusOr<v1::Pool> pool = client_->GetPool(pool_name_);
-    if (!Expect(pool.status(), "GetPool")) return pool.status();
+    if (!Expect(pool.status())) return pool.status();
     absl::StatusOr<std::unique_ptr<kvhost::ShmDevicePool>> device =
         kvhost::ShmDevicePool::Create(*pool, kDeviceRows, absl::GetFlag(FLAGS_shm_dir));
     if (!device.ok()) return device.status();
     device_ = *std::move(device);
     absl::StatusOr<v1::Attachment> attachment =
         client_->AttachDevice(device_->MakeAttachRequest(pool_name_));
-    if (!Expect(attachment.status(), "AttachDevice")) return attachment.status();
+    if (!Expect(attachment.status())) return attachment.status();
     attachment_ = attachment->id();
 
     lease_ = ParseSlots(ReadText(LeasePath(dir_, index_)));
@@ -842,10 +829,11 @@ class Worker {
     return s;
   }
 
-  bool Expect(const absl::Status& s, const char* what) {
+  // Counts the call's code; true when it is OK.
+  bool Expect(const absl::Status& s) {
     ++stats_.requests;
-    ++stats_.codes[static_cast<int>(s.code()) < kCodes ? static_cast<int>(s.code()) : 2];
-    (void)what;
+    const int code = static_cast<int>(s.code());
+    ++stats_.codes[code < kCodes ? code : static_cast<int>(absl::StatusCode::kUnknown)];
     return s.ok();
   }
 
@@ -863,14 +851,14 @@ class Worker {
                         const std::vector<int64_t>& rows) {
     absl::StatusOr<uint64_t> ticket =
         backup ? client_->Backup(attachment_, host, rows) : client_->Load(attachment_, host, rows);
-    if (!Expect(ticket.status(), backup ? "Backup" : "Load")) {
+    if (!Expect(ticket.status())) {
       return absl::Status(ticket.status().code(),
                           absl::StrCat(backup ? "Backup" : "Load", " of ", host.size(),
                                        " slots: ", ticket.status().message()));
     }
     MaybeNotify();
     absl::StatusOr<v1::TransferStatus> done = client_->WaitTransfer(*ticket, absl::Seconds(30));
-    if (!Expect(done.status(), "WaitTransfer")) {
+    if (!Expect(done.status())) {
       return absl::Status(done.status().code(), absl::StrCat("WaitTransfer of ticket ", *ticket,
                                                              ": ", done.status().message()));
     }
@@ -909,9 +897,8 @@ class Worker {
       const uint64_t gen = journaled_.at(host[i]);
       for (uint32_t c = 0; c < device_->components(); ++c) {
         for (uint32_t l = 0; l < device_->layers(); ++l) {
-          const int64_t bad =
-              CheckPattern(RowSeed(host[i], gen, c, l), device_->row(c, l, rows[i]),
-                           device_->row_bytes(c));
+          const int64_t bad = CheckPattern(RowSeed(host[i], gen, c, l), device_->row(c, l, rows[i]),
+                                           device_->row_bytes(c));
           if (bad >= 0) {
             return absl::DataLossError(absl::StrCat(
                 "pool '", pool_name_, "' host slot ", host[i], " (generation ", gen,
@@ -972,7 +959,7 @@ class Worker {
         status = client_->Backup("no-such-attachment", {slot}, {0}).status();
         break;
     }
-    Expect(status, "invalid transfer");
+    Expect(status);
     ++stats_.invalid;
     ++stats_.invalid_kinds[kind];
     if (status.code() != expected) {
@@ -1051,7 +1038,7 @@ struct WorkerSlot {
   size_t pool = 0;  // into Driver::worker_pools_
   pid_t pid = -1;
   int notify_read = -1, notify_write = -1;
-  std::vector<int64_t> lease;  // page first slots... all slots, whole pages
+  std::vector<int64_t> lease;  // host slots leased to it, whole pages
 };
 
 struct WorkerPool {
@@ -1178,9 +1165,9 @@ class Driver {
     for (uint32_t i = 0; i < n; ++i) {
       absl::StatusOr<std::unique_ptr<kvhost::Client>> client = MakeClient(1 + i);
       if (!client.ok()) return client.status();
-      schedulers_.push_back(std::make_unique<Scheduler>(
-          &shared_, i, *std::move(client), absl::GetFlag(FLAGS_seed) * 7919 + i,
-          absl::GetFlag(FLAGS_invalid_share)));
+      schedulers_.push_back(std::make_unique<Scheduler>(&shared_, i, *std::move(client),
+                                                        absl::GetFlag(FLAGS_seed) * 7919 + i,
+                                                        absl::GetFlag(FLAGS_invalid_share)));
     }
     for (auto& s : schedulers_) threads_.emplace_back([p = s.get()] { p->Run(); });
     return absl::OkStatus();
@@ -1286,10 +1273,10 @@ class Driver {
       if (st.ok() && pool.ok()) {
         bool session_left = false;
         for (const v1::SessionInfo& s : st->sessions()) session_left |= s.pid() == dead;
-        last = absl::StrCat("sessions ", st->sessions_size(), session_left ? " (the dead one's still open)" : "",
-                            ", attachments ", st->attachments(), " (want ", want_attachments,
-                            "), pool attachments ", pool->attachments(), " (want ", want_on_pool,
-                            ")");
+        last = absl::StrCat("sessions ", st->sessions_size(),
+                            session_left ? " (the dead one's still open)" : "", ", attachments ",
+                            st->attachments(), " (want ", want_attachments, "), pool attachments ",
+                            pool->attachments(), " (want ", want_on_pool, ")");
         if (!session_left && st->attachments() == want_attachments &&
             pool->attachments() == want_on_pool) {
           closed = true;
@@ -1305,8 +1292,8 @@ class Driver {
     max_close_s_ = std::max(max_close_s_, close_s);
     if (!closed) {
       shared_.failures.Add(absl::StrCat("worker ", w.index, ".", w.incarnation, " (pid ", dead,
-                                        ") killed; after ", close_s, " s the daemon still shows: ",
-                                        last));
+                                        ") killed; after ", close_s,
+                                        " s the daemon still shows: ", last));
       // Let it finish closing before the replacement touches the slots.
       absl::SleepFor(session_timeout_);
     }
@@ -1546,7 +1533,8 @@ class Driver {
       for (const auto& s : schedulers_) n += s->invalid_kinds()[k].load();
       kinds.Uint(InvalidName(static_cast<Invalid>(k)), n);
     }
-    for (int k = 0; k < kWorkerInvalidKinds; ++k) kinds.Uint(kWorkerInvalidNames[k], ws.invalid_kinds[k]);
+    for (int k = 0; k < kWorkerInvalidKinds; ++k)
+      kinds.Uint(kWorkerInvalidNames[k], ws.invalid_kinds[k]);
     std::vector<std::string> failures;
     for (const std::string& f : shared_.failures.first()) {
       failures.push_back(kvhost::cli::JsonQuote(f));
