@@ -18,6 +18,8 @@ namespace kvhost {
 namespace {
 constexpr size_t kMaxPoolName = 64;
 constexpr char kRegionFilePrefix[] = "kvhost.";
+// PageAllocator's page table: a free-ring slot (8 bytes) and a flag per page.
+constexpr uint64_t kPageTableBytesPerPage = sizeof(uint64_t) + sizeof(uint8_t);
 }  // namespace
 
 absl::Status ValidatePoolName(const std::string& name) {
@@ -128,6 +130,10 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
   }
   const uint64_t pages = tokens / spec.page_size;
   const uint64_t bytes = pages * BytesPerPage(spec);
+  // The allocator's page table is host memory too. A LOGICAL pool has no
+  // other bytes, so without it a request for 2^40 tokens passed every check
+  // and the daemon then failed to allocate 8 TiB (found by fuzz/service_fuzz).
+  const uint64_t table_bytes = followed ? 0 : pages * kPageTableBytesPerPage;
 
   {
     // The check and the reservation happen together, so two creations cannot
@@ -148,11 +154,12 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     absl::StatusOr<uint64_t> budget = Available(&why);
     if (!budget.ok()) return budget.status();
     const uint64_t available = *budget;
-    if (bytes > available) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("not enough host memory for pool '", name, "': requesting ", FormatGB(bytes),
-                       " (", pages, " pages x ", BytesPerPage(spec), " bytes) but only ",
-                       FormatGB(available), " available (", why, ")"));
+    if (bytes + table_bytes > available) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "not enough host memory for pool '", name, "': requesting ",
+          FormatGB(bytes + table_bytes), " (", pages, " pages x ", BytesPerPage(spec),
+          " bytes, and ", table_bytes, " bytes of page table) but only ", FormatGB(available),
+          " available (", why, ")"));
     }
     absl::MutexLock lock(&mu_);
     creating_.insert(name);
