@@ -2,7 +2,7 @@
 # Installs what kvhost needs on Debian 12 (when missing), then configures and
 # builds it in ./build with ccache. Used by scripts/demo.sh and scripts/test.sh.
 #   BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo), JOBS (default 2),
-#   CMAKE_ARGS (extra configure arguments).
+#   CMAKE_ARGS (extra configure arguments), EXTRA_PACKAGES (more Debian packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +10,9 @@ PACKAGES=(build-essential cmake pkg-config ccache git
           libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
           libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
           libsystemd-dev systemd python3 python3-yaml libyaml-cpp-dev openssl)
+# scripts/test.sh adds the fuzzing compiler (EXTRA_PACKAGES).
+# shellcheck disable=SC2206
+PACKAGES+=(${EXTRA_PACKAGES:-})
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -347,7 +347,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       static_cast<int>(std::max<int64_t>(absl::ToInt64Milliseconds(options.session_timeout) / 2, 50));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, half_ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, half_ms);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Clients may ping too (kvhost::Client does every 10 s).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);

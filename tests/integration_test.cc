@@ -522,20 +522,30 @@ TEST_F(AllocErrorTest, BadNumTokensAndExhaustion) {
 // An Alloc whose indices cannot fit in one response (64 MiB) must fail
 // without allocating: gRPC refusing to send the response used to leave every
 // slot allocated and unknown to the caller.
-TEST_F(AllocErrorTest, AllocTooLargeForOneResponseChangesNothing) {
+// (The default --max-indices-per-call refuses such an Alloc first; this
+// daemon raises it so that the response size is what refuses it.)
+TEST(AllocResponseTest, AllocTooLargeForOneResponseChangesNothing) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> d =
+      TestDaemon::Start(KVHOSTD_PATH, {"--max-indices-per-call=20000000"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  Client& c = (*d)->client();
+  auto available = [&c] {
+    absl::StatusOr<v1::Pool> p = c.GetPool("p");
+    return p.ok() ? p->available_tokens() : 0;
+  };
   v1::PoolSpec spec = MakeSpec(v1::MHA, v1::PAGE_FIRST, 1, 17'000'000, v1::UINT8);
   spec.set_layer_num(1);
   spec.set_head_num(1);
   spec.set_head_dim(1);  // 2 bytes per token: 34 MB
-  ASSERT_TRUE(client().CreatePool("p", spec).ok());
-  absl::StatusOr<std::vector<int64_t>> all = client().Alloc("p", 17'000'000);
+  ASSERT_TRUE(c.CreatePool("p", spec).ok());
+  absl::StatusOr<std::vector<int64_t>> all = c.Alloc("p", 17'000'000);
   EXPECT_ERROR(all, kResourceExhausted, "num_tokens", "17000000");
-  EXPECT_EQ(Available("p"), all.ok() ? 0u : 17'000'000u)
+  EXPECT_EQ(available(), all.ok() ? 0u : 17'000'000u)
       << "a failed Alloc must allocate nothing: " << all.status();
-  absl::StatusOr<std::vector<int64_t>> half = client().Alloc("p", 8'000'000);
+  absl::StatusOr<std::vector<int64_t>> half = c.Alloc("p", 8'000'000);
   ASSERT_TRUE(half.ok()) << half.status();
   EXPECT_EQ(half->size(), 8'000'000u);
-  EXPECT_EQ(Available("p"), 9'000'000u);
+  EXPECT_EQ(available(), 9'000'000u);
 }
 
 using FreeErrorTest = DaemonTest;

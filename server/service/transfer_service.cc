@@ -79,6 +79,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   if (info->tp_rank.has_value()) response->set_tp_rank(*info->tp_rank);
   response->set_load_only(info->load_only);
   response->set_group(info->group);
+  response->set_session_id(info->session_id);
   return Finish(context, absl::OkStatus());
 }
 

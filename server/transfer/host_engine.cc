@@ -1,7 +1,12 @@
 #include "server/transfer/host_engine.h"
 
+#include <setjmp.h>
+#include <signal.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <map>
 #include <utility>
 
@@ -12,6 +17,48 @@
 
 namespace kvhost {
 namespace {
+
+// A worker may shrink its shared-memory file while the daemon copies from
+// its mapping; touching the pages past the new end raises SIGBUS, which
+// would kill the daemon. Copies run under a guard instead: the handler
+// jumps back to the copying thread's guard, and the copy reports failure.
+// A SIGBUS outside a guard is a bug of ours: the handler restores the
+// default action and returns, so the fault repeats and kills as before.
+// Volatile, with signal fences around the copy: the compiler must neither
+// drop the store (memcpy does not read it) nor move it past the copy.
+thread_local sigjmp_buf* volatile copy_guard = nullptr;
+
+void OnSigbus(int signal, siginfo_t* info, void* context) {
+  if (sigjmp_buf* guard = copy_guard; guard != nullptr) siglongjmp(*guard, 1);
+  ::signal(SIGBUS, SIG_DFL);
+}
+
+void InstallSigbusHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action = {};
+    action.sa_sigaction = OnSigbus;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGBUS, &action, nullptr);
+  });
+}
+
+// memcpy that returns false instead of dying when a mapping behind `dst`
+// or `src` was truncated.
+bool GuardedCopy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  sigjmp_buf guard;
+  if (sigsetjmp(guard, 1) != 0) {
+    copy_guard = nullptr;
+    return false;
+  }
+  copy_guard = &guard;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  std::memcpy(dst, src, bytes);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  copy_guard = nullptr;
+  return true;
+}
 
 // Device layer buffers mapped from the worker's shared-memory files; each
 // file is mapped once even when many layers live in it.
@@ -72,7 +119,8 @@ class GroupMapping : public DeviceMapping {
 // Copies tokens [from, to) of token run `r` of `part` in one ticket layer,
 // in every component. Page-row components copy the same range in pages
 // (every cut is on a page boundary, see PartCuts).
-void CopyPieces(const JobPart& part, Direction direction, const JobLayer& layer, size_t r,
+// Returns false when a copy hit a truncated mapping (the rest is skipped).
+bool CopyPieces(const JobPart& part, Direction direction, const JobLayer& layer, size_t r,
                 uint64_t from, uint64_t to) {
   const std::vector<Component>& components = part.pool->components();
   const bool backup = direction == Direction::kBackup;
@@ -82,15 +130,16 @@ void CopyPieces(const JobPart& part, Direction direction, const JobLayer& layer,
     const IndexRun& run = RunsFor(part, component)[r];
     uint8_t* host = part.pool->component_base(c);
     uint8_t* device = part.device->buffer(c, layer.device_layer);
+    bool ok = true;
     ForEachPiece(component, static_cast<uint64_t>(layer.host_layer), run, from / per_row,
                  to / per_row, [&](uint64_t host_off, uint64_t device_off, uint64_t bytes) {
-                   if (backup) {
-                     std::memcpy(host + host_off, device + device_off, bytes);
-                   } else {
-                     std::memcpy(device + device_off, host + host_off, bytes);
-                   }
+                   if (!ok) return;
+                   ok = backup ? GuardedCopy(host + host_off, device + device_off, bytes)
+                               : GuardedCopy(device + device_off, host + host_off, bytes);
                  });
+    if (!ok) return false;
   }
+  return true;
 }
 
 // A place in a part's token runs: (run, token offset in that run).
@@ -119,20 +168,22 @@ std::vector<Cut> PartCuts(const JobPart& part, uint64_t pieces) {
 
 // Copies piece `piece` (between cuts[piece] and cuts[piece + 1]) of `part`
 // in one ticket layer.
-void CopyPiece(const JobPart& part, Direction direction, const JobLayer& layer,
+bool CopyPiece(const JobPart& part, Direction direction, const JobLayer& layer,
                const std::vector<Cut>& cuts, size_t piece) {
   auto [run, offset] = cuts[piece];
   const auto [end_run, end_offset] = cuts[piece + 1];
   for (; run < part.runs.size() && (run < end_run || (run == end_run && offset < end_offset));
        ++run, offset = 0) {
     const uint64_t to = run == end_run ? end_offset : part.runs[run].count;
-    CopyPieces(part, direction, layer, run, offset, to);
+    if (!CopyPieces(part, direction, layer, run, offset, to)) return false;
   }
+  return true;
 }
 
 }  // namespace
 
 HostEngine::HostEngine(HostEngineOptions options) : options_(std::move(options)) {
+  InstallSigbusHandler();
   for (Lane& lane : lanes_) lane.driver = std::thread([this, &lane] { DriverLoop(&lane); });
   const int helpers = std::max(0, options_.helper_threads) * 2;
   for (int i = 0; i < helpers; ++i) helpers_.emplace_back([this] { HelperLoop(); });
@@ -223,6 +274,7 @@ void HostEngine::RunJob(const TransferJob& job) {
     cuts.push_back(PartCuts(part, pieces));
   }
   std::vector<std::function<void()>> tasks;
+  std::atomic<bool> truncated{false};
   for (size_t l = 0; l < job.layer_num(); ++l) {
     // A cancelled ticket stops between layers; the layers before stay copied.
     if (absl::Status cancel = job.ticket->CancelReason(); !cancel.ok()) {
@@ -235,8 +287,8 @@ void HostEngine::RunJob(const TransferJob& job) {
       const JobLayer& layer = part.layers[l];
       if (layer.host_layer < 0) continue;  // nothing of this part in this layer
       for (size_t piece = 0; piece + 1 < cuts[p].size(); ++piece) {
-        tasks.push_back([&job, &part, &layer, &cuts, p, piece] {
-          CopyPiece(part, job.direction, layer, cuts[p], piece);
+        tasks.push_back([&job, &part, &layer, &cuts, &truncated, p, piece] {
+          if (!CopyPiece(part, job.direction, layer, cuts[p], piece)) truncated = true;
         });
       }
     }
@@ -244,6 +296,13 @@ void HostEngine::RunJob(const TransferJob& job) {
       tasks[0]();
     } else if (tasks.size() > 1) {
       RunParallel(tasks);
+    }
+    if (truncated) {
+      job.ticket->Finish(absl::FailedPreconditionError(absl::StrCat(
+          "layer ", l, ": a device buffer's shared-memory file was truncated while the ",
+          DirectionName(job.direction),
+          " copied from its mapping (SIGBUS caught); the layers before it were copied")));
+      return;
     }
     job.ticket->LayerDone(TicketLayerBytes(job, l));
   }

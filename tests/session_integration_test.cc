@@ -1,0 +1,456 @@
+// Worker sessions and daemon restarts through kvhostd (issue 6, items 1-2):
+// a worker killed with SIGKILL mid-transfer has its session, attachments and
+// transfers closed within --session-timeout while the pool and its backed-up
+// bytes stay for the next worker; a client reconnects to a restarted daemon
+// and reports what was lost; SIGTERM's drain is bounded; session errors.
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "api_test_util.h"
+#include "daemon_fixture.h"
+#include "gtest/gtest.h"
+#include "kvhost/client.h"
+
+namespace kvhost::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr absl::Duration kWait = absl::Seconds(30);
+
+// A kvhost_session_worker child with its stdout on a pipe.
+class Worker {
+ public:
+  explicit Worker(const std::vector<std::string>& args) {
+    int fds[2];
+    if (::pipe(fds) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::dup2(fds[1], 1);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      std::vector<std::string> copy = args;
+      std::vector<char*> argv;
+      for (std::string& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      std::perror("execv kvhost_session_worker");
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    out_ = fds[0];
+  }
+  ~Worker() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) ::close(out_);
+  }
+
+  // Reads stdout until a line starting with `prefix` (returned) or EOF /
+  // `timeout` ("" then; all output so far in output()).
+  std::string WaitFor(const std::string& prefix, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      size_t start = 0;
+      for (size_t nl; (nl = output_.find('\n', start)) != std::string::npos; start = nl + 1) {
+        std::string line = output_.substr(start, nl - start);
+        if (absl::StartsWith(line, prefix) && seen_.insert(start).second) return line;
+      }
+      const int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      if (left <= 0) return "";
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, left) <= 0) return "";
+      char buf[4096];
+      const ssize_t n = ::read(out_, buf, sizeof(buf));
+      if (n <= 0) return "";
+      output_.append(buf, static_cast<size_t>(n));
+    }
+  }
+  // Exit status (or 128 + signal) once it ends.
+  int Wait() {
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  void Kill() { ::kill(pid_, SIGKILL); }
+  pid_t pid() const { return pid_; }
+  const std::string& output() const { return output_; }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string output_;
+  std::set<size_t> seen_;
+};
+
+std::vector<std::string> WorkerArgs(const TestDaemon& d, const std::string& pool,
+                                    const std::string& mode, int64_t first, int64_t count) {
+  return {KVHOST_SESSION_WORKER_PATH, d.address(), d.shm_dir(), pool, mode,
+          absl::StrCat(first), absl::StrCat(count)};
+}
+
+// 8 layers of 1 KiB K and V rows: 16 KiB a token.
+v1::PoolSpec WorkerSpec(uint64_t tokens) {
+  Dims dims;
+  dims.layers = 8;
+  dims.heads = 8;
+  dims.head_dim = 64;
+  return MakeSpec(v1::MHA, v1::PAGE_FIRST, 16, tokens, v1::BF16, dims);
+}
+
+TEST(SessionTest, KilledWorkerIsCleanedUpWithinTheTimeoutAndItsBackupsSurvive) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> d_or =
+      TestDaemon::Start(KVHOSTD_PATH, {"--session-timeout=1s"});
+  ASSERT_TRUE(d_or.ok()) << d_or.status();
+  TestDaemon& d = **d_or;
+  Client& c = d.client();
+  constexpr int64_t kCount = 4096;  // 64 MiB a backup
+  ASSERT_TRUE(c.CreatePool("kv", WorkerSpec(2 * kCount)).ok());
+  absl::StatusOr<std::vector<int64_t>> slots = c.Alloc("kv", kCount);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  ASSERT_EQ(slots->front(), 0);
+  ASSERT_EQ(slots->back(), kCount - 1);
+
+  Worker worker(WorkerArgs(d, "kv", "backup", 0, kCount));
+  ASSERT_NE(worker.WaitFor("attached", kWait), "") << worker.output() << d.Log();
+  absl::StatusOr<v1::DaemonStatus> status = c.GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->sessions_size(), 1);
+  EXPECT_EQ(status->sessions(0).pid(), worker.pid());
+  EXPECT_EQ(status->sessions(0).worker(), "session_worker-backup");
+  EXPECT_EQ(status->sessions(0).attachments_size(), 1);
+  ASSERT_NE(worker.WaitFor("promised", kWait), "") << worker.output() << d.Log();
+  ASSERT_NE(worker.WaitFor("queued", kWait), "") << worker.output() << d.Log();
+  status = c.GetStatus();
+  ASSERT_TRUE(status.ok());
+  const uint64_t in_flight = status->tickets_in_flight();
+  const uint64_t failed_before = status->tickets_failed();
+
+  const absl::Time killed = absl::Now();
+  worker.Kill();
+  EXPECT_EQ(worker.Wait(), 128 + SIGKILL);
+  // The session, its attachment and every transfer it had in flight are
+  // gone within the timeout (1 s) and a margin for the test's polling.
+  absl::Duration took = absl::InfiniteDuration();
+  while (absl::Now() - killed < absl::Seconds(5)) {
+    status = c.GetStatus();
+    ASSERT_TRUE(status.ok());
+    if (status->sessions_size() == 0 && status->attachments() == 0 &&
+        status->tickets_in_flight() == 0) {
+      took = absl::Now() - killed;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::printf("%llu transfer(s) in flight at the kill; cleaned up after %s\n",
+              static_cast<unsigned long long>(in_flight), absl::FormatDuration(took).c_str());
+  EXPECT_LE(took, absl::Seconds(2)) << d.Log();
+  const std::string log = d.Log();
+  EXPECT_TRUE(absl::StrContains(log, "of worker 'session_worker-backup'")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "closed 1 attachment(s)")) << log;
+  // The loads it left were cancelled or finished; none is left running.
+  EXPECT_GE(status->tickets_failed(), failed_before);
+
+  // The pool and its slots stay as they were...
+  absl::StatusOr<v1::Pool> pool = c.GetPool("kv");
+  ASSERT_TRUE(pool.ok());
+  EXPECT_EQ(pool->available_tokens(), pool->size_tokens() - kCount);
+  EXPECT_EQ(pool->attachments(), 0u);
+  // ... and a new worker loads what the dead one backed up.
+  Worker next(WorkerArgs(d, "kv", "verify", 0, kCount));
+  const std::string verified = next.WaitFor("verified", kWait);
+  EXPECT_EQ(next.Wait(), 0) << next.output() << d.Log();
+  EXPECT_EQ(verified, absl::StrCat("verified ", kCount * 8 * 2 * 1024));
+}
+
+TEST(SessionTest, ClosingTheClientClosesItsAttachmentsAtOnce) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> d_or = TestDaemon::Start(KVHOSTD_PATH);
+  ASSERT_TRUE(d_or.ok()) << d_or.status();
+  TestDaemon& d = **d_or;
+  absl::StatusOr<v1::Pool> pool = d.client().CreatePool("kv", WorkerSpec(256));
+  ASSERT_TRUE(pool.ok());
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
+      ShmDevicePool::Create(*pool, 256, d.shm_dir());
+  ASSERT_TRUE(dev.ok());
+  {
+    ClientOptions options;
+    options.address = d.address();
+    absl::StatusOr<std::unique_ptr<Client>> worker = Client::Connect(options);
+    ASSERT_TRUE(worker.ok());
+    absl::StatusOr<v1::Attachment> a = (*worker)->AttachDevice((*dev)->MakeAttachRequest("kv"));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_FALSE(a->session_id().empty());
+    EXPECT_EQ(a->session_id(), (*worker)->session_state().session_id);
+    absl::StatusOr<v1::DaemonStatus> status = d.client().GetStatus();
+    ASSERT_TRUE(status.ok());
+    EXPECT_EQ(status->attachments(), 1u);
+  }
+  absl::StatusOr<v1::DaemonStatus> status;
+  for (int i = 0; i < 100; ++i) {
+    status = d.client().GetStatus();
+    ASSERT_TRUE(status.ok());
+    if (status->attachments() == 0) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(status->attachments(), 0u);
+  EXPECT_EQ(status->sessions_size(), 0);
+
+  // Without a session (tools), the attachment stays until DetachDevice.
+  ClientOptions options;
+  options.address = d.address();
+  options.worker_session = false;
+  {
+    absl::StatusOr<std::unique_ptr<Client>> tool = Client::Connect(options);
+    ASSERT_TRUE(tool.ok());
+    absl::StatusOr<v1::Attachment> a = (*tool)->AttachDevice((*dev)->MakeAttachRequest("kv"));
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->session_id(), "");
+  }
+  status = d.client().GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->attachments(), 1u);
+}
+
+TEST(SessionTest, SessionErrors) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> d_or = TestDaemon::Start(KVHOSTD_PATH);
+  ASSERT_TRUE(d_or.ok()) << d_or.status();
+  TestDaemon& d = **d_or;
+  absl::StatusOr<v1::Pool> pool = d.client().CreatePool("kv", WorkerSpec(256));
+  ASSERT_TRUE(pool.ok());
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
+      ShmDevicePool::Create(*pool, 256, d.shm_dir());
+  ASSERT_TRUE(dev.ok());
+  v1::AttachDeviceRequest request = (*dev)->MakeAttachRequest("kv");
+  request.set_session_id("ses-1-0000000000000000");
+  EXPECT_ERROR(d.client().AttachDevice(request), kNotFound, "ses-1-0000000000000000", "not open");
+  absl::StatusOr<v1::Pool> after = d.client().GetPool("kv");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->attachments(), 0u);
+
+  // A first message without a worker name.
+  auto channel = grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::DaemonService::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  auto stream = stub->OpenSession(&context);
+  ASSERT_TRUE(stream->Write(v1::SessionRequest()));
+  v1::SessionEvent event;
+  EXPECT_FALSE(stream->Read(&event));
+  const grpc::Status s = stream->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "worker")) << s.error_message();
+}
+
+// kvhostd on a socket the test picks, so that a second one can take the
+// first one's place; `config` names a --config file when not empty.
+pid_t StartKvhostd(const std::string& socket, const std::string& shm_dir,
+                   const std::string& config, const std::string& log) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    FILE* f = std::freopen(log.c_str(), "a", stderr);
+    (void)f;
+    std::vector<std::string> args = {KVHOSTD_PATH, absl::StrCat("--listen=unix://", socket),
+                                     absl::StrCat("--shm-dir=", shm_dir), "--backend=host"};
+    if (!config.empty()) args.push_back(absl::StrCat("--config=", config));
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int StopKvhostd(pid_t pid) {
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+TEST(RestartTest, ClientReconnectsAndReportsWhatTheRestartLost) {
+  char dir_template[] = "/tmp/kvhost-restart-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  char shm_template[] = "/dev/shm/kvhost-restart-XXXXXX";
+  ASSERT_NE(::mkdtemp(shm_template), nullptr);
+  const std::string shm_dir = shm_template;
+  const std::string socket = dir + "/kvhost.sock";
+  const std::string config = dir + "/kvhostd.yaml";
+  const std::string log = dir + "/kvhostd.log";
+  {
+    std::ofstream out(config);
+    out << "pools:\n  - name: declared\n    spec: {kind: MHA, layout: PAGE_FIRST, dtype: BF16, "
+           "page_size: 16, layer_num: 2, head_num: 2, head_dim: 64, size_tokens: 256}\n";
+  }
+  pid_t first = StartKvhostd(socket, shm_dir, config, log);
+  ClientOptions options;
+  options.address = absl::StrCat("unix://", socket);
+  options.reconnect_max_backoff = absl::Milliseconds(200);
+  absl::StatusOr<std::unique_ptr<Client>> client_or = Client::Connect(options);
+  ASSERT_TRUE(client_or.ok());
+  Client& c = **client_or;
+  ASSERT_TRUE(c.WaitForReady(absl::Seconds(20)).ok()) << ReadFile(log);
+  std::vector<SessionLoss> reported;
+  absl::Mutex mu;
+  c.OnSessionLoss([&](const SessionLoss& loss) {
+    absl::MutexLock lock(&mu);
+    reported.push_back(loss);
+  });
+  absl::StatusOr<v1::Pool> undeclared = c.CreatePool("undeclared", WorkerSpec(256));
+  ASSERT_TRUE(undeclared.ok());
+  absl::StatusOr<v1::Pool> declared = c.GetPool("declared");
+  ASSERT_TRUE(declared.ok()) << declared.status();
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev_a =
+      ShmDevicePool::Create(*undeclared, 256, shm_dir);
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev_b =
+      ShmDevicePool::Create(*declared, 256, shm_dir);
+  ASSERT_TRUE(dev_a.ok() && dev_b.ok());
+  absl::StatusOr<v1::Attachment> a = c.AttachDevice((*dev_a)->MakeAttachRequest("undeclared"));
+  absl::StatusOr<v1::Attachment> b = c.AttachDevice((*dev_b)->MakeAttachRequest("declared"));
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  const std::string instance = c.session_state().daemon_instance;
+  EXPECT_FALSE(instance.empty());
+  absl::StatusOr<v1::DaemonStatus> status = c.GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->instance_id(), instance);
+  ASSERT_EQ(status->declared_pools_size(), 1);
+  EXPECT_EQ(status->declared_pools(0), "declared");
+
+  // With an open session, SIGTERM still exits promptly: the daemon ends the
+  // session streams instead of waiting out the RPC grace period.
+  const absl::Time stop = absl::Now();
+  EXPECT_EQ(StopKvhostd(first), 0) << ReadFile(log);
+  EXPECT_LT(absl::Now() - stop, absl::Seconds(5)) << ReadFile(log);
+  // Calls fail UNAVAILABLE while it is down.
+  EXPECT_EQ(c.GetStatus().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(c.session_state().open);
+
+  pid_t second = StartKvhostd(socket, shm_dir, config, log);
+  // The client reconnects on its own and reports the loss once.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock lock(&mu);
+      if (!reported.empty()) break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(reported.size(), 1u) << ReadFile(log);
+    const SessionLoss& loss = reported[0];
+    EXPECT_TRUE(loss.daemon_restarted);
+    EXPECT_EQ(loss.old_instance, instance);
+    EXPECT_NE(loss.new_instance, instance);
+    EXPECT_EQ(loss.attachments.size(), 2u);
+    EXPECT_EQ(loss.pools_gone, std::vector<std::string>{"undeclared"});
+    EXPECT_EQ(loss.pools_recreated_empty, std::vector<std::string>{"declared"});
+    const std::string text = loss.Describe();
+    EXPECT_TRUE(absl::StrContains(text, "restarted")) << text;
+    EXPECT_TRUE(absl::StrContains(text, "undeclared")) << text;
+    EXPECT_TRUE(absl::StrContains(text, "recreated empty")) << text;
+  }
+  EXPECT_EQ(c.session_losses().size(), 1u);
+  EXPECT_TRUE(c.session_state().open);
+  EXPECT_EQ(c.session_state().reconnects, 1u);
+  // The worker attaches again within the new session.
+  absl::StatusOr<v1::Attachment> again = c.AttachDevice((*dev_b)->MakeAttachRequest("declared"));
+  EXPECT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->session_id(), c.session_state().session_id);
+  EXPECT_EQ(StopKvhostd(second), 0) << ReadFile(log);
+  dev_a->reset();
+  dev_b->reset();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  fs::remove_all(shm_dir, ec);
+}
+
+TEST(DrainTest, SigtermCancelsWhatTheDrainTimeoutLeaves) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> d_or =
+      TestDaemon::Start(KVHOSTD_PATH, {"--drain-timeout=300ms", "--copy-threads=0"});
+  ASSERT_TRUE(d_or.ok()) << d_or.status();
+  TestDaemon& d = **d_or;
+  Client& c = d.client();
+  constexpr int64_t kCount = 4096;
+  absl::StatusOr<v1::Pool> pool = c.CreatePool("kv", WorkerSpec(kCount));
+  ASSERT_TRUE(pool.ok());
+  ASSERT_TRUE(c.Alloc("kv", kCount).ok());
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
+      ShmDevicePool::Create(*pool, kCount, d.shm_dir());
+  ASSERT_TRUE(dev.ok());
+  absl::StatusOr<v1::Attachment> a = c.AttachDevice((*dev)->MakeAttachRequest("kv"));
+  ASSERT_TRUE(a.ok());
+  // 200 backups of 64 MiB: far more than 300 ms of copying on one thread.
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(c.Backup(a->id(), Range(0, kCount), Range(0, kCount)).ok());
+  }
+  const absl::Time stop = absl::Now();
+  EXPECT_EQ(d.Stop(SIGTERM), 0) << d.Log();
+  const absl::Duration took = absl::Now() - stop;
+  std::printf("SIGTERM with 200 backups queued: exited after %s\n",
+              absl::FormatDuration(took).c_str());
+  EXPECT_LT(took, absl::Seconds(5)) << d.Log();
+  EXPECT_TRUE(absl::StrContains(d.Log(), "unfinished after 300ms")) << d.Log();
+}
+
+// A worker that shrinks its shm "device" file under the daemon's mapping
+// fails its own transfers (SIGBUS caught), not the daemon.
+TEST(FaultTest, TruncatedDeviceFileFailsTheTicketNotTheDaemon) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> d_or = TestDaemon::Start(KVHOSTD_PATH);
+  ASSERT_TRUE(d_or.ok()) << d_or.status();
+  TestDaemon& d = **d_or;
+  Client& c = d.client();
+  constexpr int64_t kCount = 1024;
+  absl::StatusOr<v1::Pool> pool = c.CreatePool("kv", WorkerSpec(kCount));
+  ASSERT_TRUE(pool.ok());
+  ASSERT_TRUE(c.Alloc("kv", kCount).ok());
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
+      ShmDevicePool::Create(*pool, kCount, d.shm_dir());
+  ASSERT_TRUE(dev.ok());
+  absl::StatusOr<v1::Attachment> a = c.AttachDevice((*dev)->MakeAttachRequest("kv"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(::truncate((*dev)->path().c_str(), 0), 0);
+  for (bool backup : {true, false}) {
+    absl::StatusOr<uint64_t> t = backup ? c.Backup(a->id(), Range(0, kCount), Range(0, kCount))
+                                        : c.Load(a->id(), Range(0, kCount), Range(0, kCount));
+    ASSERT_TRUE(t.ok()) << t.status() << d.Log();
+    EXPECT_ERROR(c.WaitTransfer(*t, kWait), kFailedPrecondition, "truncated", "SIGBUS")
+        << d.Log();
+  }
+  absl::StatusOr<v1::DaemonStatus> status = c.GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status() << d.Log();
+  EXPECT_EQ(status->tickets_failed(), 2u);
+  EXPECT_EQ(status->tickets_in_flight(), 0u);
+  EXPECT_EQ(d.Stop(SIGTERM), 0) << d.Log();
+}
+
+}  // namespace
+}  // namespace kvhost::testing
