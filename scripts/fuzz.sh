@@ -81,11 +81,11 @@ for t in "${targets[@]}"; do
   took=$(( $(date +%s) - start ))
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
-  last=$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -1 || true)
+  last=$(grep -aE '^#[0-9]+.*cov: ' "$log" | tail -1 || true)
   cov=$(sed -n 's/.*cov: \([0-9]*\).*/\1/p' <<<"$last")
   ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
   corp=$(sed -n 's/.* corp: \([0-9]*\/[0-9]*[a-zA-Z]*\).*/\1/p' <<<"$last")
-  found=$(grep -hoE 'Test unit written to [^ ]+' "$log" | awk '{print $NF}' || true)
+  found=$(grep -ahoE 'Test unit written to [^ ]+' "$log" | awk '{print $NF}' || true)
   if ((rc != 0)) || [[ -n "$found" ]]; then
     failed=1
     echo "---- $t failed (exit $rc); the end of $log:"
