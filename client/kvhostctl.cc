@@ -594,6 +594,18 @@ absl::Status RunStatus(Context& ctx, const Args&) {
         "failed; %s GB backed up, %s GB loaded",
         daemon->attachments(), daemon->tickets_in_flight(), daemon->tickets_done(),
         daemon->tickets_failed(), Gb(daemon->backup_bytes()), Gb(daemon->load_bytes())));
+    PrintLine(absl::StrFormat("instance: %s%s", daemon->instance_id(),
+                              daemon->declared_pools().empty()
+                                  ? ""
+                                  : absl::StrCat(" (declared pools: ",
+                                                 absl::StrJoin(daemon->declared_pools(), ", "),
+                                                 ")")));
+    PrintLine(absl::StrFormat("sessions: %d", daemon->sessions_size()));
+    for (const v1::SessionInfo& session : daemon->sessions()) {
+      PrintLine(absl::StrFormat("  %s  worker '%s' pid %d (%s), %d attachment(s), %ds old",
+                                session.session_id(), session.worker(), session.pid(),
+                                session.peer(), session.attachments_size(), session.age_s()));
+    }
     PrintLine(absl::StrFormat("pools:   %d", pools->size()));
     if (!pools->empty()) {
       std::vector<std::vector<std::string>> rows = {

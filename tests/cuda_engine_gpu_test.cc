@@ -807,6 +807,89 @@ TEST_F(CudaTest, DetachIdleAfterTransfersAndInFlight) {
 }
 
 // ===========================================================================
+// Worker sessions on the cuda backend: a worker whose client goes away with
+// transfers in flight has its attachment (IPC handles, events) closed by the
+// daemon; the pool and what was backed up stay for the next attachment.
+
+TEST_F(CudaTest, SessionEndClosesTheAttachmentWhileTransfersRun) {
+  const uint32_t ps = 16;
+  const uint64_t pages = 256;
+  v1::PoolSpec spec = MakeSpec(v1::MLA, v1::LAYER_FIRST, ps, pages * ps, v1::BF16, GpuDims());
+  absl::StatusOr<v1::Pool> pool = client().CreatePool("ses", spec);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const Geo g = GeoOf(*pool);
+  std::mt19937 rng(17);
+  GpuKvPool dev(1, static_cast<uint32_t>(g.L), 2 * pages * ps, g.row_bytes());
+  dev.Init(rng);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("ses", pages * ps);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  const std::vector<int64_t> src = SourceRows(rng, slots->size());
+  absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor("ses", dev);
+  ASSERT_TRUE(request.ok()) << request.status();
+  {
+    ClientOptions options;
+    options.address = daemon_->address();
+    options.worker_name = "cuda-session-worker";
+    absl::StatusOr<std::unique_ptr<Client>> worker = Client::Connect(options);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    absl::StatusOr<v1::Attachment> att = (*worker)->AttachDevice(*request);
+    ASSERT_TRUE(att.ok()) << att.status();
+    EXPECT_FALSE(att->session_id().empty());
+    absl::StatusOr<uint64_t> first = (*worker)->Backup(att->id(), *slots, src);
+    ASSERT_TRUE(first.ok()) << first.status();
+    ASSERT_TRUE((*worker)->WaitTransfer(*first, kWait).ok());
+    // In flight when the worker goes: loads and backups of the same rows
+    // (the same bytes either way).
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE((*worker)->Load(att->id(), *slots, src).ok());
+      ASSERT_TRUE((*worker)->Backup(att->id(), *slots, src).ok());
+    }
+  }
+  // The worker's session ended with its client: within the default
+  // --session-timeout (5 s) its attachment and transfers are gone.
+  const absl::Time gone = absl::Now();
+  absl::StatusOr<v1::DaemonStatus> status;
+  while (absl::Now() - gone < absl::Seconds(7)) {
+    status = client().GetStatus();
+    ASSERT_TRUE(status.ok()) << status.status();
+    if (status->attachments() == 0 && status->sessions_size() == 0 &&
+        status->tickets_in_flight() == 0) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::printf("session closed after %s\n", absl::FormatDuration(absl::Now() - gone).c_str());
+  EXPECT_EQ(status->attachments(), 0u);
+  EXPECT_EQ(status->sessions_size(), 0);
+  EXPECT_EQ(status->tickets_in_flight(), 0u);
+  EXPECT_EQ(Attachments("ses"), 0u);
+  EXPECT_TRUE(absl::StrContains(daemon_->Log(), "of worker 'cuda-session-worker'"))
+      << daemon_->Log();
+  ExpectHostHolds(*pool, dev, *slots, src, /*exclusive=*/false);
+  if (HasFatalFailure()) return;
+
+  // The next attachment (same buffers, handles opened afresh) loads what the
+  // first one backed up into other rows.
+  absl::StatusOr<v1::Attachment> again = client().AttachDevice(*request);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_LT(static_cast<uint64_t>(src.back()), dev.rows());
+  const std::vector<int64_t> dst =
+      OtherRows(rng, src.size(), dev.rows(), std::set<int64_t>(src.begin(), src.end()));
+  for (size_t i = 0; i < dst.size(); ++i) {
+    for (uint32_t l = 0; l < g.L; ++l) {
+      std::memcpy(dev.image_row(0, l, static_cast<uint64_t>(dst[i])),
+                  dev.image_row(0, l, static_cast<uint64_t>(src[i])), g.row_bytes());
+    }
+  }
+  ExpectDone(client().Load(again->id(), *slots, dst), *pool, slots->size());
+  if (HasFatalFailure()) return;
+  dev.ExpectMatchesImage("after loading, on a new attachment, what the ended session backed up");
+  ASSERT_TRUE(client().DetachDevice(again->id()).ok());
+  ASSERT_TRUE(client().DeletePool("ses").ok());
+}
+
+// ===========================================================================
 // Attach errors leave nothing attached.
 
 TEST_F(CudaTest, AttachErrorsLeaveNoAttachment) {
