@@ -52,10 +52,11 @@ export CCACHE_BASEDIR="$root"
 start=$(date +%s)
 echo "== configuring $build_dir (-fsanitize=$sanitize)"
 # shellcheck disable=SC2086
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# CMAKE_ARGS first: the settings this run needs come after it and win.
+cmake -S . -B "$build_dir" ${CMAKE_ARGS:-} -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-fno-sanitize-recover=undefined" \
   -DKVHOST_SANITIZE="$sanitize" -DKVHOST_WITH_CUDA=OFF -DKVHOST_BUILD_BENCH=OFF \
-  -DKVHOST_BUILD_TESTS=ON -DKVHOST_WERROR=ON ${CMAKE_ARGS:-} >/dev/null
+  -DKVHOST_BUILD_TESTS=ON -DKVHOST_WERROR=ON >/dev/null
 echo "== building ${targets[*]} with -j$jobs (lock $lock)"
 flock "$lock" cmake --build "$build_dir" -j"$jobs" --target "${targets[@]}"
 built=$(date +%s)
@@ -72,15 +73,20 @@ export TSAN_OPTIONS="$common:second_deadlock_stack=1"
 echo "== ctest -L '$labels' in $build_dir"
 ctest_args=(--output-on-failure -j"$jobs" --timeout 900 --no-tests=error -L "$labels")
 [[ -n "$exclude" ]] && ctest_args+=(-E "$exclude")
-rc=0
-(cd "$build_dir" && ctest "${ctest_args[@]}") || rc=$?
+set +e
+(cd "$build_dir" && ctest "${ctest_args[@]}") 2>&1 | tee "$build_dir/ctest.out"
+rc=${PIPESTATUS[0]}
+set -e
 done_at=$(date +%s)
 
 log="$build_dir/Testing/Temporary/LastTest.log"
 run=0 failed=0 reports=0
+# ctest's own count ("N tests failed out of M") includes tests that could not run.
+if summary=$(grep -aE '[0-9]+ tests failed out of [0-9]+' "$build_dir/ctest.out" | tail -1); then
+  failed=$(sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\1/' <<<"$summary")
+  run=$(sed -E 's/.* tests failed out of ([0-9]+).*/\1/' <<<"$summary")
+fi
 if [[ -f "$log" ]]; then
-  run=$(grep -c '^[0-9]*/[0-9]* Testing: ' "$log" || true)
-  failed=$((run - $(grep -c '^Test Passed' "$log" || true)))
   reports=$(grep -cE 'ERROR: (AddressSanitizer|LeakSanitizer)|WARNING: ThreadSanitizer|runtime error: ' \
     "$log" || true)
 fi

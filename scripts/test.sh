@@ -7,9 +7,10 @@
 # what CI runs (.ci/run). SKIP_SANITIZERS=1 / SKIP_FUZZ=1 leave those out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CMAKE_ARGS="${CMAKE_ARGS:-} -DKVHOST_WERROR=ON -DKVHOST_BUILD_TESTS=ON -DKVHOST_BUILD_BENCH=ON"
-# clang and its libFuzzer runtime for scripts/fuzz.sh.
-EXTRA_PACKAGES="${EXTRA_PACKAGES:-} clang libclang-rt-14-dev" scripts/setup.sh
+# clang and its libFuzzer runtime for scripts/fuzz.sh. The build options are
+# this build's only (sanitize.sh and fuzz.sh choose their own).
+CMAKE_ARGS="${CMAKE_ARGS:-} -DKVHOST_WERROR=ON -DKVHOST_BUILD_TESTS=ON -DKVHOST_BUILD_BENCH=ON" \
+  EXTRA_PACKAGES="${EXTRA_PACKAGES:-} clang libclang-rt-14-dev" scripts/setup.sh
 BUILD_DIR=${BUILD_DIR:-build}
 start=$SECONDS
 
