@@ -49,9 +49,21 @@
 #include "server/transfer/host_engine.h"
 #include "server/transfer/ticket.h"
 #include "server/transfer/transfer_manager.h"
+#include "spdlog/spdlog.h"
 
 namespace kvhost {
 namespace {
+
+// spdlog's registry is a function-local static inside Debian's libspdlog,
+// which is not built for TSan: when the first log line comes from two threads
+// at once, TSan cannot see the static's guard and reports a race. kvhostd
+// logs on its main thread before any other thread starts; so do these tests.
+class SpdlogOnMainThread : public ::testing::Environment {
+ public:
+  void SetUp() override { spdlog::default_logger()->flush(); }
+};
+[[maybe_unused]] const ::testing::Environment* const kSpdlogOnMainThread =
+    ::testing::AddGlobalTestEnvironment(new SpdlogOnMainThread);
 
 namespace fs = std::filesystem;
 using Code = absl::StatusCode;
