@@ -15,7 +15,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -254,13 +253,6 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& 
   return std::unique_ptr<TransferEngine>(new HostEngine(host));
 }
 
-// DaemonStatus.instance_id: 16 hex digits from the kernel's random source.
-std::string NewInstanceId() {
-  std::random_device random;
-  const uint64_t id = (uint64_t{random()} << 32) ^ random();
-  return absl::StrCat(absl::Hex(id, absl::kZeroPad16));
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
@@ -375,7 +367,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       daemon->transfers_.get(), daemon->registry_.get(), options.max_indices_per_call);
   DaemonIdentity identity;
   identity.backend_detail = backend_detail;
-  identity.instance_id = NewInstanceId();
+  identity.instance_id = RandomHex();
   for (const auto& [name, spec] : options.pools) identity.declared_pools.push_back(name);
   identity.session_timeout = options.session_timeout;
   auto status = std::make_unique<DaemonServiceImpl>(daemon->registry_.get(),

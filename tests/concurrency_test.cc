@@ -49,6 +49,7 @@
 #include "server/transfer/host_engine.h"
 #include "server/transfer/ticket.h"
 #include "server/transfer/transfer_manager.h"
+#include "shm_dir.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -71,21 +72,10 @@ using Code = absl::StatusCode;
 // Long enough for any ticket under TSan on a loaded 2-core machine.
 constexpr absl::Duration kTicketDeadline = absl::Seconds(30);
 
-// A private directory under /dev/shm, removed with everything in it.
-class ShmDir {
+// Every ShmDir here is /dev/shm/kvhost-concurrency-test-XXXXXX.
+class ShmDir : public testing::ShmDir {
  public:
-  ShmDir() {
-    char tmpl[] = "/dev/shm/kvhost-concurrency-test-XXXXXX";
-    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~ShmDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  ShmDir() : testing::ShmDir("kvhost-concurrency-test") {}
 };
 
 // A host of 1 TiB, half of it available: room for every pool created here.

@@ -393,6 +393,33 @@ TEST(RestartTest, ClientReconnectsAndReportsWhatTheRestartLost) {
   fs::remove_all(shm_dir, ec);
 }
 
+// Pool "kv" of `tokens` tokens, every slot allocated, and a ShmDevicePool of
+// as many rows attached to it through the daemon's own client (in its session).
+struct AttachedPool {
+  v1::Pool pool;
+  std::unique_ptr<ShmDevicePool> device;
+  v1::Attachment attachment;
+};
+
+absl::StatusOr<AttachedPool> AttachAllocatedPool(TestDaemon& d, int64_t tokens) {
+  Client& c = d.client();
+  AttachedPool out;
+  absl::StatusOr<v1::Pool> pool = c.CreatePool("kv", WorkerSpec(tokens));
+  if (!pool.ok()) return pool.status();
+  out.pool = *pool;
+  if (absl::StatusOr<std::vector<int64_t>> slots = c.Alloc("kv", tokens); !slots.ok()) {
+    return slots.status();
+  }
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> device =
+      ShmDevicePool::Create(out.pool, tokens, d.shm_dir());
+  if (!device.ok()) return device.status();
+  out.device = *std::move(device);
+  absl::StatusOr<v1::Attachment> attachment = c.AttachDevice(out.device->MakeAttachRequest("kv"));
+  if (!attachment.ok()) return attachment.status();
+  out.attachment = *attachment;
+  return out;
+}
+
 TEST(DrainTest, SigtermCancelsWhatTheDrainTimeoutLeaves) {
   absl::StatusOr<std::unique_ptr<TestDaemon>> d_or =
       TestDaemon::Start(KVHOSTD_PATH, {"--drain-timeout=300ms", "--copy-threads=0"});
@@ -400,14 +427,9 @@ TEST(DrainTest, SigtermCancelsWhatTheDrainTimeoutLeaves) {
   TestDaemon& d = **d_or;
   Client& c = d.client();
   constexpr int64_t kCount = 4096;
-  absl::StatusOr<v1::Pool> pool = c.CreatePool("kv", WorkerSpec(kCount));
-  ASSERT_TRUE(pool.ok());
-  ASSERT_TRUE(c.Alloc("kv", kCount).ok());
-  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
-      ShmDevicePool::Create(*pool, kCount, d.shm_dir());
-  ASSERT_TRUE(dev.ok());
-  absl::StatusOr<v1::Attachment> a = c.AttachDevice((*dev)->MakeAttachRequest("kv"));
-  ASSERT_TRUE(a.ok());
+  absl::StatusOr<AttachedPool> attached = AttachAllocatedPool(d, kCount);
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  const v1::Attachment* a = &attached->attachment;
   // 200 backups of 64 MiB: far more than 300 ms of copying on one thread.
   for (int i = 0; i < 200; ++i) {
     ASSERT_TRUE(c.Backup(a->id(), Range(0, kCount), Range(0, kCount)).ok());
@@ -429,15 +451,10 @@ TEST(FaultTest, TruncatedDeviceFileFailsTheTicketNotTheDaemon) {
   TestDaemon& d = **d_or;
   Client& c = d.client();
   constexpr int64_t kCount = 1024;
-  absl::StatusOr<v1::Pool> pool = c.CreatePool("kv", WorkerSpec(kCount));
-  ASSERT_TRUE(pool.ok());
-  ASSERT_TRUE(c.Alloc("kv", kCount).ok());
-  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
-      ShmDevicePool::Create(*pool, kCount, d.shm_dir());
-  ASSERT_TRUE(dev.ok());
-  absl::StatusOr<v1::Attachment> a = c.AttachDevice((*dev)->MakeAttachRequest("kv"));
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_EQ(::truncate((*dev)->path().c_str(), 0), 0);
+  absl::StatusOr<AttachedPool> attached = AttachAllocatedPool(d, kCount);
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  const v1::Attachment* a = &attached->attachment;
+  ASSERT_EQ(::truncate(attached->device->path().c_str(), 0), 0);
   for (bool backup : {true, false}) {
     absl::StatusOr<uint64_t> t = backup ? c.Backup(a->id(), Range(0, kCount), Range(0, kCount))
                                         : c.Load(a->id(), Range(0, kCount), Range(0, kCount));

@@ -47,6 +47,7 @@
 #include "server/transfer/runs.h"
 #include "server/transfer/ticket.h"
 #include "server/transfer/transfer_manager.h"
+#include "shm_dir.h"
 
 namespace kvhost {
 
@@ -343,21 +344,10 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ForEachPieceTest, ::testing::ValuesIn(AllShape
 
 // ============================================================ HostEngine
 
-// A private directory under /dev/shm, removed with everything in it.
-class ShmDir {
+// Every ShmDir here is /dev/shm/kvhost-transfer-test-XXXXXX.
+class ShmDir : public testing::ShmDir {
  public:
-  ShmDir() {
-    char tmpl[] = "/dev/shm/kvhost-transfer-test-XXXXXX";
-    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
-  }
-  ~ShmDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  ShmDir() : testing::ShmDir("kvhost-transfer-test") {}
 };
 
 // An emulated device pool like kvhost::ShmDevicePool: per plane and layer,

@@ -27,14 +27,6 @@ absl::Status CheckRange(absl::Span<const int64_t> indices, uint64_t limit, const
   return absl::OkStatus();
 }
 
-// 16 hex digits from the kernel's random source: attachment and session ids
-// carry them, so that an id cannot be guessed from another (the id is what
-// authorises transfers on an attachment).
-std::string RandomHex() {
-  std::random_device random;
-  return absl::StrCat(absl::Hex((uint64_t{random()} << 32) ^ random(), absl::kZeroPad16));
-}
-
 // "pool 'x' (MHA/PAGE_FIRST)" for messages.
 std::string PoolWhat(const Pool& pool) {
   return absl::StrCat("pool '", pool.name(), "' (", PoolKindName(pool.spec().kind), "/",
@@ -279,6 +271,11 @@ absl::Status BuildPart(Direction direction, absl::Span<const int64_t> host,
 }
 
 }  // namespace
+
+std::string RandomHex() {
+  std::random_device random;
+  return absl::StrCat(absl::Hex((uint64_t{random()} << 32) ^ random(), absl::kZeroPad16));
+}
 
 TransferManager::TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine,
                                  KvhostMetrics* metrics)

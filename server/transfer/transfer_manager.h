@@ -79,6 +79,11 @@ struct TransferCounters {
 // not whole pages for a page-row component) or load_event_sets.
 absl::StatusOr<AttachRequest> ResolveAttachRequest(const Pool& pool, AttachRequest request);
 
+// 16 hex digits from the kernel's random source, for ids that must not be
+// guessable from one another: attachment ids (the capability for transfers
+// on an attachment), session ids, the daemon's instance id.
+std::string RandomHex();
+
 // One group entry's rows in a transfer on a group attachment
 // (kvhost.v1.PoolTransfer).
 struct EntryRows {
