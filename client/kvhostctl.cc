@@ -602,9 +602,9 @@ absl::Status RunStatus(Context& ctx, const Args&) {
                                                  ")")));
     PrintLine(absl::StrFormat("sessions: %d", daemon->sessions_size()));
     for (const v1::SessionInfo& session : daemon->sessions()) {
-      PrintLine(absl::StrFormat("  %s  worker '%s' pid %d (%s), %d attachment(s), %ds old",
-                                session.session_id(), session.worker(), session.pid(),
-                                session.peer(), session.attachments_size(), session.age_s()));
+      PrintLine(absl::StrFormat("  worker '%s' pid %d (%s), %d attachment(s), %ds old",
+                                session.worker(), session.pid(), session.peer(),
+                                session.attachment_count(), session.age_s()));
     }
     PrintLine(absl::StrFormat("pools:   %d", pools->size()));
     if (!pools->empty()) {

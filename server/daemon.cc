@@ -294,6 +294,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   registry.shm_dir = options.shm_dir;
   registry.memory_limit = options.memory_limit;
   registry.memory_reserve = options.memory_reserve.value_or(DefaultMemoryReserve(mem->mem_total));
+  registry.region_mode = options.region_mode;
+  if (!options.region_group.empty()) {
+    absl::StatusOr<gid_t> region_gid = ResolveSocketGroup(options.region_group);
+    if (!region_gid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--region-group '", options.region_group, "' is not a known group"));
+    }
+    registry.region_gid = static_cast<int64_t>(*region_gid);
+  }
   spdlog::info("memory: {} total, {} available, reserve {}, limit {}{}", FormatGB(mem->mem_total),
                FormatGB(mem->mem_available), FormatGB(registry.memory_reserve),
                options.memory_limit ? FormatGB(options.memory_limit) : "none",

@@ -54,6 +54,10 @@ struct DaemonOptions {
   // and group ("" = the process's group).
   uint32_t socket_mode = 0660;
   std::string socket_group;
+  // The pools' region files in shm_dir get this mode and group ("" = the
+  // process's group); 0600 by default, so no other local user maps them.
+  uint32_t region_mode = 0600;
+  std::string region_group;
   // TCP listeners: TLS with this certificate and key (PEM files); with
   // tls_client_ca, clients must present a certificate it signed. Without a
   // certificate, a TCP listener is refused unless insecure_tcp.

@@ -96,6 +96,11 @@ ABSL_FLAG(std::string, socket_mode, "0660",
           "File mode (octal) of the unix socket files; who may connect is who may use kvhostd.");
 ABSL_FLAG(std::string, socket_group, "",
           "Group (name or gid) of the unix socket files; '' = kvhostd's own group.");
+ABSL_FLAG(std::string, region_mode, "0600",
+          "File mode (octal) of the pools' region files in --shm-dir. 0600 keeps every other "
+          "local user out; give storage connectors access with --region-group and 0640 or 0660.");
+ABSL_FLAG(std::string, region_group, "",
+          "Group (name or gid) of the pools' region files; '' = kvhostd's own group.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate (chain) for TCP listeners; with --tls-key. TCP without TLS needs "
           "--insecure-tcp.");
@@ -190,6 +195,16 @@ int main(int argc, char** argv) {
     options.socket_mode = static_cast<uint32_t>(parsed);
   }
   options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  {
+    const std::string mode = absl::GetFlag(FLAGS_region_mode);
+    char* end = nullptr;
+    const unsigned long parsed = std::strtoul(mode.c_str(), &end, 8);
+    if (mode.empty() || *end != '\0' || parsed > 0777) {
+      return Fail(absl::StrCat("--region-mode '", mode, "' is not an octal mode such as 0600"));
+    }
+    options.region_mode = static_cast<uint32_t>(parsed);
+  }
+  options.region_group = absl::GetFlag(FLAGS_region_group);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);

@@ -139,7 +139,7 @@ TEST(SessionTest, KilledWorkerIsCleanedUpWithinTheTimeoutAndItsBackupsSurvive) {
   ASSERT_EQ(status->sessions_size(), 1);
   EXPECT_EQ(status->sessions(0).pid(), worker.pid());
   EXPECT_EQ(status->sessions(0).worker(), "session_worker-backup");
-  EXPECT_EQ(status->sessions(0).attachments_size(), 1);
+  EXPECT_EQ(status->sessions(0).attachment_count(), 1u);
   ASSERT_NE(worker.WaitFor("promised", kWait), "") << worker.output() << d.Log();
   ASSERT_NE(worker.WaitFor("queued", kWait), "") << worker.output() << d.Log();
   status = c.GetStatus();

@@ -37,6 +37,9 @@ struct RegistryOptions {
   uint64_t memory_limit = 0;
   // Bytes of host memory never given to pools.
   uint64_t memory_reserve = 0;
+  // Mode and group of the pools' region files (gid -1 = the process's).
+  uint32_t region_mode = 0600;
+  int64_t region_gid = -1;
   // Where memory figures come from (tests replace it).
   std::function<absl::StatusOr<MemorySnapshot>()> read_memory = [] {
     return ReadMemorySnapshot("/");

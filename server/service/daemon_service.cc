@@ -136,11 +136,10 @@ grpc::ServerUnaryReactor* DaemonServiceImpl::GetStatus(grpc::CallbackServerConte
   const absl::Time now = absl::Now();
   for (const SessionSnapshot& session : transfers_->ListSessions()) {
     v1::SessionInfo* info = response->add_sessions();
-    info->set_session_id(session.id);
     info->set_worker(session.worker);
     info->set_pid(session.pid);
     info->set_peer(session.peer);
-    for (const std::string& id : session.attachments) info->add_attachments(id);
+    info->set_attachment_count(static_cast<uint32_t>(session.attachments.size()));
     info->set_age_s(static_cast<uint64_t>(absl::ToInt64Seconds(now - session.opened)));
   }
   reactor->Finish(grpc::Status::OK);
