@@ -37,6 +37,11 @@
 namespace kvhost {
 namespace {
 
+// Handshake bound of a new connection (TLS included, on a loaded 2-core
+// machine well under a second) and the idle bound of an open one.
+constexpr int kHandshakeTimeoutMs = 10'000;
+constexpr int kMaxConnectionIdleMs = 10 * 60'000;
+
 // "unix:///run/x.sock" or "unix:/run/x.sock" -> "/run/x.sock"; "" otherwise.
 std::string UnixPath(const std::string& address) {
   if (absl::StartsWith(address, "unix://")) return address.substr(7);
@@ -351,6 +356,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Clients may ping too (kvhost::Client does every 10 s).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  // A connection that has not finished its handshake (TLS, and the HTTP/2
+  // preface and SETTINGS) is closed after this; gRPC's default of 120 s let
+  // a local client hold thousands of half-open connections (and their fds).
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
+  // A connection with no call for this long is closed (GOAWAY); clients
+  // reconnect on their next call. Session streams are calls: never idle.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kMaxConnectionIdleMs);
   if (daemon->metrics_ != nullptr) {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
     creators.push_back(MakeRpcMetricsInterceptorFactory(daemon->metrics_.get()));

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "server/safe_text.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -24,18 +25,19 @@ constexpr uint64_t kPageTableBytesPerPage = sizeof(uint64_t) + sizeof(uint8_t);
 
 absl::Status ValidatePoolName(const std::string& name) {
   if (name.empty() || name.size() > kMaxPoolName) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("name '", name, "' must be 1-", kMaxPoolName, " characters long"));
+    return absl::InvalidArgumentError(absl::StrCat("name '", SafeText(name), "' must be 1-",
+                                                   kMaxPoolName, " characters long"));
   }
   if (name[0] == '.') {
-    return absl::InvalidArgumentError(absl::StrCat("name '", name, "' must not start with '.'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("name '", SafeText(name), "' must not start with '.'"));
   }
   for (char c : name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '.' || c == '_' || c == '-';
     if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("name '", name, "' may hold only letters, digits, '.', '_' and '-'"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "name '", SafeText(name), "' may hold only letters, digits, '.', '_' and '-'"));
     }
   }
   return absl::OkStatus();

@@ -1,12 +1,16 @@
 #include "server/service/convert.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/safe_text.h"
 
 namespace kvhost {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // Messages echo what the client sent; raw, a long one would not fit in
+  // the trailing metadata that carries it (see server/safe_text.h).
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      SafeText(status.message(), kMaxStatusMessageBytes));
 }
 
 namespace {

@@ -2,10 +2,16 @@
 
 #include <unistd.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/safe_text.h"
 #include "server/service/convert.h"
 
 namespace kvhost {
+namespace {
+// Longest SessionRequest.worker.
+constexpr size_t kMaxWorkerNameBytes = 128;
+}  // namespace
 
 // One worker session: open on the first message, closed (its attachments
 // with it) when the stream ends for any reason: the worker half-closes,
@@ -37,6 +43,15 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionRequest, 
         EndLocked("no worker name", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                                  "SessionRequest.worker is empty: the first "
                                                  "message of OpenSession must name the worker"));
+        return;
+      }
+      // The name goes into log lines and GetStatus: printable ASCII only.
+      if (request_.worker().size() > kMaxWorkerNameBytes || !IsPlainText(request_.worker())) {
+        EndLocked("bad worker name",
+                  grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               absl::StrCat("SessionRequest.worker '", SafeText(request_.worker()),
+                                            "' must be 1-", kMaxWorkerNameBytes,
+                                            " printable ASCII characters")));
         return;
       }
       session_id_ = transfers_->OpenSession(request_.worker(), request_.pid(), context_->peer());

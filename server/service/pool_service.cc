@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "server/safe_text.h"
 #include "server/service/convert.h"
 #include "spdlog/spdlog.h"
 
@@ -279,7 +280,8 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePool(grpc::CallbackServerContex
       request->name(), *spec, [context] { return context->IsCancelled(); }, request->owner_token(),
       token ? &*token : nullptr);
   if (!pool.ok()) {
-    spdlog::warn("CreatePool '{}' refused: {}", request->name(), pool.status().ToString());
+    spdlog::warn("CreatePool '{}' refused: {}", SafeText(request->name()),
+                 SafeText(pool.status().ToString(), kMaxStatusMessageBytes));
     return Finish(context, pool.status());
   }
   const std::vector<std::string> paths = (*pool)->region_paths();  // none for LOGICAL
@@ -543,7 +545,8 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
   absl::StatusOr<std::shared_ptr<PoolGroup>> group =
       registry_->CreateGroup(request->name(), request->layer_num(), FromProto(request->entries()));
   if (!group.ok()) {
-    spdlog::warn("CreatePoolGroup '{}' refused: {}", request->name(), group.status().ToString());
+    spdlog::warn("CreatePoolGroup '{}' refused: {}", SafeText(request->name()),
+                 SafeText(group.status().ToString(), kMaxStatusMessageBytes));
     return Finish(context, group.status());
   }
   ToProto(**group, response);
