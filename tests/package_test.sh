@@ -90,6 +90,20 @@ else
   echo "== package built without CUDA: no kvhost::cuda_client to check"
 fi
 
+echo "== a CPU-only consumer: kvhost::client without any CUDA toolkit"
+# CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit makes find_package(CUDAToolkit)
+# fail, as on a scheduler host without CUDA.
+cmake -S "$consumer_src" -B "$tmp/cpu-consumer-build" -DCMAKE_PREFIX_PATH="$tmp/prefix" \
+  -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON -DCMAKE_BUILD_TYPE=Release \
+  >"$tmp/cpu-configure.log" 2>&1 ||
+  { cat "$tmp/cpu-configure.log" >&2; fail "configuring a consumer without the CUDA toolkit"; }
+cmake --build "$tmp/cpu-consumer-build" -j 2 --target app >"$tmp/cpu-build.log" 2>&1 ||
+  { cat "$tmp/cpu-build.log" >&2; fail "building kvhost::client without the CUDA toolkit"; }
+cpu_out=$("$tmp/cpu-consumer-build/app" "unix://$sock" 2>"$tmp/cpu-app.err") ||
+  { cat "$tmp/cpu-app.err" >&2; fail "the CPU-only consumer failed against kvhostd"; }
+[[ "$cpu_out" == "pools: 0" ]] || fail "CPU-only consumer printed '$cpu_out', want 'pools: 0'"
+echo "CPU-only consumer: $cpu_out"
+
 echo "== stop kvhostd with SIGTERM"
 kill -TERM "$daemon_pid"
 rc=0
