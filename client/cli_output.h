@@ -16,12 +16,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace kvhost::cli {
 
@@ -77,19 +78,86 @@ class JsonObject {
   std::string body_;
 };
 
-// A daemon message in protobuf's JSON mapping, on one line, with every field
-// present and named as in the .proto (scripts should not guess at defaults).
-inline std::string MessageJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string out;
-  if (!google::protobuf::util::MessageToJsonString(message, &out, options).ok()) {
-    // Only a message with unresolvable Any fields fails to print, and the
-    // kvhost API has none.
-    return "null";
+// A daemon message as JSON on one line, with every field present and named
+// as in the .proto (scripts should not guess at defaults). Unlike protobuf's
+// JSON mapping, which writes 64-bit integers as strings, every integer is a
+// JSON number, so `total_bytes` and `daemon.pool_bytes` read alike. Enums
+// are their names, bytes base64.
+inline std::string MessageJson(const google::protobuf::Message& message);
+
+namespace cli_internal {
+
+inline std::string FieldJson(const google::protobuf::Message& message,
+                             const google::protobuf::FieldDescriptor* field, int index) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = message.GetReflection();
+  const bool rep = field->is_repeated();
+  switch (field->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      return absl::StrCat(rep ? r->GetRepeatedInt32(message, field, index)
+                              : r->GetInt32(message, field));
+    case FieldDescriptor::CPPTYPE_INT64:
+      return absl::StrCat(rep ? r->GetRepeatedInt64(message, field, index)
+                              : r->GetInt64(message, field));
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return absl::StrCat(rep ? r->GetRepeatedUInt32(message, field, index)
+                              : r->GetUInt32(message, field));
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return absl::StrCat(rep ? r->GetRepeatedUInt64(message, field, index)
+                              : r->GetUInt64(message, field));
+    case FieldDescriptor::CPPTYPE_DOUBLE: {
+      const double v =
+          rep ? r->GetRepeatedDouble(message, field, index) : r->GetDouble(message, field);
+      return std::isfinite(v) ? absl::StrCat(v) : "null";
+    }
+    case FieldDescriptor::CPPTYPE_FLOAT: {
+      const float v =
+          rep ? r->GetRepeatedFloat(message, field, index) : r->GetFloat(message, field);
+      return std::isfinite(v) ? absl::StrCat(v) : "null";
+    }
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return (rep ? r->GetRepeatedBool(message, field, index) : r->GetBool(message, field))
+                 ? "true"
+                 : "false";
+    case FieldDescriptor::CPPTYPE_ENUM: {
+      const google::protobuf::EnumValueDescriptor* v =
+          rep ? r->GetRepeatedEnum(message, field, index) : r->GetEnum(message, field);
+      return JsonQuote(v->name());
+    }
+    case FieldDescriptor::CPPTYPE_STRING: {
+      const std::string v =
+          rep ? r->GetRepeatedString(message, field, index) : r->GetString(message, field);
+      return JsonQuote(field->type() == FieldDescriptor::TYPE_BYTES ? absl::Base64Escape(v) : v);
+    }
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      return MessageJson(rep ? r->GetRepeatedMessage(message, field, index)
+                             : r->GetMessage(message, field));
   }
-  return out;
+  return "null";
+}
+
+}  // namespace cli_internal
+
+inline std::string MessageJson(const google::protobuf::Message& message) {
+  const google::protobuf::Descriptor* d = message.GetDescriptor();
+  const google::protobuf::Reflection* r = message.GetReflection();
+  JsonObject out;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = d->field(i);
+    if (field->is_repeated()) {
+      std::vector<std::string> items;
+      for (int j = 0; j < r->FieldSize(message, field); ++j) {
+        items.push_back(cli_internal::FieldJson(message, field, j));
+      }
+      out.Raw(field->name(), absl::StrCat("[", absl::StrJoin(items, ","), "]"));
+    } else if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE &&
+               !r->HasField(message, field)) {
+      out.Raw(field->name(), "null");
+    } else {
+      out.Raw(field->name(), cli_internal::FieldJson(message, field, 0));
+    }
+  }
+  return out.str();
 }
 
 inline void PrintLine(const std::string& line) {

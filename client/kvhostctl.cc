@@ -1,9 +1,8 @@
 // kvhostctl: the operator's command line for kvhostd. It shows the daemon's
 // health and pools, creates and deletes pools of every kind, allocates, frees
-// and locates token slots, reads and writes flat pages, refreshes a live view of pools and transfers (watch), and runs
-// a self-checking demo workload: backup / load cycles between an emulated
-// device pool in shared memory and a host pool, verified byte for byte (host
-// backend).
+// and locates token slots, reads and writes flat pages, refreshes a live view of pools and
+// transfers (watch), and runs a self-checking demo workload: backup / load cycles between an
+// emulated device pool in shared memory and a host pool, verified byte for byte (host backend).
 //
 // Output is for people unless --json is given; then every command prints one
 // JSON object on one line (watch: one per frame): protobuf's JSON mapping
@@ -115,8 +114,7 @@ ABSL_FLAG(std::string, follows, "",
           "v4_state).");
 ABSL_FLAG(uint32_t, start_layer, 0, "create-pool: first device layer held (layer sharding).");
 ABSL_FLAG(uint32_t, index_head_dim, 0, "create-pool: dsa, dsa_indexer index head dimension.");
-ABSL_FLAG(uint32_t, index_quant_block, 0,
-          "create-pool: dsa, dsa_indexer elements per fp32 scale.");
+ABSL_FLAG(uint32_t, index_quant_block, 0, "create-pool: dsa, dsa_indexer elements per fp32 scale.");
 ABSL_FLAG(uint32_t, index_row_bytes, 0, "create-pool: dsa index-K bytes per token, if explicit.");
 ABSL_FLAG(uint32_t, kv_cache_dim, 0,
           "create-pool: mla, dsa latent elements when not kv_lora_rank + qk_rope_head_dim.");
@@ -131,14 +129,14 @@ ABSL_FLAG(std::string, mamba_conv, "",
 // page commands.
 ABSL_FLAG(std::string, out, "", "page-get: file to write the page's bytes to.");
 ABSL_FLAG(std::string, in, "", "page-set: file holding exactly one flat page.");
-ABSL_FLAG(uint32_t, chunk_bytes, 0,
-          "page-get, page-set: bytes per streamed message (0: 4 MiB).");
+ABSL_FLAG(uint32_t, chunk_bytes, 0, "page-get, page-set: bytes per streamed message (0: 4 MiB).");
 ABSL_FLAG(uint32_t, split_factor, 0, "split-meta: head groups per page (divides head_num).");
 ABSL_FLAG(uint64_t, alignment, 0, "stride: the alignment to check, a power of two (0: 4096).");
 
 // demo.
-ABSL_FLAG(std::string, shm_dir, "/dev/shm",
-          "demo: directory of the emulated device pool's file; must be kvhostd's --shm-dir.");
+ABSL_FLAG(std::string, shm_dir, "",
+          "demo: directory of the emulated device pool's file; must be kvhostd's --shm-dir. "
+          "'' = the daemon's, as GetStatus reports it.");
 ABSL_FLAG(std::string, demo_pool, "demo", "demo: name of the pool it creates (and deletes).");
 ABSL_FLAG(std::string, demo_kind, "mha",
           "demo: mha (8 heads x 128 dims) or mla (512 + 64 dims); bf16, page size 16.");
@@ -443,11 +441,10 @@ std::string DimsOf(const v1::PoolSpec& spec) {
       spec.kv_cache_dim() != 0
           ? absl::StrCat(spec.kv_cache_dim(), " latent dims")
           : absl::StrCat(spec.kv_lora_rank(), " + ", spec.qk_rope_head_dim(), " latent dims");
-  const std::string index =
-      spec.index_row_bytes() != 0
-          ? absl::StrCat("index row ", spec.index_row_bytes(), " bytes")
-          : absl::StrCat("index dim ", spec.index_head_dim(), " / block ",
-                         spec.index_quant_block_size());
+  const std::string index = spec.index_row_bytes() != 0
+                                ? absl::StrCat("index row ", spec.index_row_bytes(), " bytes")
+                                : absl::StrCat("index dim ", spec.index_head_dim(), " / block ",
+                                               spec.index_quant_block_size());
   switch (spec.kind()) {
     case v1::MLA:
       return latent;
@@ -594,12 +591,12 @@ absl::Status RunStatus(Context& ctx, const Args&) {
         "failed; %s GB backed up, %s GB loaded",
         daemon->attachments(), daemon->tickets_in_flight(), daemon->tickets_done(),
         daemon->tickets_failed(), Gb(daemon->backup_bytes()), Gb(daemon->load_bytes())));
-    PrintLine(absl::StrFormat("instance: %s%s", daemon->instance_id(),
-                              daemon->declared_pools().empty()
-                                  ? ""
-                                  : absl::StrCat(" (declared pools: ",
-                                                 absl::StrJoin(daemon->declared_pools(), ", "),
-                                                 ")")));
+    PrintLine(absl::StrFormat(
+        "instance: %s%s", daemon->instance_id(),
+        daemon->declared_pools().empty()
+            ? ""
+            : absl::StrCat(" (declared pools: ", absl::StrJoin(daemon->declared_pools(), ", "),
+                           ")")));
     PrintLine(absl::StrFormat("sessions: %d", daemon->sessions_size()));
     for (const v1::SessionInfo& session : daemon->sessions()) {
       PrintLine(absl::StrFormat("  worker '%s' pid %d (%s), %d attachment(s), %ds old",
@@ -681,8 +678,8 @@ void PrintPool(const v1::Pool& pool) {
     PrintLine("  owner-protected (changes and data reads need its token: --token / KVHOST_TOKEN)");
   }
   if (pool.replica_ranks() > 0) {
-    PrintLine(absl::StrFormat("  replicas %d (TP ranks attached), %s GB saved", pool.replica_ranks(),
-                              Gb(pool.bytes_saved())));
+    PrintLine(absl::StrFormat("  replicas %d (TP ranks attached), %s GB saved",
+                              pool.replica_ranks(), Gb(pool.bytes_saved())));
   }
   for (const std::string& path : pool.region_paths()) PrintLine(absl::StrCat("  region: ", path));
   if (pool.components_size() > 0) {
@@ -981,8 +978,8 @@ std::string SegmentLabel(const v1::Pool& pool, absl::Span<const int64_t> slots, 
     names.push_back(c.name() == "k" ? "K" : c.name() == "v" ? "V" : c.name());
   }
   if (names.empty()) {  // a daemon that does not list its components
-    names = spec.kind() == v1::MHA ? std::vector<std::string>{"K", "V"}
-                                   : std::vector<std::string>{""};
+    names =
+        spec.kind() == v1::MHA ? std::vector<std::string>{"K", "V"} : std::vector<std::string>{""};
   }
   const int per_component = static_cast<int>(names.size());
   const bool per_layer = spec.layout() == v1::LAYER_FIRST;
@@ -998,7 +995,8 @@ std::string SegmentLabel(const v1::Pool& pool, absl::Span<const int64_t> slots, 
       "page ", static_cast<uint64_t>(slots[page_index * page_size]) / page_size,
       per_layer ? absl::StrCat(" layer ", within / per_component) : std::string(" all layers"));
   const std::string& name = names[within % per_component];
-  if (!name.empty() && !(per_component == 1 && name == "latent")) absl::StrAppend(&label, " ", name);
+  if (!name.empty() && !(per_component == 1 && name == "latent"))
+    absl::StrAppend(&label, " ", name);
   return label;
 }
 
@@ -1087,8 +1085,8 @@ absl::Status RunPageGet(Context& ctx, const Args& args) {
     PrintLine(line);
   }
   if (shown < page.size()) {
-    PrintLine(absl::StrFormat("  ... %d more bytes (--out=FILE writes them all)",
-                              page.size() - shown));
+    PrintLine(
+        absl::StrFormat("  ... %d more bytes (--out=FILE writes them all)", page.size() - shown));
   }
   return absl::OkStatus();
 }
@@ -1152,8 +1150,8 @@ absl::Status RunSplitMeta(Context& ctx, const Args& args) {
   PrintRegions(meta->region_paths());
   std::vector<std::vector<std::string>> rows = {{"REGION", "OFFSET", "LENGTH"}};
   for (const v1::Segment& s : meta->segments()) {
-    rows.push_back({absl::StrCat(s.region_index()), absl::StrCat(s.offset()),
-                    absl::StrCat(s.length())});
+    rows.push_back(
+        {absl::StrCat(s.region_index()), absl::StrCat(s.offset()), absl::StrCat(s.length())});
   }
   PrintTable(rows, "rrr", "  ");
   return absl::OkStatus();
@@ -1531,8 +1529,15 @@ absl::Status RunDemo(Context& ctx, const Args&) {
   absl::StatusOr<v1::Pool> pool = client.CreatePool(o.pool, o.spec);
   if (!pool.ok()) return pool.status();
   cleanup.set_pool(o.pool);
+  // The daemon attaches shm buffers from its own --shm-dir only.
+  std::string shm_dir = o.shm_dir;
+  if (shm_dir.empty()) {
+    absl::StatusOr<v1::DaemonStatus> status = client.GetStatus();
+    if (!status.ok()) return status.status();
+    shm_dir = status->shm_dir();
+  }
   absl::StatusOr<std::unique_ptr<ShmDevicePool>> created =
-      ShmDevicePool::Create(*pool, o.device_tokens, o.shm_dir);
+      ShmDevicePool::Create(*pool, o.device_tokens, shm_dir);
   if (!created.ok()) return created.status();
   device = *std::move(created);
   FillNonZero(*device, rng);
@@ -1682,6 +1687,11 @@ std::vector<std::string> WatchFrameLines(const Context& ctx, const WatchFrame& f
   }
   if (frame.daemon.has_value()) {
     const v1::DaemonStatus& d = *frame.daemon;
+    // Why this reads lower than `kvhostctl demo`: the demo divides by the
+    // tickets' own time, this by the time between two frames.
+    lines.push_back(
+        "(GB/s below: bytes finished between two frames over the wall-clock time between "
+        "them, idle time included; `kvhostctl demo` divides by the transfers' own time)");
     lines.push_back(absl::StrFormat(
         "transfers: %d attachment(s), %d in flight, %d done, %d failed; GB/s: backup %s, load %s",
         d.attachments(), d.tickets_in_flight(), d.tickets_done(), d.tickets_failed(),

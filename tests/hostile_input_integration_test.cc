@@ -59,8 +59,7 @@ TEST(HostileInput, HugeNameIsInvalidArgumentWithABoundedMessage) {
   ASSERT_FALSE(pool.ok());
   EXPECT_EQ(pool.status().code(), absl::StatusCode::kInvalidArgument) << pool.status();
   EXPECT_LT(pool.status().message().size(), 2100u);
-  EXPECT_TRUE(absl::StrContains(pool.status().message(), "10000 bytes in all"))
-      << pool.status();
+  EXPECT_TRUE(absl::StrContains(pool.status().message(), "10000 bytes in all")) << pool.status();
   // Lookups of such a name: NOT_FOUND, never a metadata overflow.
   absl::StatusOr<v1::Pool> got = d->client().GetPool(name);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();

@@ -93,7 +93,7 @@ ctl page-get idx 4 --out="$dir/back2" >/dev/null
 cmp "$dir/page" "$dir/back2" || fail "a refused page-set changed the page"
 expect_exit 2 "--in=FILE" page-set idx 4
 ctl --json page-shape mamba >"$dir/out"
-grep -q '"bytes":"80"' "$dir/out" || fail "page-shape --json bytes (48 + 16 + 16)"
+grep -q '"bytes":80' "$dir/out" || fail "page-shape --json bytes (48 + 16 + 16)"
 ctl page-shape idx >"$dir/out"
 grep -q "a flat page has 192 bytes" "$dir/out" || fail "page-shape text"
 
@@ -141,9 +141,9 @@ grep -q '"group":"hybrid"' "$dir/out" || fail "pool --json group"
 ctl alloc hybrid 3 >"$dir/out" || fail "alloc through the group"
 grep -qx "0-2" "$dir/out" || fail "alloc hybrid slots"
 ctl --json pool ssm >"$dir/out"
-grep -q '"available_tokens":"13"' "$dir/out" || fail "the anchor allocated"
+grep -q '"available_tokens":13' "$dir/out" || fail "the anchor allocated"
 ctl --json pool attn >"$dir/out"
-grep -q '"available_tokens":"16"' "$dir/out" || fail "the other entry allocated"
+grep -q '"available_tokens":16' "$dir/out" || fail "the other entry allocated"
 ctl free hybrid 0-2 >/dev/null || fail "free through the group"
 # Refusals: usage (exit 2) and the daemon's (exit 1), each changing nothing.
 expect_exit 2 "--entry" create-group g2 --layers=4
