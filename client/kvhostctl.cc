@@ -5,9 +5,9 @@
 // emulated device pool in shared memory and a host pool, verified byte for byte (host backend).
 //
 // Output is for people unless --json is given; then every command prints one
-// JSON object on one line (watch: one per frame): protobuf's JSON mapping
-// (field names as in the .proto) where the daemon answers with a message, an
-// object of the same naming style otherwise. Exit codes: 0 done; 1 an RPC
+// JSON object on one line (watch: one per frame): the daemon's message with
+// field names as in the .proto and every integer a JSON number
+// (cli_output.h MessageJson), an object of the same naming style otherwise. Exit codes: 0 done; 1 an RPC
 // failed ("error: CODE: message" on stderr); 2 a usage error; 3 the demo read
 // back other bytes than it had written.
 //
