@@ -83,12 +83,18 @@ class ShmDeviceMapping : public DeviceMapping {
     }
     if (absl::Status s = CheckNoNul(ref.shm_path, "shm path"); !s.ok()) return Where(where, s);
     const std::string prefix = shm_dir.Join("");
-    if (!absl::StartsWith(ref.shm_path, prefix) || ref.shm_path.size() == prefix.size()) {
+    if (!absl::StartsWith(ref.shm_path, prefix)) {
       return absl::PermissionDeniedError(absl::StrCat(where, ": path ", EscapedPath(ref.shm_path),
                                                       " is outside the shm dir ",
                                                       EscapedPath(shm_dir.path())));
     }
-    const std::string relative = ref.shm_path.substr(prefix.size());
+    // "<dir>//file" (a client given "<dir>/" as its shm dir) means the same.
+    const size_t start = ref.shm_path.find_first_not_of('/', prefix.size());
+    if (start == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": path ", EscapedPath(ref.shm_path), " names no file"));
+    }
+    const std::string relative = ref.shm_path.substr(start);
     auto it = files_.find(relative);
     if (it == files_.end()) {
       absl::StatusOr<std::unique_ptr<ShmRegion>> region =
