@@ -179,9 +179,11 @@ absl::Status ApplySocketAccess(const std::string& path, uint32_t mode, gid_t gid
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& options,
-                                                           std::string* chosen,
-                                                           std::string* detail) {
+// `region_inodes`: the registry's region files, which the host engine
+// refuses as device buffers.
+absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(
+    const DaemonOptions& options, std::shared_ptr<const RegionInodes> region_inodes,
+    std::string* chosen, std::string* detail) {
   const std::string& path = options.transfer_path;
   if (path != "auto" && path != "ce" && path != "staged" && path != "sm") {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -254,6 +256,7 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(const DaemonOptions& 
                          *why_host != '\0' ? "; " : "", why_host);
   HostEngineOptions host;
   host.shm_dir = options.shm_dir;
+  host.region_inodes = region_inodes;
   host.helper_threads = options.copy_threads;
   return std::unique_ptr<TransferEngine>(new HostEngine(host));
 }
@@ -322,7 +325,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   std::string backend;
   std::string backend_detail;
   absl::StatusOr<std::unique_ptr<TransferEngine>> engine =
-      MakeEngine(options, &backend, &backend_detail);
+      MakeEngine(options, registry.region_inodes, &backend, &backend_detail);
   if (!engine.ok()) return engine.status();
   if (!options.metrics_listen.empty()) daemon->metrics_ = std::make_unique<KvhostMetrics>();
   daemon->transfers_ = std::make_unique<TransferManager>(

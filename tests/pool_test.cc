@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -398,6 +399,8 @@ struct FakeMemory {
   MemorySnapshot snapshot;
   absl::Status error;
   int reads = 0;
+  // The shm file system's free bytes (RegistryOptions::read_fs_free).
+  uint64_t fs_free = UINT64_MAX;
 };
 
 RegistryOptions Options(const std::string& dir, FakeMemory* mem) {
@@ -408,6 +411,7 @@ RegistryOptions Options(const std::string& dir, FakeMemory* mem) {
     if (!mem->error.ok()) return mem->error;
     return mem->snapshot;
   };
+  o.read_fs_free = [mem](const DirFd&) -> absl::StatusOr<uint64_t> { return mem->fs_free; };
   return o;
 }
 
@@ -474,6 +478,33 @@ TEST_F(RegistryTest, CgroupLimitIsCounted) {
   EXPECT_THAT(Msg(p.status()), HasSubstr("0.01 GB"));  // 10 MB free
   mem_.snapshot.cgroup_usage = 1 * kGB;
   EXPECT_TRUE(reg.Create("small", MegabyteTokenSpec(16)).ok());
+}
+
+// The region files live on the shm dir's file system: a tmpfs smaller than
+// the memory holds only what it has free (issue 12: 4 GiB reported on a 64 MiB
+// tmpfs).
+TEST_F(RegistryTest, ShmFilesystemFreeSpaceIsCounted) {
+  mem_.fs_free = 20000000;  // 20 MB free on the tmpfs, 500 GB of memory
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  std::string why;
+  absl::StatusOr<uint64_t> available = reg.Available(&why);
+  ASSERT_TRUE(available.ok()) << available.status();
+  EXPECT_EQ(*available, 20000000u);
+  EXPECT_THAT(why, HasSubstr(absl::StrCat("shm filesystem ", dir_.path(), " has 0.02 GB free")));
+  absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("big", MegabyteTokenSpec(32));
+  ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
+  EXPECT_THAT(Msg(p.status()), HasSubstr("shm filesystem"));
+  EXPECT_TRUE(dir_.Files().empty());
+  EXPECT_TRUE(reg.Create("small", MegabyteTokenSpec(16)).ok());
+  // The default reads the directory's own file system.
+  RegistryOptions real = Options(dir_.path(), &mem_);
+  real.read_fs_free = RegistryOptions().read_fs_free;
+  struct statvfs vfs;
+  ASSERT_EQ(::statvfs(dir_.path().c_str(), &vfs), 0);
+  absl::StatusOr<uint64_t> real_free = real.read_fs_free(*DirFd::Open(dir_.path()));
+  ASSERT_TRUE(real_free.ok()) << real_free.status();
+  const uint64_t expected = uint64_t{vfs.f_bavail} * vfs.f_frsize;
+  EXPECT_NEAR(static_cast<double>(*real_free), static_cast<double>(expected), 64.0 * 1048576);
 }
 
 TEST_F(RegistryTest, MemoryLimitSpansAllPools) {
@@ -627,15 +658,18 @@ TEST_F(RegistryTest, RegionFileHasExactSizeAndGoesWithThePool) {
   EXPECT_FALSE(fs::exists(paths[0]));
   EXPECT_TRUE(dir_.Files().empty());
   EXPECT_EQ((*p)->base()[bytes - 1], 2);
-  // ...so the name can be reused at once, with a fresh file at the same path
-  // that the old pool's end leaves alone.
+  // ...so the name can be reused at once, with a fresh file (a new random
+  // name part: names cannot be squatted) that the old pool's end leaves alone.
   absl::StatusOr<std::shared_ptr<Pool>> again = reg.Create("llama", s);
   ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ((*again)->region_paths(), paths);
+  const std::vector<std::string> fresh = (*again)->region_paths();
+  ASSERT_EQ(fresh.size(), 1u);
+  EXPECT_NE(fresh, paths);
+  EXPECT_EQ(fresh[0].rfind(reg.region_prefix(), 0), 0u) << fresh[0];
   p = absl::NotFoundError("dropped");
-  EXPECT_TRUE(fs::exists(paths[0]));
+  EXPECT_TRUE(fs::exists(fresh[0]));
   ASSERT_TRUE(reg.Delete("llama").ok());
-  EXPECT_FALSE(fs::exists(paths[0]));
+  EXPECT_FALSE(fs::exists(fresh[0]));
 }
 
 // A caller that gives up while the memory is being reserved (its deadline

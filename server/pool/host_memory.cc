@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -41,11 +42,24 @@ std::string JoinRoot(const std::string& root, absl::string_view rel) {
   return absl::StrCat(r, "/", rel);
 }
 
+bool OutOfDescriptors(int err) { return err == EMFILE || err == ENFILE; }
+
+// RESOURCE_EXHAUSTED for a file `path` that could not be opened for want of
+// descriptors: the host's memory is not the problem, and neither is the file.
+absl::Status OutOfDescriptorsStatus(int err, const std::string& path) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("out of file descriptors (cannot open ", path, ": ", std::strerror(err), ")"));
+}
+
 // The whole file, or nullopt when it cannot be opened or read (plain POSIX
-// reads: std::ifstream throws when reading a directory).
-std::optional<std::string> ReadFile(const std::string& path) {
+// reads: std::ifstream throws when reading a directory); then *err, if
+// given, is the errno.
+std::optional<std::string> ReadFile(const std::string& path, int* err = nullptr) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
+  if (fd < 0) {
+    if (err != nullptr) *err = errno;
+    return std::nullopt;
+  }
   std::string content;
   char buf[4096];
   for (;;) {
@@ -55,6 +69,7 @@ std::optional<std::string> ReadFile(const std::string& path) {
     } else if (n == 0) {
       break;
     } else if (errno != EINTR) {
+      if (err != nullptr) *err = errno;
       close(fd);
       return std::nullopt;
     }
@@ -63,9 +78,10 @@ std::optional<std::string> ReadFile(const std::string& path) {
   return content;
 }
 
-// One cgroup value in bytes, or nullopt for "none" (see the header).
-std::optional<uint64_t> ReadCgroupValue(const std::string& path) {
-  std::optional<std::string> content = ReadFile(path);
+// One cgroup value in bytes, or nullopt for "none" (see the header); *err
+// is set to the errno when the file could not be read.
+std::optional<uint64_t> ReadCgroupValue(const std::string& path, int* err) {
+  std::optional<std::string> content = ReadFile(path, err);
   if (!content.has_value()) return std::nullopt;
   absl::string_view text = absl::StripAsciiWhitespace(*content);
   if (text.empty() || text == "max") return std::nullopt;
@@ -76,13 +92,21 @@ std::optional<uint64_t> ReadCgroupValue(const std::string& path) {
 }
 
 // Fills the cgroup fields of `s` from one cgroup version's files and returns
-// true when they give a usable limit (< MemTotal).
-bool ReadCgroup(const std::string& root, absl::string_view limit_rel, absl::string_view usage_rel,
-                absl::string_view source, MemorySnapshot* s) {
-  std::optional<uint64_t> limit = ReadCgroupValue(JoinRoot(root, limit_rel));
+// true when they give a usable limit (< MemTotal). Out of descriptors, a
+// limit must not silently count as none: RESOURCE_EXHAUSTED.
+absl::StatusOr<bool> ReadCgroup(const std::string& root, absl::string_view limit_rel,
+                                absl::string_view usage_rel, absl::string_view source,
+                                MemorySnapshot* s) {
+  const std::string limit_path = JoinRoot(root, limit_rel);
+  int err = 0;
+  std::optional<uint64_t> limit = ReadCgroupValue(limit_path, &err);
+  if (OutOfDescriptors(err)) return OutOfDescriptorsStatus(err, limit_path);
   if (!limit.has_value() || *limit >= s->mem_total) return false;
+  const std::string usage_path = JoinRoot(root, usage_rel);
+  std::optional<uint64_t> usage = ReadCgroupValue(usage_path, &err);
+  if (OutOfDescriptors(err)) return OutOfDescriptorsStatus(err, usage_path);
   s->cgroup_limit = *limit;
-  s->cgroup_usage = ReadCgroupValue(JoinRoot(root, usage_rel)).value_or(0);
+  s->cgroup_usage = usage.value_or(0);
   s->cgroup_source = std::string(source);
   return true;
 }
@@ -104,8 +128,10 @@ std::optional<uint64_t> ParseMeminfoValue(absl::string_view text) {
 
 absl::StatusOr<MemorySnapshot> ReadMemorySnapshot(const std::string& root) {
   const std::string meminfo_path = JoinRoot(root, kMeminfoPath);
-  std::optional<std::string> meminfo = ReadFile(meminfo_path);
+  int err = 0;
+  std::optional<std::string> meminfo = ReadFile(meminfo_path, &err);
   if (!meminfo.has_value()) {
+    if (OutOfDescriptors(err)) return OutOfDescriptorsStatus(err, meminfo_path);
     return absl::FailedPreconditionError(absl::StrCat("cannot read ", meminfo_path));
   }
   std::optional<uint64_t> mem_total;
@@ -137,8 +163,11 @@ absl::StatusOr<MemorySnapshot> ReadMemorySnapshot(const std::string& root) {
   MemorySnapshot s;
   s.mem_total = *mem_total;
   s.mem_available = *mem_available;
-  if (!ReadCgroup(root, kCgroupV2Limit, kCgroupV2Usage, "v2", &s)) {
-    ReadCgroup(root, kCgroupV1Limit, kCgroupV1Usage, "v1", &s);
+  absl::StatusOr<bool> v2 = ReadCgroup(root, kCgroupV2Limit, kCgroupV2Usage, "v2", &s);
+  if (!v2.ok()) return v2.status();
+  if (!*v2) {
+    absl::StatusOr<bool> v1 = ReadCgroup(root, kCgroupV1Limit, kCgroupV1Usage, "v1", &s);
+    if (!v1.ok()) return v1.status();
   }
   return s;
 }

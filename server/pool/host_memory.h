@@ -47,7 +47,9 @@ struct MemorySnapshot {
 // is usable but its usage is none, the usage is taken as 0.
 //
 // FAILED_PRECONDITION naming the path if /proc/meminfo cannot be read or
-// lacks MemTotal or MemAvailable.
+// lacks MemTotal or MemAvailable; RESOURCE_EXHAUSTED "out of file
+// descriptors (...)" when a file cannot be opened for want of descriptors
+// (EMFILE, ENFILE), cgroup files included.
 absl::StatusOr<MemorySnapshot> ReadMemorySnapshot(const std::string& root = "/");
 
 // The default reserve: min(10 GiB, mem_total / 10).

@@ -1,6 +1,9 @@
 #include "server/pool/pool.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -25,9 +28,50 @@ bool Pool::OwnerTokenMatches(absl::string_view given) const {
   return diff == 0;
 }
 
+namespace {
+
+// Tries at one region file: a collision of 64 random bits means someone
+// copies names, not chance, and a few new draws are enough.
+constexpr int kRegionNameAttempts = 4;
+
+// 16 hex digits from the kernel's random source (getrandom: no descriptor,
+// so it works when the process is out of them).
+absl::StatusOr<std::string> RandomNamePart() {
+  uint64_t bits = 0;
+  if (::getrandom(&bits, sizeof(bits), 0) != static_cast<ssize_t>(sizeof(bits))) {
+    return absl::UnavailableError(
+        absl::StrCat("no random bits for a region file name: ", std::strerror(errno)));
+  }
+  return absl::StrCat(absl::Hex(bits, absl::kZeroPad16));
+}
+
+// Region file `suffix` of pool `name`, as `files` says.
+absl::StatusOr<std::unique_ptr<ShmRegion>> CreateRegion(const std::string& name,
+                                                        const std::string& suffix, uint64_t bytes,
+                                                        const RegionFiles& files) {
+  if (!files.random_names) {
+    return ShmRegion::Create(files.dir, absl::StrCat(files.name_prefix, name, suffix), bytes,
+                             files.file);
+  }
+  absl::Status last;
+  for (int attempt = 0; attempt < kRegionNameAttempts; ++attempt) {
+    absl::StatusOr<std::string> random = RandomNamePart();
+    if (!random.ok()) return random.status();
+    absl::StatusOr<std::unique_ptr<ShmRegion>> region = ShmRegion::Create(
+        files.dir, absl::StrCat(files.name_prefix, *random, ".", name, suffix), bytes, files.file);
+    if (!absl::IsAlreadyExists(region.status())) return region;
+    last = region.status();
+  }
+  // Not ALREADY_EXISTS: no pool has the name; someone is filling the
+  // directory with names.
+  return absl::UnavailableError(absl::StrCat("no free region file name after ", kRegionNameAttempts,
+                                             " random tries (last: ", last.message(), ")"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, const PoolSpec& spec,
-                                                   uint64_t size_tokens,
-                                                   const std::string& region_prefix,
+                                                   uint64_t size_tokens, const RegionFiles& files,
                                                    std::shared_ptr<Pool> follows) {
   // One file per distinct suffix, in the seeds' exact shapes: MHA (2, ...)
   // with V at V_OFF in ".kv"; MHA_ASYMMETRIC ".k" and ".v"; DSA the latent
@@ -41,13 +85,32 @@ absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, cons
   std::vector<std::unique_ptr<ShmRegion>> regions;
   for (size_t r = 0; r < suffixes.size(); ++r) {
     absl::StatusOr<std::unique_ptr<ShmRegion>> region =
-        ShmRegion::Create(absl::StrCat(region_prefix, name, suffixes[r]), sizes[r]);
+        CreateRegion(name, suffixes[r], sizes[r], files);
     // The regions made so far go with `regions`: their files are removed.
     if (!region.ok()) return WithPool(name, region.status());
     regions.push_back(*std::move(region));
   }
   return std::shared_ptr<Pool>(new Pool(name, spec, size_tokens, std::move(components),
                                         std::move(regions), std::move(follows)));
+}
+
+absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, const PoolSpec& spec,
+                                                   uint64_t size_tokens,
+                                                   const std::string& region_prefix,
+                                                   std::shared_ptr<Pool> follows) {
+  RegionFiles files;
+  files.random_names = false;
+  if (!RegionSuffixes(spec).empty()) {
+    const size_t slash = region_prefix.rfind('/');
+    const std::string dir =
+        slash == std::string::npos ? "." : (slash == 0 ? "/" : region_prefix.substr(0, slash));
+    absl::StatusOr<DirFd> dir_fd = DirFd::Open(dir, "directory");
+    if (!dir_fd.ok()) return WithPool(name, dir_fd.status());
+    files.dir = std::make_shared<const DirFd>(*std::move(dir_fd));
+    files.name_prefix =
+        slash == std::string::npos ? region_prefix : region_prefix.substr(slash + 1);
+  }
+  return Create(name, spec, size_tokens, files, std::move(follows));
 }
 
 namespace {
@@ -197,9 +260,10 @@ absl::StatusOr<std::vector<RegionSegment>> Pool::PageBufferMeta(
   // The seeds raise for these (ValueError "Unsupported layout").
   if (spec_.layout == LayoutKind::kLayerFirst &&
       (spec_.kind == PoolKind::kKOnly || spec_.kind == PoolKind::kDsaIndexer)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Label(), " has no page buffer metadata: the seeds describe its pages only in "
-                 "PAGE_FIRST and PAGE_FIRST_DIRECT (\"Unsupported layout: layer_first\")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Label(),
+                     " has no page buffer metadata: the seeds describe its pages only in "
+                     "PAGE_FIRST and PAGE_FIRST_DIRECT (\"Unsupported layout: layer_first\")"));
   }
   absl::StatusOr<std::vector<uint64_t>> pages = Pages(slots);
   if (!pages.ok()) return pages.status();
@@ -220,8 +284,9 @@ absl::StatusOr<std::vector<RegionSegment>> Pool::PageBufferMeta(
 absl::Status Pool::CheckPage(int64_t first_slot) const {
   if (spec_.kind == PoolKind::kMhaAsymmetric) {  // S1:1142-1149
     return absl::FailedPreconditionError(absl::StrCat(
-        Label(), " has no flat page: K and V have different head dims and the seeds raise "
-                 "NotImplementedError for the flat-page APIs; use GetPageBufferMeta (zero copy)"));
+        Label(),
+        " has no flat page: K and V have different head dims and the seeds raise "
+        "NotImplementedError for the flat-page APIs; use GetPageBufferMeta (zero copy)"));
   }
   const uint64_t ps = layout_.page_size;
   if (first_slot < 0 || static_cast<uint64_t>(first_slot) >= layout_.tokens ||
@@ -235,8 +300,8 @@ absl::Status Pool::CheckPage(int64_t first_slot) const {
   if (!s.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(Label(), ": the page at index ", first_slot, " is not allocated",
-                     follows_ ? absl::StrCat(" in '", allocator_owner()->name(), "'") : "",
-                     " (", s.message(), ")"));
+                     follows_ ? absl::StrCat(" in '", allocator_owner()->name(), "'") : "", " (",
+                     s.message(), ")"));
   }
   return absl::OkStatus();
 }
@@ -273,9 +338,10 @@ absl::Status Pool::WritePage(int64_t first_slot, absl::Span<const uint8_t> data)
 
 absl::StatusOr<std::vector<PagePart>> Pool::PageShape() const {
   if (spec_.kind == PoolKind::kMhaAsymmetric) {  // S1:1145-1146
-    return absl::FailedPreconditionError(absl::StrCat(
-        Label(), " has no flat page shape: the seeds raise NotImplementedError for "
-                 "get_dummy_flat_data_page; use GetPageBufferMeta (zero copy)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Label(),
+                     " has no flat page shape: the seeds raise NotImplementedError for "
+                     "get_dummy_flat_data_page; use GetPageBufferMeta (zero copy)"));
   }
   // The seeds' dummy flat page, one part per component; the parts
   // concatenated are the seeds' tensor (MHA's k and v stack to
@@ -317,10 +383,11 @@ absl::StatusOr<std::vector<PagePart>> Pool::PageShape() const {
 absl::StatusOr<std::vector<RegionSegment>> Pool::SplitHeadsMeta(absl::Span<const int64_t> slots,
                                                                 uint32_t split_factor) const {
   if (spec_.kind == PoolKind::kMhaAsymmetric) {  // S1:1151-1157
-    return absl::FailedPreconditionError(absl::StrCat(
-        Label(), " has no split-heads metadata (\"get_split_heads_page_buffer_meta requires "
-                 "layout='page_head', which is not supported for models with head_dim != "
-                 "v_head_dim\")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Label(),
+                     " has no split-heads metadata (\"get_split_heads_page_buffer_meta requires "
+                     "layout='page_head', which is not supported for models with head_dim != "
+                     "v_head_dim\")"));
   }
   if (spec_.layout != LayoutKind::kPageHead) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -372,9 +439,10 @@ absl::StatusOr<StrideCheck> Pool::StrideAlignment(uint64_t alignment) const {
 
 absl::StatusOr<std::vector<BufferInfo>> Pool::ContiguousBufferInfos() const {
   if (spec_.layout != LayoutKind::kLayerFirst) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Label(), " has no contiguous per-layer buffers: only LAYER_FIRST keeps a layer's rows "
-                 "in one range"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Label(),
+                     " has no contiguous per-layer buffers: only LAYER_FIRST keeps a layer's rows "
+                     "in one range"));
   }
   std::vector<BufferInfo> infos;
   // Per component, per layer (the device pools' k layers, then v layers).
@@ -397,10 +465,11 @@ absl::Status Pool::AcquireAttachment(std::optional<uint32_t> tp_rank) {
     return absl::FailedPreconditionError(absl::StrCat("pool '", name_, "' is being deleted"));
   }
   if (!IsReplicated(spec_.kind) && !ranks_.empty() && ranks_.count(rank) == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        Label(), " holds one TP rank's rows (rank ", ranks_.begin()->first,
-        " is attached); tp_rank ", rank, " needs a pool of its own (only MLA, DSA, DSA_INDEXER, "
-        "V4_PAGED and V4_STATE pools are shared by ranks)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Label(), " holds one TP rank's rows (rank ", ranks_.begin()->first,
+                     " is attached); tp_rank ", rank,
+                     " needs a pool of its own (only MLA, DSA, DSA_INDEXER, "
+                     "V4_PAGED and V4_STATE pools are shared by ranks)"));
   }
   ++attachments_;
   ++ranks_[rank];
@@ -437,9 +506,9 @@ absl::Status Pool::TryRetire() {
                                                       " device attachment(s); detach them first"));
   }
   if (!followers_.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Label(), " is followed by ", absl::StrJoin(followers_, ", "),
-                     "; delete the following pools first"));
+    return absl::FailedPreconditionError(absl::StrCat(Label(), " is followed by ",
+                                                      absl::StrJoin(followers_, ", "),
+                                                      "; delete the following pools first"));
   }
   if (!group_.empty()) {
     return absl::FailedPreconditionError(

@@ -69,13 +69,33 @@ struct BufferInfo {
 // Pool::StrideAlignment's alignment when none is given: a host page.
 inline constexpr uint64_t kDefaultStrideAlignment = 4096;
 
+// Where and how a pool's region files are made.
+struct RegionFiles {
+  std::shared_ptr<const DirFd> dir;
+  // Each file is named name_prefix + 16 random hex digits + "." + pool name
+  // + region suffix ("kvhost.<pid>.<hex>.llama.kv"): the random part keeps
+  // anyone who may write `dir` from creating (squatting) a future pool's file
+  // name. Without random_names: name_prefix + pool name + suffix.
+  std::string name_prefix;
+  bool random_names = true;
+  RegionFileOptions file;
+};
+
 class Pool {
  public:
-  // Creates the pool's region files under `region_prefix` ("<dir>/kvhost.<pid>.")
-  // and maps them. REQUIRES: ValidateSpec(spec).ok(), size_tokens a positive
-  // multiple of spec.page_size.
+  // Creates the pool's region files as `files` says and maps them. REQUIRES:
+  // ValidateSpec(spec).ok(), size_tokens a positive multiple of
+  // spec.page_size. A name taken already (by anyone) is tried again with new
+  // random digits a few times; the pool's name is never the problem, so that
+  // is never ALREADY_EXISTS.
   // A follower is given the pool it follows (`follows`, whose size_tokens and
   // page_size it has); others get null.
+  static absl::StatusOr<std::shared_ptr<Pool>> Create(const std::string& name, const PoolSpec& spec,
+                                                      uint64_t size_tokens,
+                                                      const RegionFiles& files,
+                                                      std::shared_ptr<Pool> follows = nullptr);
+  // For tests and tools: files named `region_prefix` + pool name + suffix
+  // ("<dir>/x."), no random part, mode 0600, the directory opened by name.
   static absl::StatusOr<std::shared_ptr<Pool>> Create(const std::string& name, const PoolSpec& spec,
                                                       uint64_t size_tokens,
                                                       const std::string& region_prefix,
@@ -161,7 +181,7 @@ class Pool {
   absl::Status WritePage(int64_t first_slot, absl::Span<const uint8_t> data);
   absl::StatusOr<std::vector<PagePart>> PageShape() const;
   absl::StatusOr<std::vector<RegionSegment>> SplitHeadsMeta(absl::Span<const int64_t> slots,
-                                                           uint32_t split_factor) const;
+                                                            uint32_t split_factor) const;
   // `alignment` 0 means kDefaultStrideAlignment.
   absl::StatusOr<StrideCheck> StrideAlignment(uint64_t alignment) const;
   absl::StatusOr<std::vector<BufferInfo>> ContiguousBufferInfos() const;

@@ -1,6 +1,7 @@
 #include "server/pool/registry.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -43,9 +44,20 @@ absl::Status ValidatePoolName(const std::string& name) {
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::StatusOr<std::shared_ptr<const DirFd>> OpenShmDir(const std::string& path) {
+  absl::StatusOr<DirFd> dir = DirFd::Open(path, "shm dir");
+  if (!dir.ok()) return dir.status();
+  return std::make_shared<const DirFd>(*std::move(dir));
+}
+
+}  // namespace
+
 PoolRegistry::PoolRegistry(RegistryOptions options)
     : options_(std::move(options)),
-      region_prefix_(absl::StrCat(options_.shm_dir, "/", kRegionFilePrefix, ::getpid(), ".")) {}
+      region_prefix_(absl::StrCat(options_.shm_dir, "/", kRegionFilePrefix, ::getpid(), ".")),
+      shm_dir_fd_(OpenShmDir(options_.shm_dir)) {}
 
 PoolRegistry::~PoolRegistry() = default;
 
@@ -66,10 +78,10 @@ absl::Status InheritFromFollowed(const Pool& followed, PoolSpec* spec) {
 
 absl::Status CheckFollowerSize(const Pool& followed, const PoolSpec& spec) {
   if (!CanFollow(spec.kind, followed.spec().kind)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.follows '", followed.name(), "' is a ", PoolKindName(followed.spec().kind),
-        " pool; ", PoolKindName(spec.kind), "/", LayoutName(spec.layout), " follows ",
-        FollowableKinds(spec.kind), " pools"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.follows '", followed.name(), "' is a ",
+                     PoolKindName(followed.spec().kind), " pool; ", PoolKindName(spec.kind), "/",
+                     LayoutName(spec.layout), " follows ", FollowableKinds(spec.kind), " pools"));
   }
   const bool sized = spec.size_tokens > 0 || spec.size_bytes > 0 ||
                      (spec.host_to_device_ratio > 0 && spec.device_size_tokens > 0);
@@ -77,10 +89,10 @@ absl::Status CheckFollowerSize(const Pool& followed, const PoolSpec& spec) {
   absl::StatusOr<uint64_t> tokens = ResolveSizeTokens(spec);
   if (!tokens.ok()) return tokens.status();
   if (*tokens != followed.size_tokens()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec sizing gives ", *tokens, " tokens but pool '", followed.name(),
-                     "' that ", PoolKindName(spec.kind), " follows has ", followed.size_tokens(),
-                     "; a follower takes the followed pool's size (leave the sizing fields unset)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec sizing gives ", *tokens, " tokens but pool '", followed.name(), "' that ",
+        PoolKindName(spec.kind), " follows has ", followed.size_tokens(),
+        "; a follower takes the followed pool's size (leave the sizing fields unset)"));
   }
   return absl::OkStatus();
 }
@@ -103,8 +115,8 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
   if (!spec.follows.empty() && NeedsFollows(spec.kind)) {
     absl::StatusOr<std::shared_ptr<Pool>> f = Get(spec.follows);
     if (!f.ok()) {
-      return absl::NotFoundError(absl::StrCat("pool '", name, "': spec.follows: pool '",
-                                              spec.follows, "' not found"));
+      return absl::NotFoundError(
+          absl::StrCat("pool '", name, "': spec.follows: pool '", spec.follows, "' not found"));
     }
     followed = *std::move(f);
     // A follower shares the followed pool's slots and blocks its deletion.
@@ -121,9 +133,9 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     tokens = followed->size_tokens();
     const uint64_t page_bytes = BytesPerPage(spec);
     if (page_bytes > 0 && tokens / spec.page_size > UINT64_MAX / page_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pool '", name, "': ", tokens / spec.page_size, " pages of '", followed->name(),
-          "' x ", page_bytes, " bytes per page overflow"));
+      return absl::InvalidArgumentError(absl::StrCat("pool '", name, "': ", tokens / spec.page_size,
+                                                     " pages of '", followed->name(), "' x ",
+                                                     page_bytes, " bytes per page overflow"));
     }
   } else {
     absl::StatusOr<uint64_t> resolved = ResolveSizeTokens(spec);
@@ -157,19 +169,24 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     if (!budget.ok()) return budget.status();
     const uint64_t available = *budget;
     if (bytes + table_bytes > available) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "not enough host memory for pool '", name, "': requesting ",
-          FormatGB(bytes + table_bytes), " (", pages, " pages x ", BytesPerPage(spec),
-          " bytes, and ", table_bytes, " bytes of page table) but only ", FormatGB(available),
-          " available (", why, ")"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("not enough host memory for pool '", name, "': requesting ",
+                       FormatGB(bytes + table_bytes), " (", pages, " pages x ", BytesPerPage(spec),
+                       " bytes, and ", table_bytes, " bytes of page table) but only ",
+                       FormatGB(available), " available (", why, ")"));
     }
     absl::MutexLock lock(&mu_);
     creating_.insert(name);
     creating_bytes_ += bytes;
   }
 
-  absl::StatusOr<std::shared_ptr<Pool>> pool =
-      Pool::Create(name, spec, tokens, region_prefix_, followed);
+  RegionFiles files;
+  files.dir = shm_dir_fd_.value_or(nullptr);  // Available failed above without it
+  files.name_prefix = absl::StrCat(kRegionFilePrefix, ::getpid(), ".");
+  files.file.mode = options_.region_mode;
+  files.file.gid = options_.region_gid;
+  files.file.inodes = options_.region_inodes;
+  absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create(name, spec, tokens, files, followed);
   // A caller that gave up (deadline, cancellation) was told the call failed;
   // the pool must then not exist. Dropping it removes its file.
   if (pool.ok() && abandoned && abandoned()) {
@@ -185,9 +202,9 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     auto it = pools_.find(followed->name());
     absl::Status s = it != pools_.end() && it->second == followed
                          ? followed->AddFollower(name)
-                         : absl::FailedPreconditionError(absl::StrCat(
-                               "pool '", followed->name(), "' was deleted while '", name,
-                               "' that follows it was being created"));
+                         : absl::FailedPreconditionError(
+                               absl::StrCat("pool '", followed->name(), "' was deleted while '",
+                                            name, "' that follows it was being created"));
     if (!s.ok()) pool = s;
   }
   if (!pool.ok()) return pool.status();
@@ -234,6 +251,16 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
     absl::StrAppend(&text, ", --memory-limit ", FormatGB(options_.memory_limit), " with ",
                     FormatGB(committed), " in pools");
   }
+  // The region files live on the shm dir's file system: a tmpfs smaller than
+  // the memory (a container's 64 MiB /dev/shm) holds only what it has free.
+  // Pools being created have not taken all of theirs yet.
+  if (!shm_dir_fd_.ok()) return shm_dir_fd_.status();
+  absl::StatusOr<uint64_t> fs_free = options_.read_fs_free(**shm_dir_fd_);
+  if (!fs_free.ok()) return fs_free.status();
+  const uint64_t fs_left = *fs_free > pending ? *fs_free - pending : 0;
+  if (fs_left < available) available = fs_left;
+  absl::StrAppend(&text, ", shm filesystem ", EscapedPath((*shm_dir_fd_)->path()), " has ",
+                  FormatGB(*fs_free), " free");
   if (why != nullptr) *why = std::move(text);
   return available;
 }
@@ -387,29 +414,37 @@ uint64_t PoolRegistry::used_bytes() const {
 }
 
 int PoolRegistry::RemoveStaleRegions() const {
-  DIR* dir = ::opendir(options_.shm_dir.c_str());
+  if (!shm_dir_fd_.ok()) return 0;
+  const DirFd& shm_dir = **shm_dir_fd_;
+  // A description of its own for the listing (readdir moves its offset).
+  absl::StatusOr<UniqueFd> listing = shm_dir.OpenBeneath(".", O_RDONLY | O_DIRECTORY);
+  if (!listing.ok()) return 0;
+  DIR* dir = ::fdopendir(listing->get());
   if (dir == nullptr) return 0;
+  listing->Release();  // closedir closes it
   int removed = 0;
   while (dirent* entry = ::readdir(dir)) {
     const std::string file = entry->d_name;
-    // kvhost.<pid>.<pool>.<region>
+    // kvhost.<pid>.<hex>.<pool>.<region>, or kvhost.<pid>.<pool>.<region>
+    // from daemons before the random part: only the pid counts here.
     std::vector<std::string> parts = absl::StrSplit(file, absl::MaxSplits('.', 2));
     int pid = 0;
     if (parts.size() != 3 || parts[0] != "kvhost" || !absl::SimpleAtoi(parts[1], &pid) ||
         pid <= 0) {
       continue;
     }
-    const std::string path = absl::StrCat(options_.shm_dir, "/", file);
     // A live daemon holds a lock on each of its files; that is what counts,
     // since a pid means nothing across pid namespaces (daemons in containers
     // sharing /dev/shm). A file named with this process's pid is a
     // predecessor's (in a container kvhostd is always pid 1). A file of
     // another running pid without a lock is kept, in case an older kvhostd
     // that took no locks still uses it.
-    if (IsRegionFileHeld(path)) continue;
+    if (IsRegionFileHeld(shm_dir, file)) continue;
     if (pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM)) continue;
-    if (::unlink(path.c_str()) == 0) {
-      spdlog::warn("removed stale region {} left by kvhostd pid {}", path, pid);
+    // unlinkat removes the name itself: a symbolic link goes, not its target.
+    if (::unlinkat(shm_dir.fd(), file.c_str(), 0) == 0) {
+      spdlog::warn("removed stale region {} left by kvhostd pid {}",
+                   EscapedPath(shm_dir.Join(file)), pid);
       ++removed;
     }
   }

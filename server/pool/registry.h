@@ -40,9 +40,17 @@ struct RegistryOptions {
   // Mode and group of the pools' region files (gid -1 = the process's).
   uint32_t region_mode = 0600;
   int64_t region_gid = -1;
+  // The inodes of the pools' region files while they live (the transfer
+  // engine refuses them as device buffers: give it the same set).
+  std::shared_ptr<RegionInodes> region_inodes = std::make_shared<RegionInodes>();
   // Where memory figures come from (tests replace it).
   std::function<absl::StatusOr<MemorySnapshot>()> read_memory = [] {
     return ReadMemorySnapshot("/");
+  };
+  // Free bytes of shm_dir's file system, which the region files fill (tests
+  // replace it).
+  std::function<absl::StatusOr<uint64_t>(const DirFd&)> read_fs_free = [](const DirFd& dir) {
+    return dir.FreeBytes();
   };
 };
 
@@ -83,9 +91,8 @@ class PoolRegistry {
   // ALREADY_EXISTS, FAILED_PRECONDITION (a pool already in a group).
   // DeleteGroup: NOT_FOUND, FAILED_PRECONDITION while attached. Delete of a
   // pool in a group is FAILED_PRECONDITION naming the group.
-  absl::StatusOr<std::shared_ptr<PoolGroup>> CreateGroup(const std::string& name,
-                                                         uint32_t layer_num,
-                                                         const std::vector<GroupEntrySpec>& entries);
+  absl::StatusOr<std::shared_ptr<PoolGroup>> CreateGroup(
+      const std::string& name, uint32_t layer_num, const std::vector<GroupEntrySpec>& entries);
   absl::StatusOr<std::shared_ptr<PoolGroup>> GetGroup(const std::string& name) const;
   std::vector<std::shared_ptr<PoolGroup>> ListGroups() const;
   absl::Status DeleteGroup(const std::string& name);
@@ -104,7 +111,8 @@ class PoolRegistry {
 
   uint64_t used_bytes() const;
   // Bytes a new pool could take now; `why`, if given, spells out the inputs
-  // (MemAvailable, cgroup, reserve, --memory-limit) for messages.
+  // (MemAvailable, cgroup, reserve, --memory-limit, the shm file system's
+  // free space) for messages.
   absl::StatusOr<uint64_t> Available(std::string* why = nullptr) const;
   const RegistryOptions& options() const { return options_; }
   // "<shm_dir>/kvhost.<pid>." — the prefix of this daemon's region files.
@@ -112,12 +120,16 @@ class PoolRegistry {
 
   // Removes region files left in shm_dir by kvhostd processes that no longer
   // run (no process holds the file's lock, and its pid is not a running
-  // process other than this one); returns how many.
+  // process other than this one); returns how many. Names are
+  // kvhost.<pid>.<hex>.<pool><suffix>, or kvhost.<pid>.<pool><suffix> from
+  // older daemons. Symbolic links are never followed.
   int RemoveStaleRegions() const;
 
  private:
   const RegistryOptions options_;
   const std::string region_prefix_;
+  // shm_dir, opened once: every region file is created and removed beneath it.
+  const absl::StatusOr<std::shared_ptr<const DirFd>> shm_dir_fd_;
   absl::Mutex create_mu_;  // serialises Create's memory check and reservation
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Pool>> pools_ ABSL_GUARDED_BY(mu_);

@@ -5,32 +5,81 @@
 // same bytes. A region created by the daemon owns its file: it holds an
 // exclusive flock on it for its whole life (so that a daemon in any pid
 // namespace can tell a live region file from one a crashed daemon left:
-// IsRegionFileHeld), and removes the file when it is destroyed. A region
-// opened from an existing file (a worker's emulated device buffer) only maps
-// it.
+// IsRegionFileHeld), records the file's inode in a RegionInodes set while it
+// lives, and removes the file when it is destroyed. A region opened from an
+// existing file (a worker's emulated device buffer) only maps it.
+//
+// Every file is opened beneath its directory's descriptor, never by a path
+// that follows symbolic links (server/pool/beneath.h); what is checked (type,
+// size, identity) is the descriptor that is mapped.
 //
 // Thread safety: the mapping is fixed for the region's life; the bytes are the
-// callers' to synchronise.
+// callers' to synchronise. RegionInodes is thread-safe.
 #ifndef KVHOST_SERVER_POOL_SHM_REGION_H_
 #define KVHOST_SERVER_POOL_SHM_REGION_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/pool/beneath.h"
 
 namespace kvhost {
 
+// The (st_dev, st_ino) of the region files a daemon has created and not yet
+// let go of: such a file must never be attached as a worker's device buffer
+// (another pool's bytes would be read and written without its owner token).
+class RegionInodes {
+ public:
+  void Add(dev_t dev, ino_t ino);
+  void Remove(dev_t dev, ino_t ino);
+  bool Contains(dev_t dev, ino_t ino) const;
+  size_t size() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::set<std::pair<dev_t, ino_t>> inodes_ ABSL_GUARDED_BY(mu_);
+};
+
+// How region files are made.
+struct RegionFileOptions {
+  // Mode, applied with fchmod (the umask does not narrow it).
+  uint32_t mode = 0600;
+  // Group, applied with fchown; -1 keeps the process's.
+  int64_t gid = -1;
+  // Where the file's inode is recorded while the region lives; may be null.
+  std::shared_ptr<RegionInodes> inodes;
+};
+
 class ShmRegion {
  public:
-  // Creates `path` (which must not exist), reserves `bytes` of backing memory
+  // Creates file `name` in `dir` (it must not exist: ALREADY_EXISTS; a
+  // symbolic link of that name counts as existing and is not followed),
+  // gives it `options`' mode and group, reserves `bytes` of backing memory
   // (posix_fallocate, so a full tmpfs fails here with RESOURCE_EXHAUSTED rather
   // than with SIGBUS later) and maps it with every page touched.
+  // REQUIRES: `name` is one path component.
+  static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(std::shared_ptr<const DirFd> dir,
+                                                           const std::string& name, uint64_t bytes,
+                                                           const RegionFileOptions& options);
+  // For tests and tools: Create in the directory part of `path`, which is
+  // opened by its name.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(const std::string& path, uint64_t bytes,
                                                            uint32_t mode = 0600);
-  // Maps an existing file read-write, whole.
-  static absl::StatusOr<std::unique_ptr<ShmRegion>> Open(const std::string& path);
+  // Maps the existing file `relative` beneath `dir` read-write, whole.
+  // INVALID_ARGUMENT unless it is a non-empty regular file; PERMISSION_DENIED
+  // when it is one of the region files in `refused` (may be null) or the path
+  // leaves `dir`; the errors of DirFd::OpenBeneath.
+  static absl::StatusOr<std::unique_ptr<ShmRegion>> Open(const DirFd& dir,
+                                                         const std::string& relative,
+                                                         const RegionInodes* refused);
 
   ~ShmRegion();
   ShmRegion(const ShmRegion&) = delete;
@@ -45,24 +94,24 @@ class ShmRegion {
   void Unlink();
 
  private:
-  ShmRegion(std::string path, uint8_t* data, uint64_t size, bool owner, int lock_fd)
-      : path_(std::move(path)), data_(data), size_(size), owner_(owner), lock_fd_(lock_fd) {}
+  ShmRegion() = default;
 
+  std::shared_ptr<const DirFd> dir_;  // the created file's directory; null for Open
+  std::string name_;                  // the created file's name in dir_
   std::string path_;
-  uint8_t* data_;
-  uint64_t size_;
-  bool owner_;
-  int lock_fd_;  // the created file, flock'ed while the region lives; -1 for Open
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  bool owner_ = false;
+  UniqueFd lock_fd_;  // the created file, flock'ed while the region lives; none for Open
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+  std::shared_ptr<RegionInodes> inodes_;  // where dev_/ino_ are recorded, or null
 };
 
-// Whether some process holds the flock of a region file that ShmRegion::Create
-// made (false too when the file cannot be opened).
-bool IsRegionFileHeld(const std::string& path);
-
-// Canonical form of `path` if it names an existing file inside directory
-// `dir` (symlinks resolved on both); PERMISSION_DENIED naming both otherwise,
-// NOT_FOUND when the file does not exist.
-absl::StatusOr<std::string> ResolvePathInside(const std::string& dir, const std::string& path);
+// Whether some process holds the flock of region file `name` in `dir` that
+// ShmRegion::Create made (false too when it cannot be opened or is not a
+// regular file; symbolic links are not followed).
+bool IsRegionFileHeld(const DirFd& dir, const std::string& name);
 
 }  // namespace kvhost
 

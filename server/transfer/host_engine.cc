@@ -6,10 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <mutex>
 #include <map>
+#include <mutex>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "server/pool/shm_region.h"
@@ -70,26 +71,36 @@ class ShmDeviceMapping : public DeviceMapping {
 
   // Maps `ref` as a buffer of component `component`; buffers are added
   // component-major.
-  absl::Status Add(const std::string& shm_dir, size_t component, const DeviceBufferRef& ref,
-                   const std::string& where) {
+  // The worker names the file by an absolute path; only the part after the
+  // shm dir is looked at, and opened beneath the shm dir's descriptor.
+  absl::Status Add(const DirFd& shm_dir, const RegionInodes* region_inodes, size_t component,
+                   const DeviceBufferRef& ref, const std::string& where) {
     if (ref.kind != DeviceBufferRef::Kind::kShm) {
       return absl::FailedPreconditionError(
           absl::StrCat(where,
                        " is a CUDA IPC buffer, but this daemon runs the host backend "
                        "(start kvhostd with --backend=cuda on a GPU machine)"));
     }
-    absl::StatusOr<std::string> path = ResolvePathInside(shm_dir, ref.shm_path);
-    if (!path.ok()) {
-      return absl::Status(path.status().code(), absl::StrCat(where, ": ", path.status().message()));
+    if (absl::Status s = CheckNoNul(ref.shm_path, "shm path"); !s.ok()) return Where(where, s);
+    const std::string prefix = shm_dir.Join("");
+    if (!absl::StartsWith(ref.shm_path, prefix)) {
+      return absl::PermissionDeniedError(absl::StrCat(where, ": path ", EscapedPath(ref.shm_path),
+                                                      " is outside the shm dir ",
+                                                      EscapedPath(shm_dir.path())));
     }
-    auto it = files_.find(*path);
+    // "<dir>//file" (a client given "<dir>/" as its shm dir) means the same.
+    const size_t start = ref.shm_path.find_first_not_of('/', prefix.size());
+    if (start == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": path ", EscapedPath(ref.shm_path), " names no file"));
+    }
+    const std::string relative = ref.shm_path.substr(start);
+    auto it = files_.find(relative);
     if (it == files_.end()) {
-      absl::StatusOr<std::unique_ptr<ShmRegion>> region = ShmRegion::Open(*path);
-      if (!region.ok()) {
-        return absl::Status(region.status().code(),
-                            absl::StrCat(where, ": ", region.status().message()));
-      }
-      it = files_.emplace(*path, *std::move(region)).first;
+      absl::StatusOr<std::unique_ptr<ShmRegion>> region =
+          ShmRegion::Open(shm_dir, relative, region_inodes);
+      if (!region.ok()) return Where(where, region.status());
+      it = files_.emplace(relative, *std::move(region)).first;
     }
     const ShmRegion& file = *it->second;
     const DeviceRows& rows = rows_[component];
@@ -104,6 +115,12 @@ class ShmDeviceMapping : public DeviceMapping {
   }
 
  private:
+  static absl::Status Where(const std::string& where, const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
+  }
+
+  // By the path beneath the shm dir: every layer naming it shares the file
+  // mapped for the first.
   std::map<std::string, std::unique_ptr<ShmRegion>> files_;
 };
 
@@ -184,7 +201,8 @@ bool CopyPiece(const JobPart& part, Direction direction, const JobLayer& layer,
 
 }  // namespace
 
-HostEngine::HostEngine(HostEngineOptions options) : options_(std::move(options)) {
+HostEngine::HostEngine(HostEngineOptions options)
+    : options_(std::move(options)), shm_dir_(DirFd::Open(options_.shm_dir, "shm dir")) {
   InstallSigbusHandler();
   for (Lane& lane : lanes_) lane.driver = std::thread([this, &lane] { DriverLoop(&lane); });
   const int helpers = std::max(0, options_.helper_threads) * 2;
@@ -209,11 +227,13 @@ std::string HostEngine::PathFor(const TransferJob& job) const { return "host-mem
 
 absl::StatusOr<std::unique_ptr<DeviceMapping>> HostEngine::Open(const Pool& pool,
                                                                 const AttachRequest& request) {
+  if (!shm_dir_.ok()) return shm_dir_.status();
   auto mapping = std::make_unique<ShmDeviceMapping>(pool, request);
   for (size_t c = 0; c < request.components.size(); ++c) {
     const ComponentBuffers& component = request.components[c];
     for (size_t l = 0; l < component.layers.size(); ++l) {
-      absl::Status s = mapping->Add(options_.shm_dir, c, component.layers[l], component.Where(l));
+      absl::Status s = mapping->Add(*shm_dir_, options_.region_inodes.get(), c, component.layers[l],
+                                    component.Where(l));
       if (!s.ok()) return s;
     }
   }

@@ -25,14 +25,22 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/pool/beneath.h"
+#include "server/pool/shm_region.h"
 #include "server/transfer/engine.h"
 
 namespace kvhost {
 
 struct HostEngineOptions {
-  // Only files inside this directory may be attached.
+  // Only files beneath this directory may be attached: a buffer's path must
+  // start with it (as given here) and '/', and the rest is opened beneath it
+  // without following symbolic links (server/pool/beneath.h).
   std::string shm_dir = "/dev/shm";
+  // The pools' region files, which are never attached (PERMISSION_DENIED);
+  // the registry's RegistryOptions::region_inodes. Null: none refused.
+  std::shared_ptr<const RegionInodes> region_inodes;
   // Copy threads per direction, besides the direction's driver thread.
   int helper_threads = 2;
   // A layer is split into pieces of at least this many bytes, so small
@@ -71,6 +79,8 @@ class HostEngine : public TransferEngine {
   void HelperLoop();
 
   const HostEngineOptions options_;
+  // options_.shm_dir, opened once; Open fails with its error if it could not be.
+  const absl::StatusOr<DirFd> shm_dir_;
 
   absl::Mutex stop_mu_;
   bool stopping_ = false;
