@@ -66,6 +66,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -150,12 +151,31 @@ class Reader {
   }
   // A size or count: interesting values by table, small ones, or any.
   uint64_t Size() {
-    static constexpr uint64_t kTable[] = {0,    1,    2,    3,         4,
-                                          7,    8,    15,   16,        17,
-                                          31,   32,   33,   64,        65,
-                                          255,  256,  4096, 1u << 20,  uint64_t{1} << 32,
-                                          uint64_t{1} << 40, (uint64_t{1} << 40) + 1,
-                                          uint64_t{1} << 63, UINT64_MAX, UINT64_MAX - 7};
+    static constexpr uint64_t kTable[] = {0,
+                                          1,
+                                          2,
+                                          3,
+                                          4,
+                                          7,
+                                          8,
+                                          15,
+                                          16,
+                                          17,
+                                          31,
+                                          32,
+                                          33,
+                                          64,
+                                          65,
+                                          255,
+                                          256,
+                                          4096,
+                                          1u << 20,
+                                          uint64_t{1} << 32,
+                                          uint64_t{1} << 40,
+                                          (uint64_t{1} << 40) + 1,
+                                          uint64_t{1} << 63,
+                                          UINT64_MAX,
+                                          UINT64_MAX - 7};
     constexpr uint8_t n = sizeof(kTable) / sizeof(kTable[0]);
     const uint8_t v = U8();
     if (v < n) return kTable[v];
@@ -209,8 +229,9 @@ const PoolDef kPools[] = {
      "kind: DSA_INDEXER layout: PAGE_FIRST dtype: UINT8 layer_num: 2 index_head_dim: 8 "
      "index_quant_block_size: 4 follows: \"mla\"",
      8},
-    {"v4", "kind: V4_PAGED layout: PAGE_FIRST dtype: UINT8 page_size: 4 layer_num: 2 "
-           "item_bytes: 16 size_tokens: 16",
+    {"v4",
+     "kind: V4_PAGED layout: PAGE_FIRST dtype: UINT8 page_size: 4 layer_num: 2 "
+     "item_bytes: 16 size_tokens: 16",
      8},
     {"log", "kind: LOGICAL layout: PAGE_FIRST dtype: BF16 page_size: 4 size_tokens: 64", 16},
     {"gattn",
@@ -253,8 +274,8 @@ struct DeviceFile {
   std::string real;  // realpath
   uint8_t* data = nullptr;
   uint64_t size = 0;
-  uint64_t tokens = 0;  // device_size_tokens
-  std::vector<uint64_t> block;  // per component: its first layer's offset
+  uint64_t tokens = 0;                // device_size_tokens
+  std::vector<uint64_t> block;        // per component: its first layer's offset
   std::vector<uint64_t> layer_bytes;  // per component
   uint64_t Offset(size_t c, uint32_t layer) const {
     return block[c] + uint64_t{layer} * layer_bytes[c];
@@ -327,16 +348,16 @@ class Harness {
     FUZZ_CHECK(::mkdir(outside_dir_.c_str(), 0700) == 0, outside_dir_);
     static std::string scratch = dir_;
     atexit([] {
-      std::string cmd = "rm -rf '" + scratch + "' '" + scratch + "-out'";
-      if (::system(cmd.c_str()) != 0) {
-      }
+      std::error_code ec;
+      std::filesystem::remove_all(scratch, ec);
+      std::filesystem::remove_all(scratch + "-out", ec);
     });
     MakeFixtures();
     if (getenv("TRANSFER_FUZZ_STATS") != nullptr) {
       atexit([] {
-        static const char* kNames[kOpCount] = {"Attach", "AttachRaw", "Detach", "Backup",
-                                               "Load", "WaitPoll", "WaitBlocking", "Alloc",
-                                               "Free", "CloseSession", "DeletePool", "Quiesce"};
+        static const char* kNames[kOpCount] = {"Attach", "AttachRaw",    "Detach",       "Backup",
+                                               "Load",   "WaitPoll",     "WaitBlocking", "Alloc",
+                                               "Free",   "CloseSession", "DeletePool",   "Quiesce"};
         for (int op = 0; op < kOpCount; ++op) {
           fprintf(stderr, "transfer_fuzz: %-13s ok %8llu  failed %8llu\n", kNames[op],
                   static_cast<unsigned long long>(stats.calls[op][1]),
@@ -434,8 +455,8 @@ class Harness {
     FUZZ_CHECK(::symlink("link-loop", (dir_ + "/link-loop").c_str()) == 0, "link-loop");
     FUZZ_CHECK(::symlink(outside_dir_.c_str(), (dir_ + "/link-outdir").c_str()) == 0, "outdir");
     FUZZ_CHECK(::symlink("sub", (dir_ + "/link-sub").c_str()) == 0, "link-sub");
-    fixtures_ = {"sub", "empty", "small", "fifo", "link-out", "link-in", "link-loop",
-                 "link-outdir", "link-sub"};
+    fixtures_ = {"sub",     "empty",     "small",       "fifo",    "link-out",
+                 "link-in", "link-loop", "link-outdir", "link-sub"};
   }
 
   void CreatePools() {
@@ -449,7 +470,8 @@ class Harness {
       FUZZ_CHECK(pool.ok(), def.name, ": ", pool.status().ToString());
     }
     std::vector<GroupEntrySpec> entries;
-    for (const GroupDef& e : kGroupEntries) entries.push_back({e.entry, e.pool, e.layer_map, e.anchor});
+    for (const GroupDef& e : kGroupEntries)
+      entries.push_back({e.entry, e.pool, e.layer_map, e.anchor});
     absl::StatusOr<std::shared_ptr<PoolGroup>> group =
         registry_->CreateGroup(kGroup, kGroupLayers, entries);
     FUZZ_CHECK(group.ok(), group.status().ToString());
@@ -464,7 +486,8 @@ class Harness {
       ++salt;
       for (size_t r = 0; r < pool->region_count(); ++r) {
         uint8_t* p = pool->region_base(r);
-        for (uint64_t i = 0; i < pool->region_bytes(r); ++i) p[i] = static_cast<uint8_t>(i * 7 + salt * 31 + r);
+        for (uint64_t i = 0; i < pool->region_bytes(r); ++i)
+          p[i] = static_cast<uint8_t>(i * 7 + salt * 31 + r);
       }
       if (pool->follows() == nullptr) {
         const uint64_t half = pool->page_num() / 2 * pool->page_size();
@@ -552,10 +575,19 @@ class Harness {
     const uint8_t b = r.U8();
     CallerSel c;
     switch (b % 8) {
-      case 5: c.sessions = false; c.only = 0; break;
-      case 6: c.sessions = false; c.only = 1; break;
-      case 7: c.sessions = false; break;
-      default: break;
+      case 5:
+        c.sessions = false;
+        c.only = 0;
+        break;
+      case 6:
+        c.sessions = false;
+        c.only = 1;
+        break;
+      case 7:
+        c.sessions = false;
+        break;
+      default:
+        break;
     }
     c.token = (b & 0x10) != 0;
     return c;
@@ -625,8 +657,7 @@ class Harness {
         const uint64_t id = PickTicket(r);
         const CallerSel caller = ReadCaller(r);
         const bool blocking = op == kWaitBlocking;
-        const auto deadline =
-            blocking ? std::chrono::milliseconds(1 + r.U8() % 64) : kCallDeadline;
+        const auto deadline = blocking ? std::chrono::milliseconds(1 + r.U8() % 64) : kCallDeadline;
         v1::WaitTransferRequest req;
         req.set_ticket_id(id);
         req.set_poll(!blocking);
@@ -809,17 +840,28 @@ class Harness {
     const std::string base = own.substr(own.rfind('/') + 1);
     const std::string dir_name = dir_.substr(dir_.rfind('/') + 1);
     switch (r.U8() % 24) {
-      case 0: return own;
-      case 1: return devices_[r.U8() % devices_.size()].path;
-      case 2: return dir_ + "/missing";
-      case 3: return dir_;
-      case 4: return dir_ + "/sub";
-      case 5: return dir_ + "/sub/../" + base;
-      case 6: return outside_file_;
-      case 7: return dir_ + "/link-out";
-      case 8: return dir_ + "/link-in";
-      case 9: return base;
-      case 10: return "";
+      case 0:
+        return own;
+      case 1:
+        return devices_[r.U8() % devices_.size()].path;
+      case 2:
+        return dir_ + "/missing";
+      case 3:
+        return dir_;
+      case 4:
+        return dir_ + "/sub";
+      case 5:
+        return dir_ + "/sub/../" + base;
+      case 6:
+        return outside_file_;
+      case 7:
+        return dir_ + "/link-out";
+      case 8:
+        return dir_ + "/link-in";
+      case 9:
+        return base;
+      case 10:
+        return "";
       case 11: {
         std::vector<std::string> regions;
         for (const std::shared_ptr<Pool>& p : registry_->List()) {
@@ -828,36 +870,55 @@ class Harness {
         if (regions.empty()) return own;
         return regions[r.U8() % regions.size()];
       }
-      case 12: return dir_ + "/../" + dir_name + "-out/file";
-      case 13: return own + std::string(1, '\0') + "junk";
-      case 14: return "/etc/hostname";
-      case 15: return own + "/";
-      case 16: return dir_ + "//" + base;
-      case 17: return dir_ + "/fifo";
-      case 18: return dir_ + "/empty";
-      case 19: return dir_ + "/small";
-      case 20: return dir_ + "/link-loop";
-      case 21: return dir_ + "/link-outdir/file";
-      case 22: return dir_ + "/link-sub/../" + base;
-      default: return dir_ + "/./" + base;
+      case 12:
+        return dir_ + "/../" + dir_name + "-out/file";
+      case 13:
+        return own + std::string(1, '\0') + "junk";
+      case 14:
+        return "/etc/hostname";
+      case 15:
+        return own + "/";
+      case 16:
+        return dir_ + "//" + base;
+      case 17:
+        return dir_ + "/fifo";
+      case 18:
+        return dir_ + "/empty";
+      case 19:
+        return dir_ + "/small";
+      case 20:
+        return dir_ + "/link-loop";
+      case 21:
+        return dir_ + "/link-outdir/file";
+      case 22:
+        return dir_ + "/link-sub/../" + base;
+      default:
+        return dir_ + "/./" + base;
     }
   }
 
   std::string SessionVariant(Reader& r) {
     switch (r.U8() % 7) {
-      case 0: return sessions_[0];
-      case 1: return sessions_[1];
-      case 2: return "";
-      case 3: return closed_sessions_.empty() ? "ses-0-0000000000000000" : closed_sessions_.back();
-      case 4: return "bogus";
-      case 5: return sessions_[0] + "x";
-      default: return sessions_[0].substr(0, sessions_[0].size() / 2);
+      case 0:
+        return sessions_[0];
+      case 1:
+        return sessions_[1];
+      case 2:
+        return "";
+      case 3:
+        return closed_sessions_.empty() ? "ses-0-0000000000000000" : closed_sessions_.back();
+      case 4:
+        return "bogus";
+      case 5:
+        return sessions_[0] + "x";
+      default:
+        return sessions_[0].substr(0, sessions_[0].size() / 2);
     }
   }
 
   static const char* NameVariant(uint8_t v) {
-    static const char* kNames[] = {"",       "k",     "v",     "latent", "rows",    "index_k",
-                                   "temporal", "conv0", "conv1", "x",      "kv",      "ssm"};
+    static const char* kNames[] = {"",         "k",     "v",     "latent", "rows", "index_k",
+                                   "temporal", "conv0", "conv1", "x",      "kv",   "ssm"};
     return kNames[v % (sizeof(kNames) / sizeof(kNames[0]))];
   }
 
@@ -875,7 +936,8 @@ class Harness {
     for (v1::DeviceEntry& e : *req->mutable_entries()) CollectBuffers(&e, &buffers);
     const uint8_t kind = r.U8();
     // The holder a field mutation acts on: the request, or one entry.
-    const int holder = req->entries_size() > 0 ? static_cast<int>(r.U8() % (req->entries_size() + 1)) - 1 : -1;
+    const int holder =
+        req->entries_size() > 0 ? static_cast<int>(r.U8() % (req->entries_size() + 1)) - 1 : -1;
     auto on_holder = [&](auto&& fn) {
       if (holder < 0) {
         fn(req);
@@ -923,7 +985,8 @@ class Harness {
         break;
       case 3:
         if (BufferRef* b = pick()) {
-          const uint64_t v = r.U8() % 2 ? r.Size() : b->field->Get(b->index).shm().offset() + r.U8() % 64;
+          const uint64_t v =
+              r.U8() % 2 ? r.Size() : b->field->Get(b->index).shm().offset() + r.U8() % 64;
           b->field->Mutable(b->index)->mutable_shm()->set_offset(v);
         }
         break;
@@ -961,8 +1024,12 @@ class Harness {
               *c->mutable_layers() = copy;
               break;
             }
-            case 1: *h->mutable_k_layers() = copy; break;
-            default: *h->mutable_v_layers() = copy; break;
+            case 1:
+              *h->mutable_k_layers() = copy;
+              break;
+            default:
+              *h->mutable_v_layers() = copy;
+              break;
           }
         });
         break;
@@ -975,8 +1042,12 @@ class Harness {
         }
         break;
       }
-      case 9: req->set_load_only(!req->load_only()); break;
-      case 10: req->set_session_id(SessionVariant(r)); break;
+      case 9:
+        req->set_load_only(!req->load_only());
+        break;
+      case 10:
+        req->set_session_id(SessionVariant(r));
+        break;
       case 11: {
         static constexpr uint32_t kSets[] = {0, 1, 4, 64, 65, UINT32_MAX};
         req->set_load_event_sets(kSets[r.U8() % 6]);
@@ -1003,13 +1074,17 @@ class Harness {
         } else {
           const int e = v % req->entries_size();
           switch ((v >> 4) % 3) {
-            case 0: req->mutable_entries()->DeleteSubrange(e, 1); break;
+            case 0:
+              req->mutable_entries()->DeleteSubrange(e, 1);
+              break;
             case 1: {
               v1::DeviceEntry copy = req->entries(e);
               *req->add_entries() = copy;
               break;
             }
-            default: req->mutable_entries(e)->set_entry(NameVariant(r.U8())); break;
+            default:
+              req->mutable_entries(e)->set_entry(NameVariant(r.U8()));
+              break;
           }
         }
         break;
@@ -1039,12 +1114,12 @@ class Harness {
   // A successful attach: counts, id, and its buffers resolved for the byte
   // checks.
   void OnAttached(const v1::AttachDeviceRequest& req, const v1::Attachment& resp,
-                const Snapshot& before) {
+                  const Snapshot& before) {
     const std::string call = absl::StrCat("AttachDevice ", req.ShortDebugString());
     FUZZ_CHECK(!resp.id().empty(), call, " returned no id");
     for (const Attached& a : attached_) {
-      FUZZ_CHECK(a.id != resp.id() || detached_.count(a.id) > 0, call, " returned id '",
-                 resp.id(), "' of a live attachment");
+      FUZZ_CHECK(a.id != resp.id() || detached_.count(a.id) > 0, call, " returned id '", resp.id(),
+                 "' of a live attachment");
     }
     FUZZ_CHECK(resp.backend() == "host", call, " backend '", resp.backend(), "'");
     Attached a;
@@ -1062,8 +1137,8 @@ class Harness {
       a.group = true;
       a.layer_num = (*group)->layer_num();
       a.anchor = (*group)->anchor_index();
-      FUZZ_CHECK(resp.group() == req.pool() && resp.pool() == (*group)->anchor().pool->name(),
-                 call, ": attachment of group '", resp.group(), "' pool '", resp.pool(), "'");
+      FUZZ_CHECK(resp.group() == req.pool() && resp.pool() == (*group)->anchor().pool->name(), call,
+                 ": attachment of group '", resp.group(), "' pool '", resp.pool(), "'");
       for (const GroupEntry& entry : (*group)->entries()) {
         const AttachEntry* given = nullptr;
         for (const AttachEntry& e : domain->entries) {
@@ -1095,8 +1170,8 @@ class Harness {
     for (auto& [ae, request] : resolved) {
       request.entries.clear();
       absl::StatusOr<AttachRequest> r = ResolveAttachRequest(*ae.pool, request);
-      FUZZ_CHECK(r.ok(), call, " succeeded, but its request does not resolve: ",
-                 r.status().ToString());
+      FUZZ_CHECK(r.ok(), call,
+                 " succeeded, but its request does not resolve: ", r.status().ToString());
       ae.start = r->start_layer;
       ae.end = r->end_layer;
       ae.device_tokens = r->device_size_tokens;
@@ -1185,10 +1260,14 @@ class Harness {
     const uint8_t v = r.U8();
     if (!attached_.empty() && v < 200) return attached_[v % attached_.size()].id;
     switch (v % 4) {
-      case 0: return "";
-      case 1: return "att-1";
-      case 2: return attached_.empty() ? "x" : attached_.back().id + "0";
-      default: return std::string(40, 'a');
+      case 0:
+        return "";
+      case 1:
+        return "att-1";
+      case 2:
+        return attached_.empty() ? "x" : attached_.back().id + "0";
+      default:
+        return std::string(40, 'a');
     }
   }
 
@@ -1303,7 +1382,8 @@ class Harness {
         e = &a->entries[v % a->entries.size()];
         name = e->entry;
       }
-      others.emplace_back(name, ReadRows(r, e ? e->pool.get() : nullptr, e ? e->device_tokens : 16));
+      others.emplace_back(name,
+                          ReadRows(r, e ? e->pool.get() : nullptr, e ? e->device_tokens : 16));
     }
     grpc::Status status;
     v1::TransferTicket resp;
@@ -1351,11 +1431,13 @@ class Harness {
     wait.set_ticket_id(resp.id());
     v1::TransferStatus done;
     grpc::Status waited = transfers_->WaitTransfer(Context(CallerSel{}).get(), wait, &done);
-    FUZZ_CHECK(waited.ok(), *call, ": WaitTransfer of its ticket: ",
-               static_cast<int>(waited.error_code()), " ", waited.error_message());
-    FUZZ_CHECK(done.done() && done.layers_done() == a->layer_num && done.layer_num() == a->layer_num,
-               *call, ": ticket done ", done.done(), " with ", done.layers_done(), " of ",
-               done.layer_num(), " layers; the attachment has ", a->layer_num);
+    FUZZ_CHECK(waited.ok(), *call,
+               ": WaitTransfer of its ticket: ", static_cast<int>(waited.error_code()), " ",
+               waited.error_message());
+    FUZZ_CHECK(
+        done.done() && done.layers_done() == a->layer_num && done.layer_num() == a->layer_num,
+        *call, ": ticket done ", done.done(), " with ", done.layers_done(), " of ",
+        done.layer_num(), " layers; the attachment has ", a->layer_num);
     if (!quiet || !a->verifiable) return status;
     // Only this ticket ran: the bytes must say what it did.
     if (direction == Direction::kBackup) {
@@ -1401,8 +1483,7 @@ class Harness {
           const uint64_t h = comp.row_of(static_cast<uint64_t>(rows.host[i]));
           const uint64_t dr = comp.row_of(static_cast<uint64_t>(rows.device[i]));
           for (uint64_t head = 0; head < layout.heads; ++head) {
-            const uint8_t* host =
-                pool.component_base(c) + layout.Offset(0, h, host_layer, head);
+            const uint8_t* host = pool.component_base(c) + layout.Offset(0, h, host_layer, head);
             const uint8_t* device = buffer + dr * comp.row_bytes() + head * layout.head_bytes;
             FUZZ_CHECK(std::memcmp(host, device, layout.head_bytes) == 0, call, ": ",
                        DirectionName(direction), " of ", pool.Label(), " component '", comp.name,
@@ -1425,10 +1506,11 @@ class Harness {
       req.set_poll(true);
       v1::TransferStatus resp;
       grpc::Status s = transfers_->WaitTransfer(Context(CallerSel{}).get(), req, &resp);
-      FUZZ_CHECK(s.ok() ? resp.done() : s.error_code() != grpc::StatusCode::NOT_FOUND,
-                 "ticket ", t.id, " after the drain: ", s.ok() ? "not done" : s.error_message());
+      FUZZ_CHECK(s.ok() ? resp.done() : s.error_code() != grpc::StatusCode::NOT_FOUND, "ticket ",
+                 t.id, " after the drain: ", s.ok() ? "not done" : s.error_message());
     }
-    for (const std::string& s : sessions_) manager_->CloseSession(s, "input done", absl::ZeroDuration());
+    for (const std::string& s : sessions_)
+      manager_->CloseSession(s, "input done", absl::ZeroDuration());
     for (const Attached& a : attached_) {
       if (detached_.count(a.id) > 0) continue;
       v1::DetachDeviceRequest req;
@@ -1436,8 +1518,8 @@ class Harness {
       v1::DetachDeviceResponse resp;
       grpc::Status s = transfers_->DetachDevice(Context(CallerSel{}).get(), req, &resp);
       // Attachments of a session are gone with it.
-      FUZZ_CHECK(s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND, "detaching ", a.id,
-                 ": ", s.error_message());
+      FUZZ_CHECK(s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND, "detaching ", a.id, ": ",
+                 s.error_message());
     }
     for (const std::shared_ptr<Pool>& p : registry_->List()) {
       FUZZ_CHECK(p->attachments() == 0, p->Label(), " has ", p->attachments(),
