@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_TARGETS=(spec_fuzz allocator_fuzz layout_fuzz service_fuzz)
+ALL_TARGETS=(spec_fuzz allocator_fuzz layout_fuzz service_fuzz transfer_fuzz)
 BUILD_DIR=${FUZZ_BUILD_DIR:-build-fuzz}
 LOCK=${KVHOST_BUILD_LOCK:-/tmp/kv/build.lock}
 seconds=30
@@ -68,7 +68,7 @@ for t in "${targets[@]}"; do
   args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
         -artifact_prefix="$findings/")
   [[ -f "fuzz/$t.dict" ]] && args+=(-dict="fuzz/$t.dict")
-  if [[ $t == service_fuzz ]]; then
+  if [[ $t == service_fuzz || $t == transfer_fuzz ]]; then
     # gRPC's threads free memory after an input returns, so libFuzzer would
     # run LeakSanitizer after every input (a third of the time); the entropic
     # schedule's bookkeeping takes half of the rest with gRPC's many features.
