@@ -344,8 +344,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // Worker sessions: a peer that stops answering pings (a frozen host, a
   // cut link; a dead process closes its connection at once) is found within
   // --session-timeout: a ping every half of it, the other half to answer.
-  const int half_ms =
-      static_cast<int>(std::max<int64_t>(absl::ToInt64Milliseconds(options.session_timeout) / 2, 50));
+  const int half_ms = static_cast<int>(
+      std::max<int64_t>(absl::ToInt64Milliseconds(options.session_timeout) / 2, 50));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, half_ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, half_ms);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
@@ -377,6 +377,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   DaemonIdentity identity;
   identity.backend_detail = backend_detail;
   identity.instance_id = RandomHex();
+  const std::string instance_id = identity.instance_id;  // for kvhost_build_info
   for (const auto& [name, spec] : options.pools) identity.declared_pools.push_back(name);
   identity.session_timeout = options.session_timeout;
   auto status = std::make_unique<DaemonServiceImpl>(daemon->registry_.get(),
@@ -423,10 +424,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // After the gRPC server, before health says SERVING: a scraper that finds
   // the endpoint finds a daemon that answers.
   if (daemon->metrics_ != nullptr) {
-    AddDaemonGauges(daemon->metrics_.get(), daemon->registry_.get(), daemon->transfers_.get());
-    KvhostMetrics* metrics = daemon->metrics_.get();
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
-        options.metrics_listen, [metrics] { return metrics->registry.Render(); });
+        options.metrics_listen,
+        AddDaemonMetrics(daemon->metrics_.get(), daemon->registry_.get(), daemon->transfers_.get(),
+                         {KVHOST_VERSION, backend, instance_id}));
     if (!http.ok()) return http.status();
     daemon->metrics_server_ = *std::move(http);
     spdlog::info("metrics on {}", daemon->metrics_server_->url());
