@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "grpc/health/v1/health.pb.h"
 #include "server/gpu_probe.h"
 #include "server/metrics/daemon_metrics.h"
 #include "server/pool/host_memory.h"
@@ -337,6 +338,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   grpc::EnableDefaultHealthCheckService(true);
+  // Reflection serves descriptors from protobuf's generated pool. gRPC's own
+  // health service is not built from protobuf, so grpc.health.v1 gets there
+  // only from kvhost_proto's health.pb.cc, which nothing else in kvhostd
+  // uses: this reference links it in (its static initializer registers the
+  // file), so that grpcurl can describe and call Health.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
