@@ -137,8 +137,8 @@ int main(int argc, char** argv) {
       "Serves kvhost.v1.PoolService and TransferService over gRPC, with grpc.health.v1 and\n"
       "server reflection. SIGTERM / SIGINT drain accepted transfers, then exit 0.\n"
       "Flags also come from --flagfile=FILE (one --flag=value per line, underscore names,\n"
-      "e.g. deploy/kvhostd.flags) or --config=FILE (YAML; the command line and --flagfile override "
-      "it).",
+      "e.g. deploy/kvhostd.flags) and --config=FILE (YAML; the command line and --flagfile\n"
+      "override it).",
       "server/main.cc");
 
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ kvhostd %v");
