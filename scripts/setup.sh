@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 PACKAGES=(build-essential cmake pkg-config ccache git
           libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
           libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
-          libsystemd-dev systemd python3 python3-yaml libyaml-cpp-dev openssl)
+          libsystemd-dev systemd python3 python3-yaml libyaml-cpp-dev openssl
+          libmicrohttpd-dev)
 # scripts/test.sh adds the fuzzing compiler (EXTRA_PACKAGES).
 # shellcheck disable=SC2206
 PACKAGES+=(${EXTRA_PACKAGES:-})

@@ -297,6 +297,39 @@ absl::StatusOr<std::vector<DeclaredPool>> LoadConfigFile(const std::string& path
   }
 }
 
+namespace {
+
+// Whether a YAML reader would take `text`, written plain, for something other
+// than the string it is: a number (`0660` is the octal 432 to a YAML 1.1
+// reader such as PyYAML, 0660 or 660 to others), a boolean (`on`, `no`) or
+// null. Such values of string flags are written quoted; kvhostd reads them
+// back either way. Errs on the side of quoting (quotes never change what is
+// read).
+bool ReadsAsNonString(const std::string& text) {
+  static const char* const kWords[] = {"y",   "n",    "yes", "no",   "true",  "false", "on",
+                                       "off", "null", "~",   ".inf", "-.inf", "+.inf", ".nan"};
+  const std::string lower = absl::AsciiStrToLower(text);
+  for (const char* word : kWords) {
+    if (lower == word) return true;
+  }
+  size_t i = (!text.empty() && (text[0] == '+' || text[0] == '-')) ? 1 : 0;
+  if (i < text.size() && text[i] == '.') ++i;
+  if (i >= text.size() || !absl::ascii_isdigit(static_cast<unsigned char>(text[i]))) return false;
+  // Digits, and what numbers in some YAML spelling carry: hex and exponent
+  // letters, the 0x / 0o / 0b prefixes, '_' separators, ':' (YAML 1.1's
+  // base 60), signs and the point.
+  return text.find_first_not_of("0123456789abcdefABCDEFoOxX_:.+-") == std::string::npos;
+}
+
+// A string flag's value (or a list flag's item), quoted where a plain
+// scalar would be misread.
+void EmitString(YAML::Emitter& out, const std::string& value) {
+  if (ReadsAsNonString(value)) out << YAML::DoubleQuoted;
+  out << value;
+}
+
+}  // namespace
+
 std::string FormatConfig(const std::string& flags_file, const std::vector<std::string>& skip,
                          const std::vector<DeclaredPool>& pools) {
   std::map<std::string, const absl::CommandLineFlag*> own;
@@ -311,10 +344,12 @@ std::string FormatConfig(const std::string& flags_file, const std::vector<std::s
     out << YAML::Key << name << YAML::Value;
     if (absl::optional<std::vector<std::string>> list = flag->TryGet<std::vector<std::string>>()) {
       out << YAML::BeginSeq;
-      for (const std::string& item : *list) out << item;
+      for (const std::string& item : *list) EmitString(out, item);
       out << YAML::EndSeq;
+    } else if (flag->IsOfType<std::string>()) {
+      EmitString(out, flag->CurrentValue());
     } else {
-      out << flag->CurrentValue();
+      out << flag->CurrentValue();  // numbers, booleans, durations: as the flag spells them
     }
   }
   if (!pools.empty()) {

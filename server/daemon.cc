@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "grpc/health/v1/health.pb.h"
 #include "server/gpu_probe.h"
 #include "server/metrics/daemon_metrics.h"
 #include "server/pool/host_memory.h"
@@ -345,6 +346,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   grpc::EnableDefaultHealthCheckService(true);
+  // Reflection serves descriptors from protobuf's generated pool. gRPC's own
+  // health service is not built from protobuf, so grpc.health.v1 gets there
+  // only from kvhost_proto's health.pb.cc, which nothing else in kvhostd
+  // uses: this reference links it in (its static initializer registers the
+  // file), so that grpcurl can describe and call Health.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -352,8 +359,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // Worker sessions: a peer that stops answering pings (a frozen host, a
   // cut link; a dead process closes its connection at once) is found within
   // --session-timeout: a ping every half of it, the other half to answer.
-  const int half_ms =
-      static_cast<int>(std::max<int64_t>(absl::ToInt64Milliseconds(options.session_timeout) / 2, 50));
+  const int half_ms = static_cast<int>(
+      std::max<int64_t>(absl::ToInt64Milliseconds(options.session_timeout) / 2, 50));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, half_ms);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, half_ms);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
@@ -392,6 +399,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   DaemonIdentity identity;
   identity.backend_detail = backend_detail;
   identity.instance_id = RandomHex();
+  const std::string instance_id = identity.instance_id;  // for kvhost_build_info
   for (const auto& [name, spec] : options.pools) identity.declared_pools.push_back(name);
   identity.session_timeout = options.session_timeout;
   auto status = std::make_unique<DaemonServiceImpl>(daemon->registry_.get(),
@@ -438,10 +446,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // After the gRPC server, before health says SERVING: a scraper that finds
   // the endpoint finds a daemon that answers.
   if (daemon->metrics_ != nullptr) {
-    AddDaemonGauges(daemon->metrics_.get(), daemon->registry_.get(), daemon->transfers_.get());
-    KvhostMetrics* metrics = daemon->metrics_.get();
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
-        options.metrics_listen, [metrics] { return metrics->registry.Render(); });
+        options.metrics_listen,
+        AddDaemonMetrics(daemon->metrics_.get(), daemon->registry_.get(), daemon->transfers_.get(),
+                         {KVHOST_VERSION, backend, instance_id}));
     if (!http.ok()) return http.status();
     daemon->metrics_server_ = *std::move(http);
     spdlog::info("metrics on {}", daemon->metrics_server_->url());

@@ -27,7 +27,8 @@
 
 ABSL_FLAG(std::vector<std::string>, listen, {"unix:///run/kvhost/kvhost.sock"},
           "Addresses to serve on, comma separated: 'unix:///abs/path.sock' (the directory is "
-          "created; a stale socket file is replaced) or 'host:port' (plaintext TCP).");
+          "created; a stale socket file is replaced) or 'host:port' (TCP: TLS with --tls-cert "
+          "and --tls-key, or plaintext only with --insecure-tcp).");
 ABSL_FLAG(std::string, backend, "auto",
           "Transfer engine: 'host' (device pools emulated in shared memory), 'cuda' (GPU "
           "buffers through CUDA IPC, see --transfer-path; needs a GPU and a CUDA build), or "
@@ -134,7 +135,10 @@ int main(int argc, char** argv) {
       "kvhostd: host-memory KV-cache tier for GPU inference.\n"
       "Usage: kvhostd [--listen=unix:///run/kvhost/kvhost.sock] [--backend=auto] [flags]\n"
       "Serves kvhost.v1.PoolService and TransferService over gRPC, with grpc.health.v1 and\n"
-      "server reflection. SIGTERM / SIGINT drain accepted transfers, then exit 0.",
+      "server reflection. SIGTERM / SIGINT drain accepted transfers, then exit 0.\n"
+      "Flags also come from --flagfile=FILE (one --flag=value per line, underscore names,\n"
+      "e.g. deploy/kvhostd.flags) and --config=FILE (YAML; the command line and --flagfile\n"
+      "override it).",
       "server/main.cc");
 
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ kvhostd %v");

@@ -58,6 +58,25 @@ stop() {
 "$kvhostd" --config="$dir/defaults.yaml" --print-config >"$dir/defaults2.yaml"
 diff -u "$dir/defaults.yaml" "$dir/defaults2.yaml" || fail "defaults do not round-trip"
 grep -q '^shm_dir: /dev/shm$' "$dir/defaults.yaml" || fail "no shm_dir in --print-config"
+# Modes are strings that look like octal numbers: quoted, so that a YAML reader
+# gets "0660", not 432 (PyYAML, YAML 1.1) or 660; numbers stay plain.
+grep -q '^socket_mode: "0660"$' "$dir/defaults.yaml" || fail "socket_mode not quoted"
+grep -q '^region_mode: "0600"$' "$dir/defaults.yaml" || fail "region_mode not quoted"
+grep -q '^copy_threads: 2$' "$dir/defaults.yaml" || fail "an int flag got quoted"
+python3 - "$dir/defaults.yaml" <<'PY' || fail "a YAML reader misreads --print-config"
+import sys, yaml
+c = yaml.safe_load(open(sys.argv[1]))
+assert c["socket_mode"] == "0660" and c["region_mode"] == "0600", (c["socket_mode"], c["region_mode"])
+assert c["memory_limit"] == "0" and c["copy_threads"] == 2, (c["memory_limit"], c["copy_threads"])
+PY
+# Either spelling loads: quoted as printed, or plain as people write it.
+printf 'socket_mode: "0640"\nsocket_group: "10001"\n' >"$dir/quoted.yaml"
+"$kvhostd" --config="$dir/quoted.yaml" --print-config >"$dir/quoted.out"
+grep -q '^socket_mode: "0640"$' "$dir/quoted.out" || fail "a quoted socket_mode did not load"
+grep -q '^socket_group: "10001"$' "$dir/quoted.out" || fail "a numeric socket_group not quoted"
+printf 'socket_mode: 0640\n' >"$dir/plain.yaml"
+"$kvhostd" --config="$dir/plain.yaml" --print-config >"$dir/plain.out"
+grep -q '^socket_mode: "0640"$' "$dir/plain.out" || fail "a plain socket_mode did not load"
 cat >"$dir/full.yaml" <<'EOF'
 memory-limit: 8G          # hyphen spelling
 listen: [unix:///run/kvhost/a.sock, "localhost:0"]

@@ -5,21 +5,29 @@ file and with the sidecar's arguments to prove kvhostd knows every flag.
 
 What it checks (each check prints a line; the first failure names the
 manifest and the field, and the script exits 1):
-- every YAML document under deploy/k8s/ parses;
+- every YAML document under deploy/k8s/ and deploy/k8s/examples/ parses;
+- `kubectl apply -f deploy/k8s/` works on a fresh cluster: in the order
+  kubectl applies them (files by name, documents in file order), every
+  namespaced object's Namespace is defined before it (examples/ files, applied
+  one by one, each on its own);
+- the socket mode is the same wherever it is stated: flags, comments and
+  config files under deploy/, docs/OPERATIONS.md, and kvhostd's default;
 - the DaemonSet: hostIPC true; the socket volume mounted at /run/kvhost in the
   kvhostd container; liveness and readiness probes; memory requests and
   limits; IPC_LOCK in capabilities.add; --flagfile naming a file inside the
   mounted ConfigMap, whose key exists in the ConfigMap;
 - the ConfigMap's flag file: kvhostd starts with it (an unknown flag makes
   kvhostd exit at once: 1 for a name it does not know, 2 for a bad value);
-- the sidecar Pod: both containers mount the same socket volume, /dev/shm is
-  an emptyDir with medium Memory and a sizeLimit, the kvhostd container has
-  probes and memory limits, and kvhostd starts with its arguments.
+- the sidecar Pod (examples/): both containers mount the same socket volume,
+  /dev/shm is an emptyDir with medium Memory and a sizeLimit, the kvhostd
+  container has probes and memory limits, and kvhostd starts with its
+  arguments.
 
 Usage: k8s_manifests_test.py KVHOSTD REPO_ROOT   (needs python3-yaml)
 """
 import glob
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -44,7 +52,8 @@ def check(condition, manifest, field, what):
 
 
 def load_documents(k8s_dir):
-    """{manifest file name: [documents]} for every *.yaml / *.yml there."""
+    """{manifest file name: [documents]} for every *.yaml / *.yml there, in
+    name order (the order `kubectl apply -f DIR` applies them)."""
     files = sorted(glob.glob(os.path.join(k8s_dir, "*.yaml")) +
                    glob.glob(os.path.join(k8s_dir, "*.yml")))
     if not files:
@@ -61,6 +70,71 @@ def load_documents(k8s_dir):
               "documents", f"{len(parsed)} document(s), each with a kind")
         docs[name] = parsed
     return docs
+
+
+# Kinds that live in no namespace, and namespaces every cluster has.
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume",
+                  "StorageClass", "RuntimeClass", "PriorityClass", "CustomResourceDefinition",
+                  "Node", "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
+BUILTIN_NAMESPACES = {"default", "kube-system", "kube-public", "kube-node-lease"}
+
+
+def check_namespace_order(units):
+    """`units`: lists of (manifest, documents) applied in one kubectl call
+    each, in kubectl's order. Every namespaced object's Namespace must be
+    defined before it within its unit (a fresh cluster has only the builtin
+    ones)."""
+    for unit in units:
+        defined = set(BUILTIN_NAMESPACES)
+        for manifest, documents in unit:
+            for d in documents:
+                meta = d.get("metadata") or {}
+                if d["kind"] == "Namespace":
+                    defined.add(meta.get("name"))
+                    continue
+                if d["kind"] in CLUSTER_SCOPED:
+                    continue
+                ns = meta.get("namespace", "default")
+                check(ns in defined, manifest, f"{d['kind']} {meta.get('name')}.metadata.namespace",
+                      f"'{ns}' defined before it in apply order "
+                      f"({' -> '.join(m for m, _ in unit)})")
+
+
+# Statements of the socket's mode, in flags, YAML and prose. Each captures
+# the octal mode.
+SOCKET_MODE_PATTERNS = [
+    r"--socket[-_]mode`?[= ]+`?(0[0-7]{3})\b",                        # --socket_mode=0660
+    r"--socket[-_]mode`?\s*\((?:octal,\s*)?default\s*`?(0[0-7]{3})\b",  # --socket-mode (default 0660)
+    r"\bsocket_mode:\s*[\"']?(0[0-7]{3})\b",                           # socket_mode: "0660"
+    r"\bthe socket(?: file)? is\s+`?(0[0-7]{3})\b",                     # the socket is 0660
+    r"\(socket\s+`?(0[0-7]{3})\b",                                     # (socket `0660`)
+    r"\bsocket \S+: mode (0[0-7]{3})\b",                               # the start log line
+]
+
+
+def check_socket_mode(root, kvhostd):
+    """The socket mode is one value wherever it is stated."""
+    help_text = subprocess.run([kvhostd, "--help"], capture_output=True, text=True).stdout
+    m = re.search(r'--socket-mode \(default: "(0[0-7]{3})"\)', help_text)
+    check(m is not None, "kvhostd --help", "--socket-mode", "a default is shown")
+    default = m.group(1)
+    paths = [p for p in glob.glob(os.path.join(root, "deploy", "**", "*"), recursive=True)
+             if os.path.isfile(p)]
+    paths.append(os.path.join(root, "docs", "OPERATIONS.md"))
+    found = []
+    for path in sorted(paths):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        for pattern in SOCKET_MODE_PATTERNS:
+            for hit in re.finditer(pattern, text, re.IGNORECASE):
+                line = text.count("\n", 0, hit.start()) + 1
+                found.append((os.path.relpath(path, root), line, hit.group(1)))
+    # The places known to state it; fewer means the patterns no longer see them.
+    check(len(found) >= 8, "deploy/, docs/OPERATIONS.md", "socket mode statements",
+          f"{len(found)} found")
+    for where, line, mode in found:
+        check(mode == default, f"{where}:{line}", "socket mode",
+              f"{mode} (kvhostd's default {default})")
 
 
 def find(docs, kind, name=None):
@@ -209,7 +283,7 @@ def check_daemonset(docs, kvhostd):
 
 def check_sidecar(docs, kvhostd):
     pods = [(m, d) for m, ds in docs.items() for d in ds if d.get("kind") == "Pod"]
-    check(len(pods) == 1, "deploy/k8s", "kind: Pod", "one sidecar example")
+    check(len(pods) == 1, "deploy/k8s/examples", "kind: Pod", "one sidecar example")
     manifest, pod = pods[0]
     spec = pod.get("spec", {})
     kv = container(manifest, spec, "kvhostd")
@@ -247,9 +321,14 @@ def main():
         print(f"FAIL {kvhostd} is not an executable", file=sys.stderr)
         return 1
     try:
-        docs = load_documents(os.path.join(root, "deploy", "k8s"))
-        check_daemonset(docs, kvhostd)
-        check_sidecar(docs, kvhostd)
+        k8s = os.path.join(root, "deploy", "k8s")
+        applied = load_documents(k8s)
+        examples = load_documents(os.path.join(k8s, "examples"))
+        check_namespace_order([list(applied.items())] +
+                              [[(f"examples/{m}", ds)] for m, ds in examples.items()])
+        check_socket_mode(root, kvhostd)
+        check_daemonset(applied, kvhostd)
+        check_sidecar({f"examples/{m}": ds for m, ds in examples.items()}, kvhostd)
     except CheckFailed as e:
         print(e, file=sys.stderr)
         return 1

@@ -1,10 +1,15 @@
-// What `grpcurl -plaintext -unix <socket> list` and `describe
-// kvhost.v1.PoolService` do, against a real kvhostd: server reflection
-// (grpc.reflection.v1alpha) lists the services and serves descriptors that
-// build into a usable pool; grpc.health.v1 answers SERVING.
+// What `grpcurl -plaintext -unix <socket> list`, `describe
+// kvhost.v1.PoolService` and `grpcurl ... grpc.health.v1.Health/Check` do,
+// against a real kvhostd: server reflection (grpc.reflection.v1alpha) lists
+// the services and serves, for every one listed, descriptors that build into
+// a usable pool; Health/Check called through messages built from those
+// descriptors alone (as grpcurl calls) answers SERVING.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <stdlib.h>
 
+#include <future>
 #include <memory>
 #include <set>
 #include <string>
@@ -16,6 +21,7 @@
 #include "daemon_fixture.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/descriptor.pb.h"
+#include "google/protobuf/dynamic_message.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
@@ -128,6 +134,104 @@ TEST_F(ReflectionTest, ListServices) {
     EXPECT_TRUE(names.count(want)) << want << " not listed; got: " << absl::StrJoin(names, ", ");
   }
   EXPECT_TRUE(stream.Close().ok());
+}
+
+// grpcurl's first steps for any call: list, then file_containing_symbol for
+// the service; each listed service must resolve and build (issue 13: Health
+// was listed, but "Symbol not found").
+TEST_F(ReflectionTest, EveryListedServiceHasItsDescriptor) {
+  auto stub = ServerReflection::NewStub(channel_);
+  Stream stream(stub.get());
+  ServerReflectionRequest request;
+  request.set_list_services("*");
+  ServerReflectionResponse response;
+  ASSERT_TRUE(stream.Ask(request, &response));
+  ASSERT_TRUE(response.has_list_services_response()) << response.DebugString();
+  std::vector<std::string> names;
+  for (const auto& service : response.list_services_response().service()) {
+    names.push_back(service.name());
+  }
+  ASSERT_GE(names.size(), 5u) << absl::StrJoin(names, ", ");
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    request.set_file_containing_symbol(name);
+    ASSERT_TRUE(stream.Ask(request, &response));
+    ASSERT_FALSE(response.has_error_response()) << response.error_response().error_message();
+    google::protobuf::DescriptorPool pool;
+    std::vector<google::protobuf::FileDescriptorProto> files;
+    BuildFiles(response, &pool, &files);
+    if (HasFatalFailure()) return;
+    const google::protobuf::ServiceDescriptor* service = pool.FindServiceByName(name);
+    ASSERT_NE(service, nullptr) << "the returned files do not declare it";
+    EXPECT_GT(service->method_count(), 0);
+  }
+  // grpcurl's other way in: the file by name.
+  request.set_file_by_filename("grpc/health/v1/health.proto");
+  ASSERT_TRUE(stream.Ask(request, &response));
+  EXPECT_TRUE(response.has_file_descriptor_response()) << response.DebugString();
+  EXPECT_TRUE(stream.Close().ok());
+}
+
+// `grpcurl -plaintext -unix <socket> grpc.health.v1.Health/Check`: the
+// request and response types come from reflection only, the call goes
+// through a generic stub with serialized dynamic messages.
+TEST_F(ReflectionTest, HealthCheckThroughReflectedDescriptors) {
+  auto stub = ServerReflection::NewStub(channel_);
+  Stream stream(stub.get());
+  ServerReflectionRequest request;
+  request.set_file_containing_symbol("grpc.health.v1.Health");
+  ServerReflectionResponse response;
+  ASSERT_TRUE(stream.Ask(request, &response));
+  google::protobuf::DescriptorPool pool;
+  std::vector<google::protobuf::FileDescriptorProto> files;
+  BuildFiles(response, &pool, &files);
+  if (HasFatalFailure()) return;
+  EXPECT_TRUE(stream.Close().ok());
+  const google::protobuf::ServiceDescriptor* service =
+      pool.FindServiceByName("grpc.health.v1.Health");
+  ASSERT_NE(service, nullptr);
+  const google::protobuf::MethodDescriptor* check = service->FindMethodByName("Check");
+  ASSERT_NE(check, nullptr);
+
+  google::protobuf::DynamicMessageFactory factory(&pool);
+  for (const std::string service_name : {"", "kvhost.v1.PoolService"}) {
+    SCOPED_TRACE(service_name);
+    std::unique_ptr<google::protobuf::Message> in(factory.GetPrototype(check->input_type())->New());
+    const google::protobuf::FieldDescriptor* service_field =
+        check->input_type()->FindFieldByName("service");
+    ASSERT_NE(service_field, nullptr);
+    in->GetReflection()->SetString(in.get(), service_field, service_name);
+    const std::string bytes = in->SerializeAsString();
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request_buffer(&slice, 1);
+    grpc::ByteBuffer response_buffer;
+
+    grpc::GenericStub generic(channel_);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&context, absl::StrCat("/", service->full_name(), "/", check->name()),
+                      grpc::StubOptions(), &request_buffer, &response_buffer,
+                      [&done](grpc::Status s) { done.set_value(std::move(s)); });
+    const grpc::Status status = done.get_future().get();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(response_buffer.Dump(&slices).ok());
+    std::string out_bytes;
+    for (const grpc::Slice& s : slices) {
+      out_bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+    std::unique_ptr<google::protobuf::Message> out(
+        factory.GetPrototype(check->output_type())->New());
+    ASSERT_TRUE(out->ParseFromString(out_bytes));
+    const google::protobuf::FieldDescriptor* status_field =
+        check->output_type()->FindFieldByName("status");
+    ASSERT_NE(status_field, nullptr);
+    const google::protobuf::EnumValueDescriptor* value =
+        out->GetReflection()->GetEnum(*out, status_field);
+    EXPECT_EQ(value->name(), "SERVING") << out->DebugString();
+  }
 }
 
 TEST_F(ReflectionTest, DescribePoolServiceAndTransferService) {

@@ -1,11 +1,13 @@
 #include "server/metrics/daemon_metrics.h"
 
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "server/metrics/process_metrics.h"
 
 namespace kvhost {
 namespace {
@@ -63,8 +65,46 @@ MakeRpcMetricsInterceptorFactory(KvhostMetrics* metrics) {
   return std::make_unique<RpcMetricsInterceptorFactory>(metrics);
 }
 
-void AddDaemonGauges(KvhostMetrics* metrics, const PoolRegistry* registry,
-                     const TransferManager* transfers) {
+namespace {
+
+// The render-time upkeep of the per-pool series (see AddDaemonMetrics).
+void SyncPoolSeries(KvhostMetrics* metrics, const PoolRegistry& registry) {
+  std::set<std::string> pools;
+  for (const std::shared_ptr<Pool>& pool : registry.List()) pools.insert(pool->name());
+  const SeriesFilter existing = [&pools](const LabelValues& values) {
+    return pools.count(values[0]) > 0;  // every family here has `pool` first
+  };
+  for (CounterFamily* family :
+       {metrics->pool_alloc_calls, metrics->pool_free_calls, metrics->pool_alloc_failures}) {
+    family->RetainSeries(existing);
+    for (const std::string& pool : pools) family->WithLabels({pool});
+  }
+  // Transfer series exist from a pool's first ticket on a path (the paths
+  // an engine takes are known only from its tickets); from then on every
+  // transfer family has that (pool, direction, path).
+  CounterFamily* const transfer_counters[] = {
+      metrics->transfer_bytes, metrics->transfer_tickets_done, metrics->transfer_tickets_failed};
+  std::set<LabelValues> seen;
+  for (CounterFamily* family : transfer_counters) {
+    family->RetainSeries(existing);
+    for (LabelValues& values : family->SeriesLabels()) seen.insert(std::move(values));
+  }
+  metrics->transfer_seconds->RetainSeries(existing);
+  for (LabelValues& values : metrics->transfer_seconds->SeriesLabels()) {
+    seen.insert(std::move(values));
+  }
+  for (const LabelValues& values : seen) {
+    if (!existing(values)) continue;  // retired by a ticket of a pool deleted meanwhile
+    for (CounterFamily* family : transfer_counters) family->WithLabels(values);
+    metrics->transfer_seconds->WithLabels(values);
+  }
+}
+
+}  // namespace
+
+std::function<std::string()> AddDaemonMetrics(KvhostMetrics* metrics, const PoolRegistry* registry,
+                                              const TransferManager* transfers,
+                                              DaemonBuildInfo build) {
   // Each family reads the pools again: a scrape is rare, and the figures of
   // one pool need not be a single snapshot across families.
   const auto per_pool = [registry](uint64_t (*value)(const Pool&)) {
@@ -76,7 +116,12 @@ void AddDaemonGauges(KvhostMetrics* metrics, const PoolRegistry* registry,
       return out;
     };
   };
+  const auto one = [](double value) { return std::vector<GaugeSample>{{{}, value}}; };
   MetricsRegistry& r = metrics->registry;
+  r.AddGauge("kvhost_build_info", "Always 1; the labels name this daemon's build and run.",
+             {"version", "backend", "instance"}, [build] {
+               return std::vector<GaugeSample>{{{build.version, build.backend, build.instance}, 1}};
+             });
   r.AddGauge("kvhost_pool_capacity_tokens", "Token slots of the pool.", {"pool"},
              per_pool([](const Pool& p) { return p.size_tokens(); }));
   r.AddGauge("kvhost_pool_capacity_bytes", "Host memory of the pool's regions, in bytes.", {"pool"},
@@ -88,11 +133,43 @@ void AddDaemonGauges(KvhostMetrics* metrics, const PoolRegistry* registry,
              per_pool([](const Pool& p) { return p.allocator().available_tokens(); }));
   r.AddGauge("kvhost_pool_attachments", "Device pools attached to the pool now.", {"pool"},
              per_pool([](const Pool& p) { return uint64_t{p.attachments()}; }));
-  r.AddGauge("kvhost_transfer_tickets_in_flight", "Transfer tickets accepted and not yet finished.",
-             {}, [transfers] {
-               return std::vector<GaugeSample>{
-                   {{}, static_cast<double>(transfers->counters().tickets_in_flight)}};
+  r.AddGauge("kvhost_pools", "Pools that exist now.", {},
+             [registry, one] { return one(static_cast<double>(registry->List().size())); });
+  r.AddGauge("kvhost_memory_used_bytes",
+             "Host memory the pools take now (the budget's account), in bytes.", {},
+             [registry, one] { return one(static_cast<double>(registry->used_bytes())); });
+  r.AddGauge("kvhost_memory_available_bytes",
+             "Host memory a new pool could take now (host memory, cgroup, reserve and "
+             "--memory-limit considered), in bytes.",
+             {}, [registry, one] {
+               const absl::StatusOr<uint64_t> available = registry->Available();
+               return available.ok() ? one(static_cast<double>(*available))
+                                     : std::vector<GaugeSample>{};
              });
+  r.AddGauge("kvhost_memory_limit_bytes",
+             "--memory-limit: what all pools together may take, in bytes (no sample: no limit).",
+             {}, [registry, one] {
+               const uint64_t limit = registry->options().memory_limit;
+               return limit > 0 ? one(static_cast<double>(limit)) : std::vector<GaugeSample>{};
+             });
+  r.AddGauge(
+      "kvhost_memory_reserve_bytes", "Host memory never given to pools, in bytes.", {},
+      [registry, one] { return one(static_cast<double>(registry->options().memory_reserve)); });
+  r.AddGauge("kvhost_sessions", "Worker sessions open now.", {}, [transfers, one] {
+    return one(static_cast<double>(transfers->ListSessions().size()));
+  });
+  r.AddGauge(
+      "kvhost_attachments", "Device attachments open now, every pool and group.", {},
+      [transfers, one] { return one(static_cast<double>(transfers->ListAttachments().size())); });
+  r.AddGauge("kvhost_transfer_tickets_in_flight", "Transfer tickets accepted and not yet finished.",
+             {}, [transfers, one] {
+               return one(static_cast<double>(transfers->counters().tickets_in_flight));
+             });
+  AddProcessMetrics(&r);
+  return [metrics, registry] {
+    SyncPoolSeries(metrics, *registry);
+    return metrics->registry.Render();
+  };
 }
 
 }  // namespace kvhost

@@ -1,5 +1,6 @@
 // kvhostd's metrics glue that needs the gRPC server and the domain objects:
-// the RPC interceptor and the scrape-time gauges over pools and transfers.
+// the RPC interceptor, the scrape-time gauges over pools, sessions and
+// transfers, and the upkeep of the per-pool series.
 // Kept apart from the registry so kvhost_metrics depends on nothing of ours.
 //
 // Thread safety: the interceptor runs on gRPC's threads and the gauge
@@ -9,7 +10,9 @@
 
 #include <grpcpp/support/server_interceptor.h>
 
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
@@ -24,11 +27,25 @@ namespace kvhost {
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
 MakeRpcMetricsInterceptorFactory(KvhostMetrics* metrics);
 
-// Adds the gauges computed at scrape time: per pool capacity (tokens, bytes),
-// used and available tokens and attachments; transfer tickets in flight.
-// REQUIRES: `registry` and `transfers` outlive every scrape.
-void AddDaemonGauges(KvhostMetrics* metrics, const PoolRegistry* registry,
-                     const TransferManager* transfers);
+// What kvhost_build_info says about this daemon.
+struct DaemonBuildInfo {
+  std::string version;   // kvhost's version
+  std::string backend;   // the transfer engine's name
+  std::string instance;  // DaemonStatus.instance_id, new at every start
+};
+
+// Adds the families computed at scrape time: per pool capacity (tokens,
+// bytes), used and available tokens and attachments; the memory budget,
+// pools, sessions, attachments and tickets in flight; build info; the
+// process metrics. Returns the render function for the HTTP endpoint, which
+// first brings the per-pool series in line with the pools that exist: every
+// pool has its PoolService counters (at 0 until used), a transfer series
+// that exists for a (pool, direction, path) has its siblings in every
+// transfer family, and a deleted pool's series are removed.
+// REQUIRES: `metrics`, `registry` and `transfers` outlive every scrape.
+std::function<std::string()> AddDaemonMetrics(KvhostMetrics* metrics, const PoolRegistry* registry,
+                                              const TransferManager* transfers,
+                                              DaemonBuildInfo build);
 
 }  // namespace kvhost
 

@@ -1,9 +1,8 @@
 #include "server/metrics/http_server.h"
 
+#include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -16,38 +15,94 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "server/metrics/metrics.h"
 
 namespace kvhost {
 namespace {
 
-// A scrape request is a request line and a few headers; anything longer is
-// not a scraper.
-constexpr size_t kMaxRequestBytes = 8192;
-
-enum class Wait { kReady, kTimeout, kStop };
-
-// Waits until `fd` is ready for `events`, the deadline passes or Stop wakes us.
-Wait WaitFor(int fd, short events, int wake_fd, absl::Time deadline) {
-  for (;;) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) return Wait::kTimeout;
-    pollfd fds[2] = {{fd, events, 0}, {wake_fd, POLLIN, 0}};
-    const int ms = static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
-    const int n = ::poll(fds, 2, ms);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Wait::kTimeout;
-    if (fds[1].revents != 0) return Wait::kStop;
-    if (fds[0].revents != 0) return Wait::kReady;
-  }
+// Queues a response with `body` (copied) and its content type; MHD adds
+// Content-Length, and for HEAD sends the headers alone.
+MHD_Result Respond(MHD_Connection* connection, unsigned status, const char* content_type,
+                   const std::string& body, const char* allow = nullptr) {
+  MHD_Response* response = MHD_create_response_from_buffer(
+      body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
+  if (response == nullptr) return MHD_NO;
+  MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+  if (allow != nullptr) MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, allow);
+  const MHD_Result queued = MHD_queue_response(connection, status, response);
+  MHD_destroy_response(response);
+  return queued;
 }
 
-std::string Response(int code, const char* reason, const std::string& content_type,
-                     const std::string& body, const char* extra_headers = "") {
-  return absl::StrCat("HTTP/1.1 ", code, " ", reason, "\r\nContent-Type: ", content_type,
-                      "\r\nContent-Length: ", body.size(), "\r\n", extra_headers,
-                      "Connection: close\r\n\r\n", body);
+// MHD_AccessHandlerCallback. MHD calls it once the headers are in, then
+// for each piece of a body, then once more: answering in the last call lets
+// the connection stay open for the next scrape (an answer before the request
+// is read whole closes it). A body, which no scrape has, is read and dropped.
+// `cls` is the server's render function.
+MHD_Result Answer(void* cls, MHD_Connection* connection, const char* path, const char* method,
+                  const char* /*version*/, const char* /*upload_data*/, size_t* upload_data_size,
+                  void** request_state) {
+  static char headers_seen;
+  if (*request_state == nullptr) {
+    *request_state = &headers_seen;
+    return MHD_YES;
+  }
+  if (*upload_data_size != 0) {
+    *upload_data_size = 0;
+    return MHD_YES;
+  }
+  if (std::strcmp(path, "/metrics") != 0) {
+    return Respond(connection, MHD_HTTP_NOT_FOUND, "text/plain", "metrics are at /metrics\n");
+  }
+  const bool head = std::strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
+  if (!head && std::strcmp(method, MHD_HTTP_METHOD_GET) != 0) {
+    return Respond(connection, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain",
+                   "only GET and HEAD are served\n", "GET, HEAD");
+  }
+  // HEAD renders too: its Content-Length is the body's a GET would get.
+  const auto& render = *static_cast<const std::function<std::string()>*>(cls);
+  return Respond(connection, MHD_HTTP_OK, kPrometheusContentType, render());
+}
+
+// A socket bound to `address` and listening, or an error naming it.
+absl::StatusOr<int> Listen(const std::string& address, const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = host.empty() ? AF_INET : AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string port_text = std::to_string(port);
+  if (const int rc =
+          ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &found);
+      rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics-listen '", address, "': cannot resolve '", host, "': ", ::gai_strerror(rc)));
+  }
+  std::string error = "no address";
+  int listening = -1;
+  for (addrinfo* ai = found; ai != nullptr && listening < 0; ai = ai->ai_next) {
+    const int fd =
+        ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0) {
+      error = std::strerror(errno);
+      continue;
+    }
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (ai->ai_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+      error = std::strerror(errno);
+      ::close(fd);
+      continue;
+    }
+    listening = fd;
+  }
+  ::freeaddrinfo(found);
+  if (listening < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics-listen: cannot listen on ", address, ": ", error));
+  }
+  return listening;
 }
 
 }  // namespace
@@ -84,48 +139,19 @@ absl::Status ParseHostPort(const std::string& address, std::string* host, int* p
 }
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& address, std::function<std::string()> render, absl::Duration io_timeout) {
+    const std::string& address, std::function<std::string()> render, absl::Duration idle_timeout) {
   std::string host;
   int port = 0;
   if (absl::Status s = ParseHostPort(address, &host, &port); !s.ok()) return s;
-  addrinfo hints{};
-  hints.ai_family = host.empty() ? AF_INET : AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string port_text = std::to_string(port);
-  if (const int rc =
-          ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &found);
-      rc != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--metrics-listen '", address, "': cannot resolve '", host, "': ", ::gai_strerror(rc)));
-  }
+  // The socket is ours, not MHD's, so that errors name their cause (MHD only
+  // says it failed) and any address getaddrinfo resolves works.
+  absl::StatusOr<int> fd = Listen(address, host, port);
+  if (!fd.ok()) return fd.status();
+
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
-  std::string error = "no address";
-  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      error = std::strerror(errno);
-      continue;
-    }
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(fd, 16) != 0) {
-      error = std::strerror(errno);
-      ::close(fd);
-      continue;
-    }
-    server->listen_fd_ = fd;
-    break;
-  }
-  ::freeaddrinfo(found);
-  if (server->listen_fd_ < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics-listen: cannot listen on ", address, ": ", error));
-  }
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
-  ::getsockname(server->listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
+  ::getsockname(*fd, reinterpret_cast<sockaddr*>(&bound), &len);
   server->port_ = bound.ss_family == AF_INET6
                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
@@ -134,108 +160,38 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
       "http://",
       absl::StrContains(shown_host, ':') ? absl::StrCat("[", shown_host, "]") : shown_host, ":",
       server->port_, "/metrics");
-  server->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (server->wake_fd_ < 0) {
-    return absl::InternalError(absl::StrCat("--metrics-listen: eventfd: ", std::strerror(errno)));
-  }
   server->render_ = std::move(render);
-  server->io_timeout_ = io_timeout;
-  server->thread_ = std::thread([s = server.get()] { s->Run(); });
+
+  const unsigned timeout_s = static_cast<unsigned>(
+      std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(idle_timeout, absl::Seconds(1)))));
+  // Error log off: MHD would write to stderr past kvhostd's logger, and the
+  // errors it reports are the clients' (resets, timeouts).
+  MHD_Daemon* daemon =
+      MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL, /*port=*/0, /*apc=*/nullptr,
+                       /*apc_cls=*/nullptr, &Answer, &server->render_,          //
+                       MHD_OPTION_LISTEN_SOCKET, static_cast<MHD_socket>(*fd),  //
+                       MHD_OPTION_THREAD_POOL_SIZE, kThreads,                   //
+                       MHD_OPTION_CONNECTION_LIMIT, kMaxConnections,            //
+                       MHD_OPTION_CONNECTION_TIMEOUT, timeout_s,                //
+                       MHD_OPTION_END);
+  if (daemon == nullptr) {
+    ::close(*fd);
+    return absl::InternalError(
+        absl::StrCat("--metrics-listen: libmicrohttpd did not start on ", address));
+  }
+  absl::MutexLock lock(&server->mu_);
+  server->daemon_ = daemon;
   return server;
 }
 
-MetricsHttpServer::~MetricsHttpServer() {
-  Stop();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  if (wake_fd_ >= 0) ::close(wake_fd_);
-}
+MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
 void MetricsHttpServer::Stop() {
-  if (stopped_) return;
-  stopped_ = true;
-  if (thread_.joinable()) {
-    const uint64_t one = 1;
-    while (::write(wake_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
-    }
-    thread_.join();
-  }
-}
-
-void MetricsHttpServer::Run() {
-  for (;;) {
-    if (WaitFor(listen_fd_, POLLIN, wake_fd_, absl::InfiniteFuture()) == Wait::kStop) return;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      // EMFILE and friends: back off instead of spinning on a readable socket.
-      if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN) {
-        if (WaitFor(wake_fd_, POLLIN, wake_fd_, absl::Now() + absl::Milliseconds(100)) ==
-            Wait::kStop) {
-          return;
-        }
-      }
-      continue;
-    }
-    Serve(fd);
-    ::close(fd);
-  }
-}
-
-void MetricsHttpServer::Serve(int fd) {
-  const absl::Time deadline = absl::Now() + io_timeout_;
-  std::string request;
-  char buf[1024];
-  size_t end = std::string::npos;
-  while (end == std::string::npos) {
-    if (request.size() >= kMaxRequestBytes) break;
-    if (WaitFor(fd, POLLIN, wake_fd_, deadline) != Wait::kReady) return;
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) return;  // the client closed or failed before a whole request
-    request.append(buf, static_cast<size_t>(n));
-    end = request.find("\r\n\r\n");
-    if (end == std::string::npos) end = request.find("\n\n");
-  }
-
-  std::string response;
-  const size_t line_end = request.find_first_of("\r\n");
-  const std::string line = request.substr(0, line_end);
-  const size_t sp1 = line.find(' ');
-  const size_t sp2 = sp1 == std::string::npos ? std::string::npos : line.find(' ', sp1 + 1);
-  if (end == std::string::npos) {
-    response =
-        Response(431, "Request Header Fields Too Large", "text/plain", "request too large\n");
-  } else if (sp2 == std::string::npos || !absl::StartsWith(line.substr(sp2 + 1), "HTTP/1.")) {
-    response = Response(400, "Bad Request", "text/plain", "malformed request line\n");
-  } else {
-    const std::string method = line.substr(0, sp1);
-    std::string target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-    target = target.substr(0, target.find('?'));
-    if (method != "GET") {
-      response = Response(405, "Method Not Allowed", "text/plain", "only GET is served\n",
-                          "Allow: GET\r\n");
-    } else if (target != "/metrics") {
-      response = Response(404, "Not Found", "text/plain", "metrics are at /metrics\n");
-    } else {
-      response = Response(200, "OK", kPrometheusContentType, render_());
-    }
-  }
-
-  size_t sent = 0;
-  while (sent < response.size()) {
-    if (WaitFor(fd, POLLOUT, wake_fd_, deadline) != Wait::kReady) return;
-    const ssize_t n = ::send(fd, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) return;
-    sent += static_cast<size_t>(n);
-  }
-  // Half-close, then read what the client still sends until it closes (or
-  // the deadline): closing with unread bytes would send a reset that can
-  // discard the response before the client reads it.
-  ::shutdown(fd, SHUT_WR);
-  while (WaitFor(fd, POLLIN, wake_fd_, deadline) == Wait::kReady) {
-    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) return;
-  }
+  absl::MutexLock lock(&mu_);
+  // MHD_stop_daemon joins the threads and closes the connections and the
+  // listening socket.
+  if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
+  daemon_ = nullptr;
 }
 
 }  // namespace kvhost

@@ -2,7 +2,8 @@
 // one registry. The daemon creates one when --metrics-listen is set and hands
 // it to the places that count: PoolServiceImpl (alloc / free calls), the
 // TransferManager (finished tickets), the RPC interceptor; the scrape-time
-// gauges over pools and transfers are added by the daemon (AddDaemonGauges).
+// gauges and the per-pool series' upkeep are added by the daemon
+// (AddDaemonMetrics).
 // Components take a null KvhostMetrics* to mean "metrics off".
 //
 // Thread safety: as MetricsRegistry; the family pointers are fixed at
@@ -22,10 +23,11 @@ namespace kvhost {
 inline const std::vector<double> kTransferSecondsBuckets = {
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 // RPC handling times: most unary calls answer in tens of microseconds;
-// CreatePool touches its memory and can take seconds.
+// CreatePool reserves and touches its memory, 10-50 s for tens of GiB on a
+// small machine (issue 13), hence buckets up to two minutes.
 inline const std::vector<double> kRpcSecondsBuckets = {
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-    0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    120};
 
 struct KvhostMetrics {
   KvhostMetrics();
@@ -34,7 +36,7 @@ struct KvhostMetrics {
 
   // PoolService, per pool (only pools that exist: a request naming an
   // unknown pool is counted by the RPC metrics alone, so clients cannot
-  // create series at will).
+  // create series at will). Every pool has its series, at 0 until used.
   CounterFamily* const pool_alloc_calls;     // {pool}
   CounterFamily* const pool_free_calls;      // {pool}
   CounterFamily* const pool_alloc_failures;  // {pool}

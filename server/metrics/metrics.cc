@@ -135,34 +135,26 @@ void MetricFamily::RenderHeader(const char* type, std::string* out) const {
 }
 
 Counter* CounterFamily::WithLabels(const LabelValues& values) {
-  absl::MutexLock lock(&mu_);
-  std::unique_ptr<Counter>& series = series_[values];
-  if (series == nullptr) series = std::make_unique<Counter>();
-  return series.get();
+  return series_.Get(values, [] { return std::make_unique<Counter>(); });
 }
 
 void CounterFamily::Render(std::string* out) const {
   RenderHeader("counter", out);
-  absl::MutexLock lock(&mu_);
-  for (const auto& [values, counter] : series_) {
+  series_.ForEach([&](const LabelValues& values, const Counter& counter) {
     out->append(name());
     AppendLabels(label_names(), values, "", out);
-    absl::StrAppend(out, " ", counter->value(), "\n");
-  }
+    absl::StrAppend(out, " ", counter.value(), "\n");
+  });
 }
 
 Histogram* HistogramFamily::WithLabels(const LabelValues& values) {
-  absl::MutexLock lock(&mu_);
-  std::unique_ptr<Histogram>& series = series_[values];
-  if (series == nullptr) series = std::make_unique<Histogram>(&bounds_);
-  return series.get();
+  return series_.Get(values, [this] { return std::make_unique<Histogram>(&bounds_); });
 }
 
 void HistogramFamily::Render(std::string* out) const {
   RenderHeader("histogram", out);
-  absl::MutexLock lock(&mu_);
-  for (const auto& [values, histogram] : series_) {
-    const Histogram::Snapshot s = histogram->Read();
+  series_.ForEach([&](const LabelValues& values, const Histogram& histogram) {
+    const Histogram::Snapshot s = histogram.Read();
     for (size_t i = 0; i < s.cumulative.size(); ++i) {
       const std::string le = i < bounds_.size() ? FormatMetricValue(bounds_[i]) : "+Inf";
       absl::StrAppend(out, name(), "_bucket");
@@ -175,11 +167,11 @@ void HistogramFamily::Render(std::string* out) const {
     absl::StrAppend(out, name(), "_count");
     AppendLabels(label_names(), values, "", out);
     absl::StrAppend(out, " ", s.count, "\n");
-  }
+  });
 }
 
-void GaugeFamily::Render(std::string* out) const {
-  RenderHeader("gauge", out);
+void ComputedFamily::Render(std::string* out) const {
+  RenderHeader(type_, out);
   for (const GaugeSample& sample : collect_()) {
     out->append(name());
     AppendLabels(label_names(), sample.labels, "", out);
@@ -218,8 +210,22 @@ HistogramFamily* MetricsRegistry::AddHistogram(std::string name, std::string hel
 void MetricsRegistry::AddGauge(std::string name, std::string help,
                                std::vector<std::string> label_names,
                                std::function<std::vector<GaugeSample>()> collect) {
-  auto family = std::make_unique<GaugeFamily>(std::move(name), std::move(help),
-                                              std::move(label_names), std::move(collect));
+  AddComputed("gauge", std::move(name), std::move(help), std::move(label_names),
+              std::move(collect));
+}
+
+void MetricsRegistry::AddComputedCounter(std::string name, std::string help,
+                                         std::vector<std::string> label_names,
+                                         std::function<std::vector<GaugeSample>()> collect) {
+  AddComputed("counter", std::move(name), std::move(help), std::move(label_names),
+              std::move(collect));
+}
+
+void MetricsRegistry::AddComputed(const char* type, std::string name, std::string help,
+                                  std::vector<std::string> label_names,
+                                  std::function<std::vector<GaugeSample>()> collect) {
+  auto family = std::make_unique<ComputedFamily>(type, std::move(name), std::move(help),
+                                                 std::move(label_names), std::move(collect));
   CheckFamily(*family, /*histogram=*/false);
   Add(std::move(family));
 }

@@ -3,24 +3,27 @@
 //
 // A family is one metric name with its HELP text, its type and its label
 // names; a series is the family at one tuple of label values. Counter and
-// histogram series are created on first use and live as long as the registry,
-// so the pointers WithLabels returns stay valid and callers may keep them.
-// Gauges are not stored: a callback computes every sample of the family at
-// scrape time, so a gauge never goes stale (a deleted pool simply stops being
-// reported).
+// histogram series are created at 0 on first use (or ahead of it, so that
+// they exist before their first event) and live until RetainSeries removes
+// them (e.g. a deleted pool's). Computed families (gauges, and counters kept
+// elsewhere such as the process's CPU time) are not stored: a callback
+// computes every sample of the family at scrape time, so they never go stale.
 //
-// Ownership: the registry owns its families and series. Gauge callbacks must
-// stay callable until the last Render() returns.
+// Ownership: the registry owns its families and series. A pointer WithLabels
+// returns stays valid at least kRetiredSeriesGrace after its series is
+// removed (callers use it at once: one RPC, one finished ticket). Callbacks
+// must stay callable until the last Render() returns.
 //
 // Thread safety: every method may be called concurrently. A counter update is
 // one relaxed atomic add; a histogram observation takes its series' mutex (so
-// a scrape sees buckets, _sum and _count of the same observations); creating a
-// series and Render take the family's mutex.
+// a scrape sees buckets, _sum and _count of the same observations); creating
+// or removing series and Render take the family's mutex.
 #ifndef KVHOST_SERVER_METRICS_METRICS_H_
 #define KVHOST_SERVER_METRICS_METRICS_H_
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,6 +32,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace kvhost {
 
@@ -89,17 +94,80 @@ class MetricFamily {
   const std::vector<std::string> label_names_;
 };
 
+// How long a removed series' object outlives its removal. WithLabels'
+// callers use the pointer within microseconds; a minute is far beyond that,
+// and bounds the memory of removed series by what is removed in a minute.
+inline constexpr absl::Duration kRetiredSeriesGrace = absl::Minutes(1);
+
+// Which series to keep, by label values.
+using SeriesFilter = std::function<bool(const LabelValues&)>;
+
+namespace metrics_internal {
+
+// The series of one counter or histogram family, by label values.
+template <typename T>
+class SeriesMap {
+ public:
+  // The series at `values`, made by `make` if missing.
+  template <typename Make>
+  T* Get(const LabelValues& values, Make make) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<T>& series = live_[values];
+    if (series == nullptr) series = make();
+    return series.get();
+  }
+  // Removes the series `keep` refuses; their objects are freed once
+  // kRetiredSeriesGrace has passed.
+  void Retain(const SeriesFilter& keep) {
+    const absl::Time now = absl::Now();
+    absl::MutexLock lock(&mu_);
+    for (auto it = live_.begin(); it != live_.end();) {
+      if (keep(it->first)) {
+        ++it;
+      } else {
+        retired_.emplace_back(now, std::move(it->second));
+        it = live_.erase(it);
+      }
+    }
+    while (!retired_.empty() && now - retired_.front().first > kRetiredSeriesGrace) {
+      retired_.pop_front();
+    }
+  }
+  std::vector<LabelValues> Labels() const {
+    absl::MutexLock lock(&mu_);
+    std::vector<LabelValues> out;
+    out.reserve(live_.size());
+    for (const auto& entry : live_) out.push_back(entry.first);
+    return out;
+  }
+  // fn(values, series) for every live series, in label order, under the lock.
+  template <typename Fn>
+  void ForEach(Fn fn) const {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [values, series] : live_) fn(values, *series);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<LabelValues, std::unique_ptr<T>> live_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<absl::Time, std::unique_ptr<T>>> retired_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace metrics_internal
+
 class CounterFamily final : public MetricFamily {
  public:
   using MetricFamily::MetricFamily;
   // The series at `values`, created at 0 on first use.
   // REQUIRES: values.size() == label_names().size().
   Counter* WithLabels(const LabelValues& values);
+  // Removes every series `keep` refuses.
+  void RetainSeries(const SeriesFilter& keep) { series_.Retain(keep); }
+  std::vector<LabelValues> SeriesLabels() const { return series_.Labels(); }
   void Render(std::string* out) const override;
 
  private:
-  mutable absl::Mutex mu_;
-  std::map<LabelValues, std::unique_ptr<Counter>> series_ ABSL_GUARDED_BY(mu_);
+  metrics_internal::SeriesMap<Counter> series_;
 };
 
 class HistogramFamily final : public MetricFamily {
@@ -110,12 +178,13 @@ class HistogramFamily final : public MetricFamily {
         bounds_(std::move(bounds)) {}
   // REQUIRES: values.size() == label_names().size().
   Histogram* WithLabels(const LabelValues& values);
+  void RetainSeries(const SeriesFilter& keep) { series_.Retain(keep); }
+  std::vector<LabelValues> SeriesLabels() const { return series_.Labels(); }
   void Render(std::string* out) const override;
 
  private:
   const std::vector<double> bounds_;
-  mutable absl::Mutex mu_;
-  std::map<LabelValues, std::unique_ptr<Histogram>> series_ ABSL_GUARDED_BY(mu_);
+  metrics_internal::SeriesMap<Histogram> series_;
 };
 
 struct GaugeSample {
@@ -123,15 +192,20 @@ struct GaugeSample {
   double value = 0;
 };
 
-class GaugeFamily final : public MetricFamily {
+// A family whose samples a callback computes at scrape time: a gauge, or a
+// counter kept elsewhere (the kernel's CPU time of the process).
+class ComputedFamily final : public MetricFamily {
  public:
-  GaugeFamily(std::string name, std::string help, std::vector<std::string> label_names,
-              std::function<std::vector<GaugeSample>()> collect)
+  ComputedFamily(const char* type, std::string name, std::string help,
+                 std::vector<std::string> label_names,
+                 std::function<std::vector<GaugeSample>()> collect)
       : MetricFamily(std::move(name), std::move(help), std::move(label_names)),
+        type_(type),
         collect_(std::move(collect)) {}
   void Render(std::string* out) const override;
 
  private:
+  const char* const type_;  // "gauge" or "counter"
   const std::function<std::vector<GaugeSample>()> collect_;
 };
 
@@ -150,12 +224,19 @@ class MetricsRegistry {
   // label_names.size() label values.
   void AddGauge(std::string name, std::string help, std::vector<std::string> label_names,
                 std::function<std::vector<GaugeSample>()> collect);
+  // A counter whose value is kept elsewhere and read at scrape time; it must
+  // never decrease (but for a restart of what it reads).
+  void AddComputedCounter(std::string name, std::string help, std::vector<std::string> label_names,
+                          std::function<std::vector<GaugeSample>()> collect);
 
   // The text exposition format 0.0.4 of every family.
   std::string Render() const;
 
  private:
   void Add(std::unique_ptr<MetricFamily> family);
+  void AddComputed(const char* type, std::string name, std::string help,
+                   std::vector<std::string> label_names,
+                   std::function<std::vector<GaugeSample>()> collect);
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<MetricFamily>> families_ ABSL_GUARDED_BY(mu_);
