@@ -416,9 +416,12 @@ TEST_F(OwnerTokenTest, EveryProtectedCallNeedsTheToken) {
     }
     EXPECT_TRUE(Take() == before);
   }
-  // Calls that neither change the pool nor read its data stay open.
+  // Page metadata names the region files and offsets: it needs the token
+  // (issue 12). Calls that neither change the pool nor locate or read its
+  // data stay open.
   const std::vector<int64_t> first_page(slots_.begin(), slots_.begin() + kPageSize);
-  EXPECT_TRUE(anonymous_->GetPageBufferMeta("p", first_page).ok());
+  EXPECT_TRUE(IsError(StatusOf(anonymous_->GetPageBufferMeta("p", first_page)),
+                      absl::StatusCode::kPermissionDenied, {"pool 'p' is owner-protected"}));
   EXPECT_TRUE(anonymous_->GetPageShape("p").ok());
   EXPECT_TRUE(anonymous_->ListPools().ok());
 

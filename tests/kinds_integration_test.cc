@@ -596,13 +596,16 @@ TEST_P(KindCaseTest, PageRpcsRoundTripInTheSeedByteOrder) {
   if (page_bytes > 0) {
     EXPECT_ERROR(client().SetFromFlatDataPage("p", p1, data.substr(1)), kInvalidArgument,
                  absl::StrCat(page_bytes - 1), absl::StrCat(page_bytes));
-    // A stream cut short inside its first page writes nothing.
+  }
+  EXPECT_EQ(Snapshot(files), before) << "a failed page call changed host bytes";
+  if (page_bytes > 0) {
+    // A stream cut short inside its first page completes none; the daemon
+    // holds one chunk, not a page, so that page may be partly written.
     const std::vector<std::string> short_page = {data.substr(1)};
     const std::vector<int64_t> one = {p0};
     EXPECT_ERROR(client().WritePages("p", one, short_page, chunk), kInvalidArgument,
-                 "0 pages written");
+                 "0 pages written", "incomplete");
   }
-  EXPECT_EQ(Snapshot(files), before) << "a failed page call changed host bytes";
 
   // WritePages: the first page lands, the second fails and says so.
   const std::vector<int64_t> good_then_bad = {p0, free_page};

@@ -153,14 +153,31 @@ INSTANTIATE_TEST_SUITE_P(
                [](PoolSpec& s) {
                  s.head_num = 1u << 10, s.head_dim = 1u << 10, s.layer_num = 1024;
                }),
-        // RowBytes = 3 * 715827883 = 2^31 + 1 and layer_num = 2^32 - 1: the
-        // true bytes per token (~2^65) wraps to 2^32 - 2 in 64 bits.
+        // RowBytes = 3 * 715827883 = 2^31 + 1, layer_num = kMaxLayers and
+        // page_size = 2^32 - 1: a page's true bytes (~2^76) wrap in 64 bits.
         Mutate("TokenBytesWrap", MhaSpec(), "bytes per token",
                [](PoolSpec& s) {
                  s.dtype = DType::kUint8, s.head_num = 3, s.head_dim = 715827883,
-                 s.layer_num = 4294967295u;
+                 s.layer_num = kMaxLayers, s.page_size = 4294967295u;
+               }),
+        // The layer cap comes before any size arithmetic.
+        Mutate("LayerNumOverCap", MhaSpec(), "spec.layer_num 4097 is over the limit of 4096",
+               [](PoolSpec& s) { s.layer_num = kMaxLayers + 1; }),
+        Mutate("LayerNumMax", MlaSpec(), "spec.layer_num 4294967295 is over the limit",
+               [](PoolSpec& s) { s.layer_num = 4294967295u; }),
+        Mutate("MambaTooManyDims", MhaSpec(), "spec.mamba.temporal has 9 dimensions",
+               [](PoolSpec& s) {
+                 s.kind = PoolKind::kMamba, s.layout = LayoutKind::kPageFirstDirect;
+                 s.page_size = 1, s.head_num = 0, s.head_dim = 0;
+                 s.mamba.temporal = std::vector<uint32_t>(9, 1), s.mamba.conv = {{2}};
                })),
     [](const ::testing::TestParamInfo<BadSpec>& info) { return info.param.name; });
+
+TEST(ValidateSpecTest, AcceptsLayerNumUpToTheCap) {
+  PoolSpec s = MhaSpec();
+  s.layer_num = kMaxLayers;
+  EXPECT_TRUE(ValidateSpec(s).ok()) << ValidateSpec(s);
+}
 
 TEST(ValidateSpecTest, AcceptsEveryLayoutItSupports) {
   for (LayoutKind l : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
@@ -1331,6 +1348,19 @@ const BadGroup kBadGroups[] = {
      {Entry("kv", "attn")},
      absl::StatusCode::kInvalidArgument,
      {"group 'g'", "layer_num"}},
+    {"layer_num_over_cap",
+     "g",
+     kMaxLayers + 1,
+     {Entry("kv", "attn")},
+     absl::StatusCode::kInvalidArgument,
+     {"group 'g'", "layer_num 4097 is over the limit of 4096"}},
+    // 2^32 - 1 with a map of one value: the cap is checked before the map.
+    {"layer_num_max",
+     "g",
+     4294967295u,
+     {Entry("kv", "attn", {0})},
+     absl::StatusCode::kInvalidArgument,
+     {"layer_num 4294967295 is over the limit"}},
     {"no_entries", "g", 4, {}, absl::StatusCode::kInvalidArgument, {"group 'g'", "0 entries"}},
     {"nine_entries",
      "g",
@@ -1525,6 +1555,205 @@ TEST_F(GroupRegistryTest, GetPoolOrAnchorResolvesGroupsToTheirAnchor) {
   EXPECT_EQ(reg_.Get("hybrid").status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(reg_.DeleteGroup("hybrid").ok());
   EXPECT_EQ(reg_.GetPoolOrAnchor("hybrid").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvhost
+
+namespace kvhost {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Reply bounds (issue 12): the estimates the service checks before building a
+// reply are never below what the builders return.
+
+// A valid pool of `kind` in `layout` (null when the kind has no such layout),
+// its anchor created first for followers.
+std::shared_ptr<Pool> MakeIn(PoolRegistry& reg, PoolKind kind, LayoutKind layout) {
+  PoolSpec s = KindSpec(kind);
+  s.layout = layout;
+  if (kind == PoolKind::kMamba && layout != LayoutKind::kPageFirstDirect) return nullptr;
+  if (!s.follows.empty()) {
+    PoolSpec a = KindSpec(kind == PoolKind::kKOnly        ? PoolKind::kMha
+                          : kind == PoolKind::kDsaIndexer ? PoolKind::kMla
+                                                          : PoolKind::kLogical);
+    if (!reg.Get("anchor").ok() && !reg.Create("anchor", a).ok()) return nullptr;
+    s.page_size = 0;
+  }
+  PoolSpec check = s;
+  if (check.page_size == 0) check.page_size = 4;
+  if (!ValidateSpec(check).ok()) return nullptr;
+  absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create(PoolKindName(kind), s);
+  return p.ok() ? *p : nullptr;
+}
+
+class ReplyBoundTest : public KindRegistryTest {};
+
+TEST_F(ReplyBoundTest, EstimatesAreAtLeastWhatIsBuiltForEveryKindAndLayout) {
+  int pools = 0;
+  for (LayoutKind layout : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
+                            LayoutKind::kPageFirstDirect, LayoutKind::kPageHead}) {
+    ShmDir dir;
+    PoolRegistry reg(Options(dir.path(), &mem_));
+    for (PoolKind kind : kKinds) {
+      std::shared_ptr<Pool> pool = MakeIn(reg, kind, layout);
+      if (pool == nullptr) continue;
+      ++pools;
+      SCOPED_TRACE(pool->Label());
+      const uint64_t ps = pool->page_size();
+      // Whole pages: 1, 2 and every page (all of them allocated, so CheckPage
+      // passes too).
+      for (uint64_t pages : {uint64_t{1}, uint64_t{2}, pool->page_num()}) {
+        std::vector<int64_t> slots;
+        for (uint64_t i = 0; i < pages * ps; ++i) slots.push_back(static_cast<int64_t>(i));
+        absl::StatusOr<std::vector<RegionSegment>> meta = pool->PageBufferMeta(slots);
+        if (meta.ok()) {
+          EXPECT_GE(pool->PageBufferMetaEntries(slots.size()), meta->size()) << pages;
+          // Exact for whole pages: the bound is not loose by a factor.
+          EXPECT_EQ(pool->PageBufferMetaEntries(slots.size()), meta->size()) << pages;
+        }
+        for (uint32_t split : {1u, 2u, 4u}) {
+          absl::StatusOr<std::vector<RegionSegment>> heads = pool->SplitHeadsMeta(slots, split);
+          if (heads.ok()) {
+            EXPECT_GE(pool->SplitHeadsMetaEntries(slots.size(), split), heads->size())
+                << pages << " pages, split " << split;
+          }
+        }
+      }
+      // Slot lists that are not whole pages still get a bound (rounded up).
+      EXPECT_GE(pool->PageBufferMetaEntries(ps + 1), 2 * pool->PageBufferMetaEntries(ps) / 1);
+      absl::StatusOr<std::vector<BufferInfo>> infos = pool->ContiguousBufferInfos();
+      if (infos.ok()) {
+        EXPECT_EQ(pool->ContiguousBufferInfoEntries(), infos->size());
+      }
+      absl::StatusOr<std::vector<PagePart>> parts = pool->PageShape();
+      if (parts.ok()) {
+        EXPECT_EQ(parts->size(), pool->components().size());
+        for (const PagePart& part : *parts) EXPECT_LE(part.dims.size(), kMaxPagePartDims);
+      }
+    }
+  }
+  EXPECT_GE(pools, 15);  // every kind in at least one layout
+}
+
+TEST_F(ReplyBoundTest, LayerFirstEstimateGrowsWithLayersBeforeAnythingIsBuilt) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  PoolSpec s = KindSpec(PoolKind::kMha);
+  s.layout = LayoutKind::kLayerFirst, s.layer_num = kMaxLayers, s.size_tokens = 16;
+  std::shared_ptr<Pool> pool = Make(reg, "deep", s);
+  ASSERT_NE(pool, nullptr);
+  // 4M indices of 4-slot pages: 2^20 pages x 4096 layers x 2 components.
+  EXPECT_EQ(pool->PageBufferMetaEntries(uint64_t{1} << 22), (uint64_t{1} << 20) * 4096 * 2);
+  EXPECT_EQ(pool->ContiguousBufferInfoEntries(), uint64_t{2} * kMaxLayers);
+}
+
+// ---------------------------------------------------------------------------
+// Page ranges: a chunk copied straight to / from the pool is the same bytes
+// as the whole flat page.
+
+TEST_F(KindRegistryTest, PageRangesAreSlicesOfTheFlatPage) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  PoolSpec s = KindSpec(PoolKind::kMha);
+  s.layout = LayoutKind::kLayerFirst, s.layer_num = 3;
+  std::shared_ptr<Pool> pool = Make(reg, "p", s);
+  ASSERT_NE(pool, nullptr);
+  ASSERT_TRUE(pool->AllocPages(8).ok());
+  const uint64_t n = pool->flat_page_bytes();
+  std::vector<uint8_t> page(n);
+  for (uint64_t i = 0; i < n; ++i) page[i] = static_cast<uint8_t>(i * 7 + 1);
+  // Written in odd chunks that straddle the per-layer segments.
+  for (uint64_t at = 0; at < n; at += 37) {
+    const uint64_t len = std::min<uint64_t>(37, n - at);
+    ASSERT_TRUE(pool->WritePageRange(4, at, absl::MakeConstSpan(page.data() + at, len)).ok());
+  }
+  std::vector<uint8_t> whole(n);
+  ASSERT_TRUE(pool->ReadPage(4, absl::MakeSpan(whole)).ok());
+  EXPECT_EQ(whole, page);
+  std::vector<uint8_t> slice(50);
+  ASSERT_TRUE(pool->ReadPageRange(4, 30, absl::MakeSpan(slice)).ok());
+  EXPECT_EQ(slice, std::vector<uint8_t>(page.begin() + 30, page.begin() + 80));
+  // Past the end: refused, nothing copied.
+  std::vector<uint8_t> tail(2);
+  absl::Status past = pool->ReadPageRange(4, n - 1, absl::MakeSpan(tail));
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(past), HasSubstr("pass its end"));
+  EXPECT_EQ(pool->WritePageRange(4, n + 1, {}).code(), absl::StatusCode::kInvalidArgument);
+  // Not allocated: as CheckPage.
+  EXPECT_EQ(pool->ReadPageRange(8, 0, absl::MakeSpan(slice)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// ---------------------------------------------------------------------------
+// Releasing bytes: a deleted pool's memory counts until it is unmapped.
+
+TEST_F(RegistryTest, DeletedPoolCountsAsReleasingUntilItsLastReferenceGoes) {
+  RegistryOptions o = Options(dir_.path(), &mem_);
+  o.memory_limit = 40000000;  // 40 MB: two 16 MB pools
+  PoolRegistry reg(o);
+  absl::StatusOr<std::shared_ptr<Pool>> a = reg.Create("a", MegabyteTokenSpec(16));
+  ASSERT_TRUE(a.ok());
+  std::shared_ptr<Pool> held = *a;  // a stream's reference
+  a = absl::UnknownError("dropped");
+  ASSERT_TRUE(reg.Create("b", MegabyteTokenSpec(16)).ok());
+  ASSERT_TRUE(reg.Delete("a").ok());
+  EXPECT_TRUE(held->retired());
+  EXPECT_EQ(reg.used_bytes(), 16000000u);
+  EXPECT_EQ(reg.releasing_bytes(), 16000000u);
+  std::string why;
+  absl::StatusOr<uint64_t> avail = reg.Available(&why);
+  ASSERT_TRUE(avail.ok());
+  EXPECT_EQ(*avail, 8000000u);
+  EXPECT_THAT(why, HasSubstr("of deleted pools still mapped"));
+  absl::StatusOr<std::shared_ptr<Pool>> c = reg.Create("c", MegabyteTokenSpec(16));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
+  EXPECT_THAT(Msg(c.status()), HasSubstr("still mapped"));
+  held.reset();  // unmapped now
+  EXPECT_EQ(reg.releasing_bytes(), 0u);
+  EXPECT_TRUE(reg.Create("c", MegabyteTokenSpec(16)).ok());
+}
+
+TEST_F(RegistryTest, ADeletedPoolMayOutliveTheRegistry) {
+  std::shared_ptr<Pool> held;
+  {
+    PoolRegistry reg(Options(dir_.path(), &mem_));
+    absl::StatusOr<std::shared_ptr<Pool>> a = reg.Create("a", MegabyteTokenSpec(16));
+    ASSERT_TRUE(a.ok());
+    held = *a;
+    ASSERT_TRUE(reg.Delete("a").ok());
+  }
+  held.reset();  // its notice finds no registry: nothing to credit, no crash
+  SUCCEED();
+}
+
+TEST_F(RegistryTest, TransientReservationsCountAgainstTheMemoryLimit) {
+  RegistryOptions o = Options(dir_.path(), &mem_);
+  o.memory_limit = 20000000;
+  PoolRegistry reg(o);
+  ASSERT_TRUE(reg.Create("a", MegabyteTokenSpec(16)).ok());
+  absl::StatusOr<TransientReservation> r = reg.ReserveTransient(3000000, "ReadPages of pool 'a'");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(reg.transient_bytes(), 3000000u);
+  absl::StatusOr<TransientReservation> over = reg.ReserveTransient(2000000, "WritePages");
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Msg(over.status()), HasSubstr("--memory-limit"));
+  EXPECT_EQ(reg.transient_bytes(), 3000000u);
+  EXPECT_EQ(*reg.Available(), 1000000u);
+  TransientReservation moved = *std::move(r);
+  EXPECT_EQ(reg.transient_bytes(), 3000000u);
+  moved = TransientReservation();
+  EXPECT_EQ(reg.transient_bytes(), 0u);
+  EXPECT_TRUE(reg.ReserveTransient(4000000, "x").ok());  // given back at once
+  EXPECT_EQ(reg.transient_bytes(), 0u);
+}
+
+// A group's layer maps are bounded before the group exists.
+TEST_F(GroupRegistryTest, GroupWhoseRepliesCannotBeSentIsNotCreated) {
+  absl::StatusOr<std::shared_ptr<PoolGroup>> g =
+      reg_.CreateGroup("g", 4, {Entry("kv", "attn"), Entry("ssm", "ssm")}, 7);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(Msg(g.status()), HasSubstr("8 layer-map values, over the 7"));
+  ExpectNoGroups();
+  EXPECT_TRUE(reg_.CreateGroup("g", 4, {Entry("kv", "attn"), Entry("ssm", "ssm")}, 8).ok());
 }
 
 }  // namespace

@@ -248,11 +248,58 @@ template <typename Fn>
 void Pool::ForEachFlatSegment(uint64_t first_slot, Fn&& fn) const {
   for (const Component& c : components_) {
     if (c.layout.MetaPerLayer()) {
-      for (uint64_t l = 0; l < c.layout.layers; ++l) fn(PageSegment(c, first_slot, l));
-    } else {
-      fn(PageSegment(c, first_slot, 0));
+      for (uint64_t l = 0; l < c.layout.layers; ++l) {
+        if (!fn(PageSegment(c, first_slot, l))) return;
+      }
+    } else if (!fn(PageSegment(c, first_slot, 0))) {
+      return;
     }
   }
+}
+
+template <typename Fn>
+void Pool::ForEachFlatPiece(uint64_t first_slot, uint64_t offset, uint64_t length, Fn&& fn) const {
+  const uint64_t end = offset + length;
+  uint64_t at = 0;  // flat-page offset of the segment's first byte
+  ForEachFlatSegment(first_slot, [&](const RegionSegment& seg) {
+    const uint64_t seg_end = at + seg.length;
+    if (seg_end > offset && at < end) {
+      const uint64_t from = std::max(at, offset), to = std::min(seg_end, end);
+      fn(regions_[seg.region]->data() + seg.offset + (from - at), from - offset, to - from);
+    }
+    at = seg_end;
+    return at < end;
+  });
+}
+
+uint64_t Pool::MetaSegmentsPerPage() const {
+  // LAYER_FIRST: per layer, per component; else per component.
+  const uint64_t meta_layers = layout_.MetaPerLayer() ? layout_.layers : 1;
+  return meta_layers * components_.size();
+}
+
+uint64_t Pool::SplitSegmentsPerPage(uint32_t split_factor) const {
+  // A valid split_factor divides head_num, so it is at most head_num.
+  return std::min<uint64_t>(split_factor, layout_.heads) * components_.size();
+}
+
+uint64_t Pool::PagesOf(uint64_t slots) const {
+  return slots / layout_.page_size + (slots % layout_.page_size != 0 ? 1 : 0);
+}
+
+uint64_t Pool::PageBufferMetaEntries(uint64_t slots) const {
+  return PagesOf(slots) * MetaSegmentsPerPage();
+}
+
+uint64_t Pool::SplitHeadsMetaEntries(uint64_t slots, uint32_t split_factor) const {
+  return PagesOf(slots) * SplitSegmentsPerPage(split_factor);
+}
+
+uint64_t Pool::ContiguousBufferInfoEntries() const {
+  if (spec_.layout != LayoutKind::kLayerFirst) return 0;
+  uint64_t entries = 0;
+  for (const Component& c : components_) entries += c.layout.layers;
+  return entries;
 }
 
 absl::StatusOr<std::vector<RegionSegment>> Pool::PageBufferMeta(
@@ -269,7 +316,7 @@ absl::StatusOr<std::vector<RegionSegment>> Pool::PageBufferMeta(
   if (!pages.ok()) return pages.status();
   const uint64_t meta_layers = layout_.MetaPerLayer() ? layout_.layers : 1;
   std::vector<RegionSegment> segments;
-  segments.reserve(pages->size() * meta_layers * components_.size());
+  segments.reserve(pages->size() * MetaSegmentsPerPage());
   for (uint64_t page : *pages) {
     const uint64_t first = page * layout_.page_size;
     // LAYER_FIRST: per page, per layer, per component; else per page, per
@@ -314,12 +361,7 @@ absl::Status Pool::ReadPage(int64_t first_slot, absl::Span<uint8_t> out) const {
     return absl::InvalidArgumentError(absl::StrCat("a buffer of ", out.size(), " bytes; a page of ",
                                                    Label(), " has ", flat_page_bytes()));
   }
-  uint64_t at = 0;
-  ForEachFlatSegment(first_slot, [&](const RegionSegment& seg) {
-    std::memcpy(out.data() + at, regions_[seg.region]->data() + seg.offset, seg.length);
-    at += seg.length;
-  });
-  return absl::OkStatus();
+  return ReadPageRange(first_slot, 0, out);
 }
 
 absl::Status Pool::WritePage(int64_t first_slot, absl::Span<const uint8_t> data) {
@@ -328,10 +370,40 @@ absl::Status Pool::WritePage(int64_t first_slot, absl::Span<const uint8_t> data)
     return absl::InvalidArgumentError(absl::StrCat("data has ", data.size(), " bytes; a page of ",
                                                    Label(), " has ", flat_page_bytes()));
   }
-  uint64_t at = 0;
-  ForEachFlatSegment(first_slot, [&](const RegionSegment& seg) {
-    std::memcpy(regions_[seg.region]->data() + seg.offset, data.data() + at, seg.length);
-    at += seg.length;
+  return WritePageRange(first_slot, 0, data);
+}
+
+absl::Status Pool::CheckPageRange(int64_t first_slot, uint64_t offset, uint64_t length,
+                                  const char* what) const {
+  if (absl::Status s = CheckPage(first_slot); !s.ok()) return s;
+  const uint64_t page = flat_page_bytes();
+  if (offset > page || length > page - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(Label(), ": ", what, " bytes [", offset, ", ",
+                                                   offset, " + ", length, ") of page ", first_slot,
+                                                   " pass its end (", page, " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Pool::ReadPageRange(int64_t first_slot, uint64_t offset,
+                                 absl::Span<uint8_t> out) const {
+  if (absl::Status s = CheckPageRange(first_slot, offset, out.size(), "reading"); !s.ok()) {
+    return s;
+  }
+  ForEachFlatPiece(first_slot, offset, out.size(),
+                   [&](const uint8_t* region, uint64_t at, uint64_t n) {
+                     std::memcpy(out.data() + at, region, n);
+                   });
+  return absl::OkStatus();
+}
+
+absl::Status Pool::WritePageRange(int64_t first_slot, uint64_t offset,
+                                  absl::Span<const uint8_t> data) {
+  if (absl::Status s = CheckPageRange(first_slot, offset, data.size(), "writing"); !s.ok()) {
+    return s;
+  }
+  ForEachFlatPiece(first_slot, offset, data.size(), [&](uint8_t* region, uint64_t at, uint64_t n) {
+    std::memcpy(region, data.data() + at, n);
   });
   return absl::OkStatus();
 }
@@ -402,6 +474,7 @@ absl::StatusOr<std::vector<RegionSegment>> Pool::SplitHeadsMeta(absl::Span<const
   if (!pages.ok()) return pages.status();
   const uint64_t group = heads / split_factor;
   std::vector<RegionSegment> segments;
+  segments.reserve(pages->size() * SplitSegmentsPerPage(split_factor));
   for (uint64_t page : *pages) {
     const uint64_t first = page * layout_.page_size;
     for (uint64_t h = 0; h < heads; h += group) {
@@ -445,6 +518,7 @@ absl::StatusOr<std::vector<BufferInfo>> Pool::ContiguousBufferInfos() const {
                      "in one range"));
   }
   std::vector<BufferInfo> infos;
+  infos.reserve(ContiguousBufferInfoEntries());
   // Per component, per layer (the device pools' k layers, then v layers).
   for (const Component& c : components_) {
     const uint64_t layer_bytes = c.layout.tokens * c.row_bytes();
@@ -497,6 +571,11 @@ uint32_t Pool::replica_ranks() const {
 uint64_t Pool::bytes_saved() const {
   const uint32_t ranks = replica_ranks();
   return IsReplicated(spec_.kind) && ranks > 1 ? bytes_ * (ranks - 1) : 0;
+}
+
+bool Pool::retired() const {
+  absl::MutexLock lock(&mu_);
+  return retired_;
 }
 
 absl::Status Pool::TryRetire() {

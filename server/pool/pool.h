@@ -14,10 +14,15 @@
 // components and regions are fixed at creation; the allocator carries its own
 // lock; attachments and followers are guarded by the pool's mutex. Page reads
 // and writes are not serialised against transfers of the same page.
+//
+// Lifetime: the registry retires a pool on DeletePool (retired() turns true,
+// the region files go) but its memory stays mapped until the last reference
+// (a page stream, a transfer) drops it; OnUnmapped tells the registry when.
 #ifndef KVHOST_SERVER_POOL_POOL_H_
 #define KVHOST_SERVER_POOL_POOL_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,6 +56,9 @@ struct PagePart {
   DType dtype = DType::kUint8;
   uint64_t bytes = 0;
 };
+
+// PagePart::dims has at most this many values (MHA's (L, ps, H, D)).
+inline constexpr size_t kMaxPagePartDims = 4;
 
 // The seeds' is_stride_page_aligned (kvhost.v1.StrideAlignment).
 struct StrideCheck {
@@ -169,6 +177,14 @@ class Pool {
   // seeds' order (see PageBufferMeta in proto/kvhost/v1/pool.proto).
   absl::StatusOr<std::vector<RegionSegment>> PageBufferMeta(absl::Span<const int64_t> slots) const;
 
+  // Reply bounds, from the pool's shape alone, so a caller can refuse a
+  // reply before building it: at least as many entries as PageBufferMeta /
+  // SplitHeadsMeta return for `slots` slot indices (whatever they are), and
+  // exactly as many as ContiguousBufferInfos returns.
+  uint64_t PageBufferMetaEntries(uint64_t slots) const;
+  uint64_t SplitHeadsMetaEntries(uint64_t slots, uint32_t split_factor) const;
+  uint64_t ContiguousBufferInfoEntries() const;
+
   // Page APIs (the seeds' get_data_page / set_from_flat_data_page and
   // friends); see the RPCs of the same names in proto/kvhost/v1/pool.proto
   // for the byte order and the errors. `first_slot` is a page start.
@@ -179,6 +195,12 @@ class Pool {
   // Copies the flat page into / out of `out` / `data` (flat_page_bytes()).
   absl::Status ReadPage(int64_t first_slot, absl::Span<uint8_t> out) const;
   absl::Status WritePage(int64_t first_slot, absl::Span<const uint8_t> data);
+  // Bytes [offset, offset + size) of the flat page, copied straight between
+  // the regions and `out` / `data` (one chunk of a page stream: no page
+  // buffer). INVALID_ARGUMENT when the range passes the page's end; other
+  // errors as CheckPage. A page read in ranges is consistent per range only.
+  absl::Status ReadPageRange(int64_t first_slot, uint64_t offset, absl::Span<uint8_t> out) const;
+  absl::Status WritePageRange(int64_t first_slot, uint64_t offset, absl::Span<const uint8_t> data);
   absl::StatusOr<std::vector<PagePart>> PageShape() const;
   absl::StatusOr<std::vector<RegionSegment>> SplitHeadsMeta(absl::Span<const int64_t> slots,
                                                             uint32_t split_factor) const;
@@ -202,6 +224,13 @@ class Pool {
   uint32_t replica_ranks() const;
   uint64_t bytes_saved() const;
   absl::Status TryRetire();
+  // Whether TryRetire succeeded: the pool is deleted and what is written to
+  // it now is lost (page streams end with an error when they see it).
+  bool retired() const;
+  // Registry bookkeeping: `fn` runs once, after the pool's regions are
+  // unmapped (when the last reference is dropped). REQUIRES: called once,
+  // after TryRetire succeeded, before the caller drops its reference.
+  void OnUnmapped(std::function<void()> fn) { unmapped_.fn = std::move(fn); }
 
   // Owner token (kvhost.v1.CreatePoolRequest.owner_token). SetOwnerToken is
   // the registry's, before the pool is published; the token is never read
@@ -221,13 +250,40 @@ class Pool {
   // `first_slot`: of layer `layer` (LAYER_FIRST), or of all layers.
   RegionSegment PageSegment(const Component& c, uint64_t first_slot, uint64_t layer) const;
   // Calls fn(segment) for each range of the page starting at `first_slot` in
-  // flat-page order.
+  // flat-page order, until fn returns false.
   template <typename Fn>
   void ForEachFlatSegment(uint64_t first_slot, Fn&& fn) const;
+  // Calls fn(region bytes, offset in the range, n) for the pieces of flat-page
+  // bytes [offset, offset + length), in order. REQUIRES: in the page.
+  template <typename Fn>
+  void ForEachFlatPiece(uint64_t first_slot, uint64_t offset, uint64_t length, Fn&& fn) const;
+  // Checks `first_slot` (CheckPage) and that [offset, offset + length) lies
+  // in the flat page.
+  absl::Status CheckPageRange(int64_t first_slot, uint64_t offset, uint64_t length,
+                              const char* what) const;
+  // PageBufferMeta's / SplitHeadsMeta's entries per page (the builders use
+  // them too, so the bounds cannot drift from what is built).
+  uint64_t MetaSegmentsPerPage() const;
+  uint64_t SplitSegmentsPerPage(uint32_t split_factor) const;
+  // Pages that `slots` slot indices can name at most.
+  uint64_t PagesOf(uint64_t slots) const;
+
+  // Runs its function when destroyed. The first member, so it is destroyed
+  // last: after regions_ is unmapped.
+  struct UnmapNotice {
+    std::function<void()> fn;
+    UnmapNotice() = default;
+    UnmapNotice(const UnmapNotice&) = delete;
+    UnmapNotice& operator=(const UnmapNotice&) = delete;
+    ~UnmapNotice() {
+      if (fn) fn();
+    }
+  };
   // The page starts of whole-page slot lists (ParsePages with this pool's
   // messages).
   absl::StatusOr<std::vector<uint64_t>> Pages(absl::Span<const int64_t> slots) const;
 
+  UnmapNotice unmapped_;
   const std::string name_;
   const PoolSpec spec_;
   const KvLayout layout_;

@@ -26,6 +26,10 @@ absl::Status PoolGroup::CheckShape(const std::string& name, uint32_t layer_num,
     return absl::InvalidArgumentError(absl::StrCat("group ", s.message()));
   }
   if (layer_num == 0) return Invalid(name, "layer_num must be >= 1 (the model's layers)");
+  if (layer_num > kMaxLayers) {
+    return Invalid(name, absl::StrCat("layer_num ", layer_num, " is over the limit of ", kMaxLayers,
+                                      " layers"));
+  }
   if (entries.empty() || entries.size() > kMaxGroupEntries) {
     return Invalid(name, absl::StrCat("has ", entries.size(), " entries; a group has 1 to ",
                                       kMaxGroupEntries));

@@ -42,7 +42,8 @@ inline constexpr size_t kMaxGroupEntries = 8;
 
 class PoolGroup {
  public:
-  // The checks that need no pool: the group's name, layer_num >= 1, 1 to
+  // The checks that need no pool: the group's name, layer_num in [1,
+  // kMaxLayers] (checked first, so no check walks a huge layer count), 1 to
   // kMaxGroupEntries entries with unique valid names, each pool in one entry
   // only, layer maps empty or of layer_num values, at most one anchor.
   // INVALID_ARGUMENT naming the group, the entry and the value.
@@ -62,6 +63,13 @@ class PoolGroup {
   const GroupEntry& anchor() const { return entries_[anchor_]; }
   // The entry named `name`, or null.
   const GroupEntry* Find(const std::string& name) const;
+  // The layer-map values a group of this shape spells out (and its
+  // kvhost.v1.PoolGroup reply carries): layer_num per entry. Computed from
+  // the request alone, so a reply can be bounded before the group exists.
+  static uint64_t LayerMapValues(uint32_t layer_num, size_t entries) {
+    return uint64_t{layer_num} * entries;
+  }
+  uint64_t layer_map_values() const { return LayerMapValues(layer_num_, entries_.size()); }
 
   // As Pool's: FAILED_PRECONDITION once retired; TryRetire succeeds only
   // with no attachments.

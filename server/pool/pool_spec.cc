@@ -91,6 +91,9 @@ constexpr uint64_t kMaxRowBytes = uint64_t{1} << 32;
 constexpr uint64_t kMaxPageRowBytes = uint64_t{1} << 48;
 // Component slots of a pool: Mamba's temporal state plus up to 7 conv states.
 constexpr size_t kMaxConvStates = 7;
+// Dimensions of one Mamba state shape: the seeds' have 2 (conv) or 3
+// (temporal); the cap bounds what a spec (and so GetPool) carries.
+constexpr size_t kMaxStateDims = 8;
 
 uint32_t Bit(PoolKind kind) { return 1u << static_cast<uint32_t>(kind); }
 uint32_t Bit(LayoutKind layout) { return 1u << static_cast<uint32_t>(layout); }
@@ -343,9 +346,10 @@ absl::Status CheckMamba(const PoolSpec& s) {
                      " is not a known dtype for ", Where(s)));
   }
   auto check_shape = [&](const std::vector<uint32_t>& dims, const std::string& field) {
-    if (dims.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("spec.", field, " needs at least one dimension for ", Where(s)));
+    if (dims.empty() || dims.size() > kMaxStateDims) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.", field, " has ", dims.size(),
+                                                     " dimensions; ", Where(s), " needs 1 to ",
+                                                     kMaxStateDims));
     }
     for (size_t i = 0; i < dims.size(); ++i) {
       if (dims[i] == 0) {
@@ -486,6 +490,11 @@ absl::Status ValidateSpec(const PoolSpec& spec) {
   if (absl::Status s = NeedPositive(spec.page_size, "page_size", spec); !s.ok()) return s;
   if (spec.kind != PoolKind::kLogical) {
     if (absl::Status s = NeedPositive(spec.layer_num, "layer_num", spec); !s.ok()) return s;
+    if (spec.layer_num > kMaxLayers) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.layer_num ", spec.layer_num,
+                                                     " is over the limit of ", kMaxLayers,
+                                                     " layers for ", Where(spec)));
+    }
     if (uint64_t{spec.start_layer} + spec.layer_num > std::numeric_limits<uint32_t>::max()) {
       return absl::InvalidArgumentError(
           absl::StrCat("spec.start_layer ", spec.start_layer, " + spec.layer_num ",

@@ -51,6 +51,12 @@ struct MambaShapes {
   std::vector<std::vector<uint32_t>> conv;
 };
 
+// The most layers a pool (PoolSpec.layer_num) or a pool group
+// (PoolGroup.layer_num) may hold. The seeds' models have at most 200; the cap
+// keeps every reply and ticket that walks layers (page metadata, contiguous
+// buffer infos, a group's layer maps) small whatever a request asks for.
+inline constexpr uint32_t kMaxLayers = 4096;
+
 struct PoolSpec {
   PoolKind kind = PoolKind::kMha;
   LayoutKind layout = LayoutKind::kLayerFirst;
@@ -112,11 +118,12 @@ const char* FollowableKinds(PoolKind follower);
 // Kinds whose transfers and page calls move whole pages only.
 bool MovesWholePages(PoolKind kind);
 
-// Checks dims, dtype, that the kind supports the layout, and that the fields
-// the kind does not use are 0 / empty. Errors are INVALID_ARGUMENT naming the
-// kind, the layout and the field ("spec.head_dim must be >= 1 for
-// MHA/PAGE_FIRST"). A follower (spec.follows) is checked with the
-// page_size it inherits filled in (PoolRegistry::Create does that first).
+// Checks dims, dtype, that the kind supports the layout, layer_num <=
+// kMaxLayers, and that the fields the kind does not use are 0 / empty.
+// Errors are INVALID_ARGUMENT naming the kind, the layout and the field
+// ("spec.head_dim must be >= 1 for MHA/PAGE_FIRST"). A follower
+// (spec.follows) is checked with the page_size it inherits filled in
+// (PoolRegistry::Create does that first).
 absl::Status ValidateSpec(const PoolSpec& spec);
 
 // MHA, MLA, K_ONLY only (the kinds with one region of `PlaneCount` planes of

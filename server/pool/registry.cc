@@ -245,11 +245,18 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
     absl::StrAppend(&text, ", ", FormatGB(pending), " for pools being created");
   }
   if (options_.memory_limit > 0) {
-    const uint64_t committed = used + pending;
+    // Deleted pools still mapped and stream buffers hold memory too.
+    const uint64_t releasing = ledger_->releasing, transient = ledger_->transient;
+    const uint64_t committed = used + pending + releasing + transient;
     const uint64_t left = options_.memory_limit > committed ? options_.memory_limit - committed : 0;
     if (left < available) available = left;
     absl::StrAppend(&text, ", --memory-limit ", FormatGB(options_.memory_limit), " with ",
-                    FormatGB(committed), " in pools");
+                    FormatGB(used + pending), " in pools");
+    if (releasing > 0) {
+      absl::StrAppend(&text, ", ", FormatGB(releasing),
+                      " of deleted pools still mapped (a stream or transfer holds them)");
+    }
+    if (transient > 0) absl::StrAppend(&text, ", ", FormatGB(transient), " in stream buffers");
   }
   // The region files live on the shm dir's file system: a tmpfs smaller than
   // the memory (a container's 64 MiB /dev/shm) holds only what it has free.
@@ -281,22 +288,74 @@ std::vector<std::shared_ptr<Pool>> PoolRegistry::List() const {
 }
 
 absl::StatusOr<uint64_t> PoolRegistry::Delete(const std::string& name) {
-  absl::MutexLock lock(&mu_);
-  auto it = pools_.find(name);
-  if (it == pools_.end()) return absl::NotFoundError(absl::StrCat("pool '", name, "' not found"));
-  if (absl::Status s = it->second->TryRetire(); !s.ok()) return s;
-  if (const std::shared_ptr<Pool>& followed = it->second->follows()) {
-    followed->RemoveFollower(name);
+  // Dropped after the lock: unmapping gigabytes must not stall other calls.
+  std::shared_ptr<Pool> deleted;
+  uint64_t bytes = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pools_.find(name);
+    if (it == pools_.end()) {
+      return absl::NotFoundError(absl::StrCat("pool '", name, "' not found"));
+    }
+    if (absl::Status s = it->second->TryRetire(); !s.ok()) return s;
+    if (const std::shared_ptr<Pool>& followed = it->second->follows()) {
+      followed->RemoveFollower(name);
+    }
+    deleted = std::move(it->second);
+    pools_.erase(it);
+    bytes = deleted->bytes();
+    // The bytes move from used to releasing, and leave that only once the
+    // pool's memory is unmapped (its last reference dropped).
+    used_bytes_ -= bytes;
+    ledger_->releasing += bytes;
+    deleted->OnUnmapped([ledger = std::weak_ptr<MemoryLedger>(ledger_), bytes] {
+      if (std::shared_ptr<MemoryLedger> l = ledger.lock()) l->releasing -= bytes;
+    });
   }
-  const uint64_t bytes = it->second->bytes();
-  used_bytes_ -= bytes;
-  pools_.erase(it);
   return bytes;
 }
 
+absl::StatusOr<TransientReservation> PoolRegistry::ReserveTransient(uint64_t bytes,
+                                                                    const std::string& what) {
+  if (bytes == 0) return TransientReservation();
+  // With create_mu_, so a pool creation's check and this one cannot both
+  // pass against the same budget.
+  absl::MutexLock create_lock(&create_mu_);
+  if (options_.memory_limit > 0) {
+    uint64_t committed = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      committed = used_bytes_ + creating_bytes_;
+    }
+    const uint64_t releasing = ledger_->releasing, transient = ledger_->transient;
+    committed += releasing + transient;
+    const uint64_t left = options_.memory_limit > committed ? options_.memory_limit - committed : 0;
+    if (bytes > left) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, ": a buffer of ", bytes, " bytes does not fit in --memory-limit ",
+          FormatGB(options_.memory_limit), " (", FormatGB(committed - releasing - transient),
+          " in pools, ", FormatGB(releasing), " of deleted pools still mapped, ",
+          FormatGB(transient), " in stream buffers); use smaller chunks or retry later"));
+    }
+  }
+  ledger_->transient += bytes;
+  return TransientReservation(ledger_, bytes);
+}
+
 absl::StatusOr<std::shared_ptr<PoolGroup>> PoolRegistry::CreateGroup(
-    const std::string& name, uint32_t layer_num, const std::vector<GroupEntrySpec>& entries) {
+    const std::string& name, uint32_t layer_num, const std::vector<GroupEntrySpec>& entries,
+    uint64_t max_layer_map_values) {
+  // Both before the lock: CheckShape caps layer_num (kMaxLayers), and a group
+  // whose replies could not be sent is never registered (GetPoolGroup and
+  // ListPoolGroups would fail for everyone).
   if (absl::Status s = PoolGroup::CheckShape(name, layer_num, entries); !s.ok()) return s;
+  if (const uint64_t values = PoolGroup::LayerMapValues(layer_num, entries.size());
+      values > max_layer_map_values) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "group '", name, "': ", entries.size(), " entries x layer_num ", layer_num, " = ", values,
+        " layer-map values, over the ", max_layer_map_values,
+        " that one reply can carry (--max-message-bytes); use fewer layers or entries"));
+  }
   // Resolving, creating and joining happen under one lock, so no entry's pool
   // can be deleted (or join another group) in between.
   absl::MutexLock lock(&mu_);

@@ -8,10 +8,16 @@
 // are serialised, so two concurrent creations cannot both pass against the
 // same free memory; touching the pages happens outside that lock.
 //
+// A deleted pool's bytes are "releasing" until its memory is really unmapped
+// (a page stream or transfer may still hold it): they count against
+// --memory-limit until then (releasing_bytes()). Page streams reserve their
+// chunk buffers against --memory-limit too (ReserveTransient).
+//
 // Thread safety: all methods may be called concurrently.
 #ifndef KVHOST_SERVER_POOL_REGISTRY_H_
 #define KVHOST_SERVER_POOL_REGISTRY_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -54,6 +60,50 @@ struct RegistryOptions {
   };
 };
 
+// Bytes counted against --memory-limit beside the registered pools'. Shared
+// (by shared_ptr) with the deleted pools and the reservations that give them
+// back, so those may outlive the registry.
+struct MemoryLedger {
+  // Deleted pools still mapped.
+  std::atomic<uint64_t> releasing{0};
+  // Page streams' chunk buffers (TransientReservation).
+  std::atomic<uint64_t> transient{0};
+};
+
+// Bytes reserved by PoolRegistry::ReserveTransient, given back when this is
+// destroyed (safe after the registry is gone). Movable; empty when
+// default-constructed.
+class TransientReservation {
+ public:
+  TransientReservation() = default;
+  TransientReservation(std::weak_ptr<MemoryLedger> ledger, uint64_t bytes)
+      : ledger_(std::move(ledger)), bytes_(bytes) {}
+  TransientReservation(TransientReservation&& other) noexcept
+      : ledger_(std::move(other.ledger_)), bytes_(other.bytes_) {
+    other.bytes_ = 0;
+  }
+  TransientReservation& operator=(TransientReservation&& other) noexcept {
+    if (this != &other) {
+      Release();
+      ledger_ = std::move(other.ledger_);
+      bytes_ = other.bytes_;
+      other.bytes_ = 0;
+    }
+    return *this;
+  }
+  ~TransientReservation() { Release(); }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  void Release() {
+    if (bytes_ == 0) return;
+    if (std::shared_ptr<MemoryLedger> ledger = ledger_.lock()) ledger->transient -= bytes_;
+    bytes_ = 0;
+  }
+  std::weak_ptr<MemoryLedger> ledger_;
+  uint64_t bytes_ = 0;
+};
+
 class PoolRegistry {
  public:
   explicit PoolRegistry(RegistryOptions options);
@@ -81,18 +131,23 @@ class PoolRegistry {
   absl::StatusOr<std::shared_ptr<Pool>> Get(const std::string& name) const;
   // Every pool, by name.
   std::vector<std::shared_ptr<Pool>> List() const;
-  // Removes the pool; its memory goes when the last user drops it. Returns its
-  // bytes. NOT_FOUND, or FAILED_PRECONDITION while it has attachments or
-  // followers or is in a group.
+  // Removes the pool; its memory goes when the last user drops it, and until
+  // then its bytes are releasing_bytes() (still counted against
+  // --memory-limit). Returns its bytes. NOT_FOUND, or FAILED_PRECONDITION
+  // while it has attachments or followers or is in a group.
   absl::StatusOr<uint64_t> Delete(const std::string& name);
 
   // Pool groups (server/pool/pool_group.h). Groups share the pools' name
   // space. CreateGroup: INVALID_ARGUMENT, NOT_FOUND (an entry's pool),
-  // ALREADY_EXISTS, FAILED_PRECONDITION (a pool already in a group).
-  // DeleteGroup: NOT_FOUND, FAILED_PRECONDITION while attached. Delete of a
+  // ALREADY_EXISTS, FAILED_PRECONDITION (a pool already in a group),
+  // RESOURCE_EXHAUSTED when the group's layer maps (layer_num per entry,
+  // PoolGroup::LayerMapValues) exceed `max_layer_map_values`, the most its
+  // replies can carry. Checked before the registry lock is taken; a failed
+  // call leaves no group. DeleteGroup: NOT_FOUND, FAILED_PRECONDITION while attached. Delete of a
   // pool in a group is FAILED_PRECONDITION naming the group.
   absl::StatusOr<std::shared_ptr<PoolGroup>> CreateGroup(
-      const std::string& name, uint32_t layer_num, const std::vector<GroupEntrySpec>& entries);
+      const std::string& name, uint32_t layer_num, const std::vector<GroupEntrySpec>& entries,
+      uint64_t max_layer_map_values = UINT64_MAX);
   absl::StatusOr<std::shared_ptr<PoolGroup>> GetGroup(const std::string& name) const;
   std::vector<std::shared_ptr<PoolGroup>> ListGroups() const;
   absl::Status DeleteGroup(const std::string& name);
@@ -110,9 +165,19 @@ class PoolRegistry {
   absl::Status CheckOwner(absl::Span<const std::string> names, const std::string* token) const;
 
   uint64_t used_bytes() const;
+  // Bytes of deleted pools still mapped (see Delete).
+  uint64_t releasing_bytes() const { return ledger_->releasing; }
+  // Bytes of page-stream buffers reserved now (ReserveTransient).
+  uint64_t transient_bytes() const { return ledger_->transient; }
+  // Reserves `bytes` of a stream's buffer against --memory-limit (with the
+  // pools', pools being created and releasing bytes) until the reservation
+  // is destroyed. RESOURCE_EXHAUSTED naming `what`, the bytes and the budget.
+  // Without --memory-limit it only counts.
+  absl::StatusOr<TransientReservation> ReserveTransient(uint64_t bytes, const std::string& what);
   // Bytes a new pool could take now; `why`, if given, spells out the inputs
-  // (MemAvailable, cgroup, reserve, --memory-limit, the shm file system's
-  // free space) for messages.
+  // (MemAvailable, cgroup, reserve, the shm file system's free space,
+  // --memory-limit and what counts against it: pools, pools being created,
+  // deleted pools still mapped, stream buffers) for messages.
   absl::StatusOr<uint64_t> Available(std::string* why = nullptr) const;
   const RegistryOptions& options() const { return options_; }
   // "<shm_dir>/kvhost.<pid>." — the prefix of this daemon's region files.
@@ -141,6 +206,7 @@ class PoolRegistry {
   // counted against the budget.
   std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);
   uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  const std::shared_ptr<MemoryLedger> ledger_ = std::make_shared<MemoryLedger>();
 };
 
 // Longest CreatePoolRequest.owner_token.

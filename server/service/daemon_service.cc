@@ -136,6 +136,7 @@ grpc::ServerUnaryReactor* DaemonServiceImpl::GetStatus(grpc::CallbackServerConte
   response->set_uptime_s(static_cast<uint64_t>(absl::ToInt64Seconds(absl::Now() - started_)));
   response->set_pools(static_cast<uint32_t>(registry_->List().size()));
   response->set_pool_bytes(registry_->used_bytes());
+  response->set_pool_bytes_releasing(registry_->releasing_bytes());
   response->set_memory_limit_bytes(registry_->options().memory_limit);
   response->set_memory_reserve_bytes(registry_->options().memory_reserve);
   response->set_memory_available_bytes(*available);

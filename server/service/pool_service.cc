@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "server/safe_text.h"
 #include "server/service/convert.h"
+#include "server/service/page_streams.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -58,213 +59,144 @@ void ToProto(absl::Span<const RegionSegment> segments, const Pool& pool,
   }
 }
 
-// ReadPages: every index is checked before the first message; then each page
-// is copied out whole (so each page is one consistent read) and sent in
-// chunks, one message in flight at a time.
-class PageReader final : public grpc::ServerWriteReactor<v1::PageData> {
- public:
-  // `authorized`: the caller's owner check of request.pool(), done before
-  // anything else (the indices are not even copied when it failed).
-  PageReader(PoolRegistry* registry, const v1::ReadPagesRequest& request, uint64_t chunk_limit,
-             const absl::Status& authorized)
-      : indices_(authorized.ok() ? request.indices().begin() : request.indices().end(),
-                 request.indices().end()) {
-    absl::Status status = authorized.ok() ? Start(registry, request, chunk_limit) : authorized;
-    if (!status.ok()) {
-      Finish(ToGrpcStatus(status));
-      return;
-    }
-    NextWrite();
+using google::protobuf::io::CodedOutputStream;
+
+// Reply bounds. Every reply whose size depends on the request or on a pool's
+// shape is estimated from the domain's entry counts (Pool::*Entries,
+// PoolGroup::LayerMapValues) times the largest wire size of one entry, before
+// anything is built, and refused above --max-message-bytes.
+
+// Room in a reply for what no estimate below counts (its own framing).
+constexpr uint64_t kReplyOverheadBytes = 64;
+// A layer-map value at its largest: int32 -1, sign-extended, is a 10-byte
+// varint.
+constexpr uint64_t kLayerMapValueBytes = 10;
+
+// Wire bytes of `m` as one element of a repeated field: tag (the field
+// numbers of these replies are below 16: one byte), length, body.
+uint64_t AsElement(const google::protobuf::MessageLite& m) {
+  const uint64_t n = m.ByteSizeLong();
+  return 1 + CodedOutputStream::VarintSize64(n) + n;
+}
+
+uint64_t StringElement(const std::string& s) {
+  return 1 + CodedOutputStream::VarintSize64(s.size()) + s.size();
+}
+
+// The largest PageBufferMeta.segments element (every value at its maximum).
+uint64_t MaxSegmentBytes() {
+  static const uint64_t bytes = [] {
+    v1::Segment s;
+    s.set_region_index(UINT32_MAX);
+    s.set_offset(UINT64_MAX);
+    s.set_length(UINT64_MAX);
+    return AsElement(s);
+  }();
+  return bytes;
+}
+
+// region_paths of PageBufferMeta and ContiguousBufferInfos.
+uint64_t RegionPathsBytes(const Pool& pool) {
+  uint64_t bytes = 0;
+  for (const std::string& path : pool.region_paths()) bytes += StringElement(path);
+  return bytes;
+}
+
+size_t LongestComponentName(const Pool& pool) {
+  size_t n = 0;
+  for (const Component& c : pool.components()) n = std::max(n, c.name.size());
+  return n;
+}
+
+// The largest ContiguousBufferInfos.infos element of `pool`.
+uint64_t MaxBufferInfoBytes(const Pool& pool) {
+  v1::ContiguousBufferInfo info;
+  info.set_component(std::string(LongestComponentName(pool), 'x'));
+  info.set_layer(UINT32_MAX);
+  info.set_region_index(UINT32_MAX);
+  info.set_offset(UINT64_MAX);
+  info.set_length(UINT64_MAX);
+  info.set_item_bytes(UINT64_MAX);
+  return AsElement(info);
+}
+
+// The largest PageShape.parts element of `pool`.
+uint64_t MaxPagePartBytes(const Pool& pool) {
+  v1::PageShape::Part part;
+  part.set_component(std::string(LongestComponentName(pool), 'x'));
+  for (size_t d = 0; d < kMaxPagePartDims; ++d) part.add_dims(UINT64_MAX);
+  part.set_dtype(v1::DType_MAX);
+  part.set_bytes(UINT64_MAX);
+  return AsElement(part);
+}
+
+// A PoolGroup reply's bytes without its layer-map values: the group named
+// `name` with entries (name, pool name), every number at its maximum, each
+// entry's packed layer_map tag and length for `layer_num` values.
+uint64_t GroupShellBytes(const std::string& name, uint32_t layer_num,
+                         const std::vector<std::pair<std::string, std::string>>& entries) {
+  v1::PoolGroup g;
+  g.set_name(name);
+  g.set_layer_num(UINT32_MAX);
+  g.set_attachments(UINT32_MAX);
+  size_t anchor = 0;
+  for (const auto& [entry, pool] : entries) {
+    v1::PoolEntry* e = g.add_entries();
+    e->set_name(entry);
+    e->set_pool(pool);
+    e->set_anchor(true);
+    anchor = std::max(anchor, entry.size());
   }
+  g.set_anchor(std::string(anchor, 'x'));
+  const uint64_t map_bytes = uint64_t{layer_num} * kLayerMapValueBytes;
+  // Each entry's message length grows by its map's tag, length and values.
+  return g.ByteSizeLong() + entries.size() * (1 + CodedOutputStream::VarintSize64(map_bytes) + 5);
+}
 
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "ReadPages: the client went away"));
-      return;
-    }
-    NextWrite();
-  }
+std::vector<std::pair<std::string, std::string>> EntryNames(const PoolGroup& group) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const GroupEntry& e : group.entries()) out.emplace_back(e.name, e.pool->name());
+  return out;
+}
 
-  void OnDone() override { delete this; }
+// The largest PoolGroup reply of `group`.
+uint64_t GroupReplyBytes(const PoolGroup& group) {
+  return GroupShellBytes(group.name(), group.layer_num(), EntryNames(group)) +
+         group.layer_map_values() * kLayerMapValueBytes;
+}
 
- private:
-  absl::Status Start(PoolRegistry* registry, const v1::ReadPagesRequest& request,
-                     uint64_t chunk_limit) {
-    absl::StatusOr<std::shared_ptr<Pool>> pool = registry->GetPoolOrAnchor(request.pool());
-    if (!pool.ok()) return pool.status();
-    pool_ = *std::move(pool);
-    std::set<int64_t> seen;
-    for (int64_t index : indices_) {
-      if (absl::Status s = pool_->CheckPage(index); !s.ok()) return s;
-      if (!seen.insert(index).second) {
-        return WithPool(pool_->name(), absl::InvalidArgumentError(absl::StrCat(
-                                           "ReadPages: page ", index, " is listed twice")));
-      }
-    }
-    const uint64_t asked = request.chunk_bytes() == 0 ? PoolServiceImpl::kDefaultChunkBytes
-                                                      : uint64_t{request.chunk_bytes()};
-    chunk_bytes_ = std::max<uint64_t>(1, std::min(asked, chunk_limit));
-    page_.resize(pool_->flat_page_bytes());
-    return absl::OkStatus();
-  }
+uint64_t SatMulAdd(uint64_t a, uint64_t b, uint64_t c) {
+  if (b != 0 && a > (UINT64_MAX - c) / b) return UINT64_MAX;
+  return a * b + c;
+}
 
-  // Sends the next chunk, reading the next page first when the last one is
-  // sent; finishes after the last page.
-  void NextWrite() {
-    if (offset_ >= page_.size() && sent_page_) {
-      ++next_;
-      offset_ = 0;
-      sent_page_ = false;
-    }
-    if (next_ >= indices_.size()) {
-      Finish(grpc::Status::OK);
-      return;
-    }
-    const int64_t index = indices_[next_];
-    if (offset_ == 0 && !sent_page_) {
-      if (absl::Status s = pool_->ReadPage(index, absl::MakeSpan(page_)); !s.ok()) {
-        Finish(ToGrpcStatus(s));
-        return;
-      }
-    }
-    const uint64_t n = std::min<uint64_t>(chunk_bytes_, page_.size() - offset_);
-    message_.set_index(index);
-    message_.set_offset(offset_);
-    message_.set_page_bytes(page_.size());
-    message_.set_data(page_.data() + offset_, n);
-    offset_ += n;
-    sent_page_ = true;  // a page of 0 bytes still gets its one message
-    StartWrite(&message_);
-  }
+// Entries of `entry_bytes` that fit beside `fixed` bytes in one reply.
+uint64_t EntriesThatFit(uint64_t entry_bytes, uint64_t fixed, int max_message_bytes) {
+  const uint64_t limit = static_cast<uint64_t>(max_message_bytes);
+  return limit > fixed ? (limit - fixed) / entry_bytes : 0;
+}
 
-  const std::vector<int64_t> indices_;
-  std::shared_ptr<Pool> pool_;
-  uint64_t chunk_bytes_ = 0;
-  std::vector<uint8_t> page_;
-  size_t next_ = 0;         // indices_[next_] is the page being sent
-  uint64_t offset_ = 0;     // bytes of it sent
-  bool sent_page_ = false;  // a message of it went out
-  v1::PageData message_;    // valid until OnWriteDone
-};
+// RESOURCE_EXHAUSTED naming the estimate and the limit when `entries`
+// entries of up to `entry_bytes` each beside `fixed` bytes may not fit one
+// reply; `what` names the reply's entries, `split` says how to ask for less.
+absl::Status CheckReplySize(const std::string& pool, const std::string& what, uint64_t entries,
+                            uint64_t entry_bytes, uint64_t fixed, int max_message_bytes,
+                            const std::string& split) {
+  if (entries <= EntriesThatFit(entry_bytes, fixed, max_message_bytes)) return absl::OkStatus();
+  return WithPool(
+      pool, absl::ResourceExhaustedError(absl::StrCat(
+                what, " need a reply of up to ", SatMulAdd(entries, entry_bytes, fixed), " bytes (",
+                entries, " entries of up to ", entry_bytes, " bytes), over the ", max_message_bytes,
+                "-byte message limit (--max-message-bytes); ", split)));
+}
 
-// WritePages: chunks are checked as they arrive; a page is buffered until its
-// last byte came and then written in one WritePage call, so a failed stream
-// leaves every page either fully written or untouched.
-class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
- public:
-  // `token`: the call's kvhost-token metadata; `max_pages`: the most pages
-  // one stream may write (--max-indices-per-call).
-  PageWriter(PoolRegistry* registry, v1::WritePagesResponse* response,
-             std::optional<std::string> token, uint64_t max_pages)
-      : registry_(registry), response_(response), token_(std::move(token)), max_pages_(max_pages) {
-    StartRead(&chunk_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the client finished sending (or went away)
-      if (pool_ != nullptr && in_page_) {
-        Fail(absl::InvalidArgumentError(absl::StrCat(
-            "the stream ended with page ", index_, " incomplete (", offset_, " of ", page_.size(),
-            " bytes)")));
-        return;
-      }
-      response_->set_pages_written(written_);
-      Finish(grpc::Status::OK);
-      return;
-    }
-    if (absl::Status s = Take(chunk_); !s.ok()) {
-      Fail(s);
-      return;
-    }
-    chunk_.Clear();
-    StartRead(&chunk_);
-  }
-
-  void OnDone() override { delete this; }
-
- private:
-  absl::Status Take(const v1::WritePagesChunk& chunk) {
-    if (pool_ == nullptr) {
-      if (chunk.pool().empty()) {
-        return absl::InvalidArgumentError("WritePages: the first chunk must name the pool");
-      }
-      if (absl::Status s = registry_->CheckOwner({chunk.pool()}, token_ ? &*token_ : nullptr);
-          !s.ok()) {
-        return s;
-      }
-      absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(chunk.pool());
-      if (!pool.ok()) return pool.status();
-      pool_ = *std::move(pool);
-      name_ = chunk.pool();
-      page_.resize(pool_->flat_page_bytes());
-    } else if (!chunk.pool().empty() && chunk.pool() != name_) {
-      return absl::InvalidArgumentError(absl::StrCat("WritePages: chunk names pool '", chunk.pool(),
-                                                     "' in a stream for pool '", name_, "'"));
-    }
-    if (!in_page_) {
-      if (absl::Status s =
-              CheckIndexCount("WritePages: pages in one stream", pages_started_ + 1, max_pages_);
-          !s.ok()) {
-        return WithPool(pool_->name(), s);
-      }
-      if (absl::Status s = pool_->CheckPage(chunk.index()); !s.ok()) return s;
-      if (chunk.offset() != 0) {
-        return WithPool(pool_->name(), absl::InvalidArgumentError(absl::StrCat(
-                                           "WritePages: page ", chunk.index(),
-                                           " starts at offset ", chunk.offset(), ", not 0")));
-      }
-      index_ = chunk.index();
-      offset_ = 0;
-      in_page_ = true;
-      ++pages_started_;
-    } else if (chunk.index() != index_ || chunk.offset() != offset_) {
-      return WithPool(pool_->name(),
-                      absl::InvalidArgumentError(absl::StrCat(
-                          "WritePages: got page ", chunk.index(), " offset ", chunk.offset(),
-                          " while page ", index_, " needs its bytes from offset ", offset_)));
-    }
-    if (chunk.data().size() > page_.size() - offset_) {
-      return WithPool(pool_->name(),
-                      absl::InvalidArgumentError(absl::StrCat(
-                          "WritePages: page ", index_, " chunk at offset ", offset_, " has ",
-                          chunk.data().size(), " bytes; a page of ", pool_->Label(), " has ",
-                          page_.size())));
-    }
-    std::copy(chunk.data().begin(), chunk.data().end(), page_.begin() + offset_);
-    offset_ += chunk.data().size();
-    if (offset_ < page_.size()) return absl::OkStatus();
-    in_page_ = false;
-    if (absl::Status s = pool_->WritePage(index_, page_); !s.ok()) return s;
-    ++written_;
-    return absl::OkStatus();
-  }
-
-  void Fail(const absl::Status& status) {
-    if (pool_ == nullptr) {  // nothing could have been written
-      Finish(ToGrpcStatus(status));
-      return;
-    }
-    Finish(ToGrpcStatus(absl::Status(
-        status.code(), absl::StrCat(status.message(), " (", written_,
-                                    written_ == 1 ? " page" : " pages",
-                                    " written before this error stay written)"))));
-  }
-
-  PoolRegistry* const registry_;
-  v1::WritePagesResponse* const response_;
-  const std::optional<std::string> token_;
-  const uint64_t max_pages_;
-  uint64_t pages_started_ = 0;
-  v1::WritePagesChunk chunk_;
-  std::shared_ptr<Pool> pool_;
-  std::string name_;  // as the first chunk named it (a pool, or a group for its anchor)
-  std::vector<uint8_t> page_;
-  bool in_page_ = false;
-  int64_t index_ = 0;
-  uint64_t offset_ = 0;
-  uint64_t written_ = 0;
-};
-
+// How many of `unit` (indices, pages) fit one reply when each brings
+// `entries_per_unit` entries of `entry_bytes`.
+uint64_t UnitsThatFit(uint64_t entries_per_unit, uint64_t entry_bytes, uint64_t fixed,
+                      int max_message_bytes) {
+  if (entries_per_unit == 0) return UINT64_MAX;
+  return EntriesThatFit(entry_bytes, fixed, max_message_bytes) / entries_per_unit;
+}
 }  // namespace
 
 grpc::ServerUnaryReactor* PoolServiceImpl::CreatePool(grpc::CallbackServerContext* context,
@@ -304,8 +236,18 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPool(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext* context,
                                                      const v1::ListPoolsRequest* request,
                                                      v1::ListPoolsResponse* response) {
+  // Each pool's entry is small; the running total stops the reply at the limit.
+  uint64_t bytes = kReplyOverheadBytes;
   for (const std::shared_ptr<Pool>& pool : registry_->List()) {
-    ToProto(*pool, backend_, response->add_pools());
+    v1::Pool* out = response->add_pools();
+    ToProto(*pool, backend_, out);
+    bytes += AsElement(*out);
+    if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
+      response->Clear();
+      return Finish(context, absl::ResourceExhaustedError(absl::StrCat(
+                                 "ListPools: the pools' reply passes ", max_message_bytes_,
+                                 " bytes (--max-message-bytes); use GetPool per name")));
+    }
   }
   return Finish(context, absl::OkStatus());
 }
@@ -396,6 +338,10 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Free(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
     grpc::CallbackServerContext* context, const v1::GetPageBufferMetaRequest* request,
     v1::PageBufferMeta* response) {
+  // Region files and offsets are the pool's data's address.
+  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
+    return Finish(context, s);
+  }
   if (absl::Status s =
           CheckIndexCount("GetPageBufferMeta indices", request->indices_size(), max_indices_);
       !s.ok()) {
@@ -403,6 +349,22 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
   }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
+  const Pool& p = **pool;
+  const uint64_t fixed = RegionPathsBytes(p) + kReplyOverheadBytes;
+  const uint64_t per_page = p.PageBufferMetaEntries(p.page_size());
+  if (absl::Status s = CheckReplySize(
+          p.name(),
+          absl::StrCat("GetPageBufferMeta: ", request->indices_size(), " indices (", per_page,
+                       " segments per page)"),
+          p.PageBufferMetaEntries(request->indices_size()), MaxSegmentBytes(), fixed,
+          max_message_bytes_,
+          absl::StrCat(
+              "split the call: at most ",
+              UnitsThatFit(per_page, MaxSegmentBytes(), fixed, max_message_bytes_) * p.page_size(),
+              " indices per call"));
+      !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<std::vector<RegionSegment>> segments =
       (*pool)->PageBufferMeta(Indices(request->indices()));
   if (!segments.ok()) return Finish(context, segments.status());
@@ -456,13 +418,13 @@ grpc::ServerWriteReactor<v1::PageData>* PoolServiceImpl::ReadPages(
   } else {
     authorized = Authorize(*registry_, *context, {request->pool()});
   }
-  return new PageReader(registry_, *request, static_cast<uint64_t>(max_message_bytes_) / 2,
-                        authorized);
+  return NewPageReader(registry_, *request, static_cast<uint64_t>(max_message_bytes_) / 2,
+                       authorized);
 }
 
 grpc::ServerReadReactor<v1::WritePagesChunk>* PoolServiceImpl::WritePages(
     grpc::CallbackServerContext* context, v1::WritePagesResponse* response) {
-  return new PageWriter(registry_, response, OwnerToken(*context), max_indices_);
+  return NewPageWriter(registry_, response, OwnerToken(*context), max_indices_);
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerContext* context,
@@ -470,6 +432,13 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerCont
                                                         v1::PageShape* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
+  if (absl::Status s =
+          CheckReplySize((*pool)->name(), "GetPageShape: the page's parts",
+                         (*pool)->components().size(), MaxPagePartBytes(**pool),
+                         kReplyOverheadBytes, max_message_bytes_, "raise --max-message-bytes");
+      !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<std::vector<PagePart>> parts = (*pool)->PageShape();
   if (!parts.ok()) return Finish(context, parts.status());
   uint64_t bytes = 0;
@@ -488,6 +457,9 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* PoolServiceImpl::GetSplitHeadsPageBufferMeta(
     grpc::CallbackServerContext* context, const v1::SplitHeadsMetaRequest* request,
     v1::PageBufferMeta* response) {
+  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
+    return Finish(context, s);
+  }
   if (absl::Status s = CheckIndexCount("GetSplitHeadsPageBufferMeta indices",
                                        request->indices_size(), max_indices_);
       !s.ok()) {
@@ -495,6 +467,22 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetSplitHeadsPageBufferMeta(
   }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
+  const Pool& p = **pool;
+  const uint64_t fixed = RegionPathsBytes(p) + kReplyOverheadBytes;
+  const uint64_t per_page = p.SplitHeadsMetaEntries(p.page_size(), request->split_factor());
+  if (absl::Status s = CheckReplySize(
+          p.name(),
+          absl::StrCat("GetSplitHeadsPageBufferMeta: ", request->indices_size(), " indices (",
+                       per_page, " segments per page)"),
+          p.SplitHeadsMetaEntries(request->indices_size(), request->split_factor()),
+          MaxSegmentBytes(), fixed, max_message_bytes_,
+          absl::StrCat(
+              "split the call: at most ",
+              UnitsThatFit(per_page, MaxSegmentBytes(), fixed, max_message_bytes_) * p.page_size(),
+              " indices per call"));
+      !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<std::vector<RegionSegment>> segments =
       (*pool)->SplitHeadsMeta(Indices(request->indices()), request->split_factor());
   if (!segments.ok()) return Finish(context, segments.status());
@@ -517,8 +505,21 @@ grpc::ServerUnaryReactor* PoolServiceImpl::IsStridePageAligned(
 grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
     grpc::CallbackServerContext* context, const v1::ContiguousBufferInfosRequest* request,
     v1::ContiguousBufferInfos* response) {
+  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
   if (!pool.ok()) return Finish(context, pool.status());
+  if (absl::Status s =
+          CheckReplySize((*pool)->name(),
+                         absl::StrCat("GetContiguousBufferInfos: ", (*pool)->spec().layer_num,
+                                      " layers x ", (*pool)->components().size(), " components"),
+                         (*pool)->ContiguousBufferInfoEntries(), MaxBufferInfoBytes(**pool),
+                         RegionPathsBytes(**pool) + kReplyOverheadBytes, max_message_bytes_,
+                         "the call cannot be split; raise --max-message-bytes");
+      !s.ok()) {
+    return Finish(context, s);
+  }
   absl::StatusOr<std::vector<BufferInfo>> infos = (*pool)->ContiguousBufferInfos();
   if (!infos.ok()) return Finish(context, infos.status());
   for (const std::string& path : (*pool)->region_paths()) response->add_region_paths(path);
@@ -542,8 +543,17 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
   if (absl::Status s = Authorize(*registry_, *context, std::move(pools)); !s.ok()) {
     return Finish(context, s);
   }
+  // A group whose replies (its layer maps spelled out) could not be sent is
+  // never created.
+  std::vector<GroupEntrySpec> specs = FromProto(request->entries());
+  std::vector<std::pair<std::string, std::string>> names;
+  for (const GroupEntrySpec& e : specs) names.emplace_back(e.name, e.pool);
+  const uint64_t max_values = EntriesThatFit(
+      kLayerMapValueBytes,
+      GroupShellBytes(request->name(), request->layer_num(), names) + kReplyOverheadBytes,
+      max_message_bytes_);
   absl::StatusOr<std::shared_ptr<PoolGroup>> group =
-      registry_->CreateGroup(request->name(), request->layer_num(), FromProto(request->entries()));
+      registry_->CreateGroup(request->name(), request->layer_num(), specs, max_values);
   if (!group.ok()) {
     spdlog::warn("CreatePoolGroup '{}' refused: {}", SafeText(request->name()),
                  SafeText(group.status().ToString(), kMaxStatusMessageBytes));
@@ -563,16 +573,37 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPoolGroup(grpc::CallbackServerCont
                                                         const v1::GetPoolGroupRequest* request,
                                                         v1::PoolGroup* response) {
   absl::StatusOr<std::shared_ptr<PoolGroup>> group = registry_->GetGroup(request->name());
-  if (group.ok()) ToProto(**group, response);
-  return Finish(context, group.status());
+  if (!group.ok()) return Finish(context, group.status());
+  // CreatePoolGroup admits only groups that fit; this holds the line should
+  // the limit differ (a daemon restarted with a smaller one keeps no groups).
+  const uint64_t bytes = GroupReplyBytes(**group) + kReplyOverheadBytes;
+  if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
+    return Finish(context, absl::ResourceExhaustedError(
+                               absl::StrCat("group '", request->name(), "': its reply needs up to ",
+                                            bytes, " bytes, over the ", max_message_bytes_,
+                                            "-byte message limit (--max-message-bytes)")));
+  }
+  ToProto(**group, response);
+  return Finish(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::ListPoolGroups(grpc::CallbackServerContext* context,
                                                           const v1::ListPoolGroupsRequest* request,
                                                           v1::ListPoolGroupsResponse* response) {
-  for (const std::shared_ptr<PoolGroup>& group : registry_->ListGroups()) {
-    ToProto(*group, response->add_groups());
+  const std::vector<std::shared_ptr<PoolGroup>> groups = registry_->ListGroups();
+  uint64_t bytes = kReplyOverheadBytes;  // the sum of each group's bound, element framed
+  for (const std::shared_ptr<PoolGroup>& group : groups) {
+    const uint64_t one = GroupReplyBytes(*group);
+    bytes += 1 + CodedOutputStream::VarintSize64(one) + one;
   }
+  if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
+    return Finish(context, absl::ResourceExhaustedError(absl::StrCat(
+                               "ListPoolGroups: ", groups.size(), " groups need a reply of up to ",
+                               bytes, " bytes, over the ", max_message_bytes_,
+                               "-byte message limit (--max-message-bytes); use GetPoolGroup "
+                               "per name")));
+  }
+  for (const std::shared_ptr<PoolGroup>& group : groups) ToProto(*group, response->add_groups());
   return Finish(context, absl::OkStatus());
 }
 

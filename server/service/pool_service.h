@@ -2,9 +2,15 @@
 // and validates; the registry and pools do the work. The per-pool calls
 // (Alloc, Free, the page calls) accept a pool group's name and act on its
 // anchor pool. Calls that change a pool or read its data check its owner
-// token (PoolRegistry::CheckOwner) before anything else. Callback (reactor) API:
+// token (PoolRegistry::CheckOwner) before anything else; so do the calls that
+// name a pool's region files and offsets (GetPageBufferMeta,
+// GetSplitHeadsPageBufferMeta, GetContiguousBufferInfos). Every reply whose
+// size depends on the request or a pool's shape is estimated before it is
+// built and refused above `max_message_bytes` (RESOURCE_EXHAUSTED naming the
+// estimate, the limit and how to split the call). Callback (reactor) API:
 // the unary handlers finish inline; ReadPages and WritePages are streaming
-// reactors that copy one page at a time and never block a gRPC thread.
+// reactors (server/service/page_streams.h) that hold one chunk at a time and
+// never block a gRPC thread.
 //
 // Thread safety: handlers run concurrently on gRPC's threads; the registry
 // and pools synchronise themselves.
@@ -14,6 +20,7 @@
 #include "kvhost/v1/pool.grpc.pb.h"
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
+#include "server/service/page_streams.h"
 
 namespace kvhost {
 
@@ -89,7 +96,7 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
                                             v1::DeletePoolGroupResponse* response) override;
 
   // Data bytes per ReadPages message when the request leaves chunk_bytes 0.
-  static constexpr uint64_t kDefaultChunkBytes = 4 << 20;
+  static constexpr uint64_t kDefaultChunkBytes = kDefaultPageChunkBytes;
   // GetDataPage: room kept in a message beside the page's bytes (index,
   // offset, page_bytes and their tags take under 40 bytes).
   static constexpr uint64_t kMessageOverheadBytes = 1024;
