@@ -144,6 +144,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     return FromGrpc((stub)->method(&context, (request), (response)));  \
   }()
 
+// A TransferService call: KVHOST_CALL with the client's session ids, which
+// the daemon requires for the attachments and tickets of a session.
+#define KVHOST_TRANSFER_CALL(method, request, response, timeout)                          \
+  [&]() -> absl::Status {                                                                 \
+    grpc::ClientContext context;                                                          \
+    context.set_deadline(absl::ToChronoTime(absl::Now() + (timeout)));                    \
+    AddOwnerToken(options_, &context);                                                    \
+    for (const std::string& id : SessionIds()) context.AddMetadata("kvhost-session", id); \
+    return FromGrpc(transfers_->method(&context, (request), (response)));                 \
+  }()
+
 absl::StatusOr<std::string> Client::Health(const std::string& service) {
   auto stub = grpc::health::v1::Health::NewStub(channel_);
   grpc::health::v1::HealthCheckRequest request;
@@ -438,7 +449,7 @@ absl::Status Client::DeletePoolGroup(const std::string& name) {
 
 absl::StatusOr<v1::Attachment> Client::AttachOnce(const v1::AttachDeviceRequest& request) {
   v1::Attachment response;
-  absl::Status s = KVHOST_CALL(transfers_, AttachDevice, request, &response, options_.timeout);
+  absl::Status s = KVHOST_TRANSFER_CALL(AttachDevice, request, &response, options_.timeout);
   if (!s.ok()) return s;
   return response;
 }
@@ -447,7 +458,7 @@ absl::Status Client::DetachDevice(const std::string& attachment_id) {
   v1::DetachDeviceRequest request;
   request.set_attachment_id(attachment_id);
   v1::DetachDeviceResponse response;
-  absl::Status s = KVHOST_CALL(transfers_, DetachDevice, request, &response, options_.timeout);
+  absl::Status s = KVHOST_TRANSFER_CALL(DetachDevice, request, &response, options_.timeout);
   if (s.ok()) ForgetAttachment(attachment_id);
   return s;
 }
@@ -477,7 +488,7 @@ absl::StatusOr<uint64_t> Client::Backup(const std::string& attachment_id,
   Fill(request.mutable_device_indices(), device_indices);
   for (const v1::PoolTransfer& t : pool_transfers) *request.add_pool_transfers() = t;
   v1::TransferTicket response;
-  absl::Status s = KVHOST_CALL(transfers_, Backup, request, &response, options_.timeout);
+  absl::Status s = KVHOST_TRANSFER_CALL(Backup, request, &response, options_.timeout);
   if (!s.ok()) return s;
   return response.id();
 }
@@ -515,7 +526,7 @@ absl::StatusOr<LoadTicket> Client::LoadWithEvents(
   Fill(request.mutable_device_indices(), device_indices);
   for (const v1::PoolTransfer& t : pool_transfers) *request.add_pool_transfers() = t;
   v1::TransferTicket response;
-  absl::Status s = KVHOST_CALL(transfers_, Load, request, &response, options_.timeout);
+  absl::Status s = KVHOST_TRANSFER_CALL(Load, request, &response, options_.timeout);
   if (!s.ok()) return s;
   return LoadTicket{response.id(), response.event_set()};
 }
@@ -525,7 +536,7 @@ absl::StatusOr<v1::TransferStatus> Client::WaitTransfer(uint64_t ticket_id,
   v1::WaitTransferRequest request;
   request.set_ticket_id(ticket_id);
   v1::TransferStatus response;
-  absl::Status s = KVHOST_CALL(transfers_, WaitTransfer, request, &response, timeout);
+  absl::Status s = KVHOST_TRANSFER_CALL(WaitTransfer, request, &response, timeout);
   if (!s.ok()) return s;
   return response;
 }
@@ -535,12 +546,13 @@ absl::StatusOr<v1::TransferStatus> Client::PollTransfer(uint64_t ticket_id) {
   request.set_ticket_id(ticket_id);
   request.set_poll(true);
   v1::TransferStatus response;
-  absl::Status s = KVHOST_CALL(transfers_, WaitTransfer, request, &response, options_.timeout);
+  absl::Status s = KVHOST_TRANSFER_CALL(WaitTransfer, request, &response, options_.timeout);
   if (!s.ok()) return s;
   return response;
 }
 
 #undef KVHOST_CALL
+#undef KVHOST_TRANSFER_CALL
 
 namespace {
 

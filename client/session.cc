@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <set>
 #include <thread>
@@ -19,14 +20,28 @@
 
 namespace kvhost {
 
+namespace {
+
+// An attachment id as a log line shows it: the prefix and 4 digits, not the
+// capability (the daemon's logs do the same).
+std::string ShortAttachmentId(const std::string& id) {
+  const size_t dash = id.rfind('-');
+  const size_t keep = std::min(id.size(), (dash == std::string::npos ? 0 : dash + 1) + 4);
+  return absl::StrCat(id.substr(0, keep), "\u2026");
+}
+
+}  // namespace
+
 std::string SessionLoss::Describe() const {
+  std::vector<std::string> shown;
+  for (const std::string& id : attachments) shown.push_back(ShortAttachmentId(id));
   std::string out = daemon_restarted
                         ? absl::StrCat("kvhostd restarted (instance ", old_instance, " -> ",
                                        new_instance, ")")
                         : absl::StrCat("the session with kvhostd (instance ", new_instance,
                                        ") broke and was reopened");
   absl::StrAppend(&out, "; ", attachments.size(), " attachment(s) lost",
-                  attachments.empty() ? "" : absl::StrCat(" (", absl::StrJoin(attachments, ", "), ")"),
+                  shown.empty() ? "" : absl::StrCat(" (", absl::StrJoin(shown, ", "), ")"),
                   ", attach again");
   if (!pools_gone.empty()) {
     absl::StrAppend(&out, "; pools gone: ", absl::StrJoin(pools_gone, ", "));
@@ -88,6 +103,24 @@ class Client::SessionKeeper {
   void Forget(const std::string& attachment) {
     absl::MutexLock lock(&mu_);
     attachments_.erase(attachment);
+  }
+  // A session a caller named in AttachDeviceRequest.session_id itself.
+  void RememberGiven(const std::string& session_id) {
+    absl::MutexLock lock(&mu_);
+    if (std::find(given_.begin(), given_.end(), session_id) != given_.end()) return;
+    given_.push_back(session_id);
+    if (given_.size() > kRememberedSessions) given_.pop_front();
+  }
+  // Every session id the client's calls name: the current one, the ones it
+  // held before (so a worker can still wait for a backup accepted before its
+  // session broke) and the ones given.
+  std::vector<std::string> Ids() const {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> ids;
+    if (!state_.session_id.empty()) ids.push_back(state_.session_id);
+    ids.insert(ids.end(), past_.begin(), past_.end());
+    ids.insert(ids.end(), given_.begin(), given_.end());
+    return ids;
   }
 
  private:
@@ -178,6 +211,10 @@ class Client::SessionKeeper {
     {
       absl::MutexLock lock(&mu_);
       state_.open = true;
+      if (!state_.session_id.empty() && state_.session_id != event.session_id()) {
+        past_.push_front(state_.session_id);
+        if (past_.size() > kRememberedSessions) past_.pop_back();
+      }
       state_.session_id = event.session_id();
       state_.daemon_instance = event.daemon_instance();
       last_error_ = absl::OkStatus();
@@ -186,6 +223,9 @@ class Client::SessionKeeper {
     }
     if (report && on_loss) on_loss(loss);
   }
+
+  // Past and given session ids remembered, each (metadata is small).
+  static constexpr size_t kRememberedSessions = 4;
 
   Client* const client_;
   std::thread thread_;
@@ -196,6 +236,8 @@ class Client::SessionKeeper {
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> attachments_ ABSL_GUARDED_BY(mu_);  // id -> pool
   std::vector<SessionLoss> losses_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> past_ ABSL_GUARDED_BY(mu_);  // newest first
+  std::deque<std::string> given_ ABSL_GUARDED_BY(mu_);
   std::function<void(const SessionLoss&)> on_loss_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -221,6 +263,7 @@ void Client::OnSessionLoss(std::function<void(const SessionLoss&)> on_loss) {
 }
 
 absl::StatusOr<v1::Attachment> Client::AttachDevice(const v1::AttachDeviceRequest& request) {
+  if (!request.session_id().empty()) session_->RememberGiven(request.session_id());
   if (!options_.worker_session || !request.session_id().empty()) return AttachOnce(request);
   v1::AttachDeviceRequest in_session = request;
   for (int attempt = 0;; ++attempt) {
@@ -245,5 +288,7 @@ absl::StatusOr<v1::Attachment> Client::AttachDevice(const v1::AttachDeviceReques
 void Client::ForgetAttachment(const std::string& attachment_id) {
   session_->Forget(attachment_id);
 }
+
+std::vector<std::string> Client::SessionIds() const { return session_->Ids(); }
 
 }  // namespace kvhost

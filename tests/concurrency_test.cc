@@ -534,23 +534,23 @@ TEST_F(ManagerConcurrencyTest, AttachSubmitDetachRace) {
         bad_device[rng() % bad_device.size()] = DeviceFile::kDeviceRows;
         std::vector<int64_t> bad_host = host;
         bad_host.back() = static_cast<int64_t>(pool_->size_tokens());
-        EXPECT_EQ(manager_->Submit(att, Direction::kBackup, host, bad_device).status().code(),
+        EXPECT_EQ(manager_->Submit({}, att, Direction::kBackup, host, bad_device).status().code(),
                   Code::kInvalidArgument);
-        EXPECT_EQ(manager_->Submit(att, Direction::kLoad, bad_host, to).status().code(),
+        EXPECT_EQ(manager_->Submit({}, att, Direction::kLoad, bad_host, to).status().code(),
                   Code::kInvalidArgument);
-        EXPECT_EQ(manager_->Submit(att, Direction::kLoad, host, absl::MakeSpan(to).subspan(1))
+        EXPECT_EQ(manager_->Submit({}, att, Direction::kLoad, host, absl::MakeSpan(to).subspan(1))
                       .status()
                       .code(),
                   Code::kInvalidArgument);
         refused += 3;
 
         absl::StatusOr<std::shared_ptr<TransferTicket>> backup =
-            manager_->Submit(att, Direction::kBackup, host, from);
+            manager_->Submit({}, att, Direction::kBackup, host, from);
         ASSERT_TRUE(backup.ok()) << backup.status();
         ++accepted;
         ASSERT_EQ(WaitAll({*backup}), 1) << (*backup)->Snapshot().status;
         absl::StatusOr<std::shared_ptr<TransferTicket>> load =
-            manager_->Submit(att, Direction::kLoad, host, to);
+            manager_->Submit({}, att, Direction::kLoad, host, to);
         ASSERT_TRUE(load.ok()) << load.status();
         ++accepted;
         ASSERT_EQ(WaitAll({*load}), 1) << (*load)->Snapshot().status;
@@ -564,13 +564,13 @@ TEST_F(ManagerConcurrencyTest, AttachSubmitDetachRace) {
                   << from[k] << " -> slot " << host[k] << " -> row " << to[k];
         EXPECT_TRUE(pool_->Free(host).ok());
         if (rng() % 4 == 0) {
-          EXPECT_TRUE(manager_->Detach(att).ok());
-          EXPECT_EQ(manager_->Detach(att).code(), Code::kNotFound);
+          EXPECT_TRUE(manager_->Detach({}, att).ok());
+          EXPECT_EQ(manager_->Detach({}, att).code(), Code::kNotFound);
           att.clear();
         }
       }
       if (!att.empty()) {
-        EXPECT_TRUE(manager_->Detach(att).ok());
+        EXPECT_TRUE(manager_->Detach({}, att).ok());
       }
     });
   }
@@ -601,7 +601,7 @@ TEST_F(ManagerConcurrencyTest, AttachSubmitDetachRace) {
       absl::StatusOr<std::shared_ptr<Pool>> p = registry_->Get("victim");
       ASSERT_TRUE(p.ok()) << "attached pool deleted: " << p.status();
       EXPECT_GE((*p)->attachments(), 1u);
-      EXPECT_TRUE(manager_->Detach(info->id).ok());
+      EXPECT_TRUE(manager_->Detach({}, info->id).ok());
     }
   });
   for (int w = 0; w < kWorkers; ++w) threads[w].join();
@@ -637,6 +637,7 @@ TEST_F(ManagerConcurrencyTest, SessionsCloseWhileTransfersRun) {
       for (int round = 0; round < kRounds; ++round) {
         const std::string session =
             manager_->OpenSession(absl::StrCat("worker-", w), 1000 + w, "concurrency_test");
+        const Caller caller{{session}, std::nullopt};
         std::vector<std::string> atts;
         for (int a = 0; a < 2; ++a) {
           absl::StatusOr<AttachmentInfo> info = manager_->Attach("kv", dev.Request(session));
@@ -661,7 +662,7 @@ TEST_F(ManagerConcurrencyTest, SessionsCloseWhileTransfersRun) {
           const std::string& att = atts[rng() % atts.size()];
           const bool backup = k % 2 == 0;
           absl::StatusOr<std::shared_ptr<TransferTicket>> t =
-              manager_->Submit(att, backup ? Direction::kBackup : Direction::kLoad,
+              manager_->Submit(caller, att, backup ? Direction::kBackup : Direction::kLoad,
                                backup ? host_backup : host_load, Rows(rng, half, backup ? 0 : 32));
           if (!t.ok()) {
             EXPECT_EQ(t.status().code(), Code::kNotFound) << t.status();
@@ -676,11 +677,12 @@ TEST_F(ManagerConcurrencyTest, SessionsCloseWhileTransfersRun) {
           EXPECT_NE(info.session_id, session) << info.id << " outlived its session";
         }
         for (const std::string& att : atts) {
-          EXPECT_EQ(manager_->Submit(att, Direction::kBackup, host_backup, Rows(rng, half, 0))
-                        .status()
-                        .code(),
-                    Code::kNotFound);
-          EXPECT_EQ(manager_->Detach(att).code(), Code::kNotFound);
+          EXPECT_EQ(
+              manager_->Submit(caller, att, Direction::kBackup, host_backup, Rows(rng, half, 0))
+                  .status()
+                  .code(),
+              Code::kNotFound);
+          EXPECT_EQ(manager_->Detach(caller, att).code(), Code::kNotFound);
         }
         EXPECT_EQ(manager_->Attach("kv", dev.Request(session)).status().code(), Code::kNotFound);
         WaitAll(tickets);

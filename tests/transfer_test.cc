@@ -62,6 +62,7 @@ void PrintTo(const IndexRun& r, std::ostream* os) {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
@@ -705,7 +706,7 @@ class ManagerTest : public EngineFixture {
     EXPECT_EQ(c.tickets_failed, 0u);
     EXPECT_EQ(c.bytes[0] + c.bytes[1], 0u);
     for (uint64_t id = 0; id < 20; ++id) {
-      EXPECT_EQ(manager_->FindTicket(id).status().code(), absl::StatusCode::kNotFound) << id;
+      EXPECT_EQ(manager_->FindTicket({}, id).status().code(), absl::StatusCode::kNotFound) << id;
     }
   }
 
@@ -799,18 +800,18 @@ TEST_F(ManagerTest, ValidationErrorsLeaveNoTicket) {
   };
   for (const Bad& b : cases) {
     absl::StatusOr<std::shared_ptr<TransferTicket>> t =
-        manager_->Submit(b.att, b.dir, b.host, b.device);
+        manager_->Submit({}, b.att, b.dir, b.host, b.device);
     EXPECT_EQ(t.status().code(), b.code) << b.what << ": " << t.status();
     EXPECT_THAT(Msg(t.status()), HasSubstr(b.message)) << b.what;
   }
   ExpectNoTickets();
   // A load may read one host slot twice (only destinations must be unique).
   absl::StatusOr<std::shared_ptr<TransferTicket>> ok =
-      manager_->Submit(att_, Direction::kLoad, {3, 3}, {0, 1});
+      manager_->Submit({}, att_, Direction::kLoad, {3, 3}, {0, 1});
   ASSERT_TRUE(ok.ok()) << ok.status();
   ASSERT_TRUE((*ok)->WaitUntil(absl::Now() + absl::Seconds(30)));
   EXPECT_TRUE((*ok)->Snapshot().status.ok());
-  EXPECT_TRUE(manager_->FindTicket((*ok)->id()).ok());
+  EXPECT_TRUE(manager_->FindTicket({}, (*ok)->id()).ok());
 }
 
 TEST_F(ManagerTest, RoundTripThroughThePool) {
@@ -825,11 +826,11 @@ TEST_F(ManagerTest, RoundTripThroughThePool) {
   std::vector<int64_t> from(12), to(12);
   for (int i = 0; i < 12; ++i) from[i] = 20 + i, to[i] = i;
   absl::StatusOr<std::shared_ptr<TransferTicket>> b =
-      manager_->Submit(att_, Direction::kBackup, host, from);
+      manager_->Submit({}, att_, Direction::kBackup, host, from);
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_TRUE((*b)->WaitUntil(absl::Now() + absl::Seconds(30)));
   absl::StatusOr<std::shared_ptr<TransferTicket>> l =
-      manager_->Submit(att_, Direction::kLoad, host, to);
+      manager_->Submit({}, att_, Direction::kLoad, host, to);
   ASSERT_TRUE(l.ok()) << l.status();
   ASSERT_TRUE((*l)->WaitUntil(absl::Now() + absl::Seconds(30)));
   EXPECT_NE((*b)->id(), (*l)->id());
@@ -865,7 +866,7 @@ TEST_F(ManagerTest, RoundTripThroughThePool) {
   EXPECT_EQ(c.bytes[static_cast<int>(Direction::kLoad)], bytes);
   // An empty transfer finishes at once with every layer reported.
   absl::StatusOr<std::shared_ptr<TransferTicket>> empty =
-      manager_->Submit(att_, Direction::kBackup, {}, {});
+      manager_->Submit({}, att_, Direction::kBackup, {}, {});
   ASSERT_TRUE(empty.ok());
   const TicketStatus st = (*empty)->Snapshot();
   EXPECT_TRUE(st.done);
@@ -887,11 +888,11 @@ TEST_F(ManagerTest, AttachmentsHoldThePool) {
   EXPECT_EQ(manager_->Attach("nope", dev_.Request(2)).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(pool_->attachments(), 1u);
 
-  ASSERT_TRUE(manager_->Detach(att_).ok());
-  EXPECT_EQ(manager_->Detach(att_).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(manager_->Detach({}, att_).ok());
+  EXPECT_EQ(manager_->Detach({}, att_).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(pool_->attachments(), 0u);
   ASSERT_TRUE(pool_->AllocPages(4).ok());
-  EXPECT_EQ(manager_->Submit(att_, Direction::kBackup, {0}, {0}).status().code(),
+  EXPECT_EQ(manager_->Submit({}, att_, Direction::kBackup, {0}, {0}).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_TRUE(registry_->Delete("llama").ok());
   ExpectNoTickets();
@@ -900,18 +901,181 @@ TEST_F(ManagerTest, AttachmentsHoldThePool) {
 TEST_F(ManagerTest, RefusedAfterDrain) {
   ASSERT_TRUE(pool_->AllocPages(4).ok());
   absl::StatusOr<std::shared_ptr<TransferTicket>> before =
-      manager_->Submit(att_, Direction::kBackup, {0, 1, 2, 3}, {0, 1, 2, 3});
+      manager_->Submit({}, att_, Direction::kBackup, {0, 1, 2, 3}, {0, 1, 2, 3});
   ASSERT_TRUE(before.ok());
   manager_->Drain();
   // Accepted work finished before Drain returned.
   EXPECT_TRUE((*before)->Snapshot().done);
   absl::StatusOr<std::shared_ptr<TransferTicket>> after =
-      manager_->Submit(att_, Direction::kLoad, {0, 1, 2, 3}, {0, 1, 2, 3});
+      manager_->Submit({}, att_, Direction::kLoad, {0, 1, 2, 3}, {0, 1, 2, 3});
   EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable) << after.status();
   const TransferCounters c = manager_->counters();
   EXPECT_EQ(c.tickets_done, 1u);
   EXPECT_EQ(c.tickets_in_flight, 0u);
-  EXPECT_EQ(manager_->FindTicket((*before)->id() + 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->FindTicket({}, (*before)->id() + 1).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// ============================================================ ownership (issue 12)
+
+// Findings 3 and 8: ids are random capabilities, a session's attachment and
+// tickets serve that session (or the pool's token holder) and nobody else.
+TEST(RandomIdTest, IdsAre128BitsAndLogsShowAPrefix) {
+  const std::string a = RandomHex();
+  const std::string b = RandomHex();
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos) << a;
+  EXPECT_NE(a, b);
+  const std::string id = absl::StrCat("att-12-", a);
+  const std::string shown = ShortId(id);
+  EXPECT_EQ(shown, absl::StrCat("att-12-", a.substr(0, 4), "\u2026"));
+  EXPECT_EQ(shown.find(a.substr(0, 8)), std::string::npos);
+  // A caller's junk id is bounded too.
+  EXPECT_LT(ShortId(std::string(10000, 'x')).size(), 16u);
+}
+
+class OwnershipTest : public ManagerTest {
+ protected:
+  void SetUp() override {
+    ManagerTest::SetUp();
+    ASSERT_TRUE(pool_->AllocPages(8).ok());
+    mine_ = manager_->OpenSession("mine", 1, "test");
+    theirs_ = manager_->OpenSession("theirs", 2, "test");
+    AttachRequest req = dev_.Request(pool_->layout().planes);
+    req.session_id = mine_;
+    absl::StatusOr<AttachmentInfo> att = manager_->Attach("llama", req);
+    ASSERT_TRUE(att.ok()) << att.status();
+    EXPECT_EQ(att->session_id, mine_);
+    in_session_ = att->id;
+  }
+  // Every way a caller other than the owner may present itself.
+  std::vector<Caller> Strangers() const {
+    return {Caller{}, Caller{{theirs_}, std::nullopt}, Caller{{theirs_, "ses-1-0"}, std::nullopt},
+            Caller{{mine_.substr(0, mine_.size() - 1)}, std::nullopt},
+            Caller{{}, std::string("any-token")}};
+  }
+  uint64_t Tickets() const {
+    const TransferCounters c = manager_->counters();
+    return c.tickets_in_flight + c.tickets_done + c.tickets_failed;
+  }
+
+  std::string mine_, theirs_, in_session_;
+};
+
+TEST_F(OwnershipTest, ASessionsAttachmentServesOnlyThatSession) {
+  const Caller owner{{mine_}, std::nullopt};
+  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket =
+      manager_->Submit(owner, in_session_, Direction::kBackup, {0, 1, 2, 3}, {0, 1, 2, 3});
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  ASSERT_TRUE((*ticket)->WaitUntil(absl::Now() + absl::Seconds(30)));
+  const uint64_t tickets = Tickets();
+  // What an unknown id gets, and what a stranger gets: the same words.
+  const absl::Status unknown =
+      manager_->Submit({}, "att-1-0123456789abcdef0123456789abcdef", Direction::kLoad, {0}, {0})
+          .status();
+  ASSERT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(unknown), HasSubstr("not found (or not this session's)"));
+  for (const Caller& stranger : Strangers()) {
+    for (Direction d : {Direction::kBackup, Direction::kLoad}) {
+      const absl::Status s = manager_->Submit(stranger, in_session_, d, {4}, {4}).status();
+      EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+      EXPECT_THAT(Msg(s), HasSubstr("not found (or not this session's)"));
+      EXPECT_THAT(Msg(s), Not(HasSubstr(in_session_)));
+    }
+    const absl::Status detach = manager_->Detach(stranger, in_session_);
+    EXPECT_EQ(detach.code(), absl::StatusCode::kNotFound) << detach;
+    const absl::Status find = manager_->FindTicket(stranger, (*ticket)->id()).status();
+    EXPECT_EQ(find.code(), absl::StatusCode::kNotFound) << find;
+  }
+  // Nothing changed: no ticket, the attachment and its pool count stay.
+  EXPECT_EQ(Tickets(), tickets);
+  EXPECT_EQ(manager_->ListAttachments().size(), 2u);
+  EXPECT_EQ(pool_->attachments(), 2u);
+  // The owner, also among other sessions of its own, still acts.
+  const Caller several{{theirs_, mine_}, std::nullopt};
+  EXPECT_TRUE(manager_->FindTicket(owner, (*ticket)->id()).ok());
+  EXPECT_TRUE(manager_->FindTicket(several, (*ticket)->id()).ok());
+  EXPECT_TRUE(manager_->Submit(several, in_session_, Direction::kLoad, {0}, {8}).ok());
+  EXPECT_TRUE(manager_->Detach(owner, in_session_).ok());
+  EXPECT_EQ(pool_->attachments(), 1u);
+  // The ticket is still its session's after the attachment went.
+  EXPECT_TRUE(manager_->FindTicket(owner, (*ticket)->id()).ok());
+  EXPECT_EQ(manager_->FindTicket({}, (*ticket)->id()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(OwnershipTest, AnAttachmentWithoutSessionServesWhoeverHoldsItsId) {
+  for (const Caller& anyone : Strangers()) {
+    absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+        manager_->Submit(anyone, att_, Direction::kBackup, {0}, {0});
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(manager_->FindTicket(anyone, (*t)->id()).ok());
+    ASSERT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
+  }
+  EXPECT_TRUE(manager_->Detach(Caller{{theirs_}, std::nullopt}, att_).ok());
+}
+
+TEST_F(OwnershipTest, TheOwnerTokenOfAProtectedPoolOpensItsSessionsAttachments) {
+  absl::StatusOr<std::shared_ptr<Pool>> owned = registry_->Create("owned", spec_, {}, "tok");
+  ASSERT_TRUE(owned.ok()) << owned.status();
+  ASSERT_TRUE((*owned)->AllocPages(4).ok());
+  AttachRequest req = dev_.Request(pool_->layout().planes);
+  req.session_id = mine_;
+  absl::StatusOr<AttachmentInfo> att = manager_->Attach("owned", req);
+  ASSERT_TRUE(att.ok()) << att.status();
+  const Caller holder{{}, std::string("tok")};
+  const Caller wrong{{theirs_}, std::string("tok2")};
+  absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+      manager_->Submit(holder, att->id, Direction::kBackup, {0, 1}, {0, 1});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(manager_->FindTicket(holder, (*t)->id()).ok());
+  EXPECT_EQ(manager_->FindTicket(wrong, (*t)->id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Submit(wrong, att->id, Direction::kLoad, {0}, {0}).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->Detach(wrong, att->id).code(), absl::StatusCode::kNotFound);
+  // The token of "owned" opens nothing of the unprotected pool's session.
+  EXPECT_EQ(manager_->Submit(holder, in_session_, Direction::kLoad, {0}, {0}).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
+  EXPECT_TRUE(manager_->Detach(holder, att->id).ok());
+  EXPECT_EQ((*owned)->attachments(), 0u);
+}
+
+// Finding 8: ticket ids restarted at 1, so an old client's WaitTransfer
+// found another client's ticket after a restart.
+TEST_F(OwnershipTest, TicketIdsAreRandomAndNameNothingInAnotherInstance) {
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 500; ++i) {
+    absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+        manager_->Submit({}, att_, Direction::kBackup, {}, {});
+    ASSERT_TRUE(t.ok()) << t.status();
+    ids.push_back((*t)->id());
+  }
+  uint64_t high = 0;
+  size_t sequential = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_NE(ids[i], 0u);
+    high |= ids[i] >> 48;
+    if (i > 0 && ids[i] == ids[i - 1] + 1) ++sequential;
+  }
+  EXPECT_EQ(sequential, 0u);
+  EXPECT_NE(high, 0u);  // the top bits are used, not a counter's
+  std::vector<uint64_t> sorted = ids;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  // A new manager (a restarted daemon) on the same pools knows none of them
+  // and hands out other ids.
+  TransferManager restarted(registry_.get(), std::make_unique<HostEngine>(Options()));
+  absl::StatusOr<AttachmentInfo> att =
+      restarted.Attach("llama", dev_.Request(pool_->layout().planes));
+  ASSERT_TRUE(att.ok()) << att.status();
+  for (int i = 0; i < 500; ++i)
+    ASSERT_TRUE(restarted.Submit({}, att->id, Direction::kLoad, {}, {}).ok());
+  for (uint64_t id : ids) {
+    EXPECT_EQ(restarted.FindTicket({}, id).status().code(), absl::StatusCode::kNotFound) << id;
+  }
+  for (uint64_t id = 1; id <= 500; ++id) {
+    EXPECT_EQ(restarted.FindTicket({}, id).status().code(), absl::StatusCode::kNotFound) << id;
+  }
 }
 
 // ============================================================ every kind
@@ -1145,7 +1309,7 @@ class KindFixture {
   // Runs a transfer to the end; its final status.
   TicketStatus Run(const std::string& att, Direction d, const std::vector<int64_t>& host,
                    const std::vector<int64_t>& device) {
-    absl::StatusOr<std::shared_ptr<TransferTicket>> t = manager_->Submit(att, d, host, device);
+    absl::StatusOr<std::shared_ptr<TransferTicket>> t = manager_->Submit({}, att, d, host, device);
     EXPECT_TRUE(t.ok()) << t.status();
     if (!t.ok()) return TicketStatus{};
     EXPECT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
@@ -1154,7 +1318,7 @@ class KindFixture {
   void ExpectNoTickets() {
     const TransferCounters c = manager_->counters();
     EXPECT_EQ(c.tickets_in_flight + c.tickets_done + c.tickets_failed, 0u);
-    EXPECT_EQ(manager_->FindTicket(1).status().code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(manager_->FindTicket({}, 1).status().code(), absl::StatusCode::kNotFound);
   }
 
   ShmDir dir_;
@@ -1474,7 +1638,7 @@ TEST_F(PageRowTest, PartialPagesAreRefusedAndChangeNothing) {
   };
   for (const Bad& b : cases) {
     absl::StatusOr<std::shared_ptr<TransferTicket>> t =
-        f_.manager_->Submit(att->id, b.dir, b.host, b.device);
+        f_.manager_->Submit({}, att->id, b.dir, b.host, b.device);
     EXPECT_EQ(t.status().code(), b.code) << b.what << ": " << t.status();
     EXPECT_THAT(Msg(t.status()), HasSubstr(b.needle)) << b.what;
     if (b.names_kind) {
@@ -1518,7 +1682,7 @@ TEST(FollowerTest, KOnlyTransfersSlotsAllocatedInTheMhaPool) {
   ASSERT_TRUE(att.ok()) << att.status();
   EXPECT_EQ((*p)->AllocPages(3).status().code(), absl::StatusCode::kFailedPrecondition);
   absl::StatusOr<std::shared_ptr<TransferTicket>> t =
-      f.manager_->Submit(att->id, Direction::kBackup, {4, 0}, {1, 2});
+      f.manager_->Submit({}, att->id, Direction::kBackup, {4, 0}, {1, 2});
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << t.status();
   EXPECT_THAT(Msg(t.status()), HasSubstr("'anchor'"));
   f.ExpectNoTickets();
@@ -1560,7 +1724,7 @@ TEST(TpRankTest, ReplicatedKindsShareOtherKindsRefuseASecondRank) {
   ASSERT_TRUE((*mla)->AllocPages(10).ok());
   // Rank 1 only loads.
   absl::StatusOr<std::shared_ptr<TransferTicket>> refused =
-      f.manager_->Submit(a1->id, Direction::kBackup, {0}, {0});
+      f.manager_->Submit({}, a1->id, Direction::kBackup, {0}, {0});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(Msg(refused.status()), HasSubstr("load_only"));
   f.ExpectNoTickets();
@@ -1608,9 +1772,9 @@ TEST(LogicalTest, TakesNoBuffersAndFinishesWithNoBytes) {
   absl::StatusOr<AttachmentInfo> att = f.manager_->Attach("p", req);
   ASSERT_TRUE(att.ok()) << att.status();
   // Validated like any other: unallocated slots and bad ranges are refused.
-  EXPECT_EQ(f.manager_->Submit(att->id, Direction::kBackup, {0}, {0}).status().code(),
+  EXPECT_EQ(f.manager_->Submit({}, att->id, Direction::kBackup, {0}, {0}).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(f.manager_->Submit(att->id, Direction::kLoad, {0}, {16}).status().code(),
+  EXPECT_EQ(f.manager_->Submit({}, att->id, Direction::kLoad, {0}, {16}).status().code(),
             absl::StatusCode::kInvalidArgument);
   f.ExpectNoTickets();
   ASSERT_TRUE((*p)->AllocPages(8).ok());
@@ -1776,7 +1940,7 @@ class GroupTest : public ::testing::Test {
   TicketStatus Run(const std::string& att, Direction d, const std::vector<int64_t>& host,
                    const std::vector<int64_t>& device, const std::vector<EntryRows>& others) {
     absl::StatusOr<std::shared_ptr<TransferTicket>> t =
-        f_.manager_->Submit(att, d, host, device, "", others);
+        f_.manager_->Submit({}, att, d, host, device, "", others);
     EXPECT_TRUE(t.ok()) << t.status();
     if (!t.ok()) return TicketStatus{};
     EXPECT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
@@ -1869,7 +2033,7 @@ TEST_F(GroupTest, BackupThenLoadFollowTheLayerMaps) {
 
   // Detach releases the group and both pools.
   EXPECT_EQ(f_.registry_->DeleteGroup("hybrid").code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(f_.manager_->Detach(att->id).ok());
+  ASSERT_TRUE(f_.manager_->Detach({}, att->id).ok());
   EXPECT_EQ(group_->attachments(), 0u);
   EXPECT_EQ(kv_.pool->attachments(), 0u);
   EXPECT_EQ(ssm_.pool->attachments(), 0u);
@@ -1935,7 +2099,7 @@ TEST_F(GroupTest, RefusedTransfersLeaveNoTicketAndChangeNothing) {
     for (Direction d : {Direction::kBackup, Direction::kLoad}) {
       if (std::string(b.what) == "device row twice (load)" && d == Direction::kBackup) continue;
       absl::StatusOr<std::shared_ptr<TransferTicket>> t =
-          f_.manager_->Submit(att->id, d, kv_host, kv_dev, "", b.others);
+          f_.manager_->Submit({}, att->id, d, kv_host, kv_dev, "", b.others);
       EXPECT_EQ(t.status().code(), b.code) << b.what << ": " << t.status();
       EXPECT_THAT(Msg(t.status()), HasSubstr(b.needle)) << b.what;
     }
@@ -1948,7 +2112,7 @@ TEST_F(GroupTest, RefusedTransfersLeaveNoTicketAndChangeNothing) {
   ASSERT_TRUE(plain_att.ok()) << plain_att.status();
   EXPECT_TRUE(plain_att->group.empty());
   absl::StatusOr<std::shared_ptr<TransferTicket>> t = f_.manager_->Submit(
-      plain_att->id, Direction::kBackup, kv_host, kv_dev, "", {{"ssm", ssm_host, ssm_dev}});
+      {}, plain_att->id, Direction::kBackup, kv_host, kv_dev, "", {{"ssm", ssm_host, ssm_dev}});
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
   EXPECT_THAT(Msg(t.status()), HasSubstr("not of a pool group"));
 
@@ -2029,7 +2193,7 @@ TEST_F(GroupTest, DeletesRefusedWhileGroupedOrAttached) {
   absl::Status del = f_.registry_->DeleteGroup("hybrid");
   EXPECT_EQ(del.code(), absl::StatusCode::kFailedPrecondition) << del;
   EXPECT_TRUE(f_.registry_->GetGroup("hybrid").ok());
-  ASSERT_TRUE(f_.manager_->Detach(att->id).ok());
+  ASSERT_TRUE(f_.manager_->Detach({}, att->id).ok());
   EXPECT_TRUE(f_.registry_->DeleteGroup("hybrid").ok());
   EXPECT_TRUE(f_.registry_->Delete("ssm").ok());
 }
@@ -2089,8 +2253,9 @@ TEST(GroupPageRowTest, WholePagesFollowTheMapAndPartialPagesChangeNothing) {
   const std::vector<std::vector<uint8_t>> v4_before = HostBytes(*b.pool);
   const std::vector<int64_t> partial_host(v4_host.begin(), v4_host.begin() + 2);
   const std::vector<int64_t> partial_dev = {9, 10};
-  absl::StatusOr<std::shared_ptr<TransferTicket>> refused = f.manager_->Submit(
-      att->id, Direction::kBackup, partial_host, partial_dev, "", {{"latent", mla_host, mla_dev}});
+  absl::StatusOr<std::shared_ptr<TransferTicket>> refused =
+      f.manager_->Submit({}, att->id, Direction::kBackup, partial_host, partial_dev, "",
+                         {{"latent", mla_host, mla_dev}});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   EXPECT_THAT(Msg(refused.status()), HasSubstr("whole pages"));
   f.ExpectNoTickets();
@@ -2102,7 +2267,7 @@ TEST(GroupPageRowTest, WholePagesFollowTheMapAndPartialPagesChangeNothing) {
   a.Expect(true, mla_host, mla_dev, &ah, &ad);
   b.Expect(true, v4_host, v4_dev, &bh, &bd);
   absl::StatusOr<std::shared_ptr<TransferTicket>> t = f.manager_->Submit(
-      att->id, Direction::kBackup, v4_host, v4_dev, "", {{"latent", mla_host, mla_dev}});
+      {}, att->id, Direction::kBackup, v4_host, v4_dev, "", {{"latent", mla_host, mla_dev}});
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
   TicketStatus st = (*t)->Snapshot();
@@ -2126,7 +2291,7 @@ TEST(GroupPageRowTest, WholePagesFollowTheMapAndPartialPagesChangeNothing) {
   bd = b.DeviceBytes();
   a.Expect(false, mla_host, mla_dev2, &ah, &ad);
   b.Expect(false, v4_host, v4_dev2, &bh, &bd);
-  t = f.manager_->Submit(att->id, Direction::kLoad, v4_host, v4_dev2, "",
+  t = f.manager_->Submit({}, att->id, Direction::kLoad, v4_host, v4_dev2, "",
                          {{"latent", mla_host, mla_dev2}});
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));

@@ -86,7 +86,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
 grpc::ServerUnaryReactor* TransferServiceImpl::DetachDevice(grpc::CallbackServerContext* context,
                                                             const v1::DetachDeviceRequest* request,
                                                             v1::DetachDeviceResponse* response) {
-  return Finish(context, manager_->Detach(request->attachment_id()));
+  return Finish(context, manager_->Detach(CallerOf(*context), request->attachment_id()));
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
@@ -120,7 +120,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
                        absl::MakeConstSpan(t.device_indices().data(), t.device_indices().size())});
   }
   absl::StatusOr<std::shared_ptr<TransferTicket>> ticket = manager_->Submit(
-      attachment_id, direction, absl::MakeConstSpan(host.data(), host.size()),
+      CallerOf(*context), attachment_id, direction, absl::MakeConstSpan(host.data(), host.size()),
       absl::MakeConstSpan(device.data(), device.size()), wait_event_handle, entries);
   if (!ticket.ok()) return Finish(context, ticket.status());
   response->set_id((*ticket)->id());
@@ -148,7 +148,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(grpc::CallbackServer
                                                             const v1::WaitTransferRequest* request,
                                                             v1::TransferStatus* response) {
   absl::StatusOr<std::shared_ptr<TransferTicket>> ticket =
-      manager_->FindTicket(request->ticket_id());
+      manager_->FindTicket(CallerOf(*context), request->ticket_id());
   if (!ticket.ok()) return Finish(context, ticket.status());
   const TicketStatus now = (*ticket)->Snapshot();
   if (now.done || request->poll()) {

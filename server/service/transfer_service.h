@@ -1,9 +1,12 @@
 // TransferServiceImpl: kvhost.v1.TransferService over the TransferManager.
-// Translates and validates; AttachDevice checks the pools' owner token (the
-// attachment id then authorises Backup / Load / Detach: it is the
-// capability); WaitTransfer holds its call open without holding a
-// thread, finishing when the ticket's completion callback fires (or the call
-// is cancelled, e.g. by its deadline).
+// Translates and validates; AttachDevice checks the pools' owner token. The
+// attachment id then authorises Backup / Load / Detach / WaitTransfer of its
+// tickets (it is the capability, never published), and for an attachment
+// made within a worker session only together with that session's id in
+// kvhost-session metadata or the pool's owner token in kvhost-token
+// (TransferManager's Caller). WaitTransfer holds its call open without
+// holding a thread, finishing when the ticket's completion callback fires (or
+// the call is cancelled, e.g. by its deadline).
 //
 // Thread safety: handlers run concurrently on gRPC's threads.
 #ifndef KVHOST_SERVER_SERVICE_TRANSFER_SERVICE_H_

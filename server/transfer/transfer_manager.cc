@@ -1,12 +1,14 @@
 #include "server/transfer/transfer_manager.h"
 
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <limits>
-#include <thread>
 #include <optional>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -272,9 +274,92 @@ absl::Status BuildPart(Direction direction, absl::Span<const int64_t> host,
 
 }  // namespace
 
-std::string RandomHex() {
+namespace {
+
+// `n` bytes from the kernel's random source (getrandom; std::random_device
+// where that fails, e.g. a sandbox without the call).
+void FillRandom(void* out, size_t n) {
+  auto* p = static_cast<uint8_t*>(out);
+  while (n > 0) {
+    const ssize_t got = ::getrandom(p, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  if (n == 0) return;
   std::random_device random;
-  return absl::StrCat(absl::Hex((uint64_t{random()} << 32) ^ random(), absl::kZeroPad16));
+  for (; n > 0; --n) *p++ = static_cast<uint8_t>(random());
+}
+
+// Equality in time that depends only on the lengths (as Pool's token check).
+bool SameSecret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// The message of an attachment id the caller may not use, the same as for
+// one that does not exist: the answer tells nothing about other sessions.
+absl::Status AttachmentNotFound(const std::string& id) {
+  return absl::NotFoundError(
+      absl::StrCat("attachment '", ShortId(id), "' not found (or not this session's)"));
+}
+
+}  // namespace
+
+std::string RandomHex() {
+  uint64_t bits[2] = {0, 0};
+  FillRandom(bits, sizeof(bits));
+  return absl::StrCat(absl::Hex(bits[0], absl::kZeroPad16), absl::Hex(bits[1], absl::kZeroPad16));
+}
+
+std::string ShortId(const std::string& id) {
+  // "att-<n>-" / "ses-<n>-" stay whole (they are no secret), then 4 digits.
+  constexpr size_t kMaxPrefix = 24;
+  constexpr size_t kShownDigits = 4;
+  size_t keep = 0;
+  if (const size_t dash = id.rfind('-'); dash != std::string::npos && dash < kMaxPrefix) {
+    keep = dash + 1;
+  }
+  keep = std::min(id.size(), keep + kShownDigits);
+  return absl::StrCat(id.substr(0, keep), "\u2026");
+}
+
+bool TransferManager::Permits(const Caller& caller, const Owner& owner) {
+  if (owner.session_id.empty()) return true;
+  for (const std::string& session : caller.sessions) {
+    if (SameSecret(session, owner.session_id)) return true;
+  }
+  if (!caller.token.has_value()) return false;
+  // The token of every protected pool of the attachment, and one at least.
+  bool opened = false;
+  for (const std::weak_ptr<const Pool>& weak : owner.pools) {
+    const std::shared_ptr<const Pool> pool = weak.lock();
+    if (pool == nullptr) return false;  // deleted: no token opens it any more
+    if (!pool->owner_protected()) continue;
+    if (!CheckPoolOwner(*pool, &*caller.token).ok()) return false;
+    opened = true;
+  }
+  return opened;
+}
+
+TransferManager::Attachment* TransferManager::FindAttachment(const Caller& caller,
+                                                             const std::string& id) {
+  auto it = attachments_.find(id);
+  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) return nullptr;
+  return &it->second;
+}
+
+uint64_t TransferManager::NewTicketId() const {
+  // Random rather than counted: an id from before a restart (or of another
+  // client) names no ticket of this daemon but by a 2^-64 chance, and within
+  // one daemon no ticket id says anything about the next one. 64 bits keep
+  // TransferTicket.id's wire type.
+  uint64_t id = 0;
+  while (id == 0 || tickets_.count(id) != 0) FillRandom(&id, sizeof(id));
+  return id;
 }
 
 TransferManager::TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine,
@@ -288,7 +373,7 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
   if (!request.session_id.empty()) {
     absl::MutexLock lock(&mu_);
     if (sessions_.count(request.session_id) == 0) {
-      return absl::NotFoundError(absl::StrCat("session '", request.session_id,
+      return absl::NotFoundError(absl::StrCat("session '", ShortId(request.session_id),
                                               "' is not open (open one with OpenSession)"));
     }
   }
@@ -451,6 +536,12 @@ absl::StatusOr<AttachmentInfo> TransferManager::AttachGroup(const std::shared_pt
 
 absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) {
   attachment.info.id = absl::StrCat("att-", next_attachment_++, "-", RandomHex());
+  {
+    Owner owner;
+    owner.session_id = attachment.info.session_id;
+    for (const AttachedPool& attached : attachment.pools) owner.pools.push_back(attached.pool);
+    attachment.owner = std::make_shared<const Owner>(std::move(owner));
+  }
   attachment.info.load_event_handles = attachment.device->load_event_handles();
   attachment.info.load_event_sets = attachment.device->load_event_sets();
   AttachmentInfo info = attachment.info;
@@ -461,7 +552,7 @@ absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) 
       if (session == sessions_.end()) {
         Release(attachment);
         return absl::NotFoundError(
-            absl::StrCat("session '", info.session_id, "' closed while attaching"));
+            absl::StrCat("session '", ShortId(info.session_id), "' closed while attaching"));
       }
       session->second.attachments.push_back(info.id);
     }
@@ -469,23 +560,21 @@ absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) 
   }
   if (info.group.empty()) {
     spdlog::info("attached {} to pool '{}' (device layers [{}, {}), {} device slots, {} backend)",
-                 info.id, info.pool, info.start_layer, info.end_layer, info.device_size_tokens,
-                 engine_->name());
+                 ShortId(info.id), info.pool, info.start_layer, info.end_layer,
+                 info.device_size_tokens, engine_->name());
   } else {
     spdlog::info("attached {} to pool group '{}' ({} model layers, anchor pool '{}', {} backend)",
-                 info.id, info.group, info.end_layer, info.pool, engine_->name());
+                 ShortId(info.id), info.group, info.end_layer, info.pool, engine_->name());
   }
   return info;
 }
 
-absl::Status TransferManager::Detach(const std::string& attachment_id) {
+absl::Status TransferManager::Detach(const Caller& caller, const std::string& attachment_id) {
   Attachment attachment;
   {
     absl::MutexLock lock(&mu_);
+    if (FindAttachment(caller, attachment_id) == nullptr) return AttachmentNotFound(attachment_id);
     auto it = attachments_.find(attachment_id);
-    if (it == attachments_.end()) {
-      return absl::NotFoundError(absl::StrCat("attachment '", attachment_id, "' not found"));
-    }
     attachment = std::move(it->second);
     attachments_.erase(it);
     if (auto session = sessions_.find(attachment.info.session_id); session != sessions_.end()) {
@@ -495,9 +584,9 @@ absl::Status TransferManager::Detach(const std::string& attachment_id) {
   }
   Release(attachment);
   if (attachment.group != nullptr) {
-    spdlog::info("detached {} from pool group '{}'", attachment_id, attachment.info.group);
+    spdlog::info("detached {} from pool group '{}'", ShortId(attachment_id), attachment.info.group);
   } else {
-    spdlog::info("detached {} from pool '{}'", attachment_id, attachment.info.pool);
+    spdlog::info("detached {} from pool '{}'", ShortId(attachment_id), attachment.info.pool);
   }
   return absl::OkStatus();
 }
@@ -512,26 +601,27 @@ void TransferManager::Release(const Attachment& attachment) {
 }
 
 absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
-    const std::string& attachment_id, Direction direction, absl::Span<const int64_t> host,
-    absl::Span<const int64_t> device, const std::string& wait_event_handle,
-    absl::Span<const EntryRows> pool_transfers) {
+    const Caller& caller, const std::string& attachment_id, Direction direction,
+    absl::Span<const int64_t> host, absl::Span<const int64_t> device,
+    const std::string& wait_event_handle, absl::Span<const EntryRows> pool_transfers) {
   TransferJob job;
   job.direction = direction;
   job.wait_event_handle = wait_event_handle;
   std::shared_ptr<PoolGroup> group;
   std::vector<AttachedPool> pools;
   std::string label;  // the metrics' pool label
+  std::shared_ptr<const Owner> owner;
+  const std::string short_id = ShortId(attachment_id);
   {
     absl::MutexLock lock(&mu_);
     if (draining_) return absl::UnavailableError("kvhostd is shutting down; transfer refused");
-    auto it = attachments_.find(attachment_id);
-    if (it == attachments_.end()) {
-      return absl::NotFoundError(absl::StrCat("attachment '", attachment_id, "' not found"));
-    }
-    const Attachment& attachment = it->second;
+    const Attachment* found = FindAttachment(caller, attachment_id);
+    if (found == nullptr) return AttachmentNotFound(attachment_id);
+    const Attachment& attachment = *found;
+    owner = attachment.owner;
     if (direction == Direction::kBackup && attachment.info.load_only) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "attachment '", attachment_id, "' of pool '", attachment.info.pool,
+          "attachment '", short_id, "' of pool '", attachment.info.pool,
           "' is load_only: Backup is refused (back up through the rank's attachment that is "
           "not load_only)"));
     }
@@ -541,9 +631,9 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     label = attachment.info.group.empty() ? attachment.info.pool : attachment.info.group;
   }
   if (group == nullptr && !pool_transfers.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pool_transfers has ", pool_transfers.size(), " entries, but attachment '", attachment_id,
-        "' is of pool '", pools[0].pool->name(), "', not of a pool group"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool_transfers has ", pool_transfers.size(), " entries, but attachment '",
+                     short_id, "' is of pool '", pools[0].pool->name(), "', not of a pool group"));
   }
   // Each pool's rows: the request's for a plain attachment or the group's
   // anchor, each pool_transfers entry's for the others.
@@ -589,8 +679,8 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     components = components || !part.pool->components().empty();
     const std::string device_what =
         group == nullptr
-            ? absl::StrCat("attachment '", attachment_id, "'")
-            : absl::StrCat("attachment '", attachment_id, "' (entry '", pools[e].entry, "')");
+            ? absl::StrCat("attachment '", short_id, "'")
+            : absl::StrCat("attachment '", short_id, "' (entry '", pools[e].entry, "')");
     if (absl::Status s =
             BuildPart(direction, rows[e].host, rows[e].device, rows[e].prefix, device_what, &part);
         !s.ok()) {
@@ -612,25 +702,26 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   // Last, since what it reserves is released only by the job's end.
   if (components) {
     if (absl::Status s = engine_->Prepare(&job); !s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("attachment '", attachment_id, "': ", s.message()));
+      return absl::Status(s.code(), absl::StrCat("attachment '", short_id, "': ", s.message()));
     }
   }
-  job.ticket = std::make_shared<TransferTicket>(
-      next_ticket_++, direction, static_cast<uint32_t>(job.layer_num()),
-      components ? engine_->PathFor(job) : std::string("none"), job.event_set);
-  std::shared_ptr<TransferTicket> ticket = job.ticket;
+  std::string path = components ? engine_->PathFor(job) : std::string("none");
+  std::shared_ptr<TransferTicket> ticket;
   {
     absl::MutexLock lock(&mu_);
-    tickets_[ticket->id()] = ticket;
+    ticket = std::make_shared<TransferTicket>(NewTicketId(), direction,
+                                              static_cast<uint32_t>(job.layer_num()),
+                                              std::move(path), job.event_set);
+    job.ticket = ticket;
+    tickets_[ticket->id()] = Ticket{ticket, owner};
     ticket_attachment_[ticket->id()] = attachment_id;
     ++counters_.tickets_in_flight;
     // Detached (its session closed) since validation: the ticket runs, but
     // an engine that can stops it before its first layer.
     if (attachments_.count(attachment_id) == 0) {
-      ticket->RequestCancel(absl::CancelledError(
-          absl::StrCat("attachment '", attachment_id, "' was detached while this ",
-                       DirectionName(direction), " was submitted")));
+      ticket->RequestCancel(
+          absl::CancelledError(absl::StrCat("attachment '", short_id, "' was detached while this ",
+                                            DirectionName(direction), " was submitted")));
     }
   }
   ticket->OnDone(
@@ -681,14 +772,16 @@ void TransferManager::Retire(const std::shared_ptr<TransferTicket>& ticket, uint
   }
 }
 
-absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::FindTicket(uint64_t id) const {
+absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::FindTicket(const Caller& caller,
+                                                                            uint64_t id) const {
   absl::MutexLock lock(&mu_);
   auto it = tickets_.find(id);
-  if (it == tickets_.end()) {
+  if (it == tickets_.end() || !Permits(caller, *it->second.owner)) {
     return absl::NotFoundError(absl::StrCat("ticket ", id, " is unknown or expired (the last ",
-                                            kRetainedTickets, " finished tickets are kept)"));
+                                            kRetainedTickets,
+                                            " finished tickets are kept) or not this session's"));
   }
-  return it->second;
+  return it->second.ticket;
 }
 
 uint64_t TransferManager::Drain(absl::Duration timeout) {
@@ -696,7 +789,9 @@ uint64_t TransferManager::Drain(absl::Duration timeout) {
   {
     absl::MutexLock lock(&mu_);
     draining_ = true;
-    for (const auto& [id, attachment] : ticket_attachment_) in_flight.push_back(tickets_.at(id));
+    for (const auto& [id, attachment] : ticket_attachment_) {
+      in_flight.push_back(tickets_.at(id).ticket);
+    }
   }
   const absl::Time deadline = absl::Now() + timeout;
   uint64_t cancelled = 0;
@@ -730,7 +825,8 @@ std::string TransferManager::OpenSession(const std::string& worker, int64_t pid,
     absl::MutexLock lock(&mu_);
     sessions_[session.id] = session;
   }
-  spdlog::info("session {} opened by worker '{}' (pid {}, {})", session.id, worker, pid, peer);
+  spdlog::info("session {} opened by worker '{}' (pid {}, {})", ShortId(session.id), worker, pid,
+               peer);
   return session.id;
 }
 
@@ -754,7 +850,7 @@ void TransferManager::CloseSession(const std::string& session_id, const std::str
     for (const auto& [ticket_id, attachment_id] : ticket_attachment_) {
       if (std::find(session.attachments.begin(), session.attachments.end(), attachment_id) !=
           session.attachments.end()) {
-        tickets.push_back(tickets_.at(ticket_id));
+        tickets.push_back(tickets_.at(ticket_id).ticket);
       }
     }
   }
@@ -762,14 +858,15 @@ void TransferManager::CloseSession(const std::string& session_id, const std::str
   // Nobody will read what a load would write: stop the ones not started.
   for (const std::shared_ptr<TransferTicket>& ticket : tickets) {
     if (ticket->direction() == Direction::kLoad) {
-      ticket->RequestCancel(absl::CancelledError(absl::StrCat(
-          "worker session ", session_id, " of '", session.worker, "' ended (", reason, ")")));
+      ticket->RequestCancel(
+          absl::CancelledError(absl::StrCat("worker session ", ShortId(session_id), " of '",
+                                            session.worker, "' ended (", reason, ")")));
     }
   }
   spdlog::warn(
       "session {} of worker '{}' (pid {}) ended: {}; closed {} attachment(s), {} transfer(s) in "
       "flight (loads cancelled, backups get {} to finish)",
-      session_id, session.worker, session.pid, reason, closed.size(), tickets.size(),
+      ShortId(session_id), session.worker, session.pid, reason, closed.size(), tickets.size(),
       absl::FormatDuration(timeout));
   if (tickets.empty()) return;
   {
@@ -790,9 +887,9 @@ void TransferManager::ReapSession(std::string session_id, std::string worker, st
   uint64_t late = 0;
   for (const std::shared_ptr<TransferTicket>& ticket : tickets) {
     if (!ticket->WaitUntil(deadline)) {
-      ticket->RequestCancel(absl::CancelledError(
-          absl::StrCat("worker session ", session_id, " of '", worker, "' ended (", reason,
-                       ") and the transfer did not finish within ", absl::FormatDuration(timeout))));
+      ticket->RequestCancel(absl::CancelledError(absl::StrCat(
+          "worker session ", ShortId(session_id), " of '", worker, "' ended (", reason,
+          ") and the transfer did not finish within ", absl::FormatDuration(timeout))));
       ++late;
       continue;
     }
@@ -802,11 +899,12 @@ void TransferManager::ReapSession(std::string session_id, std::string worker, st
     spdlog::warn(
         "session {}: {} transfer(s) still running {} after the session ended; cancelled where the "
         "engine can, their attachments close when they stop",
-        session_id, late, absl::FormatDuration(timeout));
+        ShortId(session_id), late, absl::FormatDuration(timeout));
   }
-  spdlog::info("session {} closed: of its {} transfer(s) in flight {} finished, {} failed or "
-               "were cancelled, {} outlived the timeout",
-               session_id, tickets.size(), ok, failed, late);
+  spdlog::info(
+      "session {} closed: of its {} transfer(s) in flight {} finished, {} failed or "
+      "were cancelled, {} outlived the timeout",
+      ShortId(session_id), tickets.size(), ok, failed, late);
   absl::MutexLock lock(&mu_);
   --reapers_;
 }

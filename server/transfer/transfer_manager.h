@@ -79,10 +79,27 @@ struct TransferCounters {
 // not whole pages for a page-row component) or load_event_sets.
 absl::StatusOr<AttachRequest> ResolveAttachRequest(const Pool& pool, AttachRequest request);
 
-// 16 hex digits from the kernel's random source, for ids that must not be
-// guessable from one another: attachment ids (the capability for transfers
-// on an attachment), session ids, the daemon's instance id.
+// 32 hex digits (128 bits) from the kernel's random source, for ids that
+// must not be guessable from one another: attachment ids (the capability for
+// transfers on an attachment), session ids, the daemon's instance id.
 std::string RandomHex();
+
+// `id` (an attachment or session id) as logs and messages show it: its
+// first 4 hex digits and "…" ("att-1-3f9a…"), enough to tell ids apart in
+// a log, too little to use one.
+std::string ShortId(const std::string& id);
+
+// Who makes a transfer call (kvhost-session and kvhost-token metadata, see
+// server/service/convert.h). An attachment made within a session, and its
+// tickets, serve a caller naming that session in `sessions`, or presenting in
+// `token` the owner token of the attachment's pools when they are
+// owner-protected (every protected pool of it must match); an attachment
+// made without a session serves whoever holds its id. Anyone else is told
+// NOT_FOUND, as for an unknown id.
+struct Caller {
+  std::vector<std::string> sessions;
+  std::optional<std::string> token;
+};
 
 // One group entry's rows in a transfer on a group attachment
 // (kvhost.v1.PoolTransfer).
@@ -119,7 +136,9 @@ class TransferManager {
   absl::StatusOr<AttachmentInfo> Attach(const std::string& pool, const AttachRequest& request);
   // Transfers already accepted still complete; the buffers close after them.
   // A group attachment releases the group and every entry's pool.
-  absl::Status Detach(const std::string& attachment_id);
+  // Detach, Submit and FindTicket are NOT_FOUND for an id `caller` may not
+  // use (see Caller), with the message of an unknown id.
+  absl::Status Detach(const Caller& caller, const std::string& attachment_id);
   // Validates and queues a backup or load; returns its ticket (a load's
   // names its event set). Validation: equal lengths, ranges, whole pages
   // where the pool needs them (Pool::whole_pages()), no destination twice,
@@ -138,11 +157,15 @@ class TransferManager {
   // group's layer_num layers; model layer l copies, in every entry with
   // rows, the device layer its layer_map gives (nothing for -1).
   absl::StatusOr<std::shared_ptr<TransferTicket>> Submit(
-      const std::string& attachment_id, Direction direction, absl::Span<const int64_t> host,
-      absl::Span<const int64_t> device, const std::string& wait_event_handle = "",
-      absl::Span<const EntryRows> pool_transfers = {});
-  // NOT_FOUND for an unknown or expired ticket.
-  absl::StatusOr<std::shared_ptr<TransferTicket>> FindTicket(uint64_t id) const;
+      const Caller& caller, const std::string& attachment_id, Direction direction,
+      absl::Span<const int64_t> host, absl::Span<const int64_t> device,
+      const std::string& wait_event_handle = "", absl::Span<const EntryRows> pool_transfers = {});
+  // NOT_FOUND for an unknown or expired ticket, or one of an attachment
+  // `caller` may not use (its ownership is the attachment's, remembered).
+  // Ticket ids are random (see NewTicketId), so an id from before a restart
+  // names no ticket of this daemon.
+  absl::StatusOr<std::shared_ptr<TransferTicket>> FindTicket(const Caller& caller,
+                                                             uint64_t id) const;
 
   // Refuses new transfers from now on (UNAVAILABLE), then waits up to
   // `timeout` for the ones accepted to finish; cancels what is left then
@@ -178,8 +201,19 @@ class TransferManager {
     // Per ticket layer: the pool's host layer and the mapping's layer.
     std::vector<JobLayer> layers;
   };
+  // Whose an attachment and its tickets are (Caller): its session and its
+  // pools, held weakly so that retained tickets keep no deleted pool mapped.
+  struct Owner {
+    std::string session_id;
+    std::vector<std::weak_ptr<const Pool>> pools;
+  };
+  struct Ticket {
+    std::shared_ptr<TransferTicket> ticket;
+    std::shared_ptr<const Owner> owner;
+  };
   struct Attachment {
     AttachmentInfo info;
+    std::shared_ptr<const Owner> owner;  // set by Register; its tickets share it
     std::shared_ptr<PoolGroup> group;  // null for a plain attachment
     // The mapping jobs record their load events on (a group's: OpenGroup's).
     std::shared_ptr<const DeviceMapping> device;
@@ -189,6 +223,13 @@ class TransferManager {
   absl::StatusOr<AttachmentInfo> AttachGroup(const std::shared_ptr<PoolGroup>& group,
                                              const AttachRequest& request);
   absl::StatusOr<AttachmentInfo> Register(Attachment attachment);
+  // Whether `caller` may use what `owner` owns (Caller's rule).
+  static bool Permits(const Caller& caller, const Owner& owner);
+  // The attachment `id` if `caller` may use it, else null.
+  Attachment* FindAttachment(const Caller& caller, const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A random non-zero id no ticket in tickets_ has.
+  uint64_t NewTicketId() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back what an attachment holds (its pools' and group's counts).
   static void Release(const Attachment& attachment);
   // The session's closing, on a detached thread counted in reapers_:
@@ -203,7 +244,6 @@ class TransferManager {
   PoolRegistry* const registry_;
   KvhostMetrics* const metrics_;
   const std::unique_ptr<TransferEngine> engine_;
-  std::atomic<uint64_t> next_ticket_{1};
   std::atomic<uint64_t> next_attachment_{1};
   std::atomic<uint64_t> next_session_{1};
 
@@ -215,7 +255,8 @@ class TransferManager {
   std::map<uint64_t, std::string> ticket_attachment_ ABSL_GUARDED_BY(mu_);
   // Session reapers still running; Drain waits for them.
   int reapers_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, std::shared_ptr<TransferTicket>> tickets_ ABSL_GUARDED_BY(mu_);
+  // Tickets in flight and the last kRetainedTickets finished, by id.
+  std::map<uint64_t, Ticket> tickets_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
   TransferCounters counters_ ABSL_GUARDED_BY(mu_);
 };

@@ -73,6 +73,10 @@ struct ClientOptions {
   // attaches within it, so a worker that dies has its attachments closed by
   // the daemon within --session-timeout. False: attachments without a
   // session (tools such as kvhostctl), which live until DetachDevice.
+  // Every TransferService call carries the client's session ids in gRPC
+  // metadata `kvhost-session` (the daemon serves a session's attachments and
+  // tickets to no one else): the open session's, the last few it held
+  // before, and any a caller put in AttachDeviceRequest.session_id itself.
   bool worker_session = true;
   // Worker name for the daemon's logs and status; default "<host>:<pid>".
   std::string worker_name;
@@ -240,6 +244,8 @@ class Client {
   // AttachDevice's call as given (session.cc adds the session around it).
   absl::StatusOr<v1::Attachment> AttachOnce(const v1::AttachDeviceRequest& request);
   void ForgetAttachment(const std::string& attachment_id);
+  // The session ids a TransferService call names (kvhost-session metadata).
+  std::vector<std::string> SessionIds() const;
 
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
