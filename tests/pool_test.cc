@@ -40,6 +40,7 @@ namespace kvhost {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
@@ -1127,6 +1128,77 @@ TEST_F(KindRegistryTest, FollowerErrorsCreateNothing) {
   EXPECT_EQ(reg.used_bytes(), used);
   EXPECT_EQ(dir_.Files().size(), files);
   EXPECT_TRUE((*reg.Get("anchor"))->followers().empty());
+}
+
+// Issue 12, finding 9: followers of a protected pool were open to anyone.
+TEST_F(KindRegistryTest, FollowerIsProtectedByTheFollowedPoolsToken) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  const std::string token = "s3cret";
+  const std::string wrong = "wr0ng";
+  ASSERT_TRUE(reg.Create("anchor", KindSpec(PoolKind::kMha), {}, token).ok());
+  // Creating one needs the followed pool's token.
+  EXPECT_EQ(reg.Create("idx", KindSpec(PoolKind::kKOnly)).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<std::shared_ptr<Pool>> idx =
+      reg.Create("idx", KindSpec(PoolKind::kKOnly), {}, "", &token);
+  ASSERT_TRUE(idx.ok()) << idx.status();
+  EXPECT_TRUE((*idx)->owner_protected());
+  EXPECT_EQ(&(*idx)->token_owner(), reg.Get("anchor")->get());
+  // Every protected call checks the followed pool's token.
+  absl::Status none = CheckPoolOwner(**idx, nullptr);
+  EXPECT_EQ(none.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(Msg(none), HasSubstr("'idx'"));
+  EXPECT_THAT(Msg(none), HasSubstr("'anchor'"));
+  EXPECT_EQ(CheckPoolOwner(**idx, &wrong).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(CheckPoolOwner(**idx, &token).ok());
+  const std::vector<std::string> names = {"idx"};
+  EXPECT_EQ(reg.CheckOwner(names, nullptr).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(reg.CheckOwner(names, &wrong).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(reg.CheckOwner(names, &token).ok());
+  // Its own owner_token may only be the followed pool's.
+  absl::StatusOr<std::shared_ptr<Pool>> same =
+      reg.Create("same", KindSpec(PoolKind::kKOnly), {}, token, &token);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_TRUE(CheckPoolOwner(**same, &token).ok());
+  EXPECT_EQ(CheckPoolOwner(**same, nullptr).code(), absl::StatusCode::kPermissionDenied);
+  const size_t files = dir_.Files().size();
+  const uint64_t used = reg.used_bytes();
+  absl::StatusOr<std::shared_ptr<Pool>> other =
+      reg.Create("other", KindSpec(PoolKind::kKOnly), {}, wrong, &token);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument) << other.status();
+  EXPECT_THAT(Msg(other.status()), HasSubstr("'anchor'"));
+  EXPECT_THAT(Msg(other.status()), Not(HasSubstr(wrong)));
+  EXPECT_THAT(Msg(other.status()), Not(HasSubstr(token)));
+  // A follower of an unprotected pool takes no token of its own either.
+  ASSERT_TRUE(reg.Create("open", KindSpec(PoolKind::kMha)).ok());
+  PoolSpec f = KindSpec(PoolKind::kKOnly);
+  f.follows = "open";
+  absl::StatusOr<std::shared_ptr<Pool>> own = reg.Create("own", f, {}, token);
+  EXPECT_EQ(own.status().code(), absl::StatusCode::kInvalidArgument) << own.status();
+  EXPECT_THAT(Msg(own.status()), HasSubstr("which has none"));
+  EXPECT_TRUE(reg.Get("other").status().code() == absl::StatusCode::kNotFound &&
+              reg.Get("own").status().code() == absl::StatusCode::kNotFound);
+  EXPECT_EQ(dir_.Files().size(), files + (*reg.Get("open"))->region_paths().size());
+  EXPECT_EQ(reg.used_bytes(), used + (*reg.Get("open"))->bytes());
+}
+
+// Issue 12, finding 10: tokens gRPC metadata cannot carry made a pool that
+// nobody could ever open again.
+TEST_F(RegistryTest, OwnerTokenOutsidePrintableAsciiIsRefused) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  const std::string bad[] = {
+      std::string("nul\0byte", 8), "caf\xc3\xa9", "with space", "tab\there", "del\x7f", "\n"};
+  for (const std::string& token : bad) {
+    absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("p", MegabyteTokenSpec(16), {}, token);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << p.status();
+    EXPECT_THAT(Msg(p.status()), HasSubstr("printable ASCII"));
+    EXPECT_THAT(Msg(p.status()), HasSubstr("'p'"));
+    EXPECT_THAT(Msg(p.status()), Not(HasSubstr(token)));
+  }
+  EXPECT_TRUE(reg.List().empty());
+  EXPECT_TRUE(dir_.Files().empty());
+  EXPECT_EQ(reg.used_bytes(), 0u);
+  EXPECT_TRUE(reg.Create("p", MegabyteTokenSpec(16), {}, "!Az09~").ok());
 }
 
 TEST_F(KindRegistryTest, V4StateFollowsLogicalAndQuotesTheSeed) {

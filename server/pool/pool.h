@@ -236,9 +236,15 @@ class Pool {
   // the registry's, before the pool is published; the token is never read
   // back, only compared. OwnerTokenMatches takes time that depends only on
   // `given`'s length, not on where it differs from the owner's.
-  // REQUIRES: SetOwnerToken before any other thread sees the pool.
+  // A follower has no token of its own: it is protected by the token of
+  // the pool it follows (token_owner()), whose slots it shares, so
+  // owner_protected() is that pool's and the token to check is compared
+  // with token_owner().OwnerTokenMatches (CheckPoolOwner does).
+  // REQUIRES: SetOwnerToken before any other thread sees the pool; not on a
+  // follower.
   void SetOwnerToken(std::string token) { owner_token_ = std::move(token); }
-  bool owner_protected() const { return !owner_token_.empty(); }
+  const Pool& token_owner() const { return follows_ ? follows_->token_owner() : *this; }
+  bool owner_protected() const { return !token_owner().owner_token_.empty(); }
   bool OwnerTokenMatches(absl::string_view given) const;
 
  private:

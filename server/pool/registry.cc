@@ -110,6 +110,7 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
                                                    owner_token.size(), " bytes, over the limit of ",
                                                    kMaxOwnerTokenBytes));
   }
+  if (absl::Status s = ValidateOwnerToken(owner_token); !s.ok()) return WithPool(name, s);
   PoolSpec spec = given;
   std::shared_ptr<Pool> followed;
   if (!spec.follows.empty() && NeedsFollows(spec.kind)) {
@@ -123,6 +124,19 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     if (absl::Status s = CheckPoolOwner(*followed, follows_token); !s.ok()) {
       return absl::PermissionDeniedError(
           absl::StrCat(s.message(), " (creating pool '", name, "' that follows it)"));
+    }
+    // A follower is protected by the followed pool's token (Pool::token_owner);
+    // a token of its own would protect nothing, so only that one is taken.
+    // The caller proved it holds it (follows_token above) before it is
+    // compared here, so the answer is no oracle.
+    if (!owner_token.empty() &&
+        !(followed->owner_protected() && followed->token_owner().OwnerTokenMatches(owner_token))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool '", name,
+                       "': owner_token is given, but a follower is protected by the token of "
+                       "the pool it follows ('",
+                       followed->name(), "'", followed->owner_protected() ? "" : ", which has none",
+                       "); leave owner_token empty or give that pool's"));
     }
     if (absl::Status s = InheritFromFollowed(*followed, &spec); !s.ok()) return WithPool(name, s);
   }
@@ -216,7 +230,7 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
         "adds no capacity",
         name, tokens, spec.device_size_tokens);
   }
-  (*pool)->SetOwnerToken(owner_token);
+  if (!followed) (*pool)->SetOwnerToken(owner_token);
   pools_[name] = *pool;
   used_bytes_ += bytes;
   return *pool;
@@ -454,15 +468,34 @@ absl::Status PoolRegistry::CheckOwner(absl::Span<const std::string> names,
 
 absl::Status CheckPoolOwner(const Pool& pool, const std::string* token) {
   if (!pool.owner_protected()) return absl::OkStatus();
+  // A follower's token is the followed pool's.
+  const Pool& owner = pool.token_owner();
+  const std::string by = &owner == &pool ? ""
+                                         : absl::StrCat(" (by the token of pool '", owner.name(),
+                                                        "', which it follows)");
   if (token == nullptr) {
     return absl::PermissionDeniedError(
-        absl::StrCat("pool '", pool.name(),
-                     "' is owner-protected: the call needs its owner token in gRPC metadata "
-                     "'kvhost-token'"));
+        absl::StrCat("pool '", pool.name(), "' is owner-protected", by,
+                     ": the call needs its owner token in gRPC metadata 'kvhost-token'"));
   }
-  if (!pool.OwnerTokenMatches(*token)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "pool '", pool.name(), "' is owner-protected: the token given does not match"));
+  if (!owner.OwnerTokenMatches(*token)) {
+    return absl::PermissionDeniedError(absl::StrCat("pool '", pool.name(), "' is owner-protected",
+                                                    by, ": the token given does not match"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOwnerToken(const std::string& token) {
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x21 || c > 0x7e) {
+      // The byte's position, never the token: messages reach logs.
+      return absl::InvalidArgumentError(
+          absl::StrCat("owner_token byte ", i,
+                       " is outside printable ASCII 0x21-0x7E (no spaces, controls, NUL or "
+                       "non-ASCII): gRPC metadata could not carry it, so the pool could never "
+                       "be opened"));
+    }
   }
   return absl::OkStatus();
 }

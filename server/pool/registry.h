@@ -120,9 +120,12 @@ class PoolRegistry {
   // returns true once the memory is ready, the pool is dropped and CANCELLED
   // returned, so a caller whose deadline passed is not left with a pool it was
   // told does not exist.
-  // `owner_token` (at most kMaxOwnerTokenBytes, else INVALID_ARGUMENT)
-  // protects the pool: see CheckOwner. A follower of a protected pool needs
-  // the followed pool's token as `follows_token` (PERMISSION_DENIED).
+  // `owner_token` (at most kMaxOwnerTokenBytes, ValidateOwnerToken, else
+  // INVALID_ARGUMENT) protects the pool: see CheckOwner. A follower of a
+  // protected pool needs the followed pool's token as `follows_token`
+  // (PERMISSION_DENIED) and is protected by that token from then on
+  // (Pool::token_owner); its own `owner_token` must be empty or that token
+  // (INVALID_ARGUMENT otherwise, a follower of an unprotected pool included).
   absl::StatusOr<std::shared_ptr<Pool>> Create(const std::string& name, const PoolSpec& spec,
                                                const std::function<bool()>& abandoned = {},
                                                const std::string& owner_token = "",
@@ -212,9 +215,15 @@ class PoolRegistry {
 // Longest CreatePoolRequest.owner_token.
 inline constexpr size_t kMaxOwnerTokenBytes = 256;
 
-// PERMISSION_DENIED unless `token` (null: none given) opens `pool`; OK for a
-// pool without an owner token. The message names the pool, never a token.
+// PERMISSION_DENIED unless `token` (null: none given) opens `pool` (a
+// follower: the pool it follows); OK for a pool without an owner token. The
+// message names the pool, never a token.
 absl::Status CheckPoolOwner(const Pool& pool, const std::string* token);
+
+// INVALID_ARGUMENT (naming the byte's position, never the token) unless every
+// byte of `token` is printable ASCII 0x21-0x7E: what gRPC metadata carries
+// unchanged (kvhost-token), so that the pool's owner can always present it.
+absl::Status ValidateOwnerToken(const std::string& token);
 
 // OK when `name` is 1-64 characters of [A-Za-z0-9._-] not starting with '.'.
 absl::Status ValidatePoolName(const std::string& name);
