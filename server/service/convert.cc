@@ -128,14 +128,16 @@ void ToProto(const PoolSpec& spec, v1::PoolSpec* out) {
   }
 }
 
-void ToProto(const Pool& pool, const char* backend, v1::Pool* out) {
+void ToProto(const Pool& pool, const char* backend, v1::Pool* out, bool region_paths) {
   out->set_name(pool.name());
   ToProto(pool.spec(), out->mutable_spec());
   out->set_size_tokens(pool.size_tokens());
   out->set_page_num(pool.page_num());
   out->set_available_tokens(pool.allocator().available_tokens());
   out->set_bytes(pool.bytes());
-  for (const std::string& path : pool.region_paths()) out->add_region_paths(path);
+  if (region_paths) {
+    for (const std::string& path : pool.region_paths()) out->add_region_paths(path);
+  }
   out->set_bytes_per_token(BytesPerToken(pool.spec()));
   out->set_attachments(pool.attachments());
   out->set_backend(backend);

@@ -31,7 +31,9 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // INVALID_ARGUMENT naming the field for an enum value outside the domain.
 absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& spec);
 void ToProto(const PoolSpec& spec, v1::PoolSpec* out);
-void ToProto(const Pool& pool, const char* backend, v1::Pool* out);
+// `region_paths`: whether Pool.region_paths is filled (GetPool / ListPools
+// leave it empty for a protected pool the caller's token does not open).
+void ToProto(const Pool& pool, const char* backend, v1::Pool* out, bool region_paths = true);
 // CreatePoolGroup's entries (pools unresolved; the registry checks them).
 std::vector<GroupEntrySpec> FromProto(
     const google::protobuf::RepeatedPtrField<v1::PoolEntry>& entries);

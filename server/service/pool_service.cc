@@ -229,7 +229,12 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPool(grpc::CallbackServerContext* 
                                                    const v1::GetPoolRequest* request,
                                                    v1::Pool* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->name());
-  if (pool.ok()) ToProto(**pool, backend_, response);
+  if (pool.ok()) {
+    // A protected pool's region files hold its bytes: named to its owner only.
+    const std::optional<std::string> token = OwnerToken(*context);
+    ToProto(**pool, backend_, response,
+            /*region_paths=*/CheckPoolOwner(**pool, token ? &*token : nullptr).ok());
+  }
   return Finish(context, pool.status());
 }
 
@@ -238,9 +243,11 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext
                                                      v1::ListPoolsResponse* response) {
   // Each pool's entry is small; the running total stops the reply at the limit.
   uint64_t bytes = kReplyOverheadBytes;
+  const std::optional<std::string> token = OwnerToken(*context);
   for (const std::shared_ptr<Pool>& pool : registry_->List()) {
     v1::Pool* out = response->add_pools();
-    ToProto(*pool, backend_, out);
+    ToProto(*pool, backend_, out,
+            /*region_paths=*/CheckPoolOwner(*pool, token ? &*token : nullptr).ok());
     bytes += AsElement(*out);
     if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
       response->Clear();
