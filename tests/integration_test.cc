@@ -891,9 +891,11 @@ TEST_F(TransferErrorTest, DeletePoolWithAttachmentIsFailedPrecondition) {
   p = client().GetPool("p");
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->attachments(), 0u);
-  EXPECT_ERROR(client().DetachDevice(att->id()), kNotFound, att->id());
-  EXPECT_ERROR(client().Backup(att->id(), {0}, {0}), kNotFound, att->id());
-  EXPECT_ERROR(client().Load(att->id(), {0}, {0}), kNotFound, att->id());
+  // Messages name the id by its prefix (the id is a capability).
+  const std::string shown = att->id().substr(0, att->id().rfind('-') + 5);
+  EXPECT_ERROR(client().DetachDevice(att->id()), kNotFound, shown, "not found");
+  EXPECT_ERROR(client().Backup(att->id(), {0}, {0}), kNotFound, shown, "not found");
+  EXPECT_ERROR(client().Load(att->id(), {0}, {0}), kNotFound, shown, "not found");
   absl::StatusOr<uint64_t> released = client().DeletePool("p");
   ASSERT_TRUE(released.ok()) << released.status();
   EXPECT_EQ(*released, pool_.bytes());
