@@ -11,6 +11,10 @@
 //    with its own Client in a worker session and a ShmDevicePool attached to
 //    a pool: they write a pattern into device rows, back it up, journal what
 //    WaitTransfer confirmed, load journaled slots back and compare the bytes;
+//    their invalid requests include another worker's attachment id and
+//    ticket (each worker leaves them in a file, as a leaked capability)
+//    used by a second client without that worker's session: NOT_FOUND, and
+//    the owner's own transfers and byte checks go on unharmed;
 //  * faults: every --kill-every seconds (randomised) the driver SIGKILLs a
 //    worker, half the time right after it submitted a Backup or Load, checks
 //    that the daemon closes the dead worker's session and attachments within
@@ -307,10 +311,11 @@ constexpr const char* kInvalidNames[kInvalidKinds] = {
 const char* InvalidName(Invalid kind) { return kInvalidNames[static_cast<int>(kind)]; }
 
 // Worker-side invalid transfers, counted with the scheduler's kinds.
-const char* const kWorkerInvalidNames[] = {"backup_host_out_of_range", "backup_device_out_of_range",
-                                           "load_length_mismatch", "load_device_row_twice",
-                                           "backup_unknown_attachment"};
-constexpr int kWorkerInvalidKinds = 5;
+const char* const kWorkerInvalidNames[] = {
+    "backup_host_out_of_range", "backup_device_out_of_range", "load_length_mismatch",
+    "load_device_row_twice",    "backup_unknown_attachment",  "stolen_attachment_id",
+    "stolen_ticket_id"};
+constexpr int kWorkerInvalidKinds = 7;
 
 // One scheduler thread.
 class Scheduler {
@@ -653,6 +658,14 @@ std::string LeasePath(const std::string& dir, uint32_t index) {
 std::string JournalPath(const std::string& dir, uint32_t index) {
   return absl::StrCat(dir, "/worker-", index, ".journal");
 }
+// The worker's attachment id and last ticket id, left for the other workers
+// to steal (issue 12: a leaked capability must not work for a stranger).
+std::string AttachmentPath(const std::string& dir, uint32_t index) {
+  return absl::StrCat(dir, "/worker-", index, ".attachment");
+}
+std::string TicketPath(const std::string& dir, uint32_t index) {
+  return absl::StrCat(dir, "/worker-", index, ".ticket");
+}
 std::string StatsPath(const std::string& dir, uint32_t index, uint32_t incarnation) {
   return absl::StrCat(dir, "/worker-", index, ".", incarnation, ".stats");
 }
@@ -801,6 +814,14 @@ class Worker {
         client_->AttachDevice(device_->MakeAttachRequest(pool_name_));
     if (!Expect(attachment.status())) return attachment.status();
     attachment_ = attachment->id();
+    (void)WriteAtomically(AttachmentPath(dir_, index_), attachment_);
+    // The thief: a second client of this process, in no session.
+    options.worker_session = false;
+    options.worker_name.clear();
+    client = kvhost::Client::Connect(options);
+    if (!client.ok()) return client.status();
+    thief_ = *std::move(client);
+    workers_ = std::max<uint32_t>(1, absl::GetFlag(FLAGS_workers));
 
     lease_ = ParseSlots(ReadText(LeasePath(dir_, index_)));
     journaled_ = ReadJournal(JournalPath(dir_, index_));
@@ -857,6 +878,7 @@ class Worker {
                                        " slots: ", ticket.status().message()));
     }
     MaybeNotify();
+    (void)WriteAtomically(TicketPath(dir_, index_), absl::StrCat(*ticket));
     absl::StatusOr<v1::TransferStatus> done = client_->WaitTransfer(*ticket, absl::Seconds(30));
     if (!Expect(done.status())) {
       return absl::Status(done.status().code(), absl::StrCat("WaitTransfer of ticket ", *ticket,
@@ -954,10 +976,38 @@ class Worker {
       case 3:
         status = client_->Load(attachment_, {slot, slot}, {1, 1}).status();
         break;
-      default:
+      case 4:
         expected = absl::StatusCode::kNotFound;
         status = client_->Backup("no-such-attachment", {slot}, {0}).status();
         break;
+      case 5: {
+        // The next worker's attachment (this one's when it is alone): a
+        // Backup, Load or Detach by a client without its session. A Detach
+        // that worked would fail the owner's next transfer.
+        expected = absl::StatusCode::kNotFound;
+        const std::string stolen = ReadText(AttachmentPath(dir_, (index_ + 1) % workers_));
+        switch (rng_() % 3) {
+          case 0:
+            status = thief_->Backup(stolen, {slot}, {0}).status();
+            break;
+          case 1:
+            status = thief_->Load(stolen, {slot}, {static_cast<int64_t>(kDeviceRows) - 1}).status();
+            break;
+          default:
+            status = thief_->DetachDevice(stolen);
+            break;
+        }
+        break;
+      }
+      default: {
+        // The next worker's last ticket (a predecessor's, of a session
+        // closed since, when that worker was replaced).
+        expected = absl::StatusCode::kNotFound;
+        uint64_t stolen = 0;
+        (void)absl::SimpleAtoi(ReadText(TicketPath(dir_, (index_ + 1) % workers_)), &stolen);
+        status = thief_->PollTransfer(stolen).status();
+        break;
+      }
     }
     Expect(status);
     ++stats_.invalid;
@@ -1017,12 +1067,13 @@ class Worker {
   }
 
   std::string dir_, pool_name_, stats_path_, attachment_;
-  uint32_t index_ = 0, incarnation_ = 0;
+  uint32_t index_ = 0, incarnation_ = 0, workers_ = 1;
   int notify_fd_ = -1, journal_fd_ = -1;
   double invalid_share_ = 0;
   uint64_t counter_ = 0;
   std::mt19937_64 rng_;
   std::unique_ptr<kvhost::Client> client_;
+  std::unique_ptr<kvhost::Client> thief_;  // no session: tries the stolen ids
   std::unique_ptr<kvhost::ShmDevicePool> device_;
   std::vector<int64_t> lease_;
   std::map<int64_t, uint64_t> journaled_;
@@ -1188,6 +1239,7 @@ class Driver {
         absl::StrCat("--shm_dir=", shm_dir_),
         absl::StrCat("--dir=", dir_),
         absl::StrCat("--index=", w.index),
+        absl::StrCat("--workers=", absl::GetFlag(FLAGS_workers)),
         absl::StrCat("--incarnation=", w.incarnation),
         absl::StrCat("--notify_fd=", w.notify_write),
         absl::StrCat("--seed=", absl::GetFlag(FLAGS_seed)),
