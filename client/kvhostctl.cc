@@ -426,7 +426,11 @@ using kvhost::cli::PrintLine;
 using kvhost::cli::PrintTable;
 
 // Decimal gigabytes, as kvhostd's logs and messages print them.
-std::string Gb(uint64_t bytes) { return absl::StrFormat("%.2f", static_cast<double>(bytes) / 1e9); }
+// Sizes in GiB, the unit the size flags take (--size-bytes=64G is 64 GiB).
+// Rates stay in decimal GB/s, as link bandwidths are quoted.
+std::string Gib(uint64_t bytes) {
+  return absl::StrFormat("%.2f", static_cast<double>(bytes) / (uint64_t{1} << 30));
+}
 
 std::string ShapeOf(const v1::PoolSpec& spec) {
   return absl::StrCat(v1::PoolKind_Name(spec.kind()), "/", v1::Layout_Name(spec.layout()), "/",
@@ -581,16 +585,16 @@ absl::Status RunStatus(Context& ctx, const Args&) {
                               ctx.server, *health, daemon->pid(), daemon->uptime_s()));
     PrintLine(absl::StrCat("backend: ", daemon->backend(), " (", daemon->backend_detail(), ")"));
     PrintLine(absl::StrFormat(
-        "memory:  %s GB in pools, %s GB more available (limit %s, reserve %s GB)", Gb(total_bytes),
-        Gb(daemon->memory_available_bytes()),
-        daemon->memory_limit_bytes() > 0 ? absl::StrCat(Gb(daemon->memory_limit_bytes()), " GB")
+        "memory:  %s GiB in pools, %s GiB more available (limit %s, reserve %s GiB)", Gib(total_bytes),
+        Gib(daemon->memory_available_bytes()),
+        daemon->memory_limit_bytes() > 0 ? absl::StrCat(Gib(daemon->memory_limit_bytes()), " GiB")
                                          : std::string("none"),
-        Gb(daemon->memory_reserve_bytes())));
+        Gib(daemon->memory_reserve_bytes())));
     PrintLine(absl::StrFormat(
         "transfers: %d attachment(s), %d ticket(s) in flight, %d done, %d "
-        "failed; %s GB backed up, %s GB loaded",
+        "failed; %s GiB backed up, %s GiB loaded",
         daemon->attachments(), daemon->tickets_in_flight(), daemon->tickets_done(),
-        daemon->tickets_failed(), Gb(daemon->backup_bytes()), Gb(daemon->load_bytes())));
+        daemon->tickets_failed(), Gib(daemon->backup_bytes()), Gib(daemon->load_bytes())));
     PrintLine(absl::StrFormat(
         "instance: %s%s", daemon->instance_id(),
         daemon->declared_pools().empty()
@@ -637,12 +641,12 @@ absl::Status RunPools(Context& ctx, const Args&) {
     return absl::OkStatus();
   }
   std::vector<std::vector<std::string>> rows = {{"NAME", "KIND/LAYOUT/DTYPE", "PAGE", "LAYERS",
-                                                 "TOKENS", "USED%", "GB", "ATTACH", "GROUP",
+                                                 "TOKENS", "USED%", "GIB", "ATTACH", "GROUP",
                                                  "FOLLOWS"}};
   for (const v1::Pool& pool : *pools) {
     rows.push_back({pool.name(), ShapeOf(pool.spec()), absl::StrCat(pool.spec().page_size()),
                     LayersOf(pool), absl::StrCat(pool.size_tokens()),
-                    absl::StrFormat("%.1f", UsedPercent(pool)), Gb(pool.bytes()),
+                    absl::StrFormat("%.1f", UsedPercent(pool)), Gib(pool.bytes()),
                     absl::StrCat(pool.attachments()),
                     pool.group().empty() ? std::string("-") : pool.group(),
                     pool.follows().empty() ? std::string("-") : pool.follows()});
@@ -656,9 +660,9 @@ void PrintPool(const v1::Pool& pool) {
   PrintLine(absl::StrFormat("pool '%s': %s, page %d, %d layers, %s", pool.name(), ShapeOf(spec),
                             spec.page_size(), spec.layer_num(), DimsOf(spec)));
   PrintLine(absl::StrFormat(
-      "  %d tokens (%d pages), %d available, %d bytes per token, %d bytes per page, %s GB",
+      "  %d tokens (%d pages), %d available, %d bytes per token, %d bytes per page, %s GiB",
       pool.size_tokens(), pool.page_num(), pool.available_tokens(), pool.bytes_per_token(),
-      pool.bytes_per_page(), Gb(pool.bytes())));
+      pool.bytes_per_page(), Gib(pool.bytes())));
   if (pool.end_layer() > pool.start_layer() && pool.start_layer() != 0) {
     PrintLine(absl::StrFormat("  device layers [%d,%d)", pool.start_layer(), pool.end_layer()));
   }
@@ -678,8 +682,8 @@ void PrintPool(const v1::Pool& pool) {
     PrintLine("  owner-protected (changes and data reads need its token: --token / KVHOST_TOKEN)");
   }
   if (pool.replica_ranks() > 0) {
-    PrintLine(absl::StrFormat("  replicas %d (TP ranks attached), %s GB saved",
-                              pool.replica_ranks(), Gb(pool.bytes_saved())));
+    PrintLine(absl::StrFormat("  replicas %d (TP ranks attached), %s GiB saved",
+                              pool.replica_ranks(), Gib(pool.bytes_saved())));
   }
   for (const std::string& path : pool.region_paths()) PrintLine(absl::StrCat("  region: ", path));
   if (pool.components_size() > 0) {
@@ -924,7 +928,7 @@ absl::Status RunDeletePool(Context& ctx, const Args& args) {
     response.set_bytes_released(*released);
     PrintLine(MessageJson(response));
   } else {
-    PrintLine(absl::StrFormat("deleted pool '%s' (%s GB released)", args[0], Gb(*released)));
+    PrintLine(absl::StrFormat("deleted pool '%s' (%s GiB released)", args[0], Gib(*released)));
   }
   return absl::OkStatus();
 }
@@ -1499,9 +1503,9 @@ void PrintDemoReport(const Context& ctx, const DemoOptions& o, const v1::Pool& p
     return;
   }
   PrintLine("");
-  PrintTable({{"DIRECTION", "GB MOVED", "GB/S"},
-              {"backup", Gb(r.backup.bytes), absl::StrFormat("%.2f", r.backup.GbPerS())},
-              {"load", Gb(r.load.bytes), absl::StrFormat("%.2f", r.load.GbPerS())}},
+  PrintTable({{"DIRECTION", "GIB MOVED", "GB/S"},
+              {"backup", Gib(r.backup.bytes), absl::StrFormat("%.2f", r.backup.GbPerS())},
+              {"load", Gib(r.load.bytes), absl::StrFormat("%.2f", r.load.GbPerS())}},
              "lrr");
   PrintLine("(GB/s: bytes over the summed submit-to-WaitTransfer time of the tickets)");
   PrintLine("");
@@ -1548,10 +1552,10 @@ absl::Status RunDemo(Context& ctx, const Args&) {
 
   FILE* progress = ctx.json ? stderr : stdout;
   absl::FPrintF(progress,
-                "demo: pool '%s' %s, %d layers, %s, %d tokens (%s GB); device pool of %d rows "
-                "(%s GB) in %s; %d cycles of %d tokens\n",
+                "demo: pool '%s' %s, %d layers, %s, %d tokens (%s GiB); device pool of %d rows "
+                "(%s GiB) in %s; %d cycles of %d tokens\n",
                 o.pool, ShapeOf(o.spec), o.spec.layer_num(), DimsOf(o.spec), pool->size_tokens(),
-                Gb(pool->bytes()), device->rows(), Gb(device->bytes()), device->path(), o.cycles,
+                Gib(pool->bytes()), device->rows(), Gib(device->bytes()), device->path(), o.cycles,
                 o.batch_tokens);
   std::fflush(progress);
 
@@ -1672,13 +1676,13 @@ std::vector<std::string> WatchFrameLines(const Context& ctx, const WatchFrame& f
       lines.push_back("no pools");
     } else {
       std::vector<std::vector<std::string>> rows = {
-          {"POOL", "KIND", "LAYOUT", "PAGE", "TOKENS", "USED", "USED%", "GB"}};
+          {"POOL", "KIND", "LAYOUT", "PAGE", "TOKENS", "USED", "USED%", "GIB"}};
       for (const v1::Pool& pool : *frame.pools) {
         rows.push_back({pool.name(), v1::PoolKind_Name(pool.spec().kind()),
                         v1::Layout_Name(pool.spec().layout()),
                         absl::StrCat(pool.spec().page_size()), absl::StrCat(pool.size_tokens()),
                         absl::StrCat(UsedTokens(pool)), absl::StrFormat("%.1f", UsedPercent(pool)),
-                        Gb(pool.bytes())});
+                        Gib(pool.bytes())});
       }
       for (std::string& line : kvhost::cli::TableLines(rows, "lllrrrrr")) {
         lines.push_back(std::move(line));

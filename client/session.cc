@@ -27,7 +27,7 @@ namespace {
 std::string ShortAttachmentId(const std::string& id) {
   const size_t dash = id.rfind('-');
   const size_t keep = std::min(id.size(), (dash == std::string::npos ? 0 : dash + 1) + 4);
-  return absl::StrCat(id.substr(0, keep), "\u2026");
+  return absl::StrCat(id.substr(0, keep), "...");
 }
 
 }  // namespace

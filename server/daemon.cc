@@ -312,11 +312,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     registry.region_gid = static_cast<int64_t>(*region_gid);
   }
-  spdlog::info("memory: {} total, {} available, reserve {}, limit {}{}", FormatGB(mem->mem_total),
-               FormatGB(mem->mem_available), FormatGB(registry.memory_reserve),
-               options.memory_limit ? FormatGB(options.memory_limit) : "none",
+  spdlog::info("memory: {} total, {} available, reserve {}, limit {}{}", FormatBytes(mem->mem_total),
+               FormatBytes(mem->mem_available), FormatBytes(registry.memory_reserve),
+               options.memory_limit ? FormatBytes(options.memory_limit) : "none",
                mem->cgroup_limit ? absl::StrCat(", cgroup ", mem->cgroup_source, " limit ",
-                                                FormatGB(*mem->cgroup_limit))
+                                                FormatBytes(*mem->cgroup_limit))
                                  : "");
   daemon->registry_ = std::make_unique<PoolRegistry>(registry);
   if (int n = daemon->registry_->RemoveStaleRegions(); n > 0) {
@@ -340,8 +340,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       return absl::Status(pool.status().code(),
                           absl::StrCat("declared pool '", name, "': ", pool.status().message()));
     }
-    spdlog::info("created declared pool '{}': {}, {} tokens, {:.3f} GB in {}", name,
-                 DescribeSpec(spec), (*pool)->size_tokens(), (*pool)->bytes() / 1e9,
+    spdlog::info("created declared pool '{}': {}, {} tokens, {} in {}", name,
+                 DescribeSpec(spec), (*pool)->size_tokens(), FormatBytesExact((*pool)->bytes()),
                  (*pool)->region_paths()[0]);
   }
 

@@ -168,7 +168,7 @@ TEST_F(CapabilityTest, GetStatusShowsNoSessionOrAttachmentId) {
   }
   ASSERT_TRUE(worker_->DetachDevice(att_.id()).ok());
   const std::string log = daemon_->Log();
-  EXPECT_TRUE(absl::StrContains(log, absl::StrCat(Secret(att_.id()).substr(0, 4), "\u2026")));
+  EXPECT_TRUE(absl::StrContains(log, absl::StrCat(Secret(att_.id()).substr(0, 4), "...")));
   for (const std::string& secret : {Secret(att_.id()), Secret(session)}) {
     EXPECT_FALSE(absl::StrContains(log, secret.substr(0, 5))) << secret;
   }

@@ -468,14 +468,14 @@ TEST_F(RegistryTest, RefusesWhenMemAvailableIsShort) {
   PoolRegistry reg(o);
   absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("big", MegabyteTokenSpec(12000));
   ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
-  EXPECT_THAT(Msg(p.status()), HasSubstr("12.00 GB"));  // requested
-  EXPECT_THAT(Msg(p.status()), HasSubstr("9.00 GB"));   // available = 10 - 1 reserve
+  EXPECT_THAT(Msg(p.status()), HasSubstr("12000000000 bytes"));  // requested
+  EXPECT_THAT(Msg(p.status()), HasSubstr("(9000000000 bytes) is available"));  // 10 - 1 reserve
   EXPECT_THAT(Msg(p.status()), HasSubstr("'big'"));
   EXPECT_EQ(mem_.reads, 1);
   EXPECT_TRUE(reg.List().empty());
   EXPECT_EQ(reg.used_bytes(), 0u);
   EXPECT_TRUE(dir_.Files().empty());
-  // 9.00 GB is the limit: a 16 MB pool fits.
+  // 9 GB is the limit: a 16 MB pool fits.
   EXPECT_TRUE(reg.Create("small", MegabyteTokenSpec(16)).ok());
 }
 
@@ -486,14 +486,14 @@ TEST_F(RegistryTest, CgroupLimitIsCounted) {
   PoolRegistry reg(Options(dir_.path(), &mem_));
   absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("big", MegabyteTokenSpec(4512));
   ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
-  EXPECT_THAT(Msg(p.status()), HasSubstr("4.51 GB"));
-  EXPECT_THAT(Msg(p.status()), HasSubstr("4.00 GB"));  // 5 GB limit - 1 GB used
+  EXPECT_THAT(Msg(p.status()), HasSubstr("4512000000 bytes"));
+  EXPECT_THAT(Msg(p.status()), HasSubstr("(4000000000 bytes) is available"));  // 5 GB - 1 GB used
   // The cgroup's usage counts: 10 MB left cannot hold 16 MB.
   mem_.snapshot.cgroup_usage = 5 * kGB - 10000000;
   p = reg.Create("small", MegabyteTokenSpec(16));
   ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
-  EXPECT_THAT(Msg(p.status()), HasSubstr("0.02 GB"));  // 16 MB requested
-  EXPECT_THAT(Msg(p.status()), HasSubstr("0.01 GB"));  // 10 MB free
+  EXPECT_THAT(Msg(p.status()), HasSubstr("(16000000 bytes: 1 pages"));  // 16 MB requested
+  EXPECT_THAT(Msg(p.status()), HasSubstr("(10000000 bytes) is available"));  // 10 MB free
   mem_.snapshot.cgroup_usage = 1 * kGB;
   EXPECT_TRUE(reg.Create("small", MegabyteTokenSpec(16)).ok());
 }
@@ -508,7 +508,7 @@ TEST_F(RegistryTest, ShmFilesystemFreeSpaceIsCounted) {
   absl::StatusOr<uint64_t> available = reg.Available(&why);
   ASSERT_TRUE(available.ok()) << available.status();
   EXPECT_EQ(*available, 20000000u);
-  EXPECT_THAT(why, HasSubstr(absl::StrCat("shm filesystem ", dir_.path(), " has 0.02 GB free")));
+  EXPECT_THAT(why, HasSubstr(absl::StrCat("shm filesystem ", dir_.path(), " has 19.07 MiB free")));
   absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("big", MegabyteTokenSpec(32));
   ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
   EXPECT_THAT(Msg(p.status()), HasSubstr("shm filesystem"));
@@ -535,7 +535,7 @@ TEST_F(RegistryTest, MemoryLimitSpansAllPools) {
   absl::StatusOr<std::shared_ptr<Pool>> c = reg.Create("c", MegabyteTokenSpec(16));
   ASSERT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
   EXPECT_THAT(Msg(c.status()), HasSubstr("--memory-limit"));
-  EXPECT_THAT(Msg(c.status()), HasSubstr("0.01 GB"));  // 8 MB left
+  EXPECT_THAT(Msg(c.status()), HasSubstr("(8000000 bytes) is available"));  // 8 MB left
   absl::StatusOr<uint64_t> freed = reg.Delete("a");
   ASSERT_TRUE(freed.ok());
   EXPECT_EQ(*freed, 16000000u);

@@ -928,7 +928,7 @@ TEST(RandomIdTest, IdsAre128BitsAndLogsShowAPrefix) {
   EXPECT_NE(a, b);
   const std::string id = absl::StrCat("att-12-", a);
   const std::string shown = ShortId(id);
-  EXPECT_EQ(shown, absl::StrCat("att-12-", a.substr(0, 4), "\u2026"));
+  EXPECT_EQ(shown, absl::StrCat("att-12-", a.substr(0, 4), "..."));
   EXPECT_EQ(shown.find(a.substr(0, 8)), std::string::npos);
   // A caller's junk id is bounded too.
   EXPECT_LT(ShortId(std::string(10000, 'x')).size(), 16u);

@@ -1,11 +1,14 @@
 #include "server/pool/host_memory.h"
 
+#include <iterator>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <string>
@@ -251,8 +254,21 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   return absl::Uint128Low64(total);
 }
 
-std::string FormatGB(uint64_t bytes) {
-  return absl::StrFormat("%.2f GB", static_cast<double>(bytes) / 1e9);
+std::string FormatBytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, bytes == 1 ? " byte" : " bytes");
+  double value = static_cast<double>(bytes) / 1024;
+  int unit = 0;
+  while (value >= 1024 && unit + 1 < static_cast<int>(std::size(kUnits))) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.2f %s", value, kUnits[unit]);
+}
+
+std::string FormatBytesExact(uint64_t bytes) {
+  if (bytes < 1024) return FormatBytes(bytes);
+  return absl::StrCat(FormatBytes(bytes), " (", bytes, " bytes)");
 }
 
 }  // namespace kvhost

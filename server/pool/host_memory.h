@@ -68,9 +68,12 @@ uint64_t AvailableForPools(const MemorySnapshot& s, uint64_t reserve);
 // negative input or when the value does not fit in 64 bits.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 
-// "12.35 GB": decimal gigabytes (1e9 bytes) with two decimals, as in the
-// seeds' "Requesting X GB but only have Y GB free" message.
-std::string FormatGB(uint64_t bytes);
+// A byte count for messages, in the binary units the flags take ("64G" is
+// 64 GiB): "512 bytes", "4.00 KiB", "68.72 GiB", "1.50 TiB", two decimals.
+std::string FormatBytes(uint64_t bytes);
+// FormatBytes and the exact count, where rounding would hide a difference:
+// "8.00 GiB (8589934592 bytes)".
+std::string FormatBytesExact(uint64_t bytes);
 
 }  // namespace kvhost
 

@@ -184,10 +184,13 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     const uint64_t available = *budget;
     if (bytes + table_bytes > available) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("not enough host memory for pool '", name, "': requesting ",
-                       FormatGB(bytes + table_bytes), " (", pages, " pages x ", BytesPerPage(spec),
-                       " bytes, and ", table_bytes, " bytes of page table) but only ",
-                       FormatGB(available), " available (", why, ")"));
+          absl::StrCat("not enough host memory for pool '", name, "': it needs ",
+                       FormatBytes(bytes), " (", bytes, " bytes: ", pages, " pages x ",
+                       BytesPerPage(spec), " bytes)", table_bytes > 0 ? " + " : "",
+                       table_bytes > 0 ? FormatBytesExact(table_bytes) : "",
+                       table_bytes > 0 ? " of page table" : "", " = ",
+                       FormatBytesExact(bytes + table_bytes), ", but only ",
+                       FormatBytesExact(available), " is available (", why, ")"));
     }
     absl::MutexLock lock(&mu_);
     creating_.insert(name);
@@ -206,7 +209,7 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
   if (pool.ok() && abandoned && abandoned()) {
     pool = absl::CancelledError(absl::StrCat("pool '", name,
                                              "' was not created: the caller gave up while its ",
-                                             FormatGB(bytes), " were being reserved"));
+                                             FormatBytes(bytes), " were being reserved"));
   }
   absl::MutexLock lock(&mu_);
   creating_.erase(name);
@@ -247,16 +250,16 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
   absl::StatusOr<MemorySnapshot> mem = options_.read_memory();
   if (!mem.ok()) return mem.status();
   uint64_t available = AvailableForPools(*mem, options_.memory_reserve);
-  std::string text = absl::StrCat("MemAvailable ", FormatGB(mem->mem_available));
+  std::string text = absl::StrCat("MemAvailable ", FormatBytes(mem->mem_available));
   if (mem->cgroup_limit) {
-    absl::StrAppend(&text, ", cgroup ", mem->cgroup_source, " limit ", FormatGB(*mem->cgroup_limit),
-                    " with ", FormatGB(mem->cgroup_usage), " used");
+    absl::StrAppend(&text, ", cgroup ", mem->cgroup_source, " limit ", FormatBytes(*mem->cgroup_limit),
+                    " with ", FormatBytes(mem->cgroup_usage), " used");
   }
-  absl::StrAppend(&text, ", reserve ", FormatGB(options_.memory_reserve));
+  absl::StrAppend(&text, ", reserve ", FormatBytes(options_.memory_reserve));
   // Pools still being created are not in MemAvailable yet.
   if (pending > 0) {
     available = available > pending ? available - pending : 0;
-    absl::StrAppend(&text, ", ", FormatGB(pending), " for pools being created");
+    absl::StrAppend(&text, ", ", FormatBytes(pending), " for pools being created");
   }
   if (options_.memory_limit > 0) {
     // Deleted pools still mapped and stream buffers hold memory too.
@@ -264,13 +267,13 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
     const uint64_t committed = used + pending + releasing + transient;
     const uint64_t left = options_.memory_limit > committed ? options_.memory_limit - committed : 0;
     if (left < available) available = left;
-    absl::StrAppend(&text, ", --memory-limit ", FormatGB(options_.memory_limit), " with ",
-                    FormatGB(used + pending), " in pools");
+    absl::StrAppend(&text, ", --memory-limit ", FormatBytes(options_.memory_limit), " with ",
+                    FormatBytes(used + pending), " in pools");
     if (releasing > 0) {
-      absl::StrAppend(&text, ", ", FormatGB(releasing),
+      absl::StrAppend(&text, ", ", FormatBytes(releasing),
                       " of deleted pools still mapped (a stream or transfer holds them)");
     }
-    if (transient > 0) absl::StrAppend(&text, ", ", FormatGB(transient), " in stream buffers");
+    if (transient > 0) absl::StrAppend(&text, ", ", FormatBytes(transient), " in stream buffers");
   }
   // The region files live on the shm dir's file system: a tmpfs smaller than
   // the memory (a container's 64 MiB /dev/shm) holds only what it has free.
@@ -281,7 +284,7 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
   const uint64_t fs_left = *fs_free > pending ? *fs_free - pending : 0;
   if (fs_left < available) available = fs_left;
   absl::StrAppend(&text, ", shm filesystem ", EscapedPath((*shm_dir_fd_)->path()), " has ",
-                  FormatGB(*fs_free), " free");
+                  FormatBytes(*fs_free), " free");
   if (why != nullptr) *why = std::move(text);
   return available;
 }
@@ -347,9 +350,9 @@ absl::StatusOr<TransientReservation> PoolRegistry::ReserveTransient(uint64_t byt
     if (bytes > left) {
       return absl::ResourceExhaustedError(absl::StrCat(
           what, ": a buffer of ", bytes, " bytes does not fit in --memory-limit ",
-          FormatGB(options_.memory_limit), " (", FormatGB(committed - releasing - transient),
-          " in pools, ", FormatGB(releasing), " of deleted pools still mapped, ",
-          FormatGB(transient), " in stream buffers); use smaller chunks or retry later"));
+          FormatBytes(options_.memory_limit), " (", FormatBytes(committed - releasing - transient),
+          " in pools, ", FormatBytes(releasing), " of deleted pools still mapped, ",
+          FormatBytes(transient), " in stream buffers); use smaller chunks or retry later"));
     }
   }
   ledger_->transient += bytes;

@@ -217,8 +217,8 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePool(grpc::CallbackServerContex
     return Finish(context, pool.status());
   }
   const std::vector<std::string> paths = (*pool)->region_paths();  // none for LOGICAL
-  spdlog::info("created pool '{}': {}, {} tokens, {:.3f} GB in {}{}", request->name(),
-               DescribeSpec(*spec), (*pool)->size_tokens(), (*pool)->bytes() / 1e9,
+  spdlog::info("created pool '{}': {}, {} tokens, {} in {}{}", request->name(),
+               DescribeSpec(*spec), (*pool)->size_tokens(), FormatBytesExact((*pool)->bytes()),
                paths.empty() ? std::string("no region") : absl::StrJoin(paths, ", "),
                (*pool)->owner_protected() ? ", owner-protected" : "");
   ToProto(**pool, backend_, response);
@@ -268,7 +268,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::DeletePool(grpc::CallbackServerContex
   absl::StatusOr<uint64_t> bytes = registry_->Delete(request->name());
   if (bytes.ok()) {
     response->set_bytes_released(*bytes);
-    spdlog::info("deleted pool '{}' ({:.3f} GB)", request->name(), *bytes / 1e9);
+    spdlog::info("deleted pool '{}' ({})", request->name(), FormatBytesExact(*bytes));
   }
   return Finish(context, bytes.status());
 }

@@ -324,7 +324,7 @@ std::string ShortId(const std::string& id) {
     keep = dash + 1;
   }
   keep = std::min(id.size(), keep + kShownDigits);
-  return absl::StrCat(id.substr(0, keep), "\u2026");
+  return absl::StrCat(id.substr(0, keep), "...");  // ASCII: status messages are ASCII
 }
 
 bool TransferManager::Permits(const Caller& caller, const Owner& owner) {

@@ -85,7 +85,7 @@ absl::StatusOr<AttachRequest> ResolveAttachRequest(const Pool& pool, AttachReque
 std::string RandomHex();
 
 // `id` (an attachment or session id) as logs and messages show it: its
-// first 4 hex digits and "…" ("att-1-3f9a…"), enough to tell ids apart in
+// first 4 hex digits and "..." ("att-1-3f9a..."), enough to tell ids apart in
 // a log, too little to use one.
 std::string ShortId(const std::string& id);
 
