@@ -314,8 +314,8 @@ const char* InvalidName(Invalid kind) { return kInvalidNames[static_cast<int>(ki
 const char* const kWorkerInvalidNames[] = {
     "backup_host_out_of_range", "backup_device_out_of_range", "load_length_mismatch",
     "load_device_row_twice",    "backup_unknown_attachment",  "stolen_attachment_id",
-    "stolen_ticket_id"};
-constexpr int kWorkerInvalidKinds = 7;
+    "stolen_ticket_id",         "attach_region_file",         "attach_through_swapped_symlink"};
+constexpr int kWorkerInvalidKinds = 9;
 
 // One scheduler thread.
 class Scheduler {
@@ -724,6 +724,8 @@ bool AppendAll(int fd, const std::string& text) {
 struct WorkerStats {
   uint64_t requests = 0, invalid = 0, backups = 0, loads = 0, verified_bytes = 0;
   uint64_t recovered_slots = 0, recovered_bytes = 0, failures = 0;
+  // attach_through_swapped_symlink attempts that caught the real directory.
+  uint64_t swap_attached = 0;
   bool ready = false;
   std::array<uint64_t, kCodes> codes{};
   std::array<uint64_t, kWorkerInvalidKinds> invalid_kinds{};
@@ -733,7 +735,7 @@ struct WorkerStats {
         absl::StrCat("requests ", requests, "\ninvalid ", invalid, "\nbackups ", backups,
                      "\nloads ", loads, "\nverified_bytes ", verified_bytes, "\nrecovered_slots ",
                      recovered_slots, "\nrecovered_bytes ", recovered_bytes, "\nfailures ",
-                     failures, "\nready ", ready ? 1 : 0, "\n");
+                     failures, "\nswap_attached ", swap_attached, "\nready ", ready ? 1 : 0, "\n");
     for (int c = 0; c < kCodes; ++c) absl::StrAppend(&out, "code", c, " ", codes[c], "\n");
     for (int k = 0; k < kWorkerInvalidKinds; ++k) {
       absl::StrAppend(&out, "kind", k, " ", invalid_kinds[k], "\n");
@@ -756,6 +758,7 @@ struct WorkerStats {
       if (k == "recovered_slots") s.recovered_slots = v;
       if (k == "recovered_bytes") s.recovered_bytes = v;
       if (k == "failures") s.failures = v;
+      if (k == "swap_attached") s.swap_attached = v;
       if (k == "ready") s.ready = v != 0;
       int i = 0;
       if (absl::StartsWith(k, "code") && absl::SimpleAtoi(k.substr(4), &i) && i >= 0 &&
@@ -822,6 +825,8 @@ class Worker {
     if (!client.ok()) return client.status();
     thief_ = *std::move(client);
     workers_ = std::max<uint32_t>(1, absl::GetFlag(FLAGS_workers));
+    region_path_ = pool->region_paths().empty() ? "" : pool->region_paths(0);
+    if (absl::Status s = StartSwapRacer(absl::GetFlag(FLAGS_shm_dir)); !s.ok()) return s;
 
     lease_ = ParseSlots(ReadText(LeasePath(dir_, index_)));
     journaled_ = ReadJournal(JournalPath(dir_, index_));
@@ -999,13 +1004,43 @@ class Worker {
         }
         break;
       }
-      default: {
+      case 6: {
         // The next worker's last ticket (a predecessor's, of a session
         // closed since, when that worker was replaced).
         expected = absl::StatusCode::kNotFound;
         uint64_t stolen = 0;
         (void)absl::SimpleAtoi(ReadText(TicketPath(dir_, (index_ + 1) % workers_)), &stolen);
         status = thief_->PollTransfer(stolen).status();
+        break;
+      }
+      case 7:
+        // The pool's own region file as the "device": it would read and
+        // write other tenants' bytes past any owner token.
+        expected = absl::StatusCode::kPermissionDenied;
+        status = thief_->AttachDevice(RequestOnFile(region_path_)).status();
+        break;
+      default: {
+        // While the racer swaps swap_path_ between a directory and a
+        // symlink out of the shm dir: either the file inside is attached
+        // (then loaded into and detached) or the attach is refused; the
+        // decoy outside never changes.
+        absl::StatusOr<v1::Attachment> att = thief_->AttachDevice(RequestOnFile(swap_file_));
+        status = att.status();
+        if (status.code() == absl::StatusCode::kPermissionDenied ||
+            status.code() == absl::StatusCode::kNotFound) {
+          expected = status.code();
+        } else if (att.ok()) {
+          expected = absl::StatusCode::kOk;
+          absl::StatusOr<uint64_t> ticket = thief_->Load(att->id(), {slot}, {0});
+          if (ticket.ok()) (void)thief_->WaitTransfer(*ticket);
+          (void)thief_->DetachDevice(att->id());
+          ++stats_.swap_attached;
+        }
+        if (ReadText(decoy_file_) != decoy_bytes_) {
+          return absl::InternalError(
+              absl::StrCat("attach_through_swapped_symlink: the decoy ", decoy_file_,
+                           " outside the shm dir changed: a Load wrote through the symlink"));
+        }
         break;
       }
     }
@@ -1066,6 +1101,79 @@ class Worker {
     return absl::OkStatus();
   }
 
+  // An attach request for this worker's pool whose every buffer is `path`
+  // at offset 0 (big enough: see StartSwapRacer).
+  v1::AttachDeviceRequest RequestOnFile(const std::string& path) const {
+    v1::AttachDeviceRequest request = device_->MakeAttachRequest(pool_name_);
+    for (auto* layers : {request.mutable_k_layers(), request.mutable_v_layers()}) {
+      for (v1::DeviceBuffer& b : *layers) {
+        b.mutable_shm()->set_path(path);
+        b.mutable_shm()->set_offset(0);
+      }
+    }
+    for (v1::DeviceComponent& c : *request.mutable_components()) {
+      for (v1::DeviceBuffer& b : *c.mutable_layers()) {
+        b.mutable_shm()->set_path(path);
+        b.mutable_shm()->set_offset(0);
+      }
+    }
+    return request;
+  }
+
+  // <shm>/soak-swap-<index>/dev is a real file (one device layer's worth of
+  // bytes, zeroed); /tmp/kvhost-soak-decoy-<index>/dev is a decoy with the
+  // same name and size and known bytes. A thread renames a symlink to the
+  // decoy's directory and the real directory in turn over swap_path_, as
+  // fast as it can, until the worker exits.
+  absl::Status StartSwapRacer(const std::string& shm_dir) {
+    const uint64_t bytes = device_->bytes();
+    swap_path_ = absl::StrCat(shm_dir, "/soak-swap-", index_);
+    swap_file_ = swap_path_ + "/dev";
+    const std::string real = absl::StrCat(swap_path_, ".dir"), link = swap_path_ + ".link";
+    const std::string decoy_dir = absl::StrCat("/tmp/kvhost-soak-decoy-", index_);
+    decoy_file_ = decoy_dir + "/dev";
+    std::error_code ec;
+    for (const std::string& p : {swap_path_, real, link, decoy_dir}) {
+      std::filesystem::remove_all(p, ec);
+    }
+    std::filesystem::create_directories(real, ec);
+    std::filesystem::create_directories(decoy_dir, ec);
+    decoy_bytes_.assign(bytes, 'D');
+    if (!WriteAtomically(decoy_file_, decoy_bytes_).ok() ||
+        !WriteAtomically(real + "/dev", std::string(bytes, '\0')).ok()) {
+      return absl::InternalError("cannot write the swap racer's files");
+    }
+    std::filesystem::create_directory_symlink(decoy_dir, link, ec);
+    if (ec) return absl::InternalError(absl::StrCat("symlink ", link, ": ", ec.message()));
+    std::filesystem::rename(real, swap_path_, ec);
+    racer_ = std::thread([this, real, link] {
+      bool is_dir = true;
+      while (!racer_stop_.load(std::memory_order_relaxed) && !g_stop) {
+        // The current occupant moves back to its own name; the other
+        // takes swap_path_.
+        if (::rename(swap_path_.c_str(), (is_dir ? real : link).c_str()) != 0) break;
+        if (::rename((is_dir ? link : real).c_str(), swap_path_.c_str()) != 0) break;
+        is_dir = !is_dir;
+      }
+    });
+    return absl::OkStatus();
+  }
+
+ public:
+  ~Worker() {
+    racer_stop_ = true;
+    if (racer_.joinable()) racer_.join();
+    std::error_code ec;
+    for (const std::string& p : {swap_path_, swap_path_ + ".dir", swap_path_ + ".link",
+                                 absl::StrCat("/tmp/kvhost-soak-decoy-", index_)}) {
+      if (!swap_path_.empty()) std::filesystem::remove_all(p, ec);
+    }
+  }
+
+ private:
+  std::string region_path_, swap_path_, swap_file_, decoy_file_, decoy_bytes_;
+  std::thread racer_;
+  std::atomic<bool> racer_stop_{false};
   std::string dir_, pool_name_, stats_path_, attachment_;
   uint32_t index_ = 0, incarnation_ = 0, workers_ = 1;
   int notify_fd_ = -1, journal_fd_ = -1;
@@ -1462,6 +1570,7 @@ class Driver {
         sum.recovered_slots += s.recovered_slots;
         sum.recovered_bytes += s.recovered_bytes;
         sum.failures += s.failures;
+        sum.swap_attached += s.swap_attached;
         for (int c = 0; c < kCodes; ++c) sum.codes[c] += s.codes[c];
         for (int k = 0; k < kWorkerInvalidKinds; ++k) sum.invalid_kinds[k] += s.invalid_kinds[k];
       }
@@ -1613,6 +1722,7 @@ class Driver {
             .Uint("lease_replacements", lease_replacements_)
             .Uint("backups", ws.backups)
             .Uint("loads", ws.loads)
+            .Uint("swap_race_attaches_inside", ws.swap_attached)
             .Uint("backups_verified_after_restart", ws.recovered_slots)
             .Uint("bytes_verified_after_restart", ws.recovered_bytes)
             .Uint("bytes_verified", shared_.counters.verified_bytes.load() + ws.verified_bytes)

@@ -413,10 +413,10 @@ TEST_F(PoolErrorTest, PoolLargerThanMemoryIsResourceExhausted) {
   const std::string before = PoolsNow();
   v1::PoolSpec spec = MakeSpec(v1::MHA, v1::PAGE_FIRST, 16, 0);
   spec.set_size_bytes(uint64_t{10} * 1000 * 1000 * 1000 * 1000);  // 10 TB
-  EXPECT_ERROR(client().CreatePool("huge", spec), kResourceExhausted, "GB", "huge");
+  EXPECT_ERROR(client().CreatePool("huge", spec), kResourceExhausted, "bytes) available", "huge");
   spec.set_size_bytes(0);
   spec.set_size_tokens(uint64_t{1} << 40);  // 2^40 tokens x 192 B
-  EXPECT_ERROR(client().CreatePool("huge", spec), kResourceExhausted, "GB");
+  EXPECT_ERROR(client().CreatePool("huge", spec), kResourceExhausted, "bytes) available");
   EXPECT_EQ(PoolsNow(), before);
   EXPECT_EQ(RegionFiles(shm_dir()).size(), 1u);
   EXPECT_ERROR(client().GetPool("huge"), kNotFound, "huge");
@@ -481,12 +481,14 @@ TEST(MemoryLimitTest, MemoryLimitFlagCapsAllPools) {
     s.set_size_bytes(bytes);
     return s;
   };
-  EXPECT_ERROR(c.CreatePool("p100", by_bytes(100 * 1000 * 1000)), kResourceExhausted, "GB", "p100");
+  EXPECT_ERROR(c.CreatePool("p100", by_bytes(100 * 1000 * 1000)), kResourceExhausted,
+               "(67108864 bytes) available", "p100");
   absl::StatusOr<v1::Pool> p32 = c.CreatePool("p32", by_bytes(32 * kMiB));
   ASSERT_TRUE(p32.ok()) << p32.status();
   EXPECT_LE(p32->bytes(), 32 * kMiB);
   // 32 MiB + 40 MiB > 64 MiB: refused while p32 exists, fine once it is gone.
-  EXPECT_ERROR(c.CreatePool("p40", by_bytes(40 * kMiB)), kResourceExhausted, "GB", "p40");
+  EXPECT_ERROR(c.CreatePool("p40", by_bytes(40 * kMiB)), kResourceExhausted,
+               "(33554560 bytes) available", "p40");
   absl::StatusOr<std::vector<v1::Pool>> list = c.ListPools();
   ASSERT_TRUE(list.ok());
   EXPECT_EQ(list->size(), 1u);
@@ -498,8 +500,8 @@ TEST(MemoryLimitTest, MemoryLimitFlagCapsAllPools) {
   absl::StatusOr<std::unique_ptr<TestDaemon>> r =
       TestDaemon::Start(KVHOSTD_PATH, {"--memory-reserve=100T"});
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_ERROR((*r)->client().CreatePool("any", by_bytes(kMiB)), kResourceExhausted, "GB",
-               "reserve");
+  EXPECT_ERROR((*r)->client().CreatePool("any", by_bytes(kMiB)), kResourceExhausted,
+               "0 bytes available", "reserve");
 }
 
 using AllocErrorTest = DaemonTest;

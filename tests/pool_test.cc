@@ -469,7 +469,7 @@ TEST_F(RegistryTest, RefusesWhenMemAvailableIsShort) {
   absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("big", MegabyteTokenSpec(12000));
   ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
   EXPECT_THAT(Msg(p.status()), HasSubstr("12000000000 bytes"));  // requested
-  EXPECT_THAT(Msg(p.status()), HasSubstr("(9000000000 bytes) is available"));  // 10 - 1 reserve
+  EXPECT_THAT(Msg(p.status()), HasSubstr("(9000000000 bytes) available"));  // 10 - 1 reserve
   EXPECT_THAT(Msg(p.status()), HasSubstr("'big'"));
   EXPECT_EQ(mem_.reads, 1);
   EXPECT_TRUE(reg.List().empty());
@@ -487,13 +487,13 @@ TEST_F(RegistryTest, CgroupLimitIsCounted) {
   absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("big", MegabyteTokenSpec(4512));
   ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
   EXPECT_THAT(Msg(p.status()), HasSubstr("4512000000 bytes"));
-  EXPECT_THAT(Msg(p.status()), HasSubstr("(4000000000 bytes) is available"));  // 5 GB - 1 GB used
+  EXPECT_THAT(Msg(p.status()), HasSubstr("(4000000000 bytes) available"));  // 5 GB - 1 GB used
   // The cgroup's usage counts: 10 MB left cannot hold 16 MB.
   mem_.snapshot.cgroup_usage = 5 * kGB - 10000000;
   p = reg.Create("small", MegabyteTokenSpec(16));
   ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
   EXPECT_THAT(Msg(p.status()), HasSubstr("(16000000 bytes: 1 pages"));  // 16 MB requested
-  EXPECT_THAT(Msg(p.status()), HasSubstr("(10000000 bytes) is available"));  // 10 MB free
+  EXPECT_THAT(Msg(p.status()), HasSubstr("(10000000 bytes) available"));  // 10 MB free
   mem_.snapshot.cgroup_usage = 1 * kGB;
   EXPECT_TRUE(reg.Create("small", MegabyteTokenSpec(16)).ok());
 }
@@ -535,7 +535,7 @@ TEST_F(RegistryTest, MemoryLimitSpansAllPools) {
   absl::StatusOr<std::shared_ptr<Pool>> c = reg.Create("c", MegabyteTokenSpec(16));
   ASSERT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
   EXPECT_THAT(Msg(c.status()), HasSubstr("--memory-limit"));
-  EXPECT_THAT(Msg(c.status()), HasSubstr("(8000000 bytes) is available"));  // 8 MB left
+  EXPECT_THAT(Msg(c.status()), HasSubstr("(8000000 bytes) available"));  // 8 MB left
   absl::StatusOr<uint64_t> freed = reg.Delete("a");
   ASSERT_TRUE(freed.ok());
   EXPECT_EQ(*freed, 16000000u);

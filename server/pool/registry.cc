@@ -190,7 +190,7 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
                        table_bytes > 0 ? FormatBytesExact(table_bytes) : "",
                        table_bytes > 0 ? " of page table" : "", " = ",
                        FormatBytesExact(bytes + table_bytes), ", but only ",
-                       FormatBytesExact(available), " is available (", why, ")"));
+                       FormatBytesExact(available), " available (", why, ")"));
     }
     absl::MutexLock lock(&mu_);
     creating_.insert(name);

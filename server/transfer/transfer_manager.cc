@@ -863,12 +863,20 @@ void TransferManager::CloseSession(const std::string& session_id, const std::str
                                             session.worker, "' ended (", reason, ")")));
     }
   }
+  if (tickets.empty()) {
+    // A worker that detached and closed its session (a normal exit) left
+    // nothing behind: no warning.
+    spdlog::log(closed.empty() ? spdlog::level::info : spdlog::level::warn,
+                "session {} of worker '{}' (pid {}) ended: {}; closed {} attachment(s), no "
+                "transfer in flight",
+                ShortId(session_id), session.worker, session.pid, reason, closed.size());
+    return;
+  }
   spdlog::warn(
       "session {} of worker '{}' (pid {}) ended: {}; closed {} attachment(s), {} transfer(s) in "
       "flight (loads cancelled, backups get {} to finish)",
       ShortId(session_id), session.worker, session.pid, reason, closed.size(), tickets.size(),
       absl::FormatDuration(timeout));
-  if (tickets.empty()) return;
   {
     absl::MutexLock lock(&mu_);
     ++reapers_;
