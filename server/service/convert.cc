@@ -128,6 +128,17 @@ void ToProto(const PoolSpec& spec, v1::PoolSpec* out) {
   }
 }
 
+void ToProto(const CreatingPool& pool, const char* backend, v1::Pool* out) {
+  out->set_name(pool.name);
+  ToProto(pool.spec, out->mutable_spec());
+  out->set_size_tokens(pool.size_tokens);
+  out->set_bytes(pool.bytes);
+  out->set_bytes_per_token(BytesPerToken(pool.spec));
+  out->set_backend(backend);
+  out->set_state(v1::CREATING);
+  out->set_populated_bytes(pool.populated_bytes);
+}
+
 void ToProto(const Pool& pool, const char* backend, v1::Pool* out, bool region_paths) {
   out->set_name(pool.name());
   ToProto(pool.spec(), out->mutable_spec());
@@ -135,6 +146,8 @@ void ToProto(const Pool& pool, const char* backend, v1::Pool* out, bool region_p
   out->set_page_num(pool.page_num());
   out->set_available_tokens(pool.allocator().available_tokens());
   out->set_bytes(pool.bytes());
+  out->set_state(v1::READY);
+  out->set_populated_bytes(pool.bytes());
   if (region_paths) {
     for (const std::string& path : pool.region_paths()) out->add_region_paths(path);
   }

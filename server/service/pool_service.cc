@@ -207,27 +207,39 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePool(grpc::CallbackServerContex
     return Finish(context, WithPool(request->name(), spec.status()));
   }
   // The token also opens a protected pool this one follows.
-  const std::optional<std::string> token = OwnerToken(*context);
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Create(
-      request->name(), *spec, [context] { return context->IsCancelled(); }, request->owner_token(),
-      token ? &*token : nullptr);
-  if (!pool.ok()) {
-    spdlog::warn("CreatePool '{}' refused: {}", SafeText(request->name()),
-                 SafeText(pool.status().ToString(), kMaxStatusMessageBytes));
-    return Finish(context, pool.status());
-  }
-  const std::vector<std::string> paths = (*pool)->region_paths();  // none for LOGICAL
-  spdlog::info("created pool '{}': {}, {} tokens, {} in {}{}", request->name(),
-               DescribeSpec(*spec), (*pool)->size_tokens(), FormatBytesExact((*pool)->bytes()),
-               paths.empty() ? std::string("no region") : absl::StrJoin(paths, ", "),
-               (*pool)->owner_protected() ? ", owner-protected" : "");
-  ToProto(**pool, backend_, response);
-  return Finish(context, absl::OkStatus());
+  std::optional<std::string> token = OwnerToken(*context);
+  // Populating gigabytes takes seconds: done on a registry thread, and the
+  // call finished from there, so no gRPC thread waits for it.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  registry_->CreateInBackground(
+      request->name(), *spec, [context] { return context->IsCancelled(); },
+      request->owner_token(), std::move(token),
+      [this, reactor, request, response, spec = *spec](absl::StatusOr<std::shared_ptr<Pool>> pool) {
+        if (!pool.ok()) {
+          spdlog::warn("CreatePool '{}' refused: {}", SafeText(request->name()),
+                       SafeText(pool.status().ToString(), kMaxStatusMessageBytes));
+          reactor->Finish(ToGrpcStatus(pool.status()));
+          return;
+        }
+        const std::vector<std::string> paths = (*pool)->region_paths();  // none for LOGICAL
+        spdlog::info("created pool '{}': {}, {} tokens, {} in {}{}", request->name(),
+                     DescribeSpec(spec), (*pool)->size_tokens(),
+                     FormatBytesExact((*pool)->bytes()),
+                     paths.empty() ? std::string("no region") : absl::StrJoin(paths, ", "),
+                     (*pool)->owner_protected() ? ", owner-protected" : "");
+        ToProto(**pool, backend_, response);
+        reactor->Finish(grpc::Status::OK);
+      });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPool(grpc::CallbackServerContext* context,
                                                    const v1::GetPoolRequest* request,
                                                    v1::Pool* response) {
+  if (std::optional<CreatingPool> creating = registry_->GetCreating(request->name())) {
+    ToProto(*creating, backend_, response);
+    return Finish(context, absl::OkStatus());
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->name());
   if (pool.ok()) {
     // A protected pool's region files hold its bytes: named to its owner only.
@@ -248,6 +260,17 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext
     v1::Pool* out = response->add_pools();
     ToProto(*pool, backend_, out,
             /*region_paths=*/CheckPoolOwner(*pool, token ? &*token : nullptr).ok());
+    bytes += AsElement(*out);
+    if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
+      response->Clear();
+      return Finish(context, absl::ResourceExhaustedError(absl::StrCat(
+                                 "ListPools: the pools' reply passes ", max_message_bytes_,
+                                 " bytes (--max-message-bytes); use GetPool per name")));
+    }
+  }
+  for (const CreatingPool& creating : registry_->ListCreating()) {
+    v1::Pool* out = response->add_pools();
+    ToProto(creating, backend_, out);
     bytes += AsElement(*out);
     if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
       response->Clear();
