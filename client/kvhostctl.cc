@@ -7,9 +7,9 @@
 // Output is for people unless --json is given; then every command prints one
 // JSON object on one line (watch: one per frame): the daemon's message with
 // field names as in the .proto and every integer a JSON number
-// (cli_output.h MessageJson), an object of the same naming style otherwise. Exit codes: 0 done; 1 an RPC
-// failed ("error: CODE: message" on stderr); 2 a usage error; 3 the demo read
-// back other bytes than it had written.
+// (cli_output.h MessageJson), an object of the same naming style otherwise. Exit codes: 0 done; 1
+// an RPC failed ("error: CODE: message" on stderr); 2 a usage error; 3 the demo read back other
+// bytes than it had written.
 //
 // Single-threaded: every daemon call is one blocking kvhost::Client call
 // under --timeout.
@@ -587,8 +587,8 @@ absl::Status RunStatus(Context& ctx, const Args&) {
                               ctx.server, *health, daemon->pid(), daemon->uptime_s()));
     PrintLine(absl::StrCat("backend: ", daemon->backend(), " (", daemon->backend_detail(), ")"));
     PrintLine(absl::StrFormat(
-        "memory:  %s GiB in pools, %s GiB more available (limit %s, reserve %s GiB)", Gib(total_bytes),
-        Gib(daemon->memory_available_bytes()),
+        "memory:  %s GiB in pools, %s GiB more available (limit %s, reserve %s GiB)",
+        Gib(total_bytes), Gib(daemon->memory_available_bytes()),
         daemon->memory_limit_bytes() > 0 ? absl::StrCat(Gib(daemon->memory_limit_bytes()), " GiB")
                                          : std::string("none"),
         Gib(daemon->memory_reserve_bytes())));
@@ -604,11 +604,10 @@ absl::Status RunStatus(Context& ctx, const Args&) {
             : absl::StrCat(" (declared pools: ", absl::StrJoin(daemon->declared_pools(), ", "),
                            ")")));
     for (const v1::PoolProgress& p : daemon->pools_creating()) {
-      PrintLine(absl::StrFormat("filling: pool '%s', %s of %s GiB (%d %%)", p.name(),
-                                Gib(p.populated_bytes()), Gib(p.bytes()),
-                                p.bytes() ? static_cast<int>(100.0 * p.populated_bytes() /
-                                                             p.bytes())
-                                          : 0));
+      PrintLine(absl::StrFormat(
+          "filling: pool '%s', %s of %s GiB (%d %%)", p.name(), Gib(p.populated_bytes()),
+          Gib(p.bytes()),
+          p.bytes() ? static_cast<int>(100.0 * p.populated_bytes() / p.bytes()) : 0));
     }
     PrintLine(absl::StrFormat("sessions: %d", daemon->sessions_size()));
     for (const v1::SessionInfo& session : daemon->sessions()) {

@@ -314,8 +314,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     registry.region_gid = static_cast<int64_t>(*region_gid);
   }
-  spdlog::info("memory: {} total, {} available, reserve {}, limit {}{}", FormatBytes(mem->mem_total),
-               FormatBytes(mem->mem_available), FormatBytes(registry.memory_reserve),
+  spdlog::info("memory: {} total, {} available, reserve {}, limit {}{}",
+               FormatBytes(mem->mem_total), FormatBytes(mem->mem_available),
+               FormatBytes(registry.memory_reserve),
                options.memory_limit ? FormatBytes(options.memory_limit) : "none",
                mem->cgroup_limit ? absl::StrCat(", cgroup ", mem->cgroup_source, " limit ",
                                                 FormatBytes(*mem->cgroup_limit))
@@ -333,7 +334,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!options.metrics_listen.empty()) daemon->metrics_ = std::make_unique<KvhostMetrics>();
   daemon->transfers_ = std::make_unique<TransferManager>(
       daemon->registry_.get(), *std::move(engine), daemon->metrics_.get());
-
 
   // Declared pools are admitted (spec, name, memory budget) before the
   // daemon serves, and one refused stops the start as before; their memory
@@ -356,7 +356,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
           }
           if (!pool.ok()) {
             spdlog::error("declared pool '{}' was not created: {}", name,
-                          pool.status().message());
+                          std::string(pool.status().message()));
             return;
           }
           spdlog::info("created declared pool '{}': {}, {} tokens, {} in {} ({})", name,
@@ -531,7 +531,8 @@ void Daemon::Shutdown(absl::Duration grace) {
                after.tickets_done, after.tickets_failed, pools, FormatBytes(bytes));
   const absl::Time release_start = absl::Now();
   registry_->ReleaseAll();
-  spdlog::info("released {} pool(s) in {}", pools, absl::FormatDuration(absl::Now() - release_start));
+  spdlog::info("released {} pool(s) in {}", pools,
+               absl::FormatDuration(absl::Now() - release_start));
 }
 
 Daemon::~Daemon() {

@@ -93,9 +93,8 @@ absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, cons
   Pool* pool = new Pool(name, spec, size_tokens, std::move(components), std::move(regions),
                         std::move(follows));
   if (!files.releaser) return std::shared_ptr<Pool>(pool);
-  return std::shared_ptr<Pool>(pool, [releaser = files.releaser](Pool* p) {
-    releaser->Post([p] { delete p; });
-  });
+  return std::shared_ptr<Pool>(
+      pool, [releaser = files.releaser](Pool* p) { releaser->Post([p] { delete p; }); });
 }
 
 absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, const PoolSpec& spec,

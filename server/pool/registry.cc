@@ -29,8 +29,8 @@ constexpr int kReleaserThreads = 2;
 
 absl::Status ValidatePoolName(const std::string& name) {
   if (name.empty() || name.size() > kMaxPoolName) {
-    return absl::InvalidArgumentError(absl::StrCat("name '", SafeText(name), "' must be 1-",
-                                                   kMaxPoolName, " characters long"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("name '", SafeText(name), "' must be 1-", kMaxPoolName, " characters long"));
   }
   if (name[0] == '.') {
     return absl::InvalidArgumentError(
@@ -128,7 +128,8 @@ absl::Status PoolRegistry::StillCreating(const std::string& name, const Creation
 std::vector<CreatingPool> PoolRegistry::ListCreating() const {
   absl::MutexLock lock(&mu_);
   std::vector<CreatingPool> out;
-  for (const auto& [name, c] : creating_) out.push_back({name, c->spec, c->size_tokens, c->bytes, c->populated});
+  for (const auto& [name, c] : creating_)
+    out.push_back({name, c->spec, c->size_tokens, c->bytes, c->populated});
   return out;
 }
 
@@ -274,14 +275,12 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     if (!budget.ok()) return budget.status();
     const uint64_t available = *budget;
     if (bytes + table_bytes > available) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("not enough host memory for pool '", name, "': it needs ",
-                       FormatBytes(bytes), " (", bytes, " bytes: ", pages, " pages x ",
-                       BytesPerPage(spec), " bytes)", table_bytes > 0 ? " + " : "",
-                       table_bytes > 0 ? FormatBytesExact(table_bytes) : "",
-                       table_bytes > 0 ? " of page table" : "", " = ",
-                       FormatBytesExact(bytes + table_bytes), ", but only ",
-                       FormatBytesExact(available), " is available (", why, ")"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "not enough host memory for pool '", name, "': it needs ", FormatBytes(bytes), " (",
+          bytes, " bytes: ", pages, " pages x ", BytesPerPage(spec), " bytes)",
+          table_bytes > 0 ? " + " : "", table_bytes > 0 ? FormatBytesExact(table_bytes) : "",
+          table_bytes > 0 ? " of page table" : "", " = ", FormatBytesExact(bytes + table_bytes),
+          ", but only ", FormatBytesExact(available), " is available (", why, ")"));
     }
     absl::MutexLock lock(&mu_);
     creating_[name] = creation;
@@ -350,8 +349,9 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
   uint64_t available = AvailableForPools(*mem, options_.memory_reserve);
   std::string text = absl::StrCat("MemAvailable ", FormatBytes(mem->mem_available));
   if (mem->cgroup_limit) {
-    absl::StrAppend(&text, ", cgroup ", mem->cgroup_source, " limit ", FormatBytes(*mem->cgroup_limit),
-                    " with ", FormatBytes(mem->cgroup_usage), " used");
+    absl::StrAppend(&text, ", cgroup ", mem->cgroup_source, " limit ",
+                    FormatBytes(*mem->cgroup_limit), " with ", FormatBytes(mem->cgroup_usage),
+                    " used");
   }
   absl::StrAppend(&text, ", reserve ", FormatBytes(options_.memory_reserve));
   // Pools still being created are not in MemAvailable yet.

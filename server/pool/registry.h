@@ -147,10 +147,10 @@ class PoolRegistry {
   // is asked between chunks of the populate (a caller that gives up stops
   // the work within a chunk) and once at the end, as in Create. After
   // CancelCreations has begun, `done` gets UNAVAILABLE.
-  void CreateInBackground(
-      const std::string& name, const PoolSpec& spec, std::function<bool()> abandoned,
-      const std::string& owner_token, std::optional<std::string> follows_token,
-      std::function<void(absl::StatusOr<std::shared_ptr<Pool>>)> done);
+  void CreateInBackground(const std::string& name, const PoolSpec& spec,
+                          std::function<bool()> abandoned, const std::string& owner_token,
+                          std::optional<std::string> follows_token,
+                          std::function<void(absl::StatusOr<std::shared_ptr<Pool>>)> done);
   // Makes every creation in progress fail with UNAVAILABLE (within a chunk of
   // its populate) and every later one at once, and waits for the background
   // ones to have called their `done`. For the daemon's shutdown.

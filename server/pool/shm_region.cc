@@ -132,8 +132,8 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(std::shared_ptr<con
   PopulateOptions populate;
   populate.on_progress = options.on_progress;
   populate.cancelled = options.cancelled;
-  if (absl::Status s = ReserveAndPopulate(map_fd.get(), region->data_, bytes, escaped.c_str(),
-                                          populate);
+  if (absl::Status s =
+          ReserveAndPopulate(map_fd.get(), region->data_, bytes, escaped.c_str(), populate);
       !s.ok()) {
     return s;
   }

@@ -22,9 +22,9 @@ std::string EnumText(const std::string& name, int value, const char* unspecified
 
 absl::StatusOr<DType> DTypeFromProto(v1::DType in, const char* field) {
   if (in < v1::BF16 || in > v1::UINT8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, " ", EnumText(v1::DType_Name(in), in, "DTYPE_UNSPECIFIED"),
-        " is not a dtype; use BF16, FP16, FP32, FP8_E4M3, FP8_E5M2 or UINT8"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " ", EnumText(v1::DType_Name(in), in, "DTYPE_UNSPECIFIED"),
+                     " is not a dtype; use BF16, FP16, FP32, FP8_E4M3, FP8_E5M2 or UINT8"));
   }
   return static_cast<DType>(in);
 }
@@ -85,9 +85,8 @@ absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& in) {
     absl::StatusOr<DType> t = DTypeFromProto(mamba.temporal_dtype(), "spec.mamba.temporal_dtype");
     if (!t.ok()) return t.status();
     if (spec.kind != PoolKind::kMamba) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.mamba is not used by ",
-                                                     v1::PoolKind_Name(in.kind()),
-                                                     "; leave it unset"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.mamba is not used by ", v1::PoolKind_Name(in.kind()), "; leave it unset"));
     }
     spec.mamba.temporal_dtype = *t;
   }
