@@ -461,6 +461,17 @@ class RegistryTest : public ::testing::Test {
   FakeMemory mem_;
 };
 
+// Deleted pools are unmapped on the registry's releaser thread: true once
+// every deleted pool's bytes are back (within 10 s).
+bool WaitForReleases(const PoolRegistry& reg) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (reg.releasing_bytes() != 0) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
 TEST_F(RegistryTest, RefusesWhenMemAvailableIsShort) {
   mem_.snapshot.mem_available = 10 * kGB;
   RegistryOptions o = Options(dir_.path(), &mem_);
@@ -540,6 +551,8 @@ TEST_F(RegistryTest, MemoryLimitSpansAllPools) {
   ASSERT_TRUE(freed.ok());
   EXPECT_EQ(*freed, 16000000u);
   EXPECT_EQ(reg.used_bytes(), 16000000u);
+  // Its memory counts until the releaser thread has unmapped it.
+  ASSERT_TRUE(WaitForReleases(reg));
   EXPECT_TRUE(reg.Create("c", MegabyteTokenSpec(16)).ok());
   EXPECT_EQ(reg.used_bytes(), 32000000u);
 }
@@ -1784,7 +1797,8 @@ TEST_F(RegistryTest, DeletedPoolCountsAsReleasingUntilItsLastReferenceGoes) {
   absl::StatusOr<std::shared_ptr<Pool>> c = reg.Create("c", MegabyteTokenSpec(16));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
   EXPECT_THAT(Msg(c.status()), HasSubstr("still mapped"));
-  held.reset();  // unmapped now
+  held.reset();  // handed to the releaser thread, which unmaps it
+  ASSERT_TRUE(WaitForReleases(reg));
   EXPECT_EQ(reg.releasing_bytes(), 0u);
   EXPECT_TRUE(reg.Create("c", MegabyteTokenSpec(16)).ok());
 }
