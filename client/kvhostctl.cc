@@ -7,9 +7,9 @@
 // Output is for people unless --json is given; then every command prints one
 // JSON object on one line (watch: one per frame): the daemon's message with
 // field names as in the .proto and every integer a JSON number
-// (cli_output.h MessageJson), an object of the same naming style otherwise. Exit codes: 0 done; 1 an RPC
-// failed ("error: CODE: message" on stderr); 2 a usage error; 3 the demo read
-// back other bytes than it had written.
+// (cli_output.h MessageJson), an object of the same naming style otherwise. Exit codes: 0 done; 1
+// an RPC failed ("error: CODE: message" on stderr); 2 a usage error; 3 the demo read back other
+// bytes than it had written.
 //
 // Single-threaded: every daemon call is one blocking kvhost::Client call
 // under --timeout.
@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -33,6 +34,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/commandlineflag.h"
@@ -585,8 +587,8 @@ absl::Status RunStatus(Context& ctx, const Args&) {
                               ctx.server, *health, daemon->pid(), daemon->uptime_s()));
     PrintLine(absl::StrCat("backend: ", daemon->backend(), " (", daemon->backend_detail(), ")"));
     PrintLine(absl::StrFormat(
-        "memory:  %s GiB in pools, %s GiB more available (limit %s, reserve %s GiB)", Gib(total_bytes),
-        Gib(daemon->memory_available_bytes()),
+        "memory:  %s GiB in pools, %s GiB more available (limit %s, reserve %s GiB)",
+        Gib(total_bytes), Gib(daemon->memory_available_bytes()),
         daemon->memory_limit_bytes() > 0 ? absl::StrCat(Gib(daemon->memory_limit_bytes()), " GiB")
                                          : std::string("none"),
         Gib(daemon->memory_reserve_bytes())));
@@ -601,6 +603,12 @@ absl::Status RunStatus(Context& ctx, const Args&) {
             ? ""
             : absl::StrCat(" (declared pools: ", absl::StrJoin(daemon->declared_pools(), ", "),
                            ")")));
+    for (const v1::PoolProgress& p : daemon->pools_creating()) {
+      PrintLine(absl::StrFormat(
+          "filling: pool '%s', %s of %s GiB (%d %%)", p.name(), Gib(p.populated_bytes()),
+          Gib(p.bytes()),
+          p.bytes() ? static_cast<int>(100.0 * p.populated_bytes() / p.bytes()) : 0));
+    }
     PrintLine(absl::StrFormat("sessions: %d", daemon->sessions_size()));
     for (const v1::SessionInfo& session : daemon->sessions()) {
       PrintLine(absl::StrFormat("  worker '%s' pid %d (%s), %d attachment(s), %ds old",
@@ -880,6 +888,40 @@ absl::StatusOr<v1::PoolSpec> SpecFromFlags() {
   return spec;
 }
 
+// While `running` is true, redraws "<verb> pool 'x': 1.50 of 4.00 GiB (37 %)"
+// on stderr every 200 ms from what `poll` returns (done, total bytes); only
+// on a terminal. The line is cleared when it stops.
+class ProgressLine {
+ public:
+  using Poll = std::function<std::optional<std::pair<uint64_t, uint64_t>>()>;
+  ProgressLine(std::string label, Poll poll) {
+    if (!::isatty(2)) return;
+    thread_ = std::thread([this, label = std::move(label), poll = std::move(poll)] {
+      bool drawn = false;
+      while (!stop_.load()) {
+        for (int i = 0; i < 20 && !stop_.load(); ++i) absl::SleepFor(absl::Milliseconds(10));
+        if (stop_.load()) break;
+        if (std::optional<std::pair<uint64_t, uint64_t>> p = poll(); p && p->second > 0) {
+          std::fprintf(stderr, "\r%s: %s of %s GiB (%d %%)   ", label.c_str(),
+                       Gib(p->first).c_str(), Gib(p->second).c_str(),
+                       static_cast<int>(100.0 * p->first / p->second));
+          std::fflush(stderr);
+          drawn = true;
+        }
+      }
+      if (drawn) std::fprintf(stderr, "\r\033[K");
+    });
+  }
+  ~ProgressLine() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 absl::Status RunCreatePool(Context& ctx, const Args& args) {
   absl::StatusOr<v1::PoolSpec> parsed = SpecFromFlags();
   if (!parsed.ok()) return parsed.status();
@@ -903,13 +945,26 @@ absl::Status RunCreatePool(Context& ctx, const Args& args) {
         "--device-size-tokens");
   }
 
-  absl::StatusOr<v1::Pool> pool = ctx.client->CreatePool(args[0], spec);
+  absl::StatusOr<v1::Pool> pool;
+  {
+    // GetPool shows the pool CREATING with its populated bytes meanwhile;
+    // polled on a client of its own, the CreatePool call runs on this one.
+    absl::StatusOr<std::unique_ptr<Client>> poller = Client::Connect(ctx.options);
+    ProgressLine line(absl::StrCat("creating pool '", args[0], "'"),
+                      [&]() -> std::optional<std::pair<uint64_t, uint64_t>> {
+                        if (!poller.ok()) return std::nullopt;
+                        absl::StatusOr<v1::Pool> p = (*poller)->GetPool(args[0]);
+                        if (!p.ok() || p->state() != v1::CREATING) return std::nullopt;
+                        return std::make_pair(p->populated_bytes(), p->bytes());
+                      });
+    pool = ctx.client->CreatePool(args[0], spec);
+  }
   if (pool.status().code() == absl::StatusCode::kDeadlineExceeded) {
-    // kvhostd populates a pool's memory before it answers and does not stop
-    // when the caller gives up, so the pool may still appear after this.
+    // kvhostd stops populating within a chunk once the call is given up, and
+    // the pool is then not created.
     return absl::DeadlineExceededError(
-        absl::StrCat(pool.status().message(), "; kvhostd may still finish creating pool '", args[0],
-                     "' (check kvhostctl pools); large pools need a longer --timeout"));
+        absl::StrCat(pool.status().message(), "; pool '", args[0],
+                     "' was not created (large pools need a longer --timeout)"));
   }
   if (!pool.ok()) return pool.status();
   if (ctx.json) {
@@ -929,6 +984,24 @@ absl::Status RunDeletePool(Context& ctx, const Args& args) {
     PrintLine(MessageJson(response));
   } else {
     PrintLine(absl::StrFormat("deleted pool '%s' (%s GiB released)", args[0], Gib(*released)));
+  }
+  // The name is free at once; the memory is unmapped in the background. On
+  // a terminal, show it go (GetStatus pool_bytes_releasing), for at most the
+  // call timeout.
+  if (::isatty(2) && *released > 0) {
+    const absl::Time until = absl::Now() + ctx.timeout;
+    ProgressLine line(absl::StrCat("releasing pool '", args[0], "'"),
+                      [&]() -> std::optional<std::pair<uint64_t, uint64_t>> {
+                        absl::StatusOr<v1::DaemonStatus> d = ctx.client->GetStatus();
+                        if (!d.ok()) return std::nullopt;
+                        const uint64_t left = std::min(d->pool_bytes_releasing(), *released);
+                        return std::make_pair(*released - left, *released);
+                      });
+    for (;;) {
+      absl::StatusOr<v1::DaemonStatus> d = ctx.client->GetStatus();
+      if (!d.ok() || d->pool_bytes_releasing() == 0 || absl::Now() > until) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
   }
   return absl::OkStatus();
 }

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -22,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/gpu_probe.h"
 #include "server/metrics/daemon_metrics.h"
@@ -312,8 +314,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     registry.region_gid = static_cast<int64_t>(*region_gid);
   }
-  spdlog::info("memory: {} total, {} available, reserve {}, limit {}{}", FormatBytes(mem->mem_total),
-               FormatBytes(mem->mem_available), FormatBytes(registry.memory_reserve),
+  spdlog::info("memory: {} total, {} available, reserve {}, limit {}{}",
+               FormatBytes(mem->mem_total), FormatBytes(mem->mem_available),
+               FormatBytes(registry.memory_reserve),
                options.memory_limit ? FormatBytes(options.memory_limit) : "none",
                mem->cgroup_limit ? absl::StrCat(", cgroup ", mem->cgroup_source, " limit ",
                                                 FormatBytes(*mem->cgroup_limit))
@@ -332,17 +335,56 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->transfers_ = std::make_unique<TransferManager>(
       daemon->registry_.get(), *std::move(engine), daemon->metrics_.get());
 
-  // Declared pools exist before the daemon serves (and so before it reports
-  // ready); one that fails stops the start.
+  // Declared pools are admitted (spec, name, memory budget) before the
+  // daemon serves, and one refused stops the start as before; their memory
+  // fills in the background, so health, GetStatus (pools_creating) and
+  // GetPool (CREATING) answer while it does. One that fails while filling
+  // (the file system filled up meanwhile) is logged as an error and absent.
+  struct DeclaredOutcome {
+    absl::Mutex mu;
+    std::map<std::string, absl::Status> done ABSL_GUARDED_BY(mu);
+  };
+  auto outcome = std::make_shared<DeclaredOutcome>();
   for (const auto& [name, spec] : options.pools) {
-    absl::StatusOr<std::shared_ptr<Pool>> pool = daemon->registry_->Create(name, spec);
-    if (!pool.ok()) {
-      return absl::Status(pool.status().code(),
-                          absl::StrCat("declared pool '", name, "': ", pool.status().message()));
+    daemon->registry_->CreateInBackground(
+        name, spec, /*abandoned=*/{}, /*owner_token=*/"", /*follows_token=*/std::nullopt,
+        [name = name, spec = spec, outcome,
+         start = absl::Now()](absl::StatusOr<std::shared_ptr<Pool>> pool) {
+          {
+            absl::MutexLock lock(&outcome->mu);
+            outcome->done[name] = pool.status();
+          }
+          if (!pool.ok()) {
+            spdlog::error("declared pool '{}' was not created: {}", name,
+                          std::string(pool.status().message()));
+            return;
+          }
+          spdlog::info("created declared pool '{}': {}, {} tokens, {} in {} ({})", name,
+                       DescribeSpec(spec), (*pool)->size_tokens(),
+                       FormatBytesExact((*pool)->bytes()),
+                       (*pool)->region_paths().empty() ? std::string("no region")
+                                                       : (*pool)->region_paths()[0],
+                       absl::FormatDuration(absl::Now() - start));
+        });
+    // Admitted (being created) or finished: the checks take microseconds.
+    for (;;) {
+      absl::Status finished = absl::OkStatus();
+      bool is_done = false;
+      {
+        absl::MutexLock lock(&outcome->mu);
+        if (auto it = outcome->done.find(name); it != outcome->done.end()) {
+          is_done = true;
+          finished = it->second;
+        }
+      }
+      if (is_done && !finished.ok()) {
+        return absl::Status(finished.code(),
+                            absl::StrCat("declared pool '", name, "': ", finished.message()));
+      }
+      if (is_done || daemon->registry_->GetCreating(name)) break;
+      absl::SleepFor(absl::Milliseconds(1));
     }
-    spdlog::info("created declared pool '{}': {}, {} tokens, {} in {}", name,
-                 DescribeSpec(spec), (*pool)->size_tokens(), FormatBytesExact((*pool)->bytes()),
-                 (*pool)->region_paths()[0]);
+    spdlog::info("creating declared pool '{}': {}", name, DescribeSpec(spec));
   }
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -468,6 +510,9 @@ void Daemon::Shutdown(absl::Duration grace) {
   if (stopped_) return;
   stopped_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  // Creations in progress stop within a chunk (their calls end UNAVAILABLE),
+  // so that the server's shutdown does not wait for them.
+  registry_->CancelCreations();
   const TransferCounters before = transfers_->counters();
   spdlog::info("shutting down: draining {} transfer(s) in flight (at most {})",
                before.tickets_in_flight, absl::FormatDuration(drain_timeout_));
@@ -480,8 +525,14 @@ void Daemon::Shutdown(absl::Duration grace) {
   if (metrics_server_ != nullptr) metrics_server_->Stop();
   for (const std::string& path : socket_paths_) ::unlink(path.c_str());
   const TransferCounters after = transfers_->counters();
-  spdlog::info("stopped: {} ticket(s) done, {} failed; releasing {} pool(s)", after.tickets_done,
-               after.tickets_failed, registry_->List().size());
+  const size_t pools = registry_->List().size();
+  const uint64_t bytes = registry_->used_bytes();
+  spdlog::info("stopped: {} ticket(s) done, {} failed; releasing {} pool(s) ({})",
+               after.tickets_done, after.tickets_failed, pools, FormatBytes(bytes));
+  const absl::Time release_start = absl::Now();
+  registry_->ReleaseAll();
+  spdlog::info("released {} pool(s) in {}", pools,
+               absl::FormatDuration(absl::Now() - release_start));
 }
 
 Daemon::~Daemon() {

@@ -461,6 +461,17 @@ class RegistryTest : public ::testing::Test {
   FakeMemory mem_;
 };
 
+// Deleted pools are unmapped on the registry's releaser thread: true once
+// every deleted pool's bytes are back (within 10 s).
+bool WaitForReleases(const PoolRegistry& reg) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (reg.releasing_bytes() != 0) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
 TEST_F(RegistryTest, RefusesWhenMemAvailableIsShort) {
   mem_.snapshot.mem_available = 10 * kGB;
   RegistryOptions o = Options(dir_.path(), &mem_);
@@ -468,7 +479,7 @@ TEST_F(RegistryTest, RefusesWhenMemAvailableIsShort) {
   PoolRegistry reg(o);
   absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("big", MegabyteTokenSpec(12000));
   ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
-  EXPECT_THAT(Msg(p.status()), HasSubstr("12000000000 bytes"));  // requested
+  EXPECT_THAT(Msg(p.status()), HasSubstr("12000000000 bytes"));             // requested
   EXPECT_THAT(Msg(p.status()), HasSubstr("(9000000000 bytes) available"));  // 10 - 1 reserve
   EXPECT_THAT(Msg(p.status()), HasSubstr("'big'"));
   EXPECT_EQ(mem_.reads, 1);
@@ -492,7 +503,7 @@ TEST_F(RegistryTest, CgroupLimitIsCounted) {
   mem_.snapshot.cgroup_usage = 5 * kGB - 10000000;
   p = reg.Create("small", MegabyteTokenSpec(16));
   ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
-  EXPECT_THAT(Msg(p.status()), HasSubstr("(16000000 bytes: 1 pages"));  // 16 MB requested
+  EXPECT_THAT(Msg(p.status()), HasSubstr("(16000000 bytes: 1 pages"));    // 16 MB requested
   EXPECT_THAT(Msg(p.status()), HasSubstr("(10000000 bytes) available"));  // 10 MB free
   mem_.snapshot.cgroup_usage = 1 * kGB;
   EXPECT_TRUE(reg.Create("small", MegabyteTokenSpec(16)).ok());
@@ -540,6 +551,8 @@ TEST_F(RegistryTest, MemoryLimitSpansAllPools) {
   ASSERT_TRUE(freed.ok());
   EXPECT_EQ(*freed, 16000000u);
   EXPECT_EQ(reg.used_bytes(), 16000000u);
+  // Its memory counts until the releaser thread has unmapped it.
+  ASSERT_TRUE(WaitForReleases(reg));
   EXPECT_TRUE(reg.Create("c", MegabyteTokenSpec(16)).ok());
   EXPECT_EQ(reg.used_bytes(), 32000000u);
 }
@@ -807,7 +820,6 @@ TEST(RegistryNoDirTest, RemoveStaleRegionsWithoutDirectory) {
   EXPECT_EQ(reg.RemoveStaleRegions(), 0);
 }
 
-
 // ============================================================ every kind
 
 // Valid specs of each kind (followers name "anchor").
@@ -842,7 +854,8 @@ PoolSpec KindSpec(PoolKind kind) {
       break;
     case PoolKind::kMamba:
       s.layout = LayoutKind::kPageFirstDirect, s.page_size = 1;
-      s.mamba.temporal = {2, 3}, s.mamba.temporal_dtype = DType::kFp32, s.mamba.conv = {{4}, {2, 2}};
+      s.mamba.temporal = {2, 3}, s.mamba.temporal_dtype = DType::kFp32,
+      s.mamba.conv = {{4}, {2, 2}};
       break;
     case PoolKind::kV4Paged:
       s.layout = LayoutKind::kPageFirst, s.dtype = DType::kUint8, s.item_bytes = 24;
@@ -858,14 +871,14 @@ PoolSpec KindSpec(PoolKind kind) {
   return s;
 }
 
-const PoolKind kKinds[] = {PoolKind::kMha,        PoolKind::kMla,     PoolKind::kMhaAsymmetric,
-                           PoolKind::kKOnly,      PoolKind::kDsa,     PoolKind::kDsaIndexer,
-                           PoolKind::kMamba,      PoolKind::kV4Paged, PoolKind::kV4State,
+const PoolKind kKinds[] = {PoolKind::kMha,    PoolKind::kMla,     PoolKind::kMhaAsymmetric,
+                           PoolKind::kKOnly,  PoolKind::kDsa,     PoolKind::kDsaIndexer,
+                           PoolKind::kMamba,  PoolKind::kV4Paged, PoolKind::kV4State,
                            PoolKind::kLogical};
 
 TEST(KindSpecTest, EveryKindSpecIsValid) {
-  for (PoolKind k : kKinds) EXPECT_TRUE(ValidateSpec(KindSpec(k)).ok()) << PoolKindName(k)
-                                                                        << ValidateSpec(KindSpec(k));
+  for (PoolKind k : kKinds)
+    EXPECT_TRUE(ValidateSpec(KindSpec(k)).ok()) << PoolKindName(k) << ValidateSpec(KindSpec(k));
 }
 
 struct KindError {
@@ -904,9 +917,11 @@ INSTANTIATE_TEST_SUITE_P(
         Bad("AsymEqualDims", PoolKind::kMhaAsymmetric,
             {"MHA_ASYMMETRIC/PAGE_FIRST", "spec.v_head_dim", "kind MHA"},
             [](PoolSpec& s) { s.v_head_dim = s.head_dim; }),
-        Bad("AsymNoVDim", PoolKind::kMhaAsymmetric, {"MHA_ASYMMETRIC/PAGE_FIRST", "spec.v_head_dim"},
+        Bad("AsymNoVDim", PoolKind::kMhaAsymmetric,
+            {"MHA_ASYMMETRIC/PAGE_FIRST", "spec.v_head_dim"},
             [](PoolSpec& s) { s.v_head_dim = 0; }),
-        Bad("MhaUnequalDims", PoolKind::kMha, {"MHA/PAGE_FIRST", "spec.v_head_dim", "MHA_ASYMMETRIC"},
+        Bad("MhaUnequalDims", PoolKind::kMha,
+            {"MHA/PAGE_FIRST", "spec.v_head_dim", "MHA_ASYMMETRIC"},
             [](PoolSpec& s) { s.v_head_dim = 3; }),
         // K_ONLY: follows required; ph raises.
         Bad("KOnlyNoFollows", PoolKind::kKOnly, {"K_ONLY/PAGE_FIRST", "spec.follows", "required"},
@@ -954,19 +969,21 @@ INSTANTIATE_TEST_SUITE_P(
             [](PoolSpec& s) { s.mamba.conv.clear(); }),
         Bad("MambaEightConvs", PoolKind::kMamba, {"MAMBA/PAGE_FIRST_DIRECT", "spec.mamba.conv"},
             [](PoolSpec& s) { s.mamba.conv.assign(8, {2}); }),
-        Bad("MambaNoTemporal", PoolKind::kMamba,
-            {"MAMBA/PAGE_FIRST_DIRECT", "spec.mamba.temporal"},
+        Bad("MambaNoTemporal", PoolKind::kMamba, {"MAMBA/PAGE_FIRST_DIRECT", "spec.mamba.temporal"},
             [](PoolSpec& s) { s.mamba.temporal.clear(); }),
-        Bad("MambaZeroDim", PoolKind::kMamba, {"MAMBA/PAGE_FIRST_DIRECT", "spec.mamba.conv[1].dims[0]"},
+        Bad("MambaZeroDim", PoolKind::kMamba,
+            {"MAMBA/PAGE_FIRST_DIRECT", "spec.mamba.conv[1].dims[0]"},
             [](PoolSpec& s) { s.mamba.conv[1][0] = 0; }),
         Bad("MambaOnMha", PoolKind::kMha, {"MHA/PAGE_FIRST", "spec.mamba", "not used"},
             [](PoolSpec& s) { s.mamba.conv = {{2}}; }),
         // V4.
         Bad("V4PagedNoItem", PoolKind::kV4Paged, {"V4_PAGED/PAGE_FIRST", "spec.item_bytes"},
             [](PoolSpec& s) { s.item_bytes = 0; }),
-        Bad("V4PagedHeadDim", PoolKind::kV4Paged, {"V4_PAGED/PAGE_FIRST", "spec.head_dim", "not used"},
+        Bad("V4PagedHeadDim", PoolKind::kV4Paged,
+            {"V4_PAGED/PAGE_FIRST", "spec.head_dim", "not used"},
             [](PoolSpec& s) { s.head_dim = 128; }),
-        Bad("V4PagedFollows", PoolKind::kV4Paged, {"V4_PAGED/PAGE_FIRST", "spec.follows", "not used"},
+        Bad("V4PagedFollows", PoolKind::kV4Paged,
+            {"V4_PAGED/PAGE_FIRST", "spec.follows", "not used"},
             [](PoolSpec& s) { s.follows = "x"; }),
         Bad("V4PagedPageHead", PoolKind::kV4Paged, {"V4_PAGED/PAGE_HEAD", "spec.layout"},
             [](PoolSpec& s) { s.layout = LayoutKind::kPageHead; }),
@@ -990,7 +1007,9 @@ INSTANTIATE_TEST_SUITE_P(
         Bad("PageRowTooLarge", PoolKind::kV4Paged, {"V4_PAGED/PAGE_FIRST", "row"},
             [](PoolSpec& s) { s.item_bytes = uint64_t{1} << 50; }),
         Bad("MambaTooLarge", PoolKind::kMamba, {"MAMBA/PAGE_FIRST_DIRECT", "row"},
-            [](PoolSpec& s) { s.mamba.conv[0] = {65536, 65536, 65536}; })),
+            [](PoolSpec& s) {
+              s.mamba.conv[0] = {65536, 65536, 65536};
+            })),
     [](const ::testing::TestParamInfo<KindError>& info) { return info.param.name; });
 
 TEST(KindSizingTest, BytesPerPageAndTokenPerKind) {
@@ -1289,8 +1308,7 @@ TEST_F(KindRegistryTest, PageMethodErrorsChangeNothing) {
   EXPECT_THAT(Msg(a), HasSubstr("NotImplementedError"));
   EXPECT_EQ(asym->PageShape().status().code(), absl::StatusCode::kFailedPrecondition);
   const int64_t slots[4] = {0, 1, 2, 3};
-  EXPECT_EQ(asym->SplitHeadsMeta(slots, 1).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(asym->SplitHeadsMeta(slots, 1).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(asym->PageBufferMeta(slots).ok());
 }
 
@@ -1779,7 +1797,8 @@ TEST_F(RegistryTest, DeletedPoolCountsAsReleasingUntilItsLastReferenceGoes) {
   absl::StatusOr<std::shared_ptr<Pool>> c = reg.Create("c", MegabyteTokenSpec(16));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted) << c.status();
   EXPECT_THAT(Msg(c.status()), HasSubstr("still mapped"));
-  held.reset();  // unmapped now
+  held.reset();  // handed to the releaser thread, which unmaps it
+  ASSERT_TRUE(WaitForReleases(reg));
   EXPECT_EQ(reg.releasing_bytes(), 0u);
   EXPECT_TRUE(reg.Create("c", MegabyteTokenSpec(16)).ok());
 }

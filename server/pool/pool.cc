@@ -90,8 +90,11 @@ absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, cons
     if (!region.ok()) return WithPool(name, region.status());
     regions.push_back(*std::move(region));
   }
-  return std::shared_ptr<Pool>(new Pool(name, spec, size_tokens, std::move(components),
-                                        std::move(regions), std::move(follows)));
+  Pool* pool = new Pool(name, spec, size_tokens, std::move(components), std::move(regions),
+                        std::move(follows));
+  if (!files.releaser) return std::shared_ptr<Pool>(pool);
+  return std::shared_ptr<Pool>(
+      pool, [releaser = files.releaser](Pool* p) { releaser->Post([p] { delete p; }); });
 }
 
 absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, const PoolSpec& spec,

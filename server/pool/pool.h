@@ -38,6 +38,7 @@
 #include "kvhost/layout.h"
 #include "server/pool/allocator.h"
 #include "server/pool/pool_spec.h"
+#include "server/pool/releaser.h"
 #include "server/pool/shm_region.h"
 
 namespace kvhost {
@@ -87,6 +88,9 @@ struct RegionFiles {
   std::string name_prefix;
   bool random_names = true;
   RegionFileOptions file;
+  // Where the pool is destroyed (its regions unmapped, its files removed)
+  // when its last reference drops; null: on the dropping thread.
+  std::shared_ptr<Releaser> releaser;
 };
 
 class Pool {

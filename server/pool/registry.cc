@@ -22,12 +22,15 @@ constexpr size_t kMaxPoolName = 64;
 constexpr char kRegionFilePrefix[] = "kvhost.";
 // PageAllocator's page table: a free-ring slot (8 bytes) and a flag per page.
 constexpr uint64_t kPageTableBytesPerPage = sizeof(uint64_t) + sizeof(uint8_t);
+// Pools unmapped at once: at shutdown each of several pools' teardown is
+// mostly serial in the kernel (its file's pages are freed under its inode).
+constexpr int kReleaserThreads = 2;
 }  // namespace
 
 absl::Status ValidatePoolName(const std::string& name) {
   if (name.empty() || name.size() > kMaxPoolName) {
-    return absl::InvalidArgumentError(absl::StrCat("name '", SafeText(name), "' must be 1-",
-                                                   kMaxPoolName, " characters long"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("name '", SafeText(name), "' must be 1-", kMaxPoolName, " characters long"));
   }
   if (name[0] == '.') {
     return absl::InvalidArgumentError(
@@ -57,9 +60,86 @@ absl::StatusOr<std::shared_ptr<const DirFd>> OpenShmDir(const std::string& path)
 PoolRegistry::PoolRegistry(RegistryOptions options)
     : options_(std::move(options)),
       region_prefix_(absl::StrCat(options_.shm_dir, "/", kRegionFilePrefix, ::getpid(), ".")),
-      shm_dir_fd_(OpenShmDir(options_.shm_dir)) {}
+      shm_dir_fd_(OpenShmDir(options_.shm_dir)),
+      releaser_(std::make_shared<Releaser>(kReleaserThreads)) {}
 
-PoolRegistry::~PoolRegistry() = default;
+PoolRegistry::~PoolRegistry() {
+  CancelCreations();
+  ReleaseAll();
+}
+
+void PoolRegistry::CreateInBackground(
+    const std::string& name, const PoolSpec& spec, std::function<bool()> abandoned,
+    const std::string& owner_token, std::optional<std::string> follows_token,
+    std::function<void(absl::StatusOr<std::shared_ptr<Pool>>)> done) {
+  absl::MutexLock lock(&builders_mu_);
+  // Threads that have finished are joined now (at once), so they do not pile up.
+  for (auto it = builders_.begin(); it != builders_.end();) {
+    if (*it->finished) {
+      it->thread.join();
+      it = builders_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  std::thread thread([this, name, spec, abandoned = std::move(abandoned), owner_token,
+                      follows_token = std::move(follows_token), done = std::move(done), finished] {
+    absl::StatusOr<std::shared_ptr<Pool>> pool =
+        Create(name, spec, abandoned, owner_token, follows_token ? &*follows_token : nullptr);
+    done(std::move(pool));
+    *finished = true;
+  });
+  builders_.push_back({std::move(thread), std::move(finished)});
+}
+
+void PoolRegistry::CancelCreations() {
+  cancelling_ = true;
+  std::vector<Builder> builders;
+  {
+    absl::MutexLock lock(&builders_mu_);
+    builders.swap(builders_);
+  }
+  for (Builder& b : builders) b.thread.join();
+}
+
+void PoolRegistry::ReleaseAll() {
+  std::map<std::string, std::shared_ptr<Pool>> pools;
+  std::map<std::string, std::shared_ptr<PoolGroup>> groups;
+  {
+    absl::MutexLock lock(&mu_);
+    pools.swap(pools_);
+    groups.swap(groups_);
+    used_bytes_ = 0;
+  }
+  // Groups hold their entries' pools; then each pool's deleter posts it to
+  // the releaser, whose threads unmap several at once.
+  groups.clear();
+  pools.clear();
+  releaser_->Stop();
+}
+
+absl::Status PoolRegistry::StillCreating(const std::string& name, const Creation& c) {
+  return absl::FailedPreconditionError(absl::StrCat("pool '", name, "' is still being created (",
+                                                    FormatBytes(c.populated), " of ",
+                                                    FormatBytes(c.bytes), ")"));
+}
+
+std::vector<CreatingPool> PoolRegistry::ListCreating() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<CreatingPool> out;
+  for (const auto& [name, c] : creating_)
+    out.push_back({name, c->spec, c->size_tokens, c->bytes, c->populated});
+  return out;
+}
+
+std::optional<CreatingPool> PoolRegistry::GetCreating(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = creating_.find(name);
+  if (it == creating_.end()) return std::nullopt;
+  const Creation& c = *it->second;
+  return CreatingPool{name, c.spec, c.size_tokens, c.bytes, c.populated};
+}
 
 namespace {
 
@@ -105,6 +185,10 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
                                                            const std::string& owner_token,
                                                            const std::string* follows_token) {
   if (absl::Status s = ValidatePoolName(name); !s.ok()) return s;
+  if (cancelling_) {
+    return absl::UnavailableError(
+        absl::StrCat("pool '", name, "' was not created: the daemon is shutting down"));
+  }
   if (owner_token.size() > kMaxOwnerTokenBytes) {
     return absl::InvalidArgumentError(absl::StrCat("pool '", name, "': owner_token has ",
                                                    owner_token.size(), " bytes, over the limit of ",
@@ -115,6 +199,10 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
   std::shared_ptr<Pool> followed;
   if (!spec.follows.empty() && NeedsFollows(spec.kind)) {
     absl::StatusOr<std::shared_ptr<Pool>> f = Get(spec.follows);
+    if (absl::IsFailedPrecondition(f.status())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pool '", name, "': spec.follows: ", f.status().message()));
+    }
     if (!f.ok()) {
       return absl::NotFoundError(
           absl::StrCat("pool '", name, "': spec.follows: pool '", spec.follows, "' not found"));
@@ -162,6 +250,10 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
   // other bytes, so without it a request for 2^40 tokens passed every check
   // and the daemon then failed to allocate 8 TiB (found by fuzz/service_fuzz).
   const uint64_t table_bytes = followed ? 0 : pages * kPageTableBytesPerPage;
+  auto creation = std::make_shared<Creation>();
+  creation->spec = spec;
+  creation->size_tokens = tokens;
+  creation->bytes = bytes;
 
   {
     // The check and the reservation happen together, so two creations cannot
@@ -183,17 +275,15 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     if (!budget.ok()) return budget.status();
     const uint64_t available = *budget;
     if (bytes + table_bytes > available) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("not enough host memory for pool '", name, "': it needs ",
-                       FormatBytes(bytes), " (", bytes, " bytes: ", pages, " pages x ",
-                       BytesPerPage(spec), " bytes)", table_bytes > 0 ? " + " : "",
-                       table_bytes > 0 ? FormatBytesExact(table_bytes) : "",
-                       table_bytes > 0 ? " of page table" : "", " = ",
-                       FormatBytesExact(bytes + table_bytes), ", but only ",
-                       FormatBytesExact(available), " available (", why, ")"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "not enough host memory for pool '", name, "': it needs ", FormatBytes(bytes), " (",
+          bytes, " bytes: ", pages, " pages x ", BytesPerPage(spec), " bytes)",
+          table_bytes > 0 ? " + " : "", table_bytes > 0 ? FormatBytesExact(table_bytes) : "",
+          table_bytes > 0 ? " of page table" : "", " = ", FormatBytesExact(bytes + table_bytes),
+          ", but only ", FormatBytesExact(available), " available (", why, ")"));
     }
     absl::MutexLock lock(&mu_);
-    creating_.insert(name);
+    creating_[name] = creation;
     creating_bytes_ += bytes;
   }
 
@@ -203,10 +293,17 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
   files.file.mode = options_.region_mode;
   files.file.gid = options_.region_gid;
   files.file.inodes = options_.region_inodes;
+  files.file.on_progress = [c = creation.get()](uint64_t n) { c->populated += n; };
+  files.file.cancelled = [this, &abandoned] { return cancelling_ || (abandoned && abandoned()); };
+  files.releaser = releaser_;
   absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create(name, spec, tokens, files, followed);
+  if (cancelling_ && (pool.ok() || absl::IsCancelled(pool.status()))) {
+    pool = absl::UnavailableError(
+        absl::StrCat("pool '", name, "' was not created: the daemon is shutting down"));
+  }
   // A caller that gave up (deadline, cancellation) was told the call failed;
   // the pool must then not exist. Dropping it removes its file.
-  if (pool.ok() && abandoned && abandoned()) {
+  if ((pool.ok() || absl::IsCancelled(pool.status())) && abandoned && abandoned()) {
     pool = absl::CancelledError(absl::StrCat("pool '", name,
                                              "' was not created: the caller gave up while its ",
                                              FormatBytes(bytes), " were being reserved"));
@@ -252,8 +349,9 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
   uint64_t available = AvailableForPools(*mem, options_.memory_reserve);
   std::string text = absl::StrCat("MemAvailable ", FormatBytes(mem->mem_available));
   if (mem->cgroup_limit) {
-    absl::StrAppend(&text, ", cgroup ", mem->cgroup_source, " limit ", FormatBytes(*mem->cgroup_limit),
-                    " with ", FormatBytes(mem->cgroup_usage), " used");
+    absl::StrAppend(&text, ", cgroup ", mem->cgroup_source, " limit ",
+                    FormatBytes(*mem->cgroup_limit), " with ", FormatBytes(mem->cgroup_usage),
+                    " used");
   }
   absl::StrAppend(&text, ", reserve ", FormatBytes(options_.memory_reserve));
   // Pools still being created are not in MemAvailable yet.
@@ -292,7 +390,10 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Get(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   auto it = pools_.find(name);
-  if (it == pools_.end()) return absl::NotFoundError(absl::StrCat("pool '", name, "' not found"));
+  if (it == pools_.end()) {
+    if (auto c = creating_.find(name); c != creating_.end()) return StillCreating(name, *c->second);
+    return absl::NotFoundError(absl::StrCat("pool '", name, "' not found"));
+  }
   return it->second;
 }
 
@@ -305,13 +406,18 @@ std::vector<std::shared_ptr<Pool>> PoolRegistry::List() const {
 }
 
 absl::StatusOr<uint64_t> PoolRegistry::Delete(const std::string& name) {
-  // Dropped after the lock: unmapping gigabytes must not stall other calls.
+  // Dropped after the lock; its deleter hands the unmapping to the releaser.
   std::shared_ptr<Pool> deleted;
   uint64_t bytes = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = pools_.find(name);
     if (it == pools_.end()) {
+      if (auto c = creating_.find(name); c != creating_.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(StillCreating(name, *c->second).message(),
+                         "; cancel its CreatePool call, or wait and delete it then"));
+      }
       return absl::NotFoundError(absl::StrCat("pool '", name, "' not found"));
     }
     if (absl::Status s = it->second->TryRetire(); !s.ok()) return s;
@@ -386,6 +492,11 @@ absl::StatusOr<std::shared_ptr<PoolGroup>> PoolRegistry::CreateGroup(
   std::vector<std::shared_ptr<Pool>> pools;
   for (size_t i = 0; i < entries.size(); ++i) {
     auto it = pools_.find(entries[i].pool);
+    if (auto c = creating_.find(entries[i].pool); c != creating_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("group '", name, "': entries[", i, "] '", entries[i].name,
+                       "': ", StillCreating(entries[i].pool, *c->second).message()));
+    }
     if (it == pools_.end()) {
       return absl::NotFoundError(absl::StrCat("group '", name, "': entries[", i, "] '",
                                               entries[i].name, "': pool '", entries[i].pool,
@@ -447,6 +558,7 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::GetPoolOrAnchor(const std::s
   absl::MutexLock lock(&mu_);
   if (auto it = pools_.find(name); it != pools_.end()) return it->second;
   if (auto it = groups_.find(name); it != groups_.end()) return it->second->anchor().pool;
+  if (auto c = creating_.find(name); c != creating_.end()) return StillCreating(name, *c->second);
   return absl::NotFoundError(
       absl::StrCat("pool '", name, "' not found (no pool or group has that name)"));
 }

@@ -22,8 +22,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -33,6 +35,7 @@
 #include "server/pool/host_memory.h"
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
+#include "server/pool/releaser.h"
 
 namespace kvhost {
 
@@ -104,6 +107,16 @@ class TransientReservation {
   uint64_t bytes_ = 0;
 };
 
+// A pool being created (PoolRegistry::ListCreating): its resolved spec, its
+// bytes and how many of them are reserved and mapped so far.
+struct CreatingPool {
+  std::string name;
+  PoolSpec spec;
+  uint64_t size_tokens = 0;
+  uint64_t bytes = 0;
+  uint64_t populated_bytes = 0;
+};
+
 class PoolRegistry {
  public:
   explicit PoolRegistry(RegistryOptions options);
@@ -130,7 +143,26 @@ class PoolRegistry {
                                                const std::function<bool()>& abandoned = {},
                                                const std::string& owner_token = "",
                                                const std::string* follows_token = nullptr);
-  // NOT_FOUND naming the pool.
+  // Create on a thread of its own; `done` gets its result there. `abandoned`
+  // is asked between chunks of the populate (a caller that gives up stops
+  // the work within a chunk) and once at the end, as in Create. After
+  // CancelCreations has begun, `done` gets UNAVAILABLE.
+  void CreateInBackground(const std::string& name, const PoolSpec& spec,
+                          std::function<bool()> abandoned, const std::string& owner_token,
+                          std::optional<std::string> follows_token,
+                          std::function<void(absl::StatusOr<std::shared_ptr<Pool>>)> done);
+  // Makes every creation in progress fail with UNAVAILABLE (within a chunk of
+  // its populate) and every later one at once, and waits for the background
+  // ones to have called their `done`. For the daemon's shutdown.
+  void CancelCreations();
+  // Drops every pool and group and waits until their memory is unmapped and
+  // their files removed, several pools at once. REQUIRES: after
+  // CancelCreations, with no other caller left.
+  void ReleaseAll();
+  // The pools being created, by name; the one named `name`, if it is.
+  std::vector<CreatingPool> ListCreating() const;
+  std::optional<CreatingPool> GetCreating(const std::string& name) const;
+  // NOT_FOUND naming the pool; FAILED_PRECONDITION while it is being created.
   absl::StatusOr<std::shared_ptr<Pool>> Get(const std::string& name) const;
   // Every pool, by name.
   std::vector<std::shared_ptr<Pool>> List() const;
@@ -156,6 +188,7 @@ class PoolRegistry {
   absl::Status DeleteGroup(const std::string& name);
   // The pool named `name`, or the anchor pool of the group named `name`
   // (what Alloc, Free, GetPageBufferMeta and the page RPCs act on).
+  // FAILED_PRECONDITION while the pool is being created.
   absl::StatusOr<std::shared_ptr<Pool>> GetPoolOrAnchor(const std::string& name) const;
 
   // The owner check of a call that changes or reads the data of the pools
@@ -205,11 +238,30 @@ class PoolRegistry {
   // creating_ and groups_.
   std::map<std::string, std::shared_ptr<PoolGroup>> groups_ ABSL_GUARDED_BY(mu_);
   uint64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Pools whose memory is being reserved: their names are taken, their bytes
-  // counted against the budget.
-  std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);
+  // A pool whose memory is being reserved: its name is taken, its bytes
+  // counted against the budget; populated grows as chunks are done.
+  struct Creation {
+    PoolSpec spec;
+    uint64_t size_tokens = 0;
+    uint64_t bytes = 0;
+    std::atomic<uint64_t> populated{0};
+  };
+  std::map<std::string, std::shared_ptr<Creation>> creating_ ABSL_GUARDED_BY(mu_);
   uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // FAILED_PRECONDITION "pool 'x' is still being created (n of m bytes)".
+  static absl::Status StillCreating(const std::string& name, const Creation& c);
   const std::shared_ptr<MemoryLedger> ledger_ = std::make_shared<MemoryLedger>();
+  // Where pools are destroyed; RegionFiles::releaser of every pool.
+  const std::shared_ptr<Releaser> releaser_;
+  std::atomic<bool> cancelling_{false};
+  // CreateInBackground's threads; `finished` is set as a thread's last act,
+  // so a later call can join it without waiting.
+  struct Builder {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  absl::Mutex builders_mu_;
+  std::vector<Builder> builders_ ABSL_GUARDED_BY(builders_mu_);
 };
 
 // Longest CreatePoolRequest.owner_token.

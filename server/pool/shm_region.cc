@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "server/pool/populate.h"
 
 namespace kvhost {
 namespace {
@@ -97,16 +98,6 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(std::shared_ptr<con
     return absl::FailedPreconditionError(
         absl::StrCat("cannot lock shared-memory file ", escaped, ": ", ErrnoText(errno)));
   }
-  int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-  if (err != 0) {
-    if (err == ENOSPC || err == EFBIG) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot reserve ", bytes, " bytes for ", escaped,
-                       ": the file system is full (for /dev/shm, raise its size)"));
-    }
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot reserve ", bytes, " bytes for ", escaped, ": ", ErrnoText(err)));
-  }
   // Mapped through a second open file description, so that the lock's is
   // referenced by this process's descriptor table alone. A mapping keeps its
   // file description alive past the process: the CUDA driver holds a killed
@@ -127,14 +118,25 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Create(std::shared_ptr<con
         absl::StrCat("cannot map shared-memory file ", escaped, ": ", self,
                      " is not the file created (is /proc this process's?)"));
   }
-  void* data =
-      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, map_fd.get(), 0);
+  // Mapped before its pages exist (the file is still empty), then reserved
+  // and faulted in chunk by chunk on several threads (server/pool/populate.h):
+  // a full file system still fails before any page is touched, and the work
+  // reports progress and can be cancelled.
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, map_fd.get(), 0);
   if (data == MAP_FAILED) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot map ", bytes, " bytes of ", escaped, ": ", ErrnoText(errno)));
   }
   region->data_ = static_cast<uint8_t*>(data);
   region->size_ = bytes;
+  PopulateOptions populate;
+  populate.on_progress = options.on_progress;
+  populate.cancelled = options.cancelled;
+  if (absl::Status s =
+          ReserveAndPopulate(map_fd.get(), region->data_, bytes, escaped.c_str(), populate);
+      !s.ok()) {
+    return s;
+  }
   return region;
 }
 
@@ -189,7 +191,7 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const DirFd& dir,
 }
 
 ShmRegion::~ShmRegion() {
-  if (data_ != nullptr) ::munmap(data_, size_);
+  if (data_ != nullptr) ParallelUnmap(data_, size_);
   Unlink();
   lock_fd_.Reset();  // after the unlink: never an unlocked live file
   // Only now may the inode number name another file.

@@ -21,6 +21,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -56,6 +57,12 @@ struct RegionFileOptions {
   int64_t gid = -1;
   // Where the file's inode is recorded while the region lives; may be null.
   std::shared_ptr<RegionInodes> inodes;
+  // Create's populate step (server/pool/populate.h): told the bytes of each
+  // chunk reserved and mapped, asked before each chunk whether to stop
+  // (Create then fails with CANCELLED and removes the file). Either may be
+  // empty; both are called from several threads at once.
+  std::function<void(uint64_t)> on_progress;
+  std::function<bool()> cancelled;
 };
 
 class ShmRegion {
@@ -64,7 +71,9 @@ class ShmRegion {
   // symbolic link of that name counts as existing and is not followed),
   // gives it `options`' mode and group, reserves `bytes` of backing memory
   // (posix_fallocate, so a full tmpfs fails here with RESOURCE_EXHAUSTED rather
-  // than with SIGBUS later) and maps it with every page touched.
+  // than with SIGBUS later) and maps it with every page touched, chunk by
+  // chunk on several threads (ReserveAndPopulate). CANCELLED when
+  // `options.cancelled` said so; the file is then gone.
   // REQUIRES: `name` is one path component.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Create(std::shared_ptr<const DirFd> dir,
                                                            const std::string& name, uint64_t bytes,

@@ -22,9 +22,9 @@ std::string EnumText(const std::string& name, int value, const char* unspecified
 
 absl::StatusOr<DType> DTypeFromProto(v1::DType in, const char* field) {
   if (in < v1::BF16 || in > v1::UINT8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, " ", EnumText(v1::DType_Name(in), in, "DTYPE_UNSPECIFIED"),
-        " is not a dtype; use BF16, FP16, FP32, FP8_E4M3, FP8_E5M2 or UINT8"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " ", EnumText(v1::DType_Name(in), in, "DTYPE_UNSPECIFIED"),
+                     " is not a dtype; use BF16, FP16, FP32, FP8_E4M3, FP8_E5M2 or UINT8"));
   }
   return static_cast<DType>(in);
 }
@@ -85,9 +85,8 @@ absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& in) {
     absl::StatusOr<DType> t = DTypeFromProto(mamba.temporal_dtype(), "spec.mamba.temporal_dtype");
     if (!t.ok()) return t.status();
     if (spec.kind != PoolKind::kMamba) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.mamba is not used by ",
-                                                     v1::PoolKind_Name(in.kind()),
-                                                     "; leave it unset"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.mamba is not used by ", v1::PoolKind_Name(in.kind()), "; leave it unset"));
     }
     spec.mamba.temporal_dtype = *t;
   }
@@ -128,6 +127,17 @@ void ToProto(const PoolSpec& spec, v1::PoolSpec* out) {
   }
 }
 
+void ToProto(const CreatingPool& pool, const char* backend, v1::Pool* out) {
+  out->set_name(pool.name);
+  ToProto(pool.spec, out->mutable_spec());
+  out->set_size_tokens(pool.size_tokens);
+  out->set_bytes(pool.bytes);
+  out->set_bytes_per_token(BytesPerToken(pool.spec));
+  out->set_backend(backend);
+  out->set_state(v1::CREATING);
+  out->set_populated_bytes(pool.populated_bytes);
+}
+
 void ToProto(const Pool& pool, const char* backend, v1::Pool* out, bool region_paths) {
   out->set_name(pool.name());
   ToProto(pool.spec(), out->mutable_spec());
@@ -135,6 +145,8 @@ void ToProto(const Pool& pool, const char* backend, v1::Pool* out, bool region_p
   out->set_page_num(pool.page_num());
   out->set_available_tokens(pool.allocator().available_tokens());
   out->set_bytes(pool.bytes());
+  out->set_state(v1::READY);
+  out->set_populated_bytes(pool.bytes());
   if (region_paths) {
     for (const std::string& path : pool.region_paths()) out->add_region_paths(path);
   }

@@ -19,6 +19,7 @@
 #include "kvhost/v1/transfer.pb.h"
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
+#include "server/pool/registry.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/ticket.h"
 #include "server/transfer/transfer_manager.h"
@@ -34,6 +35,9 @@ void ToProto(const PoolSpec& spec, v1::PoolSpec* out);
 // `region_paths`: whether Pool.region_paths is filled (GetPool / ListPools
 // leave it empty for a protected pool the caller's token does not open).
 void ToProto(const Pool& pool, const char* backend, v1::Pool* out, bool region_paths = true);
+// A pool being created: name, spec, bytes, backend, state CREATING and its
+// progress (nothing else exists yet).
+void ToProto(const CreatingPool& pool, const char* backend, v1::Pool* out);
 // CreatePoolGroup's entries (pools unresolved; the registry checks them).
 std::vector<GroupEntrySpec> FromProto(
     const google::protobuf::RepeatedPtrField<v1::PoolEntry>& entries);

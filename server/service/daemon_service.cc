@@ -137,6 +137,12 @@ grpc::ServerUnaryReactor* DaemonServiceImpl::GetStatus(grpc::CallbackServerConte
   response->set_pools(static_cast<uint32_t>(registry_->List().size()));
   response->set_pool_bytes(registry_->used_bytes());
   response->set_pool_bytes_releasing(registry_->releasing_bytes());
+  for (const CreatingPool& creating : registry_->ListCreating()) {
+    v1::PoolProgress* p = response->add_pools_creating();
+    p->set_name(creating.name);
+    p->set_bytes(creating.bytes);
+    p->set_populated_bytes(creating.populated_bytes);
+  }
   response->set_memory_limit_bytes(registry_->options().memory_limit);
   response->set_memory_reserve_bytes(registry_->options().memory_reserve);
   response->set_memory_available_bytes(*available);

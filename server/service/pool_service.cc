@@ -21,6 +21,13 @@
 namespace kvhost {
 namespace {
 
+// A unary reactor finished from another thread once the work is done;
+// gRPC calls OnDone after Finish, and it deletes itself.
+class OwnedUnaryReactor final : public grpc::ServerUnaryReactor {
+ public:
+  void OnDone() override { delete this; }
+};
+
 grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
@@ -47,8 +54,7 @@ absl::Span<const uint8_t> Bytes(const std::string& s) {
   return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size());
 }
 
-void ToProto(absl::Span<const RegionSegment> segments, const Pool& pool,
-             v1::PageBufferMeta* out) {
+void ToProto(absl::Span<const RegionSegment> segments, const Pool& pool, v1::PageBufferMeta* out) {
   for (const std::string& path : pool.region_paths()) out->add_region_paths(path);
   out->mutable_segments()->Reserve(static_cast<int>(segments.size()));
   for (const RegionSegment& s : segments) {
@@ -207,27 +213,41 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePool(grpc::CallbackServerContex
     return Finish(context, WithPool(request->name(), spec.status()));
   }
   // The token also opens a protected pool this one follows.
-  const std::optional<std::string> token = OwnerToken(*context);
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Create(
+  std::optional<std::string> token = OwnerToken(*context);
+  // Populating gigabytes takes seconds: done on a registry thread, and the
+  // call finished from there, so no gRPC thread waits for it.
+  // A reactor of our own: gRPC's default reactor is meant to be finished
+  // from the handler (finishing it later from another thread crashed the
+  // next call in gRPC 1.51).
+  auto* reactor = new OwnedUnaryReactor();
+  registry_->CreateInBackground(
       request->name(), *spec, [context] { return context->IsCancelled(); }, request->owner_token(),
-      token ? &*token : nullptr);
-  if (!pool.ok()) {
-    spdlog::warn("CreatePool '{}' refused: {}", SafeText(request->name()),
-                 SafeText(pool.status().ToString(), kMaxStatusMessageBytes));
-    return Finish(context, pool.status());
-  }
-  const std::vector<std::string> paths = (*pool)->region_paths();  // none for LOGICAL
-  spdlog::info("created pool '{}': {}, {} tokens, {} in {}{}", request->name(),
-               DescribeSpec(*spec), (*pool)->size_tokens(), FormatBytesExact((*pool)->bytes()),
-               paths.empty() ? std::string("no region") : absl::StrJoin(paths, ", "),
-               (*pool)->owner_protected() ? ", owner-protected" : "");
-  ToProto(**pool, backend_, response);
-  return Finish(context, absl::OkStatus());
+      std::move(token),
+      [this, reactor, request, response, spec = *spec](absl::StatusOr<std::shared_ptr<Pool>> pool) {
+        if (!pool.ok()) {
+          spdlog::warn("CreatePool '{}' refused: {}", SafeText(request->name()),
+                       SafeText(pool.status().ToString(), kMaxStatusMessageBytes));
+          reactor->Finish(ToGrpcStatus(pool.status()));
+          return;
+        }
+        const std::vector<std::string> paths = (*pool)->region_paths();  // none for LOGICAL
+        spdlog::info("created pool '{}': {}, {} tokens, {} in {}{}", request->name(),
+                     DescribeSpec(spec), (*pool)->size_tokens(), FormatBytesExact((*pool)->bytes()),
+                     paths.empty() ? std::string("no region") : absl::StrJoin(paths, ", "),
+                     (*pool)->owner_protected() ? ", owner-protected" : "");
+        ToProto(**pool, backend_, response);
+        reactor->Finish(grpc::Status::OK);
+      });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPool(grpc::CallbackServerContext* context,
                                                    const v1::GetPoolRequest* request,
                                                    v1::Pool* response) {
+  if (std::optional<CreatingPool> creating = registry_->GetCreating(request->name())) {
+    ToProto(*creating, backend_, response);
+    return Finish(context, absl::OkStatus());
+  }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->name());
   if (pool.ok()) {
     // A protected pool's region files hold its bytes: named to its owner only.
@@ -248,6 +268,17 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext
     v1::Pool* out = response->add_pools();
     ToProto(*pool, backend_, out,
             /*region_paths=*/CheckPoolOwner(*pool, token ? &*token : nullptr).ok());
+    bytes += AsElement(*out);
+    if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
+      response->Clear();
+      return Finish(context, absl::ResourceExhaustedError(absl::StrCat(
+                                 "ListPools: the pools' reply passes ", max_message_bytes_,
+                                 " bytes (--max-message-bytes); use GetPool per name")));
+    }
+  }
+  for (const CreatingPool& creating : registry_->ListCreating()) {
+    v1::Pool* out = response->add_pools();
+    ToProto(creating, backend_, out);
     bytes += AsElement(*out);
     if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
       response->Clear();
@@ -402,9 +433,9 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerConte
   return Finish(context, (*pool)->ReadPage(request->index(), Bytes(data)));
 }
 
-grpc::ServerUnaryReactor* PoolServiceImpl::SetFromFlatDataPage(
-    grpc::CallbackServerContext* context, const v1::SetPageRequest* request,
-    v1::SetPageResponse* response) {
+grpc::ServerUnaryReactor* PoolServiceImpl::SetFromFlatDataPage(grpc::CallbackServerContext* context,
+                                                               const v1::SetPageRequest* request,
+                                                               v1::SetPageResponse* response) {
   if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
     return Finish(context, s);
   }

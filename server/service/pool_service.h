@@ -8,7 +8,10 @@
 // size depends on the request or a pool's shape is estimated before it is
 // built and refused above `max_message_bytes` (RESOURCE_EXHAUSTED naming the
 // estimate, the limit and how to split the call). Callback (reactor) API:
-// the unary handlers finish inline; ReadPages and WritePages are streaming
+// the unary handlers finish inline, but CreatePool, whose populate takes
+// seconds, runs on a registry thread (PoolRegistry::CreateInBackground) and
+// finishes from there; DeletePool returns once the name is free (the memory
+// goes on the registry's releaser); ReadPages and WritePages are streaming
 // reactors (server/service/page_streams.h) that hold one chunk at a time and
 // never block a gRPC thread.
 //
