@@ -12,6 +12,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "server/safe_text.h"
 #include "spdlog/spdlog.h"
 
@@ -22,6 +24,9 @@ constexpr size_t kMaxPoolName = 64;
 constexpr char kRegionFilePrefix[] = "kvhost.";
 // PageAllocator's page table: a free-ring slot (8 bytes) and a flag per page.
 constexpr uint64_t kPageTableBytesPerPage = sizeof(uint64_t) + sizeof(uint8_t);
+// How long a create short of memory waits for deleted pools being unmapped
+// (seconds for a pool of hundreds of GiB).
+constexpr absl::Duration kReleaseWait = absl::Seconds(30);
 // Pools unmapped at once: at shutdown each of several pools' teardown is
 // mostly serial in the kernel (its file's pages are freed under its inode).
 constexpr int kReleaserThreads = 2;
@@ -273,6 +278,16 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     std::string why;
     absl::StatusOr<uint64_t> budget = Available(&why);
     if (!budget.ok()) return budget.status();
+    // Deleted pools are unmapped on the releaser's threads, and their bytes
+    // count until then: a create right after a delete waits for those
+    // releases (not for pools a stream still holds) before it gives up.
+    const absl::Time release_deadline = absl::Now() + kReleaseWait;
+    while (bytes + table_bytes > *budget && releaser_->pending() > 0 &&
+           absl::Now() < release_deadline && !(abandoned && abandoned())) {
+      absl::SleepFor(absl::Milliseconds(5));
+      budget = Available(&why);
+      if (!budget.ok()) return budget.status();
+    }
     const uint64_t available = *budget;
     if (bytes + table_bytes > available) {
       return absl::ResourceExhaustedError(absl::StrCat(

@@ -166,6 +166,8 @@ class PoolRegistry {
   absl::StatusOr<std::shared_ptr<Pool>> Get(const std::string& name) const;
   // Every pool, by name.
   std::vector<std::shared_ptr<Pool>> List() const;
+  // (Create: short of memory while deleted pools are being unmapped, it
+  // waits for those releases, up to 30 s, before RESOURCE_EXHAUSTED.)
   // Removes the pool; its memory goes when the last user drops it, and until
   // then its bytes are releasing_bytes() (still counted against
   // --memory-limit). Returns its bytes. NOT_FOUND, or FAILED_PRECONDITION
