@@ -384,7 +384,7 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
                     FormatBytes(used + pending), " in pools");
     if (releasing > 0) {
       absl::StrAppend(&text, ", ", FormatBytes(releasing),
-                      " of deleted pools still mapped (a stream or transfer holds them)");
+                      " of deleted pools still mapped (being unmapped, or held by a stream or transfer)");
     }
     if (transient > 0) absl::StrAppend(&text, ", ", FormatBytes(transient), " in stream buffers");
   }
