@@ -383,8 +383,9 @@ absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {
     absl::StrAppend(&text, ", --memory-limit ", FormatBytes(options_.memory_limit), " with ",
                     FormatBytes(used + pending), " in pools");
     if (releasing > 0) {
-      absl::StrAppend(&text, ", ", FormatBytes(releasing),
-                      " of deleted pools still mapped (being unmapped, or held by a stream or transfer)");
+      absl::StrAppend(
+          &text, ", ", FormatBytes(releasing),
+          " of deleted pools still mapped (being unmapped, or held by a stream or transfer)");
     }
     if (transient > 0) absl::StrAppend(&text, ", ", FormatBytes(transient), " in stream buffers");
   }
