@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,14 @@ void Notify(const std::string& state) {
   }
 }
 
+// An octal file mode flag ("0660"); nullopt unless it is one (<= 0777).
+std::optional<uint32_t> ParseFileMode(const std::string& text) {
+  char* end = nullptr;
+  const unsigned long parsed = std::strtoul(text.c_str(), &end, 8);
+  if (text.empty() || *end != '\0' || parsed > 0777) return std::nullopt;
+  return static_cast<uint32_t>(parsed);
+}
+
 int Fail(const std::string& message) {
   spdlog::critical("{}", message);
   Notify(absl::StrCat("STATUS=", message));  // shown by `systemctl status kvhostd`
@@ -189,25 +198,19 @@ int main(int argc, char** argv) {
   if (options.max_indices_per_call == 0) return Fail("--max-indices-per-call must be >= 1");
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (options.max_message_bytes < 4096) return Fail("--max-message-bytes must be >= 4096");
-  {
-    const std::string mode = absl::GetFlag(FLAGS_socket_mode);
-    char* end = nullptr;
-    const unsigned long parsed = std::strtoul(mode.c_str(), &end, 8);
-    if (mode.empty() || *end != '\0' || parsed > 0777) {
-      return Fail(absl::StrCat("--socket-mode '", mode, "' is not an octal mode such as 0660"));
-    }
-    options.socket_mode = static_cast<uint32_t>(parsed);
+  std::optional<uint32_t> socket_mode = ParseFileMode(absl::GetFlag(FLAGS_socket_mode));
+  if (!socket_mode) {
+    return Fail(absl::StrCat("--socket-mode '", absl::GetFlag(FLAGS_socket_mode),
+                             "' is not an octal mode such as 0660"));
   }
+  options.socket_mode = *socket_mode;
   options.socket_group = absl::GetFlag(FLAGS_socket_group);
-  {
-    const std::string mode = absl::GetFlag(FLAGS_region_mode);
-    char* end = nullptr;
-    const unsigned long parsed = std::strtoul(mode.c_str(), &end, 8);
-    if (mode.empty() || *end != '\0' || parsed > 0777) {
-      return Fail(absl::StrCat("--region-mode '", mode, "' is not an octal mode such as 0600"));
-    }
-    options.region_mode = static_cast<uint32_t>(parsed);
+  std::optional<uint32_t> region_mode = ParseFileMode(absl::GetFlag(FLAGS_region_mode));
+  if (!region_mode) {
+    return Fail(absl::StrCat("--region-mode '", absl::GetFlag(FLAGS_region_mode),
+                             "' is not an octal mode such as 0600"));
   }
+  options.region_mode = *region_mode;
   options.region_group = absl::GetFlag(FLAGS_region_group);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);

@@ -263,28 +263,30 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext
                                                      v1::ListPoolsResponse* response) {
   // Each pool's entry is small; the running total stops the reply at the limit.
   uint64_t bytes = kReplyOverheadBytes;
+  const auto fits = [&](const v1::Pool& added) {
+    bytes += AsElement(added);
+    return bytes <= static_cast<uint64_t>(max_message_bytes_);
+  };
+  const absl::Status too_big = absl::ResourceExhaustedError(
+      absl::StrCat("ListPools: the pools' reply passes ", max_message_bytes_,
+                   " bytes (--max-message-bytes); use GetPool per name"));
   const std::optional<std::string> token = OwnerToken(*context);
   for (const std::shared_ptr<Pool>& pool : registry_->List()) {
     v1::Pool* out = response->add_pools();
     ToProto(*pool, backend_, out,
             /*region_paths=*/CheckPoolOwner(*pool, token ? &*token : nullptr).ok());
-    bytes += AsElement(*out);
-    if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
+    if (!fits(*out)) {
       response->Clear();
-      return Finish(context, absl::ResourceExhaustedError(absl::StrCat(
-                                 "ListPools: the pools' reply passes ", max_message_bytes_,
-                                 " bytes (--max-message-bytes); use GetPool per name")));
+      return Finish(context, too_big);
     }
   }
+  // Then the pools still being created (state CREATING).
   for (const CreatingPool& creating : registry_->ListCreating()) {
     v1::Pool* out = response->add_pools();
     ToProto(creating, backend_, out);
-    bytes += AsElement(*out);
-    if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
+    if (!fits(*out)) {
       response->Clear();
-      return Finish(context, absl::ResourceExhaustedError(absl::StrCat(
-                                 "ListPools: the pools' reply passes ", max_message_bytes_,
-                                 " bytes (--max-message-bytes); use GetPool per name")));
+      return Finish(context, too_big);
     }
   }
   return Finish(context, absl::OkStatus());
