@@ -70,9 +70,12 @@ std::unique_ptr<TestDaemon> Start(std::vector<std::string> flags = {}) {
   return d.ok() ? *std::move(d) : nullptr;
 }
 
+// A raw stub; it takes messages up to the daemon's own limit (64 MiB).
 std::unique_ptr<v1::PoolService::Stub> Stub(const TestDaemon& d) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
   return v1::PoolService::NewStub(
-      grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials()));
+      grpc::CreateCustomChannel(d.address(), grpc::InsecureChannelCredentials(), args));
 }
 
 absl::Status FromGrpc(const grpc::Status& s) {
@@ -334,7 +337,11 @@ TEST(BoundsTest, AStalledReadKeepsADeletedPoolsBytesCountedUntilItEnds) {
   v1::ReadPagesRequest request;
   request.set_pool("a");
   for (int i = 0; i < 4; ++i) request.add_indices(i);
-  request.set_chunk_bytes(64 * 1024);
+  // Chunks far larger than HTTP/2's flow-control window: the daemon's next
+  // write cannot complete while the client reads nothing, so the stream
+  // really stalls holding the pool (with small chunks it would go on
+  // writing, see the pool deleted and end ABORTED at once).
+  request.set_chunk_bytes(32 << 20);
   std::unique_ptr<grpc::ClientReader<v1::PageData>> reader =
       stub->ReadPages(context.get(), request);
   v1::PageData data;
