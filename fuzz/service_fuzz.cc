@@ -9,8 +9,9 @@
 //   * a failed call has a code a client can act on (not UNKNOWN, INTERNAL,
 //     DEADLINE_EXCEEDED, ...) and a message, and left the registry exactly
 //     as it was: pools and groups (specs, sizes, followers, group,
-//     attachments, the allocated set of every page), and for the page-write
-//     calls every region's bytes;
+//     attachments, the allocated set of every page), and for
+//     SetFromFlatDataPage every region's bytes (a failed WritePages may leave
+//     the page it was writing partly written: streams hold one chunk);
 //   * a read-only call left the registry as it was;
 //   * Alloc / Free that succeed change exactly the pages they name;
 //   * every pool keeps free + allocated == page_num;
@@ -231,7 +232,10 @@ class Harness {
   }
 
   void Call(Rpc rpc, const std::string& bytes) {
-    const bool content = rpc == kSetFromFlatDataPage || rpc == kWritePages;
+    // A failed WritePages may leave the page it was writing partly written
+    // (streams hold one chunk, not a page: pool.proto), so only
+    // SetFromFlatDataPage promises untouched bytes when it fails.
+    const bool content = rpc == kSetFromFlatDataPage;
     const Snapshot before = Take(*registry_, content);
     std::unique_ptr<grpc::ClientContext> ctx = Context();
     grpc::Status status;
