@@ -123,14 +123,6 @@ using Clock = std::chrono::steady_clock;
 namespace bench = kvhost::bench;
 namespace v1 = kvhost::v1;
 
-// See tests/integration_test.cc: gRPC polls an idle channel only every 5 s by
-// default, and kvhostd's graceful shutdown waits for it: each of the
-// per-path daemons would take seconds to stop.
-[[maybe_unused]] const bool kFastBackupPoller = [] {
-  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
-  return true;
-}();
-
 constexpr int kSkipped = 77;  // ctest's SKIP_RETURN_CODE
 constexpr int kDevice = 0;    // CUDA_VISIBLE_DEVICES picks the GPU
 // A transfer that has not finished by then is a hang, not a slow path: the

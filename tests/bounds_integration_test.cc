@@ -37,12 +37,6 @@ using ::kvhost::testing::IsError;
 using ::kvhost::testing::StatusOf;
 using ::kvhost::testing::TestDaemon;
 
-// See integration_test.cc: an idle channel otherwise slows every daemon stop.
-[[maybe_unused]] const bool kFastBackupPoller = [] {
-  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
-  return true;
-}();
-
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 // What the refused requests may cost the daemon: their own parsed copies
 // (2^18 indices are 2 MB) and gRPC's buffers, never their replies.

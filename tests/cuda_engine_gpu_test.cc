@@ -80,12 +80,6 @@ namespace {
 
 using ::kvhost::testing::TestDaemon;
 
-// See integration_test.cc: an idle channel otherwise slows every daemon stop.
-[[maybe_unused]] const bool kFastBackupPoller = [] {
-  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
-  return true;
-}();
-
 constexpr absl::Duration kWait = absl::Seconds(60);
 
 #define ASSERT_CUDA(expr)                                                       \

@@ -40,6 +40,15 @@ inline const char* KvhostdPath() {
 }
 #endif
 
+// gRPC polls an idle client channel only from its backup poller (every 5 s
+// by default), and kvhostd's graceful shutdown waits until the idle channels
+// have seen its GOAWAY: every program with a TestDaemon polls often, so each
+// daemon stops at once. Set before main(), unless the environment sets it.
+[[maybe_unused]] inline const bool kFastBackupPoller = [] {
+  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
+  return true;
+}();
+
 class TestDaemon {
  public:
   // Starts `kvhostd` (path) with `extra_flags` added; waits until it serves.

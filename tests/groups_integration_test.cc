@@ -31,11 +31,6 @@ namespace {
 using ::kvhost::testing::IsError;
 using ::kvhost::testing::StatusOf;
 
-[[maybe_unused]] const bool kFastBackupPoller = [] {
-  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
-  return true;
-}();
-
 // The hybrid model: 6 model layers; attention on model layers 1, 2 and 4
 // (device layers 0, 1, 3 of "attn"; its layer 2 is mapped by no model layer),
 // Mamba on model layers 0 and 3 (device layers 0, 1 of "ssm").

@@ -31,11 +31,6 @@ namespace {
 using ::kvhost::testing::MakeSpec;
 using ::kvhost::testing::TestDaemon;
 
-[[maybe_unused]] const bool kFastBackupPoller = [] {
-  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
-  return true;
-}();
-
 v1::PoolSpec SmallSpec() { return MakeSpec(v1::MHA, v1::LAYER_FIRST, 16, 1024); }
 
 std::unique_ptr<TestDaemon> StartDaemon() {

@@ -48,14 +48,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::kvhost::testing::TestDaemon;
 
-// gRPC polls an idle client channel only from its backup poller, every 5 s
-// by default, and kvhostd's graceful shutdown waits until our idle channel
-// has seen its GOAWAY: without this, every TestDaemon takes ~4 s to stop.
-[[maybe_unused]] const bool kFastBackupPoller = [] {
-  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
-  return true;
-}();
-
 // Every wait in these tests is bounded, so a hung daemon fails a test instead
 // of stalling the suite.
 constexpr absl::Duration kWait = absl::Seconds(30);

@@ -38,11 +38,6 @@ using ::kvhost::testing::IsError;
 using ::kvhost::testing::StatusOf;
 using ::kvhost::testing::TestDaemon;
 
-[[maybe_unused]] const bool kFastBackupPoller = [] {
-  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
-  return true;
-}();
-
 // ---------------------------------------------------------------------------
 // The seeds' buffers, written out per kind.
 

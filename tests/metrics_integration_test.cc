@@ -48,12 +48,6 @@ using ::kvhost::testing::MakeSpec;
 using ::kvhost::testing::Range;
 using ::kvhost::testing::TestDaemon;
 
-// See integration_test.cc: makes the daemon's graceful stop fast.
-[[maybe_unused]] const bool kFastBackupPoller = [] {
-  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
-  return true;
-}();
-
 constexpr absl::Duration kWait = absl::Seconds(30);
 
 // The port from the daemon's "metrics on http://127.0.0.1:PORT/metrics" line

@@ -34,12 +34,6 @@ namespace {
 using testing::TestDaemon;
 using Clock = std::chrono::steady_clock;
 
-// See integration_test.cc: an idle channel otherwise slows every daemon stop.
-[[maybe_unused]] const bool kFastBackupPoller = [] {
-  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
-  return true;
-}();
-
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 // Big enough to take seconds on the 2-core CI VM, small enough for 24 GB.
 constexpr uint64_t kBigBytes = 3 * kGiB;

@@ -34,14 +34,6 @@ using ::grpc::reflection::v1alpha::ServerReflectionRequest;
 using ::grpc::reflection::v1alpha::ServerReflectionResponse;
 using ::kvhost::testing::TestDaemon;
 
-// gRPC polls an idle client channel only from its backup poller (every 5 s by
-// default), and kvhostd's graceful shutdown waits until our idle channels have
-// seen its GOAWAY; poll often so each test's daemon stops at once.
-[[maybe_unused]] const bool kFastBackupPoller = [] {
-  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
-  return true;
-}();
-
 class ReflectionTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -43,12 +43,6 @@ using ::kvhost::testing::Range;
 using ::kvhost::testing::StatusOf;
 using ::kvhost::testing::TestDaemon;
 
-// See integration_test.cc: an idle channel otherwise slows every daemon stop.
-[[maybe_unused]] const bool kFastBackupPoller = [] {
-  ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
-  return true;
-}();
-
 constexpr uint64_t kPageSize = 16;
 constexpr uint64_t kPoolTokens = 1024;
 constexpr uint64_t kDeviceTokens = 64;
