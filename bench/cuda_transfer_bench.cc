@@ -72,7 +72,7 @@
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
 #include "bench/cuda_bench_kernels.h"
-#include "client/cli_flags.h"
+#include "common/cli_flags.h"
 #include "cuda_util.h"
 #include "kvhost/client.h"
 #include "kvhost/cuda_export.h"

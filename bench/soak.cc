@@ -75,7 +75,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
-#include "client/cli_flags.h"
+#include "common/cli_flags.h"
 #include "kvhost/client.h"
 #include "tests/daemon_fixture.h"
 

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "client/cli_flags.h"
+#include "common/cli_flags.h"
 #include "server/config.h"
 #include "server/daemon.h"
 #include "server/pool/host_memory.h"

@@ -1,4 +1,4 @@
-#include "cli_flags.h"
+#include "common/cli_flags.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -15,11 +15,11 @@ namespace {
 
 std::string Hyphens(absl::string_view name) { return absl::StrReplaceAll(name, {{"_", "-"}}); }
 
-void PrintHelp(const std::string& usage, const std::string& flags_file) {
+void PrintHelp(const std::string& usage, const std::string& flags_source) {
   std::printf("%s\n\nFlags:\n", usage.c_str());
   std::map<std::string, const absl::CommandLineFlag*> own;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (absl::EndsWith(flag->Filename(), flags_file)) own[Hyphens(name)] = flag;
+    if (FlagDefinedIn(*flag, flags_source)) own[Hyphens(name)] = flag;
   }
   for (const auto& [name, flag] : own) {
     std::printf("  --%s (default: \"%s\")\n      %s\n", name.c_str(), flag->DefaultValue().c_str(),
@@ -29,14 +29,22 @@ void PrintHelp(const std::string& usage, const std::string& flags_file) {
 
 }  // namespace
 
+bool FlagDefinedIn(const absl::CommandLineFlag& flag, absl::string_view flags_source) {
+  const std::string filename = flag.Filename();
+  if (!absl::EndsWith(flags_source, "/")) return absl::EndsWith(filename, flags_source);
+  const size_t slash = filename.rfind('/');
+  if (slash == std::string::npos) return false;
+  return absl::EndsWith(absl::string_view(filename).substr(0, slash + 1), flags_source);
+}
+
 std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& usage,
-                                    const std::string& flags_file) {
+                                    const std::string& flags_source) {
   std::vector<std::string> args(argv, argv + argc);
   for (size_t i = 1; i < args.size(); ++i) {
     std::string& arg = args[i];
     if (arg == "--") break;
     if (arg == "--help" || arg == "-h" || arg == "-help") {
-      PrintHelp(usage, flags_file);
+      PrintHelp(usage, flags_source);
       std::exit(0);
     }
     if (absl::StartsWith(arg, "--")) {

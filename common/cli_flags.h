@@ -1,0 +1,35 @@
+// Command-line conventions shared by kvhostd, kvhostctl and the benchmarks:
+// flags are written with hyphens (--shm-dir) as operators expect, while Abseil
+// names them with underscores (shm_dir); and --help lists the program's own
+// flags in the hyphen form with their defaults.
+//
+// A program names its own flags by where they are defined: one source file
+// ("server/main.cc"), or a folder ("client/kvhostctl/") for a program whose
+// flags live in several files.
+//
+// Call ParseFlags from main() before any thread starts.
+#ifndef KVHOST_COMMON_CLI_FLAGS_H_
+#define KVHOST_COMMON_CLI_FLAGS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/strings/string_view.h"
+
+namespace kvhost {
+
+// Whether `flag` is defined in `flags_source`: a source file whose path ends
+// with it ("server/main.cc"), or, when it ends with '/', a file directly in a
+// folder whose path ends with it ("client/kvhostctl/").
+bool FlagDefinedIn(const absl::CommandLineFlag& flag, absl::string_view flags_source);
+
+// Parses argv (accepting --foo-bar for --foo_bar). On --help / -h prints
+// `usage` and every flag defined in `flags_source` (FlagDefinedIn), then
+// exits 0. Returns the positional arguments (argv[0] first).
+std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& usage,
+                                    const std::string& flags_source);
+
+}  // namespace kvhost
+
+#endif  // KVHOST_COMMON_CLI_FLAGS_H_
