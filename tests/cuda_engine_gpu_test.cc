@@ -74,6 +74,7 @@
 #include "kvhost/client.h"
 #include "kvhost/cuda_export.h"
 #include "layout_device.h"
+#include "seed_offsets.h"
 
 namespace kvhost {
 namespace {
@@ -1495,19 +1496,18 @@ std::vector<KindGpuCase> KindGpuCases() {
 // in a component of `rows` rows: the seeds' shapes with one row per entry.
 uint64_t RowOffset(v1::Layout layout, uint64_t L, uint64_t rows, uint64_t rows_per_page,
                    uint64_t R, uint64_t row, uint64_t l) {
-  switch (layout) {
-    case v1::LAYER_FIRST:  // (L, N, R)
-      return (l * rows + row) * R;
-    case v1::PAGE_FIRST:  // (N, L, R)
-      return (row * L + l) * R;
-    case v1::PAGE_FIRST_DIRECT: {  // (P, L, ps, R)
-      const uint64_t p = row / rows_per_page, o = row % rows_per_page;
-      return ((p * L + l) * rows_per_page + o) * R;
-    }
-    default:
-      ADD_FAILURE() << "layout " << v1::Layout_Name(layout) << " not covered here";
-      return 0;
+  if (layout == v1::PAGE_HEAD) {
+    ADD_FAILURE() << "layout " << v1::Layout_Name(layout) << " not covered here";
+    return 0;
   }
+  // LAYER_FIRST (L, N, R), PAGE_FIRST (N, L, R), PAGE_FIRST_DIRECT (P, L, ps, R).
+  testing::SeedBuffer b;
+  b.layout = testing::SeedLayoutOf(layout);
+  b.layers = L;
+  b.rows = rows;
+  b.page_size = rows_per_page;
+  b.dim = R;
+  return testing::SeedOffset(b, /*kv=*/0, row, l, /*h=*/0);
 }
 
 struct KindRoundTripCase {

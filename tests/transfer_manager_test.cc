@@ -37,6 +37,7 @@
 #include "server/pool/shm_region.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/host_engine.h"
+#include "seed_offsets.h"
 #include "server/transfer/ticket.h"
 #include "transfer_test_util.h"
 
@@ -454,23 +455,30 @@ TEST_F(OwnershipTest, TicketIdsAreRandomAndNameNothingInAnotherInstance) {
 
 // The offset of row `row` (a token slot, or a page of a page-row
 // component), layer `layer`, head `head` in a one-plane component of shape
-// `c`, from the seeds' C-contiguous tensor shapes: LAYER_FIRST (L, S, H, D),
-// PAGE_FIRST (S, L, H, D), PAGE_FIRST_DIRECT (P, L, ps, H, D), PAGE_HEAD
-// (P, H, ps, L, D). Written here, apart from KvLayout::Offset.
+// `c`, from the seeds' C-contiguous tensor shapes (tests/seed_offsets.h),
+// apart from KvLayout::Offset.
 uint64_t SeedOffset(const KvLayout& c, uint64_t row, uint64_t layer, uint64_t head) {
-  const uint64_t L = c.layers, S = c.tokens, ps = c.page_size, H = c.heads, D = c.head_bytes;
-  const uint64_t p = row / ps, o = row % ps;
+  testing::SeedBuffer b;
   switch (c.kind) {
     case LayoutKind::kLayerFirst:
-      return ((layer * S + row) * H + head) * D;
+      b.layout = testing::SeedLayout::kLayerFirst;
+      break;
     case LayoutKind::kPageFirst:
-      return ((row * L + layer) * H + head) * D;
+      b.layout = testing::SeedLayout::kPageFirst;
+      break;
     case LayoutKind::kPageFirstDirect:
-      return (((p * L + layer) * ps + o) * H + head) * D;
+      b.layout = testing::SeedLayout::kPageFirstDirect;
+      break;
     case LayoutKind::kPageHead:
-      return (((p * H + head) * ps + o) * L + layer) * D;
+      b.layout = testing::SeedLayout::kPageHead;
+      break;
   }
-  return 0;
+  b.layers = c.layers;
+  b.rows = c.tokens;
+  b.page_size = c.page_size;
+  b.heads = c.heads;
+  b.dim = c.head_bytes;
+  return testing::SeedOffset(b, /*kv=*/0, row, layer, head);
 }
 
 PoolSpec BaseSpec(PoolKind kind, LayoutKind layout, uint32_t ps, uint32_t layers,
