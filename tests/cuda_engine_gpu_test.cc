@@ -366,6 +366,8 @@ class CudaTest : public ::testing::Test {
   // a context on the first attach; the 63 round trips pay that once per path
   // instead. Sharing tests name their pools apart and leave nothing behind
   // when they pass; a test that fails takes its kvhostd out of the sharing.
+  // A suite that shares runs in one process (SHARED_SUITES in
+  // tests/CMakeLists.txt); with a process per test nothing would be shared.
   virtual bool share_daemon() const { return false; }
 
   Client& client() { return daemon_->client(); }
