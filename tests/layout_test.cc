@@ -82,20 +82,7 @@ uint64_t NumPlanes(const Case& c) { return c.model == Model::kMla ? 1 : 2; }
 // The case as one of the seeds' buffers (tests/seed_offsets.h).
 testing::SeedBuffer SeedOf(const Case& c) {
   testing::SeedBuffer b;
-  switch (c.layout) {
-    case LayoutKind::kLayerFirst:
-      b.layout = testing::SeedLayout::kLayerFirst;
-      break;
-    case LayoutKind::kPageFirst:
-      b.layout = testing::SeedLayout::kPageFirst;
-      break;
-    case LayoutKind::kPageFirstDirect:
-      b.layout = testing::SeedLayout::kPageFirstDirect;
-      break;
-    case LayoutKind::kPageHead:
-      b.layout = testing::SeedLayout::kPageHead;
-      break;
-  }
+  b.layout = testing::SeedLayoutNamed(c.layout);
   b.planes = NumPlanes(c);
   b.layers = NumLayers(c);
   b.rows = NumTokens(c);

@@ -32,6 +32,25 @@ namespace kvhost::testing {
 // The seeds' layouts: lf, pf, pfd, ph.
 enum class SeedLayout { kLayerFirst, kPageFirst, kPageFirstDirect, kPageHead };
 
+// The seeds' layout of `layout`, a value of an enum of the code under test
+// whose enumerators carry the seeds' names (kvhost::LayoutKind); a template,
+// so that this header needs nothing of that code.
+template <typename Layout>
+SeedLayout SeedLayoutNamed(Layout layout) {
+  switch (layout) {
+    case Layout::kLayerFirst:
+      return SeedLayout::kLayerFirst;
+    case Layout::kPageFirst:
+      return SeedLayout::kPageFirst;
+    case Layout::kPageFirstDirect:
+      return SeedLayout::kPageFirstDirect;
+    case Layout::kPageHead:
+      return SeedLayout::kPageHead;
+  }
+  ADD_FAILURE() << "no seed layout for " << static_cast<int>(layout);
+  return SeedLayout::kLayerFirst;
+}
+
 struct SeedBuffer {
   SeedLayout layout = SeedLayout::kLayerFirst;
   uint64_t planes = 1;     // 2: the MHA kv_buffer's [0] = K, [1] = V

@@ -459,20 +459,7 @@ TEST_F(OwnershipTest, TicketIdsAreRandomAndNameNothingInAnotherInstance) {
 // apart from KvLayout::Offset.
 uint64_t SeedOffset(const KvLayout& c, uint64_t row, uint64_t layer, uint64_t head) {
   testing::SeedBuffer b;
-  switch (c.kind) {
-    case LayoutKind::kLayerFirst:
-      b.layout = testing::SeedLayout::kLayerFirst;
-      break;
-    case LayoutKind::kPageFirst:
-      b.layout = testing::SeedLayout::kPageFirst;
-      break;
-    case LayoutKind::kPageFirstDirect:
-      b.layout = testing::SeedLayout::kPageFirstDirect;
-      break;
-    case LayoutKind::kPageHead:
-      b.layout = testing::SeedLayout::kPageHead;
-      break;
-  }
+  b.layout = testing::SeedLayoutNamed(c.kind);
   b.layers = c.layers;
   b.rows = c.tokens;
   b.page_size = c.page_size;
