@@ -40,6 +40,7 @@ namespace fs = std::filesystem;
 using ::kvhost::testing::IsError;
 using ::kvhost::testing::MakeSpec;
 using ::kvhost::testing::Range;
+using ::kvhost::testing::ReadFile;
 using ::kvhost::testing::StatusOf;
 using ::kvhost::testing::TestDaemon;
 
@@ -58,17 +59,6 @@ int FreePort() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
-}
-
-std::string ReadFile(const std::string& path) {
-  std::string text;
-  if (FILE* f = std::fopen(path.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
-    std::fclose(f);
-  }
-  return text;
 }
 
 // kvhostd with exactly the flags given (TestDaemon always listens on its own

@@ -1,9 +1,9 @@
 // Helpers shared by the tests that drive kvhostd through its API
 // (integration_test, cuda_engine_gpu_test): status matchers, pool specs for
-// every kind x layout, the seeds' address math written out independently of
-// kernels/kvhost/layout.h (SEED_INVENTORY.md §2), random fills and a read-only
-// mapping of a pool's region file, and WithDaemon, a fixture that runs a
-// kvhostd per test.
+// every kind x layout, a pool's geometry for the seeds' address math
+// (tests/seed_offsets.h, independent of kernels/kvhost/layout.h), random
+// fills and a read-only mapping of a pool's region file, and WithDaemon, a
+// fixture that runs a kvhostd per test.
 //
 // Header only, for test binaries; nothing here is thread-safe unless said.
 #ifndef KVHOST_TESTS_API_TEST_UTIL_H_
@@ -30,6 +30,7 @@
 #include "daemon_fixture.h"
 #include "gtest/gtest.h"
 #include "kvhost/client.h"
+#include "seed_offsets.h"
 
 namespace kvhost::testing {
 
@@ -63,7 +64,7 @@ inline ::testing::AssertionResult IsError(const absl::Status& s, absl::StatusCod
   EXPECT_TRUE(IsError(StatusOf(expr), absl::StatusCode::code, {__VA_ARGS__})) << #expr
 
 // ---------------------------------------------------------------------------
-// Specs and the seeds' address math, written out independently.
+// Specs and a pool's geometry in the seeds' terms.
 
 // Element size per dtype (pool.proto's DType comments).
 inline uint64_t ElemBytes(v1::DType dtype) {
@@ -128,6 +129,23 @@ inline v1::PoolSpec MakeSpec(v1::PoolKind kind, v1::Layout layout, uint32_t page
   return spec;
 }
 
+// The seeds' name of a layout; every layout the API has is one of theirs.
+inline SeedLayout SeedLayoutOf(v1::Layout layout) {
+  switch (layout) {
+    case v1::LAYER_FIRST:
+      return SeedLayout::kLayerFirst;
+    case v1::PAGE_FIRST:
+      return SeedLayout::kPageFirst;
+    case v1::PAGE_FIRST_DIRECT:
+      return SeedLayout::kPageFirstDirect;
+    case v1::PAGE_HEAD:
+      return SeedLayout::kPageHead;
+    default:
+      ADD_FAILURE() << "no layout";
+      return SeedLayout::kLayerFirst;
+  }
+}
+
 struct Geo {
   bool mla = false;
   v1::Layout layout = v1::LAYOUT_UNSPECIFIED;
@@ -139,27 +157,21 @@ struct Geo {
   uint64_t bytes_per_token() const { return planes() * L * H * Db; }
   uint64_t total_bytes() const { return planes() * v_off(); }
 
+  // The pool as one of the seeds' buffers (tests/seed_offsets.h).
+  SeedBuffer Seed() const {
+    SeedBuffer b;
+    b.layout = SeedLayoutOf(layout);
+    b.planes = planes();
+    b.layers = L;
+    b.rows = S;
+    b.page_size = ps;
+    b.heads = H;
+    b.dim = Db;
+    return b;
+  }
   // SEED_INVENTORY §2: offset of (kv, t, l, h).
   uint64_t Offset(uint64_t kv, uint64_t t, uint64_t l, uint64_t h) const {
-    const uint64_t p = t / ps, o = t % ps;
-    uint64_t off = 0;
-    switch (layout) {
-      case v1::LAYER_FIRST:  // (L, S, H, D)
-        off = ((l * S + t) * H + h) * Db;
-        break;
-      case v1::PAGE_FIRST:  // (S, L, H, D): t*LD + l*TS + h*D*b
-        off = t * (L * H * Db) + l * (H * Db) + h * Db;
-        break;
-      case v1::PAGE_FIRST_DIRECT:  // (P, L, ps, H, D)
-        off = (((p * L + l) * ps + o) * H + h) * Db;
-        break;
-      case v1::PAGE_HEAD:  // (P, H, ps, L, D)
-        off = (((p * H + h) * ps + o) * L + l) * Db;
-        break;
-      default:
-        ADD_FAILURE() << "no layout";
-    }
-    return kv * v_off() + off;
+    return SeedOffset(Seed(), kv, t, l, h);
   }
 };
 

@@ -42,7 +42,10 @@ using ::kvhost::testing::Dims;
 using ::kvhost::testing::IsError;
 using ::kvhost::testing::MakeSpec;
 using ::kvhost::testing::Range;
+using ::kvhost::testing::ReadFile;
+using ::kvhost::testing::StartKvhostd;
 using ::kvhost::testing::StatusOf;
+using ::kvhost::testing::StopKvhostd;
 using ::kvhost::testing::TestDaemon;
 
 constexpr char kToken[] = "capability-owner-token";
@@ -373,37 +376,6 @@ TEST_F(CapabilityTest, RegionPathsOfAProtectedPoolAreShownOnlyWithItsToken) {
   absl::StatusOr<v1::Pool> kv = anonymous->GetPool("kv");
   ASSERT_TRUE(kv.ok());
   EXPECT_EQ(kv->region_paths_size(), 1);
-}
-
-// kvhostd on a socket the test picks, so that a second one can take the
-// first one's place (as session_integration_test does).
-pid_t StartKvhostd(const std::string& socket, const std::string& shm_dir, const std::string& log) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    FILE* f = std::freopen(log.c_str(), "a", stderr);
-    (void)f;
-    std::vector<std::string> args = {KVHOSTD_PATH, absl::StrCat("--listen=unix://", socket),
-                                     absl::StrCat("--shm-dir=", shm_dir), "--backend=host"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int StopKvhostd(pid_t pid) {
-  ::kill(pid, SIGTERM);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // Finding 8: ticket ids restarted at 1, and an old client's WaitTransfer

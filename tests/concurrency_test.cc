@@ -40,6 +40,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "domain_test_util.h"
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
 #include "server/pool/pool_spec.h"
@@ -67,6 +68,7 @@ class SpdlogOnMainThread : public ::testing::Environment {
     ::testing::AddGlobalTestEnvironment(new SpdlogOnMainThread);
 
 namespace fs = std::filesystem;
+using ::kvhost::testing::RoomyRegistryOptions;
 using Code = absl::StatusCode;
 
 // Long enough for any ticket under TSan on a loaded 2-core machine.
@@ -77,19 +79,6 @@ class ShmDir : public testing::ShmDir {
  public:
   ShmDir() : testing::ShmDir("kvhost-concurrency-test") {}
 };
-
-// A host of 1 TiB, half of it available: room for every pool created here.
-RegistryOptions RoomyRegistry(const std::string& shm_dir) {
-  RegistryOptions o;
-  o.shm_dir = shm_dir;
-  o.read_memory = []() -> absl::StatusOr<MemorySnapshot> {
-    MemorySnapshot s;
-    s.mem_total = uint64_t{1} << 40;
-    s.mem_available = uint64_t{1} << 39;
-    return s;
-  };
-  return o;
-}
 
 // MHA, PAGE_FIRST, 2 layers of 2 heads x 8 bf16, pages of 4 tokens.
 PoolSpec SmallSpec(uint64_t pages) {
@@ -291,7 +280,7 @@ TEST(PoolConcurrencyTest, AllocFreeAndPagesKeepTheInvariants) {
 TEST(RegistryConcurrencyTest, CreateDeleteGroupsAndUseRace) {
   ShmDir dir;
   ASSERT_FALSE(dir.path().empty());
-  PoolRegistry registry(RoomyRegistry(dir.path()));
+  PoolRegistry registry(RoomyRegistryOptions(dir.path()));
   const PoolSpec spec = SmallSpec(16);
   const std::vector<std::string> names = {"a", "b", "c", "g"};  // "g" for groups, or a pool
   std::atomic<bool> stop{false};
@@ -455,7 +444,7 @@ class ManagerConcurrencyTest : public ::testing::Test {
 
   void SetUp() override {
     ASSERT_FALSE(dir_.path().empty());
-    registry_ = std::make_unique<PoolRegistry>(RoomyRegistry(dir_.path()));
+    registry_ = std::make_unique<PoolRegistry>(RoomyRegistryOptions(dir_.path()));
     absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Create("kv", SmallSpec(64));
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = *pool;

@@ -74,6 +74,7 @@
 #include "kvhost/client.h"
 #include "kvhost/cuda_export.h"
 #include "layout_device.h"
+#include "seed_offsets.h"
 
 namespace kvhost {
 namespace {
@@ -365,6 +366,8 @@ class CudaTest : public ::testing::Test {
   // a context on the first attach; the 63 round trips pay that once per path
   // instead. Sharing tests name their pools apart and leave nothing behind
   // when they pass; a test that fails takes its kvhostd out of the sharing.
+  // A suite that shares runs in one process (SHARED_SUITES in
+  // tests/CMakeLists.txt); with a process per test nothing would be shared.
   virtual bool share_daemon() const { return false; }
 
   Client& client() { return daemon_->client(); }
@@ -1495,19 +1498,18 @@ std::vector<KindGpuCase> KindGpuCases() {
 // in a component of `rows` rows: the seeds' shapes with one row per entry.
 uint64_t RowOffset(v1::Layout layout, uint64_t L, uint64_t rows, uint64_t rows_per_page,
                    uint64_t R, uint64_t row, uint64_t l) {
-  switch (layout) {
-    case v1::LAYER_FIRST:  // (L, N, R)
-      return (l * rows + row) * R;
-    case v1::PAGE_FIRST:  // (N, L, R)
-      return (row * L + l) * R;
-    case v1::PAGE_FIRST_DIRECT: {  // (P, L, ps, R)
-      const uint64_t p = row / rows_per_page, o = row % rows_per_page;
-      return ((p * L + l) * rows_per_page + o) * R;
-    }
-    default:
-      ADD_FAILURE() << "layout " << v1::Layout_Name(layout) << " not covered here";
-      return 0;
+  if (layout == v1::PAGE_HEAD) {
+    ADD_FAILURE() << "layout " << v1::Layout_Name(layout) << " not covered here";
+    return 0;
   }
+  // LAYER_FIRST (L, N, R), PAGE_FIRST (N, L, R), PAGE_FIRST_DIRECT (P, L, ps, R).
+  testing::SeedBuffer b;
+  b.layout = testing::SeedLayoutOf(layout);
+  b.layers = L;
+  b.rows = rows;
+  b.page_size = rows_per_page;
+  b.dim = R;
+  return testing::SeedOffset(b, /*kv=*/0, row, l, /*h=*/0);
 }
 
 struct KindRoundTripCase {

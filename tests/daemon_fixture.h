@@ -1,8 +1,11 @@
 // TestDaemon: runs kvhostd as a subprocess on a private unix socket and a
 // private shm directory, for integration tests and benchmarks. The daemon is
 // stopped with SIGTERM when the object goes, and Stop() reports how it ended.
+// StartKvhostd / StopKvhostd: a kvhostd on a socket the test picks, for
+// restarts in its place; ReadFile: a whole file, for logs.
 //
-// Not thread-safe; one per test.
+// Not thread-safe; one TestDaemon per test (or per suite, where its tests
+// only read).
 #ifndef KVHOST_TESTS_DAEMON_FIXTURE_H_
 #define KVHOST_TESTS_DAEMON_FIXTURE_H_
 
@@ -48,6 +51,50 @@ inline const char* KvhostdPath() {
   ::setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "20", /*overwrite=*/0);
   return true;
 }();
+
+// The whole file at `path`; empty when it cannot be read.
+inline std::string ReadFile(const std::string& path) {
+  std::string text;
+  if (FILE* f = std::fopen(path.c_str(), "rb")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+    std::fclose(f);
+  }
+  return text;
+}
+
+#ifdef KVHOSTD_PATH
+// kvhostd on a socket the test picks, so that a second one can take the
+// first one's place (a restart), logging to `log`; `config` names a --config
+// file when not empty. No wait for it to serve; StopKvhostd ends it.
+inline pid_t StartKvhostd(const std::string& socket, const std::string& shm_dir,
+                          const std::string& log, const std::string& config = "") {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    FILE* f = std::freopen(log.c_str(), "a", stderr);
+    (void)f;
+    std::vector<std::string> args = {KVHOSTD_PATH, absl::StrCat("--listen=unix://", socket),
+                                     absl::StrCat("--shm-dir=", shm_dir), "--backend=host"};
+    if (!config.empty()) args.push_back(absl::StrCat("--config=", config));
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+#endif
+
+// SIGTERM to a StartKvhostd daemon, then waits; its exit code (or 128 + signal).
+inline int StopKvhostd(pid_t pid) {
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
 
 class TestDaemon {
  public:
@@ -138,16 +185,7 @@ class TestDaemon {
     return exit_code_;
   }
 
-  std::string Log() const {
-    std::string text;
-    if (FILE* f = std::fopen(log_path_.c_str(), "r")) {
-      char buf[4096];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
-      std::fclose(f);
-    }
-    return text;
-  }
+  std::string Log() const { return ReadFile(log_path_); }
 
   Client& client() { return *client_; }
   const std::string& address() const { return address_; }

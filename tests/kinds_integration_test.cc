@@ -30,6 +30,7 @@
 #include "daemon_fixture.h"
 #include "gtest/gtest.h"
 #include "kvhost/client.h"
+#include "seed_offsets.h"
 
 namespace kvhost {
 namespace {
@@ -65,15 +66,16 @@ struct Part {
   // for page rows) of host layer l: the C-contiguous index of the seed's
   // tensor.
   uint64_t At(uint64_t r, uint64_t l, uint64_t h = 0) const {
-    const uint64_t H = heads, Db = head_bytes;
-    uint64_t off = 0;
-    if (page_rows) {  // (L, P, R), (P, L, R), (P, L, 1, R)
-      off = layout == v1::LAYER_FIRST ? (l * P() + r) * Db : (r * L + l) * Db;
-    } else {  // the MHA / MLA token shapes of one plane
-      const testing::Geo g{/*mla=*/false, layout, L, S, ps, H, Db};
-      off = g.Offset(/*kv=*/0, r, l, h);
-    }
-    return offset + off;
+    // Page rows: (L, P, R), (P, L, R), (P, L, 1, R), the token shapes with a
+    // row per page; token rows: the MHA / MLA token shapes of one plane.
+    testing::SeedBuffer b;
+    b.layout = testing::SeedLayoutOf(layout);
+    b.layers = L;
+    b.rows = rows();
+    b.page_size = page_rows ? 1 : ps;
+    b.heads = heads;
+    b.dim = head_bytes;
+    return offset + testing::SeedOffset(b, /*kv=*/0, r, l, h);
   }
 };
 

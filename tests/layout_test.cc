@@ -6,9 +6,10 @@
 // their pointer arithmetic:
 //   - MHA: sglang pool_host/mha.py (S1:132-160, 536-597).
 //   - MLA: sglang memory_pool_host.py (S0:141-213, 483-575).
-// Two independent oracles are used for offsets: the hand formulas of the §2
-// tables, and a generic C-contiguous offset computed from the seeds' shape
-// tuples, so that a wrong formula in one oracle cannot hide a header bug.
+// Two independent oracles are used for offsets (tests/seed_offsets.h, the one
+// every test shares): the hand formulas of the §2 tables, and a generic
+// C-contiguous offset computed from the seeds' shape tuples, so that a wrong
+// formula in one oracle cannot hide a header bug.
 #include "kvhost/layout.h"
 
 #include <gtest/gtest.h>
@@ -18,10 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "seed_offsets.h"
+
 namespace kvhost {
 namespace {
 
-using Dims = std::vector<uint64_t>;
+using Dims = testing::SeedShape;
+using testing::CContiguousOffset;
+using testing::Product;
 
 // The host pool families whose layouts KvLayout covers.
 enum class Model { kMha, kMla };
@@ -74,10 +79,22 @@ uint64_t NumTokens(const Case& c) { return c.shape.pages * c.shape.page_size; }
 uint64_t NumHeads(const Case& c) { return c.model == Model::kMla ? 1 : c.shape.heads; }
 uint64_t NumPlanes(const Case& c) { return c.model == Model::kMla ? 1 : 2; }
 
-// The seeds' V_OFF = L*S*H*D*b (S1:545-551); unused by MLA.
-uint64_t SeedVOff(const Case& c) {
-  return NumLayers(c) * NumTokens(c) * NumHeads(c) * c.shape.dim * c.shape.itemsize;
+// The case as one of the seeds' buffers (tests/seed_offsets.h).
+testing::SeedBuffer SeedOf(const Case& c) {
+  testing::SeedBuffer b;
+  b.layout = testing::SeedLayoutNamed(c.layout);
+  b.planes = NumPlanes(c);
+  b.layers = NumLayers(c);
+  b.rows = NumTokens(c);
+  b.page_size = c.shape.page_size;
+  b.heads = NumHeads(c);
+  b.dim = c.shape.dim;  // C for MLA
+  b.itemsize = c.shape.itemsize;
+  return b;
 }
+
+// The seeds' V_OFF = L*S*H*D*b (S1:545-551); unused by MLA.
+uint64_t SeedVOff(const Case& c) { return SeedOf(c).v_off(); }
 
 KvLayout MakeLayout(const Case& c) {
   // head_bytes is D*b for MHA and C*b for MLA (a single latent head).
@@ -85,130 +102,22 @@ KvLayout MakeLayout(const Case& c) {
                   NumHeads(c), c.shape.dim * c.shape.itemsize);
 }
 
-// Oracle 1: the per-layout byte-offset rows of the §2 tables, written out as
-// the inventory states them (D and b kept apart, MLA rows separate).
+// Oracle 1: the per-layout byte-offset rows of the §2 tables. The seeds'
+// MLA pools have no page_head layout.
 uint64_t SeedOffset(const Case& c, uint64_t kv, uint64_t t, uint64_t l, uint64_t h) {
-  const uint64_t L = NumLayers(c);
-  const uint64_t S = NumTokens(c);
-  const uint64_t H = NumHeads(c);
-  const uint64_t D = c.shape.dim;  // C for MLA
-  const uint64_t b = c.shape.itemsize;
-  const uint64_t ps = c.shape.page_size;
-  const uint64_t p = t / ps;
-  const uint64_t o = t % ps;
-  if (c.model == Model::kMla) {
-    switch (c.layout) {
-      case LayoutKind::kLayerFirst:
-        return (l * S + t) * D * b;
-      case LayoutKind::kPageFirst:
-        return (t * L + l) * D * b;
-      case LayoutKind::kPageFirstDirect:
-        return ((p * L + l) * ps + o) * D * b;
-      case LayoutKind::kPageHead:
-        break;  // MLA has no page_head layout.
-    }
+  if (c.model == Model::kMla && c.layout == LayoutKind::kPageHead) {
     ADD_FAILURE() << "no MLA seed formula for " << LayoutName(c.layout);
     return 0;
   }
-  const uint64_t v_off = SeedVOff(c);
-  const uint64_t ts = H * D * b;  // token_stride_size
-  const uint64_t ld = ts * L;     // layout_dim
-  switch (c.layout) {
-    case LayoutKind::kLayerFirst:
-      return kv * v_off + ((l * S + t) * H + h) * D * b;
-    case LayoutKind::kPageFirst:
-      return kv * v_off + t * ld + l * ts + h * D * b;
-    case LayoutKind::kPageFirstDirect:
-      return kv * v_off + (((p * L + l) * ps + o) * H + h) * D * b;
-    case LayoutKind::kPageHead:
-      return kv * v_off + (((p * H + h) * ps + o) * L + l) * D * b;
-  }
-  return 0;
+  return testing::SeedOffset(SeedOf(c), kv, t, l, h);
 }
 
 // Oracle 2a: the seeds' `init_kv_buffer` dims tuple of each layout.
-Dims SeedDims(const Case& c) {
-  const uint64_t L = NumLayers(c);
-  const uint64_t S = NumTokens(c);
-  const uint64_t P = c.shape.pages;
-  const uint64_t ps = c.shape.page_size;
-  const uint64_t D = c.shape.dim;
-  if (c.model == Model::kMla) {
-    switch (c.layout) {
-      case LayoutKind::kLayerFirst:
-        return {L, S, 1, D};
-      case LayoutKind::kPageFirst:
-        return {S, L, 1, D};
-      case LayoutKind::kPageFirstDirect:
-        return {P, L, ps, 1, D};
-      case LayoutKind::kPageHead:
-        break;
-    }
-    ADD_FAILURE() << "no MLA dims for " << LayoutName(c.layout);
-    return {};
-  }
-  const uint64_t H = c.shape.heads;
-  switch (c.layout) {
-    case LayoutKind::kLayerFirst:
-      return {2, L, S, H, D};
-    case LayoutKind::kPageFirst:
-      return {2, S, L, H, D};
-    case LayoutKind::kPageFirstDirect:
-      return {2, P, L, ps, H, D};
-    case LayoutKind::kPageHead:
-      return {2, P, H, ps, L, D};
-  }
-  return {};
-}
+Dims SeedDims(const Case& c) { return testing::SeedDims(SeedOf(c)); }
 
 // Oracle 2b: the numpy index of element `d` of (kv, t, l, h) in SeedDims.
 Dims SeedIndex(const Case& c, uint64_t kv, uint64_t t, uint64_t l, uint64_t h, uint64_t d) {
-  const uint64_t p = t / c.shape.page_size;
-  const uint64_t o = t % c.shape.page_size;
-  if (c.model == Model::kMla) {
-    switch (c.layout) {
-      case LayoutKind::kLayerFirst:
-        return {l, t, 0, d};
-      case LayoutKind::kPageFirst:
-        return {t, l, 0, d};
-      case LayoutKind::kPageFirstDirect:
-        return {p, l, o, 0, d};
-      case LayoutKind::kPageHead:
-        break;
-    }
-    return {};
-  }
-  switch (c.layout) {
-    case LayoutKind::kLayerFirst:
-      return {kv, l, t, h, d};
-    case LayoutKind::kPageFirst:
-      return {kv, t, l, h, d};
-    case LayoutKind::kPageFirstDirect:
-      return {kv, p, l, o, h, d};
-    case LayoutKind::kPageHead:
-      return {kv, p, h, o, l, d};
-  }
-  return {};
-}
-
-uint64_t Product(const Dims& dims) {
-  uint64_t n = 1;
-  for (uint64_t d : dims) n *= d;
-  return n;
-}
-
-// Element offset of `index` in a C-contiguous array of shape `dims`, from
-// its strides (last dimension fastest), as numpy / torch compute it.
-uint64_t CContiguousOffset(const Dims& dims, const Dims& index) {
-  EXPECT_EQ(dims.size(), index.size());
-  Dims strides(dims.size(), 1);
-  for (size_t i = dims.size(); i-- > 1;) strides[i - 1] = strides[i] * dims[i];
-  uint64_t off = 0;
-  for (size_t i = 0; i < dims.size() && i < index.size(); ++i) {
-    EXPECT_LT(index[i], dims[i]) << "index out of the shape at dim " << i;
-    off += index[i] * strides[i];
-  }
-  return off;
+  return testing::SeedIndex(SeedOf(c), kv, t, l, h, d);
 }
 
 // Calls fn(kv, t, l, h) for every head-row of the buffer.
@@ -247,12 +156,12 @@ std::vector<Case> AllCases() {
   return cases;
 }
 
-std::string CaseName(const testing::TestParamInfo<Case>& info) {
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return std::string(ModelName(info.param.model)) + "_" + LayoutName(info.param.layout) + "_" +
          info.param.shape.name;
 }
 
-class KvLayoutTest : public testing::TestWithParam<Case> {
+class KvLayoutTest : public ::testing::TestWithParam<Case> {
  protected:
   const Case& c() const { return GetParam(); }
   KvLayout layout() const { return MakeLayout(GetParam()); }
@@ -493,7 +402,7 @@ TEST_P(KvLayoutTest, MetaSegmentCoversExactlyItsPage) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllSeedLayouts, KvLayoutTest, testing::ValuesIn(AllCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(AllSeedLayouts, KvLayoutTest, ::testing::ValuesIn(AllCases()), CaseName);
 
 // Production-sized pools exceed 4 GiB per plane; offsets must not wrap at
 // 32 bits. Spot-check the extremes against the seed formula.
@@ -507,7 +416,7 @@ TEST(KvLayoutLargeTest, SixtyFourBitOffsets) {
       Shape s = big;
       if (m == Model::kMla) s.dim = 576;
       const Case c = {m, k, s};
-      SCOPED_TRACE(testing::PrintToString(c));
+      SCOPED_TRACE(::testing::PrintToString(c));
       const KvLayout kl = MakeLayout(c);
       ASSERT_GT(kl.plane_bytes, uint64_t{1} << 32);
       EXPECT_EQ(kl.total_bytes(), Product(SeedDims(c)) * s.itemsize);

@@ -16,6 +16,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "domain_test_util.h"
 #include "gtest/gtest.h"
 #include "server/pool/registry.h"
 #include "server/pool/releaser.h"
@@ -24,6 +25,8 @@
 
 namespace kvhost {
 namespace {
+
+using ::kvhost::testing::RoomyRegistryOptions;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
@@ -164,18 +167,6 @@ TEST(ReleaserTest, RunsOffTheCallerAndStopDrains) {
   EXPECT_EQ(ran.load(), 11);
 }
 
-RegistryOptions Roomy(const std::string& shm_dir) {
-  RegistryOptions o;
-  o.shm_dir = shm_dir;
-  o.read_memory = []() -> absl::StatusOr<MemorySnapshot> {
-    MemorySnapshot s;
-    s.mem_total = uint64_t{1} << 40;
-    s.mem_available = uint64_t{1} << 39;
-    return s;
-  };
-  return o;
-}
-
 // MHA of `bytes` host bytes.
 PoolSpec MhaOfBytes(uint64_t bytes) {
   PoolSpec spec;
@@ -193,7 +184,7 @@ PoolSpec MhaOfBytes(uint64_t bytes) {
 TEST(RegistryStateTest, CreatingIsVisibleRefusedThenReady) {
   testing::ShmDir dir("kvhost-populate-test");
   ASSERT_FALSE(dir.path().empty());
-  PoolRegistry registry(Roomy(dir.path()));
+  PoolRegistry registry(RoomyRegistryOptions(dir.path()));
   absl::Notification looked, reached;
   std::atomic<int> asked{0};
   // The populate asks `abandoned` before each chunk: hold it after two.
@@ -239,7 +230,7 @@ TEST(RegistryStateTest, CreatingIsVisibleRefusedThenReady) {
 TEST(RegistryStateTest, AbandonedCreationStopsEarlyAndLeavesNothing) {
   testing::ShmDir dir("kvhost-populate-test");
   ASSERT_FALSE(dir.path().empty());
-  PoolRegistry registry(Roomy(dir.path()));
+  PoolRegistry registry(RoomyRegistryOptions(dir.path()));
   std::atomic<int> asked{0};
   absl::StatusOr<std::shared_ptr<Pool>> pool =
       registry.Create("p", MhaOfBytes(16 * kPopulateChunkBytes), [&] { return ++asked > 2; });
@@ -253,7 +244,7 @@ TEST(RegistryStateTest, AbandonedCreationStopsEarlyAndLeavesNothing) {
 TEST(RegistryStateTest, CancelCreationsEndsThemUnavailable) {
   testing::ShmDir dir("kvhost-populate-test");
   ASSERT_FALSE(dir.path().empty());
-  PoolRegistry registry(Roomy(dir.path()));
+  PoolRegistry registry(RoomyRegistryOptions(dir.path()));
   absl::Notification started;
   std::atomic<bool> once{false};
   absl::Notification finished;
@@ -280,7 +271,7 @@ TEST(RegistryStateTest, CancelCreationsEndsThemUnavailable) {
 TEST(RegistryStateTest, DeletedPoolIsUnmappedOffTheCallingThread) {
   testing::ShmDir dir("kvhost-populate-test");
   ASSERT_FALSE(dir.path().empty());
-  PoolRegistry registry(Roomy(dir.path()));
+  PoolRegistry registry(RoomyRegistryOptions(dir.path()));
   ASSERT_TRUE(registry.Create("p", MhaOfBytes(4 * kPopulateChunkBytes)).ok());
   absl::StatusOr<uint64_t> bytes = registry.Delete("p");
   ASSERT_TRUE(bytes.ok());

@@ -36,10 +36,24 @@ using ::kvhost::testing::TestDaemon;
 
 class ReflectionTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  // One kvhostd for the suite: its tests only read (reflection, health), so
+  // none sees another's traces. ctest runs the suite in one process
+  // (SHARED_SUITES in tests/CMakeLists.txt), so the daemon starts once.
+  static void SetUpTestSuite() {
     absl::StatusOr<std::unique_ptr<TestDaemon>> d = TestDaemon::Start(KVHOSTD_PATH);
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = *std::move(d);
+    shared_start_ = new absl::Status(d.status());
+    if (d.ok()) shared_ = d->release();
+  }
+  static void TearDownTestSuite() {
+    delete shared_;
+    shared_ = nullptr;
+    delete shared_start_;
+    shared_start_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(shared_start_->ok()) << *shared_start_;
+    daemon_ = shared_;
     channel_ = grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials());
     ASSERT_NE(channel_, nullptr);
   }
@@ -104,8 +118,12 @@ class ReflectionTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<TestDaemon> daemon_;
+  TestDaemon* daemon_ = nullptr;  // the suite's
   std::shared_ptr<grpc::Channel> channel_;
+
+ private:
+  static inline TestDaemon* shared_ = nullptr;
+  static inline absl::Status* shared_start_ = nullptr;
 };
 
 TEST_F(ReflectionTest, ListServices) {

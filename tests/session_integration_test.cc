@@ -263,39 +263,6 @@ TEST(SessionTest, SessionErrors) {
   EXPECT_TRUE(absl::StrContains(s.error_message(), "worker")) << s.error_message();
 }
 
-// kvhostd on a socket the test picks, so that a second one can take the
-// first one's place; `config` names a --config file when not empty.
-pid_t StartKvhostd(const std::string& socket, const std::string& shm_dir,
-                   const std::string& config, const std::string& log) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    FILE* f = std::freopen(log.c_str(), "a", stderr);
-    (void)f;
-    std::vector<std::string> args = {KVHOSTD_PATH, absl::StrCat("--listen=unix://", socket),
-                                     absl::StrCat("--shm-dir=", shm_dir), "--backend=host"};
-    if (!config.empty()) args.push_back(absl::StrCat("--config=", config));
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int StopKvhostd(pid_t pid) {
-  ::kill(pid, SIGTERM);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 TEST(RestartTest, ClientReconnectsAndReportsWhatTheRestartLost) {
   char dir_template[] = "/tmp/kvhost-restart-XXXXXX";
   ASSERT_NE(::mkdtemp(dir_template), nullptr);
@@ -311,7 +278,7 @@ TEST(RestartTest, ClientReconnectsAndReportsWhatTheRestartLost) {
     out << "pools:\n  - name: declared\n    spec: {kind: MHA, layout: PAGE_FIRST, dtype: BF16, "
            "page_size: 16, layer_num: 2, head_num: 2, head_dim: 64, size_tokens: 256}\n";
   }
-  pid_t first = StartKvhostd(socket, shm_dir, config, log);
+  pid_t first = StartKvhostd(socket, shm_dir, log, config);
   ClientOptions options;
   options.address = absl::StrCat("unix://", socket);
   options.reconnect_max_backoff = absl::Milliseconds(200);
@@ -354,7 +321,7 @@ TEST(RestartTest, ClientReconnectsAndReportsWhatTheRestartLost) {
   EXPECT_EQ(c.GetStatus().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE(c.session_state().open);
 
-  pid_t second = StartKvhostd(socket, shm_dir, config, log);
+  pid_t second = StartKvhostd(socket, shm_dir, log, config);
   // The client reconnects on its own and reports the loss once.
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace kvhost::testing {
 
@@ -26,6 +27,14 @@ class ShmDir {
   ShmDir(const ShmDir&) = delete;
   ShmDir& operator=(const ShmDir&) = delete;
   const std::string& path() const { return path_; }
+  // The names of the directory's entries, in no particular order.
+  std::vector<std::string> Files() const {
+    std::vector<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(path_)) {
+      out.push_back(e.path().filename());
+    }
+    return out;
+  }
 
  private:
   std::string path_;

@@ -40,6 +40,7 @@ namespace fs = std::filesystem;
 using ::kvhost::testing::IsError;
 using ::kvhost::testing::MakeSpec;
 using ::kvhost::testing::Range;
+using ::kvhost::testing::ReadFile;
 using ::kvhost::testing::StatusOf;
 using ::kvhost::testing::TestDaemon;
 
@@ -51,17 +52,6 @@ constexpr char kInside = '\x11';
 constexpr char kOutside = '\xEE';
 // What the race test loads into the device file.
 constexpr char kLoaded = '\x5A';
-
-std::string ReadWhole(const std::string& path) {
-  std::string text;
-  if (FILE* f = std::fopen(path.c_str(), "rb")) {
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
-    std::fclose(f);
-  }
-  return text;
-}
 
 void WriteWhole(const std::string& path, const std::string& bytes) {
   FILE* f = std::fopen(path.c_str(), "wb");
@@ -198,7 +188,7 @@ TEST_F(ShmFilesTest, SymlinkSwapRaceNeverEscapes) {
   stop = true;
   swapper.join();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  const bool outside_written = ReadWhole(outside + "/dev") != outside_marker;
+  const bool outside_written = ReadFile(outside + "/dev") != outside_marker;
   std::printf(
       "symlink swap race: %d attempts in %.1f s (%d attached, %d refused, %d other errors), "
       "%llu swaps, escapes: %d backed up from outside, outside file %s\n",
@@ -227,7 +217,7 @@ TEST_F(ShmFilesTest, RegionFileAsDeviceBufferIsRefused) {
   const v1::Pool victim = MakePool("victim");
   ASSERT_EQ(victim.region_paths_size(), 1);
   const std::string region = victim.region_paths(0);
-  const std::string before = ReadWhole(region);
+  const std::string before = ReadFile(region);
   ASSERT_FALSE(before.empty());
   const v1::Pool mine = MakePool("mine");
   absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
@@ -248,7 +238,7 @@ TEST_F(ShmFilesTest, RegionFileAsDeviceBufferIsRefused) {
   absl::StatusOr<v1::Pool> after = client().GetPool("mine");
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->attachments(), 0u);
-  EXPECT_EQ(ReadWhole(region), before);
+  EXPECT_EQ(ReadFile(region), before);
   // The legit device file still attaches.
   absl::StatusOr<v1::Attachment> att = client().AttachDevice((*dev)->MakeAttachRequest("mine"));
   EXPECT_TRUE(att.ok()) << att.status();
