@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (fuzz/, clang + ASan + UBSan, in build-fuzz/)
-# and runs each for a fixed time, seeded with the committed corpus
-# fuzz/corpus/<target>/. New inputs go to build-fuzz/corpus/<target>/, crash,
-# leak, timeout and OOM inputs to build-fuzz/findings/<target>/.
+# Runs each libFuzzer target (fuzz/) for a fixed time, seeded with the
+# committed corpus fuzz/corpus/<target>/. The targets live in the clang
+# ASan + UBSan build that also runs the sanitizer tests (build-asan/, made by
+# scripts/sanitize.sh asan; this script builds just the fuzz targets there
+# first). New inputs go to build-asan/corpus/<target>/, crash, leak, timeout
+# and OOM inputs to build-asan/findings/<target>/.
 #
 # Usage: scripts/fuzz.sh [--seconds N] [--no-build] [target...]
 #   N defaults to 30; targets default to all of them. --no-build runs what
-#   build-fuzz/ holds. CI runs `scripts/fuzz.sh --seconds 20`. Needs clang-14
-#   and libclang-rt-14-dev.
+#   build-asan/ holds. CI runs `scripts/fuzz.sh --seconds 20 --no-build` after
+#   scripts/sanitize.sh asan; scripts/nightly.sh runs them longer. Needs
+#   clang-14 and libclang-rt-14-dev. FUZZ_BUILD_DIR names another build dir.
 # Prints one summary line per target; exits 1 if any target found anything
 # (the input's path is in the output), 2 on a usage or build error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ALL_TARGETS=(spec_fuzz allocator_fuzz layout_fuzz service_fuzz transfer_fuzz)
-BUILD_DIR=${FUZZ_BUILD_DIR:-build-fuzz}
-LOCK=${KVHOST_BUILD_LOCK:-/tmp/kv/build.lock}
+BUILD_DIR=${FUZZ_BUILD_DIR:-build-asan}
 seconds=30
 build=1
 targets=()
@@ -24,7 +26,7 @@ while (($#)); do
     --seconds) seconds=${2:?--seconds needs a value}; shift 2 ;;
     --seconds=*) seconds=${1#*=}; shift ;;
     --no-build) build=0; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -34,22 +36,15 @@ for t in "${targets[@]}"; do
   [[ " ${ALL_TARGETS[*]} " == *" $t "* ]] || { echo "fuzz.sh: no target $t (${ALL_TARGETS[*]})" >&2; exit 2; }
 done
 
-# The build machine is shared: configure and build under the build lock.
-locked() {
-  if [[ -e "$(dirname "$LOCK")" ]]; then flock "$LOCK" "$@"; else "$@"; fi
-}
 mkdir -p "$BUILD_DIR"
 if ((build)); then
+  # sanitize.sh configures the build as its asan run does, so the two share
+  # it, and builds under the shared machine's build lock.
   echo "== configure + build $BUILD_DIR (${targets[*]})"
-  if ! locked bash -c '
-      if [[ ! -f "$0/CMakeCache.txt" ]]; then
-        CC=clang CXX=clang++ cmake -S . -B "$0" -DKVHOST_FUZZ=ON -DKVHOST_WITH_CUDA=OFF \
-          -DKVHOST_BUILD_TESTS=OFF -DKVHOST_BUILD_BENCH=OFF >/dev/null
-      fi
-      cmake --build "$0" -j2 --target "${@}"' "$BUILD_DIR" "${targets[@]}" \
-      > "$BUILD_DIR/build.log" 2>&1; then
-    tail -40 "$BUILD_DIR/build.log"
-    echo "fuzz.sh: build failed (full log: $BUILD_DIR/build.log)" >&2
+  if ! BUILD_DIR="$BUILD_DIR" scripts/sanitize.sh asan --build-only "${targets[@]}" \
+      > "$BUILD_DIR/fuzz-build.log" 2>&1; then
+    tail -40 "$BUILD_DIR/fuzz-build.log"
+    echo "fuzz.sh: build failed (full log: $BUILD_DIR/fuzz-build.log)" >&2
     exit 2
   fi
 fi

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Sanitizer builds and runs (issue 6, item 7):
-#   scripts/sanitize.sh asan   ASan + UBSan build in build-asan; ctest -L 'unit|integration|concurrency'
-#   scripts/sanitize.sh tsan   TSan build in build-tsan; ctest -L concurrency
+# Sanitizer builds and runs (issue 6, item 7; issue 14: one clang build):
+#   scripts/sanitize.sh asan   clang build in build-asan: kvhost's own code with ASan + UBSan
+#                              and libFuzzer coverage (-DKVHOST_FUZZ=ON), the tests and the
+#                              fuzz targets (scripts/fuzz.sh runs those); then
+#                              ctest -L 'unit|integration|concurrency'. CI runs this.
+#   scripts/sanitize.sh tsan   gcc TSan build in build-tsan; ctest -L concurrency. Not in CI:
+#                              scripts/nightly.sh runs it.
+# Options after the mode: --build-only (configure and build, run nothing),
+# --no-build (run what the build dir holds); with --build-only, target names
+# build just those (scripts/fuzz.sh builds only its fuzz targets this way).
 # Only kvhost's own code is instrumented (KVHOST_SANITIZE; Debian's gRPC,
 # protobuf and abseil are not), so the TSan run is limited to the concurrency
 # tests, which use no gRPC. Every sanitizer report fails its test: the
@@ -17,27 +24,45 @@ cd "$(dirname "$0")/.."
 root=$PWD
 
 mode=${1:-}
+shift || true
+build=1 run=1 only=()
+while (($#)); do
+  case "$1" in
+    --build-only) run=0; shift ;;
+    --no-build) build=0; shift ;;
+    -*) echo "sanitize.sh: unknown option $1" >&2; exit 2 ;;
+    *) only+=("$1"); shift ;;
+  esac
+done
 case "$mode" in
   asan)
-    sanitize=address,undefined
+    sanitize=address,undefined,fuzzer-no-link
     labels='unit|integration|concurrency'
     # package_consumer links an outside project against the installed
     # kvhost_client; built here it carries ASan calls the consumer's
     # un-sanitized link cannot resolve. It checks packaging, not memory.
     exclude='^package_consumer$'
-    targets=(kvhostd kvhostctl kvhost_tests_unit kvhost_tests_integration kvhost_tests_concurrency)
+    targets=(kvhostd kvhostctl kvhost_tests_unit kvhost_tests_integration kvhost_tests_concurrency
+             spec_fuzz allocator_fuzz layout_fuzz service_fuzz transfer_fuzz)
+    # libFuzzer comes with clang only; the fuzz targets need it, and one
+    # compiler for the tests and the fuzzers makes this a single build.
+    compilers=(CC=clang CXX=clang++)
+    mode_args=(-DKVHOST_FUZZ=ON)
     ;;
   tsan)
     sanitize=thread
     labels='concurrency'
     exclude=''
     targets=(kvhost_tests_concurrency)
+    compilers=()
+    mode_args=()
     ;;
   *)
-    echo "usage: $0 asan|tsan" >&2
+    echo "usage: $0 asan|tsan [--build-only [target...] | --no-build]" >&2
     exit 2
     ;;
 esac
+((${#only[@]})) && targets=("${only[@]}")
 
 build_dir=${BUILD_DIR:-build-$mode}
 jobs=${JOBS:-2}
@@ -50,16 +75,20 @@ export CCACHE_BASEDIR="$root"
 # numbers in every stack trace. UBSan findings are fatal at compile time too,
 # not only through UBSAN_OPTIONS.
 start=$(date +%s)
-echo "== configuring $build_dir (-fsanitize=$sanitize)"
-# shellcheck disable=SC2086
-# CMAKE_ARGS first: the settings this run needs come after it and win.
-cmake -S . -B "$build_dir" ${CMAKE_ARGS:-} -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-fno-sanitize-recover=undefined" \
-  -DKVHOST_SANITIZE="$sanitize" -DKVHOST_WITH_CUDA=OFF -DKVHOST_BUILD_BENCH=OFF \
-  -DKVHOST_BUILD_TESTS=ON -DKVHOST_WERROR=ON >/dev/null
-echo "== building ${targets[*]} with -j$jobs (lock $lock)"
-flock "$lock" cmake --build "$build_dir" -j"$jobs" --target "${targets[@]}"
+if ((build)); then
+  echo "== configuring $build_dir (-fsanitize=$sanitize)"
+  # CMAKE_ARGS first: the settings this run needs come after it and win. The
+  # compiler (CC/CXX) counts only when the build dir is new.
+  # shellcheck disable=SC2086
+  env "${compilers[@]}" cmake -S . -B "$build_dir" ${CMAKE_ARGS:-} -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-fno-sanitize-recover=undefined" \
+    -DKVHOST_SANITIZE="$sanitize" "${mode_args[@]}" -DKVHOST_WITH_CUDA=OFF -DKVHOST_BUILD_BENCH=OFF \
+    -DKVHOST_BUILD_TESTS=ON -DKVHOST_WERROR=ON >/dev/null
+  echo "== building ${targets[*]} with -j$jobs (lock $lock)"
+  flock "$lock" cmake --build "$build_dir" -j"$jobs" --target "${targets[@]}"
+fi
 built=$(date +%s)
+((run)) || exit 0
 
 # A report ends the process that made it (abort: its test fails, a daemon's
 # fixture sees it). LeakSanitizer stays on: kvhost's processes leak nothing

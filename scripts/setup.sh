@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
 # Installs what kvhost needs on Debian 12 (when missing), then configures and
-# builds it in ./build with ccache. Used by scripts/demo.sh and scripts/test.sh.
+# builds it in ./build with ccache. Used by scripts/demo.sh, scripts/test.sh
+# and scripts/nightly.sh.
+#   scripts/setup.sh [--install-only]   --install-only: the packages, no build
 #   BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo), JOBS (default 2),
 #   CMAKE_ARGS (extra configure arguments), EXTRA_PACKAGES (more Debian packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+install_only=0
+case "${1:-}" in
+  --install-only) install_only=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--install-only]" >&2; exit 2 ;;
+esac
 
 PACKAGES=(build-essential cmake pkg-config ccache git
           libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
           libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
           libsystemd-dev systemd python3 python3-yaml libyaml-cpp-dev openssl
           libmicrohttpd-dev)
-# scripts/test.sh adds the fuzzing compiler (EXTRA_PACKAGES).
+# scripts/test.sh adds clang, its sanitizer and libFuzzer runtimes and
+# clang-format (EXTRA_PACKAGES).
 # shellcheck disable=SC2206
 PACKAGES+=(${EXTRA_PACKAGES:-})
 missing=()
@@ -25,6 +34,8 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+((install_only)) && exit 0
 
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-2}

@@ -1,32 +1,70 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: set up, build (warnings are
-# errors), run every ctest label (gpu tests skip with a message where no GPU
-# is usable; soak_smoke is the 60-second soak and fault run), then the
-# sanitizer runs (ASan + UBSan over unit + integration, TSan over the
-# concurrency tests) and a short libFuzzer run of every fuzz target. This is
-# what CI runs (.ci/run). SKIP_SANITIZERS=1 / SKIP_FUZZ=1 leave those out.
+# The whole test suite on a fresh machine. This is what CI runs (.ci/run), in
+# order, stopping at the first failure:
+#   install   the Debian packages missing (scripts/setup.sh --install-only);
+#   format    scripts/format.sh --check (clang-format 14), first so a
+#             formatting slip fails in seconds;
+#   rooms     scripts/room_check.py: files over 800 lines and functions over
+#             100 lines in server/ client/ common/; a report, it fails nothing;
+#   build gcc the main build (gcc, RelWithDebInfo, warnings are errors, CUDA
+#             code compiled where nvcc is found);
+#   ctest     every ctest label there: unit, integration, gpu (skipped with a
+#             message where no GPU is usable), concurrency, and soak_smoke, the
+#             60-second soak and fault run;
+#   build clang  one clang build with ASan + UBSan and libFuzzer coverage
+#             (warnings are errors) holding the tests and the fuzz targets
+#             (scripts/sanitize.sh asan --build-only);
+#   sanitizers   its unit, integration and concurrency tests (scripts/sanitize.sh asan);
+#   fuzz      20 s of each libFuzzer target from that build (scripts/fuzz.sh).
+# TSan, long fuzz runs and the long soak are not in CI: scripts/nightly.sh runs
+# them. Prints each phase's time at the end (also after a failure).
+# SKIP_FORMAT=1 / SKIP_SANITIZERS=1 / SKIP_FUZZ=1 leave those phases out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# clang and its libFuzzer runtime for scripts/fuzz.sh. The build options are
-# this build's only (sanitize.sh and fuzz.sh choose their own).
-CMAKE_ARGS="${CMAKE_ARGS:-} -DKVHOST_WERROR=ON -DKVHOST_BUILD_TESTS=ON -DKVHOST_BUILD_BENCH=ON" \
-  EXTRA_PACKAGES="${EXTRA_PACKAGES:-} clang libclang-rt-14-dev" scripts/setup.sh
 BUILD_DIR=${BUILD_DIR:-build}
 start=$SECONDS
 
-echo "== ctest (unit, integration, gpu, concurrency, soak smoke)"
-(cd "$BUILD_DIR" && ctest --output-on-failure -j2 --timeout 900)
-echo "== ctest done after $((SECONDS - start)) s"
+phases=()
+report() {
+  echo "== phase times (total $((SECONDS - start)) s):"
+  ((${#phases[@]})) && printf '   %s\n' "${phases[@]}"
+}
+trap report EXIT
+# phase NAME COMMAND...: runs COMMAND, records its time, stops at a failure.
+phase() {
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  echo "== $name"
+  "$@" || rc=$?
+  phases+=("$(printf '%-12s %5d s%s' "$name" $((SECONDS - t0)) "$( ((rc == 0)) || echo "  FAILED (exit $rc)")")")
+  ((rc == 0)) || exit "$rc"
+}
+# The room check reports; a crash of the script itself must not stop CI either.
+rooms() {
+  python3 scripts/room_check.py || echo "room_check.py exited $? (a report only)"
+}
+main_ctest() {
+  (cd "$BUILD_DIR" && ctest --output-on-failure -j2 --timeout 900)
+}
 
-if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
-  echo "== sanitizers: ASan + UBSan (unit, integration, concurrency)"
-  scripts/sanitize.sh asan
-  echo "== sanitizers: TSan (concurrency)"
-  scripts/sanitize.sh tsan
-  echo "== sanitizers done after $((SECONDS - start)) s"
+# clang with its sanitizer and libFuzzer runtimes, and clang-format, besides
+# what the main build needs. The build options are the main build's only
+# (sanitize.sh chooses its own).
+export EXTRA_PACKAGES="${EXTRA_PACKAGES:-} clang libclang-rt-14-dev clang-format-14"
+phase install scripts/setup.sh --install-only
+[[ "${SKIP_FORMAT:-0}" == 1 ]] || phase format scripts/format.sh --check
+phase rooms rooms
+CMAKE_ARGS="${CMAKE_ARGS:-} -DKVHOST_WERROR=ON -DKVHOST_BUILD_TESTS=ON -DKVHOST_BUILD_BENCH=ON" \
+  phase "build gcc" scripts/setup.sh
+phase ctest main_ctest
+
+# The clang build's dir: ASAN_BUILD_DIR, not BUILD_DIR (the main build's).
+export FUZZ_BUILD_DIR=${ASAN_BUILD_DIR:-build-asan}
+fuzz_args=(--seconds 20)
+if [[ "${SKIP_SANITIZERS:-0}" != 1 ]]; then
+  BUILD_DIR=$FUZZ_BUILD_DIR phase "build clang" scripts/sanitize.sh asan --build-only
+  BUILD_DIR=$FUZZ_BUILD_DIR phase sanitizers scripts/sanitize.sh asan --no-build
+  fuzz_args+=(--no-build)
 fi
-if [ "${SKIP_FUZZ:-0}" != 1 ]; then
-  echo "== fuzz smoke: every target for 20 s"
-  scripts/fuzz.sh --seconds 20
-fi
+[[ "${SKIP_FUZZ:-0}" == 1 ]] || phase fuzz scripts/fuzz.sh "${fuzz_args[@]}"
 echo "== all tests passed after $((SECONDS - start)) s"

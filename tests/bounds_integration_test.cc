@@ -51,7 +51,9 @@ uint64_t ProcStatusBytes(pid_t pid, const std::string& field) {
     if (absl::StartsWith(line, field + ":")) {
       std::string value = line.substr(field.size() + 1);
       uint64_t kb = 0;
-      absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(value), " kB"), &kb);
+      if (!absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(value), " kB"), &kb)) {
+        return 0;
+      }
       return kb * 1024;
     }
   }

@@ -316,7 +316,7 @@ TEST_F(ShmFilesTest, NulInPathIsInvalidArgument) {
 // PERMISSION_DENIED. The daemon's descriptor limit is lowered under it
 // (prlimit) to the lowest free descriptor number, so no open can succeed.
 TEST_F(ShmFilesTest, OutOfFileDescriptorsIsResourceExhausted) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(KVHOST_SANITIZED)
   // Out of descriptors, gRPC 1.51's own error path (uninstrumented
   // libgrpc++) trips UBSan's vptr check in the CallOpSet code our service
   // instantiates ("object has invalid vptr", call_op_set.h:871), which ends
