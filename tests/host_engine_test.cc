@@ -35,7 +35,6 @@ namespace kvhost {
 
 namespace {
 
-using ::testing::HasSubstr;
 using ::kvhost::testing::AllShapes;
 using ::kvhost::testing::DeviceFile;
 using ::kvhost::testing::EngineFixture;
@@ -46,6 +45,7 @@ using ::kvhost::testing::RandomPairs;
 using ::kvhost::testing::SameBytes;
 using ::kvhost::testing::Shape;
 using ::kvhost::testing::SpecOf;
+using ::testing::HasSubstr;
 using ShmDir = ::kvhost::testing::TransferShmDir;
 
 // `request` resolved against `pool`, as TransferManager::Attach does before

@@ -25,11 +25,11 @@
 namespace kvhost {
 namespace {
 
-using ::testing::HasSubstr;
 using ::kvhost::testing::KindRegistryTest;
 using ::kvhost::testing::KindSpec;
 using ::kvhost::testing::Msg;
 using ::kvhost::testing::Options;
+using ::testing::HasSubstr;
 
 // ---------------------------------------------------------------------------
 // Pool groups (server/pool/pool_group.h, the registry's group methods).

@@ -26,11 +26,11 @@
 namespace kvhost {
 namespace {
 
-using ::testing::HasSubstr;
 using ::kvhost::testing::KindSpec;
+using ::kvhost::testing::kKinds;
 using ::kvhost::testing::MhaSpec;
 using ::kvhost::testing::Msg;
-using ::kvhost::testing::kKinds;
+using ::testing::HasSubstr;
 
 PoolSpec MlaSpec() {
   PoolSpec s;

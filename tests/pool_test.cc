@@ -29,13 +29,13 @@
 namespace kvhost {
 namespace {
 
-using ::testing::HasSubstr;
 using ::kvhost::testing::KindRegistryTest;
 using ::kvhost::testing::KindSpec;
+using ::kvhost::testing::kKinds;
 using ::kvhost::testing::MhaSpec;
 using ::kvhost::testing::Msg;
 using ::kvhost::testing::Options;
-using ::kvhost::testing::kKinds;
+using ::testing::HasSubstr;
 using ShmDir = ::kvhost::testing::PoolShmDir;
 
 TEST(PoolTest, PageBufferMetaMhaLayerFirst) {

@@ -145,9 +145,9 @@ inline PoolSpec KindSpec(PoolKind kind) {
 }
 
 inline const PoolKind kKinds[] = {PoolKind::kMha,    PoolKind::kMla,     PoolKind::kMhaAsymmetric,
-                           PoolKind::kKOnly,  PoolKind::kDsa,     PoolKind::kDsaIndexer,
-                           PoolKind::kMamba,  PoolKind::kV4Paged, PoolKind::kV4State,
-                           PoolKind::kLogical};
+                                  PoolKind::kKOnly,  PoolKind::kDsa,     PoolKind::kDsaIndexer,
+                                  PoolKind::kMamba,  PoolKind::kV4Paged, PoolKind::kV4State,
+                                  PoolKind::kLogical};
 
 class KindRegistryTest : public RegistryTest {
  protected:

@@ -36,9 +36,8 @@
 namespace kvhost {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::Not;
 using ::kvhost::testing::FakeMemory;
+using ::kvhost::testing::kGB;
 using ::kvhost::testing::KindRegistryTest;
 using ::kvhost::testing::KindSpec;
 using ::kvhost::testing::MegabyteTokenSpec;
@@ -46,7 +45,8 @@ using ::kvhost::testing::MhaSpec;
 using ::kvhost::testing::Msg;
 using ::kvhost::testing::Options;
 using ::kvhost::testing::RegistryTest;
-using ::kvhost::testing::kGB;
+using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 // Deleted pools are unmapped on the registry's releaser thread: true once

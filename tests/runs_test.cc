@@ -26,8 +26,8 @@ void PrintTo(const IndexRun& r, std::ostream* os) {
 
 namespace {
 
-using ::testing::HasSubstr;
 using ::kvhost::testing::Msg;
+using ::testing::HasSubstr;
 
 TEST(CoalesceRunsTest, MergesOnlyWhereBothSidesStepByOne) {
   using R = std::vector<IndexRun>;

@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "domain_test_util.h"
 #include "kvhost/layout.h"
+#include "seed_offsets.h"
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
 #include "server/pool/pool_spec.h"
@@ -37,7 +38,6 @@
 #include "server/pool/shm_region.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/host_engine.h"
-#include "seed_offsets.h"
 #include "server/transfer/ticket.h"
 #include "transfer_test_util.h"
 
@@ -45,14 +45,14 @@ namespace kvhost {
 
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::Not;
 using ::kvhost::testing::EngineFixture;
 using ::kvhost::testing::Msg;
 using ::kvhost::testing::RandomBytes;
 using ::kvhost::testing::RandomPairs;
 using ::kvhost::testing::RoomyRegistryOptions;
 using ::kvhost::testing::SameBytes;
+using ::testing::HasSubstr;
+using ::testing::Not;
 using ShmDir = ::kvhost::testing::TransferShmDir;
 
 class ManagerTest : public EngineFixture {

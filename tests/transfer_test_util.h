@@ -99,8 +99,9 @@ inline std::vector<Shape> AllShapes() {
 // distinct device rows in [0, rows), made of random-length consecutive
 // stretches on each side so that runs form, cross pages and break.
 inline std::pair<std::vector<int64_t>, std::vector<int64_t>> RandomPairs(std::mt19937_64& rng,
-                                                                  uint64_t tokens, uint64_t rows,
-                                                                  uint64_t n) {
+                                                                         uint64_t tokens,
+                                                                         uint64_t rows,
+                                                                         uint64_t n) {
   auto stretches = [&rng](uint64_t limit) {
     std::vector<std::vector<int64_t>> blocks;
     for (uint64_t t = 0; t < limit;) {
