@@ -14,13 +14,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/safe_text.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
 
 namespace {
-constexpr size_t kMaxPoolName = 64;
 constexpr char kRegionFilePrefix[] = "kvhost.";
 // PageAllocator's page table: a free-ring slot (8 bytes) and a flag per page.
 constexpr uint64_t kPageTableBytesPerPage = sizeof(uint64_t) + sizeof(uint8_t);
@@ -30,29 +28,6 @@ constexpr absl::Duration kReleaseWait = absl::Seconds(30);
 // Pools unmapped at once: at shutdown each of several pools' teardown is
 // mostly serial in the kernel (its file's pages are freed under its inode).
 constexpr int kReleaserThreads = 2;
-}  // namespace
-
-absl::Status ValidatePoolName(const std::string& name) {
-  if (name.empty() || name.size() > kMaxPoolName) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("name '", SafeText(name), "' must be 1-", kMaxPoolName, " characters long"));
-  }
-  if (name[0] == '.') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("name '", SafeText(name), "' must not start with '.'"));
-  }
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "name '", SafeText(name), "' may hold only letters, digits, '.', '_' and '-'"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-namespace {
 
 absl::StatusOr<std::shared_ptr<const DirFd>> OpenShmDir(const std::string& path) {
   absl::StatusOr<DirFd> dir = DirFd::Open(path, "shm dir");

@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "server/pool/host_memory.h"
+#include "server/pool/names.h"  // ValidatePoolName: what CreatePool accepts
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
 #include "server/pool/releaser.h"
@@ -278,9 +279,6 @@ absl::Status CheckPoolOwner(const Pool& pool, const std::string* token);
 // byte of `token` is printable ASCII 0x21-0x7E: what gRPC metadata carries
 // unchanged (kvhost-token), so that the pool's owner can always present it.
 absl::Status ValidateOwnerToken(const std::string& token);
-
-// OK when `name` is 1-64 characters of [A-Za-z0-9._-] not starting with '.'.
-absl::Status ValidatePoolName(const std::string& name);
 
 }  // namespace kvhost
 
