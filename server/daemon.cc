@@ -25,8 +25,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "grpc/health/v1/health.pb.h"
+#include "server/daemon_metrics.h"
 #include "server/gpu_probe.h"
-#include "server/metrics/daemon_metrics.h"
+#include "server/ids.h"
 #include "server/pool/host_memory.h"
 #include "server/service/daemon_service.h"
 #include "server/service/pool_service.h"
@@ -266,39 +267,16 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
-  std::unique_ptr<Daemon> daemon(new Daemon());
-  if (options.listen.empty()) return absl::InvalidArgumentError("--listen names no address");
-  if (options.socket_mode > 0777) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--socket-mode ", absl::StrFormat("%04o", options.socket_mode), " is not a file mode"));
-  }
-  // Access control is settled before anything is created: a bad group or an
-  // unreadable certificate fails the start at once.
-  absl::StatusOr<gid_t> socket_gid = ResolveSocketGroup(options.socket_group);
-  if (!socket_gid.ok()) return socket_gid.status();
-  std::vector<std::string> tcp_addresses;
-  for (const std::string& address : options.listen) {
-    if (UnixPath(address).empty() && !absl::StartsWith(address, "unix")) {
-      tcp_addresses.push_back(address);
-    }
-  }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tcp_credentials =
-      TcpCredentials(options, tcp_addresses);
-  if (!tcp_credentials.ok()) return tcp_credentials.status();
-  if (!options.metrics_listen.empty()) {
-    // A malformed address fails before anything starts; one that cannot be
-    // bound fails once the endpoint starts, after the gRPC server.
-    std::string host;
-    int port = 0;
-    if (absl::Status s = ParseHostPort(options.metrics_listen, &host, &port); !s.ok()) return s;
-  }
-  struct stat st;
-  if (::stat(options.shm_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--shm-dir ", options.shm_dir, " is not a directory"));
-  }
+namespace {
 
+// Whether `address` is a unix socket's ("unix:..."); the rest are TCP.
+bool IsUnixAddress(const std::string& address) {
+  return !UnixPath(address).empty() || absl::StartsWith(address, "unix");
+}
+
+// The registry's options: the memory budget from the host's memory and the
+// flags, the region files' mode and group.
+absl::StatusOr<RegistryOptions> MakeRegistryOptions(const DaemonOptions& options) {
   absl::StatusOr<MemorySnapshot> mem = ReadMemorySnapshot("/");
   if (!mem.ok()) return mem.status();
   RegistryOptions registry;
@@ -321,51 +299,151 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                mem->cgroup_limit ? absl::StrCat(", cgroup ", mem->cgroup_source, " limit ",
                                                 FormatBytes(*mem->cgroup_limit))
                                  : "");
-  daemon->registry_ = std::make_unique<PoolRegistry>(registry);
-  if (int n = daemon->registry_->RemoveStaleRegions(); n > 0) {
+  return registry;
+}
+
+// What a declared pool's background creation came to, by name: set once it
+// is admitted and filled, or refused.
+struct DeclaredOutcome {
+  absl::Mutex mu;
+  std::map<std::string, absl::Status> done ABSL_GUARDED_BY(mu);
+};
+
+// The callback of declared pool `name`'s creation: records and logs its end.
+std::function<void(absl::StatusOr<std::shared_ptr<Pool>>)> OnDeclaredPoolDone(
+    std::string name, PoolSpec spec, std::shared_ptr<DeclaredOutcome> outcome) {
+  return [name = std::move(name), spec = std::move(spec), outcome = std::move(outcome),
+          start = absl::Now()](absl::StatusOr<std::shared_ptr<Pool>> pool) {
+    {
+      absl::MutexLock lock(&outcome->mu);
+      outcome->done[name] = pool.status();
+    }
+    if (!pool.ok()) {
+      spdlog::error("declared pool '{}' was not created: {}", name,
+                    std::string(pool.status().message()));
+      return;
+    }
+    spdlog::info(
+        "created declared pool '{}': {}, {} tokens, {} in {} ({})", name, DescribeSpec(spec),
+        (*pool)->size_tokens(), FormatBytesExact((*pool)->bytes()),
+        (*pool)->region_paths().empty() ? std::string("no region") : (*pool)->region_paths()[0],
+        absl::FormatDuration(absl::Now() - start));
+  };
+}
+
+// Channel arguments of every connection (keepalive, handshake and idle
+// bounds).
+void SetChannelArguments(const DaemonOptions& options, grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder->SetMaxSendMessageSize(options.max_message_bytes);
+  // Worker sessions: a peer that stops answering pings (a frozen host, a
+  // cut link; a dead process closes its connection at once) is found within
+  // --session-timeout: a ping every half of it, the other half to answer.
+  const int half_ms = static_cast<int>(
+      std::max<int64_t>(absl::ToInt64Milliseconds(options.session_timeout) / 2, 50));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, half_ms);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, half_ms);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Clients may ping too (kvhost::Client does every 10 s).
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  // A connection that has not finished its handshake (TLS, and the HTTP/2
+  // preface and SETTINGS) is closed after this; gRPC's default of 120 s let
+  // a local client hold thousands of half-open connections (and their fds).
+  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
+  // A connection with no call for this long is closed (GOAWAY); clients
+  // reconnect on their next call. Session streams are calls: never idle.
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kMaxConnectionIdleMs);
+}
+
+}  // namespace
+
+// The options checked before anything is created, so that a bad group, an
+// unreadable certificate or a malformed address fails the start at once.
+absl::StatusOr<Daemon::Listeners> Daemon::CheckListeners(const DaemonOptions& options) {
+  if (options.listen.empty()) return absl::InvalidArgumentError("--listen names no address");
+  if (options.socket_mode > 0777) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--socket-mode ", absl::StrFormat("%04o", options.socket_mode), " is not a file mode"));
+  }
+  Listeners listeners;
+  absl::StatusOr<gid_t> socket_gid = ResolveSocketGroup(options.socket_group);
+  if (!socket_gid.ok()) return socket_gid.status();
+  listeners.socket_gid = *socket_gid;
+  std::vector<std::string> tcp_addresses;
+  for (const std::string& address : options.listen) {
+    if (!IsUnixAddress(address)) tcp_addresses.push_back(address);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tcp_credentials =
+      TcpCredentials(options, tcp_addresses);
+  if (!tcp_credentials.ok()) return tcp_credentials.status();
+  listeners.tcp_credentials = *std::move(tcp_credentials);
+  if (!options.metrics_listen.empty()) {
+    // A malformed address fails before anything starts; one that cannot be
+    // bound fails once the endpoint starts, after the gRPC server.
+    std::string host;
+    int port = 0;
+    if (absl::Status s = ParseHostPort(options.metrics_listen, &host, &port); !s.ok()) return s;
+  }
+  struct stat st;
+  if (::stat(options.shm_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--shm-dir ", options.shm_dir, " is not a directory"));
+  }
+  return listeners;
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  std::unique_ptr<Daemon> daemon(new Daemon());
+  absl::StatusOr<Listeners> listeners = CheckListeners(options);
+  if (!listeners.ok()) return listeners.status();
+  absl::StatusOr<RegistryOptions> registry = MakeRegistryOptions(options);
+  if (!registry.ok()) return registry.status();
+  daemon->StartRegistry(*registry);
+  absl::StatusOr<Backend> backend = daemon->StartTransfers(options, registry->region_inodes);
+  if (!backend.ok()) return backend.status();
+  if (absl::Status s = daemon->CreateDeclaredPools(options); !s.ok()) return s;
+  const std::string instance_id = RandomHex();
+  if (absl::Status s = daemon->StartServer(options, *listeners, backend->detail, instance_id);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = daemon->StartMetrics(options, backend->name, instance_id); !s.ok()) {
+    return s;
+  }
+  daemon->ReportServing(options, backend->name);
+  return daemon;
+}
+
+void Daemon::StartRegistry(const RegistryOptions& options) {
+  registry_ = std::make_unique<PoolRegistry>(options);
+  if (int n = registry_->RemoveStaleRegions(); n > 0) {
     spdlog::warn("removed {} stale region file(s) from {}", n, options.shm_dir);
   }
+}
 
-  std::string backend;
-  std::string backend_detail;
+absl::StatusOr<Daemon::Backend> Daemon::StartTransfers(
+    const DaemonOptions& options, std::shared_ptr<const RegionInodes> region_inodes) {
+  Backend backend;
   absl::StatusOr<std::unique_ptr<TransferEngine>> engine =
-      MakeEngine(options, registry.region_inodes, &backend, &backend_detail);
+      MakeEngine(options, std::move(region_inodes), &backend.name, &backend.detail);
   if (!engine.ok()) return engine.status();
-  if (!options.metrics_listen.empty()) daemon->metrics_ = std::make_unique<KvhostMetrics>();
-  daemon->transfers_ = std::make_unique<TransferManager>(
-      daemon->registry_.get(), *std::move(engine), daemon->metrics_.get());
+  if (!options.metrics_listen.empty()) metrics_ = std::make_unique<KvhostMetrics>();
+  transfers_ =
+      std::make_unique<TransferManager>(registry_.get(), *std::move(engine), metrics_.get());
+  return backend;
+}
 
+absl::Status Daemon::CreateDeclaredPools(const DaemonOptions& options) {
   // Declared pools are admitted (spec, name, memory budget) before the
   // daemon serves, and one refused stops the start as before; their memory
   // fills in the background, so health, GetStatus (pools_creating) and
   // GetPool (CREATING) answer while it does. One that fails while filling
   // (the file system filled up meanwhile) is logged as an error and absent.
-  struct DeclaredOutcome {
-    absl::Mutex mu;
-    std::map<std::string, absl::Status> done ABSL_GUARDED_BY(mu);
-  };
   auto outcome = std::make_shared<DeclaredOutcome>();
   for (const auto& [name, spec] : options.pools) {
-    daemon->registry_->CreateInBackground(
-        name, spec, /*abandoned=*/{}, /*owner_token=*/"", /*follows_token=*/std::nullopt,
-        [name = name, spec = spec, outcome,
-         start = absl::Now()](absl::StatusOr<std::shared_ptr<Pool>> pool) {
-          {
-            absl::MutexLock lock(&outcome->mu);
-            outcome->done[name] = pool.status();
-          }
-          if (!pool.ok()) {
-            spdlog::error("declared pool '{}' was not created: {}", name,
-                          std::string(pool.status().message()));
-            return;
-          }
-          spdlog::info("created declared pool '{}': {}, {} tokens, {} in {} ({})", name,
-                       DescribeSpec(spec), (*pool)->size_tokens(),
-                       FormatBytesExact((*pool)->bytes()),
-                       (*pool)->region_paths().empty() ? std::string("no region")
-                                                       : (*pool)->region_paths()[0],
-                       absl::FormatDuration(absl::Now() - start));
-        });
+    registry_->CreateInBackground(name, spec, /*abandoned=*/{}, /*owner_token=*/"",
+                                  /*follows_token=*/std::nullopt,
+                                  OnDeclaredPoolDone(name, spec, outcome));
     // Admitted (being created) or finished: the checks take microseconds.
     for (;;) {
       absl::Status finished = absl::OkStatus();
@@ -381,12 +459,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         return absl::Status(finished.code(),
                             absl::StrCat("declared pool '", name, "': ", finished.message()));
       }
-      if (is_done || daemon->registry_->GetCreating(name)) break;
+      if (is_done || registry_->GetCreating(name)) break;
       absl::SleepFor(absl::Milliseconds(1));
     }
     spdlog::info("creating declared pool '{}': {}", name, DescribeSpec(spec));
   }
+  return absl::OkStatus();
+}
 
+absl::Status Daemon::StartServer(const DaemonOptions& options, const Listeners& listeners,
+                                 const std::string& backend_detail,
+                                 const std::string& instance_id) {
   grpc::EnableDefaultHealthCheckService(true);
   // Reflection serves descriptors from protobuf's generated pool. gRPC's own
   // health service is not built from protobuf, so grpc.health.v1 gets there
@@ -396,83 +479,47 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
-  builder.SetMaxSendMessageSize(options.max_message_bytes);
-  // Worker sessions: a peer that stops answering pings (a frozen host, a
-  // cut link; a dead process closes its connection at once) is found within
-  // --session-timeout: a ping every half of it, the other half to answer.
-  const int half_ms = static_cast<int>(
-      std::max<int64_t>(absl::ToInt64Milliseconds(options.session_timeout) / 2, 50));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, half_ms);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, half_ms);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // Clients may ping too (kvhost::Client does every 10 s).
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
-  // A connection that has not finished its handshake (TLS, and the HTTP/2
-  // preface and SETTINGS) is closed after this; gRPC's default of 120 s let
-  // a local client hold thousands of half-open connections (and their fds).
-  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
-  // A connection with no call for this long is closed (GOAWAY); clients
-  // reconnect on their next call. Session streams are calls: never idle.
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kMaxConnectionIdleMs);
-  if (daemon->metrics_ != nullptr) {
+  SetChannelArguments(options, &builder);
+  if (metrics_ != nullptr) {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-    creators.push_back(MakeRpcMetricsInterceptorFactory(daemon->metrics_.get()));
+    creators.push_back(MakeRpcMetricsInterceptorFactory(metrics_.get()));
     builder.experimental().SetInterceptorCreators(std::move(creators));
   }
   std::vector<int> ports(options.listen.size(), 0);
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& address = options.listen[i];
-    const std::string path = UnixPath(address);
-    if (!path.empty() || absl::StartsWith(address, "unix")) {
-      if (absl::Status s = PrepareSocketPath(path); !s.ok()) return s;
-      daemon->socket_paths_.push_back(path);
-    }
     // Unix sockets: plaintext; their file's mode and group are the control.
-    const bool unix_socket = !path.empty() || absl::StartsWith(address, "unix");
+    const bool unix_socket = IsUnixAddress(address);
+    if (unix_socket) {
+      const std::string path = UnixPath(address);
+      if (absl::Status s = PrepareSocketPath(path); !s.ok()) return s;
+      socket_paths_.push_back(path);
+    }
     builder.AddListeningPort(
-        address, unix_socket ? grpc::InsecureServerCredentials() : *tcp_credentials, &ports[i]);
+        address, unix_socket ? grpc::InsecureServerCredentials() : listeners.tcp_credentials,
+        &ports[i]);
   }
-  auto pools = std::make_unique<PoolServiceImpl>(
-      daemon->registry_.get(), daemon->transfers_->backend(), options.max_message_bytes,
-      daemon->metrics_.get(), options.max_indices_per_call);
-  auto transfers = std::make_unique<TransferServiceImpl>(
-      daemon->transfers_.get(), daemon->registry_.get(), options.max_indices_per_call);
-  DaemonIdentity identity;
-  identity.backend_detail = backend_detail;
-  identity.instance_id = RandomHex();
-  const std::string instance_id = identity.instance_id;  // for kvhost_build_info
-  for (const auto& [name, spec] : options.pools) identity.declared_pools.push_back(name);
-  identity.session_timeout = options.session_timeout;
-  auto status = std::make_unique<DaemonServiceImpl>(daemon->registry_.get(),
-                                                    daemon->transfers_.get(), identity);
-  daemon->daemon_service_ = status.get();
-  daemon->drain_timeout_ = options.drain_timeout;
-  builder.RegisterService(pools.get());
-  builder.RegisterService(transfers.get());
-  builder.RegisterService(status.get());
-  daemon->services_.push_back(std::move(pools));
-  daemon->services_.push_back(std::move(transfers));
-  daemon->services_.push_back(std::move(status));
+  RegisterServices(options, backend_detail, instance_id, &builder);
   // The socket files are made while the server starts (bind); a umask that
   // leaves at most the mode's owner bits means no one else may connect
   // before ApplySocketAccess gives them the group and the mode asked for.
   // (The umask is the process's: nothing else creates files meanwhile.)
   const mode_t umask_before = ::umask(static_cast<mode_t>(0777 & ~(options.socket_mode & 0700)));
-  daemon->server_ = builder.BuildAndStart();
+  server_ = builder.BuildAndStart();
   ::umask(umask_before);
-  if (daemon->server_ == nullptr) {
+  if (server_ == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", absl::StrJoin(options.listen, ", ")));
   }
   // gRPC's health service starts out SERVING; until the rest is up it is not.
-  daemon->server_->GetHealthCheckService()->SetServingStatus(false);
-  for (const std::string& path : daemon->socket_paths_) {
-    if (absl::Status s = ApplySocketAccess(path, options.socket_mode, *socket_gid); !s.ok()) {
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  for (const std::string& path : socket_paths_) {
+    if (absl::Status s = ApplySocketAccess(path, options.socket_mode, listeners.socket_gid);
+        !s.ok()) {
       return s;
     }
     spdlog::info("socket {}: mode {}, group {}{}", path,
-                 absl::StrFormat("%04o", options.socket_mode), *socket_gid,
+                 absl::StrFormat("%04o", options.socket_mode), listeners.socket_gid,
                  options.socket_group.empty()
                      ? " (kvhostd's own)"
                      : absl::StrCat(" (--socket-group ", options.socket_group, ")"));
@@ -480,30 +527,59 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& address = options.listen[i];
     if (UnixPath(address).empty() && absl::EndsWith(address, ":0")) {
-      daemon->addresses_.push_back(absl::StrCat(address.substr(0, address.size() - 1), ports[i]));
+      addresses_.push_back(absl::StrCat(address.substr(0, address.size() - 1), ports[i]));
     } else {
-      daemon->addresses_.push_back(address);
+      addresses_.push_back(address);
     }
   }
+  return absl::OkStatus();
+}
+
+void Daemon::RegisterServices(const DaemonOptions& options, const std::string& backend_detail,
+                              const std::string& instance_id, grpc::ServerBuilder* builder) {
+  auto pools = std::make_unique<PoolServiceImpl>(registry_.get(), transfers_->backend(),
+                                                 options.max_message_bytes, metrics_.get(),
+                                                 options.max_indices_per_call);
+  auto transfers = std::make_unique<TransferServiceImpl>(transfers_.get(), registry_.get(),
+                                                         options.max_indices_per_call);
+  DaemonIdentity identity;
+  identity.backend_detail = backend_detail;
+  identity.instance_id = instance_id;
+  for (const auto& [name, spec] : options.pools) identity.declared_pools.push_back(name);
+  identity.session_timeout = options.session_timeout;
+  auto status = std::make_unique<DaemonServiceImpl>(registry_.get(), transfers_.get(), identity);
+  daemon_service_ = status.get();
+  drain_timeout_ = options.drain_timeout;
+  builder->RegisterService(pools.get());
+  builder->RegisterService(transfers.get());
+  builder->RegisterService(status.get());
+  services_.push_back(std::move(pools));
+  services_.push_back(std::move(transfers));
+  services_.push_back(std::move(status));
+}
+
+absl::Status Daemon::StartMetrics(const DaemonOptions& options, const std::string& backend,
+                                  const std::string& instance_id) {
   // After the gRPC server, before health says SERVING: a scraper that finds
   // the endpoint finds a daemon that answers.
-  if (daemon->metrics_ != nullptr) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
-        options.metrics_listen,
-        AddDaemonMetrics(daemon->metrics_.get(), daemon->registry_.get(), daemon->transfers_.get(),
-                         {KVHOST_VERSION, backend, instance_id}));
-    if (!http.ok()) return http.status();
-    daemon->metrics_server_ = *std::move(http);
-    spdlog::info("metrics on {}", daemon->metrics_server_->url());
-  }
+  if (metrics_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
+      options.metrics_listen, AddDaemonMetrics(metrics_.get(), registry_.get(), transfers_.get(),
+                                               {KVHOST_VERSION, backend, instance_id}));
+  if (!http.ok()) return http.status();
+  metrics_server_ = *std::move(http);
+  spdlog::info("metrics on {}", metrics_server_->url());
+  return absl::OkStatus();
+}
+
+void Daemon::ReportServing(const DaemonOptions& options, const std::string& backend) {
   // Overall ("") and per service, so that a probe may name the service it
   // needs; Shutdown turns them all NOT_SERVING.
-  auto* health = daemon->server_->GetHealthCheckService();
+  auto* health = server_->GetHealthCheckService();
   for (const char* service : kServedServices) health->SetServingStatus(service, true);
   health->SetServingStatus(true);
-  spdlog::info("serving on {} (backend {}, shm dir {})", absl::StrJoin(daemon->addresses_, ", "),
-               backend, options.shm_dir);
-  return daemon;
+  spdlog::info("serving on {} (backend {}, shm dir {})", absl::StrJoin(addresses_, ", "), backend,
+               options.shm_dir);
 }
 
 void Daemon::Shutdown(absl::Duration grace) {

@@ -11,6 +11,7 @@
 #define KVHOST_SERVER_DAEMON_H_
 
 #include <grpcpp/server.h>
+#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
@@ -26,6 +27,11 @@
 #include "server/pool/registry.h"
 #include "server/service/daemon_service.h"
 #include "server/transfer/transfer_manager.h"
+
+namespace grpc {
+class ServerBuilder;
+class ServerCredentials;
+}  // namespace grpc
 
 namespace kvhost {
 
@@ -91,7 +97,44 @@ class Daemon {
   const std::vector<std::string>& addresses() const { return addresses_; }
 
  private:
+  // What the listeners need, settled before anything is created.
+  struct Listeners {
+    gid_t socket_gid = 0;
+    std::shared_ptr<grpc::ServerCredentials> tcp_credentials;  // null: no TCP listener
+  };
+  // The transfer engine chosen: its name and why (DaemonStatus.backend_detail).
+  struct Backend {
+    std::string name;
+    std::string detail;
+  };
+
   Daemon() = default;
+
+  // Start's steps, in order. Each fills the members it names; a failure
+  // leaves the daemon to be destroyed, which undoes what was started.
+  // The options a bad value of which must fail the start before anything
+  // is created: listen addresses, socket access, TLS files, the metrics
+  // address, the shm dir.
+  static absl::StatusOr<Listeners> CheckListeners(const DaemonOptions& options);
+  // registry_, with stale region files of an earlier daemon removed.
+  void StartRegistry(const RegistryOptions& options);
+  // The engine (MakeEngine), metrics_ (with --metrics-listen) and transfers_.
+  absl::StatusOr<Backend> StartTransfers(const DaemonOptions& options,
+                                         std::shared_ptr<const RegionInodes> region_inodes);
+  // Admits every declared pool (they fill in the background); the first
+  // refused fails the start.
+  absl::Status CreateDeclaredPools(const DaemonOptions& options);
+  // server_ on every listener, not yet SERVING; socket files get their mode
+  // and group; addresses_ with TCP port 0 resolved.
+  absl::Status StartServer(const DaemonOptions& options, const Listeners& listeners,
+                           const std::string& backend_detail, const std::string& instance_id);
+  void RegisterServices(const DaemonOptions& options, const std::string& backend_detail,
+                        const std::string& instance_id, grpc::ServerBuilder* builder);
+  // metrics_server_, with --metrics-listen.
+  absl::Status StartMetrics(const DaemonOptions& options, const std::string& backend,
+                            const std::string& instance_id);
+  // Health SERVING, overall and per service.
+  void ReportServing(const DaemonOptions& options, const std::string& backend);
 
   // First, so that it goes last: the services, the transfer manager's
   // callbacks and the server's interceptors count into it until they end.

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/pool/registry.h"
+#include "server/pool/names.h"
 
 namespace kvhost {
 

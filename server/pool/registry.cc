@@ -14,13 +14,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "server/safe_text.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
 
 namespace {
-constexpr size_t kMaxPoolName = 64;
 constexpr char kRegionFilePrefix[] = "kvhost.";
 // PageAllocator's page table: a free-ring slot (8 bytes) and a flag per page.
 constexpr uint64_t kPageTableBytesPerPage = sizeof(uint64_t) + sizeof(uint8_t);
@@ -30,29 +28,6 @@ constexpr absl::Duration kReleaseWait = absl::Seconds(30);
 // Pools unmapped at once: at shutdown each of several pools' teardown is
 // mostly serial in the kernel (its file's pages are freed under its inode).
 constexpr int kReleaserThreads = 2;
-}  // namespace
-
-absl::Status ValidatePoolName(const std::string& name) {
-  if (name.empty() || name.size() > kMaxPoolName) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("name '", SafeText(name), "' must be 1-", kMaxPoolName, " characters long"));
-  }
-  if (name[0] == '.') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("name '", SafeText(name), "' must not start with '.'"));
-  }
-  for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "name '", SafeText(name), "' may hold only letters, digits, '.', '_' and '-'"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-namespace {
 
 absl::StatusOr<std::shared_ptr<const DirFd>> OpenShmDir(const std::string& path) {
   absl::StatusOr<DirFd> dir = DirFd::Open(path, "shm dir");
@@ -184,6 +159,31 @@ absl::Status CheckFollowerSize(const Pool& followed, const PoolSpec& spec) {
 
 }  // namespace
 
+namespace {
+
+// The size in tokens of a new pool of `spec`: a follower's is the followed
+// pool's (which `spec`'s sizing must match), any other's from its sizing
+// fields.
+absl::StatusOr<uint64_t> NewPoolTokens(const std::string& name, const PoolSpec& spec,
+                                       const Pool* followed) {
+  if (followed == nullptr) {
+    absl::StatusOr<uint64_t> resolved = ResolveSizeTokens(spec);
+    if (!resolved.ok()) return WithPool(name, resolved.status());
+    return *resolved;
+  }
+  if (absl::Status s = CheckFollowerSize(*followed, spec); !s.ok()) return WithPool(name, s);
+  const uint64_t tokens = followed->size_tokens();
+  const uint64_t page_bytes = BytesPerPage(spec);
+  if (page_bytes > 0 && tokens / spec.page_size > UINT64_MAX / page_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("pool '", name, "': ", tokens / spec.page_size,
+                                                   " pages of '", followed->name(), "' x ",
+                                                   page_bytes, " bytes per page overflow"));
+  }
+  return tokens;
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& name,
                                                            const PoolSpec& given,
                                                            const std::function<bool()>& abandoned,
@@ -201,6 +201,53 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
   }
   if (absl::Status s = ValidateOwnerToken(owner_token); !s.ok()) return WithPool(name, s);
   PoolSpec spec = given;
+  absl::StatusOr<std::shared_ptr<Pool>> found =
+      ResolveFollowed(name, owner_token, follows_token, &spec);
+  if (!found.ok()) return found.status();
+  const std::shared_ptr<Pool> followed = *std::move(found);
+  if (absl::Status s = ValidateSpec(spec); !s.ok()) return WithPool(name, s);
+  absl::StatusOr<uint64_t> size_tokens = NewPoolTokens(name, spec, followed.get());
+  if (!size_tokens.ok()) return size_tokens.status();
+  const uint64_t tokens = *size_tokens;
+  auto creation = std::make_shared<Creation>();
+  creation->spec = spec;
+  creation->size_tokens = tokens;
+  creation->bytes = tokens / spec.page_size * BytesPerPage(spec);
+  const uint64_t bytes = creation->bytes;
+  if (absl::Status s = Admit(name, creation, followed != nullptr, abandoned); !s.ok()) return s;
+  absl::StatusOr<std::shared_ptr<Pool>> pool = Fill(name, creation.get(), followed, abandoned);
+  absl::MutexLock lock(&mu_);
+  creating_.erase(name);
+  creating_bytes_ -= bytes;
+  if (pool.ok() && followed) {
+    // The followed pool may have been deleted meanwhile; then so is this one.
+    auto it = pools_.find(followed->name());
+    absl::Status s = it != pools_.end() && it->second == followed
+                         ? followed->AddFollower(name)
+                         : absl::FailedPreconditionError(
+                               absl::StrCat("pool '", followed->name(), "' was deleted while '",
+                                            name, "' that follows it was being created"));
+    if (!s.ok()) pool = s;
+  }
+  if (!pool.ok()) return pool.status();
+  // sglang's warning (tokenspeed's inverts it, see docs/SEEDS.md): a host tier
+  // no larger than the device pool it backs can hold nothing the device lacks.
+  if (spec.device_size_tokens > 0 && tokens <= spec.device_size_tokens) {
+    spdlog::warn(
+        "pool '{}' has {} tokens, not more than the device pool's {}; the host tier "
+        "adds no capacity",
+        name, tokens, spec.device_size_tokens);
+  }
+  if (!followed) (*pool)->SetOwnerToken(owner_token);
+  pools_[name] = *pool;
+  used_bytes_ += bytes;
+  return *pool;
+}
+
+absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::ResolveFollowed(
+    const std::string& name, const std::string& owner_token, const std::string* follows_token,
+    PoolSpec* spec_out) {
+  PoolSpec& spec = *spec_out;
   std::shared_ptr<Pool> followed;
   if (!spec.follows.empty() && NeedsFollows(spec.kind)) {
     absl::StatusOr<std::shared_ptr<Pool>> f = Get(spec.follows);
@@ -233,85 +280,76 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     }
     if (absl::Status s = InheritFromFollowed(*followed, &spec); !s.ok()) return WithPool(name, s);
   }
-  if (absl::Status s = ValidateSpec(spec); !s.ok()) return WithPool(name, s);
-  uint64_t tokens = 0;
-  if (followed) {
-    if (absl::Status s = CheckFollowerSize(*followed, spec); !s.ok()) return WithPool(name, s);
-    tokens = followed->size_tokens();
-    const uint64_t page_bytes = BytesPerPage(spec);
-    if (page_bytes > 0 && tokens / spec.page_size > UINT64_MAX / page_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("pool '", name, "': ", tokens / spec.page_size,
-                                                     " pages of '", followed->name(), "' x ",
-                                                     page_bytes, " bytes per page overflow"));
-    }
-  } else {
-    absl::StatusOr<uint64_t> resolved = ResolveSizeTokens(spec);
-    if (!resolved.ok()) return WithPool(name, resolved.status());
-    tokens = *resolved;
-  }
-  const uint64_t pages = tokens / spec.page_size;
-  const uint64_t bytes = pages * BytesPerPage(spec);
+  return followed;
+}
+
+absl::Status PoolRegistry::Admit(const std::string& name, const std::shared_ptr<Creation>& creation,
+                                 bool follower, const std::function<bool()>& abandoned) {
+  const PoolSpec& spec = creation->spec;
+  const uint64_t bytes = creation->bytes;
+  const uint64_t pages = creation->size_tokens / spec.page_size;
   // The allocator's page table is host memory too. A LOGICAL pool has no
   // other bytes, so without it a request for 2^40 tokens passed every check
   // and the daemon then failed to allocate 8 TiB (found by fuzz/service_fuzz).
-  const uint64_t table_bytes = followed ? 0 : pages * kPageTableBytesPerPage;
-  auto creation = std::make_shared<Creation>();
-  creation->spec = spec;
-  creation->size_tokens = tokens;
-  creation->bytes = bytes;
-
+  const uint64_t table_bytes = follower ? 0 : pages * kPageTableBytesPerPage;
+  // The check and the reservation happen together, so two creations cannot
+  // both pass against the same free memory; the slow part (reserving and
+  // touching the pages) runs after, without the lock.
+  absl::MutexLock create_lock(&create_mu_);
   {
-    // The check and the reservation happen together, so two creations cannot
-    // both pass against the same free memory; the slow part (reserving and
-    // touching the pages) runs after, without the lock.
-    absl::MutexLock create_lock(&create_mu_);
-    {
-      absl::MutexLock lock(&mu_);
-      if (pools_.count(name) != 0 || creating_.count(name) != 0) {
-        return absl::AlreadyExistsError(absl::StrCat("pool '", name, "' already exists"));
-      }
-      if (groups_.count(name) != 0) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("'", name, "' is a pool group's name; pools and groups share names"));
-      }
-    }
-    std::string why;
-    absl::StatusOr<uint64_t> budget = Available(&why);
-    if (!budget.ok()) return budget.status();
-    // Deleted pools are unmapped on the releaser's threads, and their bytes
-    // count until then: a create right after a delete waits for those
-    // releases (not for pools a stream still holds) before it gives up.
-    const absl::Time release_deadline = absl::Now() + kReleaseWait;
-    while (bytes + table_bytes > *budget && releaser_->pending() > 0 &&
-           absl::Now() < release_deadline && !(abandoned && abandoned())) {
-      absl::SleepFor(absl::Milliseconds(5));
-      budget = Available(&why);
-      if (!budget.ok()) return budget.status();
-    }
-    const uint64_t available = *budget;
-    if (bytes + table_bytes > available) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "not enough host memory for pool '", name, "': it needs ", FormatBytes(bytes), " (",
-          bytes, " bytes: ", pages, " pages x ", BytesPerPage(spec), " bytes)",
-          table_bytes > 0 ? " + " : "", table_bytes > 0 ? FormatBytesExact(table_bytes) : "",
-          table_bytes > 0 ? " of page table" : "", " = ", FormatBytesExact(bytes + table_bytes),
-          ", but only ", FormatBytesExact(available), " available (", why, ")"));
-    }
     absl::MutexLock lock(&mu_);
-    creating_[name] = creation;
-    creating_bytes_ += bytes;
+    if (pools_.count(name) != 0 || creating_.count(name) != 0) {
+      return absl::AlreadyExistsError(absl::StrCat("pool '", name, "' already exists"));
+    }
+    if (groups_.count(name) != 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("'", name, "' is a pool group's name; pools and groups share names"));
+    }
   }
+  std::string why;
+  absl::StatusOr<uint64_t> budget = Available(&why);
+  if (!budget.ok()) return budget.status();
+  // Deleted pools are unmapped on the releaser's threads, and their bytes
+  // count until then: a create right after a delete waits for those
+  // releases (not for pools a stream still holds) before it gives up.
+  const absl::Time release_deadline = absl::Now() + kReleaseWait;
+  while (bytes + table_bytes > *budget && releaser_->pending() > 0 &&
+         absl::Now() < release_deadline && !(abandoned && abandoned())) {
+    absl::SleepFor(absl::Milliseconds(5));
+    budget = Available(&why);
+    if (!budget.ok()) return budget.status();
+  }
+  const uint64_t available = *budget;
+  if (bytes + table_bytes > available) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "not enough host memory for pool '", name, "': it needs ", FormatBytes(bytes), " (", bytes,
+        " bytes: ", pages, " pages x ", BytesPerPage(spec), " bytes)", table_bytes > 0 ? " + " : "",
+        table_bytes > 0 ? FormatBytesExact(table_bytes) : "",
+        table_bytes > 0 ? " of page table" : "", " = ", FormatBytesExact(bytes + table_bytes),
+        ", but only ", FormatBytesExact(available), " available (", why, ")"));
+  }
+  absl::MutexLock lock(&mu_);
+  creating_[name] = creation;
+  creating_bytes_ += bytes;
+  return absl::OkStatus();
+}
 
+absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Fill(const std::string& name,
+                                                         Creation* creation,
+                                                         const std::shared_ptr<Pool>& followed,
+                                                         const std::function<bool()>& abandoned) {
+  const PoolSpec& spec = creation->spec;
   RegionFiles files;
   files.dir = shm_dir_fd_.value_or(nullptr);  // Available failed above without it
   files.name_prefix = absl::StrCat(kRegionFilePrefix, ::getpid(), ".");
   files.file.mode = options_.region_mode;
   files.file.gid = options_.region_gid;
   files.file.inodes = options_.region_inodes;
-  files.file.on_progress = [c = creation.get()](uint64_t n) { c->populated += n; };
+  files.file.on_progress = [creation](uint64_t n) { creation->populated += n; };
   files.file.cancelled = [this, &abandoned] { return cancelling_ || (abandoned && abandoned()); };
   files.releaser = releaser_;
-  absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create(name, spec, tokens, files, followed);
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      Pool::Create(name, spec, creation->size_tokens, files, followed);
   if (cancelling_ && (pool.ok() || absl::IsCancelled(pool.status()))) {
     pool = absl::UnavailableError(
         absl::StrCat("pool '", name, "' was not created: the daemon is shutting down"));
@@ -321,34 +359,9 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
   if ((pool.ok() || absl::IsCancelled(pool.status())) && abandoned && abandoned()) {
     pool = absl::CancelledError(absl::StrCat("pool '", name,
                                              "' was not created: the caller gave up while its ",
-                                             FormatBytes(bytes), " were being reserved"));
+                                             FormatBytes(creation->bytes), " were being reserved"));
   }
-  absl::MutexLock lock(&mu_);
-  creating_.erase(name);
-  creating_bytes_ -= bytes;
-  if (pool.ok() && followed) {
-    // The followed pool may have been deleted meanwhile; then so is this one.
-    auto it = pools_.find(followed->name());
-    absl::Status s = it != pools_.end() && it->second == followed
-                         ? followed->AddFollower(name)
-                         : absl::FailedPreconditionError(
-                               absl::StrCat("pool '", followed->name(), "' was deleted while '",
-                                            name, "' that follows it was being created"));
-    if (!s.ok()) pool = s;
-  }
-  if (!pool.ok()) return pool.status();
-  // sglang's warning (tokenspeed's inverts it, see docs/SEEDS.md): a host tier
-  // no larger than the device pool it backs can hold nothing the device lacks.
-  if (spec.device_size_tokens > 0 && tokens <= spec.device_size_tokens) {
-    spdlog::warn(
-        "pool '{}' has {} tokens, not more than the device pool's {}; the host tier "
-        "adds no capacity",
-        name, tokens, spec.device_size_tokens);
-  }
-  if (!followed) (*pool)->SetOwnerToken(owner_token);
-  pools_[name] = *pool;
-  used_bytes_ += bytes;
-  return *pool;
+  return pool;
 }
 
 absl::StatusOr<uint64_t> PoolRegistry::Available(std::string* why) const {

@@ -33,6 +33,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "server/pool/host_memory.h"
+#include "server/pool/names.h"  // ValidatePoolName: what CreatePool accepts
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
 #include "server/pool/releaser.h"
@@ -252,6 +253,22 @@ class PoolRegistry {
   uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // FAILED_PRECONDITION "pool 'x' is still being created (n of m bytes)".
   static absl::Status StillCreating(const std::string& name, const Creation& c);
+  // Create's steps. ResolveFollowed: the pool `spec` follows (null when it
+  // follows none), its token checked, what a follower inherits filled in.
+  absl::StatusOr<std::shared_ptr<Pool>> ResolveFollowed(const std::string& name,
+                                                        const std::string& owner_token,
+                                                        const std::string* follows_token,
+                                                        PoolSpec* spec);
+  // Takes the name and counts the creation's bytes against the budget, in
+  // one step under create_mu_ (waiting a while for deleted pools' releases
+  // when short).
+  absl::Status Admit(const std::string& name, const std::shared_ptr<Creation>& creation,
+                     bool follower, const std::function<bool()>& abandoned);
+  // Reserves and touches the pool's memory (Pool::Create), without a lock;
+  // UNAVAILABLE once shutting down, CANCELLED when the caller gave up.
+  absl::StatusOr<std::shared_ptr<Pool>> Fill(const std::string& name, Creation* creation,
+                                             const std::shared_ptr<Pool>& followed,
+                                             const std::function<bool()>& abandoned);
   const std::shared_ptr<MemoryLedger> ledger_ = std::make_shared<MemoryLedger>();
   // Where pools are destroyed; RegionFiles::releaser of every pool.
   const std::shared_ptr<Releaser> releaser_;
@@ -278,9 +295,6 @@ absl::Status CheckPoolOwner(const Pool& pool, const std::string* token);
 // byte of `token` is printable ASCII 0x21-0x7E: what gRPC metadata carries
 // unchanged (kvhost-token), so that the pool's owner can always present it.
 absl::Status ValidateOwnerToken(const std::string& token);
-
-// OK when `name` is 1-64 characters of [A-Za-z0-9._-] not starting with '.'.
-absl::Status ValidatePoolName(const std::string& name);
 
 }  // namespace kvhost
 

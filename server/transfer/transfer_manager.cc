@@ -1,13 +1,7 @@
 #include "server/transfer/transfer_manager.h"
 
-#include <sys/random.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <limits>
 #include <optional>
-#include <random>
 #include <thread>
 #include <utility>
 
@@ -27,21 +21,6 @@ absl::Status CheckRange(absl::Span<const int64_t> indices, uint64_t limit, const
     }
   }
   return absl::OkStatus();
-}
-
-// "pool 'x' (MHA/PAGE_FIRST)" for messages.
-std::string PoolWhat(const Pool& pool) {
-  return absl::StrCat("pool '", pool.name(), "' (", PoolKindName(pool.spec().kind), "/",
-                      LayoutName(pool.spec().layout), ")");
-}
-
-// Kinds whose component 0 may come as k_layers, and component 1 as v_layers.
-bool TakesKLayers(PoolKind kind) {
-  return kind == PoolKind::kMha || kind == PoolKind::kMla || kind == PoolKind::kMhaAsymmetric ||
-         kind == PoolKind::kKOnly || kind == PoolKind::kDsa;
-}
-bool TakesVLayers(PoolKind kind) {
-  return kind == PoolKind::kMha || kind == PoolKind::kMhaAsymmetric;
 }
 
 // What a ticket layer copies for device layer `d` of `pool` attached from
@@ -65,143 +44,12 @@ std::vector<JobLayer> MapLayers(const Pool& pool, uint32_t start, uint32_t end) 
   return layers;
 }
 
-// A request's load_event_sets: 0 means the default; above the limit is
-// INVALID_ARGUMENT.
-absl::StatusOr<uint32_t> ResolveLoadEventSets(uint32_t sets) {
-  if (sets > kMaxLoadEventSets) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("load_event_sets ", sets, " is above the limit of ", kMaxLoadEventSets));
-  }
-  return sets == 0 ? kDefaultLoadEventSets : sets;
-}
-
-}  // namespace
-
-absl::StatusOr<AttachRequest> ResolveAttachRequest(const Pool& pool, AttachRequest request) {
-  const std::string what = PoolWhat(pool);
-  const PoolKind kind = pool.spec().kind;
-  const std::vector<Component>& components = pool.components();
-  if (request.start_layer == 0 && request.end_layer == 0) {
-    request.start_layer = pool.start_layer();
-    request.end_layer = pool.end_layer();
-  } else if (request.start_layer >= request.end_layer) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "start_layer ", request.start_layer, " must be below end_layer ", request.end_layer,
-        " (both 0: the layers of ", what, ", [", pool.start_layer(), ", ", pool.end_layer(), "))"));
-  }
-  const uint32_t layers = request.layer_num();
-  const std::string range = absl::StrCat("one per attached layer of [", request.start_layer, ", ",
-                                         request.end_layer, ")");
-  if (components.empty() &&
-      (!request.k_layers.empty() || !request.v_layers.empty() || !request.named.empty())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " has no components and takes no device buffers"));
-  }
-  // Gather each component's buffers from whichever field names it.
-  std::vector<std::optional<ComponentBuffers>> given(components.size());
-  auto put = [&](size_t c, ComponentBuffers buffers) -> absl::Status {
-    if (given[c].has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("component '", components[c].name, "' of ",
-                                                     what, " is given twice: in ", given[c]->field,
-                                                     " and in ", buffers.field));
-    }
-    given[c] = std::move(buffers);
-    return absl::OkStatus();
-  };
-  if (!request.k_layers.empty()) {
-    if (!TakesKLayers(kind)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "k_layers has ", request.k_layers.size(), " buffers, but ", what,
-          " takes its buffers in components, by name (k_layers names component 0 of MHA, MLA, "
-          "MHA_ASYMMETRIC, K_ONLY and DSA)"));
-    }
-    if (absl::Status s = put(0, {components[0].name, "k_layers", std::move(request.k_layers)});
-        !s.ok()) {
-      return s;
-    }
-  }
-  if (!request.v_layers.empty()) {
-    if (!TakesVLayers(kind)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("v_layers has ", request.v_layers.size(), " buffers but ", what,
-                       " needs 0 (v_layers names the V component of MHA and MHA_ASYMMETRIC)"));
-    }
-    if (absl::Status s = put(1, {components[1].name, "v_layers", std::move(request.v_layers)});
-        !s.ok()) {
-      return s;
-    }
-  }
-  for (size_t i = 0; i < request.named.size(); ++i) {
-    ComponentBuffers& named = request.named[i];
-    size_t c = 0;
-    while (c < components.size() && components[c].name != named.name) ++c;
-    if (c == components.size()) {
-      std::vector<std::string> names;
-      for (const Component& component : components) names.push_back(component.name);
-      return absl::InvalidArgumentError(
-          absl::StrCat("components[", i, "] names component '", named.name, "', but ", what,
-                       " has components ", absl::StrJoin(names, ", ")));
-    }
-    if (named.field.empty()) named.field = absl::StrCat("components[", i, "].layers");
-    if (absl::Status s = put(c, std::move(named)); !s.ok()) return s;
-  }
-  request.named.clear();
-  request.k_layers.clear();
-  request.v_layers.clear();
-  request.components.clear();
-  for (size_t c = 0; c < components.size(); ++c) {
-    if (!given[c].has_value()) {
-      const char* field = c == 0 && TakesKLayers(kind)   ? "k_layers"
-                          : c == 1 && TakesVLayers(kind) ? "v_layers"
-                                                         : "components";
-      return absl::InvalidArgumentError(absl::StrCat(field, " has 0 buffers for component '",
-                                                     components[c].name, "' but ", what, " needs ",
-                                                     layers, " (", range, ")"));
-    }
-    if (given[c]->layers.size() != layers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          given[c]->field, " has ", given[c]->layers.size(), " buffers for component '",
-          components[c].name, "' but ", what, " needs ", layers, " (", range, ")"));
-    }
-    given[c]->name = components[c].name;
-    request.components.push_back(*std::move(given[c]));
-  }
-  if (request.device_size_tokens == 0) {
-    return absl::InvalidArgumentError("device_size_tokens must be >= 1");
-  }
-  if (request.device_size_tokens > (uint64_t{1} << 40)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device_size_tokens ", request.device_size_tokens, " is too large"));
-  }
-  for (const Component& c : components) {
-    if (request.device_size_tokens % c.row_tokens != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device_size_tokens ", request.device_size_tokens, " is not a multiple of ", c.row_tokens,
-          ": component '", c.name, "' of ", what, " has a device row per page of that many slots"));
-    }
-    // A layer buffer's size (rows x row bytes) must not wrap, or the engine's
-    // size check passes for any file and device offsets run past its end.
-    const uint64_t rows = request.device_size_tokens / c.row_tokens;
-    if (rows > std::numeric_limits<uint64_t>::max() / c.row_bytes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device_size_tokens ", request.device_size_tokens, ": ", rows, " rows x ",
-                       c.row_bytes(), " bytes of component '", c.name, "' is too large"));
-    }
-  }
-  absl::StatusOr<uint32_t> sets = ResolveLoadEventSets(request.load_event_sets);
-  if (!sets.ok()) return sets.status();
-  request.load_event_sets = *sets;
-  return request;
-}
-
 // A mapping of no buffers, for pools without components (LOGICAL): their
 // transfers never reach an engine.
 class EmptyMapping : public DeviceMapping {
  public:
   EmptyMapping(const Pool& pool, const AttachRequest& request) : DeviceMapping(pool, request) {}
 };
-
-namespace {
 
 // The ticket layers of group entry `entry` attached at device layers
 // [start, ...): model layer l copies device layer layer_map[l].
@@ -272,34 +120,6 @@ absl::Status BuildPart(Direction direction, absl::Span<const int64_t> host,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-namespace {
-
-// `n` bytes from the kernel's random source (getrandom; std::random_device
-// where that fails, e.g. a sandbox without the call).
-void FillRandom(void* out, size_t n) {
-  auto* p = static_cast<uint8_t*>(out);
-  while (n > 0) {
-    const ssize_t got = ::getrandom(p, n, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  if (n == 0) return;
-  std::random_device random;
-  for (; n > 0; --n) *p++ = static_cast<uint8_t>(random());
-}
-
-// Equality in time that depends only on the lengths (as Pool's token check).
-bool SameSecret(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 // The message of an attachment id the caller may not use, the same as for
 // one that does not exist: the answer tells nothing about other sessions.
 absl::Status AttachmentNotFound(const std::string& id) {
@@ -307,60 +127,16 @@ absl::Status AttachmentNotFound(const std::string& id) {
       absl::StrCat("attachment '", ShortId(id), "' not found (or not this session's)"));
 }
 
+// "a, b, c": a group's entry names, for messages.
+std::string EntryNames(const PoolGroup& group) {
+  std::string names;
+  for (const GroupEntry& e : group.entries()) {
+    absl::StrAppend(&names, names.empty() ? "" : ", ", e.name);
+  }
+  return names;
+}
+
 }  // namespace
-
-std::string RandomHex() {
-  uint64_t bits[2] = {0, 0};
-  FillRandom(bits, sizeof(bits));
-  return absl::StrCat(absl::Hex(bits[0], absl::kZeroPad16), absl::Hex(bits[1], absl::kZeroPad16));
-}
-
-std::string ShortId(const std::string& id) {
-  // "att-<n>-" / "ses-<n>-" stay whole (they are no secret), then 4 digits.
-  constexpr size_t kMaxPrefix = 24;
-  constexpr size_t kShownDigits = 4;
-  size_t keep = 0;
-  if (const size_t dash = id.rfind('-'); dash != std::string::npos && dash < kMaxPrefix) {
-    keep = dash + 1;
-  }
-  keep = std::min(id.size(), keep + kShownDigits);
-  return absl::StrCat(id.substr(0, keep), "...");  // ASCII: status messages are ASCII
-}
-
-bool TransferManager::Permits(const Caller& caller, const Owner& owner) {
-  if (owner.session_id.empty()) return true;
-  for (const std::string& session : caller.sessions) {
-    if (SameSecret(session, owner.session_id)) return true;
-  }
-  if (!caller.token.has_value()) return false;
-  // The token of every protected pool of the attachment, and one at least.
-  bool opened = false;
-  for (const std::weak_ptr<const Pool>& weak : owner.pools) {
-    const std::shared_ptr<const Pool> pool = weak.lock();
-    if (pool == nullptr) return false;  // deleted: no token opens it any more
-    if (!pool->owner_protected()) continue;
-    if (!CheckPoolOwner(*pool, &*caller.token).ok()) return false;
-    opened = true;
-  }
-  return opened;
-}
-
-TransferManager::Attachment* TransferManager::FindAttachment(const Caller& caller,
-                                                             const std::string& id) {
-  auto it = attachments_.find(id);
-  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) return nullptr;
-  return &it->second;
-}
-
-uint64_t TransferManager::NewTicketId() const {
-  // Random rather than counted: an id from before a restart (or of another
-  // client) names no ticket of this daemon but by a 2^-64 chance, and within
-  // one daemon no ticket id says anything about the next one. 64 bits keep
-  // TransferTicket.id's wire type.
-  uint64_t id = 0;
-  while (id == 0 || tickets_.count(id) != 0) FillRandom(&id, sizeof(id));
-  return id;
-}
 
 TransferManager::TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine,
                                  KvhostMetrics* metrics)
@@ -368,11 +144,13 @@ TransferManager::TransferManager(PoolRegistry* registry, std::unique_ptr<Transfe
 
 TransferManager::~TransferManager() { Drain(); }
 
+// ------------------------------------------------------------------ attach
+
 absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_name,
                                                        const AttachRequest& request) {
   if (!request.session_id.empty()) {
     absl::MutexLock lock(&mu_);
-    if (sessions_.count(request.session_id) == 0) {
+    if (!sessions_.IsOpen(request.session_id)) {
       return absl::NotFoundError(absl::StrCat("session '", ShortId(request.session_id),
                                               "' is not open (open one with OpenSession)"));
     }
@@ -391,9 +169,7 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
   absl::StatusOr<AttachRequest> resolved = ResolveAttachRequest(**pool, request);
   if (!resolved.ok()) return resolved.status();
   if (absl::Status s = (*pool)->AcquireAttachment(resolved->tp_rank); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<DeviceMapping>> device =
-      (*pool)->components().empty() ? std::make_unique<EmptyMapping>(**pool, *resolved)
-                                    : engine_->Open(**pool, *resolved);
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> device = OpenMapping(**pool, *resolved);
   if (!device.ok()) {
     (*pool)->ReleaseAttachment(resolved->tp_rank);
     return WithPool(pool_name, device.status());
@@ -412,16 +188,47 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
   return Register(std::move(attachment));
 }
 
+absl::StatusOr<std::unique_ptr<DeviceMapping>> TransferManager::OpenMapping(
+    const Pool& pool, const AttachRequest& resolved) {
+  if (pool.components().empty()) return std::make_unique<EmptyMapping>(pool, resolved);
+  return engine_->Open(pool, resolved);
+}
+
 absl::StatusOr<AttachmentInfo> TransferManager::AttachGroup(const std::shared_ptr<PoolGroup>& group,
                                                             const AttachRequest& request) {
-  const std::string what = absl::StrCat("pool group '", group->name(), "'");
-  const std::vector<GroupEntry>& entries = group->entries();
-  std::string names;
-  for (const GroupEntry& e : entries) absl::StrAppend(&names, names.empty() ? "" : ", ", e.name);
+  absl::StatusOr<std::vector<AttachRequest>> resolved = ResolveGroupEntries(*group, request);
+  if (!resolved.ok()) return resolved.status();
+  const std::optional<uint32_t> tp_rank = request.tp_rank;
+  if (absl::Status s = AcquireGroup(*group, tp_rank); !s.ok()) return s;
+  Attachment attachment;
+  attachment.group = group;
+  if (absl::Status s = OpenGroupMappings(*group, *resolved, request.load_event_sets, &attachment);
+      !s.ok()) {
+    group->ReleaseAttachment();
+    for (const GroupEntry& entry : group->entries()) entry.pool->ReleaseAttachment(tp_rank);
+    return s;
+  }
+  const AttachRequest& anchor = (*resolved)[group->anchor_index()];
+  attachment.info.pool = group->anchor().pool->name();
+  attachment.info.group = group->name();
+  attachment.info.device_size_tokens = anchor.device_size_tokens;
+  attachment.info.start_layer = 0;
+  attachment.info.end_layer = group->layer_num();
+  attachment.info.tp_rank = tp_rank;
+  attachment.info.load_only = request.load_only;
+  attachment.info.session_id = request.session_id;
+  return Register(std::move(attachment));
+}
+
+absl::StatusOr<std::vector<AttachRequest>> TransferManager::ResolveGroupEntries(
+    const PoolGroup& group, const AttachRequest& request) {
+  const std::string what = absl::StrCat("pool group '", group.name(), "'");
+  const std::vector<GroupEntry>& entries = group.entries();
+  const std::string names = EntryNames(group);
   if (!request.k_layers.empty() || !request.v_layers.empty() || !request.named.empty() ||
       request.device_size_tokens != 0 || request.start_layer != 0 || request.end_layer != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "'", group->name(), "' is a pool group: give its buffers in entries, one per group entry (",
+        "'", group.name(), "' is a pool group: give its buffers in entries, one per group entry (",
         names,
         "); k_layers, v_layers, components, device_size_tokens, start_layer and end_layer "
         "must be empty / 0"));
@@ -467,15 +274,20 @@ absl::StatusOr<AttachmentInfo> TransferManager::AttachGroup(const std::shared_pt
     }
     resolved[e] = *std::move(r);
   }
+  std::vector<AttachRequest> out;
   for (size_t e = 0; e < entries.size(); ++e) {
     if (!resolved[e].has_value()) {
       return absl::InvalidArgumentError(
           absl::StrCat("entries has no buffers for entry '", entries[e].name, "' of ", what,
                        ", which needs one per group entry (", names, ")"));
     }
+    out.push_back(*std::move(resolved[e]));
   }
-  // Hold every pool and the group; on any failure release what was taken.
-  const std::optional<uint32_t> tp_rank = request.tp_rank;
+  return out;
+}
+
+absl::Status TransferManager::AcquireGroup(PoolGroup& group, std::optional<uint32_t> tp_rank) {
+  const std::vector<GroupEntry>& entries = group.entries();
   size_t acquired = 0;
   auto release = [&entries, &acquired, tp_rank]() {
     for (size_t e = 0; e < acquired; ++e) entries[e].pool->ReleaseAttachment(tp_rank);
@@ -483,59 +295,50 @@ absl::StatusOr<AttachmentInfo> TransferManager::AttachGroup(const std::shared_pt
   for (; acquired < entries.size(); ++acquired) {
     if (absl::Status s = entries[acquired].pool->AcquireAttachment(tp_rank); !s.ok()) {
       release();
-      return absl::Status(s.code(), absl::StrCat("entry '", entries[acquired].name, "' of ", what,
-                                                 ": ", s.message()));
+      return absl::Status(s.code(),
+                          absl::StrCat("entry '", entries[acquired].name, "' of pool group '",
+                                       group.name(), "': ", s.message()));
     }
   }
-  if (absl::Status s = group->AcquireAttachment(); !s.ok()) {
+  if (absl::Status s = group.AcquireAttachment(); !s.ok()) {
     release();
     return s;
   }
-  auto fail = [&](const absl::Status& s) {
-    group->ReleaseAttachment();
-    release();
-    return s;
-  };
-  Attachment attachment;
-  attachment.group = group;
+  return absl::OkStatus();
+}
+
+absl::Status TransferManager::OpenGroupMappings(const PoolGroup& group,
+                                                const std::vector<AttachRequest>& resolved,
+                                                uint32_t load_event_sets, Attachment* attachment) {
+  const std::string what = absl::StrCat("pool group '", group.name(), "'");
+  const std::vector<GroupEntry>& entries = group.entries();
   std::vector<std::shared_ptr<const DeviceMapping>> mappings;
   for (size_t e = 0; e < entries.size(); ++e) {
     const Pool& pool = *entries[e].pool;
-    absl::StatusOr<std::unique_ptr<DeviceMapping>> device =
-        pool.components().empty() ? std::make_unique<EmptyMapping>(pool, *resolved[e])
-                                  : engine_->Open(pool, *resolved[e]);
+    absl::StatusOr<std::unique_ptr<DeviceMapping>> device = OpenMapping(pool, resolved[e]);
     if (!device.ok()) {
-      return fail(absl::Status(device.status().code(),
-                               absl::StrCat("entry '", entries[e].name, "' of ", what, " (pool '",
-                                            pool.name(), "'): ", device.status().message())));
+      return absl::Status(device.status().code(),
+                          absl::StrCat("entry '", entries[e].name, "' of ", what, " (pool '",
+                                       pool.name(), "'): ", device.status().message()));
     }
     mappings.push_back(*std::move(device));
-    attachment.pools.push_back({entries[e].name, entries[e].pool, mappings.back(),
-                                MapEntryLayers(entries[e], resolved[e]->start_layer)});
+    attachment->pools.push_back({entries[e].name, entries[e].pool, mappings.back(),
+                                 MapEntryLayers(entries[e], resolved[e].start_layer)});
   }
-  absl::StatusOr<uint32_t> sets = ResolveLoadEventSets(request.load_event_sets);
-  if (!sets.ok()) return fail(sets.status());
+  absl::StatusOr<uint32_t> sets = ResolveLoadEventSets(load_event_sets);
+  if (!sets.ok()) return sets.status();
   absl::StatusOr<std::unique_ptr<DeviceMapping>> device =
-      engine_->OpenGroup(mappings, group->layer_num(), *sets);
+      engine_->OpenGroup(mappings, group.layer_num(), *sets);
   if (!device.ok()) {
-    return fail(
-        absl::Status(device.status().code(), absl::StrCat(what, ": ", device.status().message())));
+    return absl::Status(device.status().code(),
+                        absl::StrCat(what, ": ", device.status().message()));
   }
-  const AttachRequest& anchor = *resolved[group->anchor_index()];
-  attachment.info.pool = group->anchor().pool->name();
-  attachment.info.group = group->name();
-  attachment.info.device_size_tokens = anchor.device_size_tokens;
-  attachment.info.start_layer = 0;
-  attachment.info.end_layer = group->layer_num();
-  attachment.info.tp_rank = tp_rank;
-  attachment.info.load_only = request.load_only;
-  attachment.info.session_id = request.session_id;
-  attachment.device = std::shared_ptr<const DeviceMapping>(*std::move(device));
-  return Register(std::move(attachment));
+  attachment->device = std::shared_ptr<const DeviceMapping>(*std::move(device));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) {
-  attachment.info.id = absl::StrCat("att-", next_attachment_++, "-", RandomHex());
+  attachment.info.id = CapabilityId("att", next_attachment_++);
   {
     Owner owner;
     owner.session_id = attachment.info.session_id;
@@ -547,14 +350,10 @@ absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) 
   AttachmentInfo info = attachment.info;
   {
     absl::MutexLock lock(&mu_);
-    if (!info.session_id.empty()) {
-      auto session = sessions_.find(info.session_id);
-      if (session == sessions_.end()) {
-        Release(attachment);
-        return absl::NotFoundError(
-            absl::StrCat("session '", ShortId(info.session_id), "' closed while attaching"));
-      }
-      session->second.attachments.push_back(info.id);
+    if (!info.session_id.empty() && !sessions_.AddAttachment(info.session_id, info.id)) {
+      Release(attachment);
+      return absl::NotFoundError(
+          absl::StrCat("session '", ShortId(info.session_id), "' closed while attaching"));
     }
     attachments_.emplace(info.id, std::move(attachment));
   }
@@ -569,6 +368,13 @@ absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) 
   return info;
 }
 
+TransferManager::Attachment* TransferManager::FindAttachment(const Caller& caller,
+                                                             const std::string& id) {
+  auto it = attachments_.find(id);
+  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) return nullptr;
+  return &it->second;
+}
+
 absl::Status TransferManager::Detach(const Caller& caller, const std::string& attachment_id) {
   Attachment attachment;
   {
@@ -577,10 +383,7 @@ absl::Status TransferManager::Detach(const Caller& caller, const std::string& at
     auto it = attachments_.find(attachment_id);
     attachment = std::move(it->second);
     attachments_.erase(it);
-    if (auto session = sessions_.find(attachment.info.session_id); session != sessions_.end()) {
-      std::vector<std::string>& ids = session->second.attachments;
-      ids.erase(std::remove(ids.begin(), ids.end(), attachment_id), ids.end());
-    }
+    sessions_.RemoveAttachment(attachment.info.session_id, attachment_id);
   }
   Release(attachment);
   if (attachment.group != nullptr) {
@@ -600,48 +403,79 @@ void TransferManager::Release(const Attachment& attachment) {
   }
 }
 
+// ---------------------------------------------------------------- transfer
+
 absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     const Caller& caller, const std::string& attachment_id, Direction direction,
     absl::Span<const int64_t> host, absl::Span<const int64_t> device,
     const std::string& wait_event_handle, absl::Span<const EntryRows> pool_transfers) {
-  TransferJob job;
-  job.direction = direction;
-  job.wait_event_handle = wait_event_handle;
-  std::shared_ptr<PoolGroup> group;
-  std::vector<AttachedPool> pools;
-  std::string label;  // the metrics' pool label
-  std::shared_ptr<const Owner> owner;
   const std::string short_id = ShortId(attachment_id);
+  absl::StatusOr<Target> target = FindTarget(caller, attachment_id, direction);
+  if (!target.ok()) return target.status();
+  absl::StatusOr<std::vector<Rows>> rows =
+      AssignRows(*target, short_id, host, device, pool_transfers);
+  if (!rows.ok()) return rows.status();
+  // Every pool's rows validated before anything is reserved or submitted.
+  absl::StatusOr<TransferJob> job = BuildJob(*target, short_id, direction, *rows);
+  if (!job.ok()) return job.status();
+  job->wait_event_handle = wait_event_handle;
+  bool components = false;  // some pool of the attachment has buffers to copy
+  for (const AttachedPool& attached : target->pools) {
+    components = components || !attached.pool->components().empty();
+  }
+  // The only part without components left is a plain LOGICAL pool's.
+  const bool copies = components && job->tokens() > 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < job->layer_num(); ++i) bytes += TicketLayerBytes(*job, i);
+  absl::StatusOr<std::shared_ptr<TransferTicket>> reserved =
+      Reserve(attachment_id, *target, components, &*job);
+  if (!reserved.ok()) return reserved.status();
+  const std::shared_ptr<TransferTicket> ticket = *std::move(reserved);
+  ticket->OnDone([this, ticket, bytes, direction, label = target->label] {
+    Retire(ticket, bytes, direction, label);
+  });
+  Launch(*std::move(job), ticket, copies, target->label);
+  return ticket;
+}
+
+absl::StatusOr<TransferManager::Target> TransferManager::FindTarget(
+    const Caller& caller, const std::string& attachment_id, Direction direction) const {
+  Target target;
   {
     absl::MutexLock lock(&mu_);
     if (draining_) return absl::UnavailableError("kvhostd is shutting down; transfer refused");
-    const Attachment* found = FindAttachment(caller, attachment_id);
-    if (found == nullptr) return AttachmentNotFound(attachment_id);
-    const Attachment& attachment = *found;
-    owner = attachment.owner;
+    auto it = attachments_.find(attachment_id);
+    if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
+      return AttachmentNotFound(attachment_id);
+    }
+    const Attachment& attachment = it->second;
     if (direction == Direction::kBackup && attachment.info.load_only) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "attachment '", short_id, "' of pool '", attachment.info.pool,
+          "attachment '", ShortId(attachment_id), "' of pool '", attachment.info.pool,
           "' is load_only: Backup is refused (back up through the rank's attachment that is "
           "not load_only)"));
     }
-    group = attachment.group;
-    pools = attachment.pools;
-    job.device = attachment.device;
-    label = attachment.info.group.empty() ? attachment.info.pool : attachment.info.group;
+    target.owner = attachment.owner;
+    target.group = attachment.group;
+    target.device = attachment.device;
+    target.pools = attachment.pools;
+    target.label = attachment.info.group.empty() ? attachment.info.pool : attachment.info.group;
   }
+  return target;
+}
+
+absl::StatusOr<std::vector<TransferManager::Rows>> TransferManager::AssignRows(
+    const Target& target, const std::string& short_id, absl::Span<const int64_t> host,
+    absl::Span<const int64_t> device, absl::Span<const EntryRows> pool_transfers) {
+  const std::shared_ptr<PoolGroup>& group = target.group;
+  const std::vector<AttachedPool>& pools = target.pools;
   if (group == nullptr && !pool_transfers.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool_transfers has ", pool_transfers.size(), " entries, but attachment '",
                      short_id, "' is of pool '", pools[0].pool->name(), "', not of a pool group"));
   }
-  // Each pool's rows: the request's for a plain attachment or the group's
-  // anchor, each pool_transfers entry's for the others.
-  struct Rows {
-    absl::Span<const int64_t> host, device;
-    std::string prefix;
-    bool given = false;
-  };
+  // The request's rows for a plain attachment or the group's anchor, each
+  // pool_transfers entry's for the others.
   std::vector<Rows> rows(pools.size());
   const size_t anchor = group == nullptr ? 0 : group->anchor_index();
   rows[anchor] = {host, device, "", true};
@@ -650,12 +484,9 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     size_t e = 0;
     while (e < pools.size() && pools[e].entry != t.name) ++e;
     if (e == pools.size()) {
-      std::string names;
-      for (const AttachedPool& p : pools)
-        absl::StrAppend(&names, names.empty() ? "" : ", ", p.entry);
       return absl::InvalidArgumentError(absl::StrCat("pool_transfers[", i, "] names entry '",
                                                      t.name, "', but pool group '", group->name(),
-                                                     "' has entries ", names));
+                                                     "' has entries ", EntryNames(*group)));
     }
     if (e == anchor) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -668,75 +499,84 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
     }
     rows[e] = {t.host, t.device, absl::StrCat("pool_transfers[", i, "]."), true};
   }
-  // Every pool's rows validated before anything is reserved or submitted.
-  std::vector<JobPart> parts(pools.size());
-  bool components = false;  // some pool of the attachment has buffers to copy
-  for (size_t e = 0; e < pools.size(); ++e) {
+  return rows;
+}
+
+absl::StatusOr<TransferJob> TransferManager::BuildJob(const Target& target,
+                                                      const std::string& short_id,
+                                                      Direction direction,
+                                                      const std::vector<Rows>& rows) {
+  const std::shared_ptr<PoolGroup>& group = target.group;
+  std::vector<JobPart> parts(target.pools.size());
+  for (size_t e = 0; e < target.pools.size(); ++e) {
+    const AttachedPool& attached = target.pools[e];
     JobPart& part = parts[e];
-    part.pool = pools[e].pool;
-    part.device = pools[e].device;
-    part.layers = pools[e].layers;
-    components = components || !part.pool->components().empty();
+    part.pool = attached.pool;
+    part.device = attached.device;
+    part.layers = attached.layers;
     const std::string device_what =
         group == nullptr
             ? absl::StrCat("attachment '", short_id, "'")
-            : absl::StrCat("attachment '", short_id, "' (entry '", pools[e].entry, "')");
+            : absl::StrCat("attachment '", short_id, "' (entry '", attached.entry, "')");
     if (absl::Status s =
             BuildPart(direction, rows[e].host, rows[e].device, rows[e].prefix, device_what, &part);
         !s.ok()) {
       return s;
     }
   }
+  TransferJob job;
+  job.direction = direction;
+  job.device = target.device;
+  job.group = group;
   // A plain attachment's job has its one part; a group's, the parts with
   // rows to copy.
-  job.group = group;
   for (JobPart& part : parts) {
     if (group == nullptr || (part.tokens > 0 && !part.pool->components().empty())) {
       job.parts.push_back(std::move(part));
     }
   }
-  // The only part without components left is a plain LOGICAL pool's.
-  const bool copies = components && job.tokens() > 0;
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < job.layer_num(); ++i) bytes += TicketLayerBytes(job, i);
+  return job;
+}
+
+absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Reserve(
+    const std::string& attachment_id, const Target& target, bool components, TransferJob* job) {
   // Last, since what it reserves is released only by the job's end.
   if (components) {
-    if (absl::Status s = engine_->Prepare(&job); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("attachment '", short_id, "': ", s.message()));
+    if (absl::Status s = engine_->Prepare(job); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("attachment '", ShortId(attachment_id), "': ", s.message()));
     }
   }
-  std::string path = components ? engine_->PathFor(job) : std::string("none");
-  std::shared_ptr<TransferTicket> ticket;
-  {
-    absl::MutexLock lock(&mu_);
-    ticket = std::make_shared<TransferTicket>(NewTicketId(), direction,
-                                              static_cast<uint32_t>(job.layer_num()),
-                                              std::move(path), job.event_set);
-    job.ticket = ticket;
-    tickets_[ticket->id()] = Ticket{ticket, owner};
-    ticket_attachment_[ticket->id()] = attachment_id;
-    ++counters_.tickets_in_flight;
-    // Detached (its session closed) since validation: the ticket runs, but
-    // an engine that can stops it before its first layer.
-    if (attachments_.count(attachment_id) == 0) {
-      ticket->RequestCancel(
-          absl::CancelledError(absl::StrCat("attachment '", short_id, "' was detached while this ",
-                                            DirectionName(direction), " was submitted")));
-    }
+  std::string path = components ? engine_->PathFor(*job) : std::string("none");
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<TransferTicket> ticket =
+      tickets_.Open(attachment_id, target.owner, job->direction,
+                    static_cast<uint32_t>(job->layer_num()), std::move(path), job->event_set);
+  job->ticket = ticket;
+  // Detached (its session closed) since FindTarget: the ticket runs, but an
+  // engine that can stops it before its first layer. The check and the
+  // ticket's entry are one step under mu_, so CloseSession either finds the
+  // ticket in flight or the ticket finds its attachment gone.
+  if (attachments_.count(attachment_id) == 0) {
+    ticket->RequestCancel(absl::CancelledError(
+        absl::StrCat("attachment '", ShortId(attachment_id), "' was detached while this ",
+                     DirectionName(job->direction), " was submitted")));
   }
-  ticket->OnDone(
-      [this, ticket, bytes, direction, label] { Retire(ticket, bytes, direction, label); });
+  return ticket;
+}
+
+void TransferManager::Launch(TransferJob job, const std::shared_ptr<TransferTicket>& ticket,
+                             bool copies, const std::string& label) {
   if (!copies) {
     for (size_t l = 0; l < job.layer_num(); ++l) ticket->LayerDone(0);
     ticket->Finish(absl::OkStatus());
-    return ticket;
+    return;
   }
   spdlog::debug("ticket {}: {} of {} tokens in {} parts, '{}', {}", ticket->id(),
-                DirectionName(direction), job.tokens(), job.parts.size(), label,
+                DirectionName(job.direction), job.tokens(), job.parts.size(), label,
                 ticket->Snapshot().path);
   engine_->Submit(std::move(job));
   ticket->Enqueued();
-  return ticket;
 }
 
 void TransferManager::Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes,
@@ -756,32 +596,12 @@ void TransferManager::Retire(const std::shared_ptr<TransferTicket>& ticket, uint
     }
     metrics_->transfer_seconds->WithLabels(labels)->Observe(status.duration_us / 1e6);
   }
-  absl::MutexLock lock(&mu_);
-  --counters_.tickets_in_flight;
-  ticket_attachment_.erase(ticket->id());
-  if (status.status.ok()) {
-    ++counters_.tickets_done;
-    counters_.bytes[static_cast<int>(direction)] += bytes;
-  } else {
-    ++counters_.tickets_failed;
-  }
-  finished_.push_back(ticket->id());
-  while (finished_.size() > kRetainedTickets) {
-    tickets_.erase(finished_.front());
-    finished_.pop_front();
-  }
+  tickets_.Retire(ticket->id(), direction, status.status.ok(), bytes);
 }
 
 absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::FindTicket(const Caller& caller,
                                                                             uint64_t id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = tickets_.find(id);
-  if (it == tickets_.end() || !Permits(caller, *it->second.owner)) {
-    return absl::NotFoundError(absl::StrCat("ticket ", id, " is unknown or expired (the last ",
-                                            kRetainedTickets,
-                                            " finished tickets are kept) or not this session's"));
-  }
-  return it->second.ticket;
+  return tickets_.Find(caller, id);
 }
 
 uint64_t TransferManager::Drain(absl::Duration timeout) {
@@ -789,9 +609,7 @@ uint64_t TransferManager::Drain(absl::Duration timeout) {
   {
     absl::MutexLock lock(&mu_);
     draining_ = true;
-    for (const auto& [id, attachment] : ticket_attachment_) {
-      in_flight.push_back(tickets_.at(id).ticket);
-    }
+    in_flight = tickets_.InFlight();
   }
   const absl::Time deadline = absl::Now() + timeout;
   uint64_t cancelled = 0;
@@ -813,21 +631,17 @@ uint64_t TransferManager::Drain(absl::Duration timeout) {
   return cancelled;
 }
 
+// ---------------------------------------------------------------- sessions
+
 std::string TransferManager::OpenSession(const std::string& worker, int64_t pid,
                                          const std::string& peer) {
-  SessionSnapshot session;
-  session.id = absl::StrCat("ses-", next_session_++, "-", RandomHex());
-  session.worker = worker;
-  session.pid = pid;
-  session.peer = peer;
-  session.opened = absl::Now();
+  std::string id;
   {
     absl::MutexLock lock(&mu_);
-    sessions_[session.id] = session;
+    id = sessions_.Open(worker, pid, peer).id;
   }
-  spdlog::info("session {} opened by worker '{}' (pid {}, {})", ShortId(session.id), worker, pid,
-               peer);
-  return session.id;
+  spdlog::info("session {} opened by worker '{}' (pid {}, {})", ShortId(id), worker, pid, peer);
+  return id;
 }
 
 void TransferManager::CloseSession(const std::string& session_id, const std::string& reason,
@@ -837,22 +651,16 @@ void TransferManager::CloseSession(const std::string& session_id, const std::str
   SessionSnapshot session;
   {
     absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session_id);
-    if (it == sessions_.end()) return;
-    session = std::move(it->second);
-    sessions_.erase(it);
+    std::optional<SessionSnapshot> open = sessions_.Close(session_id);
+    if (!open.has_value()) return;
+    session = *std::move(open);
     for (const std::string& id : session.attachments) {
       auto attachment = attachments_.find(id);
       if (attachment == attachments_.end()) continue;
       closed.push_back(std::move(attachment->second));
       attachments_.erase(attachment);
     }
-    for (const auto& [ticket_id, attachment_id] : ticket_attachment_) {
-      if (std::find(session.attachments.begin(), session.attachments.end(), attachment_id) !=
-          session.attachments.end()) {
-        tickets.push_back(tickets_.at(ticket_id).ticket);
-      }
-    }
+    tickets = tickets_.InFlightOn(session.attachments);
   }
   for (const Attachment& attachment : closed) Release(attachment);
   // Nobody will read what a load would write: stop the ones not started.
@@ -919,9 +727,7 @@ void TransferManager::ReapSession(std::string session_id, std::string worker, st
 
 std::vector<SessionSnapshot> TransferManager::ListSessions() const {
   absl::MutexLock lock(&mu_);
-  std::vector<SessionSnapshot> out;
-  for (const auto& [id, session] : sessions_) out.push_back(session);
-  return out;
+  return sessions_.List();
 }
 
 std::vector<AttachmentInfo> TransferManager::ListAttachments() const {
@@ -931,9 +737,6 @@ std::vector<AttachmentInfo> TransferManager::ListAttachments() const {
   return out;
 }
 
-TransferCounters TransferManager::counters() const {
-  absl::MutexLock lock(&mu_);
-  return counters_;
-}
+TransferCounters TransferManager::counters() const { return tickets_.counters(); }
 
 }  // namespace kvhost

@@ -1,18 +1,29 @@
-// TransferManager: attachments and tickets — the domain behind
-// TransferService.
+// TransferManager: attachments, worker sessions and tickets — the domain
+// behind TransferService and DaemonService's sessions.
 //
-// It validates every transfer request against the pool and the attachment
-// (lengths, ranges, repeated destinations, host slots allocated), coalesces
+// It resolves an attach request (server/transfer/attach.h), holds the pools
+// and the engine's mappings for as long as the attachment lives, and
+// validates every transfer against the pool and the attachment (lengths,
+// ranges, repeated destinations, host slots allocated) before it coalesces
 // the indices into runs and hands the job to the engine. Tickets stay
-// queryable while in flight and for the last `kRetainedTickets` completions.
+// queryable while in flight and for the last `kRetainedTickets` completions
+// (TicketTable); sessions and the attachments made within them are a
+// SessionTable.
 //
-// Thread safety: all methods may be called concurrently.
+// Thread safety: all methods may be called concurrently. One mutex guards
+// the attachments and the sessions, so that a session and its attachments
+// change in one step; the TicketTable has its own, always taken after this
+// one (lock order: TransferManager, TicketTable, TransferTicket). Engine
+// calls (Open, Prepare, Submit, Drain) and ticket callbacks run without the
+// manager's mutex.
+// Ownership: the manager owns the engine; attachments share their pools and
+// mappings with the jobs in flight on them, so a detach or a deleted pool
+// frees nothing a running job still uses.
 #ifndef KVHOST_SERVER_TRANSFER_TRANSFER_MANAGER_H_
 #define KVHOST_SERVER_TRANSFER_TRANSFER_MANAGER_H_
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -24,9 +35,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "server/ids.h"  // RandomHex, ShortId: the ids the manager makes and shows
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
+#include "server/transfer/attach.h"
+#include "server/transfer/caller.h"
 #include "server/transfer/engine.h"
+#include "server/transfer/session_table.h"
+#include "server/transfer/ticket_table.h"
 
 namespace kvhost {
 
@@ -51,56 +67,6 @@ struct AttachmentInfo {
   uint32_t load_event_sets = 0;
 };
 
-// A worker session (kvhost.v1.SessionInfo).
-struct SessionSnapshot {
-  std::string id;
-  std::string worker;
-  int64_t pid = 0;
-  std::string peer;
-  absl::Time opened;
-  std::vector<std::string> attachments;
-};
-
-struct TransferCounters {
-  uint64_t tickets_in_flight = 0;
-  uint64_t tickets_done = 0;
-  uint64_t tickets_failed = 0;
-  uint64_t bytes[2] = {0, 0};  // by Direction
-};
-
-// Validates `request` against `pool` and resolves its buffers: k_layers /
-// v_layers (components 0 and 1, see AttachDeviceRequest in
-// proto/kvhost/v1/transfer.proto) and `named` become `components`, one per
-// Pool::components() entry with layer_num() buffers each; a 0 / 0 layer
-// range becomes the pool's. INVALID_ARGUMENT, naming the component and the
-// counts, for an unknown or repeated component, a component given twice, a
-// count other than the attached layers, buffers for a kind that takes none
-// (LOGICAL); also for a bad layer range, device_size_tokens (0, too large, or
-// not whole pages for a page-row component) or load_event_sets.
-absl::StatusOr<AttachRequest> ResolveAttachRequest(const Pool& pool, AttachRequest request);
-
-// 32 hex digits (128 bits) from the kernel's random source, for ids that
-// must not be guessable from one another: attachment ids (the capability for
-// transfers on an attachment), session ids, the daemon's instance id.
-std::string RandomHex();
-
-// `id` (an attachment or session id) as logs and messages show it: its
-// first 4 hex digits and "..." ("att-1-3f9a..."), enough to tell ids apart in
-// a log, too little to use one.
-std::string ShortId(const std::string& id);
-
-// Who makes a transfer call (kvhost-session and kvhost-token metadata, see
-// server/service/convert.h). An attachment made within a session, and its
-// tickets, serve a caller naming that session in `sessions`, or presenting in
-// `token` the owner token of the attachment's pools when they are
-// owner-protected (every protected pool of it must match); an attachment
-// made without a session serves whoever holds its id. Anyone else is told
-// NOT_FOUND, as for an unknown id.
-struct Caller {
-  std::vector<std::string> sessions;
-  std::optional<std::string> token;
-};
-
 // One group entry's rows in a transfer on a group attachment
 // (kvhost.v1.PoolTransfer).
 struct EntryRows {
@@ -112,7 +78,7 @@ struct EntryRows {
 class TransferManager {
  public:
   // Completed tickets kept for WaitTransfer after they finish.
-  static constexpr size_t kRetainedTickets = 65536;
+  static constexpr size_t kRetainedTickets = TicketTable::kRetained;
 
   // `metrics`, if given, counts every finished ticket; it must outlive this.
   TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine,
@@ -162,7 +128,7 @@ class TransferManager {
       const std::string& wait_event_handle = "", absl::Span<const EntryRows> pool_transfers = {});
   // NOT_FOUND for an unknown or expired ticket, or one of an attachment
   // `caller` may not use (its ownership is the attachment's, remembered).
-  // Ticket ids are random (see NewTicketId), so an id from before a restart
+  // Ticket ids are random (see TicketTable), so an id from before a restart
   // names no ticket of this daemon.
   absl::StatusOr<std::shared_ptr<TransferTicket>> FindTicket(const Caller& caller,
                                                              uint64_t id) const;
@@ -201,64 +167,92 @@ class TransferManager {
     // Per ticket layer: the pool's host layer and the mapping's layer.
     std::vector<JobLayer> layers;
   };
-  // Whose an attachment and its tickets are (Caller): its session and its
-  // pools, held weakly so that retained tickets keep no deleted pool mapped.
-  struct Owner {
-    std::string session_id;
-    std::vector<std::weak_ptr<const Pool>> pools;
-  };
-  struct Ticket {
-    std::shared_ptr<TransferTicket> ticket;
-    std::shared_ptr<const Owner> owner;
-  };
   struct Attachment {
     AttachmentInfo info;
     std::shared_ptr<const Owner> owner;  // set by Register; its tickets share it
-    std::shared_ptr<PoolGroup> group;  // null for a plain attachment
+    std::shared_ptr<PoolGroup> group;    // null for a plain attachment
     // The mapping jobs record their load events on (a group's: OpenGroup's).
     std::shared_ptr<const DeviceMapping> device;
     std::vector<AttachedPool> pools;
   };
+  // What a transfer needs of its attachment, copied under the mutex so that
+  // the rest of Submit runs without it.
+  struct Target {
+    std::shared_ptr<const Owner> owner;
+    std::shared_ptr<PoolGroup> group;  // null for a plain attachment
+    std::shared_ptr<const DeviceMapping> device;
+    std::vector<AttachedPool> pools;
+    std::string label;  // the metrics' pool label: the pool's or the group's name
+  };
+  // One attached pool's rows in a transfer, and the prefix of their field
+  // names in messages ("", "pool_transfers[1].").
+  struct Rows {
+    absl::Span<const int64_t> host, device;
+    std::string prefix;
+    bool given = false;
+  };
 
+  // Attach's steps for a pool group: the group's entries resolved (in the
+  // group's order), their pools and the group held, the mappings opened.
   absl::StatusOr<AttachmentInfo> AttachGroup(const std::shared_ptr<PoolGroup>& group,
                                              const AttachRequest& request);
+  static absl::StatusOr<std::vector<AttachRequest>> ResolveGroupEntries(
+      const PoolGroup& group, const AttachRequest& request);
+  // Holds every entry's pool and the group; on failure holds nothing.
+  static absl::Status AcquireGroup(PoolGroup& group, std::optional<uint32_t> tp_rank);
+  absl::Status OpenGroupMappings(const PoolGroup& group, const std::vector<AttachRequest>& resolved,
+                                 uint32_t load_event_sets, Attachment* attachment);
+  // The engine's mapping of `resolved` on `pool`, or an empty one for a pool
+  // without components.
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenMapping(const Pool& pool,
+                                                             const AttachRequest& resolved);
+  // Gives the attachment its id and owner and records it (in its session).
   absl::StatusOr<AttachmentInfo> Register(Attachment attachment);
-  // Whether `caller` may use what `owner` owns (Caller's rule).
-  static bool Permits(const Caller& caller, const Owner& owner);
   // The attachment `id` if `caller` may use it, else null.
   Attachment* FindAttachment(const Caller& caller, const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A random non-zero id no ticket in tickets_ has.
-  uint64_t NewTicketId() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives back what an attachment holds (its pools' and group's counts).
   static void Release(const Attachment& attachment);
+
+  // Submit's steps: validate the call against the attachment, give each
+  // attached pool its rows, validate the rows into a job, reserve the
+  // engine's resources and the ticket, hand the job to the engine.
+  absl::StatusOr<Target> FindTarget(const Caller& caller, const std::string& attachment_id,
+                                    Direction direction) const;
+  static absl::StatusOr<std::vector<Rows>> AssignRows(const Target& target,
+                                                      const std::string& short_id,
+                                                      absl::Span<const int64_t> host,
+                                                      absl::Span<const int64_t> device,
+                                                      absl::Span<const EntryRows> pool_transfers);
+  static absl::StatusOr<TransferJob> BuildJob(const Target& target, const std::string& short_id,
+                                              Direction direction, const std::vector<Rows>& rows);
+  absl::StatusOr<std::shared_ptr<TransferTicket>> Reserve(const std::string& attachment_id,
+                                                          const Target& target, bool components,
+                                                          TransferJob* job);
+  void Launch(TransferJob job, const std::shared_ptr<TransferTicket>& ticket, bool copies,
+              const std::string& label);
+  // A finished ticket: logged, counted in the metrics and the ticket table.
+  void Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes, Direction direction,
+              const std::string& pool);
+
   // The session's closing, on a detached thread counted in reapers_:
   // waits for `tickets` up to `timeout`, cancels what is left, logs.
   void ReapSession(std::string session_id, std::string worker, std::string reason,
-                          std::vector<std::shared_ptr<TransferTicket>> tickets,
-                          absl::Duration timeout);
-
-  void Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes, Direction direction,
-              const std::string& pool);
+                   std::vector<std::shared_ptr<TransferTicket>> tickets, absl::Duration timeout);
 
   PoolRegistry* const registry_;
   KvhostMetrics* const metrics_;
   const std::unique_ptr<TransferEngine> engine_;
   std::atomic<uint64_t> next_attachment_{1};
-  std::atomic<uint64_t> next_session_{1};
 
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, Attachment> attachments_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, SessionSnapshot> sessions_ ABSL_GUARDED_BY(mu_);
-  // Tickets in flight and the attachment each was submitted on.
-  std::map<uint64_t, std::string> ticket_attachment_ ABSL_GUARDED_BY(mu_);
+  SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   // Session reapers still running; Drain waits for them.
   int reapers_ ABSL_GUARDED_BY(mu_) = 0;
-  // Tickets in flight and the last kRetainedTickets finished, by id.
-  std::map<uint64_t, Ticket> tickets_ ABSL_GUARDED_BY(mu_);
-  std::deque<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
-  TransferCounters counters_ ABSL_GUARDED_BY(mu_);
+  // Its own mutex, taken after mu_ (see the header's lock order).
+  TicketTable tickets_;
 };
 
 }  // namespace kvhost

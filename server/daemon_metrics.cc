@@ -1,4 +1,4 @@
-#include "server/metrics/daemon_metrics.h"
+#include "server/daemon_metrics.h"
 
 #include <set>
 #include <string>

@@ -1,12 +1,14 @@
 // kvhostd's metrics glue that needs the gRPC server and the domain objects:
 // the RPC interceptor, the scrape-time gauges over pools, sessions and
 // transfers, and the upkeep of the per-pool series.
-// Kept apart from the registry so kvhost_metrics depends on nothing of ours.
+// It lives beside the daemon, not in server/metrics/: it reads the pool
+// registry and the transfer manager, and server/metrics/ (the metrics
+// registry, exposition, HTTP endpoint) depends on nothing above it.
 //
 // Thread safety: the interceptor runs on gRPC's threads and the gauge
 // callbacks on the scraper's; both only read through thread-safe APIs.
-#ifndef KVHOST_SERVER_METRICS_DAEMON_METRICS_H_
-#define KVHOST_SERVER_METRICS_DAEMON_METRICS_H_
+#ifndef KVHOST_SERVER_DAEMON_METRICS_H_
+#define KVHOST_SERVER_DAEMON_METRICS_H_
 
 #include <grpcpp/support/server_interceptor.h>
 
@@ -49,4 +51,4 @@ std::function<std::string()> AddDaemonMetrics(KvhostMetrics* metrics, const Pool
 
 }  // namespace kvhost
 
-#endif  // KVHOST_SERVER_METRICS_DAEMON_METRICS_H_
+#endif  // KVHOST_SERVER_DAEMON_METRICS_H_
