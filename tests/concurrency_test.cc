@@ -466,7 +466,7 @@ class ManagerConcurrencyTest : public ::testing::Test {
   }
 
   // Every ticket of `tickets` finishes; returns how many ended OK.
-  static int WaitAll(const std::vector<std::shared_ptr<TransferTicket>>& tickets) {
+  static int WaitAll(const std::vector<std::shared_ptr<Ticket>>& tickets) {
     int ok = 0;
     for (const auto& t : tickets) {
       const bool done = t->WaitUntil(absl::Now() + kTicketDeadline);
@@ -533,12 +533,12 @@ TEST_F(ManagerConcurrencyTest, AttachSubmitDetachRace) {
                   Code::kInvalidArgument);
         refused += 3;
 
-        absl::StatusOr<std::shared_ptr<TransferTicket>> backup =
+        absl::StatusOr<std::shared_ptr<Ticket>> backup =
             manager_->Submit({}, att, Direction::kBackup, host, from);
         ASSERT_TRUE(backup.ok()) << backup.status();
         ++accepted;
         ASSERT_EQ(WaitAll({*backup}), 1) << (*backup)->Snapshot().status;
-        absl::StatusOr<std::shared_ptr<TransferTicket>> load =
+        absl::StatusOr<std::shared_ptr<Ticket>> load =
             manager_->Submit({}, att, Direction::kLoad, host, to);
         ASSERT_TRUE(load.ok()) << load.status();
         ++accepted;
@@ -646,11 +646,11 @@ TEST_F(ManagerConcurrencyTest, SessionsCloseWhileTransfersRun) {
         const size_t half = host.size() / 2;
         const absl::Span<const int64_t> host_backup = absl::MakeSpan(host).subspan(0, half);
         const absl::Span<const int64_t> host_load = absl::MakeSpan(host).subspan(half);
-        std::vector<std::shared_ptr<TransferTicket>> tickets;
+        std::vector<std::shared_ptr<Ticket>> tickets;
         for (int k = 0; k < 6 && !atts.empty(); ++k) {
           const std::string& att = atts[rng() % atts.size()];
           const bool backup = k % 2 == 0;
-          absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+          absl::StatusOr<std::shared_ptr<Ticket>> t =
               manager_->Submit(caller, att, backup ? Direction::kBackup : Direction::kLoad,
                                backup ? host_backup : host_load, Rows(rng, half, backup ? 0 : 32));
           if (!t.ok()) {

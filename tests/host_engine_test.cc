@@ -137,9 +137,9 @@ TEST_P(HostEngineTest, BackupAndLoadAreExact) {
       job.parts[0].runs = CoalesceRuns(host_idx, dev_idx);
       job.parts[0].tokens = host_idx.size();
       job.parts[0].layers = AllLayers(**pool);
-      job.ticket = std::make_shared<TransferTicket>(
+      job.ticket = std::make_shared<Ticket>(
           next_id++, dir_kind, static_cast<uint32_t>(layout.layers), engine.PathFor(job));
-      std::shared_ptr<TransferTicket> ticket = job.ticket;
+      std::shared_ptr<Ticket> ticket = job.ticket;
       std::atomic<int> callbacks{0};
       ticket->OnDone([&callbacks] { ++callbacks; });
       engine.Submit(std::move(job));
@@ -213,7 +213,7 @@ TEST_F(EngineFixture, JobsOfOneDirectionRunInOrderAndDrainWaits) {
     }
   }
   // 30 backups into host slots 0..15 from rows j..j+15: the last one wins.
-  std::vector<std::shared_ptr<TransferTicket>> tickets;
+  std::vector<std::shared_ptr<Ticket>> tickets;
   for (uint64_t j = 0; j < 30; ++j) {
     std::vector<int64_t> host, device;
     for (int64_t k = 0; k < 16; ++k) {
@@ -229,7 +229,7 @@ TEST_F(EngineFixture, JobsOfOneDirectionRunInOrderAndDrainWaits) {
     job.parts[0].runs = CoalesceRuns(host, device);
     job.parts[0].tokens = 16;
     job.parts[0].layers = AllLayers(*pool_);
-    job.ticket = std::make_shared<TransferTicket>(j + 1, Direction::kBackup, layout.layers, "x");
+    job.ticket = std::make_shared<Ticket>(j + 1, Direction::kBackup, layout.layers, "x");
     tickets.push_back(job.ticket);
     engine.Submit(std::move(job));
   }

@@ -176,14 +176,14 @@ TEST_F(ManagerTest, ValidationErrorsLeaveNoTicket) {
        "att-nope"},
   };
   for (const Bad& b : cases) {
-    absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+    absl::StatusOr<std::shared_ptr<Ticket>> t =
         manager_->Submit({}, b.att, b.dir, b.host, b.device);
     EXPECT_EQ(t.status().code(), b.code) << b.what << ": " << t.status();
     EXPECT_THAT(Msg(t.status()), HasSubstr(b.message)) << b.what;
   }
   ExpectNoTickets();
   // A load may read one host slot twice (only destinations must be unique).
-  absl::StatusOr<std::shared_ptr<TransferTicket>> ok =
+  absl::StatusOr<std::shared_ptr<Ticket>> ok =
       manager_->Submit({}, att_, Direction::kLoad, {3, 3}, {0, 1});
   ASSERT_TRUE(ok.ok()) << ok.status();
   ASSERT_TRUE((*ok)->WaitUntil(absl::Now() + absl::Seconds(30)));
@@ -202,11 +202,11 @@ TEST_F(ManagerTest, RoundTripThroughThePool) {
   std::vector<int64_t> host = {8, 9, 10, 11, 0, 1, 2, 3, 4, 5, 6, 7};
   std::vector<int64_t> from(12), to(12);
   for (int i = 0; i < 12; ++i) from[i] = 20 + i, to[i] = i;
-  absl::StatusOr<std::shared_ptr<TransferTicket>> b =
+  absl::StatusOr<std::shared_ptr<Ticket>> b =
       manager_->Submit({}, att_, Direction::kBackup, host, from);
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_TRUE((*b)->WaitUntil(absl::Now() + absl::Seconds(30)));
-  absl::StatusOr<std::shared_ptr<TransferTicket>> l =
+  absl::StatusOr<std::shared_ptr<Ticket>> l =
       manager_->Submit({}, att_, Direction::kLoad, host, to);
   ASSERT_TRUE(l.ok()) << l.status();
   ASSERT_TRUE((*l)->WaitUntil(absl::Now() + absl::Seconds(30)));
@@ -242,7 +242,7 @@ TEST_F(ManagerTest, RoundTripThroughThePool) {
   EXPECT_EQ(c.bytes[static_cast<int>(Direction::kBackup)], bytes);
   EXPECT_EQ(c.bytes[static_cast<int>(Direction::kLoad)], bytes);
   // An empty transfer finishes at once with every layer reported.
-  absl::StatusOr<std::shared_ptr<TransferTicket>> empty =
+  absl::StatusOr<std::shared_ptr<Ticket>> empty =
       manager_->Submit({}, att_, Direction::kBackup, {}, {});
   ASSERT_TRUE(empty.ok());
   const TicketStatus st = (*empty)->Snapshot();
@@ -277,13 +277,13 @@ TEST_F(ManagerTest, AttachmentsHoldThePool) {
 
 TEST_F(ManagerTest, RefusedAfterDrain) {
   ASSERT_TRUE(pool_->AllocPages(4).ok());
-  absl::StatusOr<std::shared_ptr<TransferTicket>> before =
+  absl::StatusOr<std::shared_ptr<Ticket>> before =
       manager_->Submit({}, att_, Direction::kBackup, {0, 1, 2, 3}, {0, 1, 2, 3});
   ASSERT_TRUE(before.ok());
   manager_->Drain();
   // Accepted work finished before Drain returned.
   EXPECT_TRUE((*before)->Snapshot().done);
-  absl::StatusOr<std::shared_ptr<TransferTicket>> after =
+  absl::StatusOr<std::shared_ptr<Ticket>> after =
       manager_->Submit({}, att_, Direction::kLoad, {0, 1, 2, 3}, {0, 1, 2, 3});
   EXPECT_EQ(after.status().code(), absl::StatusCode::kUnavailable) << after.status();
   const TransferCounters c = manager_->counters();
@@ -339,7 +339,7 @@ class OwnershipTest : public ManagerTest {
 
 TEST_F(OwnershipTest, ASessionsAttachmentServesOnlyThatSession) {
   const Caller owner{{mine_}, std::nullopt};
-  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket =
+  absl::StatusOr<std::shared_ptr<Ticket>> ticket =
       manager_->Submit(owner, in_session_, Direction::kBackup, {0, 1, 2, 3}, {0, 1, 2, 3});
   ASSERT_TRUE(ticket.ok()) << ticket.status();
   ASSERT_TRUE((*ticket)->WaitUntil(absl::Now() + absl::Seconds(30)));
@@ -380,7 +380,7 @@ TEST_F(OwnershipTest, ASessionsAttachmentServesOnlyThatSession) {
 
 TEST_F(OwnershipTest, AnAttachmentWithoutSessionServesWhoeverHoldsItsId) {
   for (const Caller& anyone : Strangers()) {
-    absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+    absl::StatusOr<std::shared_ptr<Ticket>> t =
         manager_->Submit(anyone, att_, Direction::kBackup, {0}, {0});
     ASSERT_TRUE(t.ok()) << t.status();
     EXPECT_TRUE(manager_->FindTicket(anyone, (*t)->id()).ok());
@@ -399,7 +399,7 @@ TEST_F(OwnershipTest, TheOwnerTokenOfAProtectedPoolOpensItsSessionsAttachments) 
   ASSERT_TRUE(att.ok()) << att.status();
   const Caller holder{{}, std::string("tok")};
   const Caller wrong{{theirs_}, std::string("tok2")};
-  absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+  absl::StatusOr<std::shared_ptr<Ticket>> t =
       manager_->Submit(holder, att->id, Direction::kBackup, {0, 1}, {0, 1});
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_TRUE(manager_->FindTicket(holder, (*t)->id()).ok());
@@ -420,7 +420,7 @@ TEST_F(OwnershipTest, TheOwnerTokenOfAProtectedPoolOpensItsSessionsAttachments) 
 TEST_F(OwnershipTest, TicketIdsAreRandomAndNameNothingInAnotherInstance) {
   std::vector<uint64_t> ids;
   for (int i = 0; i < 500; ++i) {
-    absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+    absl::StatusOr<std::shared_ptr<Ticket>> t =
         manager_->Submit({}, att_, Direction::kBackup, {}, {});
     ASSERT_TRUE(t.ok()) << t.status();
     ids.push_back((*t)->id());
@@ -676,7 +676,7 @@ class KindFixture {
   // Runs a transfer to the end; its final status.
   TicketStatus Run(const std::string& att, Direction d, const std::vector<int64_t>& host,
                    const std::vector<int64_t>& device) {
-    absl::StatusOr<std::shared_ptr<TransferTicket>> t = manager_->Submit({}, att, d, host, device);
+    absl::StatusOr<std::shared_ptr<Ticket>> t = manager_->Submit({}, att, d, host, device);
     EXPECT_TRUE(t.ok()) << t.status();
     if (!t.ok()) return TicketStatus{};
     EXPECT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
@@ -1004,7 +1004,7 @@ TEST_F(PageRowTest, PartialPagesAreRefusedAndChangeNothing) {
        absl::StatusCode::kFailedPrecondition, "anchor"},
   };
   for (const Bad& b : cases) {
-    absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+    absl::StatusOr<std::shared_ptr<Ticket>> t =
         f_.manager_->Submit({}, att->id, b.dir, b.host, b.device);
     EXPECT_EQ(t.status().code(), b.code) << b.what << ": " << t.status();
     EXPECT_THAT(Msg(t.status()), HasSubstr(b.needle)) << b.what;
@@ -1048,7 +1048,7 @@ TEST(FollowerTest, KOnlyTransfersSlotsAllocatedInTheMhaPool) {
   absl::StatusOr<AttachmentInfo> att = f.manager_->Attach("p", req);
   ASSERT_TRUE(att.ok()) << att.status();
   EXPECT_EQ((*p)->AllocPages(3).status().code(), absl::StatusCode::kFailedPrecondition);
-  absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+  absl::StatusOr<std::shared_ptr<Ticket>> t =
       f.manager_->Submit({}, att->id, Direction::kBackup, {4, 0}, {1, 2});
   EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition) << t.status();
   EXPECT_THAT(Msg(t.status()), HasSubstr("'anchor'"));
@@ -1090,7 +1090,7 @@ TEST(TpRankTest, ReplicatedKindsShareOtherKindsRefuseASecondRank) {
   EXPECT_EQ((*mla)->replica_ranks(), 2u);
   ASSERT_TRUE((*mla)->AllocPages(10).ok());
   // Rank 1 only loads.
-  absl::StatusOr<std::shared_ptr<TransferTicket>> refused =
+  absl::StatusOr<std::shared_ptr<Ticket>> refused =
       f.manager_->Submit({}, a1->id, Direction::kBackup, {0}, {0});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(Msg(refused.status()), HasSubstr("load_only"));
@@ -1306,7 +1306,7 @@ class GroupTest : public ::testing::Test {
   }
   TicketStatus Run(const std::string& att, Direction d, const std::vector<int64_t>& host,
                    const std::vector<int64_t>& device, const std::vector<EntryRows>& others) {
-    absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+    absl::StatusOr<std::shared_ptr<Ticket>> t =
         f_.manager_->Submit({}, att, d, host, device, "", others);
     EXPECT_TRUE(t.ok()) << t.status();
     if (!t.ok()) return TicketStatus{};
@@ -1465,7 +1465,7 @@ TEST_F(GroupTest, RefusedTransfersLeaveNoTicketAndChangeNothing) {
   for (const Bad& b : cases) {
     for (Direction d : {Direction::kBackup, Direction::kLoad}) {
       if (std::string(b.what) == "device row twice (load)" && d == Direction::kBackup) continue;
-      absl::StatusOr<std::shared_ptr<TransferTicket>> t =
+      absl::StatusOr<std::shared_ptr<Ticket>> t =
           f_.manager_->Submit({}, att->id, d, kv_host, kv_dev, "", b.others);
       EXPECT_EQ(t.status().code(), b.code) << b.what << ": " << t.status();
       EXPECT_THAT(Msg(t.status()), HasSubstr(b.needle)) << b.what;
@@ -1478,7 +1478,7 @@ TEST_F(GroupTest, RefusedTransfersLeaveNoTicketAndChangeNothing) {
   absl::StatusOr<AttachmentInfo> plain_att = f_.manager_->Attach("attn", plain->Request());
   ASSERT_TRUE(plain_att.ok()) << plain_att.status();
   EXPECT_TRUE(plain_att->group.empty());
-  absl::StatusOr<std::shared_ptr<TransferTicket>> t = f_.manager_->Submit(
+  absl::StatusOr<std::shared_ptr<Ticket>> t = f_.manager_->Submit(
       {}, plain_att->id, Direction::kBackup, kv_host, kv_dev, "", {{"ssm", ssm_host, ssm_dev}});
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
   EXPECT_THAT(Msg(t.status()), HasSubstr("not of a pool group"));
@@ -1620,7 +1620,7 @@ TEST(GroupPageRowTest, WholePagesFollowTheMapAndPartialPagesChangeNothing) {
   const std::vector<std::vector<uint8_t>> v4_before = HostBytes(*b.pool);
   const std::vector<int64_t> partial_host(v4_host.begin(), v4_host.begin() + 2);
   const std::vector<int64_t> partial_dev = {9, 10};
-  absl::StatusOr<std::shared_ptr<TransferTicket>> refused =
+  absl::StatusOr<std::shared_ptr<Ticket>> refused =
       f.manager_->Submit({}, att->id, Direction::kBackup, partial_host, partial_dev, "",
                          {{"latent", mla_host, mla_dev}});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
@@ -1633,7 +1633,7 @@ TEST(GroupPageRowTest, WholePagesFollowTheMapAndPartialPagesChangeNothing) {
   std::vector<uint8_t> ad = a.DeviceBytes(), bd = b.DeviceBytes();
   a.Expect(true, mla_host, mla_dev, &ah, &ad);
   b.Expect(true, v4_host, v4_dev, &bh, &bd);
-  absl::StatusOr<std::shared_ptr<TransferTicket>> t = f.manager_->Submit(
+  absl::StatusOr<std::shared_ptr<Ticket>> t = f.manager_->Submit(
       {}, att->id, Direction::kBackup, v4_host, v4_dev, "", {{"latent", mla_host, mla_dev}});
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));

@@ -24,7 +24,7 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const abs
 // is why the flag lives in a shared object the ticket's callback owns too).
 class WaitReactor final : public grpc::ServerUnaryReactor {
  public:
-  WaitReactor(std::shared_ptr<TransferTicket> ticket, v1::TransferStatus* response)
+  WaitReactor(std::shared_ptr<Ticket> ticket, v1::TransferStatus* response)
       : ticket_(std::move(ticket)), response_(response), finished_(std::make_shared<Flag>()) {}
 
   void Start() {
@@ -48,7 +48,7 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   struct Flag {
     std::atomic<bool> taken{false};
   };
-  std::shared_ptr<TransferTicket> ticket_;
+  std::shared_ptr<Ticket> ticket_;
   v1::TransferStatus* response_;
   std::shared_ptr<Flag> finished_;
 };
@@ -119,7 +119,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
                        absl::MakeConstSpan(t.host_indices().data(), t.host_indices().size()),
                        absl::MakeConstSpan(t.device_indices().data(), t.device_indices().size())});
   }
-  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket = manager_->Submit(
+  absl::StatusOr<std::shared_ptr<Ticket>> ticket = manager_->Submit(
       CallerOf(*context), attachment_id, direction, absl::MakeConstSpan(host.data(), host.size()),
       absl::MakeConstSpan(device.data(), device.size()), wait_event_handle, entries);
   if (!ticket.ok()) return Finish(context, ticket.status());
@@ -147,7 +147,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Load(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(grpc::CallbackServerContext* context,
                                                             const v1::WaitTransferRequest* request,
                                                             v1::TransferStatus* response) {
-  absl::StatusOr<std::shared_ptr<TransferTicket>> ticket =
+  absl::StatusOr<std::shared_ptr<Ticket>> ticket =
       manager_->FindTicket(CallerOf(*context), request->ticket_id());
   if (!ticket.ok()) return Finish(context, ticket.status());
   const TicketStatus now = (*ticket)->Snapshot();

@@ -190,7 +190,7 @@ struct TransferJob {
   // entry, those without rows in this job included: the group mapping pins
   // them all, and the pools must outlive it.
   std::shared_ptr<const PoolGroup> group;
-  std::shared_ptr<TransferTicket> ticket;
+  std::shared_ptr<Ticket> ticket;
   // Loads: the load event set that Prepare reserved (-1: none).
   int event_set = -1;
   // Backups: the worker's exported event to wait on (empty: none), and what

@@ -8,7 +8,7 @@ const char* DirectionName(Direction direction) {
   return direction == Direction::kBackup ? "backup" : "load";
 }
 
-TransferTicket::TransferTicket(uint64_t id, Direction direction, uint32_t layer_num,
+Ticket::Ticket(uint64_t id, Direction direction, uint32_t layer_num,
                                std::string path, int32_t event_set)
     : id_(id),
       direction_(direction),
@@ -17,18 +17,18 @@ TransferTicket::TransferTicket(uint64_t id, Direction direction, uint32_t layer_
       event_set_(event_set),
       accepted_(absl::Now()) {}
 
-void TransferTicket::LayerDone(uint64_t bytes) {
+void Ticket::LayerDone(uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   bytes_ += bytes;
   if (++layers_done_ == 1) first_layer_ = absl::Now() - accepted_;
 }
 
-void TransferTicket::Enqueued() {
+void Ticket::Enqueued() {
   absl::MutexLock lock(&mu_);
   enqueued_ = absl::Now() - accepted_;
 }
 
-void TransferTicket::Finish(absl::Status status) {
+void Ticket::Finish(absl::Status status) {
   std::vector<std::function<void()>> callbacks;
   {
     absl::MutexLock lock(&mu_);
@@ -41,17 +41,17 @@ void TransferTicket::Finish(absl::Status status) {
   for (auto& callback : callbacks) callback();
 }
 
-void TransferTicket::RequestCancel(absl::Status reason) {
+void Ticket::RequestCancel(absl::Status reason) {
   absl::MutexLock lock(&mu_);
   if (cancel_.ok()) cancel_ = std::move(reason);
 }
 
-absl::Status TransferTicket::CancelReason() const {
+absl::Status Ticket::CancelReason() const {
   absl::MutexLock lock(&mu_);
   return cancel_;
 }
 
-TicketStatus TransferTicket::Snapshot() const {
+TicketStatus Ticket::Snapshot() const {
   absl::MutexLock lock(&mu_);
   TicketStatus s;
   s.event_set = event_set_;
@@ -68,13 +68,13 @@ TicketStatus TransferTicket::Snapshot() const {
   return s;
 }
 
-bool TransferTicket::WaitUntil(absl::Time deadline) const {
+bool Ticket::WaitUntil(absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
   auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
   return mu_.AwaitWithDeadline(absl::Condition(&finished), deadline);
 }
 
-void TransferTicket::OnDone(std::function<void()> callback) {
+void Ticket::OnDone(std::function<void()> callback) {
   {
     absl::MutexLock lock(&mu_);
     if (!done_) {

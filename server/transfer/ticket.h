@@ -1,4 +1,4 @@
-// TransferTicket: one backup or load in flight, from acceptance to its end.
+// Ticket: one backup or load in flight, from acceptance to its end.
 //
 // The engine reports progress (bytes, layers completed in order) and the end
 // (OK or an error status); waiters either block (Wait) or register a callback
@@ -38,10 +38,10 @@ struct TicketStatus {
   int32_t event_set = -1;
 };
 
-class TransferTicket {
+class Ticket {
  public:
   // `event_set`: the load event set the job records (-1: none).
-  TransferTicket(uint64_t id, Direction direction, uint32_t layer_num, std::string path,
+  Ticket(uint64_t id, Direction direction, uint32_t layer_num, std::string path,
                  int32_t event_set = -1);
 
   uint64_t id() const { return id_; }

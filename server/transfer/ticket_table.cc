@@ -8,7 +8,7 @@
 
 namespace kvhost {
 
-std::shared_ptr<TransferTicket> TicketTable::Open(const std::string& attachment_id,
+std::shared_ptr<Ticket> TicketTable::Open(const std::string& attachment_id,
                                                   std::shared_ptr<const Owner> owner,
                                                   Direction direction, uint32_t layer_num,
                                                   std::string path, int32_t event_set) {
@@ -16,7 +16,7 @@ std::shared_ptr<TransferTicket> TicketTable::Open(const std::string& attachment_
   uint64_t id = RandomTicketId();
   while (tickets_.count(id) != 0) id = RandomTicketId();
   auto ticket =
-      std::make_shared<TransferTicket>(id, direction, layer_num, std::move(path), event_set);
+      std::make_shared<Ticket>(id, direction, layer_num, std::move(path), event_set);
   tickets_[id] = Entry{ticket, std::move(owner)};
   in_flight_[id] = attachment_id;
   ++counters_.tickets_in_flight;
@@ -40,7 +40,7 @@ void TicketTable::Retire(uint64_t id, Direction direction, bool ok, uint64_t byt
   }
 }
 
-absl::StatusOr<std::shared_ptr<TransferTicket>> TicketTable::Find(const Caller& caller,
+absl::StatusOr<std::shared_ptr<Ticket>> TicketTable::Find(const Caller& caller,
                                                                   uint64_t id) const {
   absl::MutexLock lock(&mu_);
   auto it = tickets_.find(id);
@@ -52,17 +52,17 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TicketTable::Find(const Caller& 
   return it->second.ticket;
 }
 
-std::vector<std::shared_ptr<TransferTicket>> TicketTable::InFlight() const {
+std::vector<std::shared_ptr<Ticket>> TicketTable::InFlight() const {
   absl::MutexLock lock(&mu_);
-  std::vector<std::shared_ptr<TransferTicket>> out;
+  std::vector<std::shared_ptr<Ticket>> out;
   for (const auto& [id, attachment] : in_flight_) out.push_back(tickets_.at(id).ticket);
   return out;
 }
 
-std::vector<std::shared_ptr<TransferTicket>> TicketTable::InFlightOn(
+std::vector<std::shared_ptr<Ticket>> TicketTable::InFlightOn(
     const std::vector<std::string>& attachment_ids) const {
   absl::MutexLock lock(&mu_);
-  std::vector<std::shared_ptr<TransferTicket>> out;
+  std::vector<std::shared_ptr<Ticket>> out;
   for (const auto& [id, attachment] : in_flight_) {
     if (std::find(attachment_ids.begin(), attachment_ids.end(), attachment) !=
         attachment_ids.end()) {

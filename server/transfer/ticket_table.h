@@ -10,7 +10,7 @@
 //
 // Thread safety: all methods may be called concurrently; the table has its
 // own mutex. Lock order: TransferManager's mutex, then this table's, then a
-// TransferTicket's; the table calls nothing else while it holds its mutex.
+// Ticket's; the table calls nothing else while it holds its mutex.
 // Ownership: the table shares its tickets (and their owners) with the
 // engine's jobs and the callers that asked for them.
 #ifndef KVHOST_SERVER_TRANSFER_TICKET_TABLE_H_
@@ -44,9 +44,9 @@ class TicketTable {
   // Finished tickets kept for WaitTransfer after they finish.
   static constexpr size_t kRetained = 65536;
 
-  // A new ticket in flight (TransferTicket's arguments) with an id no ticket
+  // A new ticket in flight (Ticket's arguments) with an id no ticket
   // of the table has, submitted on `attachment_id` and owned by `owner`.
-  std::shared_ptr<TransferTicket> Open(const std::string& attachment_id,
+  std::shared_ptr<Ticket> Open(const std::string& attachment_id,
                                        std::shared_ptr<const Owner> owner, Direction direction,
                                        uint32_t layer_num, std::string path, int32_t event_set);
   // Ticket `id` has finished (OK or not) after `bytes`: counted, and kept
@@ -54,17 +54,17 @@ class TicketTable {
   void Retire(uint64_t id, Direction direction, bool ok, uint64_t bytes);
 
   // NOT_FOUND for an unknown or expired ticket, or one `caller` may not use.
-  absl::StatusOr<std::shared_ptr<TransferTicket>> Find(const Caller& caller, uint64_t id) const;
+  absl::StatusOr<std::shared_ptr<Ticket>> Find(const Caller& caller, uint64_t id) const;
   // The tickets in flight: all, or those submitted on any of `attachment_ids`.
-  std::vector<std::shared_ptr<TransferTicket>> InFlight() const;
-  std::vector<std::shared_ptr<TransferTicket>> InFlightOn(
+  std::vector<std::shared_ptr<Ticket>> InFlight() const;
+  std::vector<std::shared_ptr<Ticket>> InFlightOn(
       const std::vector<std::string>& attachment_ids) const;
 
   TransferCounters counters() const;
 
  private:
   struct Entry {
-    std::shared_ptr<TransferTicket> ticket;
+    std::shared_ptr<Ticket> ticket;
     std::shared_ptr<const Owner> owner;
   };
 

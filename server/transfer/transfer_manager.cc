@@ -405,7 +405,7 @@ void TransferManager::Release(const Attachment& attachment) {
 
 // ---------------------------------------------------------------- transfer
 
-absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
+absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Submit(
     const Caller& caller, const std::string& attachment_id, Direction direction,
     absl::Span<const int64_t> host, absl::Span<const int64_t> device,
     const std::string& wait_event_handle, absl::Span<const EntryRows> pool_transfers) {
@@ -427,10 +427,10 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Submit(
   const bool copies = components && job->tokens() > 0;
   uint64_t bytes = 0;
   for (size_t i = 0; i < job->layer_num(); ++i) bytes += TicketLayerBytes(*job, i);
-  absl::StatusOr<std::shared_ptr<TransferTicket>> reserved =
+  absl::StatusOr<std::shared_ptr<Ticket>> reserved =
       Reserve(attachment_id, *target, components, &*job);
   if (!reserved.ok()) return reserved.status();
-  const std::shared_ptr<TransferTicket> ticket = *std::move(reserved);
+  const std::shared_ptr<Ticket> ticket = *std::move(reserved);
   ticket->OnDone([this, ticket, bytes, direction, label = target->label] {
     Retire(ticket, bytes, direction, label);
   });
@@ -538,7 +538,7 @@ absl::StatusOr<TransferJob> TransferManager::BuildJob(const Target& target,
   return job;
 }
 
-absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Reserve(
+absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Reserve(
     const std::string& attachment_id, const Target& target, bool components, TransferJob* job) {
   // Last, since what it reserves is released only by the job's end.
   if (components) {
@@ -549,7 +549,7 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Reserve(
   }
   std::string path = components ? engine_->PathFor(*job) : std::string("none");
   absl::MutexLock lock(&mu_);
-  std::shared_ptr<TransferTicket> ticket =
+  std::shared_ptr<Ticket> ticket =
       tickets_.Open(attachment_id, target.owner, job->direction,
                     static_cast<uint32_t>(job->layer_num()), std::move(path), job->event_set);
   job->ticket = ticket;
@@ -565,7 +565,7 @@ absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::Reserve(
   return ticket;
 }
 
-void TransferManager::Launch(TransferJob job, const std::shared_ptr<TransferTicket>& ticket,
+void TransferManager::Launch(TransferJob job, const std::shared_ptr<Ticket>& ticket,
                              bool copies, const std::string& label) {
   if (!copies) {
     for (size_t l = 0; l < job.layer_num(); ++l) ticket->LayerDone(0);
@@ -579,7 +579,7 @@ void TransferManager::Launch(TransferJob job, const std::shared_ptr<TransferTick
   ticket->Enqueued();
 }
 
-void TransferManager::Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes,
+void TransferManager::Retire(const std::shared_ptr<Ticket>& ticket, uint64_t bytes,
                              Direction direction, const std::string& pool) {
   const TicketStatus status = ticket->Snapshot();
   if (!status.status.ok()) {
@@ -599,13 +599,13 @@ void TransferManager::Retire(const std::shared_ptr<TransferTicket>& ticket, uint
   tickets_.Retire(ticket->id(), direction, status.status.ok(), bytes);
 }
 
-absl::StatusOr<std::shared_ptr<TransferTicket>> TransferManager::FindTicket(const Caller& caller,
+absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::FindTicket(const Caller& caller,
                                                                             uint64_t id) const {
   return tickets_.Find(caller, id);
 }
 
 uint64_t TransferManager::Drain(absl::Duration timeout) {
-  std::vector<std::shared_ptr<TransferTicket>> in_flight;
+  std::vector<std::shared_ptr<Ticket>> in_flight;
   {
     absl::MutexLock lock(&mu_);
     draining_ = true;
@@ -613,7 +613,7 @@ uint64_t TransferManager::Drain(absl::Duration timeout) {
   }
   const absl::Time deadline = absl::Now() + timeout;
   uint64_t cancelled = 0;
-  for (const std::shared_ptr<TransferTicket>& ticket : in_flight) {
+  for (const std::shared_ptr<Ticket>& ticket : in_flight) {
     if (ticket->WaitUntil(deadline)) continue;
     ticket->RequestCancel(absl::CancelledError(absl::StrCat(
         "kvhostd is shutting down and the drain timeout (", absl::FormatDuration(timeout),
@@ -647,7 +647,7 @@ std::string TransferManager::OpenSession(const std::string& worker, int64_t pid,
 void TransferManager::CloseSession(const std::string& session_id, const std::string& reason,
                                    absl::Duration timeout) {
   std::vector<Attachment> closed;
-  std::vector<std::shared_ptr<TransferTicket>> tickets;
+  std::vector<std::shared_ptr<Ticket>> tickets;
   SessionSnapshot session;
   {
     absl::MutexLock lock(&mu_);
@@ -664,7 +664,7 @@ void TransferManager::CloseSession(const std::string& session_id, const std::str
   }
   for (const Attachment& attachment : closed) Release(attachment);
   // Nobody will read what a load would write: stop the ones not started.
-  for (const std::shared_ptr<TransferTicket>& ticket : tickets) {
+  for (const std::shared_ptr<Ticket>& ticket : tickets) {
     if (ticket->direction() == Direction::kLoad) {
       ticket->RequestCancel(
           absl::CancelledError(absl::StrCat("worker session ", ShortId(session_id), " of '",
@@ -695,13 +695,13 @@ void TransferManager::CloseSession(const std::string& session_id, const std::str
 }
 
 void TransferManager::ReapSession(std::string session_id, std::string worker, std::string reason,
-                                  std::vector<std::shared_ptr<TransferTicket>> tickets,
+                                  std::vector<std::shared_ptr<Ticket>> tickets,
                                   absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   uint64_t ok = 0;
   uint64_t failed = 0;
   uint64_t late = 0;
-  for (const std::shared_ptr<TransferTicket>& ticket : tickets) {
+  for (const std::shared_ptr<Ticket>& ticket : tickets) {
     if (!ticket->WaitUntil(deadline)) {
       ticket->RequestCancel(absl::CancelledError(absl::StrCat(
           "worker session ", ShortId(session_id), " of '", worker, "' ended (", reason,

@@ -13,7 +13,7 @@
 // Thread safety: all methods may be called concurrently. One mutex guards
 // the attachments and the sessions, so that a session and its attachments
 // change in one step; the TicketTable has its own, always taken after this
-// one (lock order: TransferManager, TicketTable, TransferTicket). Engine
+// one (lock order: TransferManager, TicketTable, Ticket). Engine
 // calls (Open, Prepare, Submit, Drain) and ticket callbacks run without the
 // manager's mutex.
 // Ownership: the manager owns the engine; attachments share their pools and
@@ -122,7 +122,7 @@ class TransferManager {
   // All is validated before anything is submitted. The ticket has the
   // group's layer_num layers; model layer l copies, in every entry with
   // rows, the device layer its layer_map gives (nothing for -1).
-  absl::StatusOr<std::shared_ptr<TransferTicket>> Submit(
+  absl::StatusOr<std::shared_ptr<Ticket>> Submit(
       const Caller& caller, const std::string& attachment_id, Direction direction,
       absl::Span<const int64_t> host, absl::Span<const int64_t> device,
       const std::string& wait_event_handle = "", absl::Span<const EntryRows> pool_transfers = {});
@@ -130,13 +130,13 @@ class TransferManager {
   // `caller` may not use (its ownership is the attachment's, remembered).
   // Ticket ids are random (see TicketTable), so an id from before a restart
   // names no ticket of this daemon.
-  absl::StatusOr<std::shared_ptr<TransferTicket>> FindTicket(const Caller& caller,
+  absl::StatusOr<std::shared_ptr<Ticket>> FindTicket(const Caller& caller,
                                                              uint64_t id) const;
 
   // Refuses new transfers from now on (UNAVAILABLE), then waits up to
   // `timeout` for the ones accepted to finish; cancels what is left then
   // (loads and backups the engine has not started; see
-  // TransferTicket::RequestCancel) and waits for the engine to stop. Returns
+  // Ticket::RequestCancel) and waits for the engine to stop. Returns
   // the tickets cancelled.
   uint64_t Drain(absl::Duration timeout = absl::InfiniteDuration());
 
@@ -226,19 +226,19 @@ class TransferManager {
                                                       absl::Span<const EntryRows> pool_transfers);
   static absl::StatusOr<TransferJob> BuildJob(const Target& target, const std::string& short_id,
                                               Direction direction, const std::vector<Rows>& rows);
-  absl::StatusOr<std::shared_ptr<TransferTicket>> Reserve(const std::string& attachment_id,
+  absl::StatusOr<std::shared_ptr<Ticket>> Reserve(const std::string& attachment_id,
                                                           const Target& target, bool components,
                                                           TransferJob* job);
-  void Launch(TransferJob job, const std::shared_ptr<TransferTicket>& ticket, bool copies,
+  void Launch(TransferJob job, const std::shared_ptr<Ticket>& ticket, bool copies,
               const std::string& label);
   // A finished ticket: logged, counted in the metrics and the ticket table.
-  void Retire(const std::shared_ptr<TransferTicket>& ticket, uint64_t bytes, Direction direction,
+  void Retire(const std::shared_ptr<Ticket>& ticket, uint64_t bytes, Direction direction,
               const std::string& pool);
 
   // The session's closing, on a detached thread counted in reapers_:
   // waits for `tickets` up to `timeout`, cancels what is left, logs.
   void ReapSession(std::string session_id, std::string worker, std::string reason,
-                   std::vector<std::shared_ptr<TransferTicket>> tickets, absl::Duration timeout);
+                   std::vector<std::shared_ptr<Ticket>> tickets, absl::Duration timeout);
 
   PoolRegistry* const registry_;
   KvhostMetrics* const metrics_;
