@@ -73,7 +73,7 @@
 #include "bench/bench_util.h"
 #include "bench/cuda_bench_kernels.h"
 #include "common/cli_flags.h"
-#include "cuda_util.h"
+#include "common/cuda_util.h"
 #include "kvhost/client.h"
 #include "kvhost/cuda_export.h"
 #include "tests/daemon_fixture.h"

@@ -1,4 +1,4 @@
-// kvhost_soak: soak and fault test of kvhostd (issue 6, item 6). For
+// kvhost_soak: soak and fault test of kvhostd. For
 // --seconds it runs, against one daemon (its own, host backend, unless
 // --address names one):
 //
@@ -659,7 +659,7 @@ std::string JournalPath(const std::string& dir, uint32_t index) {
   return absl::StrCat(dir, "/worker-", index, ".journal");
 }
 // The worker's attachment id and last ticket id, left for the other workers
-// to steal (issue 12: a leaked capability must not work for a stranger).
+// to steal (a leaked capability must not work for a stranger).
 std::string AttachmentPath(const std::string& dir, uint32_t index) {
   return absl::StrCat(dir, "/worker-", index, ".attachment");
 }

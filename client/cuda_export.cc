@@ -14,7 +14,7 @@
 #include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "cuda_util.h"
+#include "common/cuda_util.h"
 
 namespace kvhost {
 namespace {

@@ -218,12 +218,12 @@ void CheckPool(const PoolSpec& spec, uint64_t tokens, const Owners& owner, Fuzze
 
   const bool no_meta = spec.layout == LayoutKind::kLayerFirst &&
                        (spec.kind == PoolKind::kKOnly || spec.kind == PoolKind::kDsaIndexer);
-  std::vector<RegionSegment> each;
+  std::vector<RegionRange> each;
   std::vector<int64_t> all_slots;
   for (uint64_t page = 0; page < pages; ++page) {
     const std::vector<int64_t> slots = page_slots(page);
     all_slots.insert(all_slots.end(), slots.begin(), slots.end());
-    absl::StatusOr<std::vector<RegionSegment>> meta = pool.PageBufferMeta(slots);
+    absl::StatusOr<std::vector<RegionRange>> meta = pool.PageBufferMeta(slots);
     if (no_meta) {
       FUZZ_CHECK(IsErrorOf(meta.status(), {absl::StatusCode::kFailedPrecondition}), what, ": ",
                  meta.status().ToString());
@@ -233,34 +233,34 @@ void CheckPool(const PoolSpec& spec, uint64_t tokens, const Owners& owner, Fuzze
     std::vector<std::vector<bool>> seen(owner.size());
     for (size_t r = 0; r < owner.size(); ++r) seen[r].assign(owner[r].size(), false);
     uint64_t covered = 0;
-    for (const RegionSegment& s : *meta) {
+    for (const RegionRange& s : *meta) {
       FUZZ_CHECK(s.region < owner.size() && s.length > 0 &&
                      s.offset + s.length <= owner[s.region].size(),
-                 what, " page ", page, ": segment region ", s.region, " [", s.offset, ", +",
+                 what, " page ", page, ": range region ", s.region, " [", s.offset, ", +",
                  s.length, ")");
       for (uint64_t b = s.offset; b < s.offset + s.length; ++b) {
         FUZZ_CHECK(owner[s.region][b] == static_cast<int64_t>(page) && !seen[s.region][b], what,
-                   " page ", page, ": segment byte ", b, " of region ", s.region,
+                   " page ", page, ": range byte ", b, " of region ", s.region,
                    " belongs to page ", owner[s.region][b], seen[s.region][b] ? " (twice)" : "");
         seen[s.region][b] = true;
       }
       covered += s.length;
     }
-    FUZZ_CHECK(covered == pool.bytes_per_page(), what, " page ", page, ": segments cover ",
+    FUZZ_CHECK(covered == pool.bytes_per_page(), what, " page ", page, ": ranges cover ",
                covered, " bytes of ", pool.bytes_per_page());
     each.insert(each.end(), meta->begin(), meta->end());
   }
   if (!no_meta && pages > 1) {
     // Pages of a list in list order: every page's block the same as alone.
-    absl::StatusOr<std::vector<RegionSegment>> meta = pool.PageBufferMeta(all_slots);
+    absl::StatusOr<std::vector<RegionRange>> meta = pool.PageBufferMeta(all_slots);
     FUZZ_CHECK(meta.ok() && meta->size() == each.size(), what, ": all pages ",
                meta.status().ToString());
     const size_t per_page = each.size() / pages;
     for (size_t i = 0; i < each.size(); ++i) {
-      const RegionSegment& a = (*meta)[i];
-      const RegionSegment& b = each[i];
+      const RegionRange& a = (*meta)[i];
+      const RegionRange& b = each[i];
       FUZZ_CHECK(a.region == b.region && a.offset == b.offset && a.length == b.length, what,
-                 ": segment ", i, " (page ", i / per_page, ") differs between one call and ",
+                 ": range ", i, " (page ", i / per_page, ") differs between one call and ",
                  "a call per page");
     }
   }

@@ -308,7 +308,7 @@ class Harness {
         v1::PageBufferMeta resp;
         status = stub_->GetPageBufferMeta(ctx.get(), req, &resp);
         call = absl::StrCat("GetPageBufferMeta pool '", req.pool(), "'");
-        if (status.ok()) CheckSegments(req.pool(), resp);
+        if (status.ok()) CheckRanges(req.pool(), resp);
         break;
       }
       case kGetDataPage: {
@@ -369,7 +369,7 @@ class Harness {
         status = stub_->GetSplitHeadsPageBufferMeta(ctx.get(), req, &resp);
         call = absl::StrCat("GetSplitHeadsPageBufferMeta pool '", req.pool(), "' split ",
                             req.split_factor());
-        if (status.ok()) CheckSegments(req.pool(), resp);
+        if (status.ok()) CheckRanges(req.pool(), resp);
         break;
       }
       case kIsStridePageAligned: {
@@ -491,17 +491,17 @@ class Harness {
                p.allocator().free_pages());
   }
 
-  // Segments of a page-metadata answer lie inside the regions it names.
-  void CheckSegments(const std::string& name, const v1::PageBufferMeta& resp) {
+  // The ranges of a page-metadata answer lie inside the regions it names.
+  void CheckRanges(const std::string& name, const v1::PageBufferMeta& resp) {
     absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(name);
     FUZZ_CHECK(pool.ok(), "metadata for '", name, "' but it resolves to no pool");
     const Pool& p = **pool;
     FUZZ_CHECK(static_cast<size_t>(resp.region_paths_size()) == p.region_count(), p.Label());
-    for (const v1::Segment& s : resp.segments()) {
+    for (const v1::RegionRange& s : resp.segments()) {
       FUZZ_CHECK(s.region_index() < p.region_count() &&
                      s.offset() + s.length() <= p.region_bytes(s.region_index()) &&
                      s.offset() + s.length() >= s.offset(),
-                 p.Label(), ": segment region ", s.region_index(), " [", s.offset(), ", +",
+                 p.Label(), ": range region ", s.region_index(), " [", s.offset(), ", +",
                  s.length(), ")");
     }
   }

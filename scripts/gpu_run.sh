@@ -26,7 +26,7 @@ nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width
   --format=csv >"$out/gpu.txt" 2>&1
 cat "$out/gpu.txt"
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  run segments_test bundle/bin/segments_test
+  run copy_plan_test bundle/bin/copy_plan_test
   run layout_gpu_test bundle/bin/layout_gpu_test
   run cuda_engine_gpu_test bundle/bin/cuda_engine_gpu_test
   run integration_test bundle/bin/integration_test

@@ -212,8 +212,8 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(
   }
   const char* why_host = "";
 #ifdef KVHOST_HAVE_CUDA_ENGINE
-  if (options.backend == "cuda" || (options.backend == "auto" && gpus.devices > 0)) {
-    if (gpus.devices == 0) {
+  if (options.backend == "cuda" || (options.backend == "auto" && gpus.count > 0)) {
+    if (gpus.count == 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("--backend=cuda: no usable GPU (", gpus.detail, "); use --backend=host"));
     }
@@ -246,12 +246,12 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(
         absl::StrCat("--backend=cuda: this kvhostd was built without CUDA (GPUs: ", gpus.detail,
                      "); rebuild where nvcc is found, or use --backend=host"));
   }
-  if (options.backend == "auto" && gpus.devices > 0) {
+  if (options.backend == "auto" && gpus.count > 0) {
     why_host = "no CUDA transfer engine in this build";
     spdlog::warn("backend auto: {}, but {}; using host", gpus.detail, why_host);
   }
 #endif
-  if (options.backend == "auto" && gpus.devices == 0) {
+  if (options.backend == "auto" && gpus.count == 0) {
     spdlog::info("backend auto: {}; using host", gpus.detail);
   }
   if (path != "auto") spdlog::warn("--transfer-path={} ignored on the host backend", path);

@@ -47,7 +47,7 @@ struct DaemonOptions {
   // daemon stops, like any other.
   std::vector<std::pair<std::string, PoolSpec>> pools;
   // cuda backend (CudaEngineOptions): auto | ce | staged | sm, the device
-  // staging buffer per stream, and the SM path's grid quota.
+  // staging buffer per stream, and the SM copy path's grid quota.
   std::string transfer_path = "auto";
   uint64_t staging_bytes = uint64_t{1} << 30;
   int sm_blocks = 16;

@@ -24,14 +24,14 @@ GpuProbe ProbeGpus() {
     probe.detail = "libcuda.so.1 lacks cuInit / cuDeviceGetCount";
   } else if (int rc = init(0); rc != 0) {
     probe.detail = absl::StrCat("cuInit failed with CUresult ", rc);
-  } else if (int rc2 = count(&probe.devices); rc2 != 0) {
-    probe.devices = 0;
+  } else if (int rc2 = count(&probe.count); rc2 != 0) {
+    probe.count = 0;
     probe.detail = absl::StrCat("cuDeviceGetCount failed with CUresult ", rc2);
   } else {
     int v = 0;
     if (version != nullptr) version(&v);
     probe.detail =
-        absl::StrCat(probe.devices, " device(s), driver API ", v / 1000, ".", (v % 1000) / 10);
+        absl::StrCat(probe.count, " GPU(s), driver API ", v / 1000, ".", (v % 1000) / 10);
   }
   // The driver stays loaded: unloading it after cuInit is not supported.
   return probe;

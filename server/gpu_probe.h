@@ -11,7 +11,7 @@
 namespace kvhost {
 
 struct GpuProbe {
-  int devices = 0;     // CUDA devices usable by this process
+  int count = 0;       // CUDA GPUs usable by this process
   std::string detail;  // why none, or the driver version, for the log
 };
 

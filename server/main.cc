@@ -69,7 +69,7 @@ ABSL_FLAG(std::string, staging_bytes, "1G",
           "cuda backend: device staging buffer of the staged path, per stream (one for backups, "
           "one for loads, per GPU), allocated on first use; larger = fewer, longer kernels.");
 ABSL_FLAG(int, sm_blocks, 16,
-          "cuda backend: most thread blocks of an SM-path copy kernel (8 warps each); the rest "
+          "cuda backend: most thread blocks of an SM copy kernel (8 warps each); the rest "
           "of the SMs stay with the worker.");
 ABSL_FLAG(bool, load_gates, false,
           "cuda backend: a Load call returns once its per-layer events are recorded (behind "

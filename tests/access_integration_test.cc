@@ -1,4 +1,4 @@
-// Access control and request limits through kvhostd (issue 6, item 3): unix
+// Access control and request limits through kvhostd: unix
 // socket mode and group, TLS and mutual TLS on TCP listeners (certificates
 // made here with the openssl CLI), --insecure-tcp, owner tokens on every
 // protected call (the pool exactly unchanged after a refusal), per-call
@@ -400,8 +400,8 @@ TEST_F(OwnerTokenTest, EveryProtectedCallNeedsTheToken) {
     }
     EXPECT_TRUE(Take() == before);
   }
-  // Page metadata names the region files and offsets: it needs the token
-  // (issue 12). Calls that neither change the pool nor locate or read its
+  // Page metadata names the region files and offsets: it needs the token.
+  // Calls that neither change the pool nor locate or read its
   // data stay open.
   const std::vector<int64_t> first_page(slots_.begin(), slots_.begin() + kPageSize);
   EXPECT_TRUE(IsError(StatusOf(anonymous_->GetPageBufferMeta("p", first_page)),

@@ -1,4 +1,4 @@
-// Bounded replies and page streams through kvhostd (issue 12, items 4-7):
+// Bounded replies and page streams through kvhostd:
 // every amplification request (page metadata at the index limit on a pool of
 // kMaxLayers layers, split-heads metadata, contiguous buffer infos, groups of
 // 2^32 - 1 layers) is refused quickly with the daemon's RSS barely moving;

@@ -1,4 +1,4 @@
-// Capabilities through kvhostd (issue 12, findings 2, 3, 8, 9, 10): attachment
+// Capabilities through kvhostd: attachment
 // and session ids are shown to nobody but their owner (GetStatus counts them,
 // logs show a prefix); a stranger's attachment id is refused for Backup, Load,
 // DetachDevice and WaitTransfer with NOT_FOUND and nothing changes, while the
@@ -141,7 +141,7 @@ class CapabilityTest : public ::testing::Test {
   std::vector<int64_t> slots_;
 };
 
-// Finding 3: GetStatus listed every session with its attachment ids.
+// Regression test: GetStatus listed every session with its attachment ids.
 TEST_F(CapabilityTest, GetStatusShowsNoSessionOrAttachmentId) {
   const std::string session = worker_->session_state().session_id;
   EXPECT_EQ(Secret(att_.id()).size(), 32u) << att_.id();
@@ -171,7 +171,7 @@ TEST_F(CapabilityTest, GetStatusShowsNoSessionOrAttachmentId) {
   }
 }
 
-// Finding 3: with an attachment id, anyone could Backup into, Load from or
+// Regression test: with an attachment id, anyone could Backup into, Load from or
 // Detach a stranger's attachment.
 TEST_F(CapabilityTest, AStrangersAttachmentIdIsRefusedAndTheOwnerStillWorks) {
   absl::StatusOr<uint64_t> backup =
@@ -257,7 +257,7 @@ TEST_F(CapabilityTest, ThePoolsTokenHolderMayActOnASessionsAttachment) {
   EXPECT_TRUE(holder->DetachDevice(att->id()).ok());
 }
 
-// Finding 9: followers of a protected pool could be read, written and
+// Regression test: followers of a protected pool could be read, written and
 // deleted without the token.
 TEST_F(CapabilityTest, AFollowerOfAProtectedPoolNeedsTheFollowedPoolsToken) {
   std::unique_ptr<Client> owner = Connect(daemon_->address(), kToken, false);
@@ -315,7 +315,7 @@ TEST_F(CapabilityTest, AFollowerOfAProtectedPoolNeedsTheFollowedPoolsToken) {
   EXPECT_TRUE(owner->DeletePool("anchor").ok());
 }
 
-// Finding 10: a token metadata cannot carry made a pool nobody could open.
+// Regression test: a token metadata cannot carry made a pool nobody could open.
 TEST_F(CapabilityTest, OwnerTokensMetadataCannotCarryAreRefused) {
   auto channel = grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials());
   std::unique_ptr<v1::PoolService::Stub> stub = v1::PoolService::NewStub(channel);
@@ -337,7 +337,7 @@ TEST_F(CapabilityTest, OwnerTokensMetadataCannotCarryAreRefused) {
   EXPECT_EQ(worker_->GetPool("bad").status().code(), absl::StatusCode::kNotFound);
 }
 
-// Finding 2 (in part): GetPool named a protected pool's region files to
+// Regression test: GetPool named a protected pool's region files to
 // anyone, who could then attach them as a "device" and read the bytes.
 TEST_F(CapabilityTest, RegionPathsOfAProtectedPoolAreShownOnlyWithItsToken) {
   std::unique_ptr<Client> owner = Connect(daemon_->address(), kToken, false);
@@ -378,7 +378,7 @@ TEST_F(CapabilityTest, RegionPathsOfAProtectedPoolAreShownOnlyWithItsToken) {
   EXPECT_EQ(kv->region_paths_size(), 1);
 }
 
-// Finding 8: ticket ids restarted at 1, and an old client's WaitTransfer
+// Regression test: ticket ids restarted at 1, and an old client's WaitTransfer
 // returned OK for another client's ticket of the new daemon.
 TEST(RestartTest, AnOldTicketIdIsNotFoundAfterARestart) {
   char dir_template[] = "/tmp/kvhost-capability-XXXXXX";

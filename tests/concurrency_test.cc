@@ -1,4 +1,4 @@
-// The domain's invariants under concurrency (issue 6, item 4): many threads
+// The domain's invariants under concurrency: many threads
 // on one Pool, one PoolRegistry and one TransferManager with the host engine,
 // the way kvhostd's gRPC threads drive them, with no gRPC in between so that
 // scripts/sanitize.sh tsan can run these with all of the code under test

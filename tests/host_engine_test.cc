@@ -130,10 +130,10 @@ TEST_P(HostEngineTest, BackupAndLoadAreExact) {
 
       TransferJob job;
       job.direction = dir_kind;
-      job.device = mapping;
+      job.mapping = mapping;
       job.parts.resize(1);
       job.parts[0].pool = *pool;
-      job.parts[0].device = mapping;
+      job.parts[0].mapping = mapping;
       job.parts[0].runs = CoalesceRuns(host_idx, dev_idx);
       job.parts[0].tokens = host_idx.size();
       job.parts[0].layers = AllLayers(**pool);
@@ -222,10 +222,10 @@ TEST_F(EngineFixture, JobsOfOneDirectionRunInOrderAndDrainWaits) {
     }
     TransferJob job;
     job.direction = Direction::kBackup;
-    job.device = mapping;
+    job.mapping = mapping;
     job.parts.resize(1);
     job.parts[0].pool = pool_;
-    job.parts[0].device = mapping;
+    job.parts[0].mapping = mapping;
     job.parts[0].runs = CoalesceRuns(host, device);
     job.parts[0].tokens = 16;
     job.parts[0].layers = AllLayers(*pool_);

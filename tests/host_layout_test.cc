@@ -428,7 +428,7 @@ TEST_P(HostLayoutTest, PageBufferMetaIsTheSeedsPointers) {
   for (uint64_t t0 : firsts) {
     for (uint64_t o = 0; o < ps; ++o) slots.push_back(static_cast<int64_t>(t0 + o));
   }
-  absl::StatusOr<std::vector<RegionSegment>> meta = pool_->PageBufferMeta(slots);
+  absl::StatusOr<std::vector<RegionRange>> meta = pool_->PageBufferMeta(slots);
   if (refused) {
     ASSERT_FALSE(meta.ok());
     EXPECT_EQ(meta.status().code(), absl::StatusCode::kFailedPrecondition) << meta.status();

@@ -1,4 +1,4 @@
-// Input a hostile local client sends to kvhostd (issue 12, item 9): names
+// Input a hostile local client sends to kvhostd: names
 // and worker names with control characters never reach the log raw; a huge
 // name is INVALID_ARGUMENT with a bounded message (it used to come back as
 // RESOURCE_EXHAUSTED "initial metadata size exceeds limit", the message

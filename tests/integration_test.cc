@@ -724,7 +724,7 @@ TEST_F(TransferErrorTest, AttachErrors) {
     ::unlink(link.c_str());
   }
   {  // A pool region is inside the shm dir but is never a device buffer
-     // (issue 12: it would bypass the pool's owner token), whatever the offset.
+     // (it would bypass the pool's owner token), whatever the offset.
     v1::AttachDeviceRequest r = good;
     r.mutable_k_layers(0)->mutable_shm()->set_path(pool_.region_paths(0));
     r.mutable_k_layers(0)->mutable_shm()->set_offset(pool_.bytes());
@@ -1027,14 +1027,14 @@ TEST_F(MetaTest, MatchesSeedFormulaForEveryKindAndLayout) {
       const std::vector<Seg> want = SeedPageBufferMeta(g, indices);
       ASSERT_EQ(static_cast<size_t>(meta->segments_size()), want.size());
       for (size_t i = 0; i < want.size(); ++i) {
-        const v1::Segment& s = meta->segments(static_cast<int>(i));
+        const v1::RegionRange& s = meta->segments(static_cast<int>(i));
         EXPECT_EQ(s.region_index(), 0u) << "segment " << i;
         EXPECT_EQ(s.offset(), want[i].offset) << "segment " << i;
         EXPECT_EQ(s.length(), want[i].length) << "segment " << i;
         EXPECT_LE(s.offset() + s.length(), pool->bytes()) << "segment " << i;
       }
       // Cross-check the seeds' formula itself against the element offsets: a
-      // page-major segment starts at the page's first (token 0, layer 0, head 0)
+      // page-major range starts at the page's first (token 0, layer 0, head 0)
       // and a LAYER_FIRST one at the page's first token of that layer.
       EXPECT_EQ(want[0].offset, g.Offset(0, indices[0], 0, 0));
     }

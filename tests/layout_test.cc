@@ -332,14 +332,14 @@ TEST_P(KvLayoutTest, MetaGranularityMatchesGetPageBufferMeta) {
   const uint64_t per_layer = ps * NumHeads(c()) * c().shape.dim * b;
   if (c().layout == LayoutKind::kLayerFirst) {
     EXPECT_TRUE(kl.MetaPerLayer());
-    EXPECT_EQ(kl.MetaSegmentBytes(), per_layer);
+    EXPECT_EQ(kl.MetaRangeBytes(), per_layer);
   } else {
     EXPECT_FALSE(kl.MetaPerLayer());
-    EXPECT_EQ(kl.MetaSegmentBytes(), L * per_layer);
+    EXPECT_EQ(kl.MetaRangeBytes(), L * per_layer);
   }
 }
 
-TEST_P(KvLayoutTest, MetaSegmentOffsetMatchesSeedPointers) {
+TEST_P(KvLayoutTest, MetaRangeOffsetMatchesSeedPointers) {
   const KvLayout kl = layout();
   const uint64_t L = NumLayers(c());
   const uint64_t S = NumTokens(c());
@@ -356,25 +356,25 @@ TEST_P(KvLayoutTest, MetaSegmentOffsetMatchesSeedPointers) {
         const uint64_t expected = kl.MetaPerLayer()
                                       ? i0 * H * D * b + l * S * H * D * b + kv * v_off
                                       : i0 * L * H * D * b + kv * v_off;
-        EXPECT_EQ(kl.MetaSegmentOffset(kv, i0, l), expected)
+        EXPECT_EQ(kl.MetaRangeOffset(kv, i0, l), expected)
             << "i0=" << i0 << " kv=" << kv << " l=" << l;
       }
     }
   }
 }
 
-TEST_P(KvLayoutTest, MetaSegmentCoversExactlyItsPage) {
+TEST_P(KvLayoutTest, MetaRangeCoversExactlyItsPage) {
   const KvLayout kl = layout();
   const uint64_t ps = c().shape.page_size;
-  const uint64_t seg_len = kl.MetaSegmentBytes();
-  // A storage backend reads the segment as the page's bytes, so each segment
+  const uint64_t seg_len = kl.MetaRangeBytes();
+  // A storage backend reads the range as the page's bytes, so each range
   // must hold every row of its page (of its layer for layer_first) and
   // nothing else.
   for (uint64_t i0 = 0; i0 < NumTokens(c()); i0 += ps) {
     for (uint64_t kv = 0; kv < NumPlanes(c()); ++kv) {
       const uint64_t seg_layers = kl.MetaPerLayer() ? NumLayers(c()) : 1;
       for (uint64_t seg_l = 0; seg_l < seg_layers; ++seg_l) {
-        const uint64_t seg = kl.MetaSegmentOffset(kv, i0, seg_l);
+        const uint64_t seg = kl.MetaRangeOffset(kv, i0, seg_l);
         ASSERT_LE(seg + seg_len, kl.total_bytes());
         std::vector<int> owners(seg_len, 0);
         uint64_t covered = 0;
@@ -394,7 +394,7 @@ TEST_P(KvLayoutTest, MetaSegmentCoversExactlyItsPage) {
         }
         EXPECT_EQ(covered, seg_len) << "i0=" << i0 << " kv=" << kv << " l=" << seg_l;
         for (uint64_t i = 0; i < seg_len; ++i) {
-          ASSERT_EQ(owners[i], 1) << "segment byte " << i << " of i0=" << i0 << " kv=" << kv
+          ASSERT_EQ(owners[i], 1) << "range byte " << i << " of i0=" << i0 << " kv=" << kv
                                   << " l=" << seg_l;
         }
       }
@@ -433,7 +433,7 @@ TEST(KvLayoutLargeTest, SixtyFourBitOffsets) {
           kl.Offset(kv, mid_t, l / 2, h / 2),
           CContiguousOffset(SeedDims(c), SeedIndex(c, kv, mid_t, l / 2, h / 2, 0)) * s.itemsize);
       const uint64_t last_page = NumTokens(c) - s.page_size;
-      EXPECT_EQ(kl.MetaSegmentOffset(kv, last_page, l) + kl.MetaSegmentBytes(),
+      EXPECT_EQ(kl.MetaRangeOffset(kv, last_page, l) + kl.MetaRangeBytes(),
                 kl.MetaPerLayer() ? kl.Offset(kv, NumTokens(c) - 1, l, 0) + kl.token_bytes
                                   : kl.total_bytes());
     }

@@ -334,7 +334,7 @@ double IdleCpu(const TestDaemon& daemon, absl::Duration window) {
   return after - before;
 }
 
-// Issue 13: the hand-written server spun a core while idle (~70 % of a CPU).
+// Regression test: the hand-written server spun a core while idle (~70 % of a CPU).
 // With the endpoint on, after a scrape, an idle daemon must cost what one
 // without it costs: both measured over the same 2 idle seconds.
 TEST(MetricsIntegrationTest, IdleCpuWithMetricsIsAsWithout) {
@@ -369,7 +369,7 @@ TEST(MetricsIntegrationTest, IdleCpuWithMetricsIsAsWithout) {
   EXPECT_EQ((*started)->Stop(), 0) << (*started)->Log();
 }
 
-// Issue 13: 16 idle connections delayed a scrape by 80 s.
+// Regression test: 16 idle connections delayed a scrape by 80 s.
 TEST(MetricsIntegrationTest, IdleConnectionsDoNotDelayAScrape) {
   absl::StatusOr<std::unique_ptr<TestDaemon>> started =
       TestDaemon::Start(KVHOSTD_PATH, {"--metrics-listen=127.0.0.1:0"});
@@ -392,7 +392,7 @@ TEST(MetricsIntegrationTest, IdleConnectionsDoNotDelayAScrape) {
   EXPECT_EQ((*started)->Stop(), 0) << (*started)->Log();
 }
 
-// Issue 13: a client that never read its response blocked the server in
+// Regression test: a client that never read its response blocked the server in
 // send(), and SIGTERM hung until that client left. This one asks for many
 // scrapes on one connection with a tiny receive buffer and reads none.
 TEST(MetricsIntegrationTest, AClientThatNeverReadsDoesNotHoldUpSigterm) {

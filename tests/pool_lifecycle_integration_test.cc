@@ -1,4 +1,4 @@
-// pool_lifecycle_integration_test (issue 13 item 3): creating and deleting
+// pool_lifecycle_integration_test: creating and deleting
 // multi-GiB pools never stalls the daemon. While a 3 GiB pool is created and
 // deleted, a prober opens a fresh connection every 50 ms and calls
 // Health/Check with a 1 s deadline: none may fail. During the create,

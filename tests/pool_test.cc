@@ -1,7 +1,7 @@
 // Tests of Pool (server/pool/pool.h): page buffer metadata, Alloc / Free with
 // the pool's name in errors, page methods that change nothing when refused,
 // split heads, strides and buffer infos, the reply bounds the service checks
-// before building a reply (issue 12), and page ranges as slices of the flat
+// before building a reply, and page ranges as slices of the flat
 // page. Region files live in a private directory under /dev/shm.
 //
 // Expected values are computed here from the formulas of SEED_INVENTORY.md §2
@@ -51,7 +51,7 @@ TEST(PoolTest, PageBufferMetaMhaLayerFirst) {
   EXPECT_EQ((*pool)->bytes(), 2 * v_off);
   // Pages 5 then 2, in list order.
   std::vector<int64_t> slots = {20, 21, 22, 23, 8, 9, 10, 11};
-  absl::StatusOr<std::vector<RegionSegment>> meta = (*pool)->PageBufferMeta(slots);
+  absl::StatusOr<std::vector<RegionRange>> meta = (*pool)->PageBufferMeta(slots);
   ASSERT_TRUE(meta.ok()) << meta.status();
   ASSERT_EQ(meta->size(), 2 * L * 2);
   size_t i = 0;
@@ -77,7 +77,7 @@ TEST(PoolTest, PageBufferMetaMhaPageFirst) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = Pool::Create("p", s, S, dir.path() + "/x.");
   ASSERT_TRUE(pool.ok()) << pool.status();
   const uint64_t v_off = L * S * row;
-  absl::StatusOr<std::vector<RegionSegment>> meta =
+  absl::StatusOr<std::vector<RegionRange>> meta =
       (*pool)->PageBufferMeta({28, 29, 30, 31, 0, 1, 2, 3});
   ASSERT_TRUE(meta.ok()) << meta.status();
   ASSERT_EQ(meta->size(), 2u * 2);
@@ -90,7 +90,7 @@ TEST(PoolTest, PageBufferMetaMhaPageFirst) {
     }
   }
   // Malformed lists are refused with the pool's name.
-  absl::StatusOr<std::vector<RegionSegment>> bad = (*pool)->PageBufferMeta({1, 2, 3, 4});
+  absl::StatusOr<std::vector<RegionRange>> bad = (*pool)->PageBufferMeta({1, 2, 3, 4});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(bad.status()), HasSubstr("pool 'p'"));
 }
@@ -171,11 +171,11 @@ TEST_F(KindRegistryTest, SplitHeadsStrideAndBufferInfos) {
   const int64_t slots[4] = {4, 5, 6, 7};  // page 1
   const uint64_t L = 2, ps = 4, H = 4, D = 8, b = 2, S = 64, v_off = L * S * H * D * b;
   for (uint32_t f : {0u, 3u, 8u}) {
-    absl::StatusOr<std::vector<RegionSegment>> m = ph->SplitHeadsMeta(slots, f);
+    absl::StatusOr<std::vector<RegionRange>> m = ph->SplitHeadsMeta(slots, f);
     EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << f;
     EXPECT_THAT(Msg(m.status()), HasSubstr("split_factor"));
   }
-  absl::StatusOr<std::vector<RegionSegment>> m = ph->SplitHeadsMeta(slots, 2);
+  absl::StatusOr<std::vector<RegionRange>> m = ph->SplitHeadsMeta(slots, 2);
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ(m->size(), 4u);
   for (uint64_t g = 0; g < 2; ++g) {  // S1:489-535
@@ -222,13 +222,13 @@ TEST_F(KindRegistryTest, MetaRefusedWhereTheSeedsRaise) {
   std::shared_ptr<Pool> idx = Make(reg, "idx", s);
   ASSERT_NE(idx, nullptr);
   const int64_t slots[4] = {0, 1, 2, 3};
-  absl::StatusOr<std::vector<RegionSegment>> m = idx->PageBufferMeta(slots);
+  absl::StatusOr<std::vector<RegionRange>> m = idx->PageBufferMeta(slots);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(Msg(m.status()), HasSubstr("DSA_INDEXER/LAYER_FIRST"));
 }
 
 // ---------------------------------------------------------------------------
-// Reply bounds (issue 12): the estimates the service checks before building a
+// Reply bounds: the estimates the service checks before building a
 // reply are never below what the builders return.
 
 // A valid pool of `kind` in `layout` (null when the kind has no such layout),
@@ -270,14 +270,14 @@ TEST_F(ReplyBoundTest, EstimatesAreAtLeastWhatIsBuiltForEveryKindAndLayout) {
       for (uint64_t pages : {uint64_t{1}, uint64_t{2}, pool->page_num()}) {
         std::vector<int64_t> slots;
         for (uint64_t i = 0; i < pages * ps; ++i) slots.push_back(static_cast<int64_t>(i));
-        absl::StatusOr<std::vector<RegionSegment>> meta = pool->PageBufferMeta(slots);
+        absl::StatusOr<std::vector<RegionRange>> meta = pool->PageBufferMeta(slots);
         if (meta.ok()) {
           EXPECT_GE(pool->PageBufferMetaEntries(slots.size()), meta->size()) << pages;
           // Exact for whole pages: the bound is not loose by a factor.
           EXPECT_EQ(pool->PageBufferMetaEntries(slots.size()), meta->size()) << pages;
         }
         for (uint32_t split : {1u, 2u, 4u}) {
-          absl::StatusOr<std::vector<RegionSegment>> heads = pool->SplitHeadsMeta(slots, split);
+          absl::StatusOr<std::vector<RegionRange>> heads = pool->SplitHeadsMeta(slots, split);
           if (heads.ok()) {
             EXPECT_GE(pool->SplitHeadsMetaEntries(slots.size(), split), heads->size())
                 << pages << " pages, split " << split;
@@ -325,7 +325,7 @@ TEST_F(KindRegistryTest, PageRangesAreSlicesOfTheFlatPage) {
   const uint64_t n = pool->flat_page_bytes();
   std::vector<uint8_t> page(n);
   for (uint64_t i = 0; i < n; ++i) page[i] = static_cast<uint8_t>(i * 7 + 1);
-  // Written in odd chunks that straddle the per-layer segments.
+  // Written in odd chunks that straddle the per-layer ranges.
   for (uint64_t at = 0; at < n; at += 37) {
     const uint64_t len = std::min<uint64_t>(37, n - at);
     ASSERT_TRUE(pool->WritePageRange(4, at, absl::MakeConstSpan(page.data() + at, len)).ok());

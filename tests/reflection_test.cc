@@ -147,7 +147,7 @@ TEST_F(ReflectionTest, ListServices) {
 }
 
 // grpcurl's first steps for any call: list, then file_containing_symbol for
-// the service; each listed service must resolve and build (issue 13: Health
+// the service; each listed service must resolve and build (Health
 // was listed, but "Symbol not found").
 TEST_F(ReflectionTest, EveryListedServiceHasItsDescriptor) {
   auto stub = ServerReflection::NewStub(channel_);

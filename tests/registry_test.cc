@@ -98,7 +98,7 @@ TEST_F(RegistryTest, CgroupLimitIsCounted) {
 }
 
 // The region files live on the shm dir's file system: a tmpfs smaller than
-// the memory holds only what it has free (issue 12: 4 GiB reported on a 64 MiB
+// the memory holds only what it has free (4 GiB reported on a 64 MiB
 // tmpfs).
 TEST_F(RegistryTest, ShmFilesystemFreeSpaceIsCounted) {
   mem_.fs_free = 20000000;  // 20 MB free on the tmpfs, 500 GB of memory
@@ -491,7 +491,7 @@ TEST_F(KindRegistryTest, FollowerErrorsCreateNothing) {
   EXPECT_TRUE((*reg.Get("anchor"))->followers().empty());
 }
 
-// Issue 12, finding 9: followers of a protected pool were open to anyone.
+// Regression test: followers of a protected pool were open to anyone.
 TEST_F(KindRegistryTest, FollowerIsProtectedByTheFollowedPoolsToken) {
   PoolRegistry reg(Options(dir_.path(), &mem_));
   const std::string token = "s3cret";
@@ -543,7 +543,7 @@ TEST_F(KindRegistryTest, FollowerIsProtectedByTheFollowedPoolsToken) {
   EXPECT_EQ(reg.used_bytes(), used + (*reg.Get("open"))->bytes());
 }
 
-// Issue 12, finding 10: tokens gRPC metadata cannot carry made a pool that
+// Regression test: tokens gRPC metadata cannot carry made a pool that
 // nobody could ever open again.
 TEST_F(RegistryTest, OwnerTokenOutsidePrintableAsciiIsRefused) {
   PoolRegistry reg(Options(dir_.path(), &mem_));

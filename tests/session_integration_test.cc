@@ -1,4 +1,4 @@
-// Worker sessions and daemon restarts through kvhostd (issue 6, items 1-2):
+// Worker sessions and daemon restarts through kvhostd:
 // a worker killed with SIGKILL mid-transfer has its session, attachments and
 // transfers closed within --session-timeout while the pool and its backed-up
 // bytes stay for the next worker; a client reconnects to a restarted daemon

@@ -1,4 +1,4 @@
-// Files under --shm-dir through kvhostd (issue 12, items 1, 2 and 10): the
+// Files under --shm-dir through kvhostd: the
 // symlink swap race against the attach path, a pool's region file offered as
 // a device buffer, region file modes and group, squatted region file names,
 // NUL bytes in paths, and running out of file descriptors.
@@ -91,7 +91,7 @@ class ShmFilesTest : public ::testing::Test {
   std::unique_ptr<TestDaemon> daemon_;
 };
 
-// The escape of issue 12 item 1: a client that can write the shm dir swaps a
+// The escape: a client that can write the shm dir swaps a
 // directory on the attach path for a symbolic link to a directory outside,
 // as fast as it can, while attaching <shm>/d/dev and backing up / loading.
 // The daemon must never map the outside file: it is never written (Load),
@@ -208,7 +208,7 @@ TEST_F(ShmFilesTest, SymlinkSwapRaceNeverEscapes) {
   fs::remove_all(outside, ec);
 }
 
-// Issue 12 item 2: a client attaches its own pool with another pool's region
+// Regression test: a client attaches its own pool with another pool's region
 // file (named by GetPool) as its device buffer, by the name or by a hard
 // link, to read or overwrite that pool without its owner token.
 TEST_F(ShmFilesTest, RegionFileAsDeviceBufferIsRefused) {
@@ -264,7 +264,7 @@ TEST_F(ShmFilesTest, RegionFileModeAndGroup) {
   EXPECT_EQ(st.st_gid, gid);
 }
 
-// Issue 12 item 10: a writer of the shm dir pre-creates and locks every name
+// Regression test: a writer of the shm dir pre-creates and locks every name
 // a pool's region file would have had (kvhost.<pid>.<pool><suffix>, the pid
 // public in GetStatus). CreatePool of that pool still works: the names it
 // uses now have a random part.
@@ -294,7 +294,7 @@ TEST_F(ShmFilesTest, SquattedRegionNamesDoNotBlockCreatePool) {
   for (int fd : squatters) ::close(fd);
 }
 
-// Issue 12 item 10: a NUL in a path was silently cut (the C call saw the
+// Regression test: a NUL in a path was silently cut (the C call saw the
 // part before it).
 TEST_F(ShmFilesTest, NulInPathIsInvalidArgument) {
   const v1::Pool pool = MakePool("p");
@@ -311,7 +311,7 @@ TEST_F(ShmFilesTest, NulInPathIsInvalidArgument) {
   EXPECT_EQ(after->attachments(), 0u);
 }
 
-// Issue 12 item 10: out of file descriptors, CreatePool said
+// Regression test: out of file descriptors, CreatePool said
 // FAILED_PRECONDITION "cannot read /proc/meminfo" and AttachDevice
 // PERMISSION_DENIED. The daemon's descriptor limit is lowered under it
 // (prlimit) to the lowest free descriptor number, so no open can succeed.

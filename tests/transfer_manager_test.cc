@@ -293,7 +293,7 @@ TEST_F(ManagerTest, RefusedAfterDrain) {
             absl::StatusCode::kNotFound);
 }
 
-// Findings 3 and 8: ids are random capabilities, a session's attachment and
+// Ids are random capabilities, a session's attachment and
 // tickets serve that session (or the pool's token holder) and nobody else.
 TEST(RandomIdTest, IdsAre128BitsAndLogsShowAPrefix) {
   const std::string a = RandomHex();
@@ -415,7 +415,7 @@ TEST_F(OwnershipTest, TheOwnerTokenOfAProtectedPoolOpensItsSessionsAttachments) 
   EXPECT_EQ((*owned)->attachments(), 0u);
 }
 
-// Finding 8: ticket ids restarted at 1, so an old client's WaitTransfer
+// Regression test: ticket ids restarted at 1, so an old client's WaitTransfer
 // found another client's ticket after a restart.
 TEST_F(OwnershipTest, TicketIdsAreRandomAndNameNothingInAnotherInstance) {
   std::vector<uint64_t> ids;

@@ -32,10 +32,10 @@ namespace {
 // Up to this many bytes of a page are dumped as hex when no --out is given.
 constexpr size_t kHexDumpBytes = 256;
 
-// What segment `i` of a PageBufferMeta covers, in the order pool.proto gives
+// What range `i` (PageBufferMeta.segments[i]) covers, in the order pool.proto gives
 // (per page, per layer for LAYER_FIRST, per component); empty when the answer
 // does not have the shape that order implies.
-std::string SegmentLabel(const v1::Pool& pool, absl::Span<const int64_t> slots, int segments,
+std::string RangeLabel(const v1::Pool& pool, absl::Span<const int64_t> slots, int segments,
                          int i) {
   const v1::PoolSpec& spec = pool.spec();
   std::vector<std::string> names;
@@ -115,17 +115,17 @@ absl::Status RunMeta(Context& ctx, const Args& args) {
     PrintLine(MessageJson(*meta));
     return absl::OkStatus();
   }
-  // The pool's shape names each segment; the segments are worth printing
+  // The pool's shape names each range; the ranges are worth printing
   // without it (the pool may have gone meanwhile).
   absl::StatusOr<v1::Pool> pool = ctx.client->GetPool(args[0]);
   PrintLine(absl::StrFormat("pool '%s': %d segment(s)", args[0], meta->segments_size()));
   PrintRegions(meta->region_paths());
   std::vector<std::vector<std::string>> rows = {{"REGION", "OFFSET", "LENGTH", "COVERS"}};
   for (int i = 0; i < meta->segments_size(); ++i) {
-    const v1::Segment& s = meta->segments(i);
+    const v1::RegionRange& s = meta->segments(i);
     rows.push_back({absl::StrCat(s.region_index()), absl::StrCat(s.offset()),
                     absl::StrCat(s.length()),
-                    pool.ok() ? SegmentLabel(*pool, *slots, meta->segments_size(), i) : ""});
+                    pool.ok() ? RangeLabel(*pool, *slots, meta->segments_size(), i) : ""});
   }
   PrintTable(rows, "rrrl", "  ");
   return absl::OkStatus();
@@ -212,7 +212,7 @@ absl::Status RunSplitMeta(Context& ctx, const Args& args) {
                             meta->segments_size(), factor));
   PrintRegions(meta->region_paths());
   std::vector<std::vector<std::string>> rows = {{"REGION", "OFFSET", "LENGTH"}};
-  for (const v1::Segment& s : meta->segments()) {
+  for (const v1::RegionRange& s : meta->segments()) {
     rows.push_back(
         {absl::StrCat(s.region_index()), absl::StrCat(s.offset()), absl::StrCat(s.length())});
   }

@@ -120,13 +120,13 @@ struct KvLayout {
   // describe a page of all layers at once.
   KVHOST_HD bool MetaPerLayer() const { return kind == LayoutKind::kLayerFirst; }
   // Length of one page-metadata range.
-  KVHOST_HD uint64_t MetaSegmentBytes() const {
+  KVHOST_HD uint64_t MetaRangeBytes() const {
     return MetaPerLayer() ? page_bytes : page_bytes * layers;
   }
   // Start of the page-metadata range of the page starting at `first_token`
   // (layer ignored unless MetaPerLayer()).
   // REQUIRES: first_token % page_size == 0.
-  KVHOST_HD uint64_t MetaSegmentOffset(uint64_t plane, uint64_t first_token, uint64_t layer) const {
+  KVHOST_HD uint64_t MetaRangeOffset(uint64_t plane, uint64_t first_token, uint64_t layer) const {
     return Offset(plane, first_token, MetaPerLayer() ? layer : 0, 0);
   }
 };

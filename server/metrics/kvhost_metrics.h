@@ -24,7 +24,7 @@ inline const std::vector<double> kTransferSecondsBuckets = {
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 // RPC handling times: most unary calls answer in tens of microseconds;
 // CreatePool reserves and touches its memory, 10-50 s for tens of GiB on a
-// small machine (issue 13), hence buckets up to two minutes.
+// small machine, hence buckets up to two minutes.
 inline const std::vector<double> kRpcSecondsBuckets = {
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    120};

@@ -239,22 +239,22 @@ absl::StatusOr<std::vector<uint64_t>> Pool::Pages(absl::Span<const int64_t> slot
   return pages;
 }
 
-RegionSegment Pool::PageSegment(const Component& c, uint64_t first_slot, uint64_t layer) const {
+RegionRange Pool::PageMetaRange(const Component& c, uint64_t first_slot, uint64_t layer) const {
   // KvLayout's page-metadata math over the component's rows: a page is
   // ps token rows, or one page row (layout.page_size 1).
   const uint64_t row = c.row_of(first_slot);
-  return RegionSegment{c.region, c.region_offset + c.layout.MetaSegmentOffset(0, row, layer),
-                       c.layout.MetaSegmentBytes()};
+  return RegionRange{c.region, c.region_offset + c.layout.MetaRangeOffset(0, row, layer),
+                       c.layout.MetaRangeBytes()};
 }
 
 template <typename Fn>
-void Pool::ForEachFlatSegment(uint64_t first_slot, Fn&& fn) const {
+void Pool::ForEachFlatRange(uint64_t first_slot, Fn&& fn) const {
   for (const Component& c : components_) {
     if (c.layout.MetaPerLayer()) {
       for (uint64_t l = 0; l < c.layout.layers; ++l) {
-        if (!fn(PageSegment(c, first_slot, l))) return;
+        if (!fn(PageMetaRange(c, first_slot, l))) return;
       }
-    } else if (!fn(PageSegment(c, first_slot, 0))) {
+    } else if (!fn(PageMetaRange(c, first_slot, 0))) {
       return;
     }
   }
@@ -263,25 +263,25 @@ void Pool::ForEachFlatSegment(uint64_t first_slot, Fn&& fn) const {
 template <typename Fn>
 void Pool::ForEachFlatPiece(uint64_t first_slot, uint64_t offset, uint64_t length, Fn&& fn) const {
   const uint64_t end = offset + length;
-  uint64_t at = 0;  // flat-page offset of the segment's first byte
-  ForEachFlatSegment(first_slot, [&](const RegionSegment& seg) {
-    const uint64_t seg_end = at + seg.length;
-    if (seg_end > offset && at < end) {
-      const uint64_t from = std::max(at, offset), to = std::min(seg_end, end);
-      fn(regions_[seg.region]->data() + seg.offset + (from - at), from - offset, to - from);
+  uint64_t at = 0;  // flat-page offset of the range's first byte
+  ForEachFlatRange(first_slot, [&](const RegionRange& range) {
+    const uint64_t range_end = at + range.length;
+    if (range_end > offset && at < end) {
+      const uint64_t from = std::max(at, offset), to = std::min(range_end, end);
+      fn(regions_[range.region]->data() + range.offset + (from - at), from - offset, to - from);
     }
-    at = seg_end;
+    at = range_end;
     return at < end;
   });
 }
 
-uint64_t Pool::MetaSegmentsPerPage() const {
+uint64_t Pool::MetaRangesPerPage() const {
   // LAYER_FIRST: per layer, per component; else per component.
   const uint64_t meta_layers = layout_.MetaPerLayer() ? layout_.layers : 1;
   return meta_layers * components_.size();
 }
 
-uint64_t Pool::SplitSegmentsPerPage(uint32_t split_factor) const {
+uint64_t Pool::SplitRangesPerPage(uint32_t split_factor) const {
   // A valid split_factor divides head_num, so it is at most head_num.
   return std::min<uint64_t>(split_factor, layout_.heads) * components_.size();
 }
@@ -291,11 +291,11 @@ uint64_t Pool::PagesOf(uint64_t slots) const {
 }
 
 uint64_t Pool::PageBufferMetaEntries(uint64_t slots) const {
-  return PagesOf(slots) * MetaSegmentsPerPage();
+  return PagesOf(slots) * MetaRangesPerPage();
 }
 
 uint64_t Pool::SplitHeadsMetaEntries(uint64_t slots, uint32_t split_factor) const {
-  return PagesOf(slots) * SplitSegmentsPerPage(split_factor);
+  return PagesOf(slots) * SplitRangesPerPage(split_factor);
 }
 
 uint64_t Pool::ContiguousBufferInfoEntries() const {
@@ -305,7 +305,7 @@ uint64_t Pool::ContiguousBufferInfoEntries() const {
   return entries;
 }
 
-absl::StatusOr<std::vector<RegionSegment>> Pool::PageBufferMeta(
+absl::StatusOr<std::vector<RegionRange>> Pool::PageBufferMeta(
     absl::Span<const int64_t> slots) const {
   // The seeds raise for these (ValueError "Unsupported layout").
   if (spec_.layout == LayoutKind::kLayerFirst &&
@@ -318,17 +318,17 @@ absl::StatusOr<std::vector<RegionSegment>> Pool::PageBufferMeta(
   absl::StatusOr<std::vector<uint64_t>> pages = Pages(slots);
   if (!pages.ok()) return pages.status();
   const uint64_t meta_layers = layout_.MetaPerLayer() ? layout_.layers : 1;
-  std::vector<RegionSegment> segments;
-  segments.reserve(pages->size() * MetaSegmentsPerPage());
+  std::vector<RegionRange> ranges;
+  ranges.reserve(pages->size() * MetaRangesPerPage());
   for (uint64_t page : *pages) {
     const uint64_t first = page * layout_.page_size;
     // LAYER_FIRST: per page, per layer, per component; else per page, per
     // component.
     for (uint64_t layer = 0; layer < meta_layers; ++layer) {
-      for (const Component& c : components_) segments.push_back(PageSegment(c, first, layer));
+      for (const Component& c : components_) ranges.push_back(PageMetaRange(c, first, layer));
     }
   }
-  return segments;
+  return ranges;
 }
 
 absl::Status Pool::CheckPage(int64_t first_slot) const {
@@ -427,7 +427,7 @@ absl::StatusOr<std::vector<PagePart>> Pool::PageShape() const {
   for (const Component& c : components_) {
     PagePart part;
     part.component = c.name;
-    part.bytes = c.layout.MetaSegmentBytes() * (c.layout.MetaPerLayer() ? L : 1);
+    part.bytes = c.layout.MetaRangeBytes() * (c.layout.MetaPerLayer() ? L : 1);
     switch (spec_.kind) {
       case PoolKind::kMha:
       case PoolKind::kKOnly:
@@ -455,7 +455,7 @@ absl::StatusOr<std::vector<PagePart>> Pool::PageShape() const {
   return parts;
 }
 
-absl::StatusOr<std::vector<RegionSegment>> Pool::SplitHeadsMeta(absl::Span<const int64_t> slots,
+absl::StatusOr<std::vector<RegionRange>> Pool::SplitHeadsMeta(absl::Span<const int64_t> slots,
                                                                 uint32_t split_factor) const {
   if (spec_.kind == PoolKind::kMhaAsymmetric) {  // S1:1151-1157
     return absl::FailedPreconditionError(
@@ -476,20 +476,20 @@ absl::StatusOr<std::vector<RegionSegment>> Pool::SplitHeadsMeta(absl::Span<const
   absl::StatusOr<std::vector<uint64_t>> pages = Pages(slots);
   if (!pages.ok()) return pages.status();
   const uint64_t group = heads / split_factor;
-  std::vector<RegionSegment> segments;
-  segments.reserve(pages->size() * SplitSegmentsPerPage(split_factor));
+  std::vector<RegionRange> ranges;
+  ranges.reserve(pages->size() * SplitRangesPerPage(split_factor));
   for (uint64_t page : *pages) {
     const uint64_t first = page * layout_.page_size;
     for (uint64_t h = 0; h < heads; h += group) {
       for (const Component& c : components_) {
         // The group's heads are adjacent in (P, H, ps, L, D): ps * L rows of
         // head_bytes per head.
-        segments.push_back({c.region, c.region_offset + c.layout.Offset(0, first, 0, h),
-                            c.layout.MetaSegmentBytes() / split_factor});
+        ranges.push_back({c.region, c.region_offset + c.layout.Offset(0, first, 0, h),
+                            c.layout.MetaRangeBytes() / split_factor});
       }
     }
   }
-  return segments;
+  return ranges;
 }
 
 absl::StatusOr<StrideCheck> Pool::StrideAlignment(uint64_t alignment) const {
@@ -505,7 +505,7 @@ absl::StatusOr<StrideCheck> Pool::StrideAlignment(uint64_t alignment) const {
     const Component& c = components_[i];
     // From one page's range to the next: a page's block (page-major), or a
     // page of one layer (LAYER_FIRST).
-    const uint64_t stride = c.layout.MetaSegmentBytes();
+    const uint64_t stride = c.layout.MetaRangeBytes();
     out.page_strides.push_back(stride);
     const uintptr_t base = reinterpret_cast<uintptr_t>(component_base(i));
     out.aligned = out.aligned && base % alignment == 0 && stride % alignment == 0;
@@ -528,8 +528,8 @@ absl::StatusOr<std::vector<BufferInfo>> Pool::ContiguousBufferInfos() const {
     for (uint32_t l = 0; l < c.layout.layers; ++l) {
       infos.push_back(
           {c.name, l,
-           RegionSegment{c.region, c.region_offset + c.layout.Offset(0, 0, l, 0), layer_bytes},
-           c.layout.MetaSegmentBytes()});
+           RegionRange{c.region, c.region_offset + c.layout.Offset(0, 0, l, 0), layer_bytes},
+           c.layout.MetaRangeBytes()});
     }
   }
   return infos;

@@ -44,7 +44,7 @@
 namespace kvhost {
 
 // A byte range of one of a pool's regions (Pool::region_paths()).
-struct RegionSegment {
+struct RegionRange {
   uint32_t region = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
@@ -71,7 +71,7 @@ struct StrideCheck {
 struct BufferInfo {
   std::string component;
   uint32_t layer = 0;
-  RegionSegment range;
+  RegionRange range;
   uint64_t item_bytes = 0;
 };
 
@@ -179,7 +179,7 @@ class Pool {
 
   // The seeds' get_page_buffer_meta: region ranges of whole pages, in the
   // seeds' order (see PageBufferMeta in proto/kvhost/v1/pool.proto).
-  absl::StatusOr<std::vector<RegionSegment>> PageBufferMeta(absl::Span<const int64_t> slots) const;
+  absl::StatusOr<std::vector<RegionRange>> PageBufferMeta(absl::Span<const int64_t> slots) const;
 
   // Reply bounds, from the pool's shape alone, so a caller can refuse a
   // reply before building it: at least as many entries as PageBufferMeta /
@@ -206,7 +206,7 @@ class Pool {
   absl::Status ReadPageRange(int64_t first_slot, uint64_t offset, absl::Span<uint8_t> out) const;
   absl::Status WritePageRange(int64_t first_slot, uint64_t offset, absl::Span<const uint8_t> data);
   absl::StatusOr<std::vector<PagePart>> PageShape() const;
-  absl::StatusOr<std::vector<RegionSegment>> SplitHeadsMeta(absl::Span<const int64_t> slots,
+  absl::StatusOr<std::vector<RegionRange>> SplitHeadsMeta(absl::Span<const int64_t> slots,
                                                             uint32_t split_factor) const;
   // `alignment` 0 means kDefaultStrideAlignment.
   absl::StatusOr<StrideCheck> StrideAlignment(uint64_t alignment) const;
@@ -258,11 +258,11 @@ class Pool {
 
   // Region range of component c's bytes of the page starting at
   // `first_slot`: of layer `layer` (LAYER_FIRST), or of all layers.
-  RegionSegment PageSegment(const Component& c, uint64_t first_slot, uint64_t layer) const;
-  // Calls fn(segment) for each range of the page starting at `first_slot` in
+  RegionRange PageMetaRange(const Component& c, uint64_t first_slot, uint64_t layer) const;
+  // Calls fn(range) for each range of the page starting at `first_slot` in
   // flat-page order, until fn returns false.
   template <typename Fn>
-  void ForEachFlatSegment(uint64_t first_slot, Fn&& fn) const;
+  void ForEachFlatRange(uint64_t first_slot, Fn&& fn) const;
   // Calls fn(region bytes, offset in the range, n) for the pieces of flat-page
   // bytes [offset, offset + length), in order. REQUIRES: in the page.
   template <typename Fn>
@@ -273,8 +273,8 @@ class Pool {
                               const char* what) const;
   // PageBufferMeta's / SplitHeadsMeta's entries per page (the builders use
   // them too, so the bounds cannot drift from what is built).
-  uint64_t MetaSegmentsPerPage() const;
-  uint64_t SplitSegmentsPerPage(uint32_t split_factor) const;
+  uint64_t MetaRangesPerPage() const;
+  uint64_t SplitRangesPerPage(uint32_t split_factor) const;
   // Pages that `slots` slot indices can name at most.
   uint64_t PagesOf(uint64_t slots) const;
 

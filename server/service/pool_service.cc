@@ -54,14 +54,14 @@ absl::Span<const uint8_t> Bytes(const std::string& s) {
   return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()), s.size());
 }
 
-void ToProto(absl::Span<const RegionSegment> segments, const Pool& pool, v1::PageBufferMeta* out) {
+void ToProto(absl::Span<const RegionRange> ranges, const Pool& pool, v1::PageBufferMeta* out) {
   for (const std::string& path : pool.region_paths()) out->add_region_paths(path);
-  out->mutable_segments()->Reserve(static_cast<int>(segments.size()));
-  for (const RegionSegment& s : segments) {
-    v1::Segment* segment = out->add_segments();
-    segment->set_region_index(s.region);
-    segment->set_offset(s.offset);
-    segment->set_length(s.length);
+  out->mutable_segments()->Reserve(static_cast<int>(ranges.size()));
+  for (const RegionRange& s : ranges) {
+    v1::RegionRange* range = out->add_segments();
+    range->set_region_index(s.region);
+    range->set_offset(s.offset);
+    range->set_length(s.length);
   }
 }
 
@@ -90,9 +90,9 @@ uint64_t StringElement(const std::string& s) {
 }
 
 // The largest PageBufferMeta.segments element (every value at its maximum).
-uint64_t MaxSegmentBytes() {
+uint64_t MaxRangeBytes() {
   static const uint64_t bytes = [] {
-    v1::Segment s;
+    v1::RegionRange s;
     s.set_region_index(UINT32_MAX);
     s.set_offset(UINT64_MAX);
     s.set_length(UINT64_MAX);
@@ -396,19 +396,19 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
           p.name(),
           absl::StrCat("GetPageBufferMeta: ", request->indices_size(), " indices (", per_page,
                        " segments per page)"),
-          p.PageBufferMetaEntries(request->indices_size()), MaxSegmentBytes(), fixed,
+          p.PageBufferMetaEntries(request->indices_size()), MaxRangeBytes(), fixed,
           max_message_bytes_,
           absl::StrCat(
               "split the call: at most ",
-              UnitsThatFit(per_page, MaxSegmentBytes(), fixed, max_message_bytes_) * p.page_size(),
+              UnitsThatFit(per_page, MaxRangeBytes(), fixed, max_message_bytes_) * p.page_size(),
               " indices per call"));
       !s.ok()) {
     return Finish(context, s);
   }
-  absl::StatusOr<std::vector<RegionSegment>> segments =
+  absl::StatusOr<std::vector<RegionRange>> ranges =
       (*pool)->PageBufferMeta(Indices(request->indices()));
-  if (!segments.ok()) return Finish(context, segments.status());
-  ToProto(*segments, **pool, response);
+  if (!ranges.ok()) return Finish(context, ranges.status());
+  ToProto(*ranges, **pool, response);
   return Finish(context, absl::OkStatus());
 }
 
@@ -515,18 +515,18 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetSplitHeadsPageBufferMeta(
           absl::StrCat("GetSplitHeadsPageBufferMeta: ", request->indices_size(), " indices (",
                        per_page, " segments per page)"),
           p.SplitHeadsMetaEntries(request->indices_size(), request->split_factor()),
-          MaxSegmentBytes(), fixed, max_message_bytes_,
+          MaxRangeBytes(), fixed, max_message_bytes_,
           absl::StrCat(
               "split the call: at most ",
-              UnitsThatFit(per_page, MaxSegmentBytes(), fixed, max_message_bytes_) * p.page_size(),
+              UnitsThatFit(per_page, MaxRangeBytes(), fixed, max_message_bytes_) * p.page_size(),
               " indices per call"));
       !s.ok()) {
     return Finish(context, s);
   }
-  absl::StatusOr<std::vector<RegionSegment>> segments =
+  absl::StatusOr<std::vector<RegionRange>> ranges =
       (*pool)->SplitHeadsMeta(Indices(request->indices()), request->split_factor());
-  if (!segments.ok()) return Finish(context, segments.status());
-  ToProto(*segments, **pool, response);
+  if (!ranges.ok()) return Finish(context, ranges.status());
+  ToProto(*ranges, **pool, response);
   return Finish(context, absl::OkStatus());
 }
 

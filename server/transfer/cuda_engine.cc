@@ -18,9 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "cuda_util.h"
-#include "segment_copy.h"
-#include "server/transfer/segments.h"
+#include "common/cuda_util.h"
+#include "copy_kernel.h"
+#include "server/transfer/copy_plan.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -63,9 +63,9 @@ std::string Bytes(uint64_t n) {
   return absl::StrCat(n, " B");
 }
 
-// The SM path's plan of a job: one DirectPlan per job part, in order.
-struct JobDirectPlan {
-  std::vector<DirectPlan> parts;
+// The SM copy path's plan of a job: one SmCopyPlan per job part, in order.
+struct JobSmCopyPlan {
+  std::vector<SmCopyPlan> parts;
 };
 
 // The staged path's plan of one job part over one interval of its held host
@@ -457,7 +457,7 @@ class CudaEngine::Mapping : public DeviceMapping {
   }
 
   // What the kernel paths need: the layer bases in device memory, and
-  // whether the GPU can use the pool's host addresses (else the SM path is
+  // whether the GPU can use the pool's host addresses (else the SM copy path is
   // unavailable). REQUIRES: every layer added, the pool pinned, the current
   // device is this mapping's.
   absl::Status PrepareKernels(bool host_pointer_ok) {
@@ -607,7 +607,7 @@ std::string CudaEngine::Describe() const {
   return absl::StrCat(devices_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ",
                       kCopies, options_.gate_loads ? ", gated loads" : "", "; transfer path ",
                       CudaPathName(options_.path), ", staging ", Bytes(options_.staging_bytes),
-                      " per stream, SM path grid <= ", options_.sm_blocks, " blocks; ",
+                      " per stream, SM copy path grid <= ", options_.sm_blocks, " blocks; ",
                       mps_detail_);
 }
 
@@ -847,7 +847,7 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
   return std::unique_ptr<DeviceMapping>(std::move(mapping));
 }
 
-absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, size_t ticket_layer) {
+absl::Status CudaEngine::EnqueueCopyEngineLayer(Lane* lane, const TransferJob& job, size_t ticket_layer) {
   const bool backup = job.direction == Direction::kBackup;
   std::vector<CopyEnginePiece>& pieces = lane->pieces;
   // Every part's pieces of the layer, in one batch.
@@ -864,7 +864,7 @@ absl::Status CudaEngine::EnqueueLayer(Lane* lane, const TransferJob& job, size_t
     lane->sizes.resize(n + pieces.size());
     for (const CopyEnginePiece& p : pieces) {
       void* const h = pool.region_base(p.region) + p.host_offset;
-      void* const d = part.device->buffer(p.component, layer.device_layer) + p.device_offset;
+      void* const d = part.mapping->buffer(p.component, layer.device_layer) + p.device_offset;
       lane->dsts[n] = backup ? h : d;
       lane->srcs[n] = backup ? d : h;
       lane->sizes[n] = static_cast<size_t>(p.bytes);
@@ -963,7 +963,7 @@ absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
   bool host_pointer_ok = true;
   bool stageable = false;  // some part's layout has blocks larger than its pieces
   for (const JobPart& part : job->parts) {
-    const auto& mapping = static_cast<const Mapping&>(*part.device);
+    const auto& mapping = static_cast<const Mapping&>(*part.mapping);
     const std::vector<LayoutGroup>& groups = mapping.groups();
     uint64_t held = 0;
     for (const JobLayer& layer : part.layers) held += layer.host_layer >= 0 ? 1 : 0;
@@ -994,7 +994,7 @@ absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
     for (size_t j = 0; j < job->parts.size(); ++j) {
       const JobPart& part = job->parts[j];
       if (part.tokens == 0) continue;
-      const auto& mapping = static_cast<const Mapping&>(*part.device);
+      const auto& mapping = static_cast<const Mapping&>(*part.mapping);
       for (const HeldLayers& held : HeldLayerRanges(part.layers)) {
         StagedRange& range = plan->ranges.emplace_back();
         range.part = j;
@@ -1011,13 +1011,13 @@ absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
     }
     return std::shared_ptr<const JobStagedPlan>(std::move(plan));
   };
-  auto direct = [&]() {
-    auto plan = std::make_shared<JobDirectPlan>();
+  auto sm_copy = [&]() {
+    auto plan = std::make_shared<JobSmCopyPlan>();
     for (const JobPart& part : job->parts) {
-      const auto& mapping = static_cast<const Mapping&>(*part.device);
-      plan->parts.push_back(PlanDirect(mapping.groups(), part.runs, part.page_runs));
+      const auto& mapping = static_cast<const Mapping&>(*part.mapping);
+      plan->parts.push_back(PlanSmCopy(mapping.groups(), part.runs, part.page_runs));
     }
-    return std::shared_ptr<const JobDirectPlan>(std::move(plan));
+    return std::shared_ptr<const JobSmCopyPlan>(std::move(plan));
   };
   const char* no_sm = host_pointer_ok
                           ? nullptr
@@ -1032,7 +1032,7 @@ absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
         return absl::FailedPreconditionError(absl::StrCat("--transfer-path=sm: ", no_sm));
       }
       *why = "--transfer-path=sm";
-      return use(CudaPath::kSm, direct());
+      return use(CudaPath::kSm, sm_copy());
     case CudaPath::kStaged: {
       absl::StatusOr<std::shared_ptr<const JobStagedPlan>> plan = staged();
       if (!plan.ok()) {
@@ -1052,7 +1052,7 @@ absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
   }
   if (mps_ && no_sm == nullptr) {
     *why = absl::StrCat("auto: copy-engine pieces of only ", Bytes(ce_piece), ", MPS active");
-    return use(CudaPath::kSm, direct());
+    return use(CudaPath::kSm, sm_copy());
   }
   if (stageable) {
     absl::StatusOr<std::shared_ptr<const JobStagedPlan>> plan = staged();
@@ -1066,7 +1066,7 @@ absl::Status CudaEngine::ChoosePath(TransferJob* job, std::string* why) const {
     }
   }
   *why = absl::StrCat("auto: copy-engine pieces of ", Bytes(ce_piece),
-                      "; no larger blocks to stage and MPS not active (the SM path would "
+                      "; no larger blocks to stage and MPS not active (the SM copy path would "
                       "time-slice against the worker)");
   return use(CudaPath::kCopyEngine, nullptr);
 }
@@ -1113,28 +1113,28 @@ absl::StatusOr<void*> CudaEngine::UploadDescriptors(Lane* lane, cudaStream_t str
 }
 
 template <typename LayerDone>
-absl::Status CudaEngine::EnqueueDirect(Lane* lane, const TransferJob& job,
+absl::Status CudaEngine::EnqueueSmCopy(Lane* lane, const TransferJob& job,
                                        std::vector<void*>* scratch, LayerDone&& layer_done) {
   // No plan: a job of no rows, which only records its events.
-  static const JobDirectPlan kNoRows;
+  static const JobSmCopyPlan kNoRows;
   const auto& plan =
-      job.plan == nullptr ? kNoRows : *static_cast<const JobDirectPlan*>(job.plan.get());
+      job.plan == nullptr ? kNoRows : *static_cast<const JobSmCopyPlan*>(job.plan.get());
   // Each part's descriptors, uploaded once for every layer.
-  std::vector<const CopySegment*> segments(job.parts.size(), nullptr);
+  std::vector<const CopyTile*> tiles(job.parts.size(), nullptr);
   absl::Status status;
   for (size_t j = 0; j < plan.parts.size() && status.ok(); ++j) {
-    const DirectPlan& part_plan = plan.parts[j];
-    if (part_plan.segments.empty()) continue;
+    const SmCopyPlan& part_plan = plan.parts[j];
+    if (part_plan.tiles.empty()) continue;
     absl::StatusOr<void*> uploaded =
-        UploadDescriptors(lane, lane->stream, part_plan.segments.data(),
-                          part_plan.segments.size() * sizeof(CopySegment), scratch);
+        UploadDescriptors(lane, lane->stream, part_plan.tiles.data(),
+                          part_plan.tiles.size() * sizeof(CopyTile), scratch);
     if (!uploaded.ok()) {
       status = uploaded.status();
     } else {
-      segments[j] = static_cast<const CopySegment*>(*uploaded);
+      tiles[j] = static_cast<const CopyTile*>(*uploaded);
     }
   }
-  SegmentCopyArgs args;
+  CopyKernelArgs args;
   args.to_device = job.direction == Direction::kLoad;
   const uint64_t layers = job.layer_num();
   for (size_t i = 0; i < layers && status.ok(); ++i) {
@@ -1144,11 +1144,11 @@ absl::Status CudaEngine::EnqueueDirect(Lane* lane, const TransferJob& job,
       const JobPart& part = job.parts[j];
       const JobLayer& layer = part.layers[i];
       if (layer.host_layer < 0 || j >= plan.parts.size()) continue;
-      const auto& mapping = static_cast<const Mapping&>(*part.device);
-      const DirectPlan& part_plan = plan.parts[j];
+      const auto& mapping = static_cast<const Mapping&>(*part.mapping);
+      const SmCopyPlan& part_plan = plan.parts[j];
       args.device_layers_per_plane = static_cast<uint32_t>(mapping.layer_num());
       for (size_t k = 0; k < part_plan.launches.size(); ++k) {
-        const SegmentLaunch& launch = part_plan.launches[k];
+        const TileLaunch& launch = part_plan.launches[k];
         const LayoutGroup& group = mapping.groups()[launch.group];
         args.layout = group.layout;
         args.device_layers = mapping.layer_table(group);
@@ -1156,11 +1156,11 @@ absl::Status CudaEngine::EnqueueDirect(Lane* lane, const TransferJob& job,
             static_cast<int32_t>(int64_t{layer.device_layer} - layer.host_layer);
         args.other = part.pool->region_base(group.region) + group.region_offset;
         args.aligned16 = mapping.aligned16() && reinterpret_cast<uintptr_t>(args.other) % 16 == 0;
-        args.segments = segments[j] + launch.segment_begin;
-        args.segment_count = static_cast<uint32_t>(launch.segment_end - launch.segment_begin);
+        args.tiles = tiles[j] + launch.tile_begin;
+        args.tile_count = static_cast<uint32_t>(launch.tile_end - launch.tile_begin);
         args.item_count = launch.items;
         args.layer_shift = static_cast<uint32_t>(layer.host_layer);
-        if (cudaError_t e = LaunchSegmentCopy(args, options_.sm_blocks, lane->stream);
+        if (cudaError_t e = LaunchCopyKernel(args, options_.sm_blocks, lane->stream);
             e != cudaSuccess) {
           status = absl::InternalError(absl::StrCat(
               DirectionName(job.direction), " layer ", i,
@@ -1172,8 +1172,8 @@ absl::Status CudaEngine::EnqueueDirect(Lane* lane, const TransferJob& job,
     }
     if (status.ok()) status = layer_done(i);
   }
-  for (const CopySegment* s : segments) {
-    if (s != nullptr) cudaFreeAsync(const_cast<CopySegment*>(s), lane->stream);
+  for (const CopyTile* s : tiles) {
+    if (s != nullptr) cudaFreeAsync(const_cast<CopyTile*>(s), lane->stream);
   }
   return status;
 }
@@ -1228,33 +1228,33 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
   // One part's held host layer range (a plain attachment's job has one).
   auto run_range = [&](const StagedRange& range) {
     const JobPart& part = job.parts[range.part];
-    const auto& mapping = static_cast<const Mapping&>(*part.device);
+    const auto& mapping = static_cast<const Mapping&>(*part.mapping);
     const StagedPlan& p = range.plan;
     if (p.chunks.empty()) return;
-    absl::StatusOr<void*> segments = UploadDescriptors(
-        lane, kernels, p.segments.data(), p.segments.size() * sizeof(CopySegment), scratch);
-    if (!segments.ok()) {
-      status = segments.status();
+    absl::StatusOr<void*> tiles = UploadDescriptors(
+        lane, kernels, p.tiles.data(), p.tiles.size() * sizeof(CopyTile), scratch);
+    if (!tiles.ok()) {
+      status = tiles.status();
       return;
     }
-    SegmentCopyArgs args;
+    CopyKernelArgs args;
     args.device_layers_per_plane = static_cast<uint32_t>(mapping.layer_num());
     args.device_layer_delta = static_cast<int32_t>(range.delta);
     args.to_device = !backup;
     args.aligned16 = mapping.aligned16();
     const Pool& pool = *part.pool;
-    const auto* uploaded = static_cast<const CopySegment*>(*segments);
+    const auto* uploaded = static_cast<const CopyTile*>(*tiles);
     // The chunk's kernels, one per group in it (one for MHA's K and V).
     auto launch_chunk = [&](const StagedChunk& chunk, const char* what) {
       for (size_t k = chunk.launch_begin; k < chunk.launch_end; ++k) {
-        const SegmentLaunch& launch = p.launches[k];
+        const TileLaunch& launch = p.launches[k];
         const LayoutGroup& group = mapping.groups()[launch.group];
         args.layout = group.layout;
         args.device_layers = mapping.layer_table(group);
-        args.segments = uploaded + launch.segment_begin;
-        args.segment_count = static_cast<uint32_t>(launch.segment_end - launch.segment_begin);
+        args.tiles = uploaded + launch.tile_begin;
+        args.tile_count = static_cast<uint32_t>(launch.tile_end - launch.tile_begin);
         args.item_count = launch.items;
-        if (!ok(LaunchSegmentCopy(args, blocks, kernels), what)) return;
+        if (!ok(LaunchCopyKernel(args, blocks, kernels), what)) return;
       }
     };
     for (size_t i = 0; i < p.chunks.size() && status.ok(); ++i) {
@@ -1299,7 +1299,7 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
       if (!status.ok()) break;
       ok(cudaEventRecord(lane->half_free[b], second), "cudaEventRecord");
     }
-    cudaFreeAsync(*segments, kernels);
+    cudaFreeAsync(*tiles, kernels);
   };
   for (size_t r = 0; r < plan.ranges.size() && status.ok() && e == cudaSuccess; ++r) {
     run_range(plan.ranges[r]);
@@ -1313,7 +1313,7 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
 }
 
 absl::Status CudaEngine::Prepare(TransferJob* job) {
-  const auto& mapping = static_cast<const Mapping&>(*job->device);
+  const auto& mapping = static_cast<const Mapping&>(*job->mapping);
   const bool has_wait = job->direction == Direction::kBackup && !job->wait_event_handle.empty();
   if (has_wait && job->wait_event_handle.size() != sizeof(cudaIpcEventHandle_t)) {
     return absl::InvalidArgumentError(
@@ -1367,7 +1367,7 @@ absl::Status CudaEngine::Prepare(TransferJob* job) {
 
 void CudaEngine::Submit(TransferJob job) {
   // Every mapping this engine sees is one it opened.
-  const auto& mapping = static_cast<const Mapping&>(*job.device);
+  const auto& mapping = static_cast<const Mapping&>(*job.mapping);
   Lane* lane = mapping.lanes() + (job.direction == Direction::kLoad ? 1 : 0);
   // One completion event per ticket layer, held or not.
   const size_t layers = job.layer_num();
@@ -1413,7 +1413,7 @@ void CudaEngine::Submit(TransferJob job) {
 }
 
 absl::Status CudaEngine::OpenGates(Lane* lane, Pending* pending) {
-  const auto& mapping = static_cast<const Mapping&>(*pending->job.device);
+  const auto& mapping = static_cast<const Mapping&>(*pending->job.mapping);
   const uint64_t layers = pending->job.layer_num();
   const int set = pending->job.event_set;
   const StreamMemOps ops = *StreamMemOpsFns();  // present: gate_stream exists
@@ -1466,7 +1466,7 @@ void CudaEngine::EnqueueLoop(Lane* lane) {
 
 void CudaEngine::EnqueueWork(Lane* lane, Pending* p) {
   Pending& pending = *p;
-  const auto& mapping = static_cast<const Mapping&>(*pending.job.device);
+  const auto& mapping = static_cast<const Mapping&>(*pending.job.mapping);
   const uint64_t layers = pending.job.layer_num();  // ticket layers
   cudaError_t e = cudaSuccess;
   if (pending.error.ok() && pending.job.wait_event != nullptr) {
@@ -1512,7 +1512,7 @@ void CudaEngine::EnqueueWork(Lane* lane, Pending* p) {
     absl::Status s;
     switch (static_cast<CudaPath>(pending.job.path)) {
       case CudaPath::kSm:
-        s = EnqueueDirect(lane, pending.job, &pending.scratch, layer_done);
+        s = EnqueueSmCopy(lane, pending.job, &pending.scratch, layer_done);
         break;
       case CudaPath::kStaged:
         // Every layer is complete only after the last chunk.
@@ -1522,7 +1522,7 @@ void CudaEngine::EnqueueWork(Lane* lane, Pending* p) {
       case CudaPath::kAuto:
       case CudaPath::kCopyEngine:
         for (uint64_t layer = 0; s.ok() && layer < layers; ++layer) {
-          s = EnqueueLayer(lane, pending.job, layer);
+          s = EnqueueCopyEngineLayer(lane, pending.job, layer);
           if (s.ok()) s = layer_done(layer);
         }
         break;
@@ -1584,7 +1584,7 @@ void CudaEngine::CompleteLoop(Lane* lane) {
     // the set is complete here (its layers' copies are), so a new load may
     // record the set again.
     if (pending.job.event_set >= 0) {
-      static_cast<const Mapping&>(*pending.job.device).ReleaseSet(pending.job.event_set);
+      static_cast<const Mapping&>(*pending.job.mapping).ReleaseSet(pending.job.event_set);
     }
     pending.job.ticket->Finish(status);
     std::vector<cudaEvent_t> events = std::move(pending.events);
@@ -1595,8 +1595,8 @@ void CudaEngine::CompleteLoop(Lane* lane) {
     // TransferJob's member order: the attachment's (a group's keeps its
     // entries', whose pools job.group still holds), then each part's, then the
     // rest with the pools.
-    pending.job.device.reset();
-    for (JobPart& part : pending.job.parts) part.device.reset();
+    pending.job.mapping.reset();
+    for (JobPart& part : pending.job.parts) part.mapping.reset();
     pending = Pending();
     absl::MutexLock lock(&lane->mu);
     if (events_ok) {

@@ -6,24 +6,24 @@
 //                yields (ForEachPiece; page runs for page-row components) are
 //                merged where they are contiguous on both sides and
 //                submitted as one cudaMemcpyBatchAsync per layer;
-//   cuda-staged  the job's complete pool blocks (segments.h) go through a
+//   cuda-staged  the job's complete pool blocks (copy_plan.h) go through a
 //                device staging buffer in two halves: a gather kernel fills
 //                half b while the copy engines drain half 1-b to the pool
 //                (backup), or the copy engines fill it while a scatter kernel
 //                empties the other (load); a second stream per lane runs the
 //                kernels;
-//   cuda-sm      one copy kernel per layer and launch group (segments.h:
+//   cuda-sm      one copy kernel per layer and launch group (copy_plan.h:
 //                one for MHA's K and V) through mapped host memory, its grid
 //                bounded by sm_blocks.
 // Every pool kind is served through its components (Pool::components());
-// all the per-component, page-run and layer-range planning is in segments.h.
+// all the per-component, page-run and layer-range planning is in copy_plan.h.
 // A ticket has one layer per attached device layer; a layer the pool does
 // not hold (layer sharding) copies nothing but still records its events.
 // A pool group's attachment (OpenGroup) has the load events, one per model
 // layer, and its jobs one part per pool: each path loops over the parts
 // (per layer for ce and sm, one staged plan per part and interval of its
 // held layers), each part copying through its own entry's mapping.
-// auto takes the copy engines when their pieces are large, else the SM path
+// auto takes the copy engines when their pieces are large, else the SM copy path
 // under MPS, else the staged path where its blocks are larger than the
 // pieces, else the copy engines (never a kernel that time-slices against the
 // worker for no gain).
@@ -103,7 +103,7 @@ struct CudaEngineOptions {
   // worker's time in 128 MiB chunks and +4.4 % in one 512 MiB chunk, at
   // 0.76 and 0.66 of the ceiling (PAGE_FIRST, page size 1).
   uint64_t staging_bytes = uint64_t{1} << 30;
-  // Most blocks of an SM-path kernel (the seeds' block_quota); the SMs left
+  // Most blocks of an SM copy kernel (the seeds' block_quota); the SMs left
   // over stay with the worker.
   int sm_blocks = 16;
   // Most blocks of a staged gather / scatter kernel; 0 = 4 per SM, so that
@@ -123,7 +123,7 @@ struct CudaEngineOptions {
   // and 18 KiB at 0.30-0.49, at no cost to the worker, while the staged
   // path reached 0.82-0.94 at +4-32 % of the worker's time: where the copy
   // engines are merely slower, they win; below this, where they are hopeless
-  // (2 KiB rows: 0.02-0.05), the staged or SM path is worth its cost.
+  // (2 KiB rows: 0.02-0.05), the staged or SM copy path is worth its cost.
   uint64_t ce_min_piece_bytes = uint64_t{16} << 10;
 
   // Largest host range pinned by one cudaHostRegister call: registering
@@ -181,7 +181,7 @@ class CudaEngine : public TransferEngine {
     std::string uuid;  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", lower case
     std::string name;
     int sms = 0;
-    // The SM path reads the pool through its host address
+    // The SM copy path reads the pool through its host address
     // (cudaDevAttrCanUseHostPointerForRegisteredMem).
     bool host_pointer_ok = false;
   };
@@ -200,14 +200,14 @@ class CudaEngine : public TransferEngine {
   // Enqueues ticket layer `ticket_layer` of `job` (every part and
   // component, in one batch; nothing for a part that does not copy the
   // layer) on the lane's stream by the copy engines.
-  absl::Status EnqueueLayer(Lane* lane, const TransferJob& job, size_t ticket_layer);
+  absl::Status EnqueueCopyEngineLayer(Lane* lane, const TransferJob& job, size_t ticket_layer);
   // Submits copies dsts[i] <- srcs[i] of sizes[i] bytes on `stream`, batched.
   absl::Status SubmitCopies(Lane* lane, cudaStream_t stream, size_t n, const std::string& what);
-  // The SM path: descriptors up, then per ticket layer and part one kernel
+  // The SM copy path: descriptors up, then per ticket layer and part one kernel
   // per launch group where the part copies the layer, followed by
   // `layer_done(layer)`.
   template <typename LayerDone>
-  absl::Status EnqueueDirect(Lane* lane, const TransferJob& job, std::vector<void*>* scratch,
+  absl::Status EnqueueSmCopy(Lane* lane, const TransferJob& job, std::vector<void*>* scratch,
                              LayerDone&& layer_done);
   // The staged path: every chunk of the job's plan (every part's ranges).
   absl::Status EnqueueStaged(Lane* lane, const TransferJob& job, std::vector<void*>* scratch);
@@ -233,7 +233,7 @@ class CudaEngine : public TransferEngine {
   const CudaEngineOptions options_;
   const std::vector<Device> devices_;
   // Whether an MPS control daemon serves this process (its pipe exists), and
-  // where; the SM path is chosen automatically only then.
+  // where; the SM copy path is chosen automatically only then.
   bool mps_ = false;  // set once by the constructor
   std::string mps_detail_;
   const std::shared_ptr<HostPins> pins_;

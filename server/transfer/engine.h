@@ -166,7 +166,7 @@ struct JobLayer {
 struct JobPart {
   std::shared_ptr<Pool> pool;
   // That pool's buffers (for a plain attachment, the job's own `device`).
-  std::shared_ptr<const DeviceMapping> device;
+  std::shared_ptr<const DeviceMapping> mapping;
   // Token runs (host slot, device slot), and for pools with page-row
   // components the same runs in pages (host / ps, device / ps, count / ps);
   // page_runs is filled only then (every run is whole pages).
@@ -182,9 +182,9 @@ struct TransferJob {
   Direction direction = Direction::kBackup;
   // The attachment's mapping: its layer_num() is the ticket's, and a load
   // records its load events (per ticket layer, after every part's copies of
-  // that layer). For a plain attachment, parts[0].device; for a group, the
+  // that layer). For a plain attachment, parts[0].mapping; for a group, the
   // mapping OpenGroup made.
-  std::shared_ptr<const DeviceMapping> device;
+  std::shared_ptr<const DeviceMapping> mapping;
   std::vector<JobPart> parts;
   // A group attachment's job holds its group, and with it the pool of every
   // entry, those without rows in this job included: the group mapping pins
@@ -203,7 +203,7 @@ struct TransferJob {
   std::shared_ptr<const void> plan;
 
   // Ticket layers.
-  uint64_t layer_num() const { return device->layer_num(); }
+  uint64_t layer_num() const { return mapping->layer_num(); }
   // Token rows over every part.
   uint64_t tokens() const {
     uint64_t n = 0;

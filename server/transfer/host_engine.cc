@@ -148,7 +148,7 @@ bool CopyPieces(const JobPart& part, Direction direction, const JobLayer& layer,
     const uint64_t per_row = component.row_tokens;
     const IndexRun& run = RunsFor(part, component)[r];
     uint8_t* host = part.pool->component_base(c);
-    uint8_t* device = part.device->buffer(c, layer.device_layer);
+    uint8_t* device = part.mapping->buffer(c, layer.device_layer);
     bool ok = true;
     ForEachPiece(component, static_cast<uint64_t>(layer.host_layer), run, from / per_row,
                  to / per_row, [&](uint64_t host_off, uint64_t device_off, uint64_t bytes) {

@@ -79,7 +79,7 @@ absl::Status BuildPart(Direction direction, absl::Span<const int64_t> host,
     return s;
   }
   if (absl::Status s =
-          CheckRange(device, part->device->device_size_tokens(), device_field.c_str(), device_what);
+          CheckRange(device, part->mapping->device_size_tokens(), device_field.c_str(), device_what);
       !s.ok()) {
     return s;
   }
@@ -182,8 +182,8 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
   attachment.info.tp_rank = resolved->tp_rank;
   attachment.info.load_only = resolved->load_only;
   attachment.info.session_id = request.session_id;
-  attachment.device = std::shared_ptr<const DeviceMapping>(*std::move(device));
-  attachment.pools.push_back({"", *pool, attachment.device,
+  attachment.mapping = std::shared_ptr<const DeviceMapping>(*std::move(device));
+  attachment.pools.push_back({"", *pool, attachment.mapping,
                               MapLayers(**pool, resolved->start_layer, resolved->end_layer)});
   return Register(std::move(attachment));
 }
@@ -333,7 +333,7 @@ absl::Status TransferManager::OpenGroupMappings(const PoolGroup& group,
     return absl::Status(device.status().code(),
                         absl::StrCat(what, ": ", device.status().message()));
   }
-  attachment->device = std::shared_ptr<const DeviceMapping>(*std::move(device));
+  attachment->mapping = std::shared_ptr<const DeviceMapping>(*std::move(device));
   return absl::OkStatus();
 }
 
@@ -345,8 +345,8 @@ absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) 
     for (const AttachedPool& attached : attachment.pools) owner.pools.push_back(attached.pool);
     attachment.owner = std::make_shared<const Owner>(std::move(owner));
   }
-  attachment.info.load_event_handles = attachment.device->load_event_handles();
-  attachment.info.load_event_sets = attachment.device->load_event_sets();
+  attachment.info.load_event_handles = attachment.mapping->load_event_handles();
+  attachment.info.load_event_sets = attachment.mapping->load_event_sets();
   AttachmentInfo info = attachment.info;
   {
     absl::MutexLock lock(&mu_);
@@ -457,7 +457,7 @@ absl::StatusOr<TransferManager::Target> TransferManager::FindTarget(
     }
     target.owner = attachment.owner;
     target.group = attachment.group;
-    target.device = attachment.device;
+    target.device = attachment.mapping;
     target.pools = attachment.pools;
     target.label = attachment.info.group.empty() ? attachment.info.pool : attachment.info.group;
   }
@@ -512,7 +512,7 @@ absl::StatusOr<TransferJob> TransferManager::BuildJob(const Target& target,
     const AttachedPool& attached = target.pools[e];
     JobPart& part = parts[e];
     part.pool = attached.pool;
-    part.device = attached.device;
+    part.mapping = attached.device;
     part.layers = attached.layers;
     const std::string device_what =
         group == nullptr
@@ -526,7 +526,7 @@ absl::StatusOr<TransferJob> TransferManager::BuildJob(const Target& target,
   }
   TransferJob job;
   job.direction = direction;
-  job.device = target.device;
+  job.mapping = target.device;
   job.group = group;
   // A plain attachment's job has its one part; a group's, the parts with
   // rows to copy.

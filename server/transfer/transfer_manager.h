@@ -163,7 +163,7 @@ class TransferManager {
   struct AttachedPool {
     std::string entry;  // the group entry's name; empty for a plain attachment
     std::shared_ptr<Pool> pool;
-    std::shared_ptr<const DeviceMapping> device;
+    std::shared_ptr<const DeviceMapping> mapping;
     // Per ticket layer: the pool's host layer and the mapping's layer.
     std::vector<JobLayer> layers;
   };
@@ -172,7 +172,7 @@ class TransferManager {
     std::shared_ptr<const Owner> owner;  // set by Register; its tickets share it
     std::shared_ptr<PoolGroup> group;    // null for a plain attachment
     // The mapping jobs record their load events on (a group's: OpenGroup's).
-    std::shared_ptr<const DeviceMapping> device;
+    std::shared_ptr<const DeviceMapping> mapping;
     std::vector<AttachedPool> pools;
   };
   // What a transfer needs of its attachment, copied under the mutex so that
@@ -180,7 +180,7 @@ class TransferManager {
   struct Target {
     std::shared_ptr<const Owner> owner;
     std::shared_ptr<PoolGroup> group;  // null for a plain attachment
-    std::shared_ptr<const DeviceMapping> device;
+    std::shared_ptr<const DeviceMapping> mapping;
     std::vector<AttachedPool> pools;
     std::string label;  // the metrics' pool label: the pool's or the group's name
   };

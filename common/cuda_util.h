@@ -5,8 +5,8 @@
 // without a driver).
 //
 // Thread-safe: AddressRangeFn resolves the entry point once.
-#ifndef KVHOST_KERNELS_CUDA_UTIL_H_
-#define KVHOST_KERNELS_CUDA_UTIL_H_
+#ifndef KVHOST_COMMON_CUDA_UTIL_H_
+#define KVHOST_COMMON_CUDA_UTIL_H_
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -36,4 +36,4 @@ absl::StatusOr<StreamMemOps> StreamMemOpsFns();
 
 }  // namespace kvhost
 
-#endif  // KVHOST_KERNELS_CUDA_UTIL_H_
+#endif  // KVHOST_COMMON_CUDA_UTIL_H_

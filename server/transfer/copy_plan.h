@@ -1,7 +1,7 @@
 // Planning of the CUDA engine's copies: a job's index runs as copy-engine
-// pieces, or as CopySegments (kernels/kvhost/copy_segment.h) for the copy
+// pieces, or as CopyTiles (kernels/kvhost/copy_tile.h) for the copy
 // kernel. Everything that knows about components, page runs and layer
-// ranges lives here, so that tests/segments_test.cc can replay the plans on
+// ranges lives here, so that tests/copy_plan_test.cc can replay the plans on
 // the CPU; the engine only turns offsets into pointers and launches.
 //
 // Components and launches: the copy kernel addresses one KvLayout per
@@ -14,12 +14,12 @@
 // Copy engines (PlanCopyEngineLayer): per held layer and component, the
 // pieces that ForEachPiece yields, merged where contiguous on both sides.
 //
-// SM zero-copy (PlanDirect): the kernel reads or writes the pool itself
-// through mapped memory, one launch per group and layer, so a segment is
+// SM copy path (PlanSmCopy): the kernel reads or writes the pool itself
+// through mapped memory, one launch per group and layer, so a tile is
 // simply one run of one plane, one layer wide.
 //
 // Staged (PlanStaged): the job goes through a device staging buffer in
-// chunks of `chunk_bytes`. In a chunk, every segment's host bytes form one
+// chunks of `chunk_bytes`. In a chunk, every tile's host bytes form one
 // complete contiguous block of the pool (no bytes of other slots inside), laid
 // out in the staging buffer exactly as in the pool, so that one copy-engine
 // copy moves a block (or several adjacent ones) between staging and pool,
@@ -39,14 +39,14 @@
 // unit (StagedUnitBytes).
 //
 // Pure functions; thread-safe.
-#ifndef KVHOST_SERVER_TRANSFER_SEGMENTS_H_
-#define KVHOST_SERVER_TRANSFER_SEGMENTS_H_
+#ifndef KVHOST_SERVER_TRANSFER_COPY_PLAN_H_
+#define KVHOST_SERVER_TRANSFER_COPY_PLAN_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "kvhost/copy_segment.h"
+#include "kvhost/copy_tile.h"
 #include "kvhost/layout.h"
 #include "server/pool/pool_spec.h"
 #include "server/transfer/engine.h"
@@ -119,22 +119,22 @@ void PlanCopyEngineLayer(const std::vector<Component>& components,
                          uint64_t host_layer, uint64_t host_split,
                          std::vector<CopyEnginePiece>* pieces);
 
-// Segments [segment_begin, segment_end) of a plan, for one kernel launch over
+// Tiles [tile_begin, tile_end) of a plan, for one kernel launch over
 // group `group` (first_item counted from the launch's first item).
-struct SegmentLaunch {
+struct TileLaunch {
   uint32_t group = 0;
-  size_t segment_begin = 0;
-  size_t segment_end = 0;
+  size_t tile_begin = 0;
+  size_t tile_end = 0;
   uint64_t items = 0;
 };
 
-// SM path: per layer, every launch (with layer_shift = the host layer).
-struct DirectPlan {
-  std::vector<CopySegment> segments;
-  std::vector<SegmentLaunch> launches;
+// SM copy path: per layer, every launch (with layer_shift = the host layer).
+struct SmCopyPlan {
+  std::vector<CopyTile> tiles;
+  std::vector<TileLaunch> launches;
   uint64_t items_per_layer = 0;  // over all launches
 };
-DirectPlan PlanDirect(const std::vector<LayoutGroup>& groups, const std::vector<IndexRun>& runs,
+SmCopyPlan PlanSmCopy(const std::vector<LayoutGroup>& groups, const std::vector<IndexRun>& runs,
                       const std::vector<IndexRun>& page_runs);
 
 // A copy-engine copy between a region of the pool and a chunk of the
@@ -147,7 +147,7 @@ struct StagedCopy {
 };
 
 // One chunk: launches [launch_begin, launch_end) of the plan (their
-// segments' bias relative to the chunk's base) and copies
+// tiles' bias relative to the chunk's base) and copies
 // [copy_begin, copy_end).
 struct StagedChunk {
   size_t launch_begin = 0;
@@ -158,8 +158,8 @@ struct StagedChunk {
 };
 
 struct StagedPlan {
-  std::vector<CopySegment> segments;
-  std::vector<SegmentLaunch> launches;
+  std::vector<CopyTile> tiles;
+  std::vector<TileLaunch> launches;
   std::vector<StagedCopy> copies;
   std::vector<StagedChunk> chunks;
 };
@@ -198,4 +198,4 @@ LayerPieces CopyEngineLayerPieces(const std::vector<LayoutGroup>& groups,
 
 }  // namespace kvhost
 
-#endif  // KVHOST_SERVER_TRANSFER_SEGMENTS_H_
+#endif  // KVHOST_SERVER_TRANSFER_COPY_PLAN_H_

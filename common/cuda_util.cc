@@ -1,4 +1,4 @@
-#include "cuda_util.h"
+#include "common/cuda_util.h"
 
 #include "absl/strings/str_cat.h"
 

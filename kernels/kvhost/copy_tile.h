@@ -1,14 +1,14 @@
 // Work descriptors of the CUDA engine's kernel paths (staged and SM
-// zero-copy), shared by the planner on the host (server/transfer/segments.h),
-// the copy kernel (kernels/segment_copy.cu) and the tests that run the same
+// copy), shared by the planner on the host (server/transfer/copy_plan.h),
+// the copy kernel (kernels/copy_kernel.cu) and the tests that run the same
 // item decoding on the CPU.
 //
-// A CopySegment names a block of items: `tokens` consecutive host slots
+// A CopyTile names a block of items: `tokens` consecutive host slots
 // starting at `host_token`, paired with as many consecutive device rows
 // starting at `device_token`, for host layers [layer0, layer0 + layers) (plus
 // the launch's layer shift) of one plane, and heads [head0, head0 + heads).
 // A launch addresses one KvLayout whose planes are pool components (a
-// LayoutGroup, server/transfer/segments.h: MHA's K and V, or any one
+// LayoutGroup, server/transfer/copy_plan.h: MHA's K and V, or any one
 // component); for a page-row component the "tokens" are pages. An item is
 // one contiguous piece that a warp copies: a token's whole row of one layer
 // (`token_bytes`), or, where the layout splits rows by head (PAGE_HEAD with
@@ -24,8 +24,8 @@
 // 0 when both hold the same layers).
 //
 // Plain data, no dependencies beyond layout.h; usable from host and device.
-#ifndef KVHOST_KERNELS_COPY_SEGMENT_H_
-#define KVHOST_KERNELS_COPY_SEGMENT_H_
+#ifndef KVHOST_KERNELS_COPY_TILE_H_
+#define KVHOST_KERNELS_COPY_TILE_H_
 
 #include <stdint.h>
 
@@ -33,10 +33,10 @@
 
 namespace kvhost {
 
-struct CopySegment {
+struct CopyTile {
   uint64_t host_token = 0;
   uint64_t device_token = 0;
-  // Items of the launch before this segment's first one (segments of one
+  // Items of the launch before this tile's first one (tiles of one
   // launch are ordered by it).
   uint64_t first_item = 0;
   // Host offset minus offset in the other buffer; 0 for the pool itself.
@@ -61,15 +61,15 @@ KVHOST_HD inline uint64_t CopyItemBytes(const KvLayout& layout) {
   return layout.RowContiguous() ? layout.token_bytes : layout.head_bytes;
 }
 
-KVHOST_HD inline uint64_t SegmentItems(const CopySegment& s) {
+KVHOST_HD inline uint64_t TileItems(const CopyTile& s) {
   return uint64_t{s.tokens} * s.layers * s.heads;
 }
 
-// Item `r` (0 <= r < SegmentItems(s)) of segment `s`, heads varying fastest,
+// Item `r` (0 <= r < TileItems(s)) of tile `s`, heads varying fastest,
 // then tokens, then layers; `layer_shift` is added to every layer.
 // REQUIRES: every host layer + device_layer_delta lies in
 // [0, device_layers_per_plane).
-KVHOST_HD inline CopyItem DecodeCopyItem(const KvLayout& layout, const CopySegment& s, uint64_t r,
+KVHOST_HD inline CopyItem DecodeCopyItem(const KvLayout& layout, const CopyTile& s, uint64_t r,
                                          uint32_t layer_shift, uint64_t device_layers_per_plane,
                                          int64_t device_layer_delta) {
   const uint64_t head = s.head0 + r % s.heads;
@@ -87,4 +87,4 @@ KVHOST_HD inline CopyItem DecodeCopyItem(const KvLayout& layout, const CopySegme
 
 }  // namespace kvhost
 
-#endif  // KVHOST_KERNELS_COPY_SEGMENT_H_
+#endif  // KVHOST_KERNELS_COPY_TILE_H_

@@ -1,4 +1,4 @@
-// The CUDA engine's copy plans (server/transfer/segments.h), checked on the
+// The CUDA engine's copy plans (server/transfer/copy_plan.h), checked on the
 // CPU: the copy-engine pieces (PlanCopyEngineLayer), the copy kernel's item
 // decoding (DecodeCopyItem, the same function the kernel runs, launch by
 // launch as the engine issues them) and the staged plan's copy-engine copies
@@ -19,7 +19,7 @@
 // every staging byte a chunk copies is written by exactly one item (so a
 // backup never writes stale staging bytes into the pool), no copy crosses a
 // registration chunk, and a chunk smaller than a unit is FAILED_PRECONDITION.
-#include "server/transfer/segments.h"
+#include "server/transfer/copy_plan.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -134,23 +134,23 @@ std::vector<Held> HeldOf(const Case& c) {
   return out;
 }
 
-// Replays one kernel launch over group `g` (segments [begin, end), items
+// Replays one kernel launch over group `g` (tiles [begin, end), items
 // [0, items)) between the device buffers and `other`; counts writes into
 // `other` per byte when given.
-void ReplayLaunch(const Case& c, const LayoutGroup& g, const CopySegment* segments, size_t count,
+void ReplayLaunch(const Case& c, const LayoutGroup& g, const CopyTile* tiles, size_t count,
                   uint64_t items, uint32_t layer_shift, int64_t delta, uint8_t* other,
                   uint64_t other_size, bool to_device, Buffers* b, std::vector<int>* other_writes) {
   const KvLayout& layout = g.layout;
   const uint64_t item_bytes = CopyItemBytes(layout);
   uint64_t seen = 0;
   for (size_t s = 0; s < count; ++s) {
-    ASSERT_EQ(segments[s].first_item, seen) << "segment " << s;
-    seen += SegmentItems(segments[s]);
-    for (uint64_t r = 0; r < SegmentItems(segments[s]); ++r) {
+    ASSERT_EQ(tiles[s].first_item, seen) << "tile " << s;
+    seen += TileItems(tiles[s]);
+    for (uint64_t r = 0; r < TileItems(tiles[s]); ++r) {
       const CopyItem item =
-          DecodeCopyItem(layout, segments[s], r, layer_shift, c.device_layers, delta);
-      const uint64_t other_off = item.host_offset - static_cast<uint64_t>(segments[s].bias);
-      ASSERT_LE(other_off + item_bytes, other_size) << "segment " << s << " item " << r;
+          DecodeCopyItem(layout, tiles[s], r, layer_shift, c.device_layers, delta);
+      const uint64_t other_off = item.host_offset - static_cast<uint64_t>(tiles[s].bias);
+      ASSERT_LE(other_off + item_bytes, other_size) << "tile " << s << " item " << r;
       // The launch's table starts at the group's first component.
       const uint64_t buffer = uint64_t{g.first_component} * c.device_layers + item.device_buffer;
       ASSERT_LT(item.device_buffer, layout.planes * c.device_layers);
@@ -245,9 +245,9 @@ void ExpectStagedMatchesNaive(const Case& c) {
             }
           }
           for (size_t k = ch.launch_begin; k < ch.launch_end; ++k) {
-            const SegmentLaunch& launch = plan.launches[k];
-            ReplayLaunch(c, groups[launch.group], plan.segments.data() + launch.segment_begin,
-                         launch.segment_end - launch.segment_begin, launch.items, 0, delta,
+            const TileLaunch& launch = plan.launches[k];
+            ReplayLaunch(c, groups[launch.group], plan.tiles.data() + launch.tile_begin,
+                         launch.tile_end - launch.tile_begin, launch.items, 0, delta,
                          staging.data(), chunk, !backup, &got, &writes);
             if (::testing::Test::HasFatalFailure()) return;
           }
@@ -279,9 +279,9 @@ void ExpectDirectMatchesNaive(const Case& c) {
   SCOPED_TRACE(c.name);
   std::mt19937_64 rng(11);
   const std::vector<LayoutGroup> groups = GroupComponents(c.components);
-  const DirectPlan plan = PlanDirect(groups, c.runs, c.page_runs);
+  const SmCopyPlan plan = PlanSmCopy(groups, c.runs, c.page_runs);
   uint64_t items = 0;
-  for (const SegmentLaunch& launch : plan.launches) items += launch.items;
+  for (const TileLaunch& launch : plan.launches) items += launch.items;
   EXPECT_EQ(items, plan.items_per_layer);
   for (const bool backup : {true, false}) {
     SCOPED_TRACE(backup ? "backup" : "load");
@@ -291,11 +291,11 @@ void ExpectDirectMatchesNaive(const Case& c) {
     // As the engine: per ticket layer the pool holds, every launch.
     for (const JobLayer& jl : c.layers) {
       if (jl.host_layer < 0) continue;
-      for (const SegmentLaunch& launch : plan.launches) {
+      for (const TileLaunch& launch : plan.launches) {
         const LayoutGroup& g = groups[launch.group];
         std::vector<uint8_t>& region = got.regions[g.region];
-        ReplayLaunch(c, g, plan.segments.data() + launch.segment_begin,
-                     launch.segment_end - launch.segment_begin, launch.items,
+        ReplayLaunch(c, g, plan.tiles.data() + launch.tile_begin,
+                     launch.tile_end - launch.tile_begin, launch.items,
                      static_cast<uint32_t>(jl.host_layer), int64_t{jl.device_layer} - jl.host_layer,
                      region.data() + g.region_offset, region.size() - g.region_offset, !backup,
                      &got, nullptr);
@@ -471,9 +471,9 @@ Case PlaneCase(const Shape& s, std::vector<JobLayer> layers, uint32_t device_lay
   return c;
 }
 
-class SegmentsTest : public ::testing::TestWithParam<Shape> {};
+class CopyPlanTest : public ::testing::TestWithParam<Shape> {};
 
-TEST_P(SegmentsTest, PlanesAreOneLaunchGroup) {
+TEST_P(CopyPlanTest, PlanesAreOneLaunchGroup) {
   const KvLayout layout = LayoutOf(GetParam());
   const std::vector<LayoutGroup> groups = GroupComponents(PlaneComponents(layout));
   ASSERT_EQ(groups.size(), 1u);
@@ -482,11 +482,11 @@ TEST_P(SegmentsTest, PlanesAreOneLaunchGroup) {
   EXPECT_EQ(groups[0].region_offset, 0u);
 }
 
-TEST_P(SegmentsTest, EveryPathMovesExactlyTheRunsBytes) {
+TEST_P(CopyPlanTest, EveryPathMovesExactlyTheRunsBytes) {
   ExpectAllPathsMatchNaive(PlaneCase(GetParam(), SameLayers(kLayers), kLayers));
 }
 
-TEST_P(SegmentsTest, ShardedLayersMoveOnlyTheHeldLayers) {
+TEST_P(CopyPlanTest, ShardedLayersMoveOnlyTheHeldLayers) {
   // Pool layers [2, 5): an attachment of [1, 6) (all held, delta 1), of
   // [3, 5) (the last two, delta -1) and of [3, 4) (the middle one).
   ExpectAllPathsMatchNaive(PlaneCase(GetParam(), ShardLayers(2, kLayers, 1, 6), 5));
@@ -494,7 +494,7 @@ TEST_P(SegmentsTest, ShardedLayersMoveOnlyTheHeldLayers) {
   ExpectAllPathsMatchNaive(PlaneCase(GetParam(), ShardLayers(2, kLayers, 3, 4), 1));
 }
 
-TEST_P(SegmentsTest, GroupLayerMapsMoveOnlyTheMappedLayers) {
+TEST_P(CopyPlanTest, GroupLayerMapsMoveOnlyTheMappedLayers) {
   // A group entry of a 3-layer pool over 5 model layers: layers 0 and 2 held
   // with 1 unmapped between them (untouched in every layout, including the
   // PAGE_FIRST blocks that span a token's layers), attached from one layer
@@ -521,7 +521,7 @@ TEST(HeldLayerRangesTest, IntervalsInHostLayerOrder) {
   EXPECT_EQ(HeldLayerRanges(layers).size(), 2u);
 }
 
-TEST_P(SegmentsTest, ChunkSmallerThanAUnitIsRefused) {
+TEST_P(CopyPlanTest, ChunkSmallerThanAUnitIsRefused) {
   const KvLayout layout = LayoutOf(GetParam());
   std::mt19937_64 rng(3);
   StagedPlan plan;
@@ -544,7 +544,7 @@ std::vector<Shape> Shapes() {
   return shapes;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllLayouts, SegmentsTest, ::testing::ValuesIn(Shapes()), ShapeName);
+INSTANTIATE_TEST_SUITE_P(AllLayouts, CopyPlanTest, ::testing::ValuesIn(Shapes()), ShapeName);
 
 // ---------------------------------------------------------------------------
 // Every pool kind: MakeComponents' components.
@@ -646,23 +646,23 @@ Case KindOf(const KindCase& k, std::vector<JobLayer> layers, uint32_t device_lay
   return c;
 }
 
-class KindSegmentsTest : public ::testing::TestWithParam<KindCase> {};
+class KindCopyPlanTest : public ::testing::TestWithParam<KindCase> {};
 
-TEST_P(KindSegmentsTest, EveryPathMovesExactlyTheRunsBytes) {
+TEST_P(KindCopyPlanTest, EveryPathMovesExactlyTheRunsBytes) {
   ExpectAllPathsMatchNaive(KindOf(GetParam(), SameLayers(3), 3));
 }
 
-TEST_P(KindSegmentsTest, ShardedLayersMoveOnlyTheHeldLayers) {
+TEST_P(KindCopyPlanTest, ShardedLayersMoveOnlyTheHeldLayers) {
   ExpectAllPathsMatchNaive(KindOf(GetParam(), ShardLayers(2, 3, 1, 6), 5));
   ExpectAllPathsMatchNaive(KindOf(GetParam(), ShardLayers(2, 3, 3, 4), 1));
 }
 
-TEST_P(KindSegmentsTest, GroupLayerMapsMoveOnlyTheMappedLayers) {
+TEST_P(KindCopyPlanTest, GroupLayerMapsMoveOnlyTheMappedLayers) {
   ExpectAllPathsMatchNaive(KindOf(GetParam(), MapLayers({-1, 2, -1, 0}, 0), 3));
   ExpectAllPathsMatchNaive(KindOf(GetParam(), MapLayers({1, -1, 0, 2}, 2), 5));
 }
 
-TEST_P(KindSegmentsTest, GroupsCoverEveryComponentOnce) {
+TEST_P(KindCopyPlanTest, GroupsCoverEveryComponentOnce) {
   const PoolSpec spec = SpecOf(GetParam().kind, GetParam().layout);
   const std::vector<Component> components = MakeComponents(spec, 16 * spec.page_size);
   const std::vector<LayoutGroup> groups = GroupComponents(components);
@@ -697,7 +697,7 @@ std::vector<KindCase> KindCases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllKinds, KindSegmentsTest, ::testing::ValuesIn(KindCases()),
+INSTANTIATE_TEST_SUITE_P(AllKinds, KindCopyPlanTest, ::testing::ValuesIn(KindCases()),
                          KindCaseName);
 
 TEST(KindCasesTest, CoverEveryKindOfTheTask) {

@@ -1,4 +1,4 @@
-#include "server/transfer/segments.h"
+#include "server/transfer/copy_plan.h"
 
 #include <algorithm>
 #include <limits>
@@ -10,8 +10,8 @@
 namespace kvhost {
 namespace {
 
-// Tokens per segment stay well inside CopySegment::tokens.
-constexpr uint64_t kMaxSegmentTokens = uint64_t{1} << 30;
+// Tokens per tile stay well inside CopyTile::tokens.
+constexpr uint64_t kMaxTileTokens = uint64_t{1} << 30;
 
 uint16_t HeadsPerItem(const KvLayout& layout) {
   return layout.RowContiguous() ? 1 : static_cast<uint16_t>(layout.heads);
@@ -35,10 +35,10 @@ class ChunkBuilder {
   }
 
   // Adds `units` units of `unit_tokens` tokens and `unit_bytes` host bytes
-  // each, starting at `seg`'s tokens (its `tokens` is ignored). The units'
+  // each, starting at `tile`'s tokens (its `tokens` is ignored). The units'
   // host bytes are one contiguous block starting at the offset of the first
   // (token, layer0, head0). REQUIRES: unit_bytes <= chunk_bytes.
-  void Add(CopySegment seg, uint64_t units, uint64_t unit_tokens, uint64_t unit_bytes) {
+  void Add(CopyTile tile, uint64_t units, uint64_t unit_tokens, uint64_t unit_bytes) {
     const KvLayout& layout = group_->layout;
     while (units > 0) {
       uint64_t fit = (chunk_bytes_ - used_) / unit_bytes;
@@ -46,26 +46,26 @@ class ChunkBuilder {
         Flush();
         continue;
       }
-      fit = std::min({fit, units, kMaxSegmentTokens / unit_tokens});
-      CopySegment s = seg;
+      fit = std::min({fit, units, kMaxTileTokens / unit_tokens});
+      CopyTile s = tile;
       s.tokens = static_cast<uint32_t>(fit * unit_tokens);
       const uint64_t host_offset = layout.Offset(s.plane, s.host_token, s.layer0, s.head0);
       const uint64_t bytes = fit * unit_bytes;
       s.bias = static_cast<int64_t>(host_offset - used_);
-      std::vector<SegmentLaunch>& launches = plan_->launches;
+      std::vector<TileLaunch>& launches = plan_->launches;
       if (launches.size() == launch_begin_ || launches.back().group != group_index_) {
-        const size_t at = plan_->segments.size();
-        launches.push_back(SegmentLaunch{group_index_, at, at, 0});
+        const size_t at = plan_->tiles.size();
+        launches.push_back(TileLaunch{group_index_, at, at, 0});
       }
-      SegmentLaunch& launch = launches.back();
+      TileLaunch& launch = launches.back();
       s.first_item = launch.items;
-      plan_->segments.push_back(s);
-      launch.segment_end = plan_->segments.size();
-      launch.items += SegmentItems(s);
+      plan_->tiles.push_back(s);
+      launch.tile_end = plan_->tiles.size();
+      launch.items += TileItems(s);
       AddCopy(group_->region_offset + host_offset, used_, bytes);
       used_ += bytes;
-      seg.host_token += s.tokens;
-      seg.device_token += s.tokens;
+      tile.host_token += s.tokens;
+      tile.device_token += s.tokens;
       units -= fit;
     }
   }
@@ -115,9 +115,9 @@ class ChunkBuilder {
   uint64_t used_ = 0;
 };
 
-CopySegment Segment(uint64_t plane, uint64_t host_token, uint64_t device_token, uint64_t layer0,
+CopyTile Tile(uint64_t plane, uint64_t host_token, uint64_t device_token, uint64_t layer0,
                     uint64_t layers, uint64_t head0, uint64_t heads) {
-  CopySegment s;
+  CopyTile s;
   s.plane = static_cast<uint16_t>(plane);
   s.host_token = host_token;
   s.device_token = device_token;
@@ -136,7 +136,7 @@ void AddTokenHeads(const KvLayout& layout, uint64_t plane, uint64_t host, uint64
   const uint64_t heads = layout.RowContiguous() ? 1 : layout.heads;
   for (uint64_t t = 0; t < count; ++t) {
     for (uint64_t h = 0; h < heads; ++h) {
-      builder->Add(Segment(plane, host + t, device + t, lb, n, h, 1), 1, 1, n * layout.head_bytes);
+      builder->Add(Tile(plane, host + t, device + t, lb, n, h, 1), 1, 1, n * layout.head_bytes);
     }
   }
 }
@@ -148,12 +148,12 @@ void AddTokenHeads(const KvLayout& layout, uint64_t plane, uint64_t host, uint64
 void AddPartialPage(const KvLayout& layout, uint64_t plane, uint64_t host, uint64_t device,
                     uint64_t count, ChunkBuilder* builder) {
   if (layout.RowContiguous()) {
-    builder->Add(Segment(plane, host, device, 0, layout.layers, 0, 1), count, 1,
+    builder->Add(Tile(plane, host, device, 0, layout.layers, 0, 1), count, 1,
                  layout.layers * layout.token_bytes);
     return;
   }
   for (uint64_t h = 0; h < layout.heads; ++h) {
-    builder->Add(Segment(plane, host, device, 0, layout.layers, h, 1), count, 1,
+    builder->Add(Tile(plane, host, device, 0, layout.layers, h, 1), count, 1,
                  layout.layers * layout.head_bytes);
   }
 }
@@ -169,18 +169,18 @@ void PlanPlane(const KvLayout& layout, uint64_t plane, const std::vector<IndexRu
       // Layer by layer, so that runs adjacent in the pool share one copy.
       for (uint64_t l = lb; l < lb + n; ++l) {
         for (const IndexRun& run : runs) {
-          builder->Add(Segment(plane, run.host, run.device, l, 1, 0, 1), run.count, 1, tb);
+          builder->Add(Tile(plane, run.host, run.device, l, 1, 0, 1), run.count, 1, tb);
         }
       }
       return;
     case LayoutKind::kPageFirst:
       for (const IndexRun& run : runs) {
         if (all) {
-          builder->Add(Segment(plane, run.host, run.device, 0, n, 0, 1), run.count, 1, n * tb);
+          builder->Add(Tile(plane, run.host, run.device, 0, n, 0, 1), run.count, 1, n * tb);
           continue;
         }
         for (uint64_t t = 0; t < run.count; ++t) {
-          builder->Add(Segment(plane, run.host + t, run.device + t, lb, n, 0, 1), 1, 1, n * tb);
+          builder->Add(Tile(plane, run.host + t, run.device + t, lb, n, 0, 1), 1, 1, n * tb);
         }
       }
       return;
@@ -200,7 +200,7 @@ void PlanPlane(const KvLayout& layout, uint64_t plane, const std::vector<IndexRu
             const uint64_t to = std::min(end, page_end);
             if (layout.kind == LayoutKind::kPageFirstDirect) {
               for (uint64_t l = lb; l < lb + n; ++l) {
-                builder->Add(Segment(plane, t, device, l, 1, 0, 1), to - t, 1, tb);
+                builder->Add(Tile(plane, t, device, l, 1, 0, 1), to - t, 1, tb);
               }
             } else {
               AddPartialPage(layout, plane, t, device, to - t, builder);
@@ -210,11 +210,11 @@ void PlanPlane(const KvLayout& layout, uint64_t plane, const std::vector<IndexRu
           }
           const uint64_t pages = (end - t) / ps;
           if (all) {
-            builder->Add(Segment(plane, t, device, 0, n, 0, HeadsPerItem(layout)), pages, ps,
+            builder->Add(Tile(plane, t, device, 0, n, 0, HeadsPerItem(layout)), pages, ps,
                          n * layout.page_bytes);
           } else {  // PAGE_FIRST_DIRECT: a page's held layers are adjacent
             for (uint64_t p = 0; p < pages; ++p) {
-              builder->Add(Segment(plane, t + p * ps, device + p * ps, lb, n, 0, 1), 1, ps,
+              builder->Add(Tile(plane, t + p * ps, device + p * ps, lb, n, 0, 1), 1, ps,
                            n * layout.page_bytes);
             }
           }
@@ -329,25 +329,25 @@ void PlanCopyEngineLayer(const std::vector<Component>& components,
   }
 }
 
-DirectPlan PlanDirect(const std::vector<LayoutGroup>& groups, const std::vector<IndexRun>& runs,
+SmCopyPlan PlanSmCopy(const std::vector<LayoutGroup>& groups, const std::vector<IndexRun>& runs,
                       const std::vector<IndexRun>& page_runs) {
-  DirectPlan plan;
+  SmCopyPlan plan;
   for (size_t g = 0; g < groups.size(); ++g) {
     const KvLayout& layout = groups[g].layout;
-    SegmentLaunch launch{static_cast<uint32_t>(g), plan.segments.size(), 0, 0};
+    TileLaunch launch{static_cast<uint32_t>(g), plan.tiles.size(), 0, 0};
     for (uint64_t plane = 0; plane < layout.planes; ++plane) {
       for (const IndexRun& run : RunsOf(groups[g], runs, page_runs)) {
-        for (uint64_t t = 0; t < run.count; t += kMaxSegmentTokens) {
-          CopySegment s =
-              Segment(plane, run.host + t, run.device + t, 0, 1, 0, HeadsPerItem(layout));
-          s.tokens = static_cast<uint32_t>(std::min(kMaxSegmentTokens, run.count - t));
+        for (uint64_t t = 0; t < run.count; t += kMaxTileTokens) {
+          CopyTile s =
+              Tile(plane, run.host + t, run.device + t, 0, 1, 0, HeadsPerItem(layout));
+          s.tokens = static_cast<uint32_t>(std::min(kMaxTileTokens, run.count - t));
           s.first_item = launch.items;
-          launch.items += SegmentItems(s);
-          plan.segments.push_back(s);
+          launch.items += TileItems(s);
+          plan.tiles.push_back(s);
         }
       }
     }
-    launch.segment_end = plan.segments.size();
+    launch.tile_end = plan.tiles.size();
     if (launch.items == 0) continue;
     plan.items_per_layer += launch.items;
     plan.launches.push_back(launch);
@@ -392,7 +392,7 @@ absl::Status PlanStaged(const std::vector<LayoutGroup>& groups, const std::vecto
           2 * unit, " or use another path"));
     }
   }
-  plan->segments.clear();
+  plan->tiles.clear();
   plan->launches.clear();
   plan->copies.clear();
   plan->chunks.clear();

@@ -1,6 +1,6 @@
 #include <cuda_runtime.h>
 
-#include "segment_copy.h"
+#include "copy_kernel.h"
 
 namespace kvhost {
 namespace {
@@ -34,24 +34,24 @@ __device__ __forceinline__ void CopyItemBytesWarp(uint8_t* dst, const uint8_t* s
 }
 
 template <bool kVector>
-__global__ void SegmentCopyKernel(SegmentCopyArgs a) {
+__global__ void CopyKernel(CopyKernelArgs a) {
   const uint64_t warps_per_block = blockDim.x / 32;
   const uint64_t warps = gridDim.x * warps_per_block;
   const unsigned lane = threadIdx.x % 32;
   const uint64_t item_bytes = CopyItemBytes(a.layout);
   for (uint64_t i = blockIdx.x * warps_per_block + threadIdx.x / 32; i < a.item_count; i += warps) {
-    // The last segment whose first item is <= i.
+    // The last tile whose first item is <= i.
     uint32_t lo = 0;
-    uint32_t hi = a.segment_count;
+    uint32_t hi = a.tile_count;
     while (hi - lo > 1) {
       const uint32_t mid = (lo + hi) / 2;
-      if (a.segments[mid].first_item <= i) {
+      if (a.tiles[mid].first_item <= i) {
         lo = mid;
       } else {
         hi = mid;
       }
     }
-    const CopySegment& s = a.segments[lo];
+    const CopyTile& s = a.tiles[lo];
     const CopyItem item = DecodeCopyItem(a.layout, s, i - s.first_item, a.layer_shift,
                                          a.device_layers_per_plane, a.device_layer_delta);
     uint8_t* device = a.device_layers[item.device_buffer] + item.device_offset;
@@ -66,18 +66,18 @@ __global__ void SegmentCopyKernel(SegmentCopyArgs a) {
 
 }  // namespace
 
-cudaError_t LaunchSegmentCopy(const SegmentCopyArgs& args, int max_blocks, cudaStream_t stream) {
-  if (args.item_count == 0 || args.segment_count == 0) return cudaSuccess;
+cudaError_t LaunchCopyKernel(const CopyKernelArgs& args, int max_blocks, cudaStream_t stream) {
+  if (args.item_count == 0 || args.tile_count == 0) return cudaSuccess;
   const uint64_t needed =
-      (args.item_count + kSegmentCopyWarpsPerBlock - 1) / kSegmentCopyWarpsPerBlock;
+      (args.item_count + kCopyKernelWarpsPerBlock - 1) / kCopyKernelWarpsPerBlock;
   const int blocks =
       static_cast<int>(needed < static_cast<uint64_t>(max_blocks) ? needed : max_blocks);
   const dim3 grid(blocks < 1 ? 1 : blocks);
-  const dim3 block(32 * kSegmentCopyWarpsPerBlock);
+  const dim3 block(32 * kCopyKernelWarpsPerBlock);
   if (args.aligned16 && CopyItemBytes(args.layout) % 16 == 0) {
-    SegmentCopyKernel<true><<<grid, block, 0, stream>>>(args);
+    CopyKernel<true><<<grid, block, 0, stream>>>(args);
   } else {
-    SegmentCopyKernel<false><<<grid, block, 0, stream>>>(args);
+    CopyKernel<false><<<grid, block, 0, stream>>>(args);
   }
   return cudaGetLastError();
 }
