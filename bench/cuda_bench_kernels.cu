@@ -89,9 +89,9 @@ cudaError_t LaunchCheckKv(const void* buffer, uint64_t rows, uint64_t row_bytes,
   return cudaGetLastError();
 }
 
-cudaError_t ComputeGridFor(int device, ComputeGrid* grid) {
+cudaError_t ComputeGridFor(int gpu, ComputeGrid* grid) {
   int sms = 0;
-  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, gpu);
   if (e != cudaSuccess) return e;
   int per_sm = 0;
   e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, FmaLoop, kComputeThreads, 0);

@@ -43,8 +43,8 @@ struct ComputeGrid {
   int threads = 0;
 };
 
-// The grid that fills every SM of `device`.
-cudaError_t ComputeGridFor(int device, ComputeGrid* grid);
+// The grid that fills every SM of GPU `gpu` (an ordinal).
+cudaError_t ComputeGridFor(int gpu, ComputeGrid* grid);
 
 // One launch of `iterations` FMA rounds per thread; its time grows linearly
 // with `iterations`. `sink` (one float of device memory) is written only

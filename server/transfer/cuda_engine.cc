@@ -224,7 +224,7 @@ struct CudaEngine::Pending {
 // One stream of one GPU, the jobs enqueued on it and the thread that waits
 // for them.
 struct CudaEngine::Lane {
-  int device = 0;
+  int gpu = 0;
   Direction direction = Direction::kBackup;
   cudaStream_t stream = nullptr;
   // The staged path's gather / scatter kernels run here, beside the copies
@@ -276,24 +276,24 @@ struct CudaEngine::Lane {
 // once, and the pool's host regions pinned while the mapping lives.
 class CudaEngine::Mapping : public DeviceMapping {
  public:
-  Mapping(const Pool& pool, const AttachRequest& request, int device, Lane* lanes)
+  Mapping(const Pool& pool, const AttachRequest& request, int gpu, Lane* lanes)
       : DeviceMapping(pool, request),
-        device_(device),
+        gpu_(gpu),
         lanes_(lanes),
         groups_(GroupComponents(pool.components())) {}
   // A pool group's: no buffers of its own (jobs copy through their parts'
   // mappings), `layer_num` model layers of load events, and the entries'
   // mappings kept open as long as this one.
-  Mapping(std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num, int device,
+  Mapping(std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num, int gpu,
           Lane* lanes)
       : DeviceMapping(layer_num, 0, {}),
-        device_(device),
+        gpu_(gpu),
         lanes_(lanes),
         entries_(std::move(entries)) {}
 
   ~Mapping() override {
     // The handles were opened in this device's context and close there.
-    if (!opened_.empty() || !load_events_.empty()) cudaSetDevice(device_);
+    if (!opened_.empty() || !load_events_.empty()) cudaSetDevice(gpu_);
     // Every load that recorded these has finished (each job holds the
     // mapping). A worker that still has them open keeps its own references:
     // destroying ours does not invalidate its waits.
@@ -303,7 +303,7 @@ class CudaEngine::Mapping : public DeviceMapping {
     for (const auto& [handle, allocation] : opened_) {
       if (cudaError_t e = cudaIpcCloseMemHandle(allocation.ptr); e != cudaSuccess) {
         cudaGetLastError();
-        spdlog::error("cudaIpcCloseMemHandle on GPU {}: {}", device_, CudaError(e));
+        spdlog::error("cudaIpcCloseMemHandle on GPU {}: {}", gpu_, CudaError(e));
       }
     }
     for (uint8_t* base : pinned_) pins_->Release(base);
@@ -311,7 +311,7 @@ class CudaEngine::Mapping : public DeviceMapping {
 
   // The GPU's two lanes: [0] backups, [1] loads.
   Lane* lanes() const { return lanes_; }
-  int device() const { return device_; }
+  int gpu() const { return gpu_; }
 
   // Creates `sets` x `layers` interprocess events and exports their handles
   // (DeviceMapping::load_event_handles). REQUIRES: the current device is
@@ -327,7 +327,7 @@ class CudaEngine::Mapping : public DeviceMapping {
           e != cudaSuccess) {
         cudaGetLastError();
         return absl::InternalError(absl::StrCat("creating load event ", i, " of ",
-                                                uint64_t{sets} * layers, " on GPU ", device_, ": ",
+                                                uint64_t{sets} * layers, " on GPU ", gpu_, ": ",
                                                 CudaError(e)));
       }
       load_events_.push_back(event);
@@ -347,12 +347,12 @@ class CudaEngine::Mapping : public DeviceMapping {
       cudaGetLastError();
       gates_ = nullptr;
       return absl::ResourceExhaustedError(
-          absl::StrCat("GPU ", device_, ": the load gates: cudaMalloc: ", CudaError(e)));
+          absl::StrCat("GPU ", gpu_, ": the load gates: cudaMalloc: ", CudaError(e)));
     }
     if (cudaError_t e = cudaMemset(gates_, 0, sets * sizeof(uint64_t)); e != cudaSuccess) {
       cudaGetLastError();
       return absl::InternalError(
-          absl::StrCat("GPU ", device_, ": clearing the load gates: ", CudaError(e)));
+          absl::StrCat("GPU ", gpu_, ": clearing the load gates: ", CudaError(e)));
     }
     gate_next_.assign(sets, 0);
     return absl::OkStatus();
@@ -466,13 +466,13 @@ class CudaEngine::Mapping : public DeviceMapping {
       cudaGetLastError();
       layer_table_ = nullptr;
       return absl::ResourceExhaustedError(
-          absl::StrCat("GPU ", device_, ": cudaMalloc of the layer table: ", CudaError(e)));
+          absl::StrCat("GPU ", gpu_, ": cudaMalloc of the layer table: ", CudaError(e)));
     }
     if (cudaError_t e = cudaMemcpy(layer_table_, layers_.data(), bytes, cudaMemcpyHostToDevice);
         e != cudaSuccess) {
       cudaGetLastError();
       return absl::InternalError(
-          absl::StrCat("GPU ", device_, ": uploading the layer table: ", CudaError(e)));
+          absl::StrCat("GPU ", gpu_, ": uploading the layer table: ", CudaError(e)));
     }
     aligned16_ = true;
     for (uint8_t* layer : layers_) aligned16_ &= reinterpret_cast<uintptr_t>(layer) % 16 == 0;
@@ -503,7 +503,7 @@ class CudaEngine::Mapping : public DeviceMapping {
     uint64_t bytes;
   };
 
-  const int device_;
+  const int gpu_;
   Lane* const lanes_;                         // owned by the engine, which outlives us
   const std::vector<LayoutGroup> groups_;
   // A group's entries (empty for a plain attachment's mapping).
@@ -533,7 +533,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(CudaEngineOptions
     return absl::FailedPreconditionError(absl::StrCat(
         "no usable CUDA GPU: ", e != cudaSuccess ? CudaError(e) : "cudaGetDeviceCount is 0"));
   }
-  std::vector<Device> devices;
+  std::vector<GpuInfo> gpus;
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp prop;
     if (cudaError_t e = cudaGetDeviceProperties(&prop, i); e != cudaSuccess) {
@@ -548,22 +548,22 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(CudaEngineOptions
       cudaGetLastError();
       host_pointer = 0;
     }
-    devices.push_back(
-        Device{i, FormatUuid(prop.uuid), prop.name, prop.multiProcessorCount, host_pointer != 0});
+    gpus.push_back(
+        GpuInfo{i, FormatUuid(prop.uuid), prop.name, prop.multiProcessorCount, host_pointer != 0});
   }
   options.max_batch = std::max<size_t>(options.max_batch, 1);
   options.sm_blocks = std::max(options.sm_blocks, 1);
   options.staging_bytes = std::max<uint64_t>(options.staging_bytes, 512);
-  return std::unique_ptr<CudaEngine>(new CudaEngine(options, std::move(devices)));
+  return std::unique_ptr<CudaEngine>(new CudaEngine(options, std::move(gpus)));
 }
 
-CudaEngine::CudaEngine(CudaEngineOptions options, std::vector<Device> devices)
+CudaEngine::CudaEngine(CudaEngineOptions options, std::vector<GpuInfo> gpus)
     : options_(options),
-      devices_(std::move(devices)),
+      gpus_(std::move(gpus)),
       pins_(std::make_shared<HostPins>(options_.host_register_chunk)) {
   mps_ = MpsActive(&mps_detail_);
   absl::MutexLock lock(&lanes_mu_);
-  lanes_.resize(devices_.size());
+  lanes_.resize(gpus_.size());
 }
 
 CudaEngine::~CudaEngine() {
@@ -579,7 +579,7 @@ CudaEngine::~CudaEngine() {
       }
       if (lane.enqueuer.joinable()) lane.enqueuer.join();
       lane.completer.join();
-      cudaSetDevice(lane.device);
+      cudaSetDevice(lane.gpu);
       absl::MutexLock lane_lock(&lane.mu);
       for (cudaEvent_t event : lane.free_events) cudaEventDestroy(event);
       for (void* scratch : lane.free_scratch) cudaFreeHost(scratch);
@@ -602,9 +602,9 @@ std::string CudaEngine::Describe() const {
   constexpr char kCopies[] = "cudaMemcpyAsync";
 #endif
   std::vector<std::string> parts;
-  for (const Device& d : devices_)
+  for (const GpuInfo& d : gpus_)
     parts.push_back(absl::StrCat(d.ordinal, " ", d.name, " ", d.uuid));
-  return absl::StrCat(devices_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ",
+  return absl::StrCat(gpus_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ",
                       kCopies, options_.gate_loads ? ", gated loads" : "", "; transfer path ",
                       CudaPathName(options_.path), ", staging ", Bytes(options_.staging_bytes),
                       " per stream, SM copy path grid <= ", options_.sm_blocks, " blocks; ",
@@ -622,50 +622,50 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::OpenGroup(
   // The GPU of each entry this engine opened; the others (pools without
   // components, LOGICAL) have no buffers and no GPU, and their jobs' parts
   // never reach the engine.
-  std::vector<int> device_of(entries.size(), -1);
-  int device = -1;
+  std::vector<int> gpu_of(entries.size(), -1);
+  int gpu = -1;
   for (size_t i = 0; i < entries.size(); ++i) {
     if (const auto* m = dynamic_cast<const Mapping*>(entries[i].get()); m != nullptr) {
-      device_of[i] = m->device();
-      if (device < 0) device = m->device();
+      gpu_of[i] = m->gpu();
+      if (gpu < 0) gpu = m->gpu();
     }
   }
   for (size_t i = 0; i < entries.size(); ++i) {
-    if (device_of[i] < 0 || device_of[i] == device) continue;
+    if (gpu_of[i] < 0 || gpu_of[i] == gpu) continue;
     std::vector<std::string> where;
     for (size_t k = 0; k < entries.size(); ++k) {
-      if (device_of[k] < 0) continue;
+      if (gpu_of[k] < 0) continue;
       where.push_back(absl::StrCat("entries[", k, "] on GPU ",
-                                   devices_[static_cast<size_t>(device_of[k])].uuid));
+                                   gpus_[static_cast<size_t>(gpu_of[k])].uuid));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("the group's entries are on different GPUs (", absl::StrJoin(where, ", "),
                      "); every buffer of a group attachment must be on one GPU"));
   }
-  if (device < 0) {
+  if (gpu < 0) {
     // No entry has buffers: no GPU to make events on, and no job copies.
     return std::unique_ptr<DeviceMapping>(
         std::make_unique<Mapping>(std::move(entries), layer_num, -1, nullptr));
   }
-  absl::StatusOr<Lane*> lanes = LanesFor(device);
+  absl::StatusOr<Lane*> lanes = LanesFor(gpu);
   if (!lanes.ok()) return lanes.status();
-  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+  if (cudaError_t e = cudaSetDevice(gpu); e != cudaSuccess) {
     cudaGetLastError();
-    return absl::InternalError(absl::StrCat("cudaSetDevice(", device, "): ", CudaError(e)));
+    return absl::InternalError(absl::StrCat("cudaSetDevice(", gpu, "): ", CudaError(e)));
   }
   // On error, `mapping` destroys the events it made.
-  auto mapping = std::make_unique<Mapping>(std::move(entries), layer_num, device, *lanes);
+  auto mapping = std::make_unique<Mapping>(std::move(entries), layer_num, gpu, *lanes);
   if (absl::Status s = mapping->CreateLoadEvents(load_event_sets, layer_num); !s.ok()) return s;
   return std::unique_ptr<DeviceMapping>(std::move(mapping));
 }
 
-absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
+absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int gpu) {
   absl::MutexLock lock(&lanes_mu_);
-  std::unique_ptr<Lane[]>& lanes = lanes_[static_cast<size_t>(ordinal)];
+  std::unique_ptr<Lane[]>& lanes = lanes_[static_cast<size_t>(gpu)];
   if (lanes != nullptr) return lanes.get();
-  if (cudaError_t e = cudaSetDevice(ordinal); e != cudaSuccess) {
+  if (cudaError_t e = cudaSetDevice(gpu); e != cudaSuccess) {
     cudaGetLastError();
-    return absl::InternalError(absl::StrCat("cudaSetDevice(", ordinal, "): ", CudaError(e)));
+    return absl::InternalError(absl::StrCat("cudaSetDevice(", gpu, "): ", CudaError(e)));
   }
   // Numerically lower is higher priority: loads get `greatest`, since a
   // forward pass waits on them, backups `least`.
@@ -673,12 +673,12 @@ absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
   int greatest = 0;
   if (cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest); e != cudaSuccess) {
     cudaGetLastError();
-    return absl::InternalError(absl::StrCat("GPU ", ordinal, ": ", CudaError(e)));
+    return absl::InternalError(absl::StrCat("GPU ", gpu, ": ", CudaError(e)));
   }
   auto created = std::make_unique<Lane[]>(2);
   for (int i = 0; i < 2; ++i) {
     Lane& lane = created[i];
-    lane.device = ordinal;
+    lane.gpu = gpu;
     lane.direction = i == 0 ? Direction::kBackup : Direction::kLoad;
     const int priority = lane.direction == Direction::kLoad ? greatest : least;
     if (cudaError_t e = cudaStreamCreateWithPriority(&lane.stream, cudaStreamNonBlocking, priority);
@@ -686,7 +686,7 @@ absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
       cudaGetLastError();
       if (i == 1) cudaStreamDestroy(created[0].stream);
       return absl::InternalError(
-          absl::StrCat("GPU ", ordinal, ": cudaStreamCreateWithPriority: ", CudaError(e)));
+          absl::StrCat("GPU ", gpu, ": cudaStreamCreateWithPriority: ", CudaError(e)));
     }
   }
   for (int i = 0; i < 2; ++i) {
@@ -703,13 +703,13 @@ absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
       // Streams and events of a lane that never ran are simply dropped with
       // the process's context; this GPU is unusable anyway.
       return absl::InternalError(absl::StrCat(
-          "GPU ", ordinal, ": creating the staged path's stream and events: ", CudaError(e)));
+          "GPU ", gpu, ": creating the staged path's stream and events: ", CudaError(e)));
     }
   }
   // Descriptor buffers come from the stream-ordered allocator; keep what a
   // few jobs use instead of returning it to the driver at every sync.
   cudaMemPool_t mem_pool = nullptr;
-  if (cudaDeviceGetDefaultMemPool(&mem_pool, ordinal) == cudaSuccess) {
+  if (cudaDeviceGetDefaultMemPool(&mem_pool, gpu) == cudaSuccess) {
     uint64_t keep = uint64_t{64} << 20;
     cudaMemPoolSetAttribute(mem_pool, cudaMemPoolAttrReleaseThreshold, &keep);
   }
@@ -744,7 +744,7 @@ absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
     }
   }
   if (options_.gate_loads && !no_gate.empty()) {
-    spdlog::warn("GPU {}: loads queue all their copies before the Load call returns: {}", ordinal,
+    spdlog::warn("GPU {}: loads queue all their copies before the Load call returns: {}", gpu,
                  no_gate);
   }
   for (int i = 0; i < 2; ++i) {
@@ -754,9 +754,9 @@ absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
       lane->enqueuer = std::thread([this, lane] { EnqueueLoop(lane); });
     }
   }
-  spdlog::info("GPU {} ({}, {}): backup and load streams up, load priority {} over {}", ordinal,
-               devices_[static_cast<size_t>(ordinal)].name,
-               devices_[static_cast<size_t>(ordinal)].uuid, greatest, least);
+  spdlog::info("GPU {} ({}, {}): backup and load streams up, load priority {} over {}", gpu,
+               gpus_[static_cast<size_t>(gpu)].name,
+               gpus_[static_cast<size_t>(gpu)].uuid, greatest, least);
   lanes = std::move(created);
   return lanes.get();
 }
@@ -764,7 +764,7 @@ absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int ordinal) {
 absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool,
                                                                 const AttachRequest& request) {
   // Everything that needs no CUDA call is checked first.
-  int device = -1;
+  int gpu = -1;
   std::string first_where;
   auto check = [&](const DeviceBufferRef& ref, const std::string& where) -> absl::Status {
     if (ref.kind != DeviceBufferRef::Kind::kCuda) {
@@ -788,25 +788,25 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
                        "' is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as "
                        "nvidia-smi -L prints it)"));
     }
-    int ordinal = -1;
-    for (const Device& d : devices_) {
-      if (d.uuid == canonical) ordinal = d.ordinal;
+    int ref_gpu = -1;
+    for (const GpuInfo& d : gpus_) {
+      if (d.uuid == canonical) ref_gpu = d.ordinal;
     }
-    if (ordinal < 0) {
+    if (ref_gpu < 0) {
       std::vector<std::string> known;
-      for (const Device& d : devices_) known.push_back(d.uuid);
+      for (const GpuInfo& d : gpus_) known.push_back(d.uuid);
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": GPU ", ref.gpu_uuid, " is not one of kvhostd's GPUs (",
                        absl::StrJoin(known, ", "),
                        "); run kvhostd where it sees the worker's GPU (CUDA_VISIBLE_DEVICES)"));
     }
-    if (device < 0) {
-      device = ordinal;
+    if (gpu < 0) {
+      gpu = ref_gpu;
       first_where = where;
-    } else if (ordinal != device) {
+    } else if (ref_gpu != gpu) {
       return absl::InvalidArgumentError(absl::StrCat(where, " is on GPU ", ref.gpu_uuid, " but ",
                                                      first_where, " is on GPU ",
-                                                     devices_[static_cast<size_t>(device)].uuid,
+                                                     gpus_[static_cast<size_t>(gpu)].uuid,
                                                      "; all layers of an attachment must be on "
                                                      "one GPU"));
     }
@@ -817,16 +817,16 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
       if (absl::Status s = check(component.layers[l], component.Where(l)); !s.ok()) return s;
     }
   }
-  if (device < 0) return absl::InvalidArgumentError("no layer buffers");
+  if (gpu < 0) return absl::InvalidArgumentError("no layer buffers");
 
-  absl::StatusOr<Lane*> lanes = LanesFor(device);
+  absl::StatusOr<Lane*> lanes = LanesFor(gpu);
   if (!lanes.ok()) return lanes.status();
-  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+  if (cudaError_t e = cudaSetDevice(gpu); e != cudaSuccess) {
     cudaGetLastError();
-    return absl::InternalError(absl::StrCat("cudaSetDevice(", device, "): ", CudaError(e)));
+    return absl::InternalError(absl::StrCat("cudaSetDevice(", gpu, "): ", CudaError(e)));
   }
   // On any error below, `mapping` closes what it opened and unpins.
-  auto mapping = std::make_unique<Mapping>(pool, request, device, *lanes);
+  auto mapping = std::make_unique<Mapping>(pool, request, gpu, *lanes);
   for (size_t c = 0; c < request.components.size(); ++c) {
     const ComponentBuffers& component = request.components[c];
     for (size_t l = 0; l < component.layers.size(); ++l) {
@@ -840,7 +840,7 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
   }
   if (absl::Status s = mapping->Pin(pool, pins_); !s.ok()) return s;
   if (absl::Status s =
-          mapping->PrepareKernels(devices_[static_cast<size_t>(device)].host_pointer_ok);
+          mapping->PrepareKernels(gpus_[static_cast<size_t>(gpu)].host_pointer_ok);
       !s.ok()) {
     return s;
   }
@@ -904,7 +904,7 @@ absl::Status CudaEngine::SubmitCopies(Lane* lane, cudaStream_t stream, size_t n_
   host_loc.id = 0;
   cudaMemLocation device_loc;
   device_loc.type = cudaMemLocationTypeDevice;
-  device_loc.id = lane->device;
+  device_loc.id = lane->gpu;
   attr.srcLocHint = backup ? device_loc : host_loc;
   attr.dstLocHint = backup ? host_loc : device_loc;
   size_t attr_index = 0;
@@ -1077,7 +1077,7 @@ absl::StatusOr<void*> CudaEngine::UploadDescriptors(Lane* lane, cudaStream_t str
   void* device = nullptr;
   if (cudaError_t e = cudaMallocAsync(&device, bytes, stream); e != cudaSuccess) {
     cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat("GPU ", lane->device, ": ", bytes,
+    return absl::ResourceExhaustedError(absl::StrCat("GPU ", lane->gpu, ": ", bytes,
                                                      " bytes of copy descriptors: ", CudaError(e)));
   }
   for (size_t off = 0; off < bytes; off += kScratchBytes) {
@@ -1191,10 +1191,10 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
       cudaGetLastError();
       lane->staging = nullptr;
       return absl::ResourceExhaustedError(absl::StrCat(
-          "GPU ", lane->device, ": the staging buffer (--staging-bytes=", options_.staging_bytes,
+          "GPU ", lane->gpu, ": the staging buffer (--staging-bytes=", options_.staging_bytes,
           ") cannot be allocated: ", CudaError(e)));
     }
-    spdlog::info("GPU {}: {} staging buffer of {} up", lane->device, DirectionName(lane->direction),
+    spdlog::info("GPU {}: {} staging buffer of {} up", lane->gpu, DirectionName(lane->direction),
                  Bytes(2 * chunk_bytes));
   }
   cudaStream_t copies = lane->stream;
@@ -1221,7 +1221,7 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
   }
   const int blocks = options_.staged_blocks > 0
                          ? options_.staged_blocks
-                         : 4 * devices_[static_cast<size_t>(lane->device)].sms;
+                         : 4 * gpus_[static_cast<size_t>(lane->gpu)].sms;
   absl::Status status;
   // Chunks over every range, alternating halves of the staging buffer.
   size_t chunk_count = 0;
@@ -1327,10 +1327,10 @@ absl::Status CudaEngine::Prepare(TransferJob* job) {
   std::string why;
   if (absl::Status s = ChoosePath(job, &why); !s.ok()) return s;
   if (mapping.PathChanged(job->direction, job->path)) {
-    spdlog::info("{} on GPU {}: {}s by {} ({})", PoolsOf(*job), mapping.device(),
+    spdlog::info("{} on GPU {}: {}s by {} ({})", PoolsOf(*job), mapping.gpu(),
                  DirectionName(job->direction), PathFor(*job), why);
   } else {
-    spdlog::debug("{} on GPU {}: {} by {} ({})", PoolsOf(*job), mapping.device(),
+    spdlog::debug("{} on GPU {}: {} by {} ({})", PoolsOf(*job), mapping.gpu(),
                   DirectionName(job->direction), PathFor(*job), why);
   }
   if (job->direction == Direction::kLoad) {
@@ -1340,10 +1340,10 @@ absl::Status CudaEngine::Prepare(TransferJob* job) {
     return absl::OkStatus();
   }
   if (!has_wait) return absl::OkStatus();
-  if (cudaError_t e = cudaSetDevice(mapping.device()); e != cudaSuccess) {
+  if (cudaError_t e = cudaSetDevice(mapping.gpu()); e != cudaSuccess) {
     cudaGetLastError();
     return absl::InternalError(
-        absl::StrCat("cudaSetDevice(", mapping.device(), "): ", CudaError(e)));
+        absl::StrCat("cudaSetDevice(", mapping.gpu(), "): ", CudaError(e)));
   }
   cudaIpcEventHandle_t handle;
   std::memcpy(&handle, job->wait_event_handle.data(), sizeof(handle));
@@ -1383,7 +1383,7 @@ void CudaEngine::Submit(TransferJob job) {
       lane->free_events.pop_back();
     }
   }
-  cudaError_t e = cudaSetDevice(lane->device);
+  cudaError_t e = cudaSetDevice(lane->gpu);
   while (e == cudaSuccess && pending.events.size() < layers) {
     cudaEvent_t event = nullptr;
     // Blocking sync: the completion threads sleep instead of spinning a core
@@ -1394,7 +1394,7 @@ void CudaEngine::Submit(TransferJob job) {
   if (e != cudaSuccess) {
     cudaGetLastError();
     pending.error = absl::InternalError(absl::StrCat("preparing ", DirectionName(lane->direction),
-                                                     " on GPU ", lane->device, ": ", CudaError(e)));
+                                                     " on GPU ", lane->gpu, ": ", CudaError(e)));
   }
   if (lane->gate_stream != nullptr && pending.job.event_set >= 0) {
     // The RPC returns once the load events are recorded; the enqueue
@@ -1440,7 +1440,7 @@ absl::Status CudaEngine::OpenGates(Lane* lane, Pending* pending) {
 }
 
 void CudaEngine::EnqueueLoop(Lane* lane) {
-  cudaSetDevice(lane->device);
+  cudaSetDevice(lane->gpu);
   while (true) {
     Pending pending;
     {
@@ -1477,7 +1477,7 @@ void CudaEngine::EnqueueWork(Lane* lane, Pending* p) {
         e != cudaSuccess) {
       cudaGetLastError();
       pending.error = absl::InternalError(
-          absl::StrCat("backup on GPU ", lane->device,
+          absl::StrCat("backup on GPU ", lane->gpu,
                        ": cudaStreamWaitEvent on the worker's event: ", CudaError(e)));
     }
   }
@@ -1546,7 +1546,7 @@ void CudaEngine::EnqueueWork(Lane* lane, Pending* p) {
 }
 
 void CudaEngine::CompleteLoop(Lane* lane) {
-  cudaSetDevice(lane->device);
+  cudaSetDevice(lane->gpu);
   while (true) {
     Pending pending;
     {
@@ -1566,7 +1566,7 @@ void CudaEngine::CompleteLoop(Lane* lane) {
       if (cudaError_t e = cudaEventSynchronize(pending.events[layer]); e != cudaSuccess) {
         cudaGetLastError();
         status = absl::InternalError(absl::StrCat(DirectionName(lane->direction), " on GPU ",
-                                                  lane->device, " failed in layer ", layer, ": ",
+                                                  lane->gpu, " failed in layer ", layer, ": ",
                                                   CudaError(e)));
         events_ok = false;
         break;

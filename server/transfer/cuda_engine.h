@@ -176,7 +176,8 @@ class CudaEngine : public TransferEngine {
   std::string Describe() const;
 
  private:
-  struct Device {
+  // A GPU this process can use, as probed by Create.
+  struct GpuInfo {
     int ordinal = 0;
     std::string uuid;  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", lower case
     std::string name;
@@ -190,10 +191,10 @@ class CudaEngine : public TransferEngine {
   struct Lane;     // one stream and its completion thread
   class Mapping;   // a worker's buffers opened from IPC handles
 
-  CudaEngine(CudaEngineOptions options, std::vector<Device> devices);
-  // The two lanes of GPU `ordinal`, created on first use (a CUDA context and
+  CudaEngine(CudaEngineOptions options, std::vector<GpuInfo> gpus);
+  // The two lanes of GPU `gpu` (an ordinal), created on first use (a CUDA context and
   // two streams on that GPU, and their completion threads).
-  absl::StatusOr<Lane*> LanesFor(int ordinal);
+  absl::StatusOr<Lane*> LanesFor(int gpu);
   // The path of `job`, and why (auto), from its runs and layout. Fills
   // job->plan for the kernel paths.
   absl::Status ChoosePath(TransferJob* job, std::string* why) const;
@@ -231,7 +232,7 @@ class CudaEngine : public TransferEngine {
   absl::Status OpenGates(Lane* lane, Pending* pending);
 
   const CudaEngineOptions options_;
-  const std::vector<Device> devices_;
+  const std::vector<GpuInfo> gpus_;
   // Whether an MPS control daemon serves this process (its pipe exists), and
   // where; the SM copy path is chosen automatically only then.
   bool mps_ = false;  // set once by the constructor
@@ -244,7 +245,7 @@ class CudaEngine : public TransferEngine {
   std::atomic<unsigned> batch_flags_{1};  // cudaMemcpyFlagPreferOverlapWithCompute
 
   absl::Mutex lanes_mu_;
-  // Per device: [0] backups, [1] loads; empty until the first attach there.
+  // Per GPU: [0] backups, [1] loads; empty until the first attach there.
   std::vector<std::unique_ptr<Lane[]>> lanes_ ABSL_GUARDED_BY(lanes_mu_);
 };
 
