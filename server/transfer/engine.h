@@ -165,7 +165,7 @@ struct JobLayer {
 // a pool group's has one per entry with rows in the transfer.
 struct JobPart {
   std::shared_ptr<Pool> pool;
-  // That pool's buffers (for a plain attachment, the job's own `device`).
+  // That pool's buffers (for a plain attachment, the job's own `mapping`).
   std::shared_ptr<const DeviceMapping> mapping;
   // Token runs (host slot, device slot), and for pools with page-row
   // components the same runs in pages (host / ps, device / ps, count / ps);
@@ -270,8 +270,8 @@ class TransferEngine {
   // wait event (job->wait_event). Called right before the ticket is made and
   // the job submitted; a prepared job is always submitted, except one of no
   // tokens, which finishes at once and for which Prepare reserves nothing.
-  // Default:
-  // no events, so a wait_event_handle is FAILED_PRECONDITION.
+  // The default reserves nothing: it has no events, so a job with a
+  // wait_event_handle is FAILED_PRECONDITION.
   virtual absl::Status Prepare(TransferJob* job) {
     if (!job->wait_event_handle.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
