@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sanitizer builds and runs (issue 6, item 7; issue 14: one clang build):
+# Sanitizer builds and runs:
 #   scripts/sanitize.sh asan   clang build in build-asan: kvhost's own code with ASan + UBSan
 #                              and libFuzzer coverage (-DKVHOST_FUZZ=ON), the tests and the
 #                              fuzz targets (scripts/fuzz.sh runs those); then

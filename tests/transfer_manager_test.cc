@@ -1,7 +1,7 @@
 // Tests of the transfer manager (server/transfer/transfer_manager.h) over the
 // host engine: validation that leaves no ticket, round trips through a pool,
 // attachments holding their pool, drain; ownership of attachments and tickets
-// (issue 12); then every pool kind x allowed layout (per-component buffers,
+// (a stranger's ids are refused); then every pool kind x allowed layout (per-component buffers,
 // page-row components in whole pages, sharded pools and partial attachments,
 // followers, TP ranks, LOGICAL) and pool groups (layer maps, pool_transfers,
 // all-or-nothing validation), checked against SeedOffset, an address formula

@@ -457,7 +457,7 @@ absl::StatusOr<TransferManager::Target> TransferManager::FindTarget(
     }
     target.owner = attachment.owner;
     target.group = attachment.group;
-    target.device = attachment.mapping;
+    target.mapping = attachment.mapping;
     target.pools = attachment.pools;
     target.label = attachment.info.group.empty() ? attachment.info.pool : attachment.info.group;
   }
@@ -512,7 +512,7 @@ absl::StatusOr<TransferJob> TransferManager::BuildJob(const Target& target,
     const AttachedPool& attached = target.pools[e];
     JobPart& part = parts[e];
     part.pool = attached.pool;
-    part.mapping = attached.device;
+    part.mapping = attached.mapping;
     part.layers = attached.layers;
     const std::string device_what =
         group == nullptr
@@ -526,7 +526,7 @@ absl::StatusOr<TransferJob> TransferManager::BuildJob(const Target& target,
   }
   TransferJob job;
   job.direction = direction;
-  job.mapping = target.device;
+  job.mapping = target.mapping;
   job.group = group;
   // A plain attachment's job has its one part; a group's, the parts with
   // rows to copy.
