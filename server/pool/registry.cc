@@ -25,6 +25,12 @@ constexpr uint64_t kPageTableBytesPerPage = sizeof(uint64_t) + sizeof(uint8_t);
 // How long a create short of memory waits for deleted pools being unmapped
 // (seconds for a pool of hundreds of GiB).
 constexpr absl::Duration kReleaseWait = absl::Seconds(30);
+// How long it also waits for a deleted pool not yet handed to the releaser:
+// the last reference of a just-deleted pool may still be dropping on another
+// RPC thread (a status or metrics read that took it), which takes
+// microseconds; a pool held by a page stream or a transfer stays held, and a
+// create must not wait the stream out.
+constexpr absl::Duration kUnreferencedWait = absl::Seconds(2);
 // Pools unmapped at once: at shutdown each of several pools' teardown is
 // mostly serial in the kernel (its file's pages are freed under its inode).
 constexpr int kReleaserThreads = 2;
@@ -311,10 +317,17 @@ absl::Status PoolRegistry::Admit(const std::string& name, const std::shared_ptr<
   if (!budget.ok()) return budget.status();
   // Deleted pools are unmapped on the releaser's threads, and their bytes
   // count until then: a create right after a delete waits for those
-  // releases (not for pools a stream still holds) before it gives up.
+  // releases, and briefly for a deleted pool whose last reference is still
+  // being dropped (not for pools a stream still holds), before it gives up.
   const absl::Time release_deadline = absl::Now() + kReleaseWait;
-  while (bytes + table_bytes > *budget && releaser_->pending() > 0 &&
-         absl::Now() < release_deadline && !(abandoned && abandoned())) {
+  const absl::Time unreferenced_deadline = absl::Now() + kUnreferencedWait;
+  auto releases_pending = [&] {
+    const absl::Time now = absl::Now();
+    if (now >= release_deadline) return false;
+    return releaser_->pending() > 0 ||
+           (ledger_->releasing > 0 && now < unreferenced_deadline);
+  };
+  while (bytes + table_bytes > *budget && releases_pending() && !(abandoned && abandoned())) {
     absl::SleepFor(absl::Milliseconds(5));
     budget = Available(&why);
     if (!budget.ok()) return budget.status();
