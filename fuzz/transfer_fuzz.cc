@@ -1169,7 +1169,7 @@ class Harness {
     }
     for (auto& [ae, request] : resolved) {
       request.entries.clear();
-      absl::StatusOr<AttachRequest> r = ResolveAttachRequest(*ae.pool, request);
+      absl::StatusOr<ResolvedAttach> r = ResolveAttachRequest(*ae.pool, request);
       FUZZ_CHECK(r.ok(), call,
                  " succeeded, but its request does not resolve: ", r.status().ToString());
       ae.start = r->start_layer;

@@ -11,11 +11,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -136,6 +139,111 @@ int Fail(const std::string& message) {
   return 2;
 }
 
+// A bad flag value, as the steps below report it for main to Fail with.
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// The log level flag applied to spdlog.
+absl::Status SetLogLevel() {
+  const spdlog::level::level_enum level =
+      spdlog::level::from_str(absl::AsciiStrToLower(absl::GetFlag(FLAGS_log_level)));
+  if (level == spdlog::level::off && absl::GetFlag(FLAGS_log_level) != "off") {
+    return Invalid(
+        absl::StrCat("--log-level '", absl::GetFlag(FLAGS_log_level), "' is not a level"));
+  }
+  spdlog::set_level(level);
+  return absl::OkStatus();
+}
+
+// SIGTERM and SIGINT, blocked: the main thread takes them synchronously
+// (sigwait). Called before any thread starts, so none of gRPC's threads
+// receives them.
+sigset_t BlockStopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// The daemon's options from the flags and the config file's pools; a bad
+// flag value is INVALID_ARGUMENT with the message Fail logs.
+absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
+    const std::vector<kvhost::DeclaredPool>& declared_pools) {
+  kvhost::DaemonOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.shm_dir = absl::GetFlag(FLAGS_shm_dir);
+  options.copy_threads = absl::GetFlag(FLAGS_copy_threads);
+  if (options.copy_threads < 0) return Invalid("--copy-threads must be >= 0");
+  options.transfer_path = absl::GetFlag(FLAGS_transfer_path);
+  options.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
+  options.load_gates = absl::GetFlag(FLAGS_load_gates);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.session_timeout = absl::GetFlag(FLAGS_session_timeout);
+  if (options.session_timeout < absl::Milliseconds(100)) {
+    return Invalid("--session-timeout must be at least 100ms");
+  }
+  options.max_indices_per_call = absl::GetFlag(FLAGS_max_indices_per_call);
+  if (options.max_indices_per_call == 0) return Invalid("--max-indices-per-call must be >= 1");
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (options.max_message_bytes < 4096) return Invalid("--max-message-bytes must be >= 4096");
+  std::optional<uint32_t> socket_mode = ParseFileMode(absl::GetFlag(FLAGS_socket_mode));
+  if (!socket_mode) {
+    return Invalid(absl::StrCat("--socket-mode '", absl::GetFlag(FLAGS_socket_mode),
+                                "' is not an octal mode such as 0660"));
+  }
+  options.socket_mode = *socket_mode;
+  options.socket_group = absl::GetFlag(FLAGS_socket_group);
+  std::optional<uint32_t> region_mode = ParseFileMode(absl::GetFlag(FLAGS_region_mode));
+  if (!region_mode) {
+    return Invalid(absl::StrCat("--region-mode '", absl::GetFlag(FLAGS_region_mode),
+                                "' is not an octal mode such as 0600"));
+  }
+  options.region_mode = *region_mode;
+  options.region_group = absl::GetFlag(FLAGS_region_group);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.insecure_tcp = absl::GetFlag(FLAGS_insecure_tcp);
+  for (const kvhost::DeclaredPool& pool : declared_pools) {
+    options.pools.emplace_back(pool.name, pool.spec);
+  }
+  absl::StatusOr<uint64_t> staging = kvhost::ParseByteSize(absl::GetFlag(FLAGS_staging_bytes));
+  if (!staging.ok()) return Invalid(absl::StrCat("--staging-bytes: ", staging.status().message()));
+  options.staging_bytes = *staging;
+  absl::StatusOr<uint64_t> limit = kvhost::ParseByteSize(absl::GetFlag(FLAGS_memory_limit));
+  if (!limit.ok()) return Invalid(absl::StrCat("--memory-limit: ", limit.status().message()));
+  options.memory_limit = *limit;
+  if (absl::GetFlag(FLAGS_memory_reserve) != "auto") {
+    absl::StatusOr<uint64_t> reserve = kvhost::ParseByteSize(absl::GetFlag(FLAGS_memory_reserve));
+    if (!reserve.ok()) {
+      return Invalid(absl::StrCat("--memory-reserve: ", reserve.status().message()));
+    }
+    options.memory_reserve = *reserve;
+  }
+  return options;
+}
+
+// Runs the daemon until SIGTERM / SIGINT (`signals`, blocked), then drains
+// and stops it. Returns the exit code.
+int Serve(const kvhost::DaemonOptions& options, const sigset_t& signals) {
+  absl::StatusOr<std::unique_ptr<kvhost::Daemon>> daemon = kvhost::Daemon::Start(options);
+  if (!daemon.ok()) return Fail(absl::StrCat("cannot start: ", daemon.status().ToString()));
+  Notify(absl::StrCat("READY=1\nSTATUS=serving on ", absl::StrJoin((*daemon)->addresses(), ", ")));
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  const char* signal_name = signal == SIGTERM ? "SIGTERM" : "SIGINT";
+  spdlog::info("received {}", signal_name);
+  Notify(absl::StrCat("STOPPING=1\nSTATUS=", signal_name, ": draining transfers, then stopping"));
+  (*daemon)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
+  daemon->reset();
+  spdlog::info("bye");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,84 +272,9 @@ int main(int argc, char** argv) {
         stdout);
     return 0;
   }
-  const spdlog::level::level_enum level =
-      spdlog::level::from_str(absl::AsciiStrToLower(absl::GetFlag(FLAGS_log_level)));
-  if (level == spdlog::level::off && absl::GetFlag(FLAGS_log_level) != "off") {
-    return Fail(absl::StrCat("--log-level '", absl::GetFlag(FLAGS_log_level), "' is not a level"));
-  }
-  spdlog::set_level(level);
-
-  // Signals are taken synchronously by the main thread; block them before
-  // any thread starts so none of gRPC's threads receives them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  kvhost::DaemonOptions options;
-  options.listen = absl::GetFlag(FLAGS_listen);
-  options.backend = absl::GetFlag(FLAGS_backend);
-  options.shm_dir = absl::GetFlag(FLAGS_shm_dir);
-  options.copy_threads = absl::GetFlag(FLAGS_copy_threads);
-  if (options.copy_threads < 0) return Fail("--copy-threads must be >= 0");
-  options.transfer_path = absl::GetFlag(FLAGS_transfer_path);
-  options.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
-  options.load_gates = absl::GetFlag(FLAGS_load_gates);
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
-  options.session_timeout = absl::GetFlag(FLAGS_session_timeout);
-  if (options.session_timeout < absl::Milliseconds(100)) {
-    return Fail("--session-timeout must be at least 100ms");
-  }
-  options.max_indices_per_call = absl::GetFlag(FLAGS_max_indices_per_call);
-  if (options.max_indices_per_call == 0) return Fail("--max-indices-per-call must be >= 1");
-  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  if (options.max_message_bytes < 4096) return Fail("--max-message-bytes must be >= 4096");
-  std::optional<uint32_t> socket_mode = ParseFileMode(absl::GetFlag(FLAGS_socket_mode));
-  if (!socket_mode) {
-    return Fail(absl::StrCat("--socket-mode '", absl::GetFlag(FLAGS_socket_mode),
-                             "' is not an octal mode such as 0660"));
-  }
-  options.socket_mode = *socket_mode;
-  options.socket_group = absl::GetFlag(FLAGS_socket_group);
-  std::optional<uint32_t> region_mode = ParseFileMode(absl::GetFlag(FLAGS_region_mode));
-  if (!region_mode) {
-    return Fail(absl::StrCat("--region-mode '", absl::GetFlag(FLAGS_region_mode),
-                             "' is not an octal mode such as 0600"));
-  }
-  options.region_mode = *region_mode;
-  options.region_group = absl::GetFlag(FLAGS_region_group);
-  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
-  options.tls_key = absl::GetFlag(FLAGS_tls_key);
-  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
-  options.insecure_tcp = absl::GetFlag(FLAGS_insecure_tcp);
-  for (const kvhost::DeclaredPool& pool : declared_pools) {
-    options.pools.emplace_back(pool.name, pool.spec);
-  }
-  absl::StatusOr<uint64_t> staging = kvhost::ParseByteSize(absl::GetFlag(FLAGS_staging_bytes));
-  if (!staging.ok()) return Fail(absl::StrCat("--staging-bytes: ", staging.status().message()));
-  options.staging_bytes = *staging;
-  absl::StatusOr<uint64_t> limit = kvhost::ParseByteSize(absl::GetFlag(FLAGS_memory_limit));
-  if (!limit.ok()) return Fail(absl::StrCat("--memory-limit: ", limit.status().message()));
-  options.memory_limit = *limit;
-  if (absl::GetFlag(FLAGS_memory_reserve) != "auto") {
-    absl::StatusOr<uint64_t> reserve = kvhost::ParseByteSize(absl::GetFlag(FLAGS_memory_reserve));
-    if (!reserve.ok()) return Fail(absl::StrCat("--memory-reserve: ", reserve.status().message()));
-    options.memory_reserve = *reserve;
-  }
-
-  absl::StatusOr<std::unique_ptr<kvhost::Daemon>> daemon = kvhost::Daemon::Start(options);
-  if (!daemon.ok()) return Fail(absl::StrCat("cannot start: ", daemon.status().ToString()));
-  Notify(absl::StrCat("READY=1\nSTATUS=serving on ", absl::StrJoin((*daemon)->addresses(), ", ")));
-
-  int signal = 0;
-  sigwait(&signals, &signal);
-  const char* signal_name = signal == SIGTERM ? "SIGTERM" : "SIGINT";
-  spdlog::info("received {}", signal_name);
-  Notify(absl::StrCat("STOPPING=1\nSTATUS=", signal_name, ": draining transfers, then stopping"));
-  (*daemon)->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s)));
-  daemon->reset();
-  spdlog::info("bye");
-  return 0;
+  if (absl::Status s = SetLogLevel(); !s.ok()) return Fail(std::string(s.message()));
+  const sigset_t signals = BlockStopSignals();
+  absl::StatusOr<kvhost::DaemonOptions> options = OptionsFromFlags(declared_pools);
+  if (!options.ok()) return Fail(std::string(options.status().message()));
+  return Serve(*options, signals);
 }

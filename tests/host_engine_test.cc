@@ -50,10 +50,10 @@ using ShmDir = ::kvhost::testing::TransferShmDir;
 
 // `request` resolved against `pool`, as TransferManager::Attach does before
 // the engine's Open.
-AttachRequest Resolved(const Pool& pool, const AttachRequest& request) {
-  absl::StatusOr<AttachRequest> resolved = ResolveAttachRequest(pool, request);
+ResolvedAttach Resolved(const Pool& pool, const AttachRequest& request) {
+  absl::StatusOr<ResolvedAttach> resolved = ResolveAttachRequest(pool, request);
   EXPECT_TRUE(resolved.ok()) << resolved.status();
-  return resolved.ok() ? *std::move(resolved) : AttachRequest();
+  return resolved.ok() ? *std::move(resolved) : ResolvedAttach();
 }
 
 // Ticket layers of an attachment of exactly the pool's layers.

@@ -21,16 +21,22 @@ bool TakesVLayers(PoolKind kind) {
   return kind == PoolKind::kMha || kind == PoolKind::kMhaAsymmetric;
 }
 
-// A 0 / 0 layer range becomes the pool's; any other must not be empty.
-absl::Status ResolveLayerRange(const Pool& pool, const std::string& what, AttachRequest* request) {
-  if (request->start_layer == 0 && request->end_layer == 0) {
-    request->start_layer = pool.start_layer();
-    request->end_layer = pool.end_layer();
-  } else if (request->start_layer >= request->end_layer) {
+// `request`'s layer range into `out`: 0 / 0 becomes the pool's; any other
+// must not be empty.
+absl::Status ResolveLayerRange(const Pool& pool, const std::string& what,
+                               const AttachRequest& request, ResolvedAttach* out) {
+  if (request.start_layer == 0 && request.end_layer == 0) {
+    out->start_layer = pool.start_layer();
+    out->end_layer = pool.end_layer();
+    return absl::OkStatus();
+  }
+  if (request.start_layer >= request.end_layer) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "start_layer ", request->start_layer, " must be below end_layer ", request->end_layer,
+        "start_layer ", request.start_layer, " must be below end_layer ", request.end_layer,
         " (both 0: the layers of ", what, ", [", pool.start_layer(), ", ", pool.end_layer(), "))"));
   }
+  out->start_layer = request.start_layer;
+  out->end_layer = request.end_layer;
   return absl::OkStatus();
 }
 
@@ -98,20 +104,16 @@ absl::StatusOr<std::vector<std::optional<ComponentBuffers>>> GatherBuffers(const
   return given;
 }
 
-// `given` as request->components, one per pool component in order, each
-// with one buffer per attached layer.
+// `given` as out->components, one per pool component in order, each with
+// one buffer per attached layer. REQUIRES: out's layer range resolved.
 absl::Status PlaceBuffers(const Pool& pool, const std::string& what,
                           std::vector<std::optional<ComponentBuffers>> given,
-                          AttachRequest* request) {
+                          ResolvedAttach* out) {
   const PoolKind kind = pool.spec().kind;
   const std::vector<Component>& components = pool.components();
-  const uint32_t layers = request->layer_num();
-  const std::string range = absl::StrCat("one per attached layer of [", request->start_layer, ", ",
-                                         request->end_layer, ")");
-  request->named.clear();
-  request->k_layers.clear();
-  request->v_layers.clear();
-  request->components.clear();
+  const uint32_t layers = out->layer_num();
+  const std::string range =
+      absl::StrCat("one per attached layer of [", out->start_layer, ", ", out->end_layer, ")");
   for (size_t c = 0; c < components.size(); ++c) {
     if (!given[c].has_value()) {
       const char* field = c == 0 && TakesKLayers(kind)   ? "k_layers"
@@ -127,7 +129,7 @@ absl::Status PlaceBuffers(const Pool& pool, const std::string& what,
           components[c].name, "' but ", what, " needs ", layers, " (", range, ")"));
     }
     given[c]->name = components[c].name;
-    request->components.push_back(*std::move(given[c]));
+    out->components.push_back(*std::move(given[c]));
   }
   return absl::OkStatus();
 }
@@ -165,18 +167,20 @@ std::string PoolWhat(const Pool& pool) {
                       LayoutName(pool.spec().layout), ")");
 }
 
-absl::StatusOr<AttachRequest> ResolveAttachRequest(const Pool& pool, AttachRequest request) {
+absl::StatusOr<ResolvedAttach> ResolveAttachRequest(const Pool& pool, AttachRequest request) {
   const std::string what = PoolWhat(pool);
-  if (absl::Status s = ResolveLayerRange(pool, what, &request); !s.ok()) return s;
+  ResolvedAttach resolved;
+  if (absl::Status s = ResolveLayerRange(pool, what, request, &resolved); !s.ok()) return s;
   absl::StatusOr<std::vector<std::optional<ComponentBuffers>>> given =
       GatherBuffers(pool, what, &request);
   if (!given.ok()) return given.status();
-  if (absl::Status s = PlaceBuffers(pool, what, *std::move(given), &request); !s.ok()) return s;
+  if (absl::Status s = PlaceBuffers(pool, what, *std::move(given), &resolved); !s.ok()) return s;
   if (absl::Status s = CheckDeviceSize(pool, what, request.device_size_tokens); !s.ok()) return s;
+  resolved.device_size_tokens = request.device_size_tokens;
   absl::StatusOr<uint32_t> sets = ResolveLoadEventSets(request.load_event_sets);
   if (!sets.ok()) return sets.status();
-  request.load_event_sets = *sets;
-  return request;
+  resolved.load_event_sets = *sets;
+  return resolved;
 }
 
 absl::StatusOr<uint32_t> ResolveLoadEventSets(uint32_t sets) {

@@ -283,8 +283,8 @@ struct CudaEngine::Lane {
 // once, and the pool's host regions pinned while the mapping lives.
 class CudaEngine::Mapping : public DeviceMapping {
  public:
-  Mapping(const Pool& pool, const AttachRequest& request, int gpu, Lane* lanes)
-      : DeviceMapping(pool, request),
+  Mapping(const Pool& pool, const ResolvedAttach& attach, int gpu, Lane* lanes)
+      : DeviceMapping(pool, attach),
         gpu_(gpu),
         lanes_(lanes),
         groups_(GroupComponents(pool.components())) {}
@@ -769,7 +769,7 @@ absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int gpu) {
 }
 
 absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool,
-                                                                const AttachRequest& request) {
+                                                                const ResolvedAttach& attach) {
   // Everything that needs no CUDA call is checked first.
   int gpu = -1;
   std::string first_where;
@@ -819,7 +819,7 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
     }
     return absl::OkStatus();
   };
-  for (const ComponentBuffers& component : request.components) {
+  for (const ComponentBuffers& component : attach.components) {
     for (size_t l = 0; l < component.layers.size(); ++l) {
       if (absl::Status s = check(component.layers[l], component.Where(l)); !s.ok()) return s;
     }
@@ -833,15 +833,15 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
     return absl::InternalError(absl::StrCat("cudaSetDevice(", gpu, "): ", CudaError(e)));
   }
   // On any error below, `mapping` closes what it opened and unpins.
-  auto mapping = std::make_unique<Mapping>(pool, request, gpu, *lanes);
-  for (size_t c = 0; c < request.components.size(); ++c) {
-    const ComponentBuffers& component = request.components[c];
+  auto mapping = std::make_unique<Mapping>(pool, attach, gpu, *lanes);
+  for (size_t c = 0; c < attach.components.size(); ++c) {
+    const ComponentBuffers& component = attach.components[c];
     for (size_t l = 0; l < component.layers.size(); ++l) {
       absl::Status s = mapping->AddLayer(c, component.layers[l], component.Where(l));
       if (!s.ok()) return s;
     }
   }
-  if (absl::Status s = mapping->CreateLoadEvents(request.load_event_sets, request.layer_num());
+  if (absl::Status s = mapping->CreateLoadEvents(attach.load_event_sets, attach.layer_num());
       !s.ok()) {
     return s;
   }

@@ -153,7 +153,7 @@ class CudaEngine : public TransferEngine {
   // fit in its allocation; RESOURCE_EXHAUSTED / INTERNAL when pinning the host
   // pool fails. On error nothing stays open.
   absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(const Pool& pool,
-                                                      const AttachRequest& request) override;
+                                                      const ResolvedAttach& attach) override;
   // Loads take the attachment's next free load event set (RESOURCE_EXHAUSTED
   // when all are busy); a backup's wait_event_handle is opened here
   // (INVALID_ARGUMENT for a wrong size or a handle that will not open).

@@ -59,39 +59,31 @@ struct ComponentBuffers {
 
 struct AttachEntry;
 
+// A worker's attach request as the service gives it (kvhost.v1.AttachDeviceRequest,
+// service/convert.h): the buffers as the worker spelled them, the layer range
+// maybe 0 / 0, load_event_sets maybe 0. ResolveAttachRequest (attach.h) checks it
+// against the pool and turns it into a ResolvedAttach, which is what engines open.
 struct AttachRequest {
-  // As the worker spelled them (kvhost.v1.AttachDeviceRequest): k_layers and
-  // v_layers name components 0 and 1, `named` any component by name.
-  // ResolveAttachRequest (transfer_manager.h) turns them into `components`.
+  // k_layers and v_layers name components 0 and 1, `named` any component by name.
   std::vector<DeviceBufferRef> k_layers;
   std::vector<DeviceBufferRef> v_layers;
   std::vector<ComponentBuffers> named;
-  // Resolved: one entry per Pool::components() entry, in that order, each
-  // with end_layer - start_layer buffers. What engines open.
-  std::vector<ComponentBuffers> components;
-  // Token slots of the device pool; device indices lie in [0, this). A
-  // page-row component's buffers hold device_size_tokens / row_tokens rows.
+  // Token slots of the device pool; device indices lie in [0, this).
   uint64_t device_size_tokens = 0;
-  // Device layers attached, [start_layer, end_layer). 0 / 0 in a request
-  // means the pool's range; resolved requests hold the real range.
+  // Device layers to attach, [start_layer, end_layer); 0 / 0 means the pool's range.
   uint32_t start_layer = 0;
   uint32_t end_layer = 0;
   std::optional<uint32_t> tp_rank;
   bool load_only = false;  // Backup refused (FAILED_PRECONDITION)
-  // Sets of per-layer load events (engines with interprocess events only).
-  // REQUIRES: 1 <= load_event_sets <= kMaxLoadEventSets (the caller applies
-  // the default).
+  // Sets of per-layer load events; 0 means kDefaultLoadEventSets.
   uint32_t load_event_sets = 0;
   // A pool group's attachment (kvhost.v1.DeviceEntry): per group entry, its
   // buffers as a plain request of that entry's pool. The buffer, size and
   // layer fields above are then empty / 0; tp_rank, load_only and
   // load_event_sets are the attachment's.
   std::vector<AttachEntry> entries;
-  // The worker session the attachment belongs to (TransferManager); "" for
-  // none. Engines ignore it.
+  // The worker session the attachment belongs to (TransferManager); "" for none.
   std::string session_id;
-
-  uint32_t layer_num() const { return end_layer - start_layer; }
 };
 
 struct AttachEntry {
@@ -99,7 +91,29 @@ struct AttachEntry {
   AttachRequest request;
 };
 
-// Bounds of AttachRequest::load_event_sets. Four sets cover a worker that
+// One pool's device buffers as an engine opens them: an AttachRequest
+// resolved against the pool (ResolveAttachRequest), every size checked. It
+// holds only what the buffers are; who attaches (tp_rank, load_only,
+// session) stays with the request.
+struct ResolvedAttach {
+  // One entry per Pool::components() entry, in that order, each with
+  // layer_num() buffers.
+  std::vector<ComponentBuffers> components;
+  // Token slots of the device pool; device indices lie in [0, this). At
+  // least 1, and a multiple of every component's row_tokens: a page-row
+  // component's buffers hold device_size_tokens / row_tokens rows.
+  uint64_t device_size_tokens = 0;
+  // Device layers attached, [start_layer, end_layer): never empty.
+  uint32_t start_layer = 0;
+  uint32_t end_layer = 0;
+  // Sets of per-layer load events (engines with interprocess events only),
+  // in [1, kMaxLoadEventSets].
+  uint32_t load_event_sets = 0;
+
+  uint32_t layer_num() const { return end_layer - start_layer; }
+};
+
+// Bounds of ResolvedAttach::load_event_sets. Four sets cover a worker that
 // overlaps a few loads with compute; 64 x layers events is still a small
 // number next to the driver's limits.
 inline constexpr uint32_t kDefaultLoadEventSets = 4;
@@ -137,11 +151,11 @@ class DeviceMapping {
   // `rows`: one per component of the pool.
   DeviceMapping(uint64_t layer_num, uint64_t device_size_tokens, std::vector<DeviceRows> rows)
       : layer_num_(layer_num), device_size_tokens_(device_size_tokens), rows_(std::move(rows)) {}
-  // Rows of every component of `pool` for `request`.
-  DeviceMapping(const Pool& pool, const AttachRequest& request)
-      : layer_num_(request.layer_num()), device_size_tokens_(request.device_size_tokens) {
+  // Rows of every component of `pool` for `attach`.
+  DeviceMapping(const Pool& pool, const ResolvedAttach& attach)
+      : layer_num_(attach.layer_num()), device_size_tokens_(attach.device_size_tokens) {
     for (const Component& c : pool.components()) {
-      rows_.push_back(DeviceRowsOf(c, request.device_size_tokens));
+      rows_.push_back(DeviceRowsOf(c, attach.device_size_tokens));
     }
   }
   uint64_t layer_num_;
@@ -245,19 +259,18 @@ class TransferEngine {
   virtual const char* name() const = 0;
   // The path a job would take ("host-memcpy", ...), shown in ticket status.
   virtual std::string PathFor(const TransferJob& job) const = 0;
-  // Opens `request.components`' buffers for `pool`. REQUIRES: `request` was
-  // resolved against `pool` (ResolveAttachRequest: one entry per component,
-  // layer_num() buffers each, device_size_tokens >= 1 and a multiple of every
-  // component's row_tokens). Errors: INVALID_ARGUMENT for a buffer too small
-  // (naming ComponentBuffers::Where), PERMISSION_DENIED for a path the engine
-  // may not open, FAILED_PRECONDITION for a buffer kind, pool kind or layer
-  // range it cannot serve.
+  // Opens `attach.components`' buffers for `pool`. REQUIRES: `attach` was
+  // resolved against `pool` (ResolveAttachRequest; see ResolvedAttach).
+  // Errors: INVALID_ARGUMENT for a buffer too small (naming
+  // ComponentBuffers::Where), PERMISSION_DENIED for a path the engine may not
+  // open, FAILED_PRECONDITION for a buffer kind, pool kind or layer range it
+  // cannot serve.
   virtual absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(const Pool& pool,
-                                                              const AttachRequest& request) = 0;
+                                                              const ResolvedAttach& attach) = 0;
   // A pool group's mapping: `entries` (mappings this engine opened, one per
   // group entry, in the group's order) kept alive, and load events per model
   // layer: layer_num() is `layer_num`, load_event_sets() `load_event_sets`
-  // (REQUIRES: as AttachRequest::load_event_sets). It holds no buffers of
+  // (REQUIRES: as ResolvedAttach::load_event_sets). It holds no buffers of
   // its own (component_count() 0); jobs copy through their parts' mappings.
   // Errors: INVALID_ARGUMENT for entries the engine cannot serve together
   // (cuda: on different GPUs), FAILED_PRECONDITION for an engine without

@@ -67,7 +67,7 @@ bool GuardedCopy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
 // file is mapped once even when many layers live in it.
 class ShmDeviceMapping : public DeviceMapping {
  public:
-  ShmDeviceMapping(const Pool& pool, const AttachRequest& request) : DeviceMapping(pool, request) {}
+  ShmDeviceMapping(const Pool& pool, const ResolvedAttach& attach) : DeviceMapping(pool, attach) {}
 
   // Maps `ref` as a buffer of component `component`; buffers are added
   // component-major.
@@ -226,11 +226,11 @@ HostEngine::~HostEngine() {
 std::string HostEngine::PathFor(const TransferJob& job) const { return "host-memcpy"; }
 
 absl::StatusOr<std::unique_ptr<DeviceMapping>> HostEngine::Open(const Pool& pool,
-                                                                const AttachRequest& request) {
+                                                                const ResolvedAttach& attach) {
   if (!shm_dir_.ok()) return shm_dir_.status();
-  auto mapping = std::make_unique<ShmDeviceMapping>(pool, request);
-  for (size_t c = 0; c < request.components.size(); ++c) {
-    const ComponentBuffers& component = request.components[c];
+  auto mapping = std::make_unique<ShmDeviceMapping>(pool, attach);
+  for (size_t c = 0; c < attach.components.size(); ++c) {
+    const ComponentBuffers& component = attach.components[c];
     for (size_t l = 0; l < component.layers.size(); ++l) {
       absl::Status s = mapping->Add(*shm_dir_, options_.region_inodes.get(), c, component.layers[l],
                                     component.Where(l));

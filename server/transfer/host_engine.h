@@ -56,7 +56,7 @@ class HostEngine : public TransferEngine {
   const char* name() const override { return "host"; }
   std::string PathFor(const TransferJob& job) const override;
   absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(const Pool& pool,
-                                                      const AttachRequest& request) override;
+                                                      const ResolvedAttach& attach) override;
   // Keeps `entries` open; no load events (the host backend has none).
   absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenGroup(
       std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,

@@ -48,7 +48,7 @@ std::vector<JobLayer> MapLayers(const Pool& pool, uint32_t start, uint32_t end) 
 // transfers never reach an engine.
 class EmptyMapping : public DeviceMapping {
  public:
-  EmptyMapping(const Pool& pool, const AttachRequest& request) : DeviceMapping(pool, request) {}
+  EmptyMapping(const Pool& pool, const ResolvedAttach& attach) : DeviceMapping(pool, attach) {}
 };
 
 // The ticket layers of group entry `entry` attached at device layers
@@ -166,12 +166,12 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
         "entries has ", request.entries.size(), " entries, but '", pool_name,
         "' is a pool, not a pool group; give its buffers in k_layers, v_layers or components"));
   }
-  absl::StatusOr<AttachRequest> resolved = ResolveAttachRequest(**pool, request);
+  absl::StatusOr<ResolvedAttach> resolved = ResolveAttachRequest(**pool, request);
   if (!resolved.ok()) return resolved.status();
-  if (absl::Status s = (*pool)->AcquireAttachment(resolved->tp_rank); !s.ok()) return s;
+  if (absl::Status s = (*pool)->AcquireAttachment(request.tp_rank); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<DeviceMapping>> device = OpenMapping(**pool, *resolved);
   if (!device.ok()) {
-    (*pool)->ReleaseAttachment(resolved->tp_rank);
+    (*pool)->ReleaseAttachment(request.tp_rank);
     return WithPool(pool_name, device.status());
   }
   Attachment attachment;
@@ -179,8 +179,8 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
   attachment.info.device_size_tokens = resolved->device_size_tokens;
   attachment.info.start_layer = resolved->start_layer;
   attachment.info.end_layer = resolved->end_layer;
-  attachment.info.tp_rank = resolved->tp_rank;
-  attachment.info.load_only = resolved->load_only;
+  attachment.info.tp_rank = request.tp_rank;
+  attachment.info.load_only = request.load_only;
   attachment.info.session_id = request.session_id;
   attachment.mapping = std::shared_ptr<const DeviceMapping>(*std::move(device));
   attachment.pools.push_back({"", *pool, attachment.mapping,
@@ -189,14 +189,14 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
 }
 
 absl::StatusOr<std::unique_ptr<DeviceMapping>> TransferManager::OpenMapping(
-    const Pool& pool, const AttachRequest& resolved) {
+    const Pool& pool, const ResolvedAttach& resolved) {
   if (pool.components().empty()) return std::make_unique<EmptyMapping>(pool, resolved);
   return engine_->Open(pool, resolved);
 }
 
 absl::StatusOr<AttachmentInfo> TransferManager::AttachGroup(const std::shared_ptr<PoolGroup>& group,
                                                             const AttachRequest& request) {
-  absl::StatusOr<std::vector<AttachRequest>> resolved = ResolveGroupEntries(*group, request);
+  absl::StatusOr<std::vector<ResolvedAttach>> resolved = ResolveGroupEntries(*group, request);
   if (!resolved.ok()) return resolved.status();
   const std::optional<uint32_t> tp_rank = request.tp_rank;
   if (absl::Status s = AcquireGroup(*group, tp_rank); !s.ok()) return s;
@@ -208,7 +208,7 @@ absl::StatusOr<AttachmentInfo> TransferManager::AttachGroup(const std::shared_pt
     for (const GroupEntry& entry : group->entries()) entry.pool->ReleaseAttachment(tp_rank);
     return s;
   }
-  const AttachRequest& anchor = (*resolved)[group->anchor_index()];
+  const ResolvedAttach& anchor = (*resolved)[group->anchor_index()];
   attachment.info.pool = group->anchor().pool->name();
   attachment.info.group = group->name();
   attachment.info.device_size_tokens = anchor.device_size_tokens;
@@ -220,7 +220,7 @@ absl::StatusOr<AttachmentInfo> TransferManager::AttachGroup(const std::shared_pt
   return Register(std::move(attachment));
 }
 
-absl::StatusOr<std::vector<AttachRequest>> TransferManager::ResolveGroupEntries(
+absl::StatusOr<std::vector<ResolvedAttach>> TransferManager::ResolveGroupEntries(
     const PoolGroup& group, const AttachRequest& request) {
   const std::string what = absl::StrCat("pool group '", group.name(), "'");
   const std::vector<GroupEntry>& entries = group.entries();
@@ -235,7 +235,7 @@ absl::StatusOr<std::vector<AttachRequest>> TransferManager::ResolveGroupEntries(
   }
   // Each group entry's request, in the group's order, resolved like a plain
   // attachment of that entry's pool.
-  std::vector<std::optional<AttachRequest>> resolved(entries.size());
+  std::vector<std::optional<ResolvedAttach>> resolved(entries.size());
   for (size_t i = 0; i < request.entries.size(); ++i) {
     const AttachEntry& given = request.entries[i];
     size_t e = 0;
@@ -250,15 +250,12 @@ absl::StatusOr<std::vector<AttachRequest>> TransferManager::ResolveGroupEntries(
     }
     const GroupEntry& entry = entries[e];
     AttachRequest one = given.request;
-    one.entries.clear();
-    one.tp_rank = request.tp_rank;
-    one.load_only = request.load_only;
     // The events a load records are the group mapping's; the entries' own
     // go unused, so take the fewest.
     one.load_event_sets = 1;
     const std::string where =
         absl::StrCat("entries[", i, "] (entry '", entry.name, "' of ", what, "): ");
-    absl::StatusOr<AttachRequest> r = ResolveAttachRequest(*entry.pool, std::move(one));
+    absl::StatusOr<ResolvedAttach> r = ResolveAttachRequest(*entry.pool, std::move(one));
     if (!r.ok()) {
       return absl::Status(r.status().code(), absl::StrCat(where, r.status().message()));
     }
@@ -274,7 +271,7 @@ absl::StatusOr<std::vector<AttachRequest>> TransferManager::ResolveGroupEntries(
     }
     resolved[e] = *std::move(r);
   }
-  std::vector<AttachRequest> out;
+  std::vector<ResolvedAttach> out;
   for (size_t e = 0; e < entries.size(); ++e) {
     if (!resolved[e].has_value()) {
       return absl::InvalidArgumentError(
@@ -308,7 +305,7 @@ absl::Status TransferManager::AcquireGroup(PoolGroup& group, std::optional<uint3
 }
 
 absl::Status TransferManager::OpenGroupMappings(const PoolGroup& group,
-                                                const std::vector<AttachRequest>& resolved,
+                                                const std::vector<ResolvedAttach>& resolved,
                                                 uint32_t load_event_sets, Attachment* attachment) {
   const std::string what = absl::StrCat("pool group '", group.name(), "'");
   const std::vector<GroupEntry>& entries = group.entries();

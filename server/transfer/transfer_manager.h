@@ -196,16 +196,17 @@ class TransferManager {
   // group's order), their pools and the group held, the mappings opened.
   absl::StatusOr<AttachmentInfo> AttachGroup(const std::shared_ptr<PoolGroup>& group,
                                              const AttachRequest& request);
-  static absl::StatusOr<std::vector<AttachRequest>> ResolveGroupEntries(
+  static absl::StatusOr<std::vector<ResolvedAttach>> ResolveGroupEntries(
       const PoolGroup& group, const AttachRequest& request);
   // Holds every entry's pool and the group; on failure holds nothing.
   static absl::Status AcquireGroup(PoolGroup& group, std::optional<uint32_t> tp_rank);
-  absl::Status OpenGroupMappings(const PoolGroup& group, const std::vector<AttachRequest>& resolved,
+  absl::Status OpenGroupMappings(const PoolGroup& group,
+                                 const std::vector<ResolvedAttach>& resolved,
                                  uint32_t load_event_sets, Attachment* attachment);
   // The engine's mapping of `resolved` on `pool`, or an empty one for a pool
   // without components.
   absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenMapping(const Pool& pool,
-                                                             const AttachRequest& resolved);
+                                                             const ResolvedAttach& resolved);
   // Gives the attachment its id and owner and records it (in its session).
   absl::StatusOr<AttachmentInfo> Register(Attachment attachment);
   // The attachment `id` if `caller` may use it, else null.
