@@ -111,7 +111,6 @@ uint64_t DeviceRowBytes(const v1::PoolSpec& spec) {
   return uint64_t{spec.head_num()} * spec.head_dim() * b;
 }
 
-
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.address.empty()) return absl::InvalidArgumentError("client address is empty");
   grpc::ChannelArguments args;
@@ -296,7 +295,7 @@ absl::StatusOr<std::vector<std::string>> Client::ReadPages(const std::string& po
   std::unique_ptr<grpc::ClientReader<v1::PageData>> reader = pools_->ReadPages(&context, request);
   std::vector<std::string> pages;
   pages.reserve(indices.size());
-  absl::Status order;      // the first chunk that breaks the protocol
+  absl::Status order;       // the first chunk that breaks the protocol
   uint64_t page_bytes = 0;  // of pages.back()
   v1::PageData chunk;
   while (reader->Read(&chunk)) {
@@ -315,8 +314,8 @@ absl::StatusOr<std::vector<std::string>> Client::ReadPages(const std::string& po
       continue;
     }
     if (chunk.data().size() > page_bytes - pages.back().size()) {
-      order = absl::InternalError(absl::StrCat("ReadPages: page ", chunk.index(), " overruns its ",
-                                               page_bytes, " bytes"));
+      order = absl::InternalError(
+          absl::StrCat("ReadPages: page ", chunk.index(), " overruns its ", page_bytes, " bytes"));
       continue;
     }
     pages.back().append(chunk.data());
@@ -324,10 +323,10 @@ absl::StatusOr<std::vector<std::string>> Client::ReadPages(const std::string& po
   if (absl::Status s = FromGrpc(reader->Finish()); !s.ok()) return s;
   if (!order.ok()) return order;
   if (pages.size() != indices.size() || (!pages.empty() && pages.back().size() != page_bytes)) {
-    return absl::InternalError(
-        absl::StrCat("ReadPages: the stream ended after ", pages.size(), " of ", indices.size(),
-                     " pages (the last one ", pages.empty() ? 0 : pages.back().size(), " of ",
-                     page_bytes, " bytes)"));
+    return absl::InternalError(absl::StrCat("ReadPages: the stream ended after ", pages.size(),
+                                            " of ", indices.size(), " pages (the last one ",
+                                            pages.empty() ? 0 : pages.back().size(), " of ",
+                                            page_bytes, " bytes)"));
   }
   return pages;
 }
@@ -337,8 +336,8 @@ absl::StatusOr<uint64_t> Client::WritePages(const std::string& pool,
                                             absl::Span<const std::string> pages,
                                             uint32_t chunk_bytes) {
   if (indices.size() != pages.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("WritePages: ", indices.size(),
-                                                   " indices but ", pages.size(), " pages"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("WritePages: ", indices.size(), " indices but ", pages.size(), " pages"));
   }
   const size_t chunk = chunk_bytes == 0 ? kDefaultPageChunkBytes : chunk_bytes;
   grpc::ClientContext context;
@@ -581,8 +580,8 @@ absl::StatusOr<std::unique_ptr<ShmDevicePool>> ShmDevicePool::Create(const v1::P
                                                                      uint32_t end_layer) {
   const v1::PoolSpec& spec = pool.spec();
   if (spec.layer_num() == 0 && spec.kind() != v1::LOGICAL) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pool '", pool.name(), "' has no layers; pass the Pool the daemon returned"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool '", pool.name(), "' has no layers; pass the Pool the daemon returned"));
   }
   if (device_size_tokens == 0) return absl::InvalidArgumentError("device_size_tokens must be >= 1");
   std::unique_ptr<ShmDevicePool> dev(new ShmDevicePool());
@@ -597,8 +596,8 @@ absl::StatusOr<std::unique_ptr<ShmDevicePool>> ShmDevicePool::Create(const v1::P
     dev->end_layer_ = spec.start_layer() + spec.layer_num();
   }
   if (dev->end_layer_ <= dev->start_layer_ && spec.kind() != v1::LOGICAL) {
-    return absl::InvalidArgumentError(absl::StrCat("device layers [", dev->start_layer_, ", ",
-                                                   dev->end_layer_, ") are empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device layers [", dev->start_layer_, ", ", dev->end_layer_, ") are empty"));
   }
   std::vector<Buffer>& buffers = dev->buffers_;
   for (const v1::PoolComponent& c : pool.components()) {
@@ -607,9 +606,9 @@ absl::StatusOr<std::unique_ptr<ShmDevicePool>> ShmDevicePool::Create(const v1::P
     b.row_bytes = c.row_bytes();
     b.row_tokens = std::max<uint64_t>(1, c.row_tokens());
     if (device_size_tokens % b.row_tokens != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device_size_tokens ", device_size_tokens, " is not a multiple of component '", b.name,
-          "''s ", b.row_tokens, " slots per row"));
+      return absl::InvalidArgumentError(absl::StrCat("device_size_tokens ", device_size_tokens,
+                                                     " is not a multiple of component '", b.name,
+                                                     "''s ", b.row_tokens, " slots per row"));
     }
     b.rows = device_size_tokens / b.row_tokens;
     buffers.push_back(std::move(b));
@@ -619,8 +618,8 @@ absl::StatusOr<std::unique_ptr<ShmDevicePool>> ShmDevicePool::Create(const v1::P
     const uint64_t row_bytes = DeviceRowBytes(spec);
     for (const char* name : {"k", "v"}) {
       if (spec.kind() == v1::MLA && buffers.size() == 1) break;
-      buffers.push_back(Buffer{spec.kind() == v1::MLA ? "latent" : name, device_size_tokens,
-                               row_bytes, 1, 0});
+      buffers.push_back(
+          Buffer{spec.kind() == v1::MLA ? "latent" : name, device_size_tokens, row_bytes, 1, 0});
     }
   }
   const uint64_t layers = dev->layers();

@@ -131,15 +131,15 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(const std::string&
   request.set_device_size_tokens(device_size_tokens);
   BufferExporter exporter;
   for (size_t i = 0; i < k_layers.size(); ++i) {
-    if (absl::Status s = exporter.Add(k_layers[i], absl::StrCat("k_layers[", i, "]"),
-                                      request.add_k_layers());
+    if (absl::Status s =
+            exporter.Add(k_layers[i], absl::StrCat("k_layers[", i, "]"), request.add_k_layers());
         !s.ok()) {
       return s;
     }
   }
   for (size_t i = 0; i < v_layers.size(); ++i) {
-    if (absl::Status s = exporter.Add(v_layers[i], absl::StrCat("v_layers[", i, "]"),
-                                      request.add_v_layers());
+    if (absl::Status s =
+            exporter.Add(v_layers[i], absl::StrCat("v_layers[", i, "]"), request.add_v_layers());
         !s.ok()) {
       return s;
     }

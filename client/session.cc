@@ -35,11 +35,10 @@ std::string ShortAttachmentId(const std::string& id) {
 std::string SessionLoss::Describe() const {
   std::vector<std::string> shown;
   for (const std::string& id : attachments) shown.push_back(ShortAttachmentId(id));
-  std::string out = daemon_restarted
-                        ? absl::StrCat("kvhostd restarted (instance ", old_instance, " -> ",
-                                       new_instance, ")")
-                        : absl::StrCat("the session with kvhostd (instance ", new_instance,
-                                       ") broke and was reopened");
+  std::string out = daemon_restarted ? absl::StrCat("kvhostd restarted (instance ", old_instance,
+                                                    " -> ", new_instance, ")")
+                                     : absl::StrCat("the session with kvhostd (instance ",
+                                                    new_instance, ") broke and was reopened");
   absl::StrAppend(&out, "; ", attachments.size(), " attachment(s) lost",
                   shown.empty() ? "" : absl::StrCat(" (", absl::StrJoin(shown, ", "), ")"),
                   ", attach again");
@@ -73,9 +72,9 @@ class Client::SessionKeeper {
     auto open = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return state_.open; };
     if (mu_.AwaitWithDeadline(absl::Condition(&open), deadline)) return absl::OkStatus();
     if (last_error_.ok()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no worker session with kvhostd at ", client_->options_.address,
-                       " within ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat("no worker session with kvhostd at ",
+                                                      client_->options_.address, " within ",
+                                                      absl::FormatDuration(timeout)));
     }
     return absl::Status(last_error_.code(),
                         absl::StrCat("cannot open a worker session with kvhostd at ",
@@ -285,9 +284,7 @@ absl::StatusOr<v1::Attachment> Client::AttachDevice(const v1::AttachDeviceReques
   }
 }
 
-void Client::ForgetAttachment(const std::string& attachment_id) {
-  session_->Forget(attachment_id);
-}
+void Client::ForgetAttachment(const std::string& attachment_id) { session_->Forget(attachment_id); }
 
 std::vector<std::string> Client::SessionIds() const { return session_->Ids(); }
 

@@ -153,11 +153,11 @@ void Run(const uint8_t* data, size_t size) {
         const std::vector<uint64_t> before = pages;
         const absl::Status s = a.Alloc(tokens, &pages);
         if (tokens == 0 || tokens % m.page_size != 0) {
-          FUZZ_CHECK(IsErrorOf(s, {absl::StatusCode::kInvalidArgument}), tokens, " tokens: ",
-                     s.ToString());
+          FUZZ_CHECK(IsErrorOf(s, {absl::StatusCode::kInvalidArgument}), tokens,
+                     " tokens: ", s.ToString());
         } else if (tokens / m.page_size > m.free.size()) {
-          FUZZ_CHECK(IsErrorOf(s, {absl::StatusCode::kResourceExhausted}), tokens, " tokens: ",
-                     s.ToString());
+          FUZZ_CHECK(IsErrorOf(s, {absl::StatusCode::kResourceExhausted}), tokens,
+                     " tokens: ", s.ToString());
         } else {
           FUZZ_CHECK(s.ok(), tokens, " tokens: ", s.ToString());
           std::vector<uint64_t> want = before;
@@ -212,8 +212,8 @@ void Run(const uint8_t* data, size_t size) {
           all = all && m.allocated[slot / m.page_size];
         }
         const absl::Status s = a.CheckAllocated(slots);
-        FUZZ_CHECK(s.ok() == all, "CheckAllocated([", absl::StrJoin(slots, ","), "]) = ",
-                   s.ToString());
+        FUZZ_CHECK(s.ok() == all, "CheckAllocated([", absl::StrJoin(slots, ","),
+                   "]) = ", s.ToString());
         break;
       }
       default:  // Clear

@@ -29,8 +29,8 @@ inline bool IsErrorOf(const absl::Status& s, std::initializer_list<absl::StatusC
 
 }  // namespace kvhost::fuzz
 
-#define FUZZ_CHECK(cond, ...)                                                            \
-  do {                                                                                   \
+#define FUZZ_CHECK(cond, ...)                                                                      \
+  do {                                                                                             \
     if (!(cond)) ::kvhost::fuzz::Fail(__FILE__, __LINE__, absl::StrCat(#cond, ": ", __VA_ARGS__)); \
   } while (0)
 

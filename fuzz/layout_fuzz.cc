@@ -101,7 +101,8 @@ PoolSpec DrawSpec(FuzzedDataProvider& in) {
       const uint32_t dims = Small(in, 1, 2);
       for (uint32_t d = 0; d < dims; ++d) s.mamba.temporal.push_back(Small(in, 1, 3));
       const uint32_t convs = Small(in, 1, 3);
-      for (uint32_t j = 0; j < convs; ++j) s.mamba.conv.push_back({Small(in, 1, 3), Small(in, 1, 2)});
+      for (uint32_t j = 0; j < convs; ++j)
+        s.mamba.conv.push_back({Small(in, 1, 3), Small(in, 1, 2)});
       break;
     }
     case PoolKind::kV4Paged:
@@ -130,8 +131,7 @@ uint64_t RowMajor(const std::vector<uint64_t>& shape, const std::vector<uint64_t
 
 // The seeds' shape of one plane for the layout, and the index of
 // (row, layer, head, byte) in it.
-uint64_t SeedOffset(const KvLayout& l, uint64_t row, uint64_t layer, uint64_t head,
-                    uint64_t byte) {
+uint64_t SeedOffset(const KvLayout& l, uint64_t row, uint64_t layer, uint64_t head, uint64_t byte) {
   const uint64_t P = l.tokens / l.page_size, ps = l.page_size;
   const uint64_t p = row / ps, o = row % ps;
   switch (l.kind) {
@@ -150,8 +150,8 @@ uint64_t SeedOffset(const KvLayout& l, uint64_t row, uint64_t layer, uint64_t he
 // owner[r][b]: the page whose slot byte b of region r holds.
 using Owners = std::vector<std::vector<int64_t>>;
 
-Owners CheckComponents(const PoolSpec& spec, uint64_t tokens,
-                       const std::vector<Component>& comps, const std::vector<uint64_t>& sizes) {
+Owners CheckComponents(const PoolSpec& spec, uint64_t tokens, const std::vector<Component>& comps,
+                       const std::vector<uint64_t>& sizes) {
   const std::string what = DescribeSpec(spec);
   Owners owner(sizes.size());
   for (size_t r = 0; r < sizes.size(); ++r) owner[r].assign(sizes[r], kNoPage);
@@ -168,10 +168,10 @@ Owners CheckComponents(const PoolSpec& spec, uint64_t tokens,
           for (uint64_t b = 0; b < l.head_bytes; ++b) {
             const uint64_t off = c.region_offset + at + b;
             FUZZ_CHECK(off < sizes[c.region], what, " ", c.name, " row ", row, " layer ", layer,
-                       " head ", h, " byte ", b, " at ", off, " past region ", c.region,
-                       " of ", sizes[c.region]);
-            FUZZ_CHECK(owner[c.region][off] == kNoPage, what, " ", c.name, " row ", row,
-                       " layer ", layer, " head ", h, " byte ", b, " reuses byte ", off);
+                       " head ", h, " byte ", b, " at ", off, " past region ", c.region, " of ",
+                       sizes[c.region]);
+            FUZZ_CHECK(owner[c.region][off] == kNoPage, what, " ", c.name, " row ", row, " layer ",
+                       layer, " head ", h, " byte ", b, " reuses byte ", off);
             owner[c.region][off] = page;
           }
         }
@@ -191,9 +191,9 @@ Owners CheckComponents(const PoolSpec& spec, uint64_t tokens,
       for (uint64_t t = 0; t < tokens; ++t) {
         for (uint64_t layer = 0; layer < kv.layers; ++layer) {
           for (uint64_t h = 0; h < kv.heads; ++h) {
-            FUZZ_CHECK(kv.Offset(p, t, layer, h) ==
-                           c.region_offset + c.layout.Offset(0, t, layer, h),
-                       what, " plane ", p, " token ", t, " layer ", layer, " head ", h);
+            FUZZ_CHECK(
+                kv.Offset(p, t, layer, h) == c.region_offset + c.layout.Offset(0, t, layer, h),
+                what, " plane ", p, " token ", t, " layer ", layer, " head ", h);
           }
         }
       }
@@ -234,20 +234,19 @@ void CheckPool(const PoolSpec& spec, uint64_t tokens, const Owners& owner, Fuzze
     for (size_t r = 0; r < owner.size(); ++r) seen[r].assign(owner[r].size(), false);
     uint64_t covered = 0;
     for (const RegionRange& s : *meta) {
-      FUZZ_CHECK(s.region < owner.size() && s.length > 0 &&
-                     s.offset + s.length <= owner[s.region].size(),
-                 what, " page ", page, ": range region ", s.region, " [", s.offset, ", +",
-                 s.length, ")");
+      FUZZ_CHECK(
+          s.region < owner.size() && s.length > 0 && s.offset + s.length <= owner[s.region].size(),
+          what, " page ", page, ": range region ", s.region, " [", s.offset, ", +", s.length, ")");
       for (uint64_t b = s.offset; b < s.offset + s.length; ++b) {
         FUZZ_CHECK(owner[s.region][b] == static_cast<int64_t>(page) && !seen[s.region][b], what,
-                   " page ", page, ": range byte ", b, " of region ", s.region,
-                   " belongs to page ", owner[s.region][b], seen[s.region][b] ? " (twice)" : "");
+                   " page ", page, ": range byte ", b, " of region ", s.region, " belongs to page ",
+                   owner[s.region][b], seen[s.region][b] ? " (twice)" : "");
         seen[s.region][b] = true;
       }
       covered += s.length;
     }
-    FUZZ_CHECK(covered == pool.bytes_per_page(), what, " page ", page, ": ranges cover ",
-               covered, " bytes of ", pool.bytes_per_page());
+    FUZZ_CHECK(covered == pool.bytes_per_page(), what, " page ", page, ": ranges cover ", covered,
+               " bytes of ", pool.bytes_per_page());
     each.insert(each.end(), meta->begin(), meta->end());
   }
   if (!no_meta && pages > 1) {

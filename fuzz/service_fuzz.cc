@@ -138,8 +138,8 @@ Snapshot Take(const PoolRegistry& registry, bool content) {
     }
     FUZZ_CHECK(probed < page_num ? s.free_pages + allocated <= page_num
                                  : s.free_pages + allocated == page_num,
-               pool->Label(), ": free ", s.free_pages, " + allocated ", allocated, " vs ",
-               page_num, " pages");
+               pool->Label(), ": free ", s.free_pages, " + allocated ", allocated, " vs ", page_num,
+               " pages");
     s.followers = pool->followers();
     s.group = pool->group();
     s.attachments = pool->attachments();
@@ -324,21 +324,20 @@ class Harness {
         if (!Parse(bytes, &req)) return;
         v1::SetPageResponse resp;
         status = stub_->SetFromFlatDataPage(ctx.get(), req, &resp);
-        call = absl::StrCat("SetFromFlatDataPage pool '", req.pool(), "' index ", req.index(),
-                            " ", req.data().size(), " bytes");
+        call = absl::StrCat("SetFromFlatDataPage pool '", req.pool(), "' index ", req.index(), " ",
+                            req.data().size(), " bytes");
         break;
       }
       case kReadPages: {
         v1::ReadPagesRequest req;
         if (!Parse(bytes, &req)) return;
-        std::unique_ptr<grpc::ClientReader<v1::PageData>> reader =
-            stub_->ReadPages(ctx.get(), req);
+        std::unique_ptr<grpc::ClientReader<v1::PageData>> reader = stub_->ReadPages(ctx.get(), req);
         v1::PageData msg;
         uint64_t messages = 0;
         while (reader->Read(&msg)) ++messages;
         status = reader->Finish();
-        call = absl::StrCat("ReadPages pool '", req.pool(), "' ", req.indices_size(),
-                            " pages, ", messages, " messages");
+        call = absl::StrCat("ReadPages pool '", req.pool(), "' ", req.indices_size(), " pages, ",
+                            messages, " messages");
         break;
       }
       case kWritePages: {
@@ -441,8 +440,8 @@ class Harness {
       FUZZ_CHECK(after == before, call, " failed ('", status.error_message(),
                  "') but changed the registry:", Diff(before, after));
     } else if (!Mutates(rpc)) {
-      FUZZ_CHECK(after == before, call, " only reads but changed the registry:",
-                 Diff(before, after));
+      FUZZ_CHECK(after == before, call,
+                 " only reads but changed the registry:", Diff(before, after));
     }
   }
 
@@ -481,8 +480,8 @@ class Harness {
     for (int64_t slot : req.indices()) {
       const uint64_t page = static_cast<uint64_t>(slot) / p.page_size();
       pages.insert(page);
-      FUZZ_CHECK(page >= was.allocated.size() || was.allocated[page], "Free accepted page ",
-                 page, " of ", p.Label(), " which was not allocated");
+      FUZZ_CHECK(page >= was.allocated.size() || was.allocated[page], "Free accepted page ", page,
+                 " of ", p.Label(), " which was not allocated");
       const int64_t one[1] = {slot};
       FUZZ_CHECK(!p.allocator().CheckAllocated(one).ok(), "Free left slot ", slot, " allocated");
     }
@@ -531,8 +530,7 @@ class Harness {
       if (n != "." && n != "..") left.push_back(n);
     }
     closedir(d);
-    FUZZ_CHECK(left.empty(), "files left in ", dir_, " with no pools: ",
-               absl::StrJoin(left, ", "));
+    FUZZ_CHECK(left.empty(), "files left in ", dir_, " with no pools: ", absl::StrJoin(left, ", "));
   }
 
   std::string dir_;

@@ -141,8 +141,8 @@ void CheckAccepted(const PoolSpec& spec, uint64_t tokens) {
     const u128 bytes = u128{l.layers} * l.tokens * row;
     FUZZ_CHECK(bytes == c.bytes(), what, " component ", c.name, " has ", c.bytes(),
                " bytes, its dimensions give ", U128(bytes));
-    FUZZ_CHECK(c.region_offset == region_end[c.region], what, " component ", c.name,
-               " at offset ", c.region_offset, " of region ", c.region, " which ends at ",
+    FUZZ_CHECK(c.region_offset == region_end[c.region], what, " component ", c.name, " at offset ",
+               c.region_offset, " of region ", c.region, " which ends at ",
                U128(region_end[c.region]));
     region_end[c.region] += bytes;
     FUZZ_CHECK(region_end[c.region] <= UINT64_MAX, what, " region ", c.region, " overflows");
@@ -162,9 +162,9 @@ void CheckAccepted(const PoolSpec& spec, uint64_t tokens) {
                what, " planes ", kv.planes);
     FUZZ_CHECK(kv.token_bytes == RowBytes(spec), what);
     for (uint64_t p = 0; p < kv.planes; ++p) {
-      FUZZ_CHECK(comps[p].region_offset == p * kv.plane_bytes &&
-                     comps[p].row_bytes() == kv.token_bytes,
-                 what, " plane ", p);
+      FUZZ_CHECK(
+          comps[p].region_offset == p * kv.plane_bytes && comps[p].row_bytes() == kv.token_bytes,
+          what, " plane ", p);
     }
     FUZZ_CHECK(kv.total_bytes() == pool_bytes, what, " layout bytes ", kv.total_bytes());
   } else {

@@ -87,9 +87,8 @@ void NaiveCopy(const Case& c, bool backup, Buffers* b) {
         for (const JobLayer& jl : c.layers) {
           if (jl.host_layer < 0) continue;
           for (uint64_t h = 0; h < layout.heads; ++h) {
-            uint8_t* host =
-                b->regions[comp.region].data() + comp.region_offset +
-                layout.Offset(0, run.host + t, static_cast<uint64_t>(jl.host_layer), h);
+            uint8_t* host = b->regions[comp.region].data() + comp.region_offset +
+                            layout.Offset(0, run.host + t, static_cast<uint64_t>(jl.host_layer), h);
             uint8_t* dev = b->device[ci * c.device_layers + jl.device_layer].data() +
                            (run.device + t) * comp.row_bytes() + h * layout.head_bytes;
             if (backup) {
@@ -319,8 +318,8 @@ void ExpectCopyEngineMatchesNaive(const Case& c) {
     for (const JobLayer& jl : c.layers) {
       if (jl.host_layer < 0) continue;
       std::vector<CopyEnginePiece> pieces;
-      PlanCopyEngineLayer(c.components, c.runs, c.page_runs,
-                          static_cast<uint64_t>(jl.host_layer), split, &pieces);
+      PlanCopyEngineLayer(c.components, c.runs, c.page_runs, static_cast<uint64_t>(jl.host_layer),
+                          split, &pieces);
       for (const CopyEnginePiece& p : pieces) {
         ASSERT_LT(p.component, c.components.size());
         EXPECT_EQ(p.region, c.components[p.component].region);
@@ -364,7 +363,8 @@ std::vector<JobLayer> ShardLayers(uint32_t pool_start, uint32_t layers, uint32_t
   for (uint32_t d = att_start; d < att_end; ++d) {
     JobLayer jl;
     jl.device_layer = d - att_start;
-    if (d >= pool_start && d < pool_start + layers) jl.host_layer = static_cast<int32_t>(d - pool_start);
+    if (d >= pool_start && d < pool_start + layers)
+      jl.host_layer = static_cast<int32_t>(d - pool_start);
     out.push_back(jl);
   }
   return out;
@@ -461,8 +461,8 @@ Case PlaneCase(const Shape& s, std::vector<JobLayer> layers, uint32_t device_lay
   const KvLayout layout = LayoutOf(s);
   std::mt19937_64 rng(5);
   Case c;
-  c.name = absl::StrCat("planes ", s.planes, " layout ", static_cast<int>(s.kind), " ps ",
-                        s.page_size);
+  c.name =
+      absl::StrCat("planes ", s.planes, " layout ", static_cast<int>(s.kind), " ps ", s.page_size);
   c.components = PlaneComponents(layout);
   c.runs = SomeRuns(layout.tokens, layout.page_size, rng);
   c.layers = std::move(layers);
@@ -686,9 +686,9 @@ TEST_P(KindCopyPlanTest, GroupsCoverEveryComponentOnce) {
 
 std::vector<KindCase> KindCases() {
   std::vector<KindCase> out;
-  for (PoolKind kind : {PoolKind::kMhaAsymmetric, PoolKind::kKOnly, PoolKind::kDsa,
-                        PoolKind::kDsaIndexer, PoolKind::kMamba, PoolKind::kV4Paged,
-                        PoolKind::kV4State}) {
+  for (PoolKind kind :
+       {PoolKind::kMhaAsymmetric, PoolKind::kKOnly, PoolKind::kDsa, PoolKind::kDsaIndexer,
+        PoolKind::kMamba, PoolKind::kV4Paged, PoolKind::kV4State}) {
     for (LayoutKind layout : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
                               LayoutKind::kPageFirstDirect, LayoutKind::kPageHead}) {
       if (ValidateSpec(SpecOf(kind, layout)).ok()) out.push_back(KindCase{kind, layout});

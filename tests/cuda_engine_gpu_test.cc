@@ -1354,8 +1354,7 @@ TEST_F(CudaTest, LoadEventSetsCycleAndAFullRingIsRefused) {
     if (!second.ok()) {
       refused = true;
       EXPECT_ERROR(second, kResourceExhausted, att->id().substr(0, att->id().rfind('-') + 5),
-                   "all 1 load event sets",
-                   "load_event_sets");
+                   "all 1 load event sets", "load_event_sets");
     }
     ExpectDone(first->ticket_id, *pool, tokens);
     if (second.ok()) ExpectDone(second->ticket_id, *pool, tokens);
@@ -1496,8 +1495,8 @@ std::vector<KindGpuCase> KindGpuCases() {
 
 // Offset of row `row` (a token, or a page for page rows) of host layer `l`
 // in a component of `rows` rows: the seeds' shapes with one row per entry.
-uint64_t RowOffset(v1::Layout layout, uint64_t L, uint64_t rows, uint64_t rows_per_page,
-                   uint64_t R, uint64_t row, uint64_t l) {
+uint64_t RowOffset(v1::Layout layout, uint64_t L, uint64_t rows, uint64_t rows_per_page, uint64_t R,
+                   uint64_t row, uint64_t l) {
   if (layout == v1::PAGE_HEAD) {
     ADD_FAILURE() << "layout " << v1::Layout_Name(layout) << " not covered here";
     return 0;
@@ -1601,7 +1600,8 @@ TEST_P(CudaKindRoundTripTest, BackupThenLoadIsByteExact) {
   absl::StatusOr<std::vector<int64_t>> all = client().Alloc(owner, pool_pages * ps);
   ASSERT_TRUE(all.ok()) << all.status();
   std::vector<uint64_t> pages;
-  for (size_t i = 0; i < all->size(); i += ps) pages.push_back(static_cast<uint64_t>((*all)[i]) / ps);
+  for (size_t i = 0; i < all->size(); i += ps)
+    pages.push_back(static_cast<uint64_t>((*all)[i]) / ps);
   std::shuffle(pages.begin(), pages.end(), rng);
   const std::vector<uint64_t> given_back(pages.end() - freed_pages, pages.end());
   pages.resize(pages.size() - freed_pages);
@@ -1698,9 +1698,8 @@ TEST_P(CudaKindRoundTripTest, BackupThenLoadIsByteExact) {
         const uint64_t l = att_start + a - pool_start;
         for (uint64_t i = 0; i < n_pages; ++i) {
           for (const RowPair& r : rows_of(comp, pages[i], src_pages[i])) {
-            const uint64_t off =
-                comp.offset() + RowOffset(pool->spec().layout(), L, rows_total, rows_per_page, R,
-                                          r.host, l);
+            const uint64_t off = comp.offset() + RowOffset(pool->spec().layout(), L, rows_total,
+                                                           rows_per_page, R, r.host, l);
             ASSERT_LE(off + R, region.size());
             if (std::memcmp(region.data() + off, dev.image_row(c * att_layers + a, r.device), R) !=
                     0 &&

@@ -49,8 +49,8 @@ uint64_t CIndex(const Dims& shape, const Dims& idx) {
 // One seed host tensor.
 struct SeedTensor {
   std::string name;
-  std::string suffix;      // region file suffix the tensor lives in
-  uint64_t file_offset;    // byte offset in that file
+  std::string suffix;    // region file suffix the tensor lives in
+  uint64_t file_offset;  // byte offset in that file
   Dims shape;
   uint64_t itemsize;
   // Seed index of the first element of row `row` in layer `layer`.
@@ -65,7 +65,9 @@ std::vector<SeedTensor> SeedTensors(const PoolSpec& s, uint64_t S) {
   const uint64_t ps = s.page_size, L = s.layer_num, P = S / ps, b = DTypeSize(s.dtype);
   const LayoutKind lay = s.layout;
   auto token_slice = [](size_t dim, uint64_t ps) {  // slots [t0, t0 + ps) on `dim`
-    return [dim, ps](const Dims& i, uint64_t, uint64_t t0) { return i[dim] >= t0 && i[dim] < t0 + ps; };
+    return [dim, ps](const Dims& i, uint64_t, uint64_t t0) {
+      return i[dim] >= t0 && i[dim] < t0 + ps;
+    };
   };
   auto page_slice = [](size_t dim) {  // page p on `dim`
     return [dim](const Dims& i, uint64_t p, uint64_t) { return i[dim] == p; };
@@ -117,15 +119,15 @@ std::vector<SeedTensor> SeedTensors(const PoolSpec& s, uint64_t S) {
     return t;
   };
   const uint64_t C = s.kv_cache_dim ? s.kv_cache_dim : s.kv_lora_rank + s.qk_rope_head_dim;
-  const uint64_t IS = s.index_head_dim + (s.index_quant_block_size
-                                              ? s.index_head_dim / s.index_quant_block_size * 4
-                                              : 0);
+  const uint64_t IS =
+      s.index_head_dim +
+      (s.index_quant_block_size ? s.index_head_dim / s.index_quant_block_size * 4 : 0);
   std::vector<SeedTensor> out;
   switch (s.kind) {
     case PoolKind::kMha:
       out.push_back(heads_tensor("k", ".kv", 0, s.head_num, s.head_dim));
-      out.push_back(heads_tensor("v", ".kv", L * S * s.head_num * s.head_dim * b, s.head_num,
-                                 s.head_dim));
+      out.push_back(
+          heads_tensor("v", ".kv", L * S * s.head_num * s.head_dim * b, s.head_num, s.head_dim));
       break;
     case PoolKind::kKOnly:
       out.push_back(heads_tensor("k", ".kv", 0, s.head_num, s.head_dim));
@@ -218,7 +220,8 @@ std::vector<Ptr> SeedMeta(const PoolSpec& s, uint64_t S, uint64_t t0) {
     }
     case PoolKind::kMla:
       if (lf) {
-        for (uint64_t l = 0; l < L; ++l) out.push_back({".kv", t0 * C * b + l * S * C * b, ps * C * b});
+        for (uint64_t l = 0; l < L; ++l)
+          out.push_back({".kv", t0 * C * b + l * S * C * b, ps * C * b});
       } else {
         out.push_back({".kv", t0 * L * C * b, L * ps * C * b});
       }
@@ -502,7 +505,9 @@ TEST_P(HostLayoutTest, FlatPageIsTheSeedsFlattenedSlice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryKind, HostLayoutTest, ::testing::ValuesIn(AllCases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
 
 TEST(HostLayoutCasesTest, CoverEveryKindAndLayout) {
   // Allowed layouts per kind, from the seeds (plan §2): 4 MHA, 3 MLA (x2

@@ -99,12 +99,12 @@ std::vector<Part> ExpectedParts(const v1::PoolSpec& spec, uint64_t S, uint64_t p
           : spec.index_head_dim() + spec.index_head_dim() / spec.index_quant_block_size() * 4;
   auto token = [&](std::string name, std::string suffix, uint32_t region, uint64_t offset,
                    uint64_t heads, uint64_t head_bytes) {
-    return Part{std::move(name), std::move(suffix), region, offset, false, heads, head_bytes,
-                spec.layout(),   L,                 S,      ps};
+    return Part{std::move(name), std::move(suffix), region, offset, false, heads,
+                head_bytes,      spec.layout(),     L,      S,      ps};
   };
   auto page = [&](std::string name, std::string suffix, uint32_t region, uint64_t row) {
-    return Part{std::move(name), std::move(suffix), region, 0, true, 1, row, spec.layout(), L, S,
-                ps};
+    return Part{
+        std::move(name), std::move(suffix), region, 0, true, 1, row, spec.layout(), L, S, ps};
   };
   const uint64_t H = spec.head_num(), D = spec.head_dim();
   switch (spec.kind()) {
@@ -118,7 +118,8 @@ std::vector<Part> ExpectedParts(const v1::PoolSpec& spec, uint64_t S, uint64_t p
       return {token("k", ".kv", 0, 0, H, D * b)};
     case v1::DSA: {
       const uint64_t ikr = spec.index_row_bytes() != 0 ? spec.index_row_bytes() : index_bytes;
-      return {token("latent", ".kv", 0, 0, 1, latent * b), page("index_k", ".index_k", 1, ps * ikr)};
+      return {token("latent", ".kv", 0, 0, 1, latent * b),
+              page("index_k", ".index_k", 1, ps * ikr)};
     }
     case v1::DSA_INDEXER:
       return {page("index_k", "", 0, ps * index_bytes)};
@@ -126,8 +127,8 @@ std::vector<Part> ExpectedParts(const v1::PoolSpec& spec, uint64_t S, uint64_t p
       const v1::DType td = spec.mamba().temporal_dtype() == v1::DTYPE_UNSPECIFIED
                                ? spec.dtype()
                                : spec.mamba().temporal_dtype();
-      std::vector<Part> parts = {
-          token("temporal", ".temporal", 0, 0, 1, Prod(spec.mamba().temporal()) * testing::ElemBytes(td))};
+      std::vector<Part> parts = {token("temporal", ".temporal", 0, 0, 1,
+                                       Prod(spec.mamba().temporal()) * testing::ElemBytes(td))};
       for (int j = 0; j < spec.mamba().conv_size(); ++j) {
         parts.push_back(token(absl::StrCat("conv", j), absl::StrCat(".conv", j),
                               static_cast<uint32_t>(j + 1), 0, 1, Prod(spec.mamba().conv(j)) * b));
@@ -169,9 +170,9 @@ std::string ExpectedFlatPage(const std::vector<Part>& parts,
 
 struct KindCase {
   std::string name;
-  v1::PoolSpec spec;                  // follows "anchor" when anchor is set
+  v1::PoolSpec spec;                   // follows "anchor" when anchor is set
   std::optional<v1::PoolSpec> anchor;  // the pool it follows
-  uint64_t S = 0, ps = 0;             // slots and page size the pool gets
+  uint64_t S = 0, ps = 0;              // slots and page size the pool gets
 };
 
 v1::PoolSpec Base(v1::PoolKind kind, v1::Layout layout, uint32_t ps, uint32_t layers,
@@ -237,7 +238,8 @@ std::vector<KindCase> AllCases() {
   for (v1::Layout l : {v1::LAYER_FIRST, v1::PAGE_FIRST, v1::PAGE_FIRST_DIRECT, v1::PAGE_HEAD}) {
     cases.push_back({"MHA_" + LayoutShort(l), Mha(l), std::nullopt, 64, 4});
   }
-  for (v1::Layout l : kThree) cases.push_back({"MLA_" + LayoutShort(l), Mla(l), std::nullopt, 64, 4});
+  for (v1::Layout l : kThree)
+    cases.push_back({"MLA_" + LayoutShort(l), Mla(l), std::nullopt, 64, 4});
   {
     v1::PoolSpec s = Mla(v1::PAGE_FIRST);
     s.set_kv_cache_dim(20);
@@ -515,8 +517,7 @@ TEST_P(KindCaseTest, PageRpcsRoundTripInTheSeedByteOrder) {
 
   if (c.spec.kind() == v1::MHA_ASYMMETRIC) {  // the seed's NotImplementedError
     EXPECT_ERROR(client().GetDataPage("p", p0), kFailedPrecondition, "MHA_ASYMMETRIC");
-    EXPECT_ERROR(client().SetFromFlatDataPage("p", p0, "x"), kFailedPrecondition,
-                 "MHA_ASYMMETRIC");
+    EXPECT_ERROR(client().SetFromFlatDataPage("p", p0, "x"), kFailedPrecondition, "MHA_ASYMMETRIC");
     EXPECT_ERROR(client().ReadPages("p", {p0}), kFailedPrecondition, "MHA_ASYMMETRIC");
     EXPECT_ERROR(client().GetPageShape("p"), kFailedPrecondition, "MHA_ASYMMETRIC");
     return;
@@ -710,7 +711,7 @@ TEST_F(KindsTest, ShardedPoolMovesOnlyItsLayers) {
   const std::vector<Part> parts = ExpectedParts(spec, 64, ps);
   const std::vector<std::unique_ptr<testing::MappedFile>> files = MapRegions(*pool);
   for (size_t k = 0; k < parts.size(); ++k) {
-    for (uint64_t hl = 0; hl < 3; ++hl) {  // host layer hl = device layer hl + 2
+    for (uint64_t hl = 0; hl < 3; ++hl) {                     // host layer hl = device layer hl + 2
       const uint32_t dl = static_cast<uint32_t>(hl + 2 - 1);  // attached layer index
       for (size_t i = 0; i < host->size(); ++i) {
         ASSERT_EQ(std::memcmp(files[0]->data() + parts[k].At((*host)[i], hl),
@@ -732,7 +733,8 @@ TEST_F(KindsTest, ShardedPoolMovesOnlyItsLayers) {
     for (uint32_t l = 0; l < dev.layers(); ++l) {
       const bool held = l + 1 >= 2 && l + 1 < 5;
       for (size_t i = 0; i < dst.size(); ++i) {
-        const uint8_t* want = held ? dev.row(k, l, src[i]) : reinterpret_cast<const uint8_t*>(zero.data());
+        const uint8_t* want =
+            held ? dev.row(k, l, src[i]) : reinterpret_cast<const uint8_t*>(zero.data());
         EXPECT_EQ(std::memcmp(dev.row(k, l, dst[i]), want, dev.row_bytes(k)), 0)
             << "component " << k << " device layer " << l + 1 << (held ? " (held)" : " (not held)");
       }
@@ -897,129 +899,155 @@ std::vector<SpecError> SpecErrors() {
   asym.set_head_num(2);
   asym.set_head_dim(8);
   asym.set_v_head_dim(4);
-  errors.push_back({"asym equal dims", with(asym, [](auto& s) { s.set_v_head_dim(8); }),
+  errors.push_back({"asym equal dims",
+                    with(asym, [](auto& s) { s.set_v_head_dim(8); }),
                     {"MHA_ASYMMETRIC", "v_head_dim"}});
-  errors.push_back({"asym no v dim", with(asym, [](auto& s) { s.set_v_head_dim(0); }),
+  errors.push_back({"asym no v dim",
+                    with(asym, [](auto& s) { s.set_v_head_dim(0); }),
                     {"MHA_ASYMMETRIC", "v_head_dim"}});
   errors.push_back({"asym layer first",
                     with(asym, [](auto& s) { s.set_layout(v1::LAYER_FIRST); }),
                     {"MHA_ASYMMETRIC", "LAYER_FIRST"}});
-  errors.push_back({"asym page head", with(asym, [](auto& s) { s.set_layout(v1::PAGE_HEAD); }),
+  errors.push_back({"asym page head",
+                    with(asym, [](auto& s) { s.set_layout(v1::PAGE_HEAD); }),
                     {"MHA_ASYMMETRIC", "PAGE_HEAD"}});
-  errors.push_back({"mha asymmetric dims", with(Mha(v1::PAGE_FIRST), [](auto& s) {
-                      s.set_v_head_dim(4);
-                    }),
+  errors.push_back({"mha asymmetric dims",
+                    with(Mha(v1::PAGE_FIRST), [](auto& s) { s.set_v_head_dim(4); }),
                     {"MHA", "v_head_dim"}});
-  errors.push_back({"mha follows", with(Mha(v1::PAGE_FIRST), [](auto& s) {
-                      s.set_follows("mha_anchor");
-                    }),
-                    {"MHA", "follows"}, true});
-  errors.push_back({"mla page head", with(Mla(v1::PAGE_FIRST), [](auto& s) {
-                      s.set_layout(v1::PAGE_HEAD);
-                    }),
+  errors.push_back({"mha follows",
+                    with(Mha(v1::PAGE_FIRST), [](auto& s) { s.set_follows("mha_anchor"); }),
+                    {"MHA", "follows"},
+                    true});
+  errors.push_back({"mla page head",
+                    with(Mla(v1::PAGE_FIRST), [](auto& s) { s.set_layout(v1::PAGE_HEAD); }),
                     {"MLA", "PAGE_HEAD"}});
 
   v1::PoolSpec k_only = Base(v1::K_ONLY, v1::PAGE_FIRST, 0, 2, 0);
   k_only.set_head_num(2);
   k_only.set_head_dim(8);
   errors.push_back({"k_only without follows", k_only, {"K_ONLY", "follows"}});
-  errors.push_back({"k_only page head", with(k_only, [](auto& s) {
-                      s.set_layout(v1::PAGE_HEAD);
-                      s.set_follows("mha_anchor");
-                    }),
-                    {"K_ONLY", "PAGE_HEAD"}, true});
-  errors.push_back({"k_only follows mla", with(k_only, [](auto& s) { s.set_follows("mla_anchor"); }),
-                    {"K_ONLY", "mla_anchor"}, true, true});
+  errors.push_back({"k_only page head",
+                    with(k_only,
+                         [](auto& s) {
+                           s.set_layout(v1::PAGE_HEAD);
+                           s.set_follows("mha_anchor");
+                         }),
+                    {"K_ONLY", "PAGE_HEAD"},
+                    true});
+  errors.push_back({"k_only follows mla",
+                    with(k_only, [](auto& s) { s.set_follows("mla_anchor"); }),
+                    {"K_ONLY", "mla_anchor"},
+                    true,
+                    true});
 
   v1::PoolSpec dsa = Base(v1::DSA, v1::LAYER_FIRST, 4, 2, 64);
   dsa.set_kv_lora_rank(12);
   dsa.set_qk_rope_head_dim(4);
   dsa.set_index_head_dim(16);
   dsa.set_index_quant_block_size(8);
-  errors.push_back({"dsa page first", with(dsa, [](auto& s) { s.set_layout(v1::PAGE_FIRST); }),
+  errors.push_back({"dsa page first",
+                    with(dsa, [](auto& s) { s.set_layout(v1::PAGE_FIRST); }),
                     {"DSA", "PAGE_FIRST"}});
-  errors.push_back({"dsa block does not divide", with(dsa, [](auto& s) {
-                      s.set_index_quant_block_size(5);
-                    }),
+  errors.push_back({"dsa block does not divide",
+                    with(dsa, [](auto& s) { s.set_index_quant_block_size(5); }),
                     {"DSA", "index_head_dim"}});
-  errors.push_back({"dsa no index dims", with(dsa, [](auto& s) {
-                      s.clear_index_head_dim();
-                      s.clear_index_quant_block_size();
-                    }),
+  errors.push_back({"dsa no index dims",
+                    with(dsa,
+                         [](auto& s) {
+                           s.clear_index_head_dim();
+                           s.clear_index_quant_block_size();
+                         }),
                     {"DSA", "index_head_dim"}});
 
   v1::PoolSpec indexer = Base(v1::DSA_INDEXER, v1::PAGE_FIRST, 0, 2, 0, v1::UINT8);
   indexer.set_index_head_dim(16);
   indexer.set_index_quant_block_size(8);
   errors.push_back({"indexer without follows", indexer, {"DSA_INDEXER", "follows"}});
-  errors.push_back({"indexer page head", with(indexer, [](auto& s) {
-                      s.set_layout(v1::PAGE_HEAD);
-                      s.set_follows("mla_anchor");
-                    }),
-                    {"DSA_INDEXER", "PAGE_HEAD"}, true});
-  errors.push_back({"indexer follows mha", with(indexer, [](auto& s) {
-                      s.set_follows("mha_anchor");
-                    }),
-                    {"DSA_INDEXER", "mha_anchor"}, true, true});
-  errors.push_back({"indexer block does not divide", with(indexer, [](auto& s) {
-                      s.set_index_quant_block_size(3);
-                      s.set_follows("mla_anchor");
-                    }),
-                    {"DSA_INDEXER", "index_head_dim"}, true});
+  errors.push_back({"indexer page head",
+                    with(indexer,
+                         [](auto& s) {
+                           s.set_layout(v1::PAGE_HEAD);
+                           s.set_follows("mla_anchor");
+                         }),
+                    {"DSA_INDEXER", "PAGE_HEAD"},
+                    true});
+  errors.push_back({"indexer follows mha",
+                    with(indexer, [](auto& s) { s.set_follows("mha_anchor"); }),
+                    {"DSA_INDEXER", "mha_anchor"},
+                    true,
+                    true});
+  errors.push_back({"indexer block does not divide",
+                    with(indexer,
+                         [](auto& s) {
+                           s.set_index_quant_block_size(3);
+                           s.set_follows("mla_anchor");
+                         }),
+                    {"DSA_INDEXER", "index_head_dim"},
+                    true});
 
   v1::PoolSpec mamba = Base(v1::MAMBA, v1::PAGE_FIRST_DIRECT, 1, 2, 16);
   mamba.mutable_mamba()->mutable_temporal()->add_dims(4);
   mamba.mutable_mamba()->add_conv()->add_dims(4);
-  errors.push_back({"mamba page first", with(mamba, [](auto& s) { s.set_layout(v1::PAGE_FIRST); }),
+  errors.push_back({"mamba page first",
+                    with(mamba, [](auto& s) { s.set_layout(v1::PAGE_FIRST); }),
                     {"MAMBA", "PAGE_FIRST"}});
-  errors.push_back({"mamba page size", with(mamba, [](auto& s) { s.set_page_size(4); }),
+  errors.push_back({"mamba page size",
+                    with(mamba, [](auto& s) { s.set_page_size(4); }),
                     {"MAMBA", "page_size"}});
-  errors.push_back({"mamba no conv", with(mamba, [](auto& s) { s.mutable_mamba()->clear_conv(); }),
+  errors.push_back({"mamba no conv",
+                    with(mamba, [](auto& s) { s.mutable_mamba()->clear_conv(); }),
                     {"MAMBA", "conv"}});
-  errors.push_back({"mamba eight convs", with(mamba, [](auto& s) {
-                      for (int j = 0; j < 7; ++j) s.mutable_mamba()->add_conv()->add_dims(2);
-                    }),
+  errors.push_back({"mamba eight convs",
+                    with(mamba,
+                         [](auto& s) {
+                           for (int j = 0; j < 7; ++j) s.mutable_mamba()->add_conv()->add_dims(2);
+                         }),
                     {"MAMBA", "conv"}});
-  errors.push_back({"mamba no temporal", with(mamba, [](auto& s) {
-                      s.mutable_mamba()->clear_temporal();
-                    }),
+  errors.push_back({"mamba no temporal",
+                    with(mamba, [](auto& s) { s.mutable_mamba()->clear_temporal(); }),
                     {"MAMBA", "temporal"}});
 
-  errors.push_back({"v4 paged no item bytes", with(V4Paged(v1::PAGE_FIRST), [](auto& s) {
-                      s.clear_item_bytes();
-                    }),
+  errors.push_back({"v4 paged no item bytes",
+                    with(V4Paged(v1::PAGE_FIRST), [](auto& s) { s.clear_item_bytes(); }),
                     {"V4_PAGED", "item_bytes"}});
-  errors.push_back({"v4 paged page head", with(V4Paged(v1::PAGE_FIRST), [](auto& s) {
-                      s.set_layout(v1::PAGE_HEAD);
-                    }),
+  errors.push_back({"v4 paged page head",
+                    with(V4Paged(v1::PAGE_FIRST), [](auto& s) { s.set_layout(v1::PAGE_HEAD); }),
                     {"V4_PAGED", "PAGE_HEAD"}});
   v1::PoolSpec state = Base(v1::V4_STATE, v1::PAGE_FIRST, 0, 2, 0, v1::UINT8);
   state.set_ring_size(3);
   state.set_state_slot_bytes(8);
   errors.push_back({"v4 state without follows", state, {"V4_STATE", "follows"}});
-  errors.push_back({"v4 state no ring", with(state, [](auto& s) {
-                      s.clear_ring_size();
-                      s.set_follows("v4_anchor");
-                    }),
-                    {"V4_STATE", "ring_size"}, true});
-  errors.push_back({"v4 state no slot bytes", with(state, [](auto& s) {
-                      s.clear_state_slot_bytes();
-                      s.set_follows("v4_anchor");
-                    }),
-                    {"V4_STATE", "state_slot_bytes"}, true});
-  errors.push_back({"v4 state follows mha", with(state, [](auto& s) {
-                      s.set_follows("mha_anchor");
-                    }),
-                    {"V4_STATE", "mha_anchor"}, true, true});
+  errors.push_back({"v4 state no ring",
+                    with(state,
+                         [](auto& s) {
+                           s.clear_ring_size();
+                           s.set_follows("v4_anchor");
+                         }),
+                    {"V4_STATE", "ring_size"},
+                    true});
+  errors.push_back({"v4 state no slot bytes",
+                    with(state,
+                         [](auto& s) {
+                           s.clear_state_slot_bytes();
+                           s.set_follows("v4_anchor");
+                         }),
+                    {"V4_STATE", "state_slot_bytes"},
+                    true});
+  errors.push_back({"v4 state follows mha",
+                    with(state, [](auto& s) { s.set_follows("mha_anchor"); }),
+                    {"V4_STATE", "mha_anchor"},
+                    true,
+                    true});
 
-  errors.push_back({"logical unaligned size", with(Logical(), [](auto& s) {
-                      s.set_size_tokens(62);
-                    }),
+  errors.push_back({"logical unaligned size",
+                    with(Logical(), [](auto& s) { s.set_size_tokens(62); }),
                     {"LOGICAL", "62"}});
-  errors.push_back({"logical size bytes", with(Logical(), [](auto& s) {
-                      s.clear_size_tokens();
-                      s.set_size_bytes(1 << 20);
-                    }),
+  errors.push_back({"logical size bytes",
+                    with(Logical(),
+                         [](auto& s) {
+                           s.clear_size_tokens();
+                           s.set_size_bytes(1 << 20);
+                         }),
                     {"LOGICAL", "size_bytes"}});
   return errors;
 }

@@ -106,8 +106,8 @@ class Worker {
 
 std::vector<std::string> WorkerArgs(const TestDaemon& d, const std::string& pool,
                                     const std::string& mode, int64_t first, int64_t count) {
-  return {KVHOST_SESSION_WORKER_PATH, d.address(), d.shm_dir(), pool, mode,
-          absl::StrCat(first), absl::StrCat(count)};
+  return {KVHOST_SESSION_WORKER_PATH, d.address(),        d.shm_dir(), pool, mode,
+          absl::StrCat(first),        absl::StrCat(count)};
 }
 
 // 8 layers of 1 KiB K and V rows: 16 KiB a token.
@@ -427,8 +427,7 @@ TEST(FaultTest, TruncatedDeviceFileFailsTheTicketNotTheDaemon) {
     absl::StatusOr<uint64_t> t = backup ? c.Backup(a->id(), Range(0, kCount), Range(0, kCount))
                                         : c.Load(a->id(), Range(0, kCount), Range(0, kCount));
     ASSERT_TRUE(t.ok()) << t.status() << d.Log();
-    EXPECT_ERROR(c.WaitTransfer(*t, kWait), kFailedPrecondition, "truncated", "SIGBUS")
-        << d.Log();
+    EXPECT_ERROR(c.WaitTransfer(*t, kWait), kFailedPrecondition, "truncated", "SIGBUS") << d.Log();
   }
   absl::StatusOr<v1::DaemonStatus> status = c.GetStatus();
   ASSERT_TRUE(status.ok()) << status.status() << d.Log();

@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
       }
     }
   }
-  absl::StatusOr<kvhost::v1::Attachment> attachment = c.AttachDevice(dev.MakeAttachRequest(pool_name));
+  absl::StatusOr<kvhost::v1::Attachment> attachment =
+      c.AttachDevice(dev.MakeAttachRequest(pool_name));
   if (!attachment.ok()) return Fail("AttachDevice", attachment.status());
   std::printf("attached %s session %s\n", attachment->id().c_str(),
               c.session_state().session_id.c_str());

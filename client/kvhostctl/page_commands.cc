@@ -35,8 +35,7 @@ constexpr size_t kHexDumpBytes = 256;
 // What range `i` (PageBufferMeta.segments[i]) covers, in the order pool.proto gives
 // (per page, per layer for LAYER_FIRST, per component); empty when the answer
 // does not have the shape that order implies.
-std::string RangeLabel(const v1::Pool& pool, absl::Span<const int64_t> slots, int segments,
-                         int i) {
+std::string RangeLabel(const v1::Pool& pool, absl::Span<const int64_t> slots, int segments, int i) {
   const v1::PoolSpec& spec = pool.spec();
   std::vector<std::string> names;
   for (const v1::PoolComponent& c : pool.components()) {

@@ -244,7 +244,7 @@ RegionRange Pool::PageMetaRange(const Component& c, uint64_t first_slot, uint64_
   // ps token rows, or one page row (layout.page_size 1).
   const uint64_t row = c.row_of(first_slot);
   return RegionRange{c.region, c.region_offset + c.layout.MetaRangeOffset(0, row, layer),
-                       c.layout.MetaRangeBytes()};
+                     c.layout.MetaRangeBytes()};
 }
 
 template <typename Fn>
@@ -456,7 +456,7 @@ absl::StatusOr<std::vector<PagePart>> Pool::PageShape() const {
 }
 
 absl::StatusOr<std::vector<RegionRange>> Pool::SplitHeadsMeta(absl::Span<const int64_t> slots,
-                                                                uint32_t split_factor) const {
+                                                              uint32_t split_factor) const {
   if (spec_.kind == PoolKind::kMhaAsymmetric) {  // S1:1151-1157
     return absl::FailedPreconditionError(
         absl::StrCat(Label(),
@@ -485,7 +485,7 @@ absl::StatusOr<std::vector<RegionRange>> Pool::SplitHeadsMeta(absl::Span<const i
         // The group's heads are adjacent in (P, H, ps, L, D): ps * L rows of
         // head_bytes per head.
         ranges.push_back({c.region, c.region_offset + c.layout.Offset(0, first, 0, h),
-                            c.layout.MetaRangeBytes() / split_factor});
+                          c.layout.MetaRangeBytes() / split_factor});
       }
     }
   }

@@ -207,7 +207,7 @@ class Pool {
   absl::Status WritePageRange(int64_t first_slot, uint64_t offset, absl::Span<const uint8_t> data);
   absl::StatusOr<std::vector<PagePart>> PageShape() const;
   absl::StatusOr<std::vector<RegionRange>> SplitHeadsMeta(absl::Span<const int64_t> slots,
-                                                            uint32_t split_factor) const;
+                                                          uint32_t split_factor) const;
   // `alignment` 0 means kDefaultStrideAlignment.
   absl::StatusOr<StrideCheck> StrideAlignment(uint64_t alignment) const;
   absl::StatusOr<std::vector<BufferInfo>> ContiguousBufferInfos() const;

@@ -80,7 +80,10 @@ class PoolGroup {
 
  private:
   PoolGroup(std::string name, uint32_t layer_num, std::vector<GroupEntry> entries, size_t anchor)
-      : name_(std::move(name)), layer_num_(layer_num), entries_(std::move(entries)), anchor_(anchor) {}
+      : name_(std::move(name)),
+        layer_num_(layer_num),
+        entries_(std::move(entries)),
+        anchor_(anchor) {}
 
   const std::string name_;
   const uint32_t layer_num_;

@@ -122,14 +122,11 @@ uint32_t AllowedLayouts(PoolKind kind) {
   return 0;
 }
 
-bool KnownKind(PoolKind kind) {
-  return kind >= PoolKind::kMha && kind <= PoolKind::kLogical;
-}
+bool KnownKind(PoolKind kind) { return kind >= PoolKind::kMha && kind <= PoolKind::kLogical; }
 
 // Kinds whose every row is a page row (no token-row component).
 bool PageRowsOnly(PoolKind kind) {
-  return kind == PoolKind::kDsaIndexer || kind == PoolKind::kV4Paged ||
-         kind == PoolKind::kV4State;
+  return kind == PoolKind::kDsaIndexer || kind == PoolKind::kV4Paged || kind == PoolKind::kV4State;
 }
 
 // Saturating at 2^64 - 1, so a product too large for any host stays too
@@ -204,8 +201,8 @@ std::vector<RowPlan> PlanRows(const PoolSpec& s) {
       static const char* const kConv[kMaxConvStates] = {"conv0", "conv1", "conv2", "conv3",
                                                         "conv4", "conv5", "conv6"};
       for (size_t j = 0; j < s.mamba.conv.size() && j < kMaxConvStates; ++j) {
-        rows.push_back(
-            {kConv[j], absl::StrCat(".", kConv[j]), SatMul(Elements(s.mamba.conv[j]), b), false, 1});
+        rows.push_back({kConv[j], absl::StrCat(".", kConv[j]), SatMul(Elements(s.mamba.conv[j]), b),
+                        false, 1});
       }
       break;
     }
@@ -269,8 +266,8 @@ absl::Status CheckUnusedFields(const PoolSpec& s) {
   };
   for (const Use& u : uses) {
     if (u.set && (u.kinds & Bit(s.kind)) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.", u.field, " is not used by ",
-                                                     Where(s), "; leave it unset"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.", u.field, " is not used by ", Where(s), "; leave it unset"));
     }
   }
   return absl::OkStatus();
@@ -319,18 +316,19 @@ absl::Status CheckIndexDims(const PoolSpec& s) {
     return st;
   }
   if (s.index_head_dim % s.index_quant_block_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.index_head_dim ", s.index_head_dim, " is not a multiple of "
-        "spec.index_quant_block_size ", s.index_quant_block_size, " for ", Where(s)));
+    return absl::InvalidArgumentError(absl::StrCat("spec.index_head_dim ", s.index_head_dim,
+                                                   " is not a multiple of "
+                                                   "spec.index_quant_block_size ",
+                                                   s.index_quant_block_size, " for ", Where(s)));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckByteDtype(const PoolSpec& s) {
   if (DTypeSize(s.dtype) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.dtype ", DTypeName(s.dtype), " is not a byte type; ", Where(s),
-                     " rows are bytes (use UINT8)"));
+    return absl::InvalidArgumentError(absl::StrCat("spec.dtype ", DTypeName(s.dtype),
+                                                   " is not a byte type; ", Where(s),
+                                                   " rows are bytes (use UINT8)"));
   }
   return absl::OkStatus();
 }
@@ -341,9 +339,9 @@ absl::Status CheckMamba(const PoolSpec& s) {
         "spec.page_size ", s.page_size, " must be 1 for ", Where(s), " (a page is one slot)"));
   }
   if (DTypeSize(s.mamba.temporal_dtype) == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.mamba.temporal_dtype ", static_cast<int>(s.mamba.temporal_dtype),
-                     " is not a known dtype for ", Where(s)));
+    return absl::InvalidArgumentError(absl::StrCat("spec.mamba.temporal_dtype ",
+                                                   static_cast<int>(s.mamba.temporal_dtype),
+                                                   " is not a known dtype for ", Where(s)));
   }
   auto check_shape = [&](const std::vector<uint32_t>& dims, const std::string& field) {
     if (dims.empty() || dims.size() > kMaxStateDims) {
@@ -361,9 +359,9 @@ absl::Status CheckMamba(const PoolSpec& s) {
   };
   if (absl::Status st = check_shape(s.mamba.temporal, "mamba.temporal"); !st.ok()) return st;
   if (s.mamba.conv.empty() || s.mamba.conv.size() > kMaxConvStates) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.mamba.conv has ", s.mamba.conv.size(), " shapes; ", Where(s),
-                     " needs 1 to ", kMaxConvStates));
+    return absl::InvalidArgumentError(absl::StrCat("spec.mamba.conv has ", s.mamba.conv.size(),
+                                                   " shapes; ", Where(s), " needs 1 to ",
+                                                   kMaxConvStates));
   }
   for (size_t j = 0; j < s.mamba.conv.size(); ++j) {
     if (absl::Status st = check_shape(s.mamba.conv[j], absl::StrCat("mamba.conv[", j, "]"));
@@ -386,8 +384,7 @@ absl::Status CheckKindFields(const PoolSpec& s) {
             "spec.v_head_dim ", s.v_head_dim, " differs from spec.head_dim ", s.head_dim, " for ",
             Where(s), "; MHA pools need equal K and V head dims (use kind MHA_ASYMMETRIC)"));
       }
-      if (s.kind == PoolKind::kMhaAsymmetric &&
-          (s.v_head_dim == 0 || s.v_head_dim == s.head_dim)) {
+      if (s.kind == PoolKind::kMhaAsymmetric && (s.v_head_dim == 0 || s.v_head_dim == s.head_dim)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "spec.v_head_dim ", s.v_head_dim, " must differ from spec.head_dim ", s.head_dim,
             " (and be >= 1) for ", Where(s), "; equal K and V head dims are kind MHA"));
@@ -482,10 +479,10 @@ absl::Status ValidateSpec(const PoolSpec& spec) {
   if (absl::Status s = CheckLayout(spec); !s.ok()) return s;
   if (absl::Status s = CheckUnusedFields(spec); !s.ok()) return s;
   if (NeedsFollows(spec.kind) && spec.follows.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.follows is required for ", Where(spec),
-        ": it shares the page space and allocator of the pool it follows (",
-        FollowableKinds(spec.kind), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.follows is required for ", Where(spec),
+                     ": it shares the page space and allocator of the pool it follows (",
+                     FollowableKinds(spec.kind), ")"));
   }
   if (absl::Status s = NeedPositive(spec.page_size, "page_size", spec); !s.ok()) return s;
   if (spec.kind != PoolKind::kLogical) {
@@ -496,9 +493,9 @@ absl::Status ValidateSpec(const PoolSpec& spec) {
                                                      " layers for ", Where(spec)));
     }
     if (uint64_t{spec.start_layer} + spec.layer_num > std::numeric_limits<uint32_t>::max()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("spec.start_layer ", spec.start_layer, " + spec.layer_num ",
-                       spec.layer_num, " exceeds 2^32 - 1 for ", Where(spec)));
+      return absl::InvalidArgumentError(absl::StrCat("spec.start_layer ", spec.start_layer,
+                                                     " + spec.layer_num ", spec.layer_num,
+                                                     " exceeds 2^32 - 1 for ", Where(spec)));
     }
   }
   if (absl::Status s = CheckKindFields(spec); !s.ok()) return s;
@@ -516,13 +513,13 @@ absl::Status ValidateSpec(const PoolSpec& spec) {
                                            row.page_row ? 1 : spec.page_size));
   }
   if (page_bytes / spec.page_size >= kMaxRowBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec needs ", page_bytes / spec.page_size,
-                     " bytes per token for ", Where(spec), "; too large"));
+    return absl::InvalidArgumentError(absl::StrCat("spec needs ", page_bytes / spec.page_size,
+                                                   " bytes per token for ", Where(spec),
+                                                   "; too large"));
   }
   if (spec.host_to_device_ratio < 0 || std::isnan(spec.host_to_device_ratio)) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.host_to_device_ratio ",
-                                                   spec.host_to_device_ratio, " must be >= 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.host_to_device_ratio ", spec.host_to_device_ratio, " must be >= 0"));
   }
   return absl::OkStatus();
 }
@@ -680,12 +677,11 @@ std::string DescribeSpec(const PoolSpec& spec) {
                  : absl::StrFormat("C=%u+%u", spec.kv_lora_rank, spec.qk_rope_head_dim);
       break;
     case PoolKind::kDsa:
-      dims = absl::StrFormat(
-          "%s index_k=%u B/token",
-          spec.kv_cache_dim != 0
-              ? absl::StrFormat("C=%u", spec.kv_cache_dim)
-              : absl::StrFormat("C=%u+%u", spec.kv_lora_rank, spec.qk_rope_head_dim),
-          IndexTokenBytes(spec));
+      dims = absl::StrFormat("%s index_k=%u B/token",
+                             spec.kv_cache_dim != 0 ? absl::StrFormat("C=%u", spec.kv_cache_dim)
+                                                    : absl::StrFormat("C=%u+%u", spec.kv_lora_rank,
+                                                                      spec.qk_rope_head_dim),
+                             IndexTokenBytes(spec));
       break;
     case PoolKind::kDsaIndexer:
       dims = absl::StrFormat("index=%u/%u (%u B/token)", spec.index_head_dim,
@@ -711,9 +707,9 @@ std::string DescribeSpec(const PoolSpec& spec) {
     case PoolKind::kLogical:
       return absl::StrFormat("%s ps=%u", PoolKindName(spec.kind), spec.page_size);
   }
-  std::string out = absl::StrFormat("%s/%s %s L=%u %s ps=%u", PoolKindName(spec.kind),
-                                    LayoutName(spec.layout), DTypeName(spec.dtype),
-                                    spec.layer_num, dims, spec.page_size);
+  std::string out =
+      absl::StrFormat("%s/%s %s L=%u %s ps=%u", PoolKindName(spec.kind), LayoutName(spec.layout),
+                      DTypeName(spec.dtype), spec.layer_num, dims, spec.page_size);
   if (spec.start_layer != 0) {
     absl::StrAppend(&out, " layers=[", spec.start_layer, ",", spec.start_layer + spec.layer_num,
                     ")");

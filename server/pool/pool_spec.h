@@ -63,25 +63,25 @@ struct PoolSpec {
   DType dtype = DType::kBf16;
   uint32_t page_size = 0;
   uint32_t layer_num = 0;
-  uint32_t head_num = 0;            // MHA
-  uint32_t head_dim = 0;            // MHA
-  uint32_t v_head_dim = 0;          // MHA; 0 = head_dim
-  uint32_t kv_lora_rank = 0;        // MLA
-  uint32_t qk_rope_head_dim = 0;    // MLA
-  uint64_t size_tokens = 0;         // sizing rule 1
-  uint64_t size_bytes = 0;          // sizing rule 2
-  double host_to_device_ratio = 0;  // sizing rule 3
-  uint64_t device_size_tokens = 0;  // sizing rule 3
-  std::string follows;              // K_ONLY, DSA_INDEXER, V4_STATE
-  uint32_t start_layer = 0;         // layer sharding
-  uint32_t index_head_dim = 0;      // DSA, DSA_INDEXER
+  uint32_t head_num = 0;                // MHA
+  uint32_t head_dim = 0;                // MHA
+  uint32_t v_head_dim = 0;              // MHA; 0 = head_dim
+  uint32_t kv_lora_rank = 0;            // MLA
+  uint32_t qk_rope_head_dim = 0;        // MLA
+  uint64_t size_tokens = 0;             // sizing rule 1
+  uint64_t size_bytes = 0;              // sizing rule 2
+  double host_to_device_ratio = 0;      // sizing rule 3
+  uint64_t device_size_tokens = 0;      // sizing rule 3
+  std::string follows;                  // K_ONLY, DSA_INDEXER, V4_STATE
+  uint32_t start_layer = 0;             // layer sharding
+  uint32_t index_head_dim = 0;          // DSA, DSA_INDEXER
   uint32_t index_quant_block_size = 0;  // DSA, DSA_INDEXER
-  uint32_t index_row_bytes = 0;     // DSA
-  uint32_t kv_cache_dim = 0;        // MLA, DSA
-  MambaShapes mamba;                // MAMBA
-  uint64_t item_bytes = 0;          // V4_PAGED
-  uint32_t ring_size = 0;           // V4_STATE
-  uint64_t state_slot_bytes = 0;    // V4_STATE
+  uint32_t index_row_bytes = 0;         // DSA
+  uint32_t kv_cache_dim = 0;            // MLA, DSA
+  MambaShapes mamba;                    // MAMBA
+  uint64_t item_bytes = 0;              // V4_PAGED
+  uint32_t ring_size = 0;               // V4_STATE
+  uint64_t state_slot_bytes = 0;        // V4_STATE
 };
 
 // One host buffer of a pool: a seed tensor, or one K/V plane of one

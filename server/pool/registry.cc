@@ -324,8 +324,7 @@ absl::Status PoolRegistry::Admit(const std::string& name, const std::shared_ptr<
   auto releases_pending = [&] {
     const absl::Time now = absl::Now();
     if (now >= release_deadline) return false;
-    return releaser_->pending() > 0 ||
-           (ledger_->releasing > 0 && now < unreferenced_deadline);
+    return releaser_->pending() > 0 || (ledger_->releasing > 0 && now < unreferenced_deadline);
   };
   while (bytes + table_bytes > *budget && releases_pending() && !(abandoned && abandoned())) {
     absl::SleepFor(absl::Milliseconds(5));

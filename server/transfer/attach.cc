@@ -107,8 +107,7 @@ absl::StatusOr<std::vector<std::optional<ComponentBuffers>>> GatherBuffers(const
 // `given` as out->components, one per pool component in order, each with
 // one buffer per attached layer. REQUIRES: out's layer range resolved.
 absl::Status PlaceBuffers(const Pool& pool, const std::string& what,
-                          std::vector<std::optional<ComponentBuffers>> given,
-                          ResolvedAttach* out) {
+                          std::vector<std::optional<ComponentBuffers>> given, ResolvedAttach* out) {
   const PoolKind kind = pool.spec().kind;
   const std::vector<Component>& components = pool.components();
   const uint32_t layers = out->layer_num();

@@ -22,11 +22,11 @@ namespace kvhost {
 // proto/kvhost/v1/transfer.proto) and `named` become `components`, one per
 // Pool::components() entry with layer_num() buffers each; a 0 / 0 layer
 // range becomes the pool's, load_event_sets 0 the default. Ignores
-// `request`'s entries, tp_rank, load_only and session_id. INVALID_ARGUMENT, naming the component and the
-// counts, for an unknown or repeated component, a component given twice, a
-// count other than the attached layers, buffers for a kind that takes none
-// (LOGICAL); also for a bad layer range, device_size_tokens (0, too large, or
-// not whole pages for a page-row component) or load_event_sets.
+// `request`'s entries, tp_rank, load_only and session_id. INVALID_ARGUMENT, naming the component
+// and the counts, for an unknown or repeated component, a component given twice, a count other than
+// the attached layers, buffers for a kind that takes none (LOGICAL); also for a bad layer range,
+// device_size_tokens (0, too large, or not whole pages for a page-row component) or
+// load_event_sets.
 absl::StatusOr<ResolvedAttach> ResolveAttachRequest(const Pool& pool, AttachRequest request);
 
 // "pool 'x' (MHA/PAGE_FIRST)", as messages about a pool's buffers name it.

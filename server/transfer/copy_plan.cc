@@ -116,7 +116,7 @@ class ChunkBuilder {
 };
 
 CopyTile Tile(uint64_t plane, uint64_t host_token, uint64_t device_token, uint64_t layer0,
-                    uint64_t layers, uint64_t head0, uint64_t heads) {
+              uint64_t layers, uint64_t head0, uint64_t heads) {
   CopyTile s;
   s.plane = static_cast<uint16_t>(plane);
   s.host_token = host_token;
@@ -338,8 +338,7 @@ SmCopyPlan PlanSmCopy(const std::vector<LayoutGroup>& groups, const std::vector<
     for (uint64_t plane = 0; plane < layout.planes; ++plane) {
       for (const IndexRun& run : RunsOf(groups[g], runs, page_runs)) {
         for (uint64_t t = 0; t < run.count; t += kMaxTileTokens) {
-          CopyTile s =
-              Tile(plane, run.host + t, run.device + t, 0, 1, 0, HeadsPerItem(layout));
+          CopyTile s = Tile(plane, run.host + t, run.device + t, 0, 1, 0, HeadsPerItem(layout));
           s.tokens = static_cast<uint32_t>(std::min(kMaxTileTokens, run.count - t));
           s.first_item = launch.items;
           launch.items += TileItems(s);

@@ -293,10 +293,7 @@ class CudaEngine::Mapping : public DeviceMapping {
   // mappings kept open as long as this one.
   Mapping(std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num, int gpu,
           Lane* lanes)
-      : DeviceMapping(layer_num, 0, {}),
-        gpu_(gpu),
-        lanes_(lanes),
-        entries_(std::move(entries)) {}
+      : DeviceMapping(layer_num, 0, {}), gpu_(gpu), lanes_(lanes), entries_(std::move(entries)) {}
 
   ~Mapping() override {
     // The handles were opened in this device's context and close there.
@@ -442,8 +439,8 @@ class CudaEngine::Mapping : public DeviceMapping {
     const uint64_t have = it->second.bytes;
     if (ref.offset > have || have - ref.offset < need) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ": offset ", ref.offset, " + ", rows.rows, " rows x ",
-                       rows.row_bytes, " bytes exceeds its CUDA allocation (", have, " bytes)"));
+          absl::StrCat(where, ": offset ", ref.offset, " + ", rows.rows, " rows x ", rows.row_bytes,
+                       " bytes exceeds its CUDA allocation (", have, " bytes)"));
     }
     layers_.push_back(it->second.ptr + ref.offset);
     return absl::OkStatus();
@@ -511,13 +508,13 @@ class CudaEngine::Mapping : public DeviceMapping {
   };
 
   const int gpu_;
-  Lane* const lanes_;                         // owned by the engine, which outlives us
+  Lane* const lanes_;  // owned by the engine, which outlives us
   const std::vector<LayoutGroup> groups_;
   // A group's entries (empty for a plain attachment's mapping).
   const std::vector<std::shared_ptr<const DeviceMapping>> entries_;
   std::map<std::string, Allocation> opened_;  // by handle bytes
   std::shared_ptr<HostPins> pins_;
-  std::vector<uint8_t*> pinned_;  // region bases
+  std::vector<uint8_t*> pinned_;             // region bases
   std::vector<cudaEvent_t> load_events_;     // set-major, as load_event_handles_
   uint8_t** layer_table_ = nullptr;          // device copy of layers_
   uint64_t* gates_ = nullptr;                // device words, one per load event set
@@ -609,8 +606,7 @@ std::string CudaEngine::Describe() const {
   constexpr char kCopies[] = "cudaMemcpyAsync";
 #endif
   std::vector<std::string> parts;
-  for (const GpuInfo& d : gpus_)
-    parts.push_back(absl::StrCat(d.ordinal, " ", d.name, " ", d.uuid));
+  for (const GpuInfo& d : gpus_) parts.push_back(absl::StrCat(d.ordinal, " ", d.name, " ", d.uuid));
   return absl::StrCat(gpus_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ",
                       kCopies, options_.gate_loads ? ", gated loads" : "", "; transfer path ",
                       CudaPathName(options_.path), ", staging ", Bytes(options_.staging_bytes),
@@ -642,8 +638,8 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::OpenGroup(
     std::vector<std::string> where;
     for (size_t k = 0; k < entries.size(); ++k) {
       if (gpu_of[k] < 0) continue;
-      where.push_back(absl::StrCat("entries[", k, "] on GPU ",
-                                   gpus_[static_cast<size_t>(gpu_of[k])].uuid));
+      where.push_back(
+          absl::StrCat("entries[", k, "] on GPU ", gpus_[static_cast<size_t>(gpu_of[k])].uuid));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("the group's entries are on different GPUs (", absl::StrJoin(where, ", "),
@@ -762,8 +758,8 @@ absl::StatusOr<CudaEngine::Lane*> CudaEngine::LanesFor(int gpu) {
     }
   }
   spdlog::info("GPU {} ({}, {}): backup and load streams up, load priority {} over {}", gpu,
-               gpus_[static_cast<size_t>(gpu)].name,
-               gpus_[static_cast<size_t>(gpu)].uuid, greatest, least);
+               gpus_[static_cast<size_t>(gpu)].name, gpus_[static_cast<size_t>(gpu)].uuid, greatest,
+               least);
   lanes = std::move(created);
   return lanes.get();
 }
@@ -846,15 +842,15 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> CudaEngine::Open(const Pool& pool
     return s;
   }
   if (absl::Status s = mapping->Pin(pool, pins_); !s.ok()) return s;
-  if (absl::Status s =
-          mapping->PrepareKernels(gpus_[static_cast<size_t>(gpu)].host_pointer_ok);
+  if (absl::Status s = mapping->PrepareKernels(gpus_[static_cast<size_t>(gpu)].host_pointer_ok);
       !s.ok()) {
     return s;
   }
   return std::unique_ptr<DeviceMapping>(std::move(mapping));
 }
 
-absl::Status CudaEngine::EnqueueCopyEngineLayer(Lane* lane, const TransferJob& job, size_t ticket_layer) {
+absl::Status CudaEngine::EnqueueCopyEngineLayer(Lane* lane, const TransferJob& job,
+                                                size_t ticket_layer) {
   const bool backup = job.direction == Direction::kBackup;
   std::vector<CopyEnginePiece>& pieces = lane->pieces;
   // Every part's pieces of the layer, in one batch.
@@ -1084,8 +1080,8 @@ absl::StatusOr<void*> CudaEngine::UploadDescriptors(Lane* lane, cudaStream_t str
   void* device = nullptr;
   if (cudaError_t e = cudaMallocAsync(&device, bytes, stream); e != cudaSuccess) {
     cudaGetLastError();
-    return absl::ResourceExhaustedError(absl::StrCat("GPU ", lane->gpu, ": ", bytes,
-                                                     " bytes of copy descriptors: ", CudaError(e)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("GPU ", lane->gpu, ": ", bytes, " bytes of copy descriptors: ", CudaError(e)));
   }
   for (size_t off = 0; off < bytes; off += kScratchBytes) {
     const size_t n = std::min(kScratchBytes, bytes - off);
@@ -1226,9 +1222,8 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
       !ok(cudaStreamWaitEvent(kernels, lane->stage_start, 0), "cudaStreamWaitEvent")) {
     return failed();
   }
-  const int blocks = options_.staged_blocks > 0
-                         ? options_.staged_blocks
-                         : 4 * gpus_[static_cast<size_t>(lane->gpu)].sms;
+  const int blocks = options_.staged_blocks > 0 ? options_.staged_blocks
+                                                : 4 * gpus_[static_cast<size_t>(lane->gpu)].sms;
   absl::Status status;
   // Chunks over every range, alternating halves of the staging buffer.
   size_t chunk_count = 0;
@@ -1238,8 +1233,8 @@ absl::Status CudaEngine::EnqueueStaged(Lane* lane, const TransferJob& job,
     const auto& mapping = static_cast<const Mapping&>(*part.mapping);
     const StagedPlan& p = range.plan;
     if (p.chunks.empty()) return;
-    absl::StatusOr<void*> tiles = UploadDescriptors(
-        lane, kernels, p.tiles.data(), p.tiles.size() * sizeof(CopyTile), scratch);
+    absl::StatusOr<void*> tiles = UploadDescriptors(lane, kernels, p.tiles.data(),
+                                                    p.tiles.size() * sizeof(CopyTile), scratch);
     if (!tiles.ok()) {
       status = tiles.status();
       return;
@@ -1349,8 +1344,7 @@ absl::Status CudaEngine::Prepare(TransferJob* job) {
   if (!has_wait) return absl::OkStatus();
   if (cudaError_t e = cudaSetDevice(mapping.gpu()); e != cudaSuccess) {
     cudaGetLastError();
-    return absl::InternalError(
-        absl::StrCat("cudaSetDevice(", mapping.gpu(), "): ", CudaError(e)));
+    return absl::InternalError(absl::StrCat("cudaSetDevice(", mapping.gpu(), "): ", CudaError(e)));
   }
   cudaIpcEventHandle_t handle;
   std::memcpy(&handle, job->wait_event_handle.data(), sizeof(handle));
@@ -1572,9 +1566,9 @@ void CudaEngine::CompleteLoop(Lane* lane) {
     for (uint64_t layer = 0; layer < pending.layers_enqueued; ++layer) {
       if (cudaError_t e = cudaEventSynchronize(pending.events[layer]); e != cudaSuccess) {
         cudaGetLastError();
-        status = absl::InternalError(absl::StrCat(DirectionName(lane->direction), " on GPU ",
-                                                  lane->gpu, " failed in layer ", layer, ": ",
-                                                  CudaError(e)));
+        status =
+            absl::InternalError(absl::StrCat(DirectionName(lane->direction), " on GPU ", lane->gpu,
+                                             " failed in layer ", layer, ": ", CudaError(e)));
         events_ok = false;
         break;
       }

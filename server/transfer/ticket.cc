@@ -8,8 +8,8 @@ const char* DirectionName(Direction direction) {
   return direction == Direction::kBackup ? "backup" : "load";
 }
 
-Ticket::Ticket(uint64_t id, Direction direction, uint32_t layer_num,
-                               std::string path, int32_t event_set)
+Ticket::Ticket(uint64_t id, Direction direction, uint32_t layer_num, std::string path,
+               int32_t event_set)
     : id_(id),
       direction_(direction),
       layer_num_(layer_num),

@@ -42,7 +42,7 @@ class Ticket {
  public:
   // `event_set`: the load event set the job records (-1: none).
   Ticket(uint64_t id, Direction direction, uint32_t layer_num, std::string path,
-                 int32_t event_set = -1);
+         int32_t event_set = -1);
 
   uint64_t id() const { return id_; }
   int32_t event_set() const { return event_set_; }

@@ -9,14 +9,12 @@
 namespace kvhost {
 
 std::shared_ptr<Ticket> TicketTable::Open(const std::string& attachment_id,
-                                                  std::shared_ptr<const Owner> owner,
-                                                  Direction direction, uint32_t layer_num,
-                                                  std::string path, int32_t event_set) {
+                                          std::shared_ptr<const Owner> owner, Direction direction,
+                                          uint32_t layer_num, std::string path, int32_t event_set) {
   absl::MutexLock lock(&mu_);
   uint64_t id = RandomTicketId();
   while (tickets_.count(id) != 0) id = RandomTicketId();
-  auto ticket =
-      std::make_shared<Ticket>(id, direction, layer_num, std::move(path), event_set);
+  auto ticket = std::make_shared<Ticket>(id, direction, layer_num, std::move(path), event_set);
   tickets_[id] = Entry{ticket, std::move(owner)};
   in_flight_[id] = attachment_id;
   ++counters_.tickets_in_flight;
@@ -40,8 +38,7 @@ void TicketTable::Retire(uint64_t id, Direction direction, bool ok, uint64_t byt
   }
 }
 
-absl::StatusOr<std::shared_ptr<Ticket>> TicketTable::Find(const Caller& caller,
-                                                                  uint64_t id) const {
+absl::StatusOr<std::shared_ptr<Ticket>> TicketTable::Find(const Caller& caller, uint64_t id) const {
   absl::MutexLock lock(&mu_);
   auto it = tickets_.find(id);
   if (it == tickets_.end() || !Permits(caller, *it->second.owner)) {

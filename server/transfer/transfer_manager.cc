@@ -78,8 +78,8 @@ absl::Status BuildPart(Direction direction, absl::Span<const int64_t> host,
       !s.ok()) {
     return s;
   }
-  if (absl::Status s =
-          CheckRange(device, part->mapping->device_size_tokens(), device_field.c_str(), device_what);
+  if (absl::Status s = CheckRange(device, part->mapping->device_size_tokens(), device_field.c_str(),
+                                  device_what);
       !s.ok()) {
     return s;
   }
@@ -535,8 +535,10 @@ absl::StatusOr<TransferJob> TransferManager::BuildJob(const Target& target,
   return job;
 }
 
-absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Reserve(
-    const std::string& attachment_id, const Target& target, bool components, TransferJob* job) {
+absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Reserve(const std::string& attachment_id,
+                                                                 const Target& target,
+                                                                 bool components,
+                                                                 TransferJob* job) {
   // Last, since what it reserves is released only by the job's end.
   if (components) {
     if (absl::Status s = engine_->Prepare(job); !s.ok()) {
@@ -562,8 +564,8 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Reserve(
   return ticket;
 }
 
-void TransferManager::Launch(TransferJob job, const std::shared_ptr<Ticket>& ticket,
-                             bool copies, const std::string& label) {
+void TransferManager::Launch(TransferJob job, const std::shared_ptr<Ticket>& ticket, bool copies,
+                             const std::string& label) {
   if (!copies) {
     for (size_t l = 0; l < job.layer_num(); ++l) ticket->LayerDone(0);
     ticket->Finish(absl::OkStatus());
@@ -597,7 +599,7 @@ void TransferManager::Retire(const std::shared_ptr<Ticket>& ticket, uint64_t byt
 }
 
 absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::FindTicket(const Caller& caller,
-                                                                            uint64_t id) const {
+                                                                    uint64_t id) const {
   return tickets_.Find(caller, id);
 }
 

@@ -130,8 +130,7 @@ class TransferManager {
   // `caller` may not use (its ownership is the attachment's, remembered).
   // Ticket ids are random (see TicketTable), so an id from before a restart
   // names no ticket of this daemon.
-  absl::StatusOr<std::shared_ptr<Ticket>> FindTicket(const Caller& caller,
-                                                             uint64_t id) const;
+  absl::StatusOr<std::shared_ptr<Ticket>> FindTicket(const Caller& caller, uint64_t id) const;
 
   // Refuses new transfers from now on (UNAVAILABLE), then waits up to
   // `timeout` for the ones accepted to finish; cancels what is left then
@@ -228,8 +227,8 @@ class TransferManager {
   static absl::StatusOr<TransferJob> BuildJob(const Target& target, const std::string& short_id,
                                               Direction direction, const std::vector<Rows>& rows);
   absl::StatusOr<std::shared_ptr<Ticket>> Reserve(const std::string& attachment_id,
-                                                          const Target& target, bool components,
-                                                          TransferJob* job);
+                                                  const Target& target, bool components,
+                                                  TransferJob* job);
   void Launch(TransferJob job, const std::shared_ptr<Ticket>& ticket, bool copies,
               const std::string& label);
   // A finished ticket: logged, counted in the metrics and the ticket table.

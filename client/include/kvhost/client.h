@@ -108,10 +108,10 @@ struct SessionLoss {
 
 // The client's session as it stands (Client::session_state).
 struct SessionState {
-  bool open = false;         // a session stream is up now
-  std::string session_id;    // "" until the first open
+  bool open = false;       // a session stream is up now
+  std::string session_id;  // "" until the first open
   std::string daemon_instance;
-  uint64_t reconnects = 0;   // sessions opened after the first
+  uint64_t reconnects = 0;  // sessions opened after the first
 };
 
 // A load's ticket and the load event set it records (cuda backend; see
