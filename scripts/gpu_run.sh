@@ -11,7 +11,8 @@ out=${1:?usage: scripts/gpu_run.sh OUT_DIR [tests|bench|mps-bench|all] [bench fl
 what=${2:-all}
 shift $(( $# >= 2 ? 2 : 1 ))
 mkdir -p "$out"
-export LD_LIBRARY_PATH=$PWD/bundle/lib KVHOST_KVHOSTD=$PWD/bundle/bin/kvhostd
+export LD_LIBRARY_PATH=$PWD/bundle/lib KVHOST_KVHOSTD=$PWD/bundle/bin/kvhostd \
+  KVHOST_SESSION_WORKER=$PWD/bundle/bin/kvhost_session_worker
 rc=0
 run() {  # run NAME COMMAND...: output to OUT_DIR/NAME.txt, the tail shown
   local name=$1; shift

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -104,10 +105,17 @@ class Worker {
   std::set<size_t> seen_;
 };
 
+// $KVHOST_SESSION_WORKER when set (a bundle run elsewhere than where it was
+// built, as scripts/gpu_run.sh does), else the one this build made.
+std::string SessionWorkerPath() {
+  const char* env = std::getenv("KVHOST_SESSION_WORKER");
+  return env != nullptr && *env != '\0' ? env : KVHOST_SESSION_WORKER_PATH;
+}
+
 std::vector<std::string> WorkerArgs(const TestDaemon& d, const std::string& pool,
                                     const std::string& mode, int64_t first, int64_t count) {
-  return {KVHOST_SESSION_WORKER_PATH, d.address(),        d.shm_dir(), pool, mode,
-          absl::StrCat(first),        absl::StrCat(count)};
+  return {SessionWorkerPath(), d.address(),        d.shm_dir(), pool, mode,
+          absl::StrCat(first), absl::StrCat(count)};
 }
 
 // 8 layers of 1 KiB K and V rows: 16 KiB a token.
