@@ -201,6 +201,10 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(
     return absl::InvalidArgumentError(
         absl::StrCat("--sm-blocks=", options.sm_blocks, " must be >= 1"));
   }
+  if (options.copy_streams < 1 || options.copy_streams > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--copy-streams=", options.copy_streams, " is not in [1, 16]"));
+  }
   if (options.staging_bytes < (uint64_t{64} << 10)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--staging-bytes=", options.staging_bytes, " is below the minimum of 64K"));
@@ -224,6 +228,8 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(
     cuda_options.staging_bytes = options.staging_bytes;
     cuda_options.sm_blocks = options.sm_blocks;
     cuda_options.gate_loads = options.load_gates;
+    cuda_options.copy_streams = options.copy_streams;
+    cuda_options.ce_min_piece_bytes = options.ce_min_piece_bytes;
     absl::StatusOr<std::unique_ptr<CudaEngine>> cuda = CudaEngine::Create(cuda_options);
     if (cuda.ok()) {
       *chosen = "cuda";

@@ -51,6 +51,10 @@ struct DaemonOptions {
   std::string transfer_path = "auto";
   uint64_t staging_bytes = uint64_t{1} << 30;
   int sm_blocks = 16;
+  // Copy-engine streams per direction and GPU (CudaEngineOptions::copy_streams).
+  int copy_streams = 4;
+  // auto's copy-engine threshold (CudaEngineOptions::ce_min_piece_bytes).
+  uint64_t ce_min_piece_bytes = uint64_t{16} << 10;
   bool load_gates = false;
   int max_message_bytes = 64 << 20;
   // Most indices one call may carry (Alloc's num_tokens, Free, meta, Backup /

@@ -74,6 +74,13 @@ ABSL_FLAG(std::string, staging_bytes, "1G",
 ABSL_FLAG(int, sm_blocks, 16,
           "cuda backend: most thread blocks of an SM copy kernel (8 warps each); the rest "
           "of the SMs stay with the worker.");
+ABSL_FLAG(int, copy_streams, 4,
+          "cuda backend: copy-engine streams per direction and GPU that a batch of large "
+          "pieces (>= 32K on average) is split over, 1-16; 1 = one stream.");
+ABSL_FLAG(std::string, ce_min_piece, "16K",
+          "cuda backend, --transfer-path=auto: the copy engines take a transfer whose "
+          "contiguous pieces average at least this many bytes (else the staged or SM copy path, "
+          "where they move larger pieces).");
 ABSL_FLAG(bool, load_gates, false,
           "cuda backend: a Load call returns once its per-layer events are recorded (behind "
           "stream-memory gates) and a thread queues the copies, instead of after queueing every "
@@ -178,6 +185,7 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
   if (options.copy_threads < 0) return Invalid("--copy-threads must be >= 0");
   options.transfer_path = absl::GetFlag(FLAGS_transfer_path);
   options.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
+  options.copy_streams = absl::GetFlag(FLAGS_copy_streams);
   options.load_gates = absl::GetFlag(FLAGS_load_gates);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
@@ -213,6 +221,9 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
   absl::StatusOr<uint64_t> staging = kvhost::ParseByteSize(absl::GetFlag(FLAGS_staging_bytes));
   if (!staging.ok()) return Invalid(absl::StrCat("--staging-bytes: ", staging.status().message()));
   options.staging_bytes = *staging;
+  absl::StatusOr<uint64_t> ce_min = kvhost::ParseByteSize(absl::GetFlag(FLAGS_ce_min_piece));
+  if (!ce_min.ok()) return Invalid(absl::StrCat("--ce-min-piece: ", ce_min.status().message()));
+  options.ce_min_piece_bytes = *ce_min;
   absl::StatusOr<uint64_t> limit = kvhost::ParseByteSize(absl::GetFlag(FLAGS_memory_limit));
   if (!limit.ok()) return Invalid(absl::StrCat("--memory-limit: ", limit.status().message()));
   options.memory_limit = *limit;

@@ -22,6 +22,7 @@
 #ifndef KVHOST_SERVER_TRANSFER_ENGINE_H_
 #define KVHOST_SERVER_TRANSFER_ENGINE_H_
 
+#include <any>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -211,10 +212,10 @@ struct TransferJob {
   // Prepare opened from it; the job holds it until the ticket is finished.
   std::string wait_event_handle;
   std::shared_ptr<void> wait_event;
-  // Engine-specific: the path Prepare chose for the job (PathFor names it)
-  // and what it planned for that path.
-  uint8_t path = 0;
-  std::shared_ptr<const void> plan;
+  // What the engine's Prepare decided for the job (the path PathFor names,
+  // and that path's plan), of a type only the engine knows: it reads it
+  // back with std::any_cast, which checks the type.
+  std::any plan;
 
   // Ticket layers.
   uint64_t layer_num() const { return mapping->layer_num(); }

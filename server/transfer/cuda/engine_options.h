@@ -1,0 +1,69 @@
+// CudaEngineOptions: the CUDA engine's settings (kvhostd's flags of the cuda
+// backend), with the measurements behind their defaults.
+//
+// Plain data.
+#ifndef KVHOST_SERVER_TRANSFER_CUDA_ENGINE_OPTIONS_H_
+#define KVHOST_SERVER_TRANSFER_CUDA_ENGINE_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "server/transfer/cuda/path_policy.h"
+
+namespace kvhost {
+
+struct CudaEngineOptions {
+  // --transfer-path: every job's path, or kAuto to choose per job.
+  CudaPath path = CudaPath::kAuto;
+  // Device staging buffer per stream (two per GPU), split in two halves so
+  // that one fills while the other drains; allocated on first use. Every
+  // gather / scatter kernel from our context costs the worker a time-slice
+  // switch (about 0.5 ms on the H200 without MPS, docs/PERF.md), so fewer,
+  // larger chunks cost it less: a 512 MiB MHA job took +14 % of the
+  // worker's time in 128 MiB chunks and +4.4 % in one 512 MiB chunk, at
+  // 0.76 and 0.66 of the ceiling (PAGE_FIRST, page size 1).
+  uint64_t staging_bytes = uint64_t{1} << 30;
+  // Most blocks of an SM copy kernel (the seeds' block_quota); the SMs left
+  // over stay with the worker.
+  int sm_blocks = 16;
+  // Most blocks of a staged gather / scatter kernel; 0 = 4 per SM, so that
+  // the kernel is as short as possible.
+  int staged_blocks = 0;
+  // Loads return from Submit once their per-layer events are recorded behind
+  // gates (stream memory operations), and a thread queues the copies: the
+  // Load call took 0.57 ms instead of 3.5-5 ms for 32 layers of 64 random
+  // pages on the H200, but a stream of ours blocked in a wait makes the
+  // GPU time-slice against the worker: its kernels took +18-26 % longer
+  // during copy-engine loads that cost it nothing ungated (docs/PERF.md).
+  // Off by default: the worker's time comes first.
+  bool gate_loads = false;
+  // auto: the copy engines take a job whose layout-contiguous pieces average
+  // at least this many bytes. On the H200 (docs/PERF.md, 2026-11-30) they
+  // moved 64 KiB pieces at 0.93-0.96 of the ceiling, 32 KiB at 0.66-0.90
+  // and 18 KiB at 0.30-0.49, at no cost to the worker, while the staged
+  // path reached 0.82-0.94 at +4-32 % of the worker's time: where the copy
+  // engines are merely slower, they win; below this, where they are hopeless
+  // (2 KiB rows: 0.02-0.05), the staged or SM copy path is worth its cost.
+  uint64_t ce_min_piece_bytes = uint64_t{16} << 10;
+  // Copy-engine streams per lane (direction and GPU) that a batch of large
+  // pieces is split over: one stream's batch of 32 KiB pieces moved 45-46
+  // GB/s on the H200, split over 4 streams 49.4-49.6; 64 KiB 42-46 -> 52.7-
+  // 52.9 (issue 15's measurements, ceiling 55). 1 = no split.
+  int copy_streams = 4;
+  // A batch is split over the copy streams only when its pieces average at
+  // least this many bytes (2 KiB pieces gained nothing from more streams)
+  // and it moves at least fan_out_min_bytes (a small batch gains less than
+  // the events cost).
+  uint64_t fan_out_min_piece_bytes = uint64_t{32} << 10;
+  uint64_t fan_out_min_bytes = uint64_t{4} << 20;
+
+  // Largest host range pinned by one cudaHostRegister call (HostPins).
+  uint64_t host_register_chunk = uint64_t{1} << 30;
+  // Most copies per cudaMemcpyBatchAsync call; bounds the scratch arrays of a
+  // layer with very many pieces (PAGE_HEAD at page size 1).
+  size_t max_batch = 8192;
+};
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_TRANSFER_CUDA_ENGINE_OPTIONS_H_

@@ -1,0 +1,98 @@
+// The CUDA engine's path policy: which of its copy paths (CudaPath) a job
+// takes, and why, from facts about the job that the engine gathers (the
+// average copy-engine piece, the staged plan's average block, whether MPS
+// serves the daemon, whether the GPU can address the pool's host pointers).
+// A pure function of those facts and the policy's thresholds, with no CUDA
+// dependency, so that tests/path_policy_test.cc checks every rule on the
+// CPU; the engine only gathers the facts and follows the answer.
+//
+// The rules (docs/PERF.md has the measurements behind them):
+//   --transfer-path=ce|staged|sm   that path (sm: FAILED_PRECONDITION where
+//                                  the GPU cannot use host pointers; staged:
+//                                  the plan's own error when it has none);
+//   auto, large copy-engine pieces the copy engines: no kernel at all, so
+//                                  the worker pays nothing;
+//   auto, MPS active               the SM copy path: under MPS a small grid
+//                                  shares the SMs instead of time-slicing;
+//   auto, staged blocks larger     the staged path: one short full-grid
+//                                  gather or scatter per chunk and large
+//                                  copy-engine copies;
+//   auto, otherwise                the copy engines, slow but free for the
+//                                  worker (never a kernel that time-slices
+//                                  against it for no gain).
+//
+// Thread-safe: pure functions.
+#ifndef KVHOST_SERVER_TRANSFER_CUDA_PATH_POLICY_H_
+#define KVHOST_SERVER_TRANSFER_CUDA_PATH_POLICY_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace kvhost {
+
+// How a job's bytes move (DESIGN.md, "Transfer engines"):
+//   kCopyEngine  cudaMemcpyBatchAsync of the layout-contiguous pieces; costs
+//                the worker nothing, fast only for large pieces;
+//   kStaged      through a device staging buffer: a device-to-device gather
+//                (backup) or scatter (load) kernel next to large copy-engine
+//                copies of whole pool blocks, double-buffered; a short kernel
+//                from our context per chunk, so a small cost to the worker;
+//   kSm          one kernel per layer copying through mapped host memory,
+//                its grid bounded by sm_blocks; fastest for small pieces, but
+//                without MPS it time-slices against the worker's kernels.
+// kAuto picks per job (DecidePath).
+enum class CudaPath : uint8_t { kAuto, kCopyEngine, kStaged, kSm };
+
+// "auto", "ce", "staged", "sm" (the --transfer-path values).
+absl::StatusOr<CudaPath> ParseCudaPath(const std::string& name);
+// The ticket status names: "cuda-ce", "cuda-staged", "cuda-sm" ("auto" for kAuto).
+const char* CudaPathName(CudaPath path);
+
+// The thresholds of auto.
+struct PathPolicy {
+  // --transfer-path: every job's path, or kAuto to choose per job.
+  CudaPath forced = CudaPath::kAuto;
+  // The copy engines take a job whose layout-contiguous pieces average at
+  // least this many bytes (CudaEngineOptions::ce_min_piece_bytes says why).
+  uint64_t ce_min_piece_bytes = uint64_t{16} << 10;
+  // The staged path takes a job whose staged blocks average at least this
+  // many times its copy-engine pieces: a kernel of ours is worth its cost to
+  // the worker only where it makes the link's pieces clearly larger.
+  uint64_t staged_min_gain = 2;
+};
+
+// What the engine knows about a job when it chooses.
+struct PathFacts {
+  // Bytes per copy-engine piece, on average over the job.
+  uint64_t ce_piece_bytes = 0;
+  // Whether an MPS control daemon serves kvhostd (the SM copy path then
+  // shares the SMs instead of time-slicing).
+  bool mps = false;
+  // Whether the GPU can address the pool through its host pointers
+  // (cudaDevAttrCanUseHostPointerForRegisteredMem); the SM copy path needs it.
+  bool host_pointer_ok = true;
+  // Whether some part's layout has staged blocks larger than its pieces.
+  bool stageable = true;
+  // Plans the staged path and returns its average block in bytes, or why it
+  // has no plan; called at most once, and only when the answer matters.
+  std::function<absl::StatusOr<uint64_t>()> staged_block_bytes;
+};
+
+struct PathDecision {
+  CudaPath path = CudaPath::kCopyEngine;
+  std::string why;  // for the log: "auto: copy-engine pieces of 2 KiB, ..."
+};
+
+// The path of a job with `facts` under `policy` (the rules above). Errors
+// only for a forced path the job cannot take.
+absl::StatusOr<PathDecision> DecidePath(const PathFacts& facts, const PathPolicy& policy);
+
+// "2 KiB", "512 MiB", "17 B": sizes in the log's words.
+std::string ByteSize(uint64_t bytes);
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_TRANSFER_CUDA_PATH_POLICY_H_
