@@ -61,8 +61,8 @@ namespace bench = kvhost::bench;
 namespace v1 = kvhost::v1;
 
 // Pages in the benchmark pool: every thread holds at most one at a time, so
-// this only needs to exceed the thread count; more pages keep the FIFO ring
-// from handing a page straight back.
+// this only needs to exceed the thread count (each round trip splits one free
+// extent and joins it again; bench/allocator_bench.cc measures churn).
 constexpr uint64_t kPoolPages = 4096;
 
 struct Plan {

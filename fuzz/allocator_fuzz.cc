@@ -1,31 +1,33 @@
 // allocator_fuzz: a sequence of Alloc / Free / CheckAllocated / Clear calls
 // on a PageAllocator, against a shadow model of its documented behaviour
-// (server/pool/allocator.h): a FIFO ring of free pages, lowest first at
-// start, freed pages to the back.
+// (server/pool/allocator.h: best fit among the free extents, else the fewest
+// runs): alloc_model::ExtentModel of tests/allocator_models.h, which finds the
+// extents by scanning a bitmap of the pool on every call.
 //
 // Free goes through ParsePages, as Pool::Free does, with slot lists that are
 // valid or broken on purpose (repeated page, out of range, negative, not a
 // page start, a broken run, a length that is not a multiple of page_size).
 // Checked after every call:
 //   * Alloc hands out exactly the pages the model predicts (so no page is
-//     handed out twice, and a failed call did not reorder the ring);
+//     handed out twice, the extents stay maximal, and a failed call changed
+//     nothing);
 //   * errors have the documented code and a message, and leave the output
 //     vector untouched;
 //   * free + allocated == page_num, and each page's allocated state matches
 //     the model (probed with CheckAllocated);
-//   * at the end, draining the allocator returns the model's free ring in
-//     order.
+//   * at the end, draining the allocator one page at a time returns the
+//     model's pages in order.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <set>
 #include <vector>
 
 #include "absl/strings/str_join.h"
 #include "fuzz/fuzz_check.h"
 #include "server/pool/allocator.h"
+#include "tests/allocator_models.h"
 
 namespace kvhost::fuzz {
 namespace {
@@ -35,8 +37,8 @@ constexpr int kMaxOps = 256;
 struct Model {
   uint64_t page_num = 0;
   uint64_t page_size = 1;
-  std::deque<uint64_t> free;    // the ring, head first
-  std::vector<bool> allocated;  // per page
+  alloc_model::ExtentModel pages{0};
+  bool allocated(uint64_t page) const { return pages.allocated(page); }
 };
 
 // ParsePages' contract restated: the page ids, or nothing when invalid.
@@ -60,19 +62,19 @@ bool ModelParse(const std::vector<int64_t>& slots, const Model& m, std::vector<u
 }
 
 void CheckState(const PageAllocator& a, const Model& m) {
-  FUZZ_CHECK(a.free_pages() == m.free.size(), "free_pages ", a.free_pages(), " model ",
-             m.free.size());
+  FUZZ_CHECK(a.free_pages() == m.pages.free_pages(), "free_pages ", a.free_pages(), " model ",
+             m.pages.free_pages());
   uint64_t allocated = 0;
   for (uint64_t p = 0; p < m.page_num; ++p) {
     // Any slot of the page tells; use its last one.
     const int64_t slot[1] = {static_cast<int64_t>((p + 1) * m.page_size - 1)};
     const absl::Status s = a.CheckAllocated(slot);
-    FUZZ_CHECK(s.ok() == m.allocated[p], "page ", p, " allocated in model ", m.allocated[p],
+    FUZZ_CHECK(s.ok() == m.allocated(p), "page ", p, " allocated in model ", m.allocated(p),
                " but CheckAllocated says ", s.ToString());
     if (!s.ok()) {
       FUZZ_CHECK(IsErrorOf(s, {absl::StatusCode::kFailedPrecondition}), s.ToString());
     }
-    allocated += m.allocated[p];
+    allocated += m.allocated(p);
   }
   FUZZ_CHECK(a.free_pages() + allocated == m.page_num, "free ", a.free_pages(), " + allocated ",
              allocated, " != ", m.page_num);
@@ -95,7 +97,7 @@ std::vector<int64_t> DrawSlots(FuzzedDataProvider& in, const Model& m) {
   const int64_t ps = static_cast<int64_t>(m.page_size);
   std::vector<int64_t> allocated;
   for (uint64_t p = 0; p < m.page_num; ++p) {
-    if (m.allocated[p]) allocated.push_back(static_cast<int64_t>(p));
+    if (m.allocated(p)) allocated.push_back(static_cast<int64_t>(p));
   }
   std::vector<int64_t> slots;
   const int n = in.ConsumeIntegralInRange<int>(0, 8);
@@ -139,8 +141,7 @@ void Run(const uint8_t* data, size_t size) {
   Model m;
   m.page_num = in.ConsumeIntegralInRange<uint64_t>(0, 64);
   m.page_size = in.ConsumeIntegralInRange<uint64_t>(1, 8);
-  m.allocated.assign(m.page_num, false);
-  for (uint64_t p = 0; p < m.page_num; ++p) m.free.push_back(p);
+  m.pages = alloc_model::ExtentModel(m.page_num);
   PageAllocator a(m.page_num, m.page_size);
   CheckState(a, m);
 
@@ -155,17 +156,14 @@ void Run(const uint8_t* data, size_t size) {
         if (tokens == 0 || tokens % m.page_size != 0) {
           FUZZ_CHECK(IsErrorOf(s, {absl::StatusCode::kInvalidArgument}), tokens,
                      " tokens: ", s.ToString());
-        } else if (tokens / m.page_size > m.free.size()) {
+        } else if (tokens / m.page_size > m.pages.free_pages()) {
           FUZZ_CHECK(IsErrorOf(s, {absl::StatusCode::kResourceExhausted}), tokens,
                      " tokens: ", s.ToString());
         } else {
           FUZZ_CHECK(s.ok(), tokens, " tokens: ", s.ToString());
           std::vector<uint64_t> want = before;
-          for (uint64_t i = 0; i < tokens / m.page_size; ++i) {
-            want.push_back(m.free.front());
-            m.allocated[m.free.front()] = true;
-            m.free.pop_front();
-          }
+          const std::vector<uint64_t> got = m.pages.Alloc(tokens / m.page_size);
+          want.insert(want.end(), got.begin(), got.end());
           FUZZ_CHECK(pages == want, "Alloc ", tokens, " gave [", absl::StrJoin(pages, ","),
                      "], model [", absl::StrJoin(want, ","), "]");
           break;
@@ -188,14 +186,11 @@ void Run(const uint8_t* data, size_t size) {
         }
         FUZZ_CHECK(*pages == want, "ParsePages gave [", absl::StrJoin(*pages, ","), "]");
         const bool all_allocated =
-            std::all_of(want.begin(), want.end(), [&](uint64_t p) { return m.allocated[p]; });
+            std::all_of(want.begin(), want.end(), [&](uint64_t p) { return m.allocated(p); });
         const absl::Status s = a.FreePages(*pages);
         if (all_allocated) {
           FUZZ_CHECK(s.ok(), s.ToString());
-          for (uint64_t p : want) {
-            m.allocated[p] = false;
-            m.free.push_back(p);
-          }
+          m.pages.Free(want);
         } else {
           FUZZ_CHECK(IsErrorOf(s, {absl::StatusCode::kFailedPrecondition}), s.ToString());
         }
@@ -209,7 +204,7 @@ void Run(const uint8_t* data, size_t size) {
           const uint64_t slot =
               in.ConsumeIntegralInRange<uint64_t>(0, m.page_num * m.page_size - 1);
           slots.push_back(static_cast<int64_t>(slot));
-          all = all && m.allocated[slot / m.page_size];
+          all = all && m.allocated(slot / m.page_size);
         }
         const absl::Status s = a.CheckAllocated(slots);
         FUZZ_CHECK(s.ok() == all, "CheckAllocated([", absl::StrJoin(slots, ","),
@@ -218,22 +213,19 @@ void Run(const uint8_t* data, size_t size) {
       }
       default:  // Clear
         a.Clear();
-        m.free.clear();
-        for (uint64_t p = 0; p < m.page_num; ++p) m.free.push_back(p);
-        m.allocated.assign(m.page_num, false);
+        m.pages.Clear();
         break;
     }
     CheckState(a, m);
   }
 
-  // The ring's order, in full: drain one page at a time.
-  while (!m.free.empty()) {
+  // The order, in full: drain one page at a time.
+  while (m.pages.free_pages() > 0) {
     std::vector<uint64_t> page;
     const absl::Status s = a.Alloc(m.page_size, &page);
-    FUZZ_CHECK(s.ok() && page.size() == 1 && page[0] == m.free.front(), "draining: got ",
-               s.ToString(), " [", absl::StrJoin(page, ","), "], model ", m.free.front());
-    m.allocated[m.free.front()] = true;
-    m.free.pop_front();
+    const uint64_t want = m.pages.Alloc(1)[0];
+    FUZZ_CHECK(s.ok() && page.size() == 1 && page[0] == want, "draining: got ", s.ToString(), " [",
+               absl::StrJoin(page, ","), "], model ", want);
   }
   CheckState(a, m);
 }

@@ -1,6 +1,8 @@
 #include "server/pool/allocator.h"
 
 #include <algorithm>
+#include <iterator>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,9 +10,34 @@
 namespace kvhost {
 
 PageAllocator::PageAllocator(uint64_t page_num, uint64_t page_size)
-    : page_num_(page_num), page_size_(page_size), free_(page_num), allocated_(page_num, 0) {
-  for (uint64_t p = 0; p < page_num_; ++p) free_[p] = p;
+    : page_num_(page_num), page_size_(page_size), state_(page_num, kFree) {
+  absl::MutexLock lock(&mu_);
+  ResetLocked();
+}
+
+void PageAllocator::ResetLocked() {
+  by_start_.clear();
+  by_length_.clear();
+  if (page_num_ > 0) {
+    by_start_.emplace(0, page_num_);
+    by_length_.emplace(page_num_, 0);
+  }
   free_count_ = page_num_;
+}
+
+void PageAllocator::TakeFrom(std::pair<uint64_t, uint64_t> extent, uint64_t take,
+                             std::vector<uint64_t>* pages) {
+  const auto [length, start] = extent;
+  std::fill(state_.begin() + start, state_.begin() + start + take, kAllocated);
+  const size_t at = pages->size();
+  pages->resize(at + take);
+  std::iota(pages->begin() + at, pages->end(), start);
+  by_length_.erase(extent);
+  auto it = by_start_.erase(by_start_.find(start));
+  if (take < length) {
+    by_start_.emplace_hint(it, start + take, length - take);
+    by_length_.emplace(length - take, start + take);
+  }
 }
 
 absl::Status PageAllocator::Alloc(uint64_t num_tokens, std::vector<uint64_t>* pages) {
@@ -26,39 +53,88 @@ absl::Status PageAllocator::Alloc(uint64_t num_tokens, std::vector<uint64_t>* pa
                      " of ", page_num_ * page_size_, " slots are free"));
   }
   pages->reserve(pages->size() + want);
-  for (uint64_t i = 0; i < want; ++i) {
-    const uint64_t page = free_[head_];
-    head_ = head_ + 1 == page_num_ ? 0 : head_ + 1;
-    allocated_[page] = 1;
-    pages->push_back(page);
+  uint64_t rest = want;
+  for (;;) {
+    // (rest, 0) sorts before every extent of rest pages: the lowest start wins ties.
+    auto fit = by_length_.lower_bound({rest, 0});
+    if (fit != by_length_.end()) {
+      TakeFrom(*fit, rest, pages);
+      break;
+    }
+    // No extent holds the rest, and the free pages do (checked above), so
+    // extents remain: take the largest whole, the lowest start of that length.
+    const uint64_t largest = std::prev(by_length_.end())->first;
+    const std::pair<uint64_t, uint64_t> extent = *by_length_.lower_bound({largest, 0});
+    TakeFrom(extent, largest, pages);
+    rest -= largest;
   }
   free_count_ -= want;
   return absl::OkStatus();
 }
 
-absl::Status PageAllocator::FreePages(absl::Span<const uint64_t> pages) {
-  absl::MutexLock lock(&mu_);
-  for (uint64_t page : pages) {
-    if (!allocated_[page]) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("page ", page, " (slots ", page * page_size_, "..",
-                       (page + 1) * page_size_ - 1, ") is not allocated"));
+void PageAllocator::AddRun(uint64_t start, uint64_t length) {
+  // Extents neither overlap the run (its pages were allocated) nor touch each
+  // other, so at most one ends at `start` and one begins at `start + length`.
+  auto next = by_start_.lower_bound(start);
+  if (next != by_start_.end() && next->first == start + length) {
+    length += next->second;
+    by_length_.erase({next->second, next->first});
+    next = by_start_.erase(next);
+  }
+  if (next != by_start_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      by_length_.erase({prev->second, prev->first});
+      prev->second += length;
+      by_length_.emplace(prev->second, prev->first);
+      return;
     }
   }
-  for (uint64_t page : pages) {
-    allocated_[page] = 0;
-    uint64_t tail = head_ + free_count_;
-    if (tail >= page_num_) tail -= page_num_;
-    free_[tail] = page;
-    ++free_count_;
+  by_start_.emplace_hint(next, start, length);
+  by_length_.emplace(length, start);
+}
+
+absl::Status PageAllocator::FreePages(absl::Span<const uint64_t> pages) {
+  absl::MutexLock lock(&mu_);
+  // Check every id first, marking the good ones kFreeing so that a repeat is
+  // seen; on an error the marks are undone and nothing has changed.
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const uint64_t page = pages[i];
+    absl::Status bad;
+    if (page >= page_num_) {
+      bad = absl::InvalidArgumentError(
+          absl::StrCat("page ", page, " at position ", i, " out of range [0, ", page_num_, ")"));
+    } else if (state_[page] == kFreeing) {
+      bad = absl::InvalidArgumentError(
+          absl::StrCat("page ", page, " at position ", i, " appears more than once"));
+    } else if (state_[page] != kAllocated) {
+      bad = absl::FailedPreconditionError(absl::StrCat("page ", page, " (slots ", page * page_size_,
+                                                       "..", (page + 1) * page_size_ - 1,
+                                                       ") is not allocated"));
+    }
+    if (!bad.ok()) {
+      for (size_t j = 0; j < i; ++j) state_[pages[j]] = kAllocated;
+      return bad;
+    }
+    state_[page] = kFreeing;
   }
+  // Each run of consecutive ids in the list (an Alloc's runs come back so)
+  // joins the extents in one step.
+  for (size_t i = 0; i < pages.size();) {
+    size_t j = i + 1;
+    while (j < pages.size() && pages[j] == pages[j - 1] + 1) ++j;
+    for (size_t k = i; k < j; ++k) state_[pages[k]] = kFree;
+    AddRun(pages[i], j - i);
+    i = j;
+  }
+  free_count_ += pages.size();
   return absl::OkStatus();
 }
 
 absl::Status PageAllocator::CheckAllocated(absl::Span<const int64_t> slots) const {
   absl::MutexLock lock(&mu_);
   for (int64_t slot : slots) {
-    if (!allocated_[static_cast<uint64_t>(slot) / page_size_]) {
+    if (state_[static_cast<uint64_t>(slot) / page_size_] != kAllocated) {
       return absl::FailedPreconditionError(
           absl::StrCat("host slot ", slot, " is not allocated (page ",
                        static_cast<uint64_t>(slot) / page_size_, ")"));
@@ -69,10 +145,8 @@ absl::Status PageAllocator::CheckAllocated(absl::Span<const int64_t> slots) cons
 
 void PageAllocator::Clear() {
   absl::MutexLock lock(&mu_);
-  for (uint64_t p = 0; p < page_num_; ++p) free_[p] = p;
-  std::fill(allocated_.begin(), allocated_.end(), 0);
-  head_ = 0;
-  free_count_ = page_num_;
+  std::fill(state_.begin(), state_.end(), kFree);
+  ResetLocked();
 }
 
 uint64_t PageAllocator::free_pages() const {

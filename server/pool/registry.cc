@@ -20,8 +20,9 @@ namespace kvhost {
 
 namespace {
 constexpr char kRegionFilePrefix[] = "kvhost.";
-// PageAllocator's page table: a free-ring slot (8 bytes) and a flag per page.
-constexpr uint64_t kPageTableBytesPerPage = sizeof(uint64_t) + sizeof(uint8_t);
+// PageAllocator's bookkeeping at its worst (the bound and its measurement are
+// in server/pool/allocator.h).
+constexpr uint64_t kPageTableBytesPerPage = PageAllocator::kMaxBookkeepingBytesPerPage;
 // How long a create short of memory waits for deleted pools being unmapped
 // (seconds for a pool of hundreds of GiB).
 constexpr absl::Duration kReleaseWait = absl::Seconds(30);
