@@ -148,7 +148,7 @@ void ReplayLaunch(const Case& c, const LayoutGroup& g, const CopyTile* tiles, si
     for (uint64_t r = 0; r < TileItems(tiles[s]); ++r) {
       const CopyItem item =
           DecodeCopyItem(layout, tiles[s], r, layer_shift, c.device_layers, delta);
-      const uint64_t other_off = item.host_offset - static_cast<uint64_t>(tiles[s].bias);
+      const uint64_t other_off = item.other_offset;
       ASSERT_LE(other_off + item_bytes, other_size) << "tile " << s << " item " << r;
       // The launch's table starts at the group's first component.
       const uint64_t buffer = uint64_t{g.first_component} * c.device_layers + item.device_buffer;
