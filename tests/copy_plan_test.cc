@@ -34,6 +34,12 @@
 #include "seed_offsets.h"
 #include "server/transfer/engine.h"
 
+#ifdef KVHOST_HAVE_CUDA_ENGINE
+#include <cuda_runtime_api.h>
+
+#include "copy_kernel.h"
+#endif
+
 namespace kvhost {
 namespace {
 
@@ -976,6 +982,196 @@ TEST(CopyEnginePiecesTest, CountsLayoutContiguousPieces) {
   EXPECT_EQ(lp.pieces, 6u);
   EXPECT_EQ(lp.bytes, 2u * 35u * 16u);
 }
+
+#ifdef KVHOST_HAVE_CUDA_ENGINE
+// ---------------------------------------------------------------------------
+// The kernel itself where there is a GPU (skipped elsewhere): staged and SM
+// copy plans run through LaunchCopyKernel on device copies of the buffers,
+// the pool's copies done with cudaMemcpy, against the same reference. Its
+// forms: lane groups of 16 (PAGE_HEAD's 256 B heads), of 4 (48 B rows), a
+// warp per 512 B row, and the byte copy (24 B rows, and unaligned launches).
+
+class GpuBuffers {
+ public:
+  explicit GpuBuffers(const Case& c) : c_(c) {}
+  GpuBuffers(const GpuBuffers&) = delete;
+  GpuBuffers& operator=(const GpuBuffers&) = delete;
+  ~GpuBuffers() {
+    for (void* p : allocations_) cudaFree(p);
+  }
+
+  // Device memory holding `bytes` of `data` (uninitialised where null).
+  uint8_t* Upload(const void* data, size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(bytes, 16)), cudaSuccess);
+    allocations_.push_back(p);
+    if (data != nullptr) {
+      EXPECT_EQ(cudaMemcpy(p, data, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    return static_cast<uint8_t*>(p);
+  }
+
+  // The worker's layer buffers of `b` on the device, and per group its table.
+  void UploadDevice(const Buffers& b, const std::vector<LayoutGroup>& groups) {
+    for (const auto& layer : b.device) layers_.push_back(Upload(layer.data(), layer.size()));
+    for (const LayoutGroup& g : groups) {
+      const uint8_t* const* first = layers_.data() + uint64_t{g.first_component} * c_.device_layers;
+      tables_.push_back(reinterpret_cast<uint8_t* const*>(
+          Upload(first, g.layout.planes * c_.device_layers * sizeof(uint8_t*))));
+    }
+  }
+  void DownloadDevice(Buffers* b) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      EXPECT_EQ(
+          cudaMemcpy(b->device[i].data(), layers_[i], b->device[i].size(), cudaMemcpyDeviceToHost),
+          cudaSuccess);
+    }
+  }
+  uint8_t* const* table(size_t group) const { return tables_[group]; }
+
+ private:
+  const Case& c_;
+  std::vector<void*> allocations_;
+  std::vector<uint8_t*> layers_;
+  std::vector<uint8_t* const*> tables_;
+};
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// A small grid, so that every lane group takes several items.
+constexpr int kGpuBlocks = 3;
+
+void ExpectGpuStagedMatchesNaive(const Case& c, bool aligned16) {
+  SCOPED_TRACE(c.name);
+  const std::vector<LayoutGroup> groups = GroupComponents(c.components);
+  const std::vector<Held> held = HeldOf(c);
+  const uint64_t unit = UnitOf(groups, held);
+  std::mt19937_64 rng(31);
+  for (const uint64_t chunk : {std::max(unit, 2 * RowsOf(groups, held) + 21), uint64_t{1} << 20}) {
+    for (const bool backup : {true, false}) {
+      if (backup && c.load_only) continue;
+      SCOPED_TRACE(absl::StrCat("chunk ", chunk, backup ? " backup" : " load"));
+      Buffers got = MakeBuffers(c, rng);
+      Buffers want = got;
+      NaiveCopy(c, backup, &want);
+      GpuBuffers gpu(c);
+      gpu.UploadDevice(got, groups);
+      uint8_t* staging = gpu.Upload(nullptr, chunk);
+      for (const Held& h : held) {
+        StagedPlan plan;
+        ASSERT_TRUE(
+            PlanStaged(groups, c.runs, c.page_runs, h.begin, h.end, chunk, 1 << 30, &plan).ok());
+        const auto* tiles = reinterpret_cast<const CopyTile*>(
+            gpu.Upload(plan.tiles.data(), plan.tiles.size() * sizeof(CopyTile)));
+        for (const StagedChunk& ch : plan.chunks) {
+          for (size_t i = ch.copy_begin; i < ch.copy_end && !backup; ++i) {
+            const StagedCopy& cp = plan.copies[i];
+            ASSERT_EQ(cudaMemcpy(staging + cp.staging_offset,
+                                 got.regions[cp.region].data() + cp.host_offset, cp.bytes,
+                                 cudaMemcpyHostToDevice),
+                      cudaSuccess);
+          }
+          for (size_t k = ch.launch_begin; k < ch.launch_end; ++k) {
+            const TileLaunch& launch = plan.launches[k];
+            CopyKernelArgs args;
+            args.layout = groups[launch.group].layout;
+            args.device_layers = gpu.table(launch.group);
+            args.device_layers_per_plane = c.device_layers;
+            args.device_layer_delta = static_cast<int32_t>(h.delta);
+            args.other = staging;
+            args.tiles = tiles + launch.tile_begin;
+            args.tile_count = static_cast<uint32_t>(launch.tile_end - launch.tile_begin);
+            args.item_count = launch.items;
+            args.to_device = !backup;
+            args.aligned16 = aligned16;
+            ASSERT_EQ(LaunchCopyKernel(args, kGpuBlocks, nullptr), cudaSuccess);
+          }
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          for (size_t i = ch.copy_begin; i < ch.copy_end && backup; ++i) {
+            const StagedCopy& cp = plan.copies[i];
+            ASSERT_EQ(cudaMemcpy(got.regions[cp.region].data() + cp.host_offset,
+                                 staging + cp.staging_offset, cp.bytes, cudaMemcpyDeviceToHost),
+                      cudaSuccess);
+          }
+        }
+      }
+      gpu.DownloadDevice(&got);
+      EXPECT_TRUE(got.regions == want.regions);
+      EXPECT_TRUE(got.device == want.device);
+    }
+  }
+}
+
+// The SM copy plan with the pool's regions in device memory as `other`.
+void ExpectGpuSmCopyMatchesNaive(const Case& c) {
+  SCOPED_TRACE(c.name);
+  const std::vector<LayoutGroup> groups = GroupComponents(c.components);
+  const SmCopyPlan plan = PlanSmCopy(groups, c.runs, c.page_runs);
+  std::mt19937_64 rng(37);
+  for (const bool backup : {true, false}) {
+    if (backup && c.load_only) continue;
+    SCOPED_TRACE(backup ? "backup" : "load");
+    Buffers got = MakeBuffers(c, rng);
+    Buffers want = got;
+    NaiveCopy(c, backup, &want);
+    GpuBuffers gpu(c);
+    gpu.UploadDevice(got, groups);
+    std::vector<uint8_t*> regions;
+    for (const auto& r : got.regions) regions.push_back(gpu.Upload(r.data(), r.size()));
+    const auto* tiles = reinterpret_cast<const CopyTile*>(
+        gpu.Upload(plan.tiles.data(), plan.tiles.size() * sizeof(CopyTile)));
+    for (const JobLayer& jl : c.layers) {
+      if (jl.host_layer < 0) continue;
+      for (const TileLaunch& launch : plan.launches) {
+        const LayoutGroup& g = groups[launch.group];
+        CopyKernelArgs args;
+        args.layout = g.layout;
+        args.device_layers = gpu.table(launch.group);
+        args.device_layers_per_plane = c.device_layers;
+        args.device_layer_delta = static_cast<int32_t>(int64_t{jl.device_layer} - jl.host_layer);
+        args.other = regions[g.region] + g.region_offset;
+        args.tiles = tiles + launch.tile_begin;
+        args.tile_count = static_cast<uint32_t>(launch.tile_end - launch.tile_begin);
+        args.item_count = launch.items;
+        args.layer_shift = static_cast<uint32_t>(jl.host_layer);
+        args.to_device = !backup;
+        args.aligned16 = g.region_offset % 16 == 0;
+        ASSERT_EQ(LaunchCopyKernel(args, kGpuBlocks, nullptr), cudaSuccess);
+      }
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < regions.size(); ++i) {
+      ASSERT_EQ(cudaMemcpy(got.regions[i].data(), regions[i], got.regions[i].size(),
+                           cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
+    gpu.DownloadDevice(&got);
+    EXPECT_TRUE(got.regions == want.regions);
+    EXPECT_TRUE(got.device == want.device);
+  }
+}
+
+TEST(CopyKernelGpuTest, EveryKernelFormMatchesTheReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no usable CUDA GPU";
+  for (const Shape& s : Shapes()) {
+    // Rows of 256 B heads (PAGE_HEAD: lane groups of 16; the others a warp
+    // per 512 B row) and of 48 B (groups of 4); 24 B rows (bytes).
+    for (const bool repeat : {false, true}) {
+      const Case c = LongRunCase(s, repeat);
+      ExpectGpuStagedMatchesNaive(c, true);
+      ExpectGpuSmCopyMatchesNaive(c);
+    }
+    ExpectGpuStagedMatchesNaive(LongRunCase(s, false), false);
+    const Case small = PlaneCase(s, SameLayers(kLayers), kLayers);
+    ExpectGpuStagedMatchesNaive(small, true);
+    ExpectGpuSmCopyMatchesNaive(small);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+#endif  // KVHOST_HAVE_CUDA_ENGINE
 
 }  // namespace
 }  // namespace kvhost
