@@ -44,7 +44,8 @@ __global__ void CopyKernel(CopyKernelArgs a) {
   const unsigned lane = threadIdx.x % kLanes;
   const uint64_t item_bytes = CopyItemBytes(a.layout);
   static_assert(32 % kLanes == 0, "a group is a power-of-two part of a warp");
-  for (uint64_t i = uint64_t{blockIdx.x} * (blockDim.x / 32) * kGroupsPerWarp + threadIdx.x / kLanes;
+  for (uint64_t i =
+           uint64_t{blockIdx.x} * (blockDim.x / 32) * kGroupsPerWarp + threadIdx.x / kLanes;
        i < a.item_count; i += groups) {
     // The last tile whose first item is <= i.
     uint32_t lo = 0;

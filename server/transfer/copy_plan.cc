@@ -167,7 +167,8 @@ class ChunkBuilder {
         continue;
       }
       fit = std::min(fit, units);
-      const uint64_t host_offset = layout.Offset(tile.plane, tile.host_token, tile.layer0, tile.head0);
+      const uint64_t host_offset =
+          layout.Offset(tile.plane, tile.host_token, tile.layer0, tile.head0);
       const uint64_t bytes = fit * unit_bytes;
       const uint64_t staging = Reserve(bytes);
       const uint64_t from = tile.host_token;

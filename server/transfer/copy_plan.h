@@ -16,7 +16,8 @@
 //
 // SM copy path (PlanSmCopy): the kernel reads or writes the pool itself
 // through mapped memory, one launch per group and layer, so a tile is
-// simply one run of one plane, one layer wide.
+// simply one run of one plane, one layer wide, lying as in the pool
+// (bias 0, other_layer_stride the pool's LayerStride).
 //
 // Staged (PlanStaged): the job goes through a device staging buffer in
 // chunks of `chunk_bytes`. Runs are planned in host slot order (a chunk's
