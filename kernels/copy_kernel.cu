@@ -10,11 +10,13 @@ namespace {
 // = 16 KiB per block).
 constexpr int kUnroll = 4;
 
-template <bool kVector>
-__device__ __forceinline__ void CopyItemBytesWarp(uint8_t* dst, const uint8_t* src, uint64_t n,
-                                                  unsigned lane) {
+// `kLanes` lanes (a warp or a part of one) copy one item of `n` bytes;
+// `lane` is the lane's index among them.
+template <bool kVector, int kLanes>
+__device__ __forceinline__ void CopyItemBytesGroup(uint8_t* dst, const uint8_t* src, uint64_t n,
+                                                   unsigned lane) {
   if constexpr (kVector) {
-    constexpr uint64_t kStride = 32 * 16;
+    constexpr uint64_t kStride = kLanes * 16;
     for (uint64_t base = lane * 16ull; base < n; base += kStride * kUnroll) {
       uint4 v[kUnroll];
 #pragma unroll
@@ -29,17 +31,22 @@ __device__ __forceinline__ void CopyItemBytesWarp(uint8_t* dst, const uint8_t* s
       }
     }
   } else {
-    for (uint64_t o = lane; o < n; o += 32) dst[o] = src[o];
+    for (uint64_t o = lane; o < n; o += kLanes) dst[o] = src[o];
   }
 }
 
-template <bool kVector>
+// One item per group of kLanes lanes, 32 / kLanes groups per warp; the
+// groups of a warp take consecutive items.
+template <bool kVector, int kLanes>
 __global__ void CopyKernel(CopyKernelArgs a) {
-  const uint64_t warps_per_block = blockDim.x / 32;
-  const uint64_t warps = gridDim.x * warps_per_block;
-  const unsigned lane = threadIdx.x % 32;
+  constexpr uint64_t kGroupsPerWarp = 32 / kLanes;
+  const uint64_t groups = uint64_t{gridDim.x} * (blockDim.x / kLanes);
+  const unsigned lane = threadIdx.x % kLanes;
   const uint64_t item_bytes = CopyItemBytes(a.layout);
-  for (uint64_t i = blockIdx.x * warps_per_block + threadIdx.x / 32; i < a.item_count; i += warps) {
+  static_assert(32 % kLanes == 0, "a group is a power-of-two part of a warp");
+  for (uint64_t i =
+           uint64_t{blockIdx.x} * (blockDim.x / 32) * kGroupsPerWarp + threadIdx.x / kLanes;
+       i < a.item_count; i += groups) {
     // The last tile whose first item is <= i.
     uint32_t lo = 0;
     uint32_t hi = a.tile_count;
@@ -55,31 +62,47 @@ __global__ void CopyKernel(CopyKernelArgs a) {
     const CopyItem item = DecodeCopyItem(a.layout, s, i - s.first_item, a.layer_shift,
                                          a.device_layers_per_plane, a.device_layer_delta);
     uint8_t* device = a.device_layers[item.device_buffer] + item.device_offset;
-    uint8_t* other = a.other + (item.host_offset - static_cast<uint64_t>(s.bias));
+    uint8_t* other = a.other + item.other_offset;
     if (a.to_device) {
-      CopyItemBytesWarp<kVector>(device, other, item_bytes, lane);
+      CopyItemBytesGroup<kVector, kLanes>(device, other, item_bytes, lane);
     } else {
-      CopyItemBytesWarp<kVector>(other, device, item_bytes, lane);
+      CopyItemBytesGroup<kVector, kLanes>(other, device, item_bytes, lane);
     }
   }
+}
+
+template <bool kVector, int kLanes>
+cudaError_t Launch(const CopyKernelArgs& args, int max_blocks, cudaStream_t stream) {
+  const uint64_t per_block = uint64_t{kCopyKernelWarpsPerBlock} * (32 / kLanes);
+  const uint64_t needed = (args.item_count + per_block - 1) / per_block;
+  const int blocks =
+      static_cast<int>(needed < static_cast<uint64_t>(max_blocks) ? needed : max_blocks);
+  const dim3 grid(blocks < 1 ? 1 : blocks);
+  const dim3 block(32 * kCopyKernelWarpsPerBlock);
+  CopyKernel<kVector, kLanes><<<grid, block, 0, stream>>>(args);
+  return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t LaunchCopyKernel(const CopyKernelArgs& args, int max_blocks, cudaStream_t stream) {
   if (args.item_count == 0 || args.tile_count == 0) return cudaSuccess;
-  const uint64_t needed =
-      (args.item_count + kCopyKernelWarpsPerBlock - 1) / kCopyKernelWarpsPerBlock;
-  const int blocks =
-      static_cast<int>(needed < static_cast<uint64_t>(max_blocks) ? needed : max_blocks);
-  const dim3 grid(blocks < 1 ? 1 : blocks);
-  const dim3 block(32 * kCopyKernelWarpsPerBlock);
-  if (args.aligned16 && CopyItemBytes(args.layout) % 16 == 0) {
-    CopyKernel<true><<<grid, block, 0, stream>>>(args);
-  } else {
-    CopyKernel<false><<<grid, block, 0, stream>>>(args);
+  const uint64_t item_bytes = CopyItemBytes(args.layout);
+  if (!args.aligned16 || item_bytes % 16 != 0) return Launch<false, 32>(args, max_blocks, stream);
+  switch (CopyLanesPerItem(item_bytes)) {
+    case 1:
+      return Launch<true, 1>(args, max_blocks, stream);
+    case 2:
+      return Launch<true, 2>(args, max_blocks, stream);
+    case 4:
+      return Launch<true, 4>(args, max_blocks, stream);
+    case 8:
+      return Launch<true, 8>(args, max_blocks, stream);
+    case 16:
+      return Launch<true, 16>(args, max_blocks, stream);
+    default:
+      return Launch<true, 32>(args, max_blocks, stream);
   }
-  return cudaGetLastError();
 }
 
 }  // namespace kvhost

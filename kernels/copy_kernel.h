@@ -1,6 +1,8 @@
-// The copy kernel of the CUDA engine's staged and SM copy paths: one
-// warp per item (kernels/kvhost/copy_tile.h), 16-byte vectors where every
-// address and the item size allow it, bytes otherwise, over a grid of at most
+// The copy kernel of the CUDA engine's staged and SM copy paths: items of
+// kernels/kvhost/copy_tile.h in 16-byte vectors where every address and the
+// item size allow it, each by CopyLanesPerItem lanes (a warp, or for items
+// under 512 B a part of one, so that PAGE_HEAD's 256 B heads go two to a
+// warp), and a warp per item in bytes otherwise, over a grid of at most
 // `max_blocks` blocks (the seeds' block_quota: a small grid leaves the SMs to
 // the worker; the staged path's device-to-device gathers use a full grid so
 // that they end quickly).
@@ -37,8 +39,9 @@ struct CopyKernelArgs {
   uint64_t item_count = 0;
   uint32_t layer_shift = 0;
   bool to_device = false;  // other -> device (load) or device -> other (backup)
-  // Every layer buffer, `other`, and every bias are 16-byte aligned; the item
-  // size is checked by the launcher.
+  // Every layer buffer, `other`, and every item's other offset are 16-byte
+  // aligned where the item size is a multiple of 16 (the launcher checks
+  // that size).
   bool aligned16 = false;
 };
 

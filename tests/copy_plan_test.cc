@@ -31,7 +31,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "seed_offsets.h"
 #include "server/transfer/engine.h"
+
+#ifdef KVHOST_HAVE_CUDA_ENGINE
+#include <cuda_runtime_api.h>
+
+#include "copy_kernel.h"
+#endif
 
 namespace kvhost {
 namespace {
@@ -48,6 +55,7 @@ struct Case {
   uint64_t device_tokens = 0;  // device slots
   std::vector<IndexRun> runs;
   std::vector<IndexRun> page_runs;  // when a component has page rows
+  bool load_only = false;           // host slots read twice: no backup of it
 };
 
 struct Buffers {
@@ -76,19 +84,35 @@ Buffers MakeBuffers(const Case& c, std::mt19937_64& rng) {
   return b;
 }
 
+// A component's buffer as one of the seeds' (tests/seed_offsets.h), so that
+// the reference's offsets do not come from the code under test.
+testing::SeedBuffer SeedOf(const KvLayout& layout) {
+  testing::SeedBuffer s;
+  s.layout = testing::SeedLayoutNamed(layout.kind);
+  s.planes = 1;
+  s.layers = layout.layers;
+  s.rows = layout.tokens;
+  s.page_size = layout.page_size;
+  s.heads = layout.heads;
+  s.dim = layout.head_bytes;
+  return s;
+}
+
 // The reference: every (component, row, held layer, head) of every run, one
-// at a time.
+// at a time, at the seeds' offsets.
 void NaiveCopy(const Case& c, bool backup, Buffers* b) {
   for (size_t ci = 0; ci < c.components.size(); ++ci) {
     const Component& comp = c.components[ci];
     const KvLayout& layout = comp.layout;
+    const testing::SeedBuffer seed = SeedOf(layout);
     for (const IndexRun& run : comp.row_tokens > 1 ? c.page_runs : c.runs) {
       for (uint64_t t = 0; t < run.count; ++t) {
         for (const JobLayer& jl : c.layers) {
           if (jl.host_layer < 0) continue;
           for (uint64_t h = 0; h < layout.heads; ++h) {
-            uint8_t* host = b->regions[comp.region].data() + comp.region_offset +
-                            layout.Offset(0, run.host + t, static_cast<uint64_t>(jl.host_layer), h);
+            uint8_t* host =
+                b->regions[comp.region].data() + comp.region_offset +
+                testing::SeedOffset(seed, 0, run.host + t, static_cast<uint64_t>(jl.host_layer), h);
             uint8_t* dev = b->device[ci * c.device_layers + jl.device_layer].data() +
                            (run.device + t) * comp.row_bytes() + h * layout.head_bytes;
             if (backup) {
@@ -133,39 +157,74 @@ std::vector<Held> HeldOf(const Case& c) {
   return out;
 }
 
+// The kernel's grid for the lane replay: blocks of kWarps warps of 32 lanes
+// (kernels/copy_kernel.cu), few enough blocks that groups take several items.
+constexpr uint64_t kReplayBlocks = 3;
+constexpr uint64_t kWarps = 8;
+
 // Replays one kernel launch over group `g` (tiles [begin, end), items
-// [0, items)) between the device buffers and `other`; counts writes into
-// `other` per byte when given.
+// [0, items)) between the device buffers and `other` as the kernel runs it:
+// item i by lane group i mod (the grid's groups), CopyLanesPerItem lanes of a
+// warp per item of 16-byte vectors (aligned items), each lane its vectors;
+// a warp per item for the byte copy. Counts writes into `other` per byte
+// when given, and checks that every byte of every item is copied once and,
+// for vectors, that a warp's lanes all have work where its items are large
+// enough (sub-warp groups: PAGE_HEAD's 256 B heads two to a warp).
 void ReplayLaunch(const Case& c, const LayoutGroup& g, const CopyTile* tiles, size_t count,
                   uint64_t items, uint32_t layer_shift, int64_t delta, uint8_t* other,
                   uint64_t other_size, bool to_device, Buffers* b, std::vector<int>* other_writes) {
   const KvLayout& layout = g.layout;
   const uint64_t item_bytes = CopyItemBytes(layout);
+  const bool vector = item_bytes % 16 == 0;
+  const uint64_t lanes = vector ? CopyLanesPerItem(item_bytes) : 32;
+  ASSERT_EQ(32 % lanes, 0u);
+  if (vector) {
+    ASSERT_GE(lanes * 16, std::min<uint64_t>(item_bytes, 512));
+    ASSERT_LT(lanes * 8, item_bytes) << "half the lanes would idle";
+  }
   uint64_t seen = 0;
+  std::vector<uint64_t> tile_of(items);
   for (size_t s = 0; s < count; ++s) {
     ASSERT_EQ(tiles[s].first_item, seen) << "tile " << s;
+    for (uint64_t r = 0; r < TileItems(tiles[s]); ++r) tile_of[seen + r] = s;
     seen += TileItems(tiles[s]);
-    for (uint64_t r = 0; r < TileItems(tiles[s]); ++r) {
+  }
+  ASSERT_EQ(seen, items);
+  const uint64_t groups = kReplayBlocks * kWarps * (32 / lanes);
+  std::vector<uint8_t> copied(item_bytes);
+  for (uint64_t first = 0; first < groups; ++first) {
+    for (uint64_t i = first; i < items; i += groups) {
+      const CopyTile& tile = tiles[tile_of[i]];
       const CopyItem item =
-          DecodeCopyItem(layout, tiles[s], r, layer_shift, c.device_layers, delta);
-      const uint64_t other_off = item.host_offset - static_cast<uint64_t>(tiles[s].bias);
-      ASSERT_LE(other_off + item_bytes, other_size) << "tile " << s << " item " << r;
+          DecodeCopyItem(layout, tile, i - tile.first_item, layer_shift, c.device_layers, delta);
+      const uint64_t other_off = item.other_offset;
+      ASSERT_LE(other_off + item_bytes, other_size) << "item " << i;
+      if (vector) {
+        ASSERT_EQ(other_off % 16, 0u) << "item " << i << " breaks the 16-byte vectors";
+      }
       // The launch's table starts at the group's first component.
       const uint64_t buffer = uint64_t{g.first_component} * c.device_layers + item.device_buffer;
       ASSERT_LT(item.device_buffer, layout.planes * c.device_layers);
       ASSERT_LE(item.device_offset + item_bytes, b->device[buffer].size());
       uint8_t* dev = b->device[buffer].data() + item.device_offset;
-      if (to_device) {
-        std::memcpy(dev, other + other_off, item_bytes);
-      } else {
-        std::memcpy(other + other_off, dev, item_bytes);
-        if (other_writes != nullptr) {
-          for (uint64_t i = 0; i < item_bytes; ++i) ++(*other_writes)[other_off + i];
+      uint8_t* dst = to_device ? dev : other + other_off;
+      const uint8_t* src = to_device ? other + other_off : dev;
+      std::fill(copied.begin(), copied.end(), 0);
+      const uint64_t piece = vector ? 16 : 1;
+      for (uint64_t lane = 0; lane < lanes; ++lane) {
+        for (uint64_t o = lane * piece; o < item_bytes; o += lanes * piece) {
+          std::memcpy(dst + o, src + o, piece);
+          for (uint64_t k = 0; k < piece; ++k) ++copied[o + k];
         }
+      }
+      for (uint64_t k = 0; k < item_bytes; ++k) {
+        ASSERT_EQ(copied[k], 1) << "item " << i << " byte " << k;
+      }
+      if (!to_device && other_writes != nullptr) {
+        for (uint64_t k = 0; k < item_bytes; ++k) ++(*other_writes)[other_off + k];
       }
     }
   }
-  ASSERT_EQ(seen, items);
 }
 
 uint64_t UnitOf(const std::vector<LayoutGroup>& groups, const std::vector<Held>& held) {
@@ -176,6 +235,17 @@ uint64_t UnitOf(const std::vector<LayoutGroup>& groups, const std::vector<Held>&
     }
   }
   return unit;
+}
+
+// The most bytes of one slot's held rows, every plane, of any group.
+uint64_t RowsOf(const std::vector<LayoutGroup>& groups, const std::vector<Held>& held) {
+  uint64_t rows = 0;
+  for (const Held& h : held) {
+    for (const LayoutGroup& g : groups) {
+      rows = std::max(rows, g.layout.planes * (h.end - h.begin) * g.layout.token_bytes);
+    }
+  }
+  return rows;
 }
 
 uint64_t SplitOf(const Buffers& b) {
@@ -213,7 +283,12 @@ void ExpectStagedMatchesNaive(const Case& c) {
     EXPECT_EQ(one.delta, held[0].delta);
   }
   const uint64_t unit = UnitOf(groups, held);
-  for (const uint64_t chunk : {unit, 3 * unit + 5, uint64_t{1} << 20}) {
+  // A LAYER_FIRST chunk holds every held row of its slots where a slot's fit
+  // (twice and a bit: windows split in runs, and a second group may start
+  // mid-chunk); the unit alone and 3 units plan one (plane, layer) at a time.
+  const uint64_t rows = RowsOf(groups, held);
+  for (const uint64_t chunk :
+       {unit, 3 * unit + 5, std::max(unit, 2 * rows + 21), uint64_t{1} << 20}) {
     Buffers got = MakeBuffers(c, rng);
     // A registration split inside the regions, so that some copies are cut.
     const uint64_t split = SplitOf(got);
@@ -224,6 +299,7 @@ void ExpectStagedMatchesNaive(const Case& c) {
                       .ok());
     }
     for (const bool backup : {true, false}) {
+      if (backup && c.load_only) continue;
       SCOPED_TRACE(absl::StrCat("chunk ", chunk, backup ? " backup" : " load"));
       got = MakeBuffers(c, rng);
       Buffers want = got;
@@ -283,6 +359,7 @@ void ExpectDirectMatchesNaive(const Case& c) {
   for (const TileLaunch& launch : plan.launches) items += launch.items;
   EXPECT_EQ(items, plan.items_per_layer);
   for (const bool backup : {true, false}) {
+    if (backup && c.load_only) continue;
     SCOPED_TRACE(backup ? "backup" : "load");
     Buffers got = MakeBuffers(c, rng);
     Buffers want = got;
@@ -310,6 +387,7 @@ void ExpectCopyEngineMatchesNaive(const Case& c) {
   SCOPED_TRACE(c.name);
   std::mt19937_64 rng(13);
   for (const bool backup : {true, false}) {
+    if (backup && c.load_only) continue;
     SCOPED_TRACE(backup ? "backup" : "load");
     Buffers got = MakeBuffers(c, rng);
     Buffers want = got;
@@ -532,6 +610,52 @@ TEST_P(CopyPlanTest, ChunkSmallerThanAUnitIsRefused) {
   EXPECT_NE(s.message().find("--staging-bytes"), std::string::npos) << s;
 }
 
+// Host slots in runs of kHostRun at shuffled places, named in shuffled
+// request order, device rows scattered: what a contiguity-keeping host
+// allocator gives a job, which the staged path plans in host order. Rows of
+// 256 B heads, so that the kernel's 16-byte vectors and lane groups replay
+// (PAGE_HEAD: a head per item, two to a warp). `repeat`: a load that also
+// reads the first host slots a second time.
+constexpr uint64_t kHostRun = 5;
+Case LongRunCase(const Shape& s, bool repeat) {
+  const uint64_t ps = s.page_size;
+  const uint64_t head_bytes = s.heads == 1 ? 48 : 256;
+  const KvLayout layout(s.kind, s.planes, kLayers, 40 * ps, ps, s.heads, head_bytes);
+  std::mt19937_64 rng(23);
+  std::vector<uint64_t> starts(layout.tokens / kHostRun);
+  for (uint64_t i = 0; i < starts.size(); ++i) starts[i] = i * kHostRun;
+  std::shuffle(starts.begin(), starts.end(), rng);
+  std::vector<int64_t> host;
+  for (size_t r = 0; r < starts.size() * 3 / 4; ++r) {
+    for (uint64_t i = 0; i < kHostRun; ++i) host.push_back(static_cast<int64_t>(starts[r] + i));
+  }
+  std::shuffle(host.begin(), host.end(), rng);
+  if (repeat) host.insert(host.end(), host.begin(), host.begin() + 7);
+  std::vector<int64_t> device(2 * host.size());
+  for (size_t i = 0; i < device.size(); ++i) device[i] = static_cast<int64_t>(i);
+  std::shuffle(device.begin(), device.end(), rng);
+  device.resize(host.size());
+  Case c;
+  c.name = absl::StrCat("long host runs, planes ", s.planes, " layout ", static_cast<int>(s.kind),
+                        " ps ", ps, repeat ? ", slots read twice" : "");
+  c.components = PlaneComponents(layout);
+  c.runs = CoalesceRuns(host, device);
+  c.layers = SameLayers(kLayers);
+  c.device_layers = kLayers;
+  c.device_tokens = 2 * host.size();
+  c.load_only = repeat;
+  return c;
+}
+
+TEST_P(CopyPlanTest, LongHostRunsInAnyRequestOrder) {
+  ExpectAllPathsMatchNaive(LongRunCase(GetParam(), false));
+  ExpectAllPathsMatchNaive(LongRunCase(GetParam(), true));
+  Case sharded = LongRunCase(GetParam(), false);
+  sharded.layers = ShardLayers(2, kLayers, 3, 5);  // the last two host layers
+  sharded.device_layers = 2;
+  ExpectAllPathsMatchNaive(sharded);
+}
+
 std::vector<Shape> Shapes() {
   std::vector<Shape> shapes;
   for (LayoutKind kind : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
@@ -722,6 +846,124 @@ TEST(GroupComponentsTest, SeparateRegionsAndShapesAreSeparateGroups) {
   EXPECT_EQ(GroupComponents(MakeComponents(mamba, 16)).size(), 3u);
 }
 
+// ---------------------------------------------------------------------------
+// Plan shapes: few tiles and large copies whatever the request order.
+
+// Host slots [start, start + len) of each host run, named one by one in
+// shuffled request order, each with a device row of its own (every run of
+// CoalesceRuns is one slot), or, with `device_runs`, device rows that
+// follow the host slots run by run (runs merge once host-sorted).
+std::vector<IndexRun> ShuffledSlots(const std::vector<std::pair<uint64_t, uint64_t>>& host_runs,
+                                    bool device_runs) {
+  std::vector<std::pair<int64_t, int64_t>> pairs;  // (host slot, device row)
+  for (const auto& [start, len] : host_runs) {
+    for (uint64_t i = 0; i < len; ++i) pairs.emplace_back(static_cast<int64_t>(start + i), 0);
+  }
+  std::mt19937_64 rng(29);
+  // Rows 3 apart: no two follow each other.
+  std::vector<int64_t> device(pairs.size());
+  for (size_t i = 0; i < device.size(); ++i) device[i] = static_cast<int64_t>(3 * i);
+  std::shuffle(device.begin(), device.end(), rng);
+  size_t k = 0;
+  for (const auto& [start, len] : host_runs) {
+    for (uint64_t i = 0; i < len; ++i, ++k) {
+      pairs[k].second = device_runs ? static_cast<int64_t>(10 * start + i) : device[k];
+    }
+  }
+  std::shuffle(pairs.begin(), pairs.end(), rng);
+  std::vector<int64_t> host_slots, device_rows;
+  for (const auto& [h, d] : pairs) {
+    host_slots.push_back(h);
+    device_rows.push_back(d);
+  }
+  std::vector<IndexRun> runs = CoalesceRuns(host_slots, device_rows);
+  if (!device_runs) {
+    EXPECT_EQ(runs.size(), pairs.size()) << "every run should be one slot";
+  }
+  EXPECT_GT(runs.size(), 2 * host_runs.size()) << "the request order should break the runs";
+  return runs;
+}
+
+TEST(StagedPlanShapeTest, LayerFirstTilesPerRunCopiesPerLayerAndHostRun) {
+  // 2 planes x 4 layers of rows of 32 B; host runs of 16 and 8 slots, the
+  // second and third adjacent (one host run of 24), device rows scattered.
+  const KvLayout layout(LayoutKind::kLayerFirst, 2, 4, 256, 1, 2, 16);
+  const std::vector<IndexRun> runs = ShuffledSlots({{32, 16}, {96, 16}, {112, 8}}, false);
+  StagedPlan plan;
+  ASSERT_TRUE(PlanStaged({GroupOf(layout)}, runs, {}, 0, 4, 1 << 20, 1 << 30, &plan).ok());
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  ASSERT_EQ(plan.launches.size(), 1u);
+  EXPECT_EQ(plan.tiles.size(), 2u * 40u) << "a tile per (plane, run)";
+  for (const CopyTile& t : plan.tiles) {
+    EXPECT_EQ(t.layers, 4u);
+    EXPECT_EQ(t.tokens, 1u);
+    EXPECT_EQ(t.other_layer_stride, 40u * 32u) << "layers a chunk's slots apart";
+  }
+  ASSERT_EQ(plan.copies.size(), 2u * 4u * 2u) << "a copy per (plane, layer, host run)";
+  for (size_t i = 0; i < plan.copies.size(); ++i) {
+    EXPECT_EQ(plan.copies[i].bytes, (i % 2 == 0 ? 16u : 24u) * 32u) << "copy " << i;
+  }
+  // Two chunks of 25 and 15 slots, each with every held layer: the first
+  // chunk's second host run is cut at its slot 9.
+  StagedPlan split;
+  ASSERT_TRUE(PlanStaged({GroupOf(layout)}, runs, {}, 0, 4, 25 * 8 * 32, 1 << 30, &split).ok());
+  ASSERT_EQ(split.chunks.size(), 2u);
+  EXPECT_EQ(split.chunks[0].bytes, 25u * 8u * 32u);
+  EXPECT_EQ(split.chunks[1].bytes, 15u * 8u * 32u);
+  EXPECT_EQ(split.tiles.size(), 2u * 40u);
+  EXPECT_EQ(split.copies.size(), 2u * 4u * 2u + 2u * 4u * 1u);
+  // Held layers [1, 3): tiles of two layers, copies per held layer only.
+  StagedPlan part;
+  ASSERT_TRUE(PlanStaged({GroupOf(layout)}, runs, {}, 1, 3, 1 << 20, 1 << 30, &part).ok());
+  EXPECT_EQ(part.tiles.size(), 2u * 40u);
+  EXPECT_EQ(part.tiles[0].layers, 2u);
+  EXPECT_EQ(part.copies.size(), 2u * 2u * 2u);
+}
+
+TEST(StagedPlanShapeTest, HostSortedRunsMergeOnBothSides) {
+  // Slots named in shuffled order whose device rows follow the host slots:
+  // host-sorted, each host run is one run, so one tile per plane and run.
+  const KvLayout layout(LayoutKind::kLayerFirst, 2, 4, 256, 1, 2, 16);
+  const std::vector<IndexRun> runs = ShuffledSlots({{32, 16}, {96, 16}}, true);
+  StagedPlan plan;
+  ASSERT_TRUE(PlanStaged({GroupOf(layout)}, runs, {}, 0, 4, 1 << 20, 1 << 30, &plan).ok());
+  EXPECT_EQ(plan.tiles.size(), 2u * 2u);
+  EXPECT_EQ(plan.copies.size(), 2u * 4u * 2u);
+}
+
+TEST(StagedPlanShapeTest, PageMajorBlocksSpanTheRunsOfAHostRun) {
+  // Pages of 4: host runs of 2 and 3 whole pages, one slot per run (device
+  // rows scattered). A host run's pages are one block of all layers (and
+  // heads) whatever the runs inside; a tile per (plane, run).
+  for (LayoutKind kind :
+       {LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect, LayoutKind::kPageHead}) {
+    SCOPED_TRACE(LayoutName(kind));
+    const KvLayout layout(kind, 2, 3, 64, 4, 2, 16);
+    const std::vector<IndexRun> runs = ShuffledSlots({{8, 8}, {32, 12}}, false);
+    StagedPlan plan;
+    ASSERT_TRUE(PlanStaged({GroupOf(layout)}, runs, {}, 0, 3, 1 << 20, 1 << 30, &plan).ok());
+    EXPECT_EQ(plan.tiles.size(), 2u * 20u);
+    ASSERT_EQ(plan.copies.size(), 2u * 2u) << "a copy per (plane, host run)";
+    EXPECT_EQ(plan.copies[0].bytes, 8u * 3u * 32u);
+    EXPECT_EQ(plan.copies[1].bytes, 12u * 3u * 32u);
+    for (const CopyTile& t : plan.tiles) {
+      EXPECT_EQ(t.layers, 3u);
+      EXPECT_EQ(t.other_layer_stride, LayerStride(layout)) << "staging mirrors the pool";
+      EXPECT_EQ(t.heads, kind == LayoutKind::kPageHead ? 2u : 1u);
+    }
+  }
+}
+
+TEST(CopyLanesPerItemTest, LaneGroupsCoverSmallItemsWithoutIdleLanes) {
+  EXPECT_EQ(CopyLanesPerItem(16), 1u);
+  EXPECT_EQ(CopyLanesPerItem(48), 4u);
+  EXPECT_EQ(CopyLanesPerItem(128), 8u);
+  EXPECT_EQ(CopyLanesPerItem(256), 16u);  // PAGE_HEAD's 128 bf16 heads: two to a warp
+  EXPECT_EQ(CopyLanesPerItem(512), 32u);
+  EXPECT_EQ(CopyLanesPerItem(2048), 32u);
+  EXPECT_EQ(CopyLanesPerItem(4096 + 16), 32u);
+}
+
 TEST(CopyEnginePiecesTest, CountsLayoutContiguousPieces) {
   // 4 pages of 16; one run of two whole pages, one of 3 tokens.
   const std::vector<IndexRun> runs = {{0, 0, 32}, {40, 100, 3}};
@@ -740,6 +982,196 @@ TEST(CopyEnginePiecesTest, CountsLayoutContiguousPieces) {
   EXPECT_EQ(lp.pieces, 6u);
   EXPECT_EQ(lp.bytes, 2u * 35u * 16u);
 }
+
+#ifdef KVHOST_HAVE_CUDA_ENGINE
+// ---------------------------------------------------------------------------
+// The kernel itself where there is a GPU (skipped elsewhere): staged and SM
+// copy plans run through LaunchCopyKernel on device copies of the buffers,
+// the pool's copies done with cudaMemcpy, against the same reference. Its
+// forms: lane groups of 16 (PAGE_HEAD's 256 B heads), of 4 (48 B rows), a
+// warp per 512 B row, and the byte copy (24 B rows, and unaligned launches).
+
+class GpuBuffers {
+ public:
+  explicit GpuBuffers(const Case& c) : c_(c) {}
+  GpuBuffers(const GpuBuffers&) = delete;
+  GpuBuffers& operator=(const GpuBuffers&) = delete;
+  ~GpuBuffers() {
+    for (void* p : allocations_) cudaFree(p);
+  }
+
+  // Device memory holding `bytes` of `data` (uninitialised where null).
+  uint8_t* Upload(const void* data, size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(bytes, 16)), cudaSuccess);
+    allocations_.push_back(p);
+    if (data != nullptr) {
+      EXPECT_EQ(cudaMemcpy(p, data, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    return static_cast<uint8_t*>(p);
+  }
+
+  // The worker's layer buffers of `b` on the device, and per group its table.
+  void UploadDevice(const Buffers& b, const std::vector<LayoutGroup>& groups) {
+    for (const auto& layer : b.device) layers_.push_back(Upload(layer.data(), layer.size()));
+    for (const LayoutGroup& g : groups) {
+      const uint8_t* const* first = layers_.data() + uint64_t{g.first_component} * c_.device_layers;
+      tables_.push_back(reinterpret_cast<uint8_t* const*>(
+          Upload(first, g.layout.planes * c_.device_layers * sizeof(uint8_t*))));
+    }
+  }
+  void DownloadDevice(Buffers* b) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      EXPECT_EQ(
+          cudaMemcpy(b->device[i].data(), layers_[i], b->device[i].size(), cudaMemcpyDeviceToHost),
+          cudaSuccess);
+    }
+  }
+  uint8_t* const* table(size_t group) const { return tables_[group]; }
+
+ private:
+  const Case& c_;
+  std::vector<void*> allocations_;
+  std::vector<uint8_t*> layers_;
+  std::vector<uint8_t* const*> tables_;
+};
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// A small grid, so that every lane group takes several items.
+constexpr int kGpuBlocks = 3;
+
+void ExpectGpuStagedMatchesNaive(const Case& c, bool aligned16) {
+  SCOPED_TRACE(c.name);
+  const std::vector<LayoutGroup> groups = GroupComponents(c.components);
+  const std::vector<Held> held = HeldOf(c);
+  const uint64_t unit = UnitOf(groups, held);
+  std::mt19937_64 rng(31);
+  for (const uint64_t chunk : {std::max(unit, 2 * RowsOf(groups, held) + 21), uint64_t{1} << 20}) {
+    for (const bool backup : {true, false}) {
+      if (backup && c.load_only) continue;
+      SCOPED_TRACE(absl::StrCat("chunk ", chunk, backup ? " backup" : " load"));
+      Buffers got = MakeBuffers(c, rng);
+      Buffers want = got;
+      NaiveCopy(c, backup, &want);
+      GpuBuffers gpu(c);
+      gpu.UploadDevice(got, groups);
+      uint8_t* staging = gpu.Upload(nullptr, chunk);
+      for (const Held& h : held) {
+        StagedPlan plan;
+        ASSERT_TRUE(
+            PlanStaged(groups, c.runs, c.page_runs, h.begin, h.end, chunk, 1 << 30, &plan).ok());
+        const auto* tiles = reinterpret_cast<const CopyTile*>(
+            gpu.Upload(plan.tiles.data(), plan.tiles.size() * sizeof(CopyTile)));
+        for (const StagedChunk& ch : plan.chunks) {
+          for (size_t i = ch.copy_begin; i < ch.copy_end && !backup; ++i) {
+            const StagedCopy& cp = plan.copies[i];
+            ASSERT_EQ(cudaMemcpy(staging + cp.staging_offset,
+                                 got.regions[cp.region].data() + cp.host_offset, cp.bytes,
+                                 cudaMemcpyHostToDevice),
+                      cudaSuccess);
+          }
+          for (size_t k = ch.launch_begin; k < ch.launch_end; ++k) {
+            const TileLaunch& launch = plan.launches[k];
+            CopyKernelArgs args;
+            args.layout = groups[launch.group].layout;
+            args.device_layers = gpu.table(launch.group);
+            args.device_layers_per_plane = c.device_layers;
+            args.device_layer_delta = static_cast<int32_t>(h.delta);
+            args.other = staging;
+            args.tiles = tiles + launch.tile_begin;
+            args.tile_count = static_cast<uint32_t>(launch.tile_end - launch.tile_begin);
+            args.item_count = launch.items;
+            args.to_device = !backup;
+            args.aligned16 = aligned16;
+            ASSERT_EQ(LaunchCopyKernel(args, kGpuBlocks, nullptr), cudaSuccess);
+          }
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          for (size_t i = ch.copy_begin; i < ch.copy_end && backup; ++i) {
+            const StagedCopy& cp = plan.copies[i];
+            ASSERT_EQ(cudaMemcpy(got.regions[cp.region].data() + cp.host_offset,
+                                 staging + cp.staging_offset, cp.bytes, cudaMemcpyDeviceToHost),
+                      cudaSuccess);
+          }
+        }
+      }
+      gpu.DownloadDevice(&got);
+      EXPECT_TRUE(got.regions == want.regions);
+      EXPECT_TRUE(got.device == want.device);
+    }
+  }
+}
+
+// The SM copy plan with the pool's regions in device memory as `other`.
+void ExpectGpuSmCopyMatchesNaive(const Case& c) {
+  SCOPED_TRACE(c.name);
+  const std::vector<LayoutGroup> groups = GroupComponents(c.components);
+  const SmCopyPlan plan = PlanSmCopy(groups, c.runs, c.page_runs);
+  std::mt19937_64 rng(37);
+  for (const bool backup : {true, false}) {
+    if (backup && c.load_only) continue;
+    SCOPED_TRACE(backup ? "backup" : "load");
+    Buffers got = MakeBuffers(c, rng);
+    Buffers want = got;
+    NaiveCopy(c, backup, &want);
+    GpuBuffers gpu(c);
+    gpu.UploadDevice(got, groups);
+    std::vector<uint8_t*> regions;
+    for (const auto& r : got.regions) regions.push_back(gpu.Upload(r.data(), r.size()));
+    const auto* tiles = reinterpret_cast<const CopyTile*>(
+        gpu.Upload(plan.tiles.data(), plan.tiles.size() * sizeof(CopyTile)));
+    for (const JobLayer& jl : c.layers) {
+      if (jl.host_layer < 0) continue;
+      for (const TileLaunch& launch : plan.launches) {
+        const LayoutGroup& g = groups[launch.group];
+        CopyKernelArgs args;
+        args.layout = g.layout;
+        args.device_layers = gpu.table(launch.group);
+        args.device_layers_per_plane = c.device_layers;
+        args.device_layer_delta = static_cast<int32_t>(int64_t{jl.device_layer} - jl.host_layer);
+        args.other = regions[g.region] + g.region_offset;
+        args.tiles = tiles + launch.tile_begin;
+        args.tile_count = static_cast<uint32_t>(launch.tile_end - launch.tile_begin);
+        args.item_count = launch.items;
+        args.layer_shift = static_cast<uint32_t>(jl.host_layer);
+        args.to_device = !backup;
+        args.aligned16 = g.region_offset % 16 == 0;
+        ASSERT_EQ(LaunchCopyKernel(args, kGpuBlocks, nullptr), cudaSuccess);
+      }
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < regions.size(); ++i) {
+      ASSERT_EQ(cudaMemcpy(got.regions[i].data(), regions[i], got.regions[i].size(),
+                           cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
+    gpu.DownloadDevice(&got);
+    EXPECT_TRUE(got.regions == want.regions);
+    EXPECT_TRUE(got.device == want.device);
+  }
+}
+
+TEST(CopyKernelGpuTest, EveryKernelFormMatchesTheReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no usable CUDA GPU";
+  for (const Shape& s : Shapes()) {
+    // Rows of 256 B heads (PAGE_HEAD: lane groups of 16; the others a warp
+    // per 512 B row) and of 48 B (groups of 4); 24 B rows (bytes).
+    for (const bool repeat : {false, true}) {
+      const Case c = LongRunCase(s, repeat);
+      ExpectGpuStagedMatchesNaive(c, true);
+      ExpectGpuSmCopyMatchesNaive(c);
+    }
+    ExpectGpuStagedMatchesNaive(LongRunCase(s, false), false);
+    const Case small = PlaneCase(s, SameLayers(kLayers), kLayers);
+    ExpectGpuStagedMatchesNaive(small, true);
+    ExpectGpuSmCopyMatchesNaive(small);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+#endif  // KVHOST_HAVE_CUDA_ENGINE
 
 }  // namespace
 }  // namespace kvhost

@@ -10,12 +10,23 @@
 // A launch addresses one KvLayout whose planes are pool components (a
 // LayoutGroup, server/transfer/copy_plan.h: MHA's K and V, or any one
 // component); for a page-row component the "tokens" are pages. An item is
-// one contiguous piece that a warp copies: a token's whole row of one layer
+// one contiguous piece that a warp (or, for items under a warp's 512 bytes
+// per step, a group of lanes) copies: a token's whole row of one layer
 // (`token_bytes`), or, where the layout splits rows by head (PAGE_HEAD with
-// several heads), one head of it (`head_bytes`). Its host offset comes from
-// KvLayout::Offset, its device address from the layer buffer and the row, and
-// the address of its other side (the staging buffer, or the pool itself
-// through mapped memory) is `other + host offset - bias`.
+// several heads), one head of it (`head_bytes`).
+//
+// Addresses, one formula for host and device (DecodeCopyItem): an item's
+// host offset is KvLayout::Offset; its device address is the layer buffer
+// and the row; its offset in the other side (the staging buffer, or the pool
+// itself through mapped memory) is
+//   Offset(plane, token, first layer, head) - bias + k * other_layer_stride
+// for the tile's k-th layer (first layer = layer0 + layer shift). So the
+// tile's first layer lies in the other buffer as in the pool (shifted by
+// `bias`), and every further layer `other_layer_stride` bytes on. With the
+// pool's own layer stride (LayerStride) the whole tile lies as in the pool:
+// the SM copy path and the staged blocks that mirror the pool. A smaller
+// stride packs the layers: the staged LAYER_FIRST chunks, whose layer k of a
+// plane holds the chunk's tokens back to back (copy_plan.h).
 //
 // Device layer buffers are a table of `device_layers_per_plane` buffers per
 // plane (the attached layers); host layer h of plane p lives in buffer
@@ -39,8 +50,13 @@ struct CopyTile {
   // Items of the launch before this tile's first one (tiles of one
   // launch are ordered by it).
   uint64_t first_item = 0;
-  // Host offset minus offset in the other buffer; 0 for the pool itself.
+  // Host offset minus offset in the other buffer, at the tile's first
+  // layer; 0 for the pool itself.
   int64_t bias = 0;
+  // Bytes between consecutive layers of the tile in the other buffer: the
+  // pool's LayerStride where the other side lies as the pool, smaller where
+  // a staged chunk packs the layers.
+  uint64_t other_layer_stride = 0;
   uint32_t tokens = 0;
   uint32_t layer0 = 0;
   uint32_t layers = 0;
@@ -52,6 +68,7 @@ struct CopyTile {
 // One item's addresses, as offsets.
 struct CopyItem {
   uint64_t host_offset;    // from the pool base (KvLayout::Offset)
+  uint64_t other_offset;   // from the other buffer's base
   uint64_t device_buffer;  // index of the layer buffer (see above)
   uint64_t device_offset;  // from that layer buffer's base
 };
@@ -59,6 +76,23 @@ struct CopyItem {
 // Bytes of every item of `layout`.
 KVHOST_HD inline uint64_t CopyItemBytes(const KvLayout& layout) {
   return layout.RowContiguous() ? layout.token_bytes : layout.head_bytes;
+}
+
+// Bytes between layers l and l + 1 of one (plane, token, head) in the pool:
+// KvLayout::Offset is linear in the layer for every layout (0 for one layer).
+KVHOST_HD inline uint64_t LayerStride(const KvLayout& layout) {
+  return layout.layers > 1 ? layout.Offset(0, 0, 1, 0) - layout.Offset(0, 0, 0, 0) : 0;
+}
+
+// Lanes that copy one item of `item_bytes` (a multiple of 16) in 16-byte
+// vectors: the fewest, a power of two up to a warp's 32, whose one step
+// (16 B each) covers the item, so that an item under a warp's 512 B per step
+// (PAGE_HEAD's heads of 256 B) leaves no lane idle and a warp copies
+// 32 / lanes items at once. Unaligned items take the byte copy, a warp each.
+KVHOST_HD inline uint32_t CopyLanesPerItem(uint64_t item_bytes) {
+  uint32_t lanes = 1;
+  while (lanes < 32 && uint64_t{16} * lanes < item_bytes) lanes *= 2;
+  return lanes;
 }
 
 KVHOST_HD inline uint64_t TileItems(const CopyTile& s) {
@@ -75,9 +109,14 @@ KVHOST_HD inline CopyItem DecodeCopyItem(const KvLayout& layout, const CopyTile&
   const uint64_t head = s.head0 + r % s.heads;
   r /= s.heads;
   const uint64_t token = r % s.tokens;
-  const uint64_t layer = s.layer0 + layer_shift + r / s.tokens;
+  const uint64_t k = r / s.tokens;  // the tile's k-th layer
+  const uint64_t first = s.layer0 + layer_shift;
+  const uint64_t layer = first + k;
   CopyItem item;
+  // The kernel uses only other_offset: the compiler drops host_offset there.
   item.host_offset = layout.Offset(s.plane, s.host_token + token, layer, head);
+  item.other_offset = layout.Offset(s.plane, s.host_token + token, first, head) -
+                      static_cast<uint64_t>(s.bias) + k * s.other_layer_stride;
   item.device_buffer = s.plane * device_layers_per_plane +
                        static_cast<uint64_t>(static_cast<int64_t>(layer) + device_layer_delta);
   item.device_offset = (s.device_token + token) * layout.token_bytes +

@@ -22,50 +22,175 @@ bool SameShape(const KvLayout& a, const KvLayout& b) {
          a.page_size == b.page_size && a.heads == b.heads && a.head_bytes == b.head_bytes;
 }
 
+// Staging offsets of a group start at a multiple of the kernel's 16-byte
+// vectors: a group whose items are multiples of 16 then finds all of them
+// aligned, whatever the item size of the group before it in the chunk.
+constexpr uint64_t kStagingAlign = 16;
+
+CopyTile Tile(uint64_t plane, uint64_t host_token, uint64_t device_token, uint64_t layer0,
+              uint64_t layers, uint64_t head0, uint64_t heads) {
+  CopyTile s;
+  s.plane = static_cast<uint16_t>(plane);
+  s.host_token = host_token;
+  s.device_token = device_token;
+  s.layer0 = static_cast<uint32_t>(layer0);
+  s.layers = static_cast<uint32_t>(layers);
+  s.head0 = static_cast<uint16_t>(head0);
+  s.heads = static_cast<uint16_t>(heads);
+  return s;
+}
+
+// Runs in host slot order (stable: a load's runs that read one slot keep
+// their order), runs then adjacent on both sides merged. A staged chunk's
+// runs may come in any order (a backup's host slots never overlap; a load
+// reading a slot twice reads it into two places), and in host order
+// host-adjacent runs share blocks and copies whatever the request order.
+std::vector<IndexRun> HostSorted(const std::vector<IndexRun>& runs) {
+  std::vector<IndexRun> sorted;
+  sorted.reserve(runs.size());
+  for (const IndexRun& run : runs) {
+    if (run.count > 0) sorted.push_back(run);
+  }
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const IndexRun& a, const IndexRun& b) { return a.host < b.host; });
+  std::vector<IndexRun> out;
+  out.reserve(sorted.size());
+  for (const IndexRun& run : sorted) {
+    if (!out.empty() && out.back().host + out.back().count == run.host &&
+        out.back().device + out.back().count == run.device) {
+      out.back().count += run.count;
+    } else {
+      out.push_back(run);
+    }
+  }
+  return out;
+}
+
+// Host-sorted runs [begin, end) whose host slots follow each other, covering
+// host slots [host, host + count) once each: the page-major layouts plan
+// blocks over these, so that a page whose slots come in several runs (device
+// rows scattered) is still one block.
+struct HostRun {
+  const IndexRun* begin = nullptr;
+  const IndexRun* end = nullptr;
+  uint64_t host = 0;
+  uint64_t count = 0;
+};
+
+std::vector<HostRun> HostRunsOf(const std::vector<IndexRun>& sorted) {
+  std::vector<HostRun> out;
+  for (const IndexRun& run : sorted) {
+    if (!out.empty() && out.back().host + out.back().count == run.host) {
+      out.back().end = &run + 1;
+      out.back().count += run.count;
+    } else {
+      out.push_back(HostRun{&run, &run + 1, run.host, run.count});
+    }
+  }
+  return out;
+}
+
 // Fills a StagedPlan chunk by chunk.
 class ChunkBuilder {
  public:
   ChunkBuilder(uint64_t chunk_bytes, uint64_t host_split, StagedPlan* plan)
       : chunk_bytes_(chunk_bytes), host_split_(host_split), plan_(plan) {}
 
-  // The group the next Adds belong to.
+  // The group the next tiles and copies belong to.
   void SetGroup(uint32_t index, const LayoutGroup* group) {
     group_index_ = index;
     group_ = group;
+    used_ = std::min(chunk_bytes_, (used_ + kStagingAlign - 1) / kStagingAlign * kStagingAlign);
+  }
+  const LayoutGroup& group() const { return *group_; }
+  uint64_t chunk_bytes() const { return chunk_bytes_; }
+  uint64_t free() const { return chunk_bytes_ - used_; }
+
+  // The staging offset of `bytes` more of the current chunk.
+  // REQUIRES: bytes <= free().
+  uint64_t Reserve(uint64_t bytes) {
+    const uint64_t at = used_;
+    used_ += bytes;
+    return at;
   }
 
-  // Adds `units` units of `unit_tokens` tokens and `unit_bytes` host bytes
-  // each, starting at `tile`'s tokens (its `tokens` is ignored). The units'
-  // host bytes are one contiguous block starting at the offset of the first
-  // (token, layer0, head0). REQUIRES: unit_bytes <= chunk_bytes.
-  void Add(CopyTile tile, uint64_t units, uint64_t unit_tokens, uint64_t unit_bytes) {
+  // Appends `s` to the current chunk's launch of the group.
+  void AddTile(CopyTile s) {
+    std::vector<TileLaunch>& launches = plan_->launches;
+    if (launches.size() == launch_begin_ || launches.back().group != group_index_) {
+      const size_t at = plan_->tiles.size();
+      launches.push_back(TileLaunch{group_index_, at, at, 0});
+    }
+    TileLaunch& launch = launches.back();
+    s.first_item = launch.items;
+    plan_->tiles.push_back(s);
+    launch.tile_end = plan_->tiles.size();
+    launch.items += TileItems(s);
+  }
+
+  // A copy of `bytes` between host offset `host` of the group's layout
+  // (from its first plane) and staging offset `staging`, merged with the
+  // last one where both follow it, split at registration chunks.
+  void AddCopy(uint64_t host, uint64_t staging, uint64_t bytes) {
+    const uint32_t region = group_->region;
+    host += group_->region_offset;
+    while (bytes > 0) {
+      const uint64_t n = std::min(bytes, (host / host_split_ + 1) * host_split_ - host);
+      std::vector<StagedCopy>& copies = plan_->copies;
+      if (copies.size() > copy_begin_ && host % host_split_ != 0 &&
+          copies.back().region == region &&
+          copies.back().host_offset + copies.back().bytes == host &&
+          copies.back().staging_offset + copies.back().bytes == staging) {
+        copies.back().bytes += n;
+      } else {
+        copies.push_back(StagedCopy{region, host, staging, n});
+      }
+      host += n;
+      staging += n;
+      bytes -= n;
+    }
+  }
+
+  // Adds `units` blocks of `unit_tokens` host slots and `unit_bytes` each,
+  // starting at `tile`'s host slot (its `tokens` and device row ignored),
+  // which together are one contiguous range of the pool starting at the
+  // offset of (host slot, layer0, head0), mirrored in staging: one tile per
+  // run of `hr` in each chunk's part. REQUIRES: unit_bytes <= chunk_bytes,
+  // the slots inside `hr`.
+  void Add(const HostRun& hr, CopyTile tile, uint64_t units, uint64_t unit_tokens,
+           uint64_t unit_bytes) {
     const KvLayout& layout = group_->layout;
     while (units > 0) {
-      uint64_t fit = (chunk_bytes_ - used_) / unit_bytes;
+      uint64_t fit = free() / unit_bytes;
       if (fit == 0) {
         Flush();
         continue;
       }
-      fit = std::min({fit, units, kMaxTileTokens / unit_tokens});
-      CopyTile s = tile;
-      s.tokens = static_cast<uint32_t>(fit * unit_tokens);
-      const uint64_t host_offset = layout.Offset(s.plane, s.host_token, s.layer0, s.head0);
+      fit = std::min(fit, units);
+      const uint64_t host_offset =
+          layout.Offset(tile.plane, tile.host_token, tile.layer0, tile.head0);
       const uint64_t bytes = fit * unit_bytes;
-      s.bias = static_cast<int64_t>(host_offset - used_);
-      std::vector<TileLaunch>& launches = plan_->launches;
-      if (launches.size() == launch_begin_ || launches.back().group != group_index_) {
-        const size_t at = plan_->tiles.size();
-        launches.push_back(TileLaunch{group_index_, at, at, 0});
+      const uint64_t staging = Reserve(bytes);
+      const uint64_t from = tile.host_token;
+      const uint64_t to = from + fit * unit_tokens;
+      // The runs of `hr` that meet [from, to), host-sorted.
+      const IndexRun* run = std::partition_point(
+          hr.begin, hr.end, [&](const IndexRun& r) { return r.host + r.count <= from; });
+      for (; run != hr.end && run->host < to; ++run) {
+        const uint64_t a = std::max(from, run->host);
+        const uint64_t b = std::min(to, run->host + run->count);
+        for (uint64_t t = a; t < b; t += kMaxTileTokens) {
+          CopyTile s = tile;
+          s.host_token = t;
+          s.device_token = run->device + (t - run->host);
+          s.tokens = static_cast<uint32_t>(std::min(kMaxTileTokens, b - t));
+          s.bias = static_cast<int64_t>(host_offset - staging);
+          s.other_layer_stride = LayerStride(layout);
+          AddTile(s);
+        }
       }
-      TileLaunch& launch = launches.back();
-      s.first_item = launch.items;
-      plan_->tiles.push_back(s);
-      launch.tile_end = plan_->tiles.size();
-      launch.items += TileItems(s);
-      AddCopy(group_->region_offset + host_offset, used_, bytes);
-      used_ += bytes;
-      tile.host_token += s.tokens;
-      tile.device_token += s.tokens;
+      AddCopy(host_offset, staging, bytes);
+      tile.host_token = to;
       units -= fit;
     }
   }
@@ -85,26 +210,6 @@ class ChunkBuilder {
   }
 
  private:
-  // `host`: from the base of the group's region.
-  void AddCopy(uint64_t host, uint64_t staging, uint64_t bytes) {
-    const uint32_t region = group_->region;
-    while (bytes > 0) {
-      const uint64_t n = std::min(bytes, (host / host_split_ + 1) * host_split_ - host);
-      std::vector<StagedCopy>& copies = plan_->copies;
-      if (copies.size() > copy_begin_ && host % host_split_ != 0 &&
-          copies.back().region == region &&
-          copies.back().host_offset + copies.back().bytes == host &&
-          copies.back().staging_offset + copies.back().bytes == staging) {
-        copies.back().bytes += n;
-      } else {
-        copies.push_back(StagedCopy{region, host, staging, n});
-      }
-      host += n;
-      staging += n;
-      bytes -= n;
-    }
-  }
-
   const uint64_t chunk_bytes_;
   const uint64_t host_split_;
   StagedPlan* const plan_;
@@ -115,113 +220,164 @@ class ChunkBuilder {
   uint64_t used_ = 0;
 };
 
-CopyTile Tile(uint64_t plane, uint64_t host_token, uint64_t device_token, uint64_t layer0,
-              uint64_t layers, uint64_t head0, uint64_t heads) {
-  CopyTile s;
-  s.plane = static_cast<uint16_t>(plane);
-  s.host_token = host_token;
-  s.device_token = device_token;
-  s.layer0 = static_cast<uint32_t>(layer0);
-  s.layers = static_cast<uint32_t>(layers);
-  s.head0 = static_cast<uint16_t>(head0);
-  s.heads = static_cast<uint16_t>(heads);
-  return s;
-}
-
-// Tokens [host, host + count) of PAGE_HEAD, each token's held layers of one
-// head as a block (the layers of a token's head are adjacent; nothing
-// larger is once some layers are left out).
-void AddTokenHeads(const KvLayout& layout, uint64_t plane, uint64_t host, uint64_t device,
-                   uint64_t count, uint64_t lb, uint64_t n, ChunkBuilder* builder) {
-  const uint64_t heads = layout.RowContiguous() ? 1 : layout.heads;
-  for (uint64_t t = 0; t < count; ++t) {
-    for (uint64_t h = 0; h < heads; ++h) {
-      builder->Add(Tile(plane, host + t, device + t, lb, n, h, 1), 1, 1, n * layout.head_bytes);
+// One window of a LAYER_FIRST group: `tokens` host slots, the pieces of
+// host-sorted runs in `pieces`, times the (plane, layer) slices
+// [first, first + slices) of the held layers [lb, lb + n) (slice
+// plane * n + layer - lb). Staging holds [slice][the window's slots in host
+// order]: one tile per (plane, piece) over the plane's layers in the window
+// (layers apart by the window's slot bytes), one copy per (slice, piece),
+// host-adjacent pieces merged.
+void AddLayerFirstWindow(const std::vector<IndexRun>& pieces, uint64_t tokens, uint64_t first,
+                         uint64_t slices, uint64_t lb, uint64_t n, ChunkBuilder* builder) {
+  const KvLayout& layout = builder->group().layout;
+  const uint64_t tb = layout.token_bytes;
+  const uint64_t base = builder->Reserve(slices * tokens * tb);
+  for (uint64_t k = first; k < first + slices;) {
+    const uint64_t plane = k / n;
+    const uint64_t layers = std::min(first + slices, (plane + 1) * n) - k;
+    const uint64_t layer0 = lb + k % n;
+    uint64_t pos = 0;
+    for (const IndexRun& piece : pieces) {
+      CopyTile s = Tile(plane, piece.host, piece.device, layer0, layers, 0, 1);
+      s.tokens = static_cast<uint32_t>(piece.count);
+      const uint64_t staging = base + ((k - first) * tokens + pos) * tb;
+      s.bias = static_cast<int64_t>(layout.Offset(plane, piece.host, layer0, 0) - staging);
+      s.other_layer_stride = tokens * tb;
+      builder->AddTile(s);
+      pos += piece.count;
+    }
+    k += layers;
+  }
+  for (uint64_t k = first; k < first + slices; ++k) {
+    uint64_t pos = 0;
+    for (const IndexRun& piece : pieces) {
+      builder->AddCopy(layout.Offset(k / n, piece.host, lb + k % n, 0),
+                       base + ((k - first) * tokens + pos) * tb, piece.count * tb);
+      pos += piece.count;
     }
   }
 }
 
-// Tokens [host, host + count) of PAGE_HEAD that lie in one page but do not
-// fill it, as blocks that are complete: per head (a head's tokens of one page
-// are adjacent there, all layers each). All layers held; PAGE_FIRST_DIRECT's
-// partial pages are planned per layer in PlanPlane.
-void AddPartialPage(const KvLayout& layout, uint64_t plane, uint64_t host, uint64_t device,
-                    uint64_t count, ChunkBuilder* builder) {
+// A LAYER_FIRST group, host layers [lb, lb + n), host-sorted runs: windows
+// of as many slots as a chunk holds with every held layer of every plane, so
+// that a copy is a host run of many slots; where one slot's held rows do not
+// fit a chunk, slice by slice (a unit is one row).
+void PlanLayerFirst(const std::vector<IndexRun>& runs, uint64_t lb, uint64_t n,
+                    ChunkBuilder* builder) {
+  const KvLayout& layout = builder->group().layout;
+  const uint64_t tb = layout.token_bytes;
+  const uint64_t all = layout.planes * n;
+  const uint64_t per_window = all * tb <= builder->chunk_bytes() ? all : 1;
+  std::vector<IndexRun> pieces;
+  for (uint64_t first = 0; first < all; first += per_window) {
+    size_t r = 0;
+    uint64_t done = 0;  // slots of runs[r] already planned
+    while (r < runs.size()) {
+      const uint64_t window = std::min(builder->free() / (per_window * tb), kMaxTileTokens);
+      if (window == 0) {
+        builder->Flush();
+        continue;
+      }
+      pieces.clear();
+      uint64_t tokens = 0;
+      while (r < runs.size() && tokens < window) {
+        const uint64_t take = std::min(runs[r].count - done, window - tokens);
+        pieces.push_back(IndexRun{runs[r].host + done, runs[r].device + done, take});
+        tokens += take;
+        done += take;
+        if (done == runs[r].count) {
+          ++r;
+          done = 0;
+        }
+      }
+      AddLayerFirstWindow(pieces, tokens, first, per_window, lb, n, builder);
+    }
+  }
+}
+
+// Slots [host, host + count) of `hr` in PAGE_HEAD, each slot's held layers
+// of one head as a block (the layers of a slot's head are adjacent; nothing
+// larger is once some layers are left out).
+void AddTokenHeads(const HostRun& hr, uint64_t plane, uint64_t host, uint64_t count, uint64_t lb,
+                   uint64_t n, ChunkBuilder* builder) {
+  const KvLayout& layout = builder->group().layout;
+  const uint64_t heads = layout.RowContiguous() ? 1 : layout.heads;
+  for (uint64_t t = 0; t < count; ++t) {
+    for (uint64_t h = 0; h < heads; ++h) {
+      builder->Add(hr, Tile(plane, host + t, 0, lb, n, h, 1), 1, 1, n * layout.head_bytes);
+    }
+  }
+}
+
+// Slots [host, host + count) of `hr` that lie in one page but do not fill
+// it, in PAGE_HEAD, as blocks that are complete: per head (a head's slots of
+// one page are adjacent there, all layers each). All layers held;
+// PAGE_FIRST_DIRECT's partial pages are planned per layer in PlanPageMajor.
+void AddPartialPage(const HostRun& hr, uint64_t plane, uint64_t host, uint64_t count,
+                    ChunkBuilder* builder) {
+  const KvLayout& layout = builder->group().layout;
   if (layout.RowContiguous()) {
-    builder->Add(Tile(plane, host, device, 0, layout.layers, 0, 1), count, 1,
+    builder->Add(hr, Tile(plane, host, 0, 0, layout.layers, 0, 1), count, 1,
                  layout.layers * layout.token_bytes);
     return;
   }
   for (uint64_t h = 0; h < layout.heads; ++h) {
-    builder->Add(Tile(plane, host, device, 0, layout.layers, h, 1), count, 1,
+    builder->Add(hr, Tile(plane, host, 0, 0, layout.layers, h, 1), count, 1,
                  layout.layers * layout.head_bytes);
   }
 }
 
-// One plane of one group, host layers [lb, lb + n).
-void PlanPlane(const KvLayout& layout, uint64_t plane, const std::vector<IndexRun>& runs,
-               uint64_t lb, uint64_t n, ChunkBuilder* builder) {
+// One plane of a PAGE_FIRST, PAGE_FIRST_DIRECT or PAGE_HEAD group, host
+// layers [lb, lb + n), over host runs: blocks as copy_plan.h lists them,
+// each mirrored in staging, a tile per run inside each.
+void PlanPageMajor(uint64_t plane, const std::vector<HostRun>& host_runs, uint64_t lb, uint64_t n,
+                   ChunkBuilder* builder) {
+  const KvLayout& layout = builder->group().layout;
   const uint64_t tb = layout.token_bytes;
   const uint64_t ps = layout.page_size;
   const bool all = lb == 0 && n == layout.layers;
-  switch (layout.kind) {
-    case LayoutKind::kLayerFirst:
-      // Layer by layer, so that runs adjacent in the pool share one copy.
-      for (uint64_t l = lb; l < lb + n; ++l) {
-        for (const IndexRun& run : runs) {
-          builder->Add(Tile(plane, run.host, run.device, l, 1, 0, 1), run.count, 1, tb);
+  for (const HostRun& hr : host_runs) {
+    if (layout.kind == LayoutKind::kPageFirst) {
+      if (all) {
+        builder->Add(hr, Tile(plane, hr.host, 0, 0, n, 0, 1), hr.count, 1, n * tb);
+      } else {
+        for (uint64_t t = 0; t < hr.count; ++t) {
+          builder->Add(hr, Tile(plane, hr.host + t, 0, lb, n, 0, 1), 1, 1, n * tb);
         }
       }
-      return;
-    case LayoutKind::kPageFirst:
-      for (const IndexRun& run : runs) {
-        if (all) {
-          builder->Add(Tile(plane, run.host, run.device, 0, n, 0, 1), run.count, 1, n * tb);
-          continue;
-        }
-        for (uint64_t t = 0; t < run.count; ++t) {
-          builder->Add(Tile(plane, run.host + t, run.device + t, lb, n, 0, 1), 1, 1, n * tb);
-        }
-      }
-      return;
-    case LayoutKind::kPageFirstDirect:
-    case LayoutKind::kPageHead:
-      for (const IndexRun& run : runs) {
-        if (layout.kind == LayoutKind::kPageHead && !all) {
-          AddTokenHeads(layout, plane, run.host, run.device, run.count, lb, n, builder);
-          continue;
-        }
-        uint64_t t = run.host;
-        const uint64_t end = run.host + run.count;
-        while (t < end) {
-          const uint64_t device = run.device + (t - run.host);
-          const uint64_t page_end = t - t % ps + ps;
-          if (t % ps != 0 || end < page_end) {
-            const uint64_t to = std::min(end, page_end);
-            if (layout.kind == LayoutKind::kPageFirstDirect) {
-              for (uint64_t l = lb; l < lb + n; ++l) {
-                builder->Add(Tile(plane, t, device, l, 1, 0, 1), to - t, 1, tb);
-              }
-            } else {
-              AddPartialPage(layout, plane, t, device, to - t, builder);
-            }
-            t = to;
-            continue;
+      continue;
+    }
+    if (layout.kind == LayoutKind::kPageHead && !all) {
+      AddTokenHeads(hr, plane, hr.host, hr.count, lb, n, builder);
+      continue;
+    }
+    uint64_t t = hr.host;
+    const uint64_t end = hr.host + hr.count;
+    while (t < end) {
+      const uint64_t page_end = t - t % ps + ps;
+      if (t % ps != 0 || end < page_end) {
+        const uint64_t to = std::min(end, page_end);
+        if (layout.kind == LayoutKind::kPageFirstDirect) {
+          for (uint64_t l = lb; l < lb + n; ++l) {
+            builder->Add(hr, Tile(plane, t, 0, l, 1, 0, 1), to - t, 1, tb);
           }
-          const uint64_t pages = (end - t) / ps;
-          if (all) {
-            builder->Add(Tile(plane, t, device, 0, n, 0, HeadsPerItem(layout)), pages, ps,
-                         n * layout.page_bytes);
-          } else {  // PAGE_FIRST_DIRECT: a page's held layers are adjacent
-            for (uint64_t p = 0; p < pages; ++p) {
-              builder->Add(Tile(plane, t + p * ps, device + p * ps, lb, n, 0, 1), 1, ps,
-                           n * layout.page_bytes);
-            }
-          }
-          t += pages * ps;
+        } else {
+          AddPartialPage(hr, plane, t, to - t, builder);
+        }
+        t = to;
+        continue;
+      }
+      const uint64_t pages = (end - t) / ps;
+      if (all) {
+        builder->Add(hr, Tile(plane, t, 0, 0, n, 0, HeadsPerItem(layout)), pages, ps,
+                     n * layout.page_bytes);
+      } else {  // PAGE_FIRST_DIRECT: a page's held layers are adjacent
+        for (uint64_t p = 0; p < pages; ++p) {
+          builder->Add(hr, Tile(plane, t + p * ps, 0, lb, n, 0, 1), 1, ps, n * layout.page_bytes);
         }
       }
-      return;
+      t += pages * ps;
+    }
   }
 }
 
@@ -340,6 +496,7 @@ SmCopyPlan PlanSmCopy(const std::vector<LayoutGroup>& groups, const std::vector<
         for (uint64_t t = 0; t < run.count; t += kMaxTileTokens) {
           CopyTile s = Tile(plane, run.host + t, run.device + t, 0, 1, 0, HeadsPerItem(layout));
           s.tokens = static_cast<uint32_t>(std::min(kMaxTileTokens, run.count - t));
+          s.other_layer_stride = LayerStride(layout);
           s.first_item = launch.items;
           launch.items += TileItems(s);
           plan.tiles.push_back(s);
@@ -396,11 +553,19 @@ absl::Status PlanStaged(const std::vector<LayoutGroup>& groups, const std::vecto
   plan->copies.clear();
   plan->chunks.clear();
   ChunkBuilder builder(chunk_bytes, host_split, plan);
+  const std::vector<IndexRun> sorted = HostSorted(runs);
+  const std::vector<IndexRun> sorted_pages = HostSorted(page_runs);
+  const uint64_t n = layer_end - layer_begin;
   for (size_t g = 0; g < groups.size(); ++g) {
     builder.SetGroup(static_cast<uint32_t>(g), &groups[g]);
+    const std::vector<IndexRun>& group_runs = RunsOf(groups[g], sorted, sorted_pages);
+    if (groups[g].layout.kind == LayoutKind::kLayerFirst) {
+      PlanLayerFirst(group_runs, layer_begin, n, &builder);
+      continue;
+    }
+    const std::vector<HostRun> host_runs = HostRunsOf(group_runs);
     for (uint64_t plane = 0; plane < groups[g].layout.planes; ++plane) {
-      PlanPlane(groups[g].layout, plane, RunsOf(groups[g], runs, page_runs), layer_begin,
-                layer_end - layer_begin, &builder);
+      PlanPageMajor(plane, host_runs, layer_begin, n, &builder);
     }
   }
   builder.Flush();

@@ -16,27 +16,40 @@
 //
 // SM copy path (PlanSmCopy): the kernel reads or writes the pool itself
 // through mapped memory, one launch per group and layer, so a tile is
-// simply one run of one plane, one layer wide.
+// simply one run of one plane, one layer wide, lying as in the pool
+// (bias 0, other_layer_stride the pool's LayerStride).
 //
 // Staged (PlanStaged): the job goes through a device staging buffer in
-// chunks of `chunk_bytes`. In a chunk, every tile's host bytes form one
-// complete contiguous block of the pool (no bytes of other slots inside), laid
-// out in the staging buffer exactly as in the pool, so that one copy-engine
-// copy moves a block (or several adjacent ones) between staging and pool,
-// and the kernel gathers or scatters the items between staging and the
-// worker's rows. Blocks are as large as the layout allows, over the held
-// host layers [layer_begin, layer_end):
-//   LAYER_FIRST        a run's rows of one layer;
-//   PAGE_FIRST         a run's tokens, all layers (a token's layers are
-//                      adjacent); a token's held layers when they are not all;
-//   PAGE_FIRST_DIRECT  a run's whole pages, all layers; a page's held layers
-//                      when they are not all; partial pages per layer;
-//   PAGE_HEAD          a run's whole pages, all heads and layers; partial
-//                      pages per head; a token's head's held layers when they
-//                      are not all.
-// A block larger than a chunk is split at units (a token, or a whole page for
+// chunks of `chunk_bytes`. Runs are planned in host slot order (a chunk's
+// runs may come in any order: a backup's host slots never overlap, and a
+// load that reads a slot twice reads it into two places), so host-adjacent
+// runs share blocks and copies whatever the request order. In a chunk, the
+// copy engines move complete contiguous ranges of the pool (no bytes of
+// other slots or layers inside) between staging and pool, and the kernel
+// gathers or scatters the items between staging and the worker's rows.
+//   LAYER_FIRST        a chunk holds [plane][held layer][the chunk's slots in
+//                      host order]: as many slots as fit with every held
+//                      layer of every plane; a tile per (plane, run) spans
+//                      the held layers (CopyTile::other_layer_stride = the
+//                      chunk's slots' row bytes), a copy per (plane, layer,
+//                      host run). Where one slot's held rows do not fit a
+//                      chunk, one (plane, layer) at a time.
+// The page-major layouts lay their blocks out in staging as in the pool, a
+// tile per run inside a block, blocks as large as the layout allows over the
+// held host layers [layer_begin, layer_end) of host runs (host-sorted runs
+// whose slots follow each other, so that a page whose slots come in several
+// runs is still one block):
+//   PAGE_FIRST         a host run's slots, all layers (a slot's layers are
+//                      adjacent); a slot's held layers when they are not all;
+//   PAGE_FIRST_DIRECT  a host run's whole pages, all layers; a page's held
+//                      layers when they are not all; partial pages per layer;
+//   PAGE_HEAD          a host run's whole pages, all heads and layers;
+//                      partial pages per head; a slot's head's held layers
+//                      when they are not all.
+// A block larger than a chunk is split at units (a slot, or a whole page for
 // the page-major layouts); a unit never is, so a chunk must hold the largest
-// unit (StagedUnitBytes).
+// unit (StagedUnitBytes: LAYER_FIRST's is one row). A group's staging starts
+// 16-byte aligned in its chunk.
 //
 // Pure functions; thread-safe.
 #ifndef KVHOST_SERVER_TRANSFER_COPY_PLAN_H_
