@@ -75,6 +75,29 @@ absl::StatusOr<double> TimeCopy(const AnchorCopy& copy, int quota, cudaStream_t 
   return Median(ms);
 }
 
+// GB/s and every worker's cost of `copy` at `quota`.
+absl::StatusOr<AnchorResult> MeasureQuota(const Options& o, Worker& w, const AnchorCopy& copy,
+                                          int quota, cudaStream_t stream, const Results& results) {
+  AnchorResult r;
+  r.quota = static_cast<uint32_t>(quota);
+  r.backup = copy.backup;
+  r.bytes = copy.tokens * copy.buffers * copy.row_bytes;
+  absl::StatusOr<double> ms = TimeCopy(copy, quota, stream, std::max(o.repeats, kMinAnchorRepeats));
+  if (!ms.ok()) return ms.status();
+  r.gbps = static_cast<double>(r.bytes) / 1e9 / (*ms / 1e3);
+  r.vs_ceiling = r.gbps / (copy.backup ? results.ceiling.d2h_gbps : results.ceiling.h2d_gbps);
+  auto transfer = [&]() { return Copy(copy, quota, stream); };
+  for (size_t u = 0; u < w.units().size(); ++u) {
+    for (double duty : o.duties) {
+      absl::StatusOr<Cost> cost = MeasureCost(
+          *w.units()[u], w.stream(), results.workers[u].alone_ms, duty, o.window_s, transfer);
+      if (!cost.ok()) return cost.status();
+      r.costs.push_back(*cost);
+    }
+  }
+  return r;
+}
+
 }  // namespace
 
 absl::Status RunAnchor(const Options& o, kvhost::Client& client, Worker& w, v1::PoolKind kind,
@@ -112,7 +135,6 @@ absl::Status RunAnchor(const Options& o, kvhost::Client& client, Worker& w, v1::
     copy.host_rows = pool.size_tokens();
     copy.row_bytes = dev.row_bytes();
     copy.buffers = dev.buffers();
-    const uint64_t bytes = o.tokens * copy.buffers * copy.row_bytes;
 
     // The byte check, at the first quota: rows to the host, back into other rows.
     const int first_quota = static_cast<int>(o.anchor_quotas.front());
@@ -130,33 +152,18 @@ absl::Status RunAnchor(const Options& o, kvhost::Client& client, Worker& w, v1::
     for (uint32_t quota : o.anchor_quotas) {
       for (bool backup : o.directions) {
         copy.backup = backup;
-        AnchorResult r;
-        r.kind = KindName(kind);
-        r.quota = quota;
-        r.backup = backup;
-        r.bytes = bytes;
-        r.host = RunsOf(host, 1);
-        absl::StatusOr<double> ms = TimeCopy(copy, static_cast<int>(quota), b.stream,
-                                             std::max(o.repeats, kMinAnchorRepeats));
-        if (!ms.ok()) return ms.status();
-        r.gbps = static_cast<double>(bytes) / 1e9 / (*ms / 1e3);
-        r.vs_ceiling = r.gbps / (backup ? results.ceiling.d2h_gbps : results.ceiling.h2d_gbps);
-        auto transfer = [&]() { return Copy(copy, static_cast<int>(quota), b.stream); };
-        for (size_t u = 0; u < w.units().size(); ++u) {
-          for (double duty : o.duties) {
-            absl::StatusOr<Cost> cost = MeasureCost(
-                *w.units()[u], w.stream(), results.workers[u].alone_ms, duty, o.window_s, transfer);
-            if (!cost.ok()) return cost.status();
-            r.costs.push_back(*cost);
-          }
-        }
+        absl::StatusOr<AnchorResult> r =
+            MeasureQuota(o, w, copy, static_cast<int>(quota), b.stream, results);
+        if (!r.ok()) return r.status();
+        r->kind = KindName(kind);
+        r->host = RunsOf(host, 1);
         std::string costs;
-        for (const Cost& k : r.costs) {
+        for (const Cost& k : r->costs) {
           absl::StrAppendFormat(&costs, " %s@%s %+.1f%%", k.worker, DutyName(k.duty), k.cost_pct);
         }
         absl::FPrintF(stderr, "[%.0fs] %s quota %d %s: %.1f GB/s (%.2f),%s\n", progress.elapsed_s(),
-                      what, quota, DirName(backup), r.gbps, r.vs_ceiling, costs);
-        results.anchor.push_back(r);
+                      what, quota, DirName(backup), r->gbps, r->vs_ceiling, costs);
+        results.anchor.push_back(*r);
       }
     }
     return absl::OkStatus();

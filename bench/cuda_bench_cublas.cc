@@ -38,9 +38,13 @@ std::vector<std::string> Glob(const std::string& pattern) {
 
 // The site-packages folders where pip puts torch's nvidia-* wheels.
 std::vector<std::string> SitePackages() {
+  // /opt/*/.venv: where the GPU machine keeps torch's environment
+  // (/opt/torch/.venv, whose python3 need not be on PATH).
   std::vector<std::string> patterns = {"/usr/local/lib/python3*/dist-packages",
                                        "/usr/local/lib/python3*/site-packages",
-                                       "/usr/lib/python3/dist-packages"};
+                                       "/usr/lib/python3/dist-packages",
+                                       "/opt/*/.venv/lib/python3*/site-packages",
+                                       "/opt/*/venv/lib/python3*/site-packages"};
   if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
     patterns.push_back(absl::StrCat(home, "/.local/lib/python3*/site-packages"));
   }
@@ -61,6 +65,18 @@ std::vector<std::string> SitePackages() {
     }
   }
   return out;
+}
+
+// libcublas needs libcublasLt, which the loader finds by name only where its
+// directory is on the loader path (pip's copy finds it through its RUNPATH);
+// loaded first from the candidate's own directory, it is found by soname.
+void PreloadLt(const std::string& candidate) {
+  const size_t slash = candidate.rfind('/');
+  if (slash == std::string::npos) return;
+  for (const std::string& lt : Glob(candidate.substr(0, slash) + "/libcublasLt.so.*")) {
+    if (::dlopen(lt.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr) return;
+  }
+  ::dlerror();  // a failure here shows again, better named, for libcublas itself
 }
 
 std::string DlError() {
@@ -93,11 +109,17 @@ std::vector<std::string> CublasCandidates(const std::string& flag) {
     out.push_back(env);
   }
   for (const char* soname : kSonames) out.push_back(soname);
+  std::vector<std::string> patterns;
   for (const std::string& site : SitePackages()) {
-    for (const char* sub : {"/nvidia/*/lib/libcublas.so.*", "/nvidia/cublas/lib/libcublas.so.*"}) {
-      for (std::string& lib : Glob(site + sub)) {
-        if (std::find(out.begin(), out.end(), lib) == out.end()) out.push_back(std::move(lib));
-      }
+    patterns.push_back(site + "/nvidia/*/lib/libcublas.so.*");  // nvidia/cu13/lib, ...
+    patterns.push_back(site + "/nvidia/cublas/lib/libcublas.so.*");
+  }
+  // A CUDA toolkit whose lib directory is not on the loader path.
+  patterns.push_back("/usr/local/cuda/lib64/libcublas.so.*");
+  patterns.push_back("/usr/local/cuda-*/targets/*/lib/libcublas.so.*");
+  for (const std::string& p : patterns) {
+    for (std::string& lib : Glob(p)) {
+      if (std::find(out.begin(), out.end(), lib) == out.end()) out.push_back(std::move(lib));
     }
   }
   return out;
@@ -106,6 +128,7 @@ std::vector<std::string> CublasCandidates(const std::string& flag) {
 absl::StatusOr<std::unique_ptr<Cublas>> Cublas::Load(const std::string& flag) {
   std::vector<std::string> tried;
   for (const std::string& candidate : CublasCandidates(flag)) {
+    PreloadLt(candidate);
     void* lib = ::dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) {
       tried.push_back(absl::StrCat(candidate, " (", DlError(), ")"));

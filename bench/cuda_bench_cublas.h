@@ -24,7 +24,8 @@ namespace kvhost::bench {
 // Where FindCublas looks, in order: `flag` (--cublas) alone if set; else
 // $KVHOST_CUBLAS, libcublas.so.13 and libcublas.so.12 from the loader path,
 // then the libcublas.so.* under python site-packages nvidia/*/lib (system
-// dist-packages, ~/.local, and the site-packages of `python3` on PATH).
+// dist-packages, ~/.local, /opt/*/.venv and the environment of `python3` on
+// PATH), then a CUDA toolkit's (/usr/local/cuda*).
 std::vector<std::string> CublasCandidates(const std::string& flag);
 
 class Cublas {

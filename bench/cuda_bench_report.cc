@@ -326,7 +326,8 @@ std::vector<std::string> HeadlineTableLines(const Options& o, const Results& r) 
         h.layout,
         absl::StrCat(h.page_size),
         DirName(h.backup),
-        absl::StrCat(h.best->path, h.best_within_bounds ? "" : " (over)"),
+        absl::StrCat(h.best->path, h.best->path == "auto" ? ":" + h.best->ticket_path : "",
+                     h.best_within_bounds ? "" : " (over)"),
         absl::StrFormat("%.2f", h.best->engine_gbps),
         absl::StrFormat("%.2f", h.best->vs_ceiling),
         CostCell(h.best->costs, w, 0.25),
@@ -349,6 +350,27 @@ std::vector<std::string> HeadlineTableLines(const Options& o, const Results& r) 
       "and the path auto took; ANCHOR: GB/s and %s %% at 0.25 / 1",
       w, w, kCostBoundDutyPct, kCostBoundBackToBackPct, w)};
   for (std::string& l : cli::TableLines(rows, align)) lines.push_back(std::move(l));
+  return lines;
+}
+
+std::vector<std::string> TtflTableLines(const Results& r) {
+  if (r.ttfl.empty()) return {};
+  std::vector<std::vector<std::string>> rows = {{"PATH", "PAGE", "FIRST MS", "ALL MS", "TARGET MS",
+                                                 "", "RPC BACK MS", "DAEMON FIRST / ALL MS",
+                                                 "QUEUED MS", "TICKET PATH"}};
+  for (const TtflResult& t : r.ttfl) {
+    rows.push_back(
+        {t.path, absl::StrCat(t.page_size), absl::StrFormat("%.3f", t.first_median_ms),
+         absl::StrFormat("%.3f", t.total_median_ms), absl::StrFormat("%.3f", t.target_ms),
+         t.met ? "met" : "MISSED", absl::StrFormat("%.3f", t.rpc_median_ms),
+         absl::StrFormat("%.3f / %.3f", t.daemon_first_median_ms, t.daemon_total_median_ms),
+         absl::StrFormat("%.3f", t.enqueue_median_ms), t.ticket_path});
+  }
+  std::vector<std::string> lines = {absl::StrFormat(
+      "time to first layer (MHA LAYER_FIRST, %d layers, from the event before the Load call; "
+      "target all / layers + %.1f ms; median):",
+      r.ttfl.front().layers, kFirstLayerSlackMs)};
+  for (std::string& l : cli::TableLines(rows, "lrrrrlrrrl")) lines.push_back(std::move(l));
   return lines;
 }
 
@@ -468,15 +490,7 @@ void PrintReport(const Options& o, const Results& r) {
         d.backup_alone_gbps, d.load_alone_gbps, d.vs_one_direction, d.vs_ceiling, d.backup_path,
         d.load_path);
   }
-  for (const TtflResult& t : r.ttfl) {
-    absl::PrintF(
-        "ttfl   %-6s MHA LAYER_FIRST ps%-2d %d layers: first layer %.3f ms, all %.3f ms; target "
-        "%.3f ms (all/%d + %.1f): %s [%s; Load RPC back at %.3f ms; daemon: first %.3f, all "
-        "%.3f, queued in %.3f ms]\n",
-        t.path, t.page_size, t.layers, t.first_median_ms, t.total_median_ms, t.target_ms, t.layers,
-        kFirstLayerSlackMs, t.met ? "met" : "MISSED", t.ticket_path, t.rpc_median_ms,
-        t.daemon_first_median_ms, t.daemon_total_median_ms, t.enqueue_median_ms);
-  }
+  print(TtflTableLines(r));
   if (r.elapsed_s > 0) {
     absl::PrintF("done in %.1f s (estimate %.0f s)\n", r.elapsed_s, r.estimate_s);
   }

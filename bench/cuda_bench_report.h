@@ -151,12 +151,13 @@ struct HeadlineRow {
 };
 std::vector<HeadlineRow> Headline(const Results& r);
 
-// The stdout tables, as lines: the cases of one path and worker; the anchor;
-// the headline.
+// The stdout tables, as lines (none without rows): the cases of one path
+// and worker; the anchor; the headline; the time to first layer.
 std::vector<std::string> CaseTableLines(const Options& o, const Results& r, const std::string& path,
                                         const std::string& worker);
 std::vector<std::string> AnchorTableLines(const Options& o, const Results& r);
 std::vector<std::string> HeadlineTableLines(const Options& o, const Results& r);
+std::vector<std::string> TtflTableLines(const Results& r);
 
 // The --json-out document; "complete" is status.ok().
 std::string Json(const Options& o, const Results& r, const absl::Status& status);

@@ -236,6 +236,28 @@ TEST(CudaBenchReportTest, TablesShowEveryCostAndWhatIsMissing) {
   EXPECT_TRUE(absl::StrContains(headline[2], "50.4 +1.5/+6.7")) << headline[2];
 }
 
+TEST(CudaBenchReportTest, TtflTableJudgesTheTarget) {
+  Results r;
+  EXPECT_TRUE(TtflTableLines(r).empty());
+  TtflResult t;
+  t.path = "ce";
+  t.page_size = 16;
+  t.layers = 32;
+  t.first_median_ms = 0.5;
+  t.total_median_ms = 20;
+  t.target_ms = 20.0 / 32 + kFirstLayerSlackMs;
+  t.met = true;
+  r.ttfl = {t};
+  t.page_size = 1;
+  t.first_median_ms = 4;
+  t.met = false;
+  r.ttfl.push_back(t);
+  const std::vector<std::string> lines = TtflTableLines(r);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_TRUE(absl::StrContains(lines[2], "0.725  met")) << lines[2];
+  EXPECT_TRUE(absl::StrContains(lines[3], "MISSED")) << lines[3];
+}
+
 TEST(CudaBenchReportTest, JsonSaysWhetherTheRunIsComplete) {
   const Options o = DefaultOptions();
   const Results r = MakeResults();

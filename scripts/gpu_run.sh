@@ -20,7 +20,8 @@ if [ -z "${KVHOST_CUBLAS:-}" ]; then
   sites="$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)"
   # shellcheck disable=SC2086  # globs and a word list, on purpose
   KVHOST_CUBLAS=$(find /usr/local/lib/python3*/dist-packages /usr/lib/python3/dist-packages \
-    "$HOME"/.local/lib/python3*/site-packages $sites -path '*/nvidia/*' -name 'libcublas.so.*' \
+    "${HOME:-/root}"/.local/lib/python3*/site-packages /opt/*/.venv/lib/python3*/site-packages $sites \
+    -path '*/nvidia/*' -name 'libcublas.so.*' \
     2>/dev/null | sort | head -n 1)
   [ -n "$KVHOST_CUBLAS" ] && export KVHOST_CUBLAS
 fi
