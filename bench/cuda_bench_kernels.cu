@@ -78,9 +78,7 @@ __global__ void FillBf16(uint16_t* dst, uint64_t count, uint64_t seed) {
     // 16 bits): never a NaN or an infinity.
     const uint32_t bits = static_cast<uint32_t>(KvWord(seed, i) >> 41);
     const float x = static_cast<float>(bits) * (2.0f / 8388608.0f) - 1.0f;
-    uint32_t word = 0;
-    memcpy(&word, &x, sizeof(word));
-    dst[i] = static_cast<uint16_t>(word >> 16);
+    dst[i] = static_cast<uint16_t>(__float_as_uint(x) >> 16);
   }
 }
 
