@@ -40,11 +40,10 @@ std::vector<std::string> Glob(const std::string& pattern) {
 std::vector<std::string> SitePackages() {
   // /opt/*/.venv: where the GPU machine keeps torch's environment
   // (/opt/torch/.venv, whose python3 need not be on PATH).
-  std::vector<std::string> patterns = {"/usr/local/lib/python3*/dist-packages",
-                                       "/usr/local/lib/python3*/site-packages",
-                                       "/usr/lib/python3/dist-packages",
-                                       "/opt/*/.venv/lib/python3*/site-packages",
-                                       "/opt/*/venv/lib/python3*/site-packages"};
+  std::vector<std::string> patterns = {
+      "/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
+      "/usr/lib/python3/dist-packages", "/opt/*/.venv/lib/python3*/site-packages",
+      "/opt/*/venv/lib/python3*/site-packages"};
   if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
     patterns.push_back(absl::StrCat(home, "/.local/lib/python3*/site-packages"));
   }
