@@ -71,7 +71,61 @@ __global__ void __launch_bounds__(kComputeThreads) FmaLoop(uint32_t iterations, 
   if (sum == -1.0f) *sink = sum;
 }
 
+__global__ void FillBf16(uint16_t* dst, uint64_t count, uint64_t seed) {
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count; i += stride) {
+    // A float in [-1, 1) from 23 random bits, rounded down to bf16 (its top
+    // 16 bits): never a NaN or an infinity.
+    const uint32_t bits = static_cast<uint32_t>(KvWord(seed, i) >> 41);
+    const float x = static_cast<float>(bits) * (2.0f / 8388608.0f) - 1.0f;
+    dst[i] = static_cast<uint16_t>(__float_as_uint(x) >> 16);
+  }
+}
+
+// Vectors a lane has in flight before it stores them: a PCIe read takes
+// microseconds, so each lane issues several before waiting on the first.
+constexpr int kAnchorUnroll = 4;
+constexpr int kWarp = 32;
+
+__global__ void __launch_bounds__(kAnchorThreads) AnchorCopyKernel(AnchorCopy c) {
+  const uint64_t warps = uint64_t{gridDim.x} * (blockDim.x / kWarp);
+  const uint64_t lane = threadIdx.x % kWarp;
+  const uint64_t vectors = c.row_bytes / sizeof(int4);
+  for (uint64_t t = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / kWarp; t < c.tokens;
+       t += warps) {
+    const uint64_t dev_off = static_cast<uint64_t>(c.device_rows[t]) * c.row_bytes;
+    const uint64_t host_row = static_cast<uint64_t>(c.host_slots[t]);
+    for (uint32_t b = 0; b < c.buffers; ++b) {
+      uint8_t* dev = static_cast<uint8_t*>(c.device_layers[b]) + dev_off;
+      uint8_t* host = c.host + (uint64_t{b} * c.host_rows + host_row) * c.row_bytes;
+      const int4* src = reinterpret_cast<const int4*>(c.backup ? dev : host);
+      int4* dst = reinterpret_cast<int4*>(c.backup ? host : dev);
+      for (uint64_t v = lane; v < vectors; v += kWarp * kAnchorUnroll) {
+        int4 r[kAnchorUnroll];
+#pragma unroll
+        for (int u = 0; u < kAnchorUnroll; ++u) {
+          if (v + u * kWarp < vectors) r[u] = src[v + u * kWarp];
+        }
+#pragma unroll
+        for (int u = 0; u < kAnchorUnroll; ++u) {
+          if (v + u * kWarp < vectors) dst[v + u * kWarp] = r[u];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchFillBf16(void* dst, uint64_t count, uint64_t seed, cudaStream_t stream) {
+  FillBf16<<<kMemBlocks, kMemThreads, 0, stream>>>(static_cast<uint16_t*>(dst), count, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAnchorCopy(const AnchorCopy& copy, int blocks, cudaStream_t stream) {
+  AnchorCopyKernel<<<blocks, kAnchorThreads, 0, stream>>>(copy);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchFillKv(void* dst, uint64_t bytes, uint64_t seed, uint64_t first_word,
                          cudaStream_t stream) {

@@ -1,8 +1,11 @@
 // Device code of kvhost_cuda_transfer_bench, the benchmark process that plays
-// the GPU worker: a compute-bound kernel standing in for the worker's forward
-// pass (its slowdown while kvhostd copies is what the benchmark reports), and
-// the fill and check of the worker's KV rows that prove a transfer moved the
-// right bytes before its speed is reported.
+// the GPU worker: a compute-bound FMA kernel (the worst-case worker: its
+// slowdown while kvhostd copies is reported next to the GEMM worker's), the
+// fill of the GEMM's bf16 operands, the fill and check of the worker's KV
+// rows that prove a transfer moved the right bytes before its speed is
+// reported, and the in-process anchor: the warp-per-item zero-copy copy
+// kernel that an in-process host pool (sglang's kernel io path) runs in the
+// worker's own context.
 //
 // The KV content is a pure function of (seed, word index): word i of a
 // buffer filled from `first_word` holds KvWord(seed, first_word + i), 8 random
@@ -51,6 +54,36 @@ cudaError_t ComputeGridFor(int gpu, ComputeGrid* grid);
 // under a condition that never holds, so the loop cannot be optimised away.
 cudaError_t LaunchCompute(const ComputeGrid& grid, uint32_t iterations, float* sink,
                           cudaStream_t stream);
+
+// `count` bf16 values at `dst`, uniform in [-1, 1) from `seed`: GEMM
+// operands with real bits (zeros would let the tensor cores idle on power).
+cudaError_t LaunchFillBf16(void* dst, uint64_t count, uint64_t seed, cudaStream_t stream);
+
+// One in-process anchor transfer: every row of `tokens` tokens in every one
+// of `buffers` device layer buffers, between device row device_rows[t] of
+// buffer b and host row host_slots[t] of the host buffer's plane-layer b, in
+// a LAYER_FIRST page-1 host layout (sglang's default host pool: row (b, slot)
+// at (b * host_rows + slot) * row_bytes). `device_layers`, `device_rows` and
+// `host_slots` are device memory; `host` is pinned host memory mapped into
+// the device (cudaHostAllocMapped), written or read in place (zero copy).
+struct AnchorCopy {
+  void* const* device_layers = nullptr;
+  uint8_t* host = nullptr;
+  const int64_t* device_rows = nullptr;
+  const int64_t* host_slots = nullptr;
+  uint64_t tokens = 0;
+  uint64_t host_rows = 0;
+  uint64_t row_bytes = 0;  // a multiple of 16
+  uint32_t buffers = 0;
+  bool backup = true;  // device to host; false: host to device
+};
+
+// Threads per anchor block: 32 warps, as sglang's kernel io path launches.
+constexpr int kAnchorThreads = 1024;
+
+// The anchor copy on `blocks` blocks of kAnchorThreads (the block quota):
+// one warp per token item, looping over the buffers, 16-byte vectors.
+cudaError_t LaunchAnchorCopy(const AnchorCopy& copy, int blocks, cudaStream_t stream);
 
 }  // namespace kvhost::bench
 

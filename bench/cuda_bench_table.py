@@ -3,16 +3,33 @@
 
   bench/cuda_bench_table.py FILE.json[:path,path...] ...
 
-Per file (optionally only the listed paths): the ceiling and the worker's
-compute alone, one table per path (GB/s, ratio to the ceiling of the same
-direction, worker slowdown, per direction), then duplex and time-to-first-layer
-lines.
+Per file (optionally only the listed paths): the ceiling and the workers'
+compute alone, then
+
+- schema 2 (issue 15 on): the headline table (per case the best path within
+  the GEMM bounds, next to auto and the in-process anchor), the anchor table,
+  one table per path (GB/s, ratio, mean host run, each worker's cost at each
+  duty cycle, per direction);
+- older files: one table per path (GB/s, ratio, FMA worker slowdown);
+
+then duplex and time-to-first-layer lines.
 """
 import json
 import sys
 
 
-def table(cases, path):
+def pct(x):
+    return "—" if x is None else f"{x:+.1f} %"
+
+
+def cost(costs, worker, duty):
+    for c in costs:
+        if c["worker"] == worker and abs(c["duty"] - duty) < 1e-9:
+            return c["cost_pct"]
+    return None
+
+
+def old_table(cases, path):
     rows = {}
     for c in cases:
         if c["path"] != path:
@@ -33,23 +50,96 @@ def table(cases, path):
     return "\n".join(out)
 
 
+def path_table(d, path):
+    workers = d["config"]["workers"]
+    duties = [float(x) for x in d["config"]["duties"]]
+    cols = [f"{w} @{x:g}" for w in workers for x in duties]
+    out = [f"| {path} | page | dir | GB/s | ratio | host run | " + " | ".join(cols) + " | ticket path |",
+           "|---|---|---|---|---|---|" + "---|" * len(cols) + "---|"]
+    for c in d["cases"]:
+        if c["path"] != path:
+            continue
+        cells = [pct(cost(c["costs"], w, x)) for w in workers for x in duties]
+        slow = " (slow)" if c.get("slow") else ""
+        out.append(f"| {c['kind']} {c['layout']} | {c['page_size']} | {c['direction']} | "
+                   f"{c['engine_gb_per_s']:.1f} | {c['vs_ceiling']:.2f} | {c['host_run_pages']:.1f} | "
+                   + " | ".join(cells) + f" | {c['ticket_path']}{slow} |")
+    return "\n".join(out)
+
+
+def anchor_table(d):
+    workers = d["config"]["workers"]
+    duties = [float(x) for x in d["config"]["duties"]]
+    cols = [f"{w} @{x:g}" for w in workers for x in duties]
+    out = ["| anchor (in-process, LAYER_FIRST page 1) | quota | dir | GB/s | ratio | " +
+           " | ".join(cols) + " |",
+           "|---|---|---|---|---|" + "---|" * len(cols)]
+    for a in d["anchor"]:
+        cells = [pct(cost(a["costs"], w, x)) for w in workers for x in duties]
+        out.append(f"| {a['kind']} | {a['quota']} | {a['direction']} | {a['gb_per_s']:.1f} | "
+                   f"{a['vs_ceiling']:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def headline_table(d, paths):
+    quotas = d["config"]["anchor_quotas"]
+    rows = d["headline"]
+    if not rows:
+        return ""
+    w = rows[0]["worker"]
+    out = [f"| case | page | dir | best path | GB/s | ratio | {w} @0.25 | {w} @1 | auto | " +
+           " | ".join(f"anchor q{q} GB/s ({w} @0.25 / @1)" for q in quotas) + " |",
+           "|---|---|---|---|---|---|---|---|---|" + "---|" * len(quotas)]
+    for h in rows:
+        if h["best_path"] not in paths:
+            continue
+        anchors = {a["quota"]: a for a in h["anchor"]}
+        cells = []
+        for q in quotas:
+            a = anchors.get(q)
+            cells.append("—" if a is None else
+                         f"{a['gb_per_s']:.1f} ({pct(cost(a['costs'], w, 0.25))} / "
+                         f"{pct(cost(a['costs'], w, 1))})")
+        best = h["best_path"] + ("" if h["within_bounds"] else " (over bounds)")
+        auto = (f"{h['auto_gb_per_s']:.1f} {h['auto_ticket_path']}" if "auto_gb_per_s" in h
+                else "—")
+        out.append(f"| {h['kind']} {h['layout']} | {h['page_size']} | {h['direction']} | {best} | "
+                   f"{h['gb_per_s']:.1f} | {h['vs_ceiling']:.2f} | "
+                   f"{pct(cost(h['costs'], w, 0.25))} | {pct(cost(h['costs'], w, 1))} | {auto} | "
+                   + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main():
     for arg in sys.argv[1:]:
         name, _, only = arg.partition(":")
         d = json.load(open(name))
         c = d["ceiling"]
-        w = d["worker_compute"]
         cfg = d["config"]
+        new = d.get("schema", 1) >= 2
+        extra = (f", workers {','.join(cfg['workers'])}, host slots {cfg['host_slots']}"
+                 if new else "")
         print(f"**{name}** — complete: {d['complete']}, MPS: {d['mps']}, "
               f"staging: {cfg.get('staging_bytes') or 'default'}, sm_blocks: "
               f"{cfg.get('sm_blocks') or 'default'}, load_gates: {cfg.get('load_gates', False)}, "
-              f"tokens {cfg['tokens']}, layers {cfg['layers']}\n")
+              f"tokens {cfg['tokens']}, layers {cfg['layers']}{extra}\n")
+        if new:
+            alone = "; ".join(f"{w['name']} {w['alone_ms']:.3f} ms alone "
+                              f"(end {w['alone_end_ms']:.3f}, drift {w['drift_pct']:+.2f} %)"
+                              for w in d["workers"])
+        else:
+            alone = f"Worker kernel alone: {d['worker_compute']['alone_ms_per_kernel']:.3f} ms"
         print(f"Ceiling (pinned cudaMemcpyAsync, {c['bytes'] >> 20} MiB): D2H {c['d2h_gb_per_s']:.1f}, "
               f"H2D {c['h2d_gb_per_s']:.1f}, both at once {c['duplex_gb_per_s']:.1f} GB/s. "
-              f"Worker kernel alone: {w['alone_ms_per_kernel']:.3f} ms.\n")
+              f"{alone}.\n")
         paths = only.split(",") if only else list(dict.fromkeys(x["path"] for x in d["cases"]))
+        if new:
+            for table in (headline_table(d, paths), anchor_table(d) if d["anchor"] else ""):
+                if table:
+                    print(table)
+                    print()
         for p in paths:
-            print(table(d["cases"], p))
+            print(path_table(d, p) if new else old_table(d["cases"], p))
             print()
         for x in d.get("duplex", []):
             if x["path"] in paths:
@@ -63,7 +153,9 @@ def main():
                 if "daemon_first_layer_ms" in x:
                     extra = (f"; daemon side first {x['daemon_first_layer_ms']:.3f} of "
                              f"{x['daemon_total_ms']:.3f} ms, queued in {x['enqueue_ms']:.3f} ms")
-                print(f"- first layer {x['path']}: {x['first_layer_ms']:.3f} ms of "
+                page = f" page {x['page_size']}" if new else ""
+                print(f"- first layer {x['path']}{page}: "
+                      f"{x['first_layer_ms']:.3f} ms of "
                       f"{x['total_ms']:.3f} ms (target {x['target_ms']:.3f}, "
                       f"{'met' if x['met'] else 'missed'}; Load call returned at "
                       f"{x['rpc_return_ms']:.3f} ms){extra}")

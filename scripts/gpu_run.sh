@@ -4,15 +4,28 @@
 # transfer benchmark, each with its output under OUT_DIR.
 #   scripts/gpu_run.sh OUT_DIR [tests|bench|mps-bench|all] [bench flags...]
 # mps-bench runs the benchmark again under MPS (started here and stopped
-# before the script ends, also on failure).
+# before the script ends, also on failure). The benchmark's GEMM worker
+# dlopens cuBLAS: KVHOST_CUBLAS is set here to the first libcublas.so.* of
+# a pip nvidia package (torch's) when not set already; the benchmark itself
+# also tries the loader path.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${1:?usage: scripts/gpu_run.sh OUT_DIR [tests|bench|mps-bench|all] [bench flags...]}
 what=${2:-all}
 shift $(( $# >= 2 ? 2 : 1 ))
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/bundle/lib KVHOST_KVHOSTD=$PWD/bundle/bin/kvhostd \
   KVHOST_SESSION_WORKER=$PWD/bundle/bin/kvhost_session_worker
+if [ -z "${KVHOST_CUBLAS:-}" ]; then
+  sites="$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)"
+  # shellcheck disable=SC2086  # globs and a word list, on purpose
+  KVHOST_CUBLAS=$(find /usr/local/lib/python3*/dist-packages /usr/lib/python3/dist-packages \
+    "${HOME:-/root}"/.local/lib/python3*/site-packages /opt/*/.venv/lib/python3*/site-packages $sites \
+    -path '*/nvidia/*' -name 'libcublas.so.*' \
+    2>/dev/null | sort | head -n 1)
+  [ -n "$KVHOST_CUBLAS" ] && export KVHOST_CUBLAS
+fi
+echo "== cuBLAS for the GEMM worker: ${KVHOST_CUBLAS:-(the benchmark searches)}"
 rc=0
 run() {  # run NAME COMMAND...: output to OUT_DIR/NAME.txt, the tail shown
   local name=$1; shift
