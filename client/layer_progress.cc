@@ -48,9 +48,8 @@ absl::Status ReceiveReply(int fd, const std::string& socket_path, absl::Duration
   pollfd ready = {fd, POLLIN, 0};
   const int n = ::poll(&ready, 1, ToMillis(timeout));
   if (n == 0) {
-    return absl::DeadlineExceededError(absl::StrCat("handoff socket ", socket_path,
-                                                    ": no reply within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "handoff socket ", socket_path, ": no reply within ", absl::FormatDuration(timeout)));
   }
   if (n < 0) return Errno(absl::StatusCode::kInternal, "poll");
   std::vector<char> buffer(kMaxReplyBytes);
@@ -131,12 +130,13 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
   return Handoff{received, reply.bytes(), reply.count()};
 }
 
-absl::StatusOr<std::unique_ptr<LayerProgress>> LayerProgress::Open(
-    const Client& client, const v1::Attachment& attachment, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<LayerProgress>> LayerProgress::Open(const Client& client,
+                                                                   const v1::Attachment& attachment,
+                                                                   absl::Duration timeout) {
   if (!attachment.layer_progress() || attachment.handoff_socket().empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("attachment of pool '", attachment.pool(),
-                     "' was not made with layer_progress (set AttachDeviceRequest.layer_progress)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "attachment of pool '", attachment.pool(),
+        "' was not made with layer_progress (set AttachDeviceRequest.layer_progress)"));
   }
   return Open(attachment.handoff_socket(), attachment.id(), client.session_ids(),
               client.options().owner_token, timeout);
@@ -161,8 +161,8 @@ absl::StatusOr<std::unique_ptr<LayerProgress>> LayerProgress::Open(
   if (handoff->count == 0 || handoff->count > kMaxCounters ||
       handoff->bytes != uint64_t{handoff->count} * sizeof(uint64_t) ||
       ::fstat(handoff->fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < handoff->bytes) {
-    return absl::InternalError(absl::StrCat("handoff socket ", handoff_socket, ": ",
-                                            handoff->count, " layer counters in ", handoff->bytes,
+    return absl::InternalError(absl::StrCat("handoff socket ", handoff_socket, ": ", handoff->count,
+                                            " layer counters in ", handoff->bytes,
                                             " bytes do not match the descriptor"));
   }
   void* mapped = ::mmap(nullptr, handoff->bytes, PROT_READ, MAP_SHARED, handoff->fd, 0);
@@ -205,10 +205,10 @@ absl::Status LayerProgress::WaitRecorded(int32_t set, uint64_t layer_base, uint3
       absl::SleepFor(kSleepStep);
     }
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "layer ", layer, " of the load with layer_base ", layer_base, " on event set ", set,
-      " not recorded within ", absl::FormatDuration(timeout), ": the counter is at ", Recorded(s),
-      ", it needs ", need));
+  return absl::DeadlineExceededError(
+      absl::StrCat("layer ", layer, " of the load with layer_base ", layer_base, " on event set ",
+                   set, " not recorded within ", absl::FormatDuration(timeout),
+                   ": the counter is at ", Recorded(s), ", it needs ", need));
 }
 
 }  // namespace kvhost

@@ -56,15 +56,14 @@ std::string UnixPath(const std::string& address) {
 // Makes the socket's directory and removes a socket file nobody listens on
 // (left by a killed daemon); refuses when another server answers there.
 // `what` names the path's flag in messages.
-absl::Status PrepareSocketPath(const std::string& path,
-                               const char* what = "--listen unix path") {
+absl::Status PrepareSocketPath(const std::string& path, const char* what = "--listen unix path") {
   if (path.empty() || path[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "' must be absolute"));
   }
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "' is longer than ",
-                                                   sizeof(addr.sun_path) - 1, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "' is longer than ", sizeof(addr.sun_path) - 1, " bytes"));
   }
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
@@ -82,8 +81,8 @@ absl::Status PrepareSocketPath(const std::string& path,
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   // A listener of another socket type (the handoff socket's SEQPACKET)
   // answers EPROTOTYPE: live too.
-  const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 ||
-                    errno == EPROTOTYPE;
+  const bool live =
+      ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 || errno == EPROTOTYPE;
   ::close(fd);
   if (live) {
     return absl::FailedPreconditionError(absl::StrCat("another server already listens on ", path));

@@ -121,8 +121,8 @@ class LayerProgressTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<TestDaemon>> d = TestDaemon::Start(KVHOSTD_PATH, flags);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
-    absl::StatusOr<v1::Pool> pool = client().CreatePool("p", MakeSpec(v1::MHA, v1::PAGE_FIRST, 4,
-                                                                      64));
+    absl::StatusOr<v1::Pool> pool =
+        client().CreatePool("p", MakeSpec(v1::MHA, v1::PAGE_FIRST, 4, 64));
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = *pool;
     absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("p", 16);
@@ -211,8 +211,8 @@ TEST_F(LayerProgressTest, CountersReachBasePlusLayersAndBasesAdvancePerSet) {
   EXPECT_TRUE(IsError(late, absl::StatusCode::kDeadlineExceeded,
                       {"layer 1", "event set 0", absl::StrCat("at ", expected_base[0]),
                        absl::StrCat("needs ", expected_base[0] + 2)}));
-  EXPECT_TRUE(IsError((*progress)->WaitRecorded(2, 0, 0, kWait),
-                      absl::StatusCode::kInvalidArgument, {"event set 2"}));
+  EXPECT_TRUE(IsError((*progress)->WaitRecorded(2, 0, 0, kWait), absl::StatusCode::kInvalidArgument,
+                      {"event set 2"}));
   EXPECT_TRUE((*progress)->WaitRecorded(-1, 0, 0, kWait).ok());  // nothing to wait on
   // A load of no rows takes no set.
   absl::StatusOr<LoadTicket> empty = client().LoadWithEvents(att.id(), {}, {});
@@ -356,7 +356,8 @@ TEST_F(LayerProgressTest, TheDescriptorIsReadOnly) {
 
 TEST_F(LayerProgressTest, TheSocketFileHasTheGrpcSocketsModeAndGoesAtShutdown) {
   const std::string grpc = daemon_->address().substr(std::strlen("unix://"));
-  struct stat handoff {}, main {};
+  struct stat handoff {
+  }, main{};
   ASSERT_EQ(::stat(handoff_path().c_str(), &handoff), 0) << handoff_path();
   ASSERT_EQ(::stat(grpc.c_str(), &main), 0);
   EXPECT_TRUE(S_ISSOCK(handoff.st_mode));

@@ -150,8 +150,8 @@ absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* requ
   pollfd fd = {connection, POLLIN, 0};
   const int ready = ::poll(&fd, 1, ToMillis(kHandoffRequestTimeout));
   if (ready == 0) {
-    return absl::DeadlineExceededError(absl::StrCat("no request within ",
-                                                    absl::FormatDuration(kHandoffRequestTimeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("no request within ", absl::FormatDuration(kHandoffRequestTimeout)));
   }
   // One byte more than the limit, and no room for control messages (a
   // descriptor a client sends us is closed by the kernel, never received).
@@ -162,14 +162,13 @@ absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* requ
   msg.msg_iovlen = 1;
   const ssize_t n = ready < 0 ? -1 : ::recvmsg(connection, &msg, MSG_DONTWAIT | MSG_TRUNC);
   if (n < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read the request: ",
-                                                   std::strerror(errno)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the request: ", std::strerror(errno)));
   }
   if (n == 0) return absl::InvalidArgumentError("the connection closed without a request");
   if (static_cast<size_t>(n) > kMaxHandoffRequestBytes || (msg.msg_flags & MSG_TRUNC) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("request of ", n,
-                                                   " bytes is over the limit of ",
-                                                   kMaxHandoffRequestBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request of ", n, " bytes is over the limit of ", kMaxHandoffRequestBytes));
   }
   if (!request->ParseFromArray(buffer.data(), static_cast<int>(n))) {
     return absl::InvalidArgumentError(

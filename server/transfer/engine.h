@@ -215,9 +215,9 @@ struct TransferJob {
   // (AttachDeviceRequest.layer_progress; null otherwise): the attachment's
   // counters (set before Prepare, which may take them as a sign to reserve
   // an event set; cleared when it reserved none) and this load's base there
-  // (LayerCounters::Reserve, made by the manager right after Prepare). The worker waits on the counter before
-  // each layer's event, so the engine may return from Submit before every
-  // layer is queued. The engine calls, in this order:
+  // (LayerCounters::Reserve, made by the manager right after Prepare). The worker waits on the
+  // counter before each layer's event, so the engine may return from Submit before every layer is
+  // queued. The engine calls, in this order:
   //   layer_counters->Publish(event_set, layer_base, l) right after load
   //     event [event_set][l] is recorded (host: after layer l is copied);
   //   layer_counters->Release(event_set, layer_base, layer_num()) when the

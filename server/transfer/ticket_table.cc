@@ -15,8 +15,8 @@ std::shared_ptr<Ticket> TicketTable::Open(const std::string& attachment_id,
   absl::MutexLock lock(&mu_);
   uint64_t id = RandomTicketId();
   while (tickets_.count(id) != 0) id = RandomTicketId();
-  auto ticket = std::make_shared<Ticket>(id, direction, layer_num, std::move(path), event_set,
-                                         layer_base);
+  auto ticket =
+      std::make_shared<Ticket>(id, direction, layer_num, std::move(path), event_set, layer_base);
   tickets_[id] = Entry{ticket, std::move(owner)};
   in_flight_[id] = attachment_id;
   ++counters_.tickets_in_flight;

@@ -596,10 +596,9 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Reserve(const std::stri
   }
   std::string path = components ? engine_->PathFor(*job) : std::string("none");
   absl::MutexLock lock(&mu_);
-  std::shared_ptr<Ticket> ticket =
-      tickets_.Open(attachment_id, target.owner, job->direction,
-                    static_cast<uint32_t>(job->layer_num()), std::move(path), job->event_set,
-                    job->layer_base);
+  std::shared_ptr<Ticket> ticket = tickets_.Open(attachment_id, target.owner, job->direction,
+                                                 static_cast<uint32_t>(job->layer_num()),
+                                                 std::move(path), job->event_set, job->layer_base);
   job->ticket = ticket;
   // Detached (its session closed) since FindTarget: the ticket runs, but an
   // engine that can stops it before its first layer. The check and the
