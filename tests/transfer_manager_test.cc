@@ -1424,6 +1424,37 @@ class GroupTest : public ::testing::Test {
   std::shared_ptr<PoolGroup> group_;
 };
 
+TEST_F(GroupTest, LayerProgressCountsModelLayers) {
+  AttachRequest request = GroupRequest(kv_, ssm_);
+  request.layer_progress = true;
+  request.load_event_sets = 3;
+  absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_TRUE(att->layer_progress);
+  EXPECT_EQ(att->load_event_sets, 3u);
+  absl::StatusOr<std::shared_ptr<LayerCounters>> counters =
+      f_.manager_->FindLayerCounters({}, att->id);
+  ASSERT_TRUE(counters.ok()) << counters.status();
+  const std::vector<int64_t> kv_host = Alloc(*kv_.pool, 3);
+  const std::vector<int64_t> ssm_host = Alloc(*ssm_.pool, 2);
+  const std::vector<int64_t> ssm_rows = {4, 1};
+  const std::vector<EntryRows> ssm = {{"ssm", ssm_host, ssm_rows}};
+  for (int n = 0; n < 4; ++n) {
+    absl::StatusOr<std::shared_ptr<Ticket>> t =
+        f_.manager_->Submit({}, att->id, Direction::kLoad, kv_host, {0, 1, 2}, "", ssm);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
+    ASSERT_TRUE((*t)->Snapshot().status.ok()) << (*t)->Snapshot().status;
+    ASSERT_GE((*t)->event_set(), 0);
+    // Four model layers per load, on sets 0, 1, 2, then 0 again.
+    EXPECT_EQ((*t)->event_set(), n % 3);
+    EXPECT_EQ((*t)->layer_base(), n < 3 ? 0u : 4u);
+    EXPECT_EQ((*counters)->Recorded(static_cast<uint32_t>((*t)->event_set())),
+              (*t)->layer_base() + 4);
+  }
+  ASSERT_TRUE(f_.manager_->Detach({}, att->id).ok());
+}
+
 TEST_F(GroupTest, BackupThenLoadFollowTheLayerMaps) {
   absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", GroupRequest(kv_, ssm_));
   ASSERT_TRUE(att.ok()) << att.status();
