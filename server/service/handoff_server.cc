@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -126,33 +127,55 @@ void HandoffServer::Stop() {
 }
 
 void HandoffServer::Loop() {
+  struct Waiting {
+    int fd;
+    absl::Time deadline;
+    std::string peer;
+  };
+  std::vector<Waiting> waiting;
+  std::vector<pollfd> fds;
   while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
+    // The stop event; the listener only while there is room; then every
+    // connection waiting for its request.
+    const bool room = waiting.size() < kMaxHandoffConnections;
+    fds.assign({{stop_fd_, POLLIN, 0}, {room ? listen_fd_ : -1, POLLIN, 0}});
+    absl::Time first = absl::InfiniteFuture();
+    for (const Waiting& w : waiting) {
+      fds.push_back({w.fd, POLLIN, 0});
+      first = std::min(first, w.deadline);
+    }
+    const int timeout = waiting.empty() ? -1 : std::max(0, ToMillis(first - absl::Now()) + 1);
+    if (::poll(fds.data(), fds.size(), timeout) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("handoff socket {}: poll: {}; no more handoffs", path_, std::strerror(errno));
-      return;
+      break;
     }
-    if (fds[1].revents != 0) return;
-    if ((fds[0].revents & POLLIN) == 0) continue;
+    if (fds[0].revents != 0) break;
+    const absl::Time now = absl::Now();
+    for (size_t i = waiting.size(); i-- > 0;) {
+      const short revents = fds[2 + i].revents;
+      if (revents == 0 && now < waiting[i].deadline) continue;
+      Serve(waiting[i].fd, waiting[i].peer,
+            revents != 0
+                ? absl::OkStatus()
+                : absl::DeadlineExceededError(absl::StrCat(
+                      "no request within ", absl::FormatDuration(kHandoffRequestTimeout))));
+      ::close(waiting[i].fd);
+      waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    if ((fds[1].revents & POLLIN) == 0) continue;
     const int connection = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (connection < 0) {
       // The peer gave up before we accepted it, or fds ran out for a while.
       spdlog::warn("handoff socket {}: accept: {}", path_, std::strerror(errno));
       continue;
     }
-    Serve(connection);
-    ::close(connection);
+    waiting.push_back({connection, now + kHandoffRequestTimeout, PeerOf(connection)});
   }
+  for (const Waiting& w : waiting) ::close(w.fd);
 }
 
 absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* request) {
-  pollfd fd = {connection, POLLIN, 0};
-  const int ready = ::poll(&fd, 1, ToMillis(kHandoffRequestTimeout));
-  if (ready == 0) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("no request within ", absl::FormatDuration(kHandoffRequestTimeout)));
-  }
   // One byte more than the limit, and no room for control messages (a
   // descriptor a client sends us is closed by the kernel, never received).
   std::vector<char> buffer(kMaxHandoffRequestBytes + 1);
@@ -160,7 +183,7 @@ absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* requ
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  const ssize_t n = ready < 0 ? -1 : ::recvmsg(connection, &msg, MSG_DONTWAIT | MSG_TRUNC);
+  const ssize_t n = ::recvmsg(connection, &msg, MSG_DONTWAIT | MSG_TRUNC);
   if (n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot read the request: ", std::strerror(errno)));
@@ -180,12 +203,11 @@ absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* requ
   return absl::OkStatus();
 }
 
-void HandoffServer::Serve(int connection) {
-  const std::string peer = PeerOf(connection);
+void HandoffServer::Serve(int connection, const std::string& peer, absl::Status refusal) {
   const timeval send_timeout = absl::ToTimeval(kHandoffRequestTimeout);
   ::setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
   v1::HandoffRequest request;
-  absl::Status status = ReadRequest(connection, &request);
+  absl::Status status = refusal.ok() ? ReadRequest(connection, &request) : std::move(refusal);
   HandoffItem item;
   if (status.ok()) {
     Caller caller;

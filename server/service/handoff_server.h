@@ -8,14 +8,15 @@
 // Protocol: a unix SOCK_SEQPACKET socket; per fetch one connection, one
 // request message of at most kMaxHandoffRequestBytes, one reply message,
 // with the descriptor (SCM_RIGHTS) on OK; then the server closes it. The
-// request must come within kHandoffRequestTimeout of the connection and the
-// reply goes out with the same bound, so a silent or stuck client holds the
-// server that long at most. Every fetch and refusal is logged with the
-// peer's SO_PEERCRED (pid, uid, gid); a capability is shown as a ShortId.
+// request must come within kHandoffRequestTimeout of the connection (else
+// the reply is DEADLINE_EXCEEDED) and the reply goes out with the same
+// bound. Up to kMaxHandoffConnections wait for their request at once, so a
+// silent client delays no other; more wait in the listen backlog. Every fetch and refusal is logged
+// with the peer's SO_PEERCRED (pid, uid, gid); a capability is shown as a ShortId.
 //
-// Thread safety: one thread of its own accepts and serves connections, one
-// at a time, and never calls back into anything but the source, which must
-// be thread-safe and must not block. Stop (or the destructor) joins it.
+// Thread safety: one thread of its own accepts connections and serves each
+// once its request is there, and never calls back into anything but the
+// source, which must be thread-safe and must not block. Stop (or the destructor) joins it.
 // Ownership: the server owns its listening socket; the socket file is the
 // caller's (the daemon gives it its mode and group and removes it).
 #ifndef KVHOST_SERVER_SERVICE_HANDOFF_SERVER_H_
@@ -41,6 +42,9 @@ inline constexpr size_t kMaxHandoffRequestBytes = 4096;
 // A local client sends its request right after connecting; a second covers
 // a loaded machine many times over and bounds what a silent one costs.
 inline constexpr absl::Duration kHandoffRequestTimeout = absl::Seconds(1);
+// Connections waiting for their request at once: a node's workers fetch
+// once per attachment each, a few dozen at most at start.
+inline constexpr size_t kMaxHandoffConnections = 64;
 
 // What a source hands out: `fd` (valid while `keep` lives; the server sends
 // it and closes nothing), the file's size and its item count.
@@ -84,10 +88,11 @@ class HandoffServer {
  private:
   HandoffServer() = default;
   void Loop();
-  // One connection: its request read, looked up, answered.
-  void Serve(int connection);
-  // The request of `connection` decoded into `request`; the reason it
-  // cannot be (INVALID_ARGUMENT, DEADLINE_EXCEEDED) otherwise.
+  // One connection whose request is readable (or `refusal`, when not OK:
+  // it came too late): read, looked up, answered.
+  void Serve(int connection, const std::string& peer, absl::Status refusal);
+  // The request of `connection` decoded into `request` without waiting;
+  // INVALID_ARGUMENT naming why it cannot be.
   static absl::Status ReadRequest(int connection, v1::HandoffRequest* request);
 
   std::string path_;
