@@ -527,7 +527,7 @@ absl::StatusOr<LoadTicket> Client::LoadWithEvents(
   v1::TransferTicket response;
   absl::Status s = KVHOST_TRANSFER_CALL(Load, request, &response, options_.timeout);
   if (!s.ok()) return s;
-  return LoadTicket{response.id(), response.event_set()};
+  return LoadTicket{response.id(), response.event_set(), response.layer_base()};
 }
 
 absl::StatusOr<v1::TransferStatus> Client::WaitTransfer(uint64_t ticket_id,
@@ -699,6 +699,7 @@ v1::AttachDeviceRequest ShmDevicePool::MakeAttachRequest(const std::string& pool
   }
   if (options.tp_rank.has_value()) request.set_tp_rank(*options.tp_rank);
   request.set_load_only(options.load_only);
+  request.set_layer_progress(options.layer_progress);
   FillBuffers(*this, kind_, &request);
   return request;
 }
@@ -722,6 +723,7 @@ v1::AttachDeviceRequest MakeGroupAttachRequest(const std::string& group,
   request.set_pool(group);
   if (options.tp_rank.has_value()) request.set_tp_rank(*options.tp_rank);
   request.set_load_only(options.load_only);
+  request.set_layer_progress(options.layer_progress);
   for (const GroupDevice& d : devices) *request.add_entries() = d.device->MakeDeviceEntry(d.entry);
   return request;
 }

@@ -258,8 +258,31 @@ absl::StatusOr<std::unique_ptr<LoadEvents>> LoadEvents::Open(const v1::Attachmen
   return events;
 }
 
+absl::StatusOr<std::unique_ptr<LoadEvents>> LoadEvents::Open(const Client& client,
+                                                             const v1::Attachment& attachment) {
+  absl::StatusOr<std::unique_ptr<LoadEvents>> events = Open(attachment);
+  if (!events.ok() || !attachment.layer_progress()) return events;
+  absl::StatusOr<std::unique_ptr<LayerProgress>> progress = LayerProgress::Open(client, attachment);
+  if (!progress.ok()) return progress.status();
+  (*events)->progress_ = *std::move(progress);
+  return events;
+}
+
 LoadEvents::~LoadEvents() {
   for (cudaEvent_t event : events_) cudaEventDestroy(event);
+}
+
+absl::Status LoadEvents::WaitLayer(const LoadTicket& ticket, uint32_t layer, cudaStream_t stream,
+                                   absl::Duration timeout) const {
+  if (ticket.event_set < 0) return absl::OkStatus();
+  if (layer >= layers_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", layer, " out of range: the load events have ", layers_, " layers"));
+  }
+  if (progress_ != nullptr) {
+    if (absl::Status s = progress_->WaitRecorded(ticket, layer, timeout); !s.ok()) return s;
+  }
+  return WaitLayer(ticket.event_set, layer, stream);
 }
 
 absl::Status LoadEvents::WaitLayer(int set, uint32_t layer, cudaStream_t stream) const {

@@ -55,15 +55,15 @@ std::string UnixPath(const std::string& address) {
 
 // Makes the socket's directory and removes a socket file nobody listens on
 // (left by a killed daemon); refuses when another server answers there.
-absl::Status PrepareSocketPath(const std::string& path) {
+// `what` names the path's flag in messages.
+absl::Status PrepareSocketPath(const std::string& path, const char* what = "--listen unix path") {
   if (path.empty() || path[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--listen unix path '", path, "' must be absolute"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "' must be absolute"));
   }
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--listen unix path '", path, "' is longer than ", sizeof(addr.sun_path) - 1, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "' is longer than ", sizeof(addr.sun_path) - 1, " bytes"));
   }
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
@@ -79,7 +79,10 @@ absl::Status PrepareSocketPath(const std::string& path) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  // A listener of another socket type (the handoff socket's SEQPACKET)
+  // answers EPROTOTYPE: live too.
+  const bool live =
+      ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 || errno == EPROTOTYPE;
   ::close(fd);
   if (live) {
     return absl::FailedPreconditionError(absl::StrCat("another server already listens on ", path));
@@ -275,6 +278,16 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(
 
 namespace {
 
+// --handoff-socket resolved: "auto" is the first unix listener's path +
+// ".fds" ("" when there is none), anything else as given.
+std::string HandoffPath(const DaemonOptions& options) {
+  if (options.handoff_socket != "auto") return options.handoff_socket;
+  for (const std::string& address : options.listen) {
+    if (const std::string path = UnixPath(address); !path.empty()) return path + ".fds";
+  }
+  return "";
+}
+
 // Whether `address` is a unix socket's ("unix:..."); the rest are TCP.
 bool IsUnixAddress(const std::string& address) {
   return !UnixPath(address).empty() || absl::StartsWith(address, "unix");
@@ -367,6 +380,10 @@ void SetChannelArguments(const DaemonOptions& options, grpc::ServerBuilder* buil
 // unreadable certificate or a malformed address fails the start at once.
 absl::StatusOr<Daemon::Listeners> Daemon::CheckListeners(const DaemonOptions& options) {
   if (options.listen.empty()) return absl::InvalidArgumentError("--listen names no address");
+  if (const std::string handoff = HandoffPath(options); !handoff.empty() && handoff[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("--handoff-socket '", options.handoff_socket,
+                                                   "' must be an absolute path, 'auto' or ''"));
+  }
   if (options.socket_mode > 0777) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--socket-mode ", absl::StrFormat("%04o", options.socket_mode), " is not a file mode"));
@@ -505,6 +522,10 @@ absl::Status Daemon::StartServer(const DaemonOptions& options, const Listeners& 
         address, unix_socket ? grpc::InsecureServerCredentials() : listeners.tcp_credentials,
         &ports[i]);
   }
+  handoff_path_ = HandoffPath(options);
+  if (!handoff_path_.empty()) {
+    if (absl::Status s = PrepareSocketPath(handoff_path_, "--handoff-socket"); !s.ok()) return s;
+  }
   RegisterServices(options, backend_detail, instance_id, &builder);
   // The socket files are made while the server starts (bind); a umask that
   // leaves at most the mode's owner bits means no one else may connect
@@ -512,11 +533,22 @@ absl::Status Daemon::StartServer(const DaemonOptions& options, const Listeners& 
   // (The umask is the process's: nothing else creates files meanwhile.)
   const mode_t umask_before = ::umask(static_cast<mode_t>(0777 & ~(options.socket_mode & 0700)));
   server_ = builder.BuildAndStart();
+  absl::Status handoff = absl::OkStatus();
+  if (server_ != nullptr && !handoff_path_.empty()) {
+    absl::StatusOr<std::unique_ptr<HandoffServer>> started =
+        HandoffServer::Start(handoff_path_, TransferHandoffSource(transfers_.get()));
+    handoff = started.status();
+    if (started.ok()) {
+      handoff_ = *std::move(started);
+      socket_paths_.push_back(handoff_path_);
+    }
+  }
   ::umask(umask_before);
   if (server_ == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", absl::StrJoin(options.listen, ", ")));
   }
+  if (!handoff.ok()) return handoff;
   // gRPC's health service starts out SERVING; until the rest is up it is not.
   server_->GetHealthCheckService()->SetServingStatus(false);
   for (const std::string& path : socket_paths_) {
@@ -546,8 +578,8 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   auto pools = std::make_unique<PoolServiceImpl>(registry_.get(), transfers_->backend(),
                                                  options.max_message_bytes, metrics_.get(),
                                                  options.max_indices_per_call);
-  auto transfers = std::make_unique<TransferServiceImpl>(transfers_.get(), registry_.get(),
-                                                         options.max_indices_per_call);
+  auto transfers = std::make_unique<TransferServiceImpl>(
+      transfers_.get(), registry_.get(), options.max_indices_per_call, handoff_path_);
   DaemonIdentity identity;
   identity.backend_detail = backend_detail;
   identity.instance_id = instance_id;
@@ -605,6 +637,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
   if (metrics_server_ != nullptr) metrics_server_->Stop();
+  if (handoff_ != nullptr) handoff_->Stop();
   for (const std::string& path : socket_paths_) ::unlink(path.c_str());
   const TransferCounters after = transfers_->counters();
   const size_t pools = registry_->List().size();

@@ -1,10 +1,11 @@
 // Daemon: kvhostd assembled — registry, transfer engine and manager, the gRPC
 // server with its listeners, health and reflection — and its orderly end.
 //
-// Start() returns once every listener accepts calls and health says SERVING.
-// Shutdown() sets health to NOT_SERVING, refuses new transfers, waits for the
-// accepted ones to finish, then stops the server (in-flight RPCs get `grace`),
-// removes its unix socket files and releases every pool's memory.
+// Start() returns once every listener (the handoff socket too) accepts calls
+// and health says SERVING. Shutdown() sets health to NOT_SERVING, refuses new
+// transfers, waits for the accepted ones to finish, then stops the server
+// (in-flight RPCs get `grace`) and the handoff socket, removes its unix
+// socket files and releases every pool's memory.
 //
 // Thread safety: Shutdown may be called from any thread, once.
 #ifndef KVHOST_SERVER_DAEMON_H_
@@ -26,6 +27,7 @@
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
 #include "server/service/daemon_service.h"
+#include "server/service/handoff_server.h"
 #include "server/transfer/transfer_manager.h"
 
 namespace grpc {
@@ -84,6 +86,10 @@ struct DaemonOptions {
   absl::Duration drain_timeout = absl::Seconds(30);
   // Prometheus endpoint, "host:port" or ":port" ("" = no metrics at all).
   std::string metrics_listen;
+  // The handoff socket (server/service/handoff_server.h), an absolute path;
+  // "auto" = the first unix listener's path + ".fds" (none when every
+  // listener is TCP), "" = none (attachments with layer_progress refused).
+  std::string handoff_socket = "auto";
 };
 
 // The services kvhostd serves, by their full names, each with its own
@@ -145,12 +151,15 @@ class Daemon {
   std::unique_ptr<KvhostMetrics> metrics_;
   std::unique_ptr<PoolRegistry> registry_;
   std::unique_ptr<TransferManager> transfers_;
+  // After transfers_, so that it stops first: its source reads them.
+  std::string handoff_path_;  // "" = none
+  std::unique_ptr<HandoffServer> handoff_;
   std::vector<std::unique_ptr<grpc::Service>> services_;
   DaemonServiceImpl* daemon_service_ = nullptr;  // in services_
   absl::Duration drain_timeout_ = absl::Seconds(30);
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::string> addresses_;
-  std::vector<std::string> socket_paths_;
+  std::vector<std::string> socket_paths_;  // the handoff socket's too
   bool stopped_ = false;
   // Last, so that it goes first: its gauges read the registry and transfers.
   std::unique_ptr<MetricsHttpServer> metrics_server_;

@@ -86,6 +86,11 @@ ABSL_FLAG(bool, load_gates, false,
           "stream-memory gates) and a thread queues the copies, instead of after queueing every "
           "layer's copies: a much faster Load call, but the blocked gate stream makes the GPU "
           "time-slice against the worker's kernels (docs/PERF.md has the measurements).");
+ABSL_FLAG(std::string, handoff_socket, "auto",
+          "Unix socket (SOCK_SEQPACKET) where attached workers fetch descriptors gRPC cannot "
+          "carry: the layer counters of attachments with layer_progress. 'auto' = the first "
+          "unix --listen path + '.fds' (none with TCP listeners only); '' = none (layer_progress "
+          "refused). Same mode and group as the gRPC socket; removed at shutdown.");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Serve Prometheus metrics over plain HTTP at http://ADDRESS/metrics: 'host:port', "
           "':port' (every IPv4 interface) or '[v6]:port'; port 0 picks a free one (logged). "
@@ -188,6 +193,7 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
   options.copy_streams = absl::GetFlag(FLAGS_copy_streams);
   options.load_gates = absl::GetFlag(FLAGS_load_gates);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.handoff_socket = absl::GetFlag(FLAGS_handoff_socket);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.session_timeout = absl::GetFlag(FLAGS_session_timeout);
   if (options.session_timeout < absl::Milliseconds(100)) {

@@ -293,6 +293,109 @@ TEST_F(ManagerTest, RefusedAfterDrain) {
             absl::StatusCode::kNotFound);
 }
 
+// Layer progress (AttachRequest::layer_progress): the attachment's
+// LayerCounters, a set and a base per load, every layer published before the
+// ticket counts it, the counter at base + layers once the ticket is done;
+// none of it for an attachment without the opt-in.
+class LayerProgressManagerTest : public ManagerTest {
+ protected:
+  void SetUp() override {
+    ManagerTest::SetUp();
+    if (HasFatalFailure()) return;
+    AttachRequest request = dev_.Request(pool_->layout().planes);
+    request.layer_progress = true;
+    request.load_event_sets = 2;
+    absl::StatusOr<AttachmentInfo> att = manager_->Attach("llama", request);
+    ASSERT_TRUE(att.ok()) << att.status();
+    EXPECT_TRUE(att->layer_progress);
+    EXPECT_EQ(att->load_event_sets, 2u);  // the counters' (the host engine has no events)
+    progress_ = att->id;
+    absl::StatusOr<std::shared_ptr<LayerCounters>> counters =
+        manager_->FindLayerCounters({}, progress_);
+    ASSERT_TRUE(counters.ok()) << counters.status();
+    counters_ = *counters;
+    ASSERT_TRUE(pool_->AllocPages(16).ok());  // slots 0..15
+  }
+  std::string progress_;
+  std::shared_ptr<LayerCounters> counters_;
+};
+
+TEST_F(LayerProgressManagerTest, EachLoadTakesASetAndABaseAndEndsAtBasePlusLayers) {
+  const uint32_t layers = pool_->layout().layers;
+  uint64_t next[2] = {0, 0};
+  std::vector<int64_t> host(16), device(16);
+  for (int i = 0; i < 16; ++i) host[i] = i, device[i] = 39 - i;
+  for (int n = 0; n < 5; ++n) {
+    absl::StatusOr<std::shared_ptr<Ticket>> t =
+        manager_->Submit({}, progress_, Direction::kLoad, host, device);
+    ASSERT_TRUE(t.ok()) << t.status();
+    const int32_t set = (*t)->event_set();
+    ASSERT_TRUE(set == 0 || set == 1) << set;
+    EXPECT_EQ((*t)->layer_base(), next[set]);
+    // The ticket never counts a layer the counter has not: Publish comes
+    // first. Checked while the load runs, then at its end.
+    while (!(*t)->Snapshot().done) {
+      const uint32_t counted = (*t)->Snapshot().layers_done;
+      EXPECT_GE(counters_->Recorded(static_cast<uint32_t>(set)), (*t)->layer_base() + counted);
+    }
+    ASSERT_TRUE((*t)->Snapshot().status.ok());
+    EXPECT_EQ(counters_->Recorded(static_cast<uint32_t>(set)), (*t)->layer_base() + layers);
+    next[set] += layers;
+  }
+  EXPECT_EQ(next[0] + next[1], 5u * layers);
+  // Backups and loads of no rows take no set and leave the counters alone.
+  absl::StatusOr<std::shared_ptr<Ticket>> backup =
+      manager_->Submit({}, progress_, Direction::kBackup, host, device);
+  ASSERT_TRUE(backup.ok());
+  EXPECT_EQ((*backup)->event_set(), -1);
+  ASSERT_TRUE((*backup)->WaitUntil(absl::Now() + absl::Seconds(30)));
+  absl::StatusOr<std::shared_ptr<Ticket>> empty =
+      manager_->Submit({}, progress_, Direction::kLoad, {}, {});
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ((*empty)->event_set(), -1);
+  EXPECT_EQ(counters_->Recorded(0) + counters_->Recorded(1), 5u * layers);
+  // An attachment without layer progress: no set, no base, no counters.
+  absl::StatusOr<std::shared_ptr<Ticket>> plain =
+      manager_->Submit({}, att_, Direction::kLoad, host, device);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ((*plain)->event_set(), -1);
+  EXPECT_EQ((*plain)->layer_base(), 0u);
+  EXPECT_EQ(manager_->FindLayerCounters({}, att_).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->FindLayerCounters({}, "att-nope").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(LayerProgressManagerTest, ACancelledLoadStillEndsAtBasePlusLayers) {
+  const uint32_t layers = pool_->layout().layers;
+  // Cancelled right after it is accepted: the engine stops it before its
+  // next layer (unless it was done already); either way its waiters go.
+  std::vector<std::shared_ptr<Ticket>> tickets;
+  for (int n = 0; n < 2; ++n) {
+    absl::StatusOr<std::shared_ptr<Ticket>> t =
+        manager_->Submit({}, progress_, Direction::kLoad, {0, 1, 2, 3}, {0, 1, 2, 3});
+    ASSERT_TRUE(t.ok()) << t.status();
+    (*t)->RequestCancel(absl::CancelledError("test"));
+    tickets.push_back(*t);
+  }
+  for (const std::shared_ptr<Ticket>& t : tickets) {
+    ASSERT_TRUE(t->WaitUntil(absl::Now() + absl::Seconds(30)));
+    EXPECT_GE(counters_->Recorded(static_cast<uint32_t>(t->event_set())), t->layer_base() + layers);
+  }
+  // The sets are free again: two more loads are accepted at once.
+  for (int n = 0; n < 2; ++n) {
+    absl::StatusOr<std::shared_ptr<Ticket>> t =
+        manager_->Submit({}, progress_, Direction::kLoad, {0, 1, 2, 3}, {0, 1, 2, 3});
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
+  }
+  // The counters outlive the detach for whoever still holds them.
+  ASSERT_TRUE(manager_->Detach({}, progress_).ok());
+  EXPECT_EQ(counters_->Recorded(0) + counters_->Recorded(1), 4u * layers);
+  EXPECT_EQ(manager_->FindLayerCounters({}, progress_).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 // Ids are random capabilities, a session's attachment and
 // tickets serve that session (or the pool's token holder) and nobody else.
 TEST(RandomIdTest, IdsAre128BitsAndLogsShowAPrefix) {
@@ -1320,6 +1423,37 @@ class GroupTest : public ::testing::Test {
   Member kv_, ssm_;
   std::shared_ptr<PoolGroup> group_;
 };
+
+TEST_F(GroupTest, LayerProgressCountsModelLayers) {
+  AttachRequest request = GroupRequest(kv_, ssm_);
+  request.layer_progress = true;
+  request.load_event_sets = 3;
+  absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  EXPECT_TRUE(att->layer_progress);
+  EXPECT_EQ(att->load_event_sets, 3u);
+  absl::StatusOr<std::shared_ptr<LayerCounters>> counters =
+      f_.manager_->FindLayerCounters({}, att->id);
+  ASSERT_TRUE(counters.ok()) << counters.status();
+  const std::vector<int64_t> kv_host = Alloc(*kv_.pool, 3);
+  const std::vector<int64_t> ssm_host = Alloc(*ssm_.pool, 2);
+  const std::vector<int64_t> ssm_rows = {4, 1};
+  const std::vector<EntryRows> ssm = {{"ssm", ssm_host, ssm_rows}};
+  for (int n = 0; n < 4; ++n) {
+    absl::StatusOr<std::shared_ptr<Ticket>> t =
+        f_.manager_->Submit({}, att->id, Direction::kLoad, kv_host, {0, 1, 2}, "", ssm);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE((*t)->WaitUntil(absl::Now() + absl::Seconds(30)));
+    ASSERT_TRUE((*t)->Snapshot().status.ok()) << (*t)->Snapshot().status;
+    ASSERT_GE((*t)->event_set(), 0);
+    // Four model layers per load, on sets 0, 1, 2, then 0 again.
+    EXPECT_EQ((*t)->event_set(), n % 3);
+    EXPECT_EQ((*t)->layer_base(), n < 3 ? 0u : 4u);
+    EXPECT_EQ((*counters)->Recorded(static_cast<uint32_t>((*t)->event_set())),
+              (*t)->layer_base() + 4);
+  }
+  ASSERT_TRUE(f_.manager_->Detach({}, att->id).ok());
+}
 
 TEST_F(GroupTest, BackupThenLoadFollowTheLayerMaps) {
   absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", GroupRequest(kv_, ssm_));

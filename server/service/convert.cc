@@ -274,6 +274,7 @@ absl::StatusOr<AttachRequest> FromProto(const v1::AttachDeviceRequest& in) {
   request.load_event_sets = in.load_event_sets();
   if (in.has_tp_rank()) request.tp_rank = in.tp_rank();
   request.load_only = in.load_only();
+  request.layer_progress = in.layer_progress();
   for (int e = 0; e < in.entries_size(); ++e) {
     AttachEntry entry;
     entry.entry = in.entries(e).entry();

@@ -65,6 +65,11 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   }
   absl::StatusOr<AttachRequest> attach = FromProto(*request);
   if (!attach.ok()) return Finish(context, attach.status());
+  if (attach->layer_progress && handoff_socket_.empty()) {
+    return Finish(context, absl::FailedPreconditionError(
+                               "layer_progress needs kvhostd's handoff socket, and this kvhostd "
+                               "has none (--handoff-socket='', or only TCP listeners)"));
+  }
   absl::StatusOr<AttachmentInfo> info = manager_->Attach(request->pool(), *attach);
   if (!info.ok()) return Finish(context, info.status());
   response->set_id(info->id);
@@ -80,6 +85,8 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   response->set_load_only(info->load_only);
   response->set_group(info->group);
   response->set_session_id(info->session_id);
+  response->set_layer_progress(info->layer_progress);
+  if (info->layer_progress) response->set_handoff_socket(handoff_socket_);
   return Finish(context, absl::OkStatus());
 }
 
@@ -125,6 +132,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
   if (!ticket.ok()) return Finish(context, ticket.status());
   response->set_id((*ticket)->id());
   response->set_event_set((*ticket)->event_set());
+  response->set_layer_base((*ticket)->layer_base());
   return Finish(context, absl::OkStatus());
 }
 

@@ -13,6 +13,8 @@
 #define KVHOST_SERVER_SERVICE_TRANSFER_SERVICE_H_
 
 #include <cstdint>
+#include <string>
+#include <utility>
 
 #include "kvhost/v1/transfer.grpc.pb.h"
 #include "server/pool/registry.h"
@@ -23,10 +25,15 @@ namespace kvhost {
 class TransferServiceImpl final : public v1::TransferService::CallbackService {
  public:
   // `registry` answers AttachDevice's owner check; `max_indices_per_call`
-  // bounds each index list of Backup / Load (INVALID_ARGUMENT above it).
+  // bounds each index list of Backup / Load (INVALID_ARGUMENT above it);
+  // `handoff_socket` is the handoff socket's path that attachments with
+  // layer_progress are told ("": none, so they are FAILED_PRECONDITION).
   TransferServiceImpl(TransferManager* manager, const PoolRegistry* registry,
-                      uint64_t max_indices_per_call)
-      : manager_(manager), registry_(registry), max_indices_(max_indices_per_call) {}
+                      uint64_t max_indices_per_call, std::string handoff_socket = "")
+      : manager_(manager),
+        registry_(registry),
+        max_indices_(max_indices_per_call),
+        handoff_socket_(std::move(handoff_socket)) {}
 
   grpc::ServerUnaryReactor* AttachDevice(grpc::CallbackServerContext* context,
                                          const v1::AttachDeviceRequest* request,
@@ -55,6 +62,7 @@ class TransferServiceImpl final : public v1::TransferService::CallbackService {
   TransferManager* const manager_;
   const PoolRegistry* const registry_;
   const uint64_t max_indices_;
+  const std::string handoff_socket_;
 };
 
 }  // namespace kvhost

@@ -34,6 +34,7 @@
 #include "kvhost/layout.h"
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
+#include "server/transfer/layer_counters.h"
 #include "server/transfer/runs.h"
 #include "server/transfer/ticket.h"
 
@@ -85,6 +86,9 @@ struct AttachRequest {
   std::vector<AttachEntry> entries;
   // The worker session the attachment belongs to (TransferManager); "" for none.
   std::string session_id;
+  // The worker waits on the attachment's layer counters before each layer's
+  // load event (kvhost.v1.AttachDeviceRequest.layer_progress; LayerCounters).
+  bool layer_progress = false;
 };
 
 struct AttachEntry {
@@ -208,6 +212,21 @@ struct TransferJob {
   std::shared_ptr<Ticket> ticket;
   // Loads: the load event set that Prepare reserved (-1: none).
   int event_set = -1;
+  // Loads with an event set on an attachment with layer progress
+  // (AttachDeviceRequest.layer_progress; null otherwise): the attachment's
+  // counters (set before Prepare, which may take them as a sign to reserve
+  // an event set; cleared when it reserved none) and this load's base there
+  // (LayerCounters::Reserve, made by the manager right after Prepare). The worker waits on the
+  // counter before each layer's event, so the engine may return from Submit before every layer is
+  // queued. The engine calls, in this order:
+  //   layer_counters->Publish(event_set, layer_base, l) right after load
+  //     event [event_set][l] is recorded (host: after layer l is copied);
+  //   layer_counters->Release(event_set, layer_base, layer_num()) when the
+  //     load fails or is cancelled, before the event set is free again.
+  // The manager also calls Release when the ticket finishes, so a worker is
+  // never left waiting; both are monotonic, a late one lowers nothing.
+  std::shared_ptr<LayerCounters> layer_counters;
+  uint64_t layer_base = 0;
   // Backups: the worker's exported event to wait on (empty: none), and what
   // Prepare opened from it; the job holds it until the ticket is finished.
   std::string wait_event_handle;

@@ -63,11 +63,52 @@ bool GuardedCopy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
   return true;
 }
 
+// What every host mapping has besides its buffers: a ring of load event
+// sets, taken only by loads of attachments with layer progress (the host
+// backend has no events, but such a load's counter is per set, and a set
+// serves one load at a time, as the CUDA engine's ring does). Not exported
+// as load_event_sets(): attachments without layer progress see none.
+class HostMapping : public DeviceMapping {
+ public:
+  using DeviceMapping::DeviceMapping;
+
+  void SetRing(uint32_t sets) { set_busy_.assign(sets, false); }
+  // The next free set in round-robin order, held until ReleaseSet;
+  // RESOURCE_EXHAUSTED when all are held (the RPC does not wait: see
+  // TransferService.Load).
+  absl::StatusOr<int> AcquireSet() const {
+    absl::MutexLock lock(&ring_mu_);
+    const size_t sets = set_busy_.size();
+    for (size_t k = 0; k < sets; ++k) {
+      const size_t set = (next_set_ + k) % sets;
+      if (set_busy_[set]) continue;
+      set_busy_[set] = true;
+      next_set_ = (set + 1) % sets;
+      return static_cast<int>(set);
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "all ", sets,
+        " load event sets are in use by loads in flight; wait for a load to finish or attach "
+        "with more load_event_sets"));
+  }
+  void ReleaseSet(int set) const {
+    absl::MutexLock lock(&ring_mu_);
+    set_busy_[static_cast<size_t>(set)] = false;
+  }
+
+ private:
+  mutable absl::Mutex ring_mu_;
+  mutable std::vector<bool> set_busy_ ABSL_GUARDED_BY(ring_mu_);
+  mutable size_t next_set_ ABSL_GUARDED_BY(ring_mu_) = 0;
+};
+
 // Device layer buffers mapped from the worker's shared-memory files; each
 // file is mapped once even when many layers live in it.
-class ShmDeviceMapping : public DeviceMapping {
+class ShmDeviceMapping : public HostMapping {
  public:
-  ShmDeviceMapping(const Pool& pool, const ResolvedAttach& attach) : DeviceMapping(pool, attach) {}
+  ShmDeviceMapping(const Pool& pool, const ResolvedAttach& attach) : HostMapping(pool, attach) {
+    SetRing(attach.load_event_sets);
+  }
 
   // Maps `ref` as a buffer of component `component`; buffers are added
   // component-major.
@@ -126,10 +167,13 @@ class ShmDeviceMapping : public DeviceMapping {
 
 // A pool group's mapping: its entries' mappings, kept open while the
 // attachment or a job uses the group; no buffers or events of its own.
-class GroupMapping : public DeviceMapping {
+class GroupMapping : public HostMapping {
  public:
-  GroupMapping(std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num)
-      : DeviceMapping(layer_num, 0, {}), entries_(std::move(entries)) {}
+  GroupMapping(std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
+               uint32_t load_event_sets)
+      : HostMapping(layer_num, 0, {}), entries_(std::move(entries)) {
+    SetRing(load_event_sets);
+  }
 
  private:
   const std::vector<std::shared_ptr<const DeviceMapping>> entries_;
@@ -242,8 +286,21 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> HostEngine::Open(const Pool& pool
 
 absl::StatusOr<std::unique_ptr<DeviceMapping>> HostEngine::OpenGroup(
     std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
-    uint32_t /*load_event_sets: no interprocess events here*/) {
-  return std::make_unique<GroupMapping>(std::move(entries), layer_num);
+    uint32_t load_event_sets) {
+  return std::make_unique<GroupMapping>(std::move(entries), layer_num, load_event_sets);
+}
+
+absl::Status HostEngine::Prepare(TransferJob* job) {
+  if (absl::Status s = TransferEngine::Prepare(job); !s.ok()) return s;
+  // Only a load with layer progress takes a set (its counter's); one of no
+  // tokens finishes at once and takes nothing.
+  if (job->direction != Direction::kLoad || job->layer_counters == nullptr || job->tokens() == 0) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<int> set = static_cast<const HostMapping&>(*job->mapping).AcquireSet();
+  if (!set.ok()) return set.status();
+  job->event_set = *set;
+  return absl::OkStatus();
 }
 
 void HostEngine::Submit(TransferJob job) {
@@ -277,14 +334,25 @@ void HostEngine::DriverLoop(Lane* lane) {
       lane->queue.pop_front();
       lane->busy = true;
     }
-    RunJob(job);
+    absl::Status status = RunJob(job);
+    if (job.event_set >= 0) {
+      // The worker's counter first (a failed load's waiters are released
+      // too), then the set, then the ticket: a worker that waited for the
+      // ticket may load again at once on a one-set ring.
+      if (job.layer_counters != nullptr) {
+        job.layer_counters->Release(static_cast<uint32_t>(job.event_set), job.layer_base,
+                                    static_cast<uint32_t>(job.layer_num()));
+      }
+      static_cast<const HostMapping&>(*job.mapping).ReleaseSet(job.event_set);
+    }
+    job.ticket->Finish(std::move(status));
     job = TransferJob();  // drop the mapping and pool before reporting idle
     absl::MutexLock lock(&lane->mu);
     lane->busy = false;
   }
 }
 
-void HostEngine::RunJob(const TransferJob& job) {
+absl::Status HostEngine::RunJob(const TransferJob& job) {
   // Pieces per part and layer: as many threads as the part's layer size
   // justifies. A ticket layer's pieces of every part run together.
   const uint64_t max_pieces = static_cast<uint64_t>(options_.helper_threads) + 1;
@@ -299,10 +367,7 @@ void HostEngine::RunJob(const TransferJob& job) {
   std::atomic<bool> truncated{false};
   for (size_t l = 0; l < job.layer_num(); ++l) {
     // A cancelled ticket stops between layers; the layers before stay copied.
-    if (absl::Status cancel = job.ticket->CancelReason(); !cancel.ok()) {
-      job.ticket->Finish(std::move(cancel));
-      return;
-    }
+    if (absl::Status cancel = job.ticket->CancelReason(); !cancel.ok()) return cancel;
     tasks.clear();
     for (size_t p = 0; p < job.parts.size(); ++p) {
       const JobPart& part = job.parts[p];
@@ -320,15 +385,20 @@ void HostEngine::RunJob(const TransferJob& job) {
       RunParallel(tasks);
     }
     if (truncated) {
-      job.ticket->Finish(absl::FailedPreconditionError(absl::StrCat(
+      return absl::FailedPreconditionError(absl::StrCat(
           "layer ", l, ": a device buffer's shared-memory file was truncated while the ",
           DirectionName(job.direction),
-          " copied from its mapping (SIGBUS caught); the layers before it were copied")));
-      return;
+          " copied from its mapping (SIGBUS caught); the layers before it were copied"));
+    }
+    // The worker's view first, as the CUDA engine records the layer's event
+    // before its own completion event.
+    if (job.layer_counters != nullptr && job.event_set >= 0) {
+      job.layer_counters->Publish(static_cast<uint32_t>(job.event_set), job.layer_base,
+                                  static_cast<uint32_t>(l));
     }
     job.ticket->LayerDone(TicketLayerBytes(job, l));
   }
-  job.ticket->Finish(absl::OkStatus());
+  return absl::OkStatus();
 }
 
 void HostEngine::RunParallel(std::vector<std::function<void()>>& tasks) {

@@ -9,12 +9,13 @@ const char* DirectionName(Direction direction) {
 }
 
 Ticket::Ticket(uint64_t id, Direction direction, uint32_t layer_num, std::string path,
-               int32_t event_set)
+               int32_t event_set, uint64_t layer_base)
     : id_(id),
       direction_(direction),
       layer_num_(layer_num),
       path_(std::move(path)),
       event_set_(event_set),
+      layer_base_(layer_base),
       accepted_(absl::Now()) {}
 
 void Ticket::LayerDone(uint64_t bytes) {

@@ -40,12 +40,15 @@ struct TicketStatus {
 
 class Ticket {
  public:
-  // `event_set`: the load event set the job records (-1: none).
+  // `event_set`: the load event set the job records (-1: none);
+  // `layer_base`: its base in the attachment's layer counters (loads with
+  // layer progress; see LayerCounters), else 0.
   Ticket(uint64_t id, Direction direction, uint32_t layer_num, std::string path,
-         int32_t event_set = -1);
+         int32_t event_set = -1, uint64_t layer_base = 0);
 
   uint64_t id() const { return id_; }
   int32_t event_set() const { return event_set_; }
+  uint64_t layer_base() const { return layer_base_; }
   Direction direction() const { return direction_; }
 
   // Engine side. REQUIRES: not finished.
@@ -77,6 +80,7 @@ class Ticket {
   const uint32_t layer_num_;
   const std::string path_;
   const int32_t event_set_;
+  const uint64_t layer_base_;
   const absl::Time accepted_;
 
   mutable absl::Mutex mu_;

@@ -10,11 +10,13 @@ namespace kvhost {
 
 std::shared_ptr<Ticket> TicketTable::Open(const std::string& attachment_id,
                                           std::shared_ptr<const Owner> owner, Direction direction,
-                                          uint32_t layer_num, std::string path, int32_t event_set) {
+                                          uint32_t layer_num, std::string path, int32_t event_set,
+                                          uint64_t layer_base) {
   absl::MutexLock lock(&mu_);
   uint64_t id = RandomTicketId();
   while (tickets_.count(id) != 0) id = RandomTicketId();
-  auto ticket = std::make_shared<Ticket>(id, direction, layer_num, std::move(path), event_set);
+  auto ticket =
+      std::make_shared<Ticket>(id, direction, layer_num, std::move(path), event_set, layer_base);
   tickets_[id] = Entry{ticket, std::move(owner)};
   in_flight_[id] = attachment_id;
   ++counters_.tickets_in_flight;

@@ -48,7 +48,7 @@ class TicketTable {
   // of the table has, submitted on `attachment_id` and owned by `owner`.
   std::shared_ptr<Ticket> Open(const std::string& attachment_id, std::shared_ptr<const Owner> owner,
                                Direction direction, uint32_t layer_num, std::string path,
-                               int32_t event_set);
+                               int32_t event_set, uint64_t layer_base = 0);
   // Ticket `id` has finished (OK or not) after `bytes`: counted, and kept
   // among the last kRetained finished. REQUIRES: in flight.
   void Retire(uint64_t id, Direction direction, bool ok, uint64_t bytes);

@@ -185,7 +185,8 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
   attachment.mapping = std::shared_ptr<const DeviceMapping>(*std::move(device));
   attachment.pools.push_back({"", *pool, attachment.mapping,
                               MapLayers(**pool, resolved->start_layer, resolved->end_layer)});
-  return Register(std::move(attachment));
+  attachment.info.layer_progress = request.layer_progress;
+  return Register(std::move(attachment), resolved->load_event_sets);
 }
 
 absl::StatusOr<std::unique_ptr<DeviceMapping>> TransferManager::OpenMapping(
@@ -217,7 +218,9 @@ absl::StatusOr<AttachmentInfo> TransferManager::AttachGroup(const std::shared_pt
   attachment.info.tp_rank = tp_rank;
   attachment.info.load_only = request.load_only;
   attachment.info.session_id = request.session_id;
-  return Register(std::move(attachment));
+  attachment.info.layer_progress = request.layer_progress;
+  // Valid: OpenGroupMappings resolved the same value.
+  return Register(std::move(attachment), *ResolveLoadEventSets(request.load_event_sets));
 }
 
 absl::StatusOr<std::vector<ResolvedAttach>> TransferManager::ResolveGroupEntries(
@@ -334,7 +337,18 @@ absl::Status TransferManager::OpenGroupMappings(const PoolGroup& group,
   return absl::OkStatus();
 }
 
-absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) {
+absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment,
+                                                         uint32_t load_event_sets) {
+  if (attachment.info.layer_progress) {
+    absl::StatusOr<std::shared_ptr<LayerCounters>> counters = LayerCounters::Create(
+        attachment.mapping->load_event_sets() > 0 ? attachment.mapping->load_event_sets()
+                                                  : load_event_sets);
+    if (!counters.ok()) {
+      Release(attachment);
+      return counters.status();
+    }
+    attachment.layer_counters = *std::move(counters);
+  }
   attachment.info.id = CapabilityId("att", next_attachment_++);
   {
     Owner owner;
@@ -343,7 +357,9 @@ absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) 
     attachment.owner = std::make_shared<const Owner>(std::move(owner));
   }
   attachment.info.load_event_handles = attachment.mapping->load_event_handles();
-  attachment.info.load_event_sets = attachment.mapping->load_event_sets();
+  attachment.info.load_event_sets = attachment.layer_counters != nullptr
+                                        ? attachment.layer_counters->sets()
+                                        : attachment.mapping->load_event_sets();
   AttachmentInfo info = attachment.info;
   {
     absl::MutexLock lock(&mu_);
@@ -363,6 +379,22 @@ absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment) 
                  ShortId(info.id), info.group, info.end_layer, info.pool, engine_->name());
   }
   return info;
+}
+
+absl::StatusOr<std::shared_ptr<LayerCounters>> TransferManager::FindLayerCounters(
+    const Caller& caller, const std::string& attachment_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = attachments_.find(attachment_id);
+  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
+    return AttachmentNotFound(attachment_id);
+  }
+  if (it->second.layer_counters == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("attachment '", ShortId(attachment_id),
+                     "' was made without layer_progress, so it has no layer counters (attach "
+                     "with AttachDeviceRequest.layer_progress set)"));
+  }
+  return it->second.layer_counters;
 }
 
 TransferManager::Attachment* TransferManager::FindAttachment(const Caller& caller,
@@ -428,6 +460,13 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Submit(
       Reserve(attachment_id, *target, components, &*job);
   if (!reserved.ok()) return reserved.status();
   const std::shared_ptr<Ticket> ticket = *std::move(reserved);
+  if (job->layer_counters != nullptr) {
+    // Whatever the engine did, a worker waiting on this load is released.
+    ticket->OnDone([counters = job->layer_counters, set = static_cast<uint32_t>(job->event_set),
+                    base = job->layer_base, layers = static_cast<uint32_t>(job->layer_num())] {
+      counters->Release(set, base, layers);
+    });
+  }
   ticket->OnDone([this, ticket, bytes, direction, label = target->label] {
     Retire(ticket, bytes, direction, label);
   });
@@ -457,6 +496,7 @@ absl::StatusOr<TransferManager::Target> TransferManager::FindTarget(
     target.mapping = attachment.mapping;
     target.pools = attachment.pools;
     target.label = attachment.info.group.empty() ? attachment.info.pool : attachment.info.group;
+    target.layer_counters = attachment.layer_counters;
   }
   return target;
 }
@@ -540,17 +580,25 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Reserve(const std::stri
                                                                  bool components,
                                                                  TransferJob* job) {
   // Last, since what it reserves is released only by the job's end.
+  if (job->direction == Direction::kLoad) job->layer_counters = target.layer_counters;
   if (components) {
     if (absl::Status s = engine_->Prepare(job); !s.ok()) {
       return absl::Status(s.code(),
                           absl::StrCat("attachment '", ShortId(attachment_id), "': ", s.message()));
     }
   }
+  // The set is this load's until it ends, so the base follows the set's
+  // previous load (LayerCounters::Reserve).
+  if (job->event_set < 0) job->layer_counters = nullptr;
+  if (job->layer_counters != nullptr) {
+    job->layer_base = job->layer_counters->Reserve(static_cast<uint32_t>(job->event_set),
+                                                   static_cast<uint32_t>(job->layer_num()));
+  }
   std::string path = components ? engine_->PathFor(*job) : std::string("none");
   absl::MutexLock lock(&mu_);
-  std::shared_ptr<Ticket> ticket =
-      tickets_.Open(attachment_id, target.owner, job->direction,
-                    static_cast<uint32_t>(job->layer_num()), std::move(path), job->event_set);
+  std::shared_ptr<Ticket> ticket = tickets_.Open(attachment_id, target.owner, job->direction,
+                                                 static_cast<uint32_t>(job->layer_num()),
+                                                 std::move(path), job->event_set, job->layer_base);
   job->ticket = ticket;
   // Detached (its session closed) since FindTarget: the ticket runs, but an
   // engine that can stops it before its first layer. The check and the

@@ -63,8 +63,12 @@ struct AttachmentInfo {
   // The worker session it belongs to ("" for none).
   std::string session_id;
   // The engine's exported load events (DeviceMapping::load_event_handles).
+  // load_event_sets: their sets; with layer progress, the counters' sets
+  // (the host backend's too, which has no events).
   std::vector<std::string> load_event_handles;
   uint32_t load_event_sets = 0;
+  // AttachRequest::layer_progress: the attachment has LayerCounters.
+  bool layer_progress = false;
 };
 
 // One group entry's rows in a transfer on a group attachment
@@ -97,7 +101,9 @@ class TransferManager {
   // naming the entry otherwise, or for buffers outside entries); every
   // entry's pool and the group are acquired, each entry opened, and the
   // engine's OpenGroup makes the one mapping with the load events per model
-  // layer. entries on a plain pool's name is INVALID_ARGUMENT. A failed
+  // layer. entries on a plain pool's name is INVALID_ARGUMENT. With
+  // request.layer_progress the attachment gets LayerCounters of its
+  // load_event_sets sets (INTERNAL if they cannot be made). A failed
   // Attach holds nothing.
   absl::StatusOr<AttachmentInfo> Attach(const std::string& pool, const AttachRequest& request);
   // Transfers already accepted still complete; the buffers close after them.
@@ -122,6 +128,9 @@ class TransferManager {
   // All is validated before anything is submitted. The ticket has the
   // group's layer_num layers; model layer l copies, in every entry with
   // rows, the device layer its layer_map gives (nothing for -1).
+  // A load with an event set on an attachment with layer progress gets its
+  // base in the layer counters (Ticket::layer_base, TransferJob), and the
+  // counter reaches base + layers when its ticket finishes, whatever the end.
   absl::StatusOr<std::shared_ptr<Ticket>> Submit(
       const Caller& caller, const std::string& attachment_id, Direction direction,
       absl::Span<const int64_t> host, absl::Span<const int64_t> device,
@@ -131,6 +140,11 @@ class TransferManager {
   // Ticket ids are random (see TicketTable), so an id from before a restart
   // names no ticket of this daemon.
   absl::StatusOr<std::shared_ptr<Ticket>> FindTicket(const Caller& caller, uint64_t id) const;
+  // The layer counters of attachment `attachment_id`, for the handoff to its
+  // worker (server/service/handoff_server.h). NOT_FOUND as Detach;
+  // FAILED_PRECONDITION for an attachment made without layer_progress.
+  absl::StatusOr<std::shared_ptr<LayerCounters>> FindLayerCounters(
+      const Caller& caller, const std::string& attachment_id) const;
 
   // Refuses new transfers from now on (UNAVAILABLE), then waits up to
   // `timeout` for the ones accepted to finish; cancels what is left then
@@ -173,6 +187,7 @@ class TransferManager {
     // The mapping jobs record their load events on (a group's: OpenGroup's).
     std::shared_ptr<const DeviceMapping> mapping;
     std::vector<AttachedPool> pools;
+    std::shared_ptr<LayerCounters> layer_counters;  // null without layer progress
   };
   // What a transfer needs of its attachment, copied under the mutex so that
   // the rest of Submit runs without it.
@@ -182,6 +197,7 @@ class TransferManager {
     std::shared_ptr<const DeviceMapping> mapping;
     std::vector<AttachedPool> pools;
     std::string label;  // the metrics' pool label: the pool's or the group's name
+    std::shared_ptr<LayerCounters> layer_counters;
   };
   // One attached pool's rows in a transfer, and the prefix of their field
   // names in messages ("", "pool_transfers[1].").
@@ -206,8 +222,9 @@ class TransferManager {
   // without components.
   absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenMapping(const Pool& pool,
                                                              const ResolvedAttach& resolved);
-  // Gives the attachment its id and owner and records it (in its session).
-  absl::StatusOr<AttachmentInfo> Register(Attachment attachment);
+  // Gives the attachment its id, owner and (with layer progress) layer
+  // counters of `load_event_sets` sets, and records it (in its session).
+  absl::StatusOr<AttachmentInfo> Register(Attachment attachment, uint32_t load_event_sets);
   // The attachment `id` if `caller` may use it, else null.
   Attachment* FindAttachment(const Caller& caller, const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

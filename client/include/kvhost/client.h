@@ -115,10 +115,13 @@ struct SessionState {
 };
 
 // A load's ticket and the load event set it records (cuda backend; see
-// Attachment.load_event_handles), -1 where there is none to wait on.
+// Attachment.load_event_handles), -1 where there is none to wait on; on an
+// attachment with layer_progress, the load's base in that set's layer
+// counter (TransferTicket.layer_base; kvhost/layer_progress.h).
 struct LoadTicket {
   uint64_t ticket_id = 0;
   int32_t event_set = -1;
+  uint64_t layer_base = 0;
 };
 
 class Client {
@@ -235,6 +238,10 @@ class Client {
   void OnSessionLoss(std::function<void(const SessionLoss&)> on_loss);
 
   const ClientOptions& options() const { return options_; }
+  // The session ids its TransferService calls carry (kvhost-session): what
+  // a handoff request presents along with options().owner_token
+  // (kvhost/layer_progress.h).
+  std::vector<std::string> session_ids() const { return SessionIds(); }
 
   ~Client();
 
@@ -261,6 +268,9 @@ struct AttachOptions {
   std::optional<uint32_t> tp_rank;
   // Loads only: Backup on the attachment is refused.
   bool load_only = false;
+  // AttachDeviceRequest.layer_progress: the worker waits on the layer
+  // counters (kvhost::LayerProgress) before using a loaded layer.
+  bool layer_progress = false;
 };
 
 // A device KV pool emulated in one shared-memory file (host backend): one

@@ -21,12 +21,20 @@
 //
 //   std::vector<void*> k(L), v(L);  // the worker's per-layer device buffers
 //   auto request = kvhost::MakeCudaAttachRequest("llama", k, v, rows);
+//   request->set_layer_progress(true);  // loads return once layer 0 is queued
 //   auto attachment = client->AttachDevice(*request);
-//   auto events = kvhost::LoadEvents::Open(*attachment);
+//   auto events = kvhost::LoadEvents::Open(*client, *attachment);  // events + counters
 //   auto load = client->LoadWithEvents(attachment->id(), host, rows);
 //   for (uint32_t l = 0; l < L; ++l) {
-//     (*events)->WaitLayer(load->event_set, l, stream);  // then layer l's attention
+//     // Host: wait until this load recorded layer l's event (LayerProgress);
+//     // then the stream waits on the event. Then layer l's attention.
+//     (*events)->WaitLayer(*load, l, stream);
 //   }
+//   client->WaitTransfer(load->ticket_id);  // the load's outcome (a failed one
+//                                           // still releases every wait)
+//
+// Without layer_progress a Load returns after every layer's event is
+// recorded, and WaitLayer(load->event_set, l, stream) alone is right.
 #ifndef KVHOST_CLIENT_CUDA_EXPORT_H_
 #define KVHOST_CLIENT_CUDA_EXPORT_H_
 
@@ -38,7 +46,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kvhost/client.h"
+#include "kvhost/layer_progress.h"
 #include "kvhost/v1/transfer.pb.h"
 
 namespace kvhost {
@@ -120,6 +131,11 @@ class LoadEvents {
   // (host backend); INVALID_ARGUMENT for a malformed list or a handle that
   // will not open.
   static absl::StatusOr<std::unique_ptr<LoadEvents>> Open(const v1::Attachment& attachment);
+  // The same, and for an attachment with layer_progress also its layer
+  // counters, fetched with `client`'s credentials (LayerProgress::Open, and
+  // its errors).
+  static absl::StatusOr<std::unique_ptr<LoadEvents>> Open(const Client& client,
+                                                          const v1::Attachment& attachment);
   ~LoadEvents();
   LoadEvents(const LoadEvents&) = delete;
   LoadEvents& operator=(const LoadEvents&) = delete;
@@ -135,9 +151,19 @@ class LoadEvents {
   // there is nothing to wait for; callers skip the wait), INTERNAL for a
   // CUDA failure.
   absl::Status WaitLayer(int set, uint32_t layer, cudaStream_t stream) const;
+  // Layer `layer` of the load `ticket`: with layer counters (the Open
+  // overload above, attachment with layer_progress), first waits on the
+  // host until the load recorded the layer's event (LayerProgress::
+  // WaitRecorded, DEADLINE_EXCEEDED after `timeout`), then WaitLayer(set,
+  // layer, stream). OK at once for a ticket without a set.
+  absl::Status WaitLayer(const LoadTicket& ticket, uint32_t layer, cudaStream_t stream,
+                         absl::Duration timeout = absl::Seconds(10)) const;
+  // The layer counters, or null (attachment without layer_progress).
+  const LayerProgress* progress() const { return progress_.get(); }
 
  private:
   LoadEvents() = default;
+  std::unique_ptr<LayerProgress> progress_;
   uint32_t sets_ = 0;
   uint32_t layers_ = 0;
   std::vector<cudaEvent_t> events_;  // set-major

@@ -1,0 +1,240 @@
+#include "server/service/handoff_server.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/ids.h"
+#include "spdlog/spdlog.h"
+
+namespace kvhost {
+namespace {
+
+// Connections waiting to be accepted; the rest are refused by the kernel
+// (a worker fetches once per attachment, so a burst is one per rank).
+constexpr int kListenBacklog = 64;
+
+int ToMillis(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds(d)); }
+
+const char* KindName(v1::HandoffKind kind) {
+  return kind == v1::HANDOFF_KIND_LAYER_COUNTERS ? "layer counters" : "an unknown kind";
+}
+
+// "pid 12, uid 1000, gid 1000" of the peer, for the log.
+std::string PeerOf(int connection) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return absl::StrCat("peer unknown (SO_PEERCRED: ", std::strerror(errno), ")");
+  }
+  return absl::StrCat("pid ", cred.pid, ", uid ", cred.uid, ", gid ", cred.gid);
+}
+
+// Sends `reply`, with `fd` attached when it is >= 0. Returns errno's text
+// on failure ("" on success).
+std::string SendReply(int connection, const v1::HandoffReply& reply, int fd) {
+  std::string bytes = reply.SerializeAsString();
+  iovec iov{bytes.data(), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* header = CMSG_FIRSTHDR(&msg);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(header), &fd, sizeof(int));
+  }
+  if (::sendmsg(connection, &msg, MSG_NOSIGNAL) < 0) return std::strerror(errno);
+  return "";
+}
+
+}  // namespace
+
+HandoffSource TransferHandoffSource(const TransferManager* manager) {
+  return [manager](const Caller& caller, const std::string& attachment_id,
+                   v1::HandoffKind kind) -> absl::StatusOr<HandoffItem> {
+    if (kind != v1::HANDOFF_KIND_LAYER_COUNTERS) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("handoff kind ", static_cast<int>(kind), " is not one kvhostd hands out"));
+    }
+    absl::StatusOr<std::shared_ptr<LayerCounters>> counters =
+        manager->FindLayerCounters(caller, attachment_id);
+    if (!counters.ok()) return counters.status();
+    HandoffItem item;
+    item.fd = (*counters)->read_only_fd();
+    item.bytes = (*counters)->bytes();
+    item.count = (*counters)->sets();
+    item.keep = *std::move(counters);
+    return item;
+  };
+}
+
+absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::string& path,
+                                                                    HandoffSource source) {
+  std::unique_ptr<HandoffServer> server(new HandoffServer());
+  server->path_ = path;
+  server->source_ = std::move(source);
+  auto failed = [&path](const char* call) {
+    return absl::UnavailableError(
+        absl::StrCat("handoff socket ", path, ": ", call, ": ", std::strerror(errno)));
+  };
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("handoff socket path '", path,
+                                                   "' is empty or longer than ",
+                                                   sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  server->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (server->listen_fd_ < 0) return failed("socket");
+  if (::bind(server->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return failed("bind");
+  }
+  if (::listen(server->listen_fd_, kListenBacklog) != 0) return failed("listen");
+  server->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (server->stop_fd_ < 0) return failed("eventfd");
+  server->thread_ = std::thread([s = server.get()] { s->Loop(); });
+  return server;
+}
+
+HandoffServer::~HandoffServer() {
+  Stop();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (stop_fd_ >= 0) ::close(stop_fd_);
+}
+
+void HandoffServer::Stop() {
+  if (!thread_.joinable()) return;
+  const uint64_t one = 1;
+  if (::write(stop_fd_, &one, sizeof(one)) != sizeof(one)) {
+    spdlog::error("handoff socket {}: cannot wake its thread: {}", path_, std::strerror(errno));
+  }
+  thread_.join();
+}
+
+void HandoffServer::Loop() {
+  struct Waiting {
+    int fd;
+    absl::Time deadline;
+    std::string peer;
+  };
+  std::vector<Waiting> waiting;
+  std::vector<pollfd> fds;
+  while (true) {
+    // The stop event; the listener only while there is room; then every
+    // connection waiting for its request.
+    const bool room = waiting.size() < kMaxHandoffConnections;
+    fds.assign({{stop_fd_, POLLIN, 0}, {room ? listen_fd_ : -1, POLLIN, 0}});
+    absl::Time first = absl::InfiniteFuture();
+    for (const Waiting& w : waiting) {
+      fds.push_back({w.fd, POLLIN, 0});
+      first = std::min(first, w.deadline);
+    }
+    const int timeout = waiting.empty() ? -1 : std::max(0, ToMillis(first - absl::Now()) + 1);
+    if (::poll(fds.data(), fds.size(), timeout) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("handoff socket {}: poll: {}; no more handoffs", path_, std::strerror(errno));
+      break;
+    }
+    if (fds[0].revents != 0) break;
+    const absl::Time now = absl::Now();
+    for (size_t i = waiting.size(); i-- > 0;) {
+      const short revents = fds[2 + i].revents;
+      if (revents == 0 && now < waiting[i].deadline) continue;
+      Serve(waiting[i].fd, waiting[i].peer,
+            revents != 0
+                ? absl::OkStatus()
+                : absl::DeadlineExceededError(absl::StrCat(
+                      "no request within ", absl::FormatDuration(kHandoffRequestTimeout))));
+      ::close(waiting[i].fd);
+      waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    if ((fds[1].revents & POLLIN) == 0) continue;
+    const int connection = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (connection < 0) {
+      // The peer gave up before we accepted it, or fds ran out for a while.
+      spdlog::warn("handoff socket {}: accept: {}", path_, std::strerror(errno));
+      continue;
+    }
+    waiting.push_back({connection, now + kHandoffRequestTimeout, PeerOf(connection)});
+  }
+  for (const Waiting& w : waiting) ::close(w.fd);
+}
+
+absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* request) {
+  // One byte more than the limit, and no room for control messages (a
+  // descriptor a client sends us is closed by the kernel, never received).
+  std::vector<char> buffer(kMaxHandoffRequestBytes + 1);
+  iovec iov{buffer.data(), buffer.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  const ssize_t n = ::recvmsg(connection, &msg, MSG_DONTWAIT | MSG_TRUNC);
+  if (n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the request: ", std::strerror(errno)));
+  }
+  if (n == 0) return absl::InvalidArgumentError("the connection closed without a request");
+  if (static_cast<size_t>(n) > kMaxHandoffRequestBytes || (msg.msg_flags & MSG_TRUNC) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request of ", n, " bytes is over the limit of ", kMaxHandoffRequestBytes));
+  }
+  if (!request->ParseFromArray(buffer.data(), static_cast<int>(n))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request of ", n, " bytes is not a kvhost.v1.HandoffRequest"));
+  }
+  if (request->kind() == v1::HANDOFF_KIND_UNSPECIFIED) {
+    return absl::InvalidArgumentError("request names no kind (HandoffRequest.kind)");
+  }
+  return absl::OkStatus();
+}
+
+void HandoffServer::Serve(int connection, const std::string& peer, absl::Status refusal) {
+  const timeval send_timeout = absl::ToTimeval(kHandoffRequestTimeout);
+  ::setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+  v1::HandoffRequest request;
+  absl::Status status = refusal.ok() ? ReadRequest(connection, &request) : std::move(refusal);
+  HandoffItem item;
+  if (status.ok()) {
+    Caller caller;
+    caller.sessions.assign(request.session_ids().begin(), request.session_ids().end());
+    if (!request.owner_token().empty()) caller.token = request.owner_token();
+    absl::StatusOr<HandoffItem> found = source_(caller, request.attachment_id(), request.kind());
+    if (found.ok()) {
+      item = *std::move(found);
+    } else {
+      status = found.status();
+    }
+  }
+  v1::HandoffReply reply;
+  reply.set_code(static_cast<int32_t>(status.code()));
+  reply.set_message(std::string(status.message()));
+  reply.set_bytes(item.bytes);
+  reply.set_count(item.count);
+  const std::string sent = SendReply(connection, reply, status.ok() ? item.fd : -1);
+  const std::string what =
+      absl::StrCat(KindName(request.kind()), " of ", ShortId(request.attachment_id()));
+  if (status.ok() && sent.empty()) {
+    spdlog::info("handoff: {} to {}", what, peer);
+  } else if (status.ok()) {
+    spdlog::warn("handoff: {} to {} not sent: {}", what, peer, sent);
+  } else {
+    spdlog::info("handoff refused to {}: {}", peer, status.ToString());
+  }
+}
+
+}  // namespace kvhost

@@ -1,0 +1,107 @@
+// HandoffServer: kvhostd's handoff socket, where an attached worker fetches
+// the descriptors gRPC cannot carry (kvhost.v1.HandoffRequest /
+// HandoffReply in proto/kvhost/v1/transfer.proto): today an attachment's
+// layer counters (server/transfer/layer_counters.h); later the pool region
+// descriptors of worker-assisted transfers. The server knows nothing of
+// what it hands out: a HandoffSource looks the item up for the caller.
+//
+// Protocol: a unix SOCK_SEQPACKET socket; per fetch one connection, one
+// request message of at most kMaxHandoffRequestBytes, one reply message,
+// with the descriptor (SCM_RIGHTS) on OK; then the server closes it. The
+// request must come within kHandoffRequestTimeout of the connection (else
+// the reply is DEADLINE_EXCEEDED) and the reply goes out with the same
+// bound. Up to kMaxHandoffConnections wait for their request at once, so a
+// silent client delays no other; more wait in the listen backlog. Every fetch and refusal is logged
+// with the peer's SO_PEERCRED (pid, uid, gid); a capability is shown as a ShortId.
+//
+// Thread safety: one thread of its own accepts connections and serves each
+// once its request is there, and never calls back into anything but the
+// source, which must be thread-safe and must not block. Stop (or the destructor) joins it.
+// Ownership: the server owns its listening socket; the socket file is the
+// caller's (the daemon gives it its mode and group and removes it).
+#ifndef KVHOST_SERVER_SERVICE_HANDOFF_SERVER_H_
+#define KVHOST_SERVER_SERVICE_HANDOFF_SERVER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kvhost/v1/transfer.pb.h"
+#include "server/transfer/caller.h"
+#include "server/transfer/transfer_manager.h"
+
+namespace kvhost {
+
+// A request carries an attachment id (~60 bytes), a few session ids of the
+// same size and an owner token: a page is far more than any honest one.
+inline constexpr size_t kMaxHandoffRequestBytes = 4096;
+// A local client sends its request right after connecting; a second covers
+// a loaded machine many times over and bounds what a silent one costs.
+inline constexpr absl::Duration kHandoffRequestTimeout = absl::Seconds(1);
+// Connections waiting for their request at once: a node's workers fetch
+// once per attachment each, a few dozen at most at start.
+inline constexpr size_t kMaxHandoffConnections = 64;
+
+// What a source hands out: `fd` (valid while `keep` lives; the server sends
+// it and closes nothing), the file's size and its item count.
+struct HandoffItem {
+  int fd = -1;
+  std::shared_ptr<const void> keep;
+  uint64_t bytes = 0;
+  uint32_t count = 0;
+};
+
+// Looks up the item of `kind` of attachment `attachment_id` for `caller`:
+// NOT_FOUND (as for an unknown id) for one the caller may not use (the rule
+// of server/transfer/caller.h), FAILED_PRECONDITION for an attachment
+// without that item. REQUIRES: kind is not HANDOFF_KIND_UNSPECIFIED.
+using HandoffSource = std::function<absl::StatusOr<HandoffItem>(
+    const Caller& caller, const std::string& attachment_id, v1::HandoffKind kind)>;
+
+// The daemon's source: HANDOFF_KIND_LAYER_COUNTERS from `manager`
+// (TransferManager::FindLayerCounters); other kinds INVALID_ARGUMENT.
+// `manager` must outlive the source.
+HandoffSource TransferHandoffSource(const TransferManager* manager);
+
+class HandoffServer {
+ public:
+  // Listens on the unix socket `path` and starts serving. REQUIRES: `path`
+  // is absolute, fits sockaddr_un, its directory exists and nothing is
+  // there (the daemon's PrepareSocketPath). The file is made with the
+  // process's umask. UNAVAILABLE naming the path and the system call that
+  // failed.
+  static absl::StatusOr<std::unique_ptr<HandoffServer>> Start(const std::string& path,
+                                                              HandoffSource source);
+  ~HandoffServer();
+  HandoffServer(const HandoffServer&) = delete;
+  HandoffServer& operator=(const HandoffServer&) = delete;
+
+  // Stops accepting, finishes the connection being served, joins the
+  // thread. Idempotent.
+  void Stop();
+  const std::string& path() const { return path_; }
+
+ private:
+  HandoffServer() = default;
+  void Loop();
+  // One connection whose request is readable (or `refusal`, when not OK:
+  // it came too late): read, looked up, answered.
+  void Serve(int connection, const std::string& peer, absl::Status refusal);
+  // The request of `connection` decoded into `request` without waiting;
+  // INVALID_ARGUMENT naming why it cannot be.
+  static absl::Status ReadRequest(int connection, v1::HandoffRequest* request);
+
+  std::string path_;
+  HandoffSource source_;
+  int listen_fd_ = -1;
+  int stop_fd_ = -1;  // eventfd: readable once Stop was called
+  std::thread thread_;
+};
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_SERVICE_HANDOFF_SERVER_H_
