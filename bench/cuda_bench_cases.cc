@@ -97,19 +97,23 @@ absl::Status Churn(const Options& o, kvhost::Client& client, const std::string& 
   return absl::OkStatus();
 }
 
-// Creates a pool, attaches the worker's device pool, runs `body` with the
-// host slots, then detaches (the pool goes with WithHostSlots).
+// Creates a pool, attaches the worker's device pool (with layer progress
+// when `layer_progress`: the worker waits on the layer counters, and its
+// loads return before they are queued), runs `body` with the host slots,
+// then detaches (the pool goes with WithHostSlots).
 absl::Status WithAttachedPool(
     const Options& o, kvhost::Client& client, const std::string& name, const v1::PoolSpec& spec,
     uint64_t need_tokens, std::mt19937_64& rng, const DeviceKv& device,
     const std::function<absl::Status(const v1::Pool&, const v1::Attachment&,
-                                     const std::vector<int64_t>&)>& body) {
+                                     const std::vector<int64_t>&)>& body,
+    bool layer_progress = false) {
   return WithHostSlots(o, client, name, spec, need_tokens, rng,
                        [&](const v1::Pool& pool, const std::vector<int64_t>& host) -> absl::Status {
                          absl::StatusOr<v1::AttachDeviceRequest> request =
                              kvhost::MakeCudaAttachRequest(name, device.layers(0), device.layers(1),
                                                            device.rows());
                          if (!request.ok()) return request.status();
+                         request->set_layer_progress(layer_progress);
                          absl::StatusOr<v1::Attachment> attachment = client.AttachDevice(*request);
                          if (!attachment.ok()) return attachment.status();
                          absl::Status s = body(pool, *attachment, host);
@@ -184,7 +188,9 @@ absl::Status WithHostSlots(
 
 absl::Status WaitForLayer(const kvhost::LoadEvents& events, const kvhost::LoadTicket& load,
                           uint32_t layer, cudaStream_t stream) {
-  return events.WaitLayer(load.event_set, layer, stream);
+  // With layer progress: the host waits until the layer's event is recorded
+  // for this load, then the stream waits on the event.
+  return events.WaitLayer(load, layer, stream, absl::Seconds(30));
 }
 
 // One direction of a case: the timed transfers, then the worker's costs.
@@ -465,7 +471,8 @@ absl::Status RunTtfl(const Options& o, const PathRun& run, uint32_t page_size,
     r.bytes = o.tokens * pool.bytes_per_token();
     absl::StatusOr<Done> backup = Transfer(client, run, att.id(), true, host, rows, r.bytes);
     if (!backup.ok()) return backup.status();
-    absl::StatusOr<std::unique_ptr<kvhost::LoadEvents>> events = kvhost::LoadEvents::Open(att);
+    absl::StatusOr<std::unique_ptr<kvhost::LoadEvents>> events =
+        kvhost::LoadEvents::Open(client, att);
     if (!events.ok()) return events.status();
     absl::StatusOr<std::unique_ptr<Events>> ev = Events::Create(4);
     if (!ev.ok()) return ev.status();
@@ -482,7 +489,7 @@ absl::Status RunTtfl(const Options& o, const PathRun& run, uint32_t page_size,
   };
   const v1::PoolSpec spec = SpecFor(o, v1::MHA, v1::LAYER_FIRST, page_size, o.tokens);
   absl::Status s = WithAttachedPool(o, client, absl::StrCat("bench-ttfl-ps", page_size), spec,
-                                    o.tokens, rng, **device, body);
+                                    o.tokens, rng, **device, body, /*layer_progress=*/true);
   if (!s.ok()) {
     return absl::Status(
         s.code(), absl::StrCat(run.path, " time to first layer ps", page_size, ": ", s.message()));

@@ -185,8 +185,17 @@ TEST_F(JobPlanTest, LayerFirstScatteredRowsButConsecutiveHostSlotsIsStaged) {
   absl::StatusOr<CudaJobPlan> plan = PlanJob(job_, Inputs());
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->path, CudaPath::kStaged) << plan->why;
-  // Scattered host slots too: nothing to gain, the copy engines.
+  // The same slots in any request order: the staged plan sorts them.
   Make({"lf1", PoolKind::kMha, LayoutKind::kLayerFirst, 4, 8, 128, 1, 1024}, Shuffled(256, 6),
+       Shuffled(256, 7));
+  plan = PlanJob(job_, Inputs());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->path, CudaPath::kStaged) << plan->why;
+  // Host slots no two of which are adjacent: nothing to gain, the copy
+  // engines.
+  std::vector<int64_t> apart = Shuffled(256, 8);
+  for (int64_t& slot : apart) slot *= 4;
+  Make({"lf1", PoolKind::kMha, LayoutKind::kLayerFirst, 4, 8, 128, 1, 1024}, apart,
        Shuffled(256, 7));
   plan = PlanJob(job_, Inputs());
   ASSERT_TRUE(plan.ok()) << plan.status();

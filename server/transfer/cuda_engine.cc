@@ -150,7 +150,9 @@ absl::StatusOr<CudaLane*> CudaEngine::LanesFor(int gpu) {
   for (int i = 0; i < 2; ++i) {
     CudaLane* lane = &(*created)[i];
     lane->completer = std::thread([this, lane] { CompleteLoop(lane); });
-    if (lane->gate_stream != nullptr) {
+    // Loads that return before they are queued (gated, or with layer
+    // progress) are queued by this thread.
+    if (lane->direction == Direction::kLoad) {
       lane->enqueuer = std::thread([this, lane] { EnqueueLoop(lane); });
     }
   }
@@ -260,6 +262,8 @@ JobPlanInputs CudaEngine::PlanInputs(const TransferJob& job) const {
   }
   in.staging_chunk = StagingChunk(options_.staging_bytes);
   in.host_split = pins_->chunk();
+  // A worker that waits layer by layer gets its first layers early.
+  in.layer_ordered = job.direction == Direction::kLoad && job.layer_counters != nullptr;
   return in;
 }
 
@@ -349,12 +353,18 @@ void CudaEngine::Submit(TransferJob job) {
     pending.error = absl::InternalError(absl::StrCat("preparing ", DirectionName(lane->direction),
                                                      " on GPU ", lane->gpu, ": ", CudaError(e)));
   }
-  if (lane->gate_stream != nullptr && pending.job.event_set >= 0) {
-    // The RPC returns once the load events are recorded; the enqueue
-    // thread queues the copies. Loads of a lane are all gated, so the queue
-    // keeps their order.
+  // Gated loads, and loads whose worker waits on the layer counters
+  // (AttachDeviceRequest.layer_progress), go to the lane's enqueue thread:
+  // the RPC returns at once, the thread queues layer by layer and publishes
+  // each layer once its load event is recorded, so the worker's first layer
+  // is on its way while the rest are being queued. Loads of one attachment
+  // all take the same route, so each attachment's loads keep their order.
+  if (pending.job.event_set >= 0 &&
+      (lane->gate_stream != nullptr || pending.job.layer_counters != nullptr)) {
     absl::MutexLock gate_lock(&lane->gate_mu);
-    if (pending.error.ok()) pending.error = OpenGates(lane, &pending);
+    if (lane->gate_stream != nullptr && pending.error.ok()) {
+      pending.error = OpenGates(lane, &pending);
+    }
     absl::MutexLock lock(&lane->mu);
     lane->to_enqueue.push_back(std::move(pending));
     return;
@@ -387,6 +397,11 @@ absl::Status CudaEngine::OpenGates(CudaLane* lane, CudaPending* pending) {
       ops.write(lane->gate_stream, mapping.gate(set), pending->gate_base + layers, 0);
       return absl::InternalError(
           absl::StrCat("cudaEventRecord of load event [", set, "][", layer, "]: ", CudaError(e)));
+    }
+    // Recorded (behind its gate): the worker may wait on it now.
+    if (pending->job.layer_counters != nullptr) {
+      pending->job.layer_counters->Publish(static_cast<uint32_t>(set), pending->job.layer_base,
+                                           static_cast<uint32_t>(layer));
     }
   }
   return absl::OkStatus();
@@ -452,6 +467,10 @@ void CudaEngine::EnqueueWork(CudaLane* lane, CudaPending* p) {
         return absl::InternalError(
             absl::StrCat("cudaEventRecord of load event [", set, "][", layer, "]: ", CudaError(e)));
       }
+      if (pending.job.layer_counters != nullptr) {
+        pending.job.layer_counters->Publish(static_cast<uint32_t>(set), pending.job.layer_base,
+                                            static_cast<uint32_t>(layer));
+      }
     }
     if (e = cudaEventRecord(pending.events[layer], lane->stream); e != cudaSuccess) {
       cudaGetLastError();
@@ -498,6 +517,12 @@ void CudaEngine::EnqueueWork(CudaLane* lane, CudaPending* p) {
       cudaGetLastError();
       pending.error = s;
     }
+  }
+  if (pending.job.layer_counters != nullptr && set >= 0 && pending.layers_enqueued < layers) {
+    // A worker waiting for a layer that will never be recorded is let go;
+    // it finds the error in the ticket.
+    pending.job.layer_counters->Release(static_cast<uint32_t>(set), pending.job.layer_base,
+                                        static_cast<uint32_t>(layers));
   }
   if (pending.gated && pending.layers_enqueued < layers) {
     // A failed load still opens its gates (the ticket carries the error), or
@@ -547,6 +572,11 @@ void CudaEngine::CompleteLoop(CudaLane* lane) {
     // the set is complete here (its layers' copies are), so a new load may
     // record the set again.
     if (pending.job.event_set >= 0) {
+      if (!status.ok() && pending.job.layer_counters != nullptr) {
+        pending.job.layer_counters->Release(static_cast<uint32_t>(pending.job.event_set),
+                                            pending.job.layer_base,
+                                            static_cast<uint32_t>(pending.job.layer_num()));
+      }
       static_cast<const CudaMapping&>(*pending.job.mapping).ReleaseSet(pending.job.event_set);
     }
     pending.job.ticket->Finish(status);

@@ -23,15 +23,20 @@
 //
 // Enqueueing happens on the caller's thread in Submit (so a Load RPC returns
 // once its copies are on the stream, which the worker-side per-layer events
-// rely on); a completion thread per lane waits on the event recorded after
-// each layer and reports it to the ticket. A load records load event
-// [set][layer] (CudaMapping) after each layer's copies; a backup may name an
-// event the worker recorded after writing the rows: Prepare opens it, the
-// backup stream waits on it before the first copy, and it is closed when the
-// job goes, after the ticket finished. With gate_loads, a load's events are
-// instead recorded up front on a gate stream, each behind a wait for a
-// device word that the load stream sets after the layer's copies, and an
-// enqueue thread queues the copies, so the Load call returns before them.
+// rely on), except for a load of an attachment with layer progress
+// (AttachDeviceRequest.layer_progress): its worker waits on the layer
+// counters (LayerCounters) before each layer's event, so Submit hands it to
+// the lane's enqueue thread and returns, and the thread publishes each layer
+// right after recording its load event; a staged load of such an attachment
+// is planned in layer intervals growing from one layer (job_plan.h), so that
+// its first layer lands after a small chunk. A completion thread per lane
+// waits on the event recorded after each layer and reports it to the ticket. A load records load
+// event [set][layer] (CudaMapping) after each layer's copies; a backup may name an event the worker
+// recorded after writing the rows: Prepare opens it, the backup stream waits on it before the first
+// copy, and it is closed when the job goes, after the ticket finished. With gate_loads, a load's
+// events are instead recorded up front on a gate stream, each behind a wait for a device word that
+// the load stream sets after the layer's copies, and an enqueue thread queues the copies, so the
+// Load call returns before them.
 //
 // Thread safety: as TransferEngine. Mappings returned by Open must be
 // destroyed before the engine (TransferManager's member order does that), and
@@ -109,8 +114,9 @@ class CudaEngine : public TransferEngine {
   JobPlanInputs PlanInputs(const TransferJob& job) const;
   // The completion thread of `lane`.
   void CompleteLoop(CudaLane* lane);
-  // The enqueue thread of a load lane with a gate stream: queues the work
-  // of gated loads in Submit order.
+  // The enqueue thread of a load lane: queues, in Submit order, the work of
+  // the loads that return before it is queued (gated, or with layer
+  // progress).
   void EnqueueLoop(CudaLane* lane);
   // Queues `pending`'s work on the lane's streams (the worker's event, the
   // path's copies or kernels, and per layer the gate or load event and the

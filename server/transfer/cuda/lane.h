@@ -97,7 +97,8 @@ struct CudaLane {
   bool busy ABSL_GUARDED_BY(mu) = false;  // the completion thread holds a job
   bool stopping ABSL_GUARDED_BY(mu) = false;
   std::thread completer;
-  // Loads waiting for the enqueue thread, in Submit order.
+  // Loads waiting for the enqueue thread (gated, or with layer progress),
+  // in Submit order.
   std::deque<CudaPending> to_enqueue ABSL_GUARDED_BY(mu);
   bool enqueuing ABSL_GUARDED_BY(mu) = false;
   std::thread enqueuer;
