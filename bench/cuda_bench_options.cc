@@ -348,7 +348,8 @@ uint64_t TransferBytes(const Options& o, v1::PoolKind kind) {
 
 double EstimateSeconds(const Options& o) {
   const double measures = static_cast<double>(o.workers.size() * o.duties.size());
-  const double window = o.window_s + kLoopStartS;
+  // Each cost window follows its own baseline of up to 0.2 s (MeasureCost).
+  const double window = o.window_s + kLoopStartS + std::min(0.2, o.window_s);
   double s = kCeilingS + 2 * o.workers.size() * (o.baseline_s + kLoopStartS);
   double per_path = kDaemonStartS;
   for (const Case& c : MakeCases(o)) {

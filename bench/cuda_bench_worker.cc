@@ -30,6 +30,11 @@ constexpr double kFmaKernelMs = 5.0;
 // how far past its least length it may stretch to get them.
 constexpr uint64_t kMinWindowUnits = 3;
 constexpr double kMaxWindowStretchS = 5.0;
+// The baseline window right before each cost window (MeasureCost), at most
+// as long as the cost window: long enough for ~130 GEMMs of 1.5 ms or ~40
+// FMA units of 5 ms.
+constexpr double kAdjacentAloneS = 0.2;
+constexpr std::chrono::milliseconds kPollAlone{1};
 
 // Launches the unit back to back on the stream from its own thread, two
 // launches queued so the SMs never wait for the host, and times each launch
@@ -52,13 +57,15 @@ class ComputeLoop {
   void WaitCompleted(uint64_t n) const {
     while (completed_.load() < n && !failed_.load()) std::this_thread::sleep_for(kPoll);
   }
-  void OpenWindow() {
+  // Returns the window's id (odd), for Mean.
+  uint64_t OpenWindow() {
     in_window_.store(0);
-    window_.fetch_add(1);  // odd: open
+    return window_.fetch_add(1) + 1;  // odd: open
   }
   void CloseWindow() { window_.fetch_add(1); }
   // Units that completed inside the open window so far.
   uint64_t InWindow() const { return in_window_.load(); }
+  bool failed() const { return failed_.load(); }
 
   // Stops, joins and returns the mean of the last window's units: those
   // that started and ended inside it, or, should none have, those launched
@@ -68,12 +75,17 @@ class ComputeLoop {
     thread_.join();
     if (!status_.ok()) return status_;
     const uint64_t last = window_.load() % 2 == 1 ? window_.load() : window_.load() - 1;
+    return Mean(last);
+  }
+
+  // After Stop: the mean of window `window`'s units (as Stop's).
+  absl::StatusOr<ComputeTime> Mean(uint64_t window) const {
     ComputeTime strict, launched;
     for (const Sample& s : samples_) {
-      if (s.launch_window != last) continue;
+      if (s.launch_window != window) continue;
       launched.ms += s.ms;
       ++launched.units;
-      if (s.end_window == last) {
+      if (s.end_window == window) {
         strict.ms += s.ms;
         ++strict.units;
       }
@@ -462,7 +474,17 @@ absl::StatusOr<Cost> MeasureCost(ComputeUnit& unit, cudaStream_t stream, double 
   ComputeLoop loop(unit, stream);
   loop.Start();
   loop.WaitCompleted(2);
-  loop.OpenWindow();
+  // The baseline right before the transfers, in the same loop: the GPU's
+  // clocks drift with its temperature by more than the costs measured here
+  // (+12 % for copy-engine transfers that cost nothing, right after a
+  // window that kept the GPU busy, against a baseline from the run's start).
+  const uint64_t alone_window = loop.OpenWindow();
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::min(kAdjacentAloneS, min_s)));
+  while (loop.InWindow() < kMinWindowUnits && !loop.failed()) {
+    std::this_thread::sleep_for(kPollAlone);
+  }
+  loop.CloseWindow();
+  const uint64_t window = loop.OpenWindow();
   Cost cost;
   cost.worker = unit.name();
   cost.duty = duty;
@@ -484,12 +506,18 @@ absl::StatusOr<Cost> MeasureCost(ComputeUnit& unit, cudaStream_t stream, double 
   }
   cost.window_s = Seconds(Clock::now() - start);
   loop.CloseWindow();
-  absl::StatusOr<ComputeTime> t = loop.Stop();
+  absl::StatusOr<ComputeTime> stopped = loop.Stop();
   if (!s.ok()) return s;
+  if (!stopped.ok()) return stopped.status();
+  absl::StatusOr<ComputeTime> t = loop.Mean(window);
   if (!t.ok()) return t.status();
+  absl::StatusOr<ComputeTime> alone = loop.Mean(alone_window);
+  if (!alone.ok()) return alone.status();
   cost.units = t->units;
   cost.unit_ms = t->ms;
-  cost.cost_pct = (t->ms / alone_ms - 1) * 100;
+  cost.alone_ms = alone->ms;
+  cost.run_alone_ms = alone_ms;
+  cost.cost_pct = (t->ms / alone->ms - 1) * 100;
   return cost;
 }
 

@@ -56,7 +56,7 @@ struct DaemonOptions {
   // Copy-engine streams per direction and GPU (CudaEngineOptions::copy_streams).
   int copy_streams = 4;
   // auto's copy-engine threshold (CudaEngineOptions::ce_min_piece_bytes).
-  uint64_t ce_min_piece_bytes = uint64_t{16} << 10;
+  uint64_t ce_min_piece_bytes = uint64_t{64} << 10;
   bool load_gates = false;
   int max_message_bytes = 64 << 20;
   // Most indices one call may carry (Alloc's num_tokens, Free, meta, Backup /

@@ -77,7 +77,7 @@ ABSL_FLAG(int, sm_blocks, 16,
 ABSL_FLAG(int, copy_streams, 4,
           "cuda backend: copy-engine streams per direction and GPU that a batch of large "
           "pieces (>= 32K on average) is split over, 1-16; 1 = one stream.");
-ABSL_FLAG(std::string, ce_min_piece, "16K",
+ABSL_FLAG(std::string, ce_min_piece, "64K",
           "cuda backend, --transfer-path=auto: the copy engines take a transfer whose "
           "contiguous pieces average at least this many bytes (else the staged or SM copy path, "
           "where they move larger pieces).");

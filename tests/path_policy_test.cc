@@ -43,14 +43,16 @@ TEST(PathPolicyTest, ParsesAndNamesEveryPath) {
 TEST(PathPolicyTest, LargePiecesTakeTheCopyEnginesWithoutPlanningStaged) {
   int plans = 0;
   PathPolicy policy;
-  absl::StatusOr<PathDecision> d = DecidePath(SmallPieces(64 << 10, 1 << 20, &plans), policy);
+  absl::StatusOr<PathDecision> d = DecidePath(SmallPieces(128 << 10, 1 << 20, &plans), policy);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->path, CudaPath::kCopyEngine);
-  EXPECT_TRUE(absl::StrContains(d->why, "64 KiB")) << d->why;
+  EXPECT_TRUE(absl::StrContains(d->why, "128 KiB")) << d->why;
   EXPECT_EQ(plans, 0);
-  // Exactly at the threshold counts as large.
-  EXPECT_EQ(DecidePath(SmallPieces(16 << 10, 1 << 20, &plans), policy)->path,
+  // Exactly at the threshold counts as large, just below it does not.
+  EXPECT_EQ(DecidePath(SmallPieces(policy.ce_min_piece_bytes, 1 << 20, &plans), policy)->path,
             CudaPath::kCopyEngine);
+  EXPECT_EQ(DecidePath(SmallPieces(policy.ce_min_piece_bytes - 1, 1 << 20, &plans), policy)->path,
+            CudaPath::kStaged);
 }
 
 TEST(PathPolicyTest, MpsTakesTheSmPathWhereTheGpuCanUseHostPointers) {
@@ -73,6 +75,16 @@ TEST(PathPolicyTest, StagedOnlyWhereItsBlocksAreClearlyLarger) {
   f.stageable = false;
   EXPECT_EQ(DecidePath(f, {})->path, CudaPath::kCopyEngine);
   EXPECT_EQ(plans, 3);
+}
+
+TEST(PathPolicyTest, TheThresholdIsTheOperatorsToSet) {
+  int plans = 0;
+  PathPolicy policy;
+  policy.ce_min_piece_bytes = 16 << 10;
+  EXPECT_EQ(DecidePath(SmallPieces(32 << 10, 1 << 20, &plans), policy)->path,
+            CudaPath::kCopyEngine);
+  policy.ce_min_piece_bytes = 64 << 10;
+  EXPECT_EQ(DecidePath(SmallPieces(32 << 10, 1 << 20, &plans), policy)->path, CudaPath::kStaged);
 }
 
 TEST(PathPolicyTest, ForcedPathsAreTakenOrRefusedWithTheReason) {
@@ -203,7 +215,7 @@ TEST_F(JobPlanTest, LayerFirstScatteredRowsButConsecutiveHostSlotsIsStaged) {
 }
 
 TEST_F(JobPlanTest, LayerOrderedLoadsCompleteLayersRangeByRange) {
-  Make({"pf", PoolKind::kMha, LayoutKind::kPageFirst, 8, 8, 128, 1, 1024}, Shuffled(256, 8),
+  Make({"lf", PoolKind::kMha, LayoutKind::kLayerFirst, 8, 8, 128, 1, 1024}, Iota(256),
        Shuffled(256, 9));
   JobPlanInputs in = Inputs();
   in.layer_ordered = true;
@@ -219,6 +231,19 @@ TEST_F(JobPlanTest, LayerOrderedLoadsCompleteLayersRangeByRange) {
   ASSERT_TRUE(plan.ok());
   ASSERT_EQ(std::get<StagedJobPlan>(plan->detail).ranges.size(), 1u);
   EXPECT_EQ(std::get<StagedJobPlan>(plan->detail).ranges[0].layers_complete, 0u);
+}
+
+TEST_F(JobPlanTest, TokenMajorLayoutsAreNotLayerOrdered) {
+  // A token's few layers are a few rows: layer by layer would cut the
+  // copies to single rows.
+  Make({"pf", PoolKind::kMha, LayoutKind::kPageFirst, 8, 8, 128, 1, 1024}, Shuffled(256, 8),
+       Shuffled(256, 9));
+  JobPlanInputs in = Inputs();
+  in.layer_ordered = true;
+  absl::StatusOr<CudaJobPlan> plan = PlanJob(job_, in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->path, CudaPath::kStaged);
+  EXPECT_EQ(std::get<StagedJobPlan>(plan->detail).ranges.size(), 1u);
 }
 
 TEST_F(JobPlanTest, ForcedStagedNamesAUnitThatDoesNotFit) {

@@ -38,13 +38,14 @@ struct CudaEngineOptions {
   // Off by default: the worker's time comes first.
   bool gate_loads = false;
   // auto: the copy engines take a job whose layout-contiguous pieces average
-  // at least this many bytes. On the H200 (docs/PERF.md, 2026-11-30) they
-  // moved 64 KiB pieces at 0.93-0.96 of the ceiling, 32 KiB at 0.66-0.90
-  // and 18 KiB at 0.30-0.49, at no cost to the worker, while the staged
-  // path reached 0.82-0.94 at +4-32 % of the worker's time: where the copy
-  // engines are merely slower, they win; below this, where they are hopeless
-  // (2 KiB rows: 0.02-0.05), the staged or SM copy path is worth its cost.
-  uint64_t ce_min_piece_bytes = uint64_t{16} << 10;
+  // at least this many bytes, the staged path (or, under MPS, the SM copy
+  // path) the rest. Measured on the H200 with a GEMM worker (docs/PERF.md,
+  // run K, 2026-12-02): the copy engines moved 72-128 KiB pieces at 0.87-0.95
+  // of the ceiling at +0-2 % of the worker's time, but 32 KiB pieces at
+  // 0.78-0.93 (loads 43 GB/s), 18 KiB at 0.36-0.47, while the staged path
+  // moved every layout at page 16 at 0.88-0.96 for +3-9 % of the worker's
+  // time back to back (+3-4 % at a 25 % duty cycle).
+  uint64_t ce_min_piece_bytes = uint64_t{64} << 10;
   // Copy-engine streams per lane (direction and GPU) that a batch of large
   // pieces is split over: one stream's batch of 32 KiB pieces moved 45-46
   // GB/s on the H200, split over 4 streams 49.4-49.6; 64 KiB 42-46 -> 52.7-

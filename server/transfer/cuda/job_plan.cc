@@ -57,13 +57,18 @@ uint64_t CompleteBelow(const JobPart& part, uint64_t host_end) {
 // The staged plan of every part, or the first part's reason it has none.
 absl::StatusOr<StagedJobPlan> PlanStagedJob(const TransferJob& job, const JobPlanInputs& in) {
   StagedJobPlan plan;
-  // Layer by layer only where one part is the whole job and its host layers
-  // follow the ticket's (a plain attachment).
-  const bool ordered = in.layer_ordered && job.parts.size() == 1;
   for (size_t j = 0; j < job.parts.size(); ++j) {
     const JobPart& part = job.parts[j];
     if (part.tokens == 0) continue;
     const std::vector<LayoutGroup> groups = GroupComponents(part.pool->components());
+    // Layer by layer only where one part is the whole job (a plain
+    // attachment: its host layers follow the ticket's) and the host layout
+    // is layer-major: a token-major layout's blocks of a few layers are a
+    // few rows each (2 KiB pieces for one MHA layer at page 1), which the
+    // copy engines move at a twentieth of the link's speed.
+    bool layer_major = true;
+    for (const LayoutGroup& g : groups) layer_major &= g.layout.kind == LayoutKind::kLayerFirst;
+    const bool ordered = in.layer_ordered && job.parts.size() == 1 && layer_major;
     for (const HeldLayers& held : HeldLayerRanges(part.layers)) {
       std::vector<HeldLayers> intervals{held};
       if (ordered) intervals = GeometricLayerIntervals(held);

@@ -5,8 +5,9 @@
 //
 // A staged plan is a list of ranges, each one part's interval of held host
 // layers planned in chunks; the ranges run in order. A load of an
-// attachment whose worker consumes it layer by layer (layer_ordered) is
-// planned in layer intervals growing geometrically (1, 1, 2, 4, ... layers)
+// attachment whose worker consumes it layer by layer (layer_ordered) into a
+// LAYER_FIRST pool is planned in layer intervals growing geometrically (1, 1,
+// 2, 4, ... layers)
 // so that its first layers land after a small chunk while the number of
 // kernels stays near log2(layers); each range says how many leading ticket
 // layers are complete after it.

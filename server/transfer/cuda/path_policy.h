@@ -57,7 +57,7 @@ struct PathPolicy {
   CudaPath forced = CudaPath::kAuto;
   // The copy engines take a job whose layout-contiguous pieces average at
   // least this many bytes (CudaEngineOptions::ce_min_piece_bytes says why).
-  uint64_t ce_min_piece_bytes = uint64_t{16} << 10;
+  uint64_t ce_min_piece_bytes = uint64_t{64} << 10;
   // The staged path takes a job whose staged blocks average at least this
   // many times its copy-engine pieces: a kernel of ours is worth its cost to
   // the worker only where it makes the link's pieces clearly larger.
