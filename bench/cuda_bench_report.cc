@@ -39,6 +39,8 @@ std::string CostsJson(const std::vector<Cost>& costs) {
                       .Uint("transfers", c.transfers)
                       .Uint("units", c.units)
                       .Num("unit_ms", c.unit_ms, 4)
+                      .Num("alone_before_ms", c.alone_before_ms, 4)
+                      .Num("alone_after_ms", c.alone_after_ms, 4)
                       .Num("alone_ms", c.alone_ms, 4)
                       .Num("run_alone_ms", c.run_alone_ms, 4)
                       .Num("cost_pct", c.cost_pct, 2)

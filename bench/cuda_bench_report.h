@@ -53,8 +53,11 @@ struct Cost {
   uint64_t transfers = 0;
   uint64_t units = 0;  // compute units averaged
   double unit_ms = 0;
-  // The unit alone right before the window (the baseline of cost_pct), and
-  // at the run's start (for comparison: the GPU's clocks drift).
+  // The unit alone right before and right after the window, their mean
+  // (the baseline of cost_pct), and at the run's start (for comparison: the
+  // GPU's clocks drift).
+  double alone_before_ms = 0;
+  double alone_after_ms = 0;
   double alone_ms = 0;
   double run_alone_ms = 0;
   double cost_pct = 0;

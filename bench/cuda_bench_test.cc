@@ -35,7 +35,7 @@ TEST(CudaBenchOptionsTest, DefaultsMeasureEveryTarget) {
   absl::FlagSaver saver;
   absl::StatusOr<Options> o = OptionsFromFlags();
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->paths, std::vector<std::string>({"auto", "ce", "staged", "sm"}));
+  EXPECT_EQ(o->paths, std::vector<std::string>({"auto", "ce", "staged"}));
   EXPECT_EQ(o->workers, std::vector<std::string>({"gemm", "fma"}));
   EXPECT_FALSE(o->workers_from_quick);
   EXPECT_EQ(o->duties, std::vector<double>({1, 0.25}));

@@ -474,16 +474,23 @@ absl::StatusOr<Cost> MeasureCost(ComputeUnit& unit, cudaStream_t stream, double 
   ComputeLoop loop(unit, stream);
   loop.Start();
   loop.WaitCompleted(2);
-  // The baseline right before the transfers, in the same loop: the GPU's
-  // clocks drift with its temperature by more than the costs measured here
-  // (+12 % for copy-engine transfers that cost nothing, right after a
-  // window that kept the GPU busy, against a baseline from the run's start).
-  const uint64_t alone_window = loop.OpenWindow();
-  std::this_thread::sleep_for(std::chrono::duration<double>(std::min(kAdjacentAloneS, min_s)));
-  while (loop.InWindow() < kMinWindowUnits && !loop.failed()) {
-    std::this_thread::sleep_for(kPollAlone);
-  }
-  loop.CloseWindow();
+  // The baseline: the unit alone right before and right after the
+  // transfers, in the same loop, averaged. The GPU's clocks drift with its
+  // temperature and power by more than the costs measured here: against a
+  // baseline from the run's start, copy-engine transfers that cost nothing
+  // showed +12 % right after a window that kept the GPU busy; against the
+  // window before alone, a GPU that idled during the case's setup still
+  // boosts its clocks and every cost reads several points too high.
+  const auto alone = [&loop, min_s]() {
+    const uint64_t id = loop.OpenWindow();
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::min(kAdjacentAloneS, min_s)));
+    while (loop.InWindow() < kMinWindowUnits && !loop.failed()) {
+      std::this_thread::sleep_for(kPollAlone);
+    }
+    loop.CloseWindow();
+    return id;
+  };
+  const uint64_t before_window = alone();
   const uint64_t window = loop.OpenWindow();
   Cost cost;
   cost.worker = unit.name();
@@ -506,18 +513,23 @@ absl::StatusOr<Cost> MeasureCost(ComputeUnit& unit, cudaStream_t stream, double 
   }
   cost.window_s = Seconds(Clock::now() - start);
   loop.CloseWindow();
+  const uint64_t after_window = alone();
   absl::StatusOr<ComputeTime> stopped = loop.Stop();
   if (!s.ok()) return s;
   if (!stopped.ok()) return stopped.status();
   absl::StatusOr<ComputeTime> t = loop.Mean(window);
   if (!t.ok()) return t.status();
-  absl::StatusOr<ComputeTime> alone = loop.Mean(alone_window);
-  if (!alone.ok()) return alone.status();
+  absl::StatusOr<ComputeTime> before = loop.Mean(before_window);
+  if (!before.ok()) return before.status();
+  absl::StatusOr<ComputeTime> after = loop.Mean(after_window);
+  if (!after.ok()) return after.status();
   cost.units = t->units;
   cost.unit_ms = t->ms;
-  cost.alone_ms = alone->ms;
+  cost.alone_before_ms = before->ms;
+  cost.alone_after_ms = after->ms;
+  cost.alone_ms = (before->ms + after->ms) / 2;
   cost.run_alone_ms = alone_ms;
-  cost.cost_pct = (t->ms / alone->ms - 1) * 100;
+  cost.cost_pct = (t->ms / cost.alone_ms - 1) * 100;
   return cost;
 }
 

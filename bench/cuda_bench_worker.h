@@ -139,9 +139,9 @@ absl::StatusOr<ComputeTime> MeasureAlone(ComputeUnit& unit, cudaStream_t stream,
 // for) repeats at `duty`: after each transfer the loop stays idle
 // (1 / duty - 1) times its duration, so the window holds whole cycles. The
 // window lasts at least `min_s` and one cycle, and until a few units
-// finished inside it. The cost is against the unit alone in the same loop
-// right before (kAdjacentAloneS); `alone_ms` (the run's start) is kept in
-// the result for comparison.
+// finished inside it. The cost is against the unit alone in the same loop,
+// the mean of a short window right before and one right after; `alone_ms`
+// (the run's start) is kept in the result for comparison.
 absl::StatusOr<Cost> MeasureCost(ComputeUnit& unit, cudaStream_t stream, double alone_ms,
                                  double duty, double min_s,
                                  const std::function<absl::Status()>& transfer);
