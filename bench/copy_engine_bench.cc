@@ -32,6 +32,7 @@
 #include "bench/bench_util.h"
 #include "common/cli_flags.h"
 #include "common/cuda_util.h"
+#include "server/pool/host_memory.h"
 
 ABSL_FLAG(std::string, bytes, "1G", "Bytes of each transfer (K/M/G suffixes are powers of 1024).");
 ABSL_FLAG(std::vector<std::string>, pieces,
@@ -47,31 +48,6 @@ namespace {
 
 using kvhost::bench::JsonArray;
 using kvhost::bench::JsonObject;
-
-// "18K" / "1G" / "4096": K, M, G are powers of 1024.
-bool ParseSize(const std::string& text, uint64_t* out) {
-  if (text.empty()) return false;
-  uint64_t unit = 1;
-  std::string digits = text;
-  switch (text.back()) {
-    case 'K':
-      unit = uint64_t{1} << 10;
-      break;
-    case 'M':
-      unit = uint64_t{1} << 20;
-      break;
-    case 'G':
-      unit = uint64_t{1} << 30;
-      break;
-    default:
-      break;
-  }
-  if (unit > 1) digits.pop_back();
-  uint64_t n = 0;
-  if (!absl::SimpleAtoi(digits, &n) || n == 0) return false;
-  *out = n * unit;
-  return true;
-}
 
 std::string SizeText(uint64_t n) {
   if (n % (uint64_t{1} << 30) == 0) return absl::StrCat(n >> 30, "G");
@@ -179,8 +155,6 @@ double TimeTransfer(Buffers& b, uint64_t piece, size_t streams, bool to_host, si
   return ms;
 }
 
-double Median(std::vector<double> v) { return kvhost::bench::Median(std::move(v)); }
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -188,20 +162,21 @@ int main(int argc, char** argv) {
                      "kvhost_copy_engine_bench: copy-engine GB/s of scattered pieces by piece "
                      "size and stream count, against the pinned memcpy ceiling.",
                      "bench/copy_engine_bench.cc");
-  uint64_t bytes = 0;
-  if (!ParseSize(absl::GetFlag(FLAGS_bytes), &bytes)) {
+  absl::StatusOr<uint64_t> parsed = kvhost::ParseByteSize(absl::GetFlag(FLAGS_bytes));
+  if (!parsed.ok() || *parsed == 0) {
     std::fprintf(stderr, "--bytes: '%s' is not a size (e.g. 1G)\n",
                  absl::GetFlag(FLAGS_bytes).c_str());
     return 2;
   }
+  const uint64_t bytes = *parsed;
   std::vector<uint64_t> pieces;
   for (const std::string& s : absl::GetFlag(FLAGS_pieces)) {
-    uint64_t p = 0;
-    if (!ParseSize(s, &p) || p > bytes) {
+    absl::StatusOr<uint64_t> p = kvhost::ParseByteSize(s);
+    if (!p.ok() || *p == 0 || *p > bytes) {
       std::fprintf(stderr, "--pieces: '%s' is not a size in (0, --bytes]\n", s.c_str());
       return 2;
     }
-    pieces.push_back(p);
+    pieces.push_back(*p);
   }
   std::vector<size_t> stream_counts;
   for (const std::string& s : absl::GetFlag(FLAGS_streams)) {
@@ -245,7 +220,7 @@ int main(int argc, char** argv) {
       const double t = TimeTransfer(b, b.bytes, 1, dir == 0, max_batch, rng, &ok);
       if (r > 0) ms.push_back(t);
     }
-    ceiling[dir] = b.bytes / (Median(ms) * 1e6);
+    ceiling[dir] = b.bytes / (kvhost::bench::Median(ms) * 1e6);
     std::fprintf(stderr, "ceiling %s: %.1f GB/s\n", dir == 0 ? "D2H" : "H2D", ceiling[dir]);
   }
   std::vector<std::string> cases;
@@ -260,7 +235,7 @@ int main(int argc, char** argv) {
           const double t = TimeTransfer(b, piece, streams, dir == 0, max_batch, rng, &ok);
           if (r > 0) ms.push_back(t);
         }
-        gbs[dir] = (b.bytes / piece * piece) / (Median(ms) * 1e6);
+        gbs[dir] = (b.bytes / piece * piece) / (kvhost::bench::Median(ms) * 1e6);
       }
       if (!ok) return 1;
       std::fprintf(stderr, "piece %s, %zu stream(s): D2H %.1f, H2D %.1f GB/s\n",

@@ -518,12 +518,6 @@ void CudaEngine::EnqueueWork(CudaLane* lane, CudaPending* p) {
       pending.error = s;
     }
   }
-  if (pending.job.layer_counters != nullptr && set >= 0 && pending.layers_enqueued < layers) {
-    // A worker waiting for a layer that will never be recorded is let go;
-    // it finds the error in the ticket.
-    pending.job.layer_counters->Release(static_cast<uint32_t>(set), pending.job.layer_base,
-                                        static_cast<uint32_t>(layers));
-  }
   if (pending.gated && pending.layers_enqueued < layers) {
     // A failed load still opens its gates (the ticket carries the error), or
     // every later load of the lane would wait behind them forever.
@@ -572,11 +566,6 @@ void CudaEngine::CompleteLoop(CudaLane* lane) {
     // the set is complete here (its layers' copies are), so a new load may
     // record the set again.
     if (pending.job.event_set >= 0) {
-      if (!status.ok() && pending.job.layer_counters != nullptr) {
-        pending.job.layer_counters->Release(static_cast<uint32_t>(pending.job.event_set),
-                                            pending.job.layer_base,
-                                            static_cast<uint32_t>(pending.job.layer_num()));
-      }
       static_cast<const CudaMapping&>(*pending.job.mapping).ReleaseSet(pending.job.event_set);
     }
     pending.job.ticket->Finish(status);

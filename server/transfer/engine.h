@@ -218,13 +218,13 @@ struct TransferJob {
   // an event set; cleared when it reserved none) and this load's base there
   // (LayerCounters::Reserve, made by the manager right after Prepare). The worker waits on the
   // counter before each layer's event, so the engine may return from Submit before every layer is
-  // queued. The engine calls, in this order:
-  //   layer_counters->Publish(event_set, layer_base, l) right after load
-  //     event [event_set][l] is recorded (host: after layer l is copied);
-  //   layer_counters->Release(event_set, layer_base, layer_num()) when the
-  //     load fails or is cancelled, before the event set is free again.
-  // The manager also calls Release when the ticket finishes, so a worker is
-  // never left waiting; both are monotonic, a late one lowers nothing.
+  // queued. The engine calls layer_counters->Publish(event_set, layer_base,
+  // l) right after load event [event_set][l] is recorded (host: after layer
+  // l is copied). The manager calls Release(event_set, layer_base,
+  // layer_num()) when the ticket finishes, however it ended, so a worker is
+  // never left waiting (an engine may release earlier); both are monotonic,
+  // and the next load of the set reserves past this one's layers, so a late
+  // Release lowers nothing.
   std::shared_ptr<LayerCounters> layer_counters;
   uint64_t layer_base = 0;
   // Backups: the worker's exported event to wait on (empty: none), and what

@@ -22,21 +22,19 @@ const char* BatchCopier::Api() {
 #endif
 }
 
-bool BatchCopier::FanOut(const CudaLane& lane, size_t n) const {
+bool BatchCopier::FanOut(const CudaLane& lane, size_t n, uint64_t bytes) const {
   if (lane.copy_streams.size() < 2 || n < 2) return false;
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < n; ++i) bytes += lane.sizes[i];
   return bytes >= fan_out_min_bytes_ && bytes / n >= fan_out_min_piece_bytes_;
 }
 
 absl::Status BatchCopier::Submit(CudaLane* lane, cudaStream_t stream, size_t n,
                                  const std::string& what) {
   if (n == 0) return absl::OkStatus();
-  if (!FanOut(*lane, n)) return SubmitRange(lane, stream, 0, n, what);
-  // Contiguous ranges of about equal bytes, one per copy stream, each
-  // starting after everything before it on `stream`.
   uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) total += lane->sizes[i];
+  if (!FanOut(*lane, n, total)) return SubmitRange(lane, stream, 0, n, what);
+  // Contiguous ranges of about equal bytes, one per copy stream, each
+  // starting after everything before it on `stream`.
   const size_t streams = lane->copy_streams.size();
   if (cudaError_t e = cudaEventRecord(lane->fork, stream); e != cudaSuccess) {
     cudaGetLastError();

@@ -45,8 +45,9 @@ class BatchCopier {
   // Copies [begin, end) of the lane's arrays on `stream`.
   absl::Status SubmitRange(CudaLane* lane, cudaStream_t stream, size_t begin, size_t end,
                            const std::string& what);
-  // Whether copies [0, n) are worth splitting over the copy streams.
-  bool FanOut(const CudaLane& lane, size_t n) const;
+  // Whether copies [0, n), `bytes` in all, are worth splitting over the
+  // copy streams.
+  bool FanOut(const CudaLane& lane, size_t n, uint64_t bytes) const;
 
   const size_t max_batch_;
   const uint64_t fan_out_min_piece_bytes_;

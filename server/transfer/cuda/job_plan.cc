@@ -54,13 +54,17 @@ uint64_t CompleteBelow(const JobPart& part, uint64_t host_end) {
   return part.layers.size();
 }
 
+// Each part's components as launch groups, in part order.
+using PartGroups = std::vector<std::vector<LayoutGroup>>;
+
 // The staged plan of every part, or the first part's reason it has none.
-absl::StatusOr<StagedJobPlan> PlanStagedJob(const TransferJob& job, const JobPlanInputs& in) {
+absl::StatusOr<StagedJobPlan> PlanStagedJob(const TransferJob& job, const PartGroups& part_groups,
+                                            const JobPlanInputs& in) {
   StagedJobPlan plan;
   for (size_t j = 0; j < job.parts.size(); ++j) {
     const JobPart& part = job.parts[j];
     if (part.tokens == 0) continue;
-    const std::vector<LayoutGroup> groups = GroupComponents(part.pool->components());
+    const std::vector<LayoutGroup>& groups = part_groups[j];
     // Layer by layer only where one part is the whole job (a plain
     // attachment: its host layers follow the ticket's) and the host layout
     // is layer-major: a token-major layout's blocks of a few layers are a
@@ -90,11 +94,11 @@ absl::StatusOr<StagedJobPlan> PlanStagedJob(const TransferJob& job, const JobPla
   return plan;
 }
 
-SmCopyJobPlan PlanSmJob(const TransferJob& job) {
+SmCopyJobPlan PlanSmJob(const TransferJob& job, const PartGroups& part_groups) {
   SmCopyJobPlan plan;
-  for (const JobPart& part : job.parts) {
-    plan.parts.push_back(
-        PlanSmCopy(GroupComponents(part.pool->components()), part.runs, part.page_runs));
+  for (size_t j = 0; j < job.parts.size(); ++j) {
+    const JobPart& part = job.parts[j];
+    plan.parts.push_back(PlanSmCopy(part_groups[j], part.runs, part.page_runs));
   }
   return plan;
 }
@@ -110,8 +114,10 @@ absl::StatusOr<CudaJobPlan> PlanJob(const TransferJob& job, const JobPlanInputs&
   // no layer (it copies nothing; the path name is all it gets).
   uint64_t layer_bytes = 0;
   uint64_t layer_pieces = 0;
+  PartGroups part_groups;
   for (const JobPart& part : job.parts) {
-    const std::vector<LayoutGroup> groups = GroupComponents(part.pool->components());
+    const std::vector<LayoutGroup>& groups =
+        part_groups.emplace_back(GroupComponents(part.pool->components()));
     uint64_t held = 0;
     for (const JobLayer& layer : part.layers) held += layer.host_layer >= 0 ? 1 : 0;
     const LayerPieces per_layer = CopyEngineLayerPieces(groups, part.runs, part.page_runs);
@@ -129,7 +135,7 @@ absl::StatusOr<CudaJobPlan> PlanJob(const TransferJob& job, const JobPlanInputs&
   // The staged plan is built at most once, by the policy when it asks.
   std::unique_ptr<absl::StatusOr<StagedJobPlan>> staged;
   facts.staged_block_bytes = [&]() -> absl::StatusOr<uint64_t> {
-    staged = std::make_unique<absl::StatusOr<StagedJobPlan>>(PlanStagedJob(job, in));
+    staged = std::make_unique<absl::StatusOr<StagedJobPlan>>(PlanStagedJob(job, part_groups, in));
     if (!staged->ok()) return staged->status();
     return (*staged)->bytes() / std::max<uint64_t>((*staged)->copies(), 1);
   };
@@ -141,7 +147,7 @@ absl::StatusOr<CudaJobPlan> PlanJob(const TransferJob& job, const JobPlanInputs&
   if (plan.path == CudaPath::kStaged) {
     plan.detail = *std::move(*staged);
   } else if (plan.path == CudaPath::kSm) {
-    plan.detail = PlanSmJob(job);
+    plan.detail = PlanSmJob(job, part_groups);
   }
   return plan;
 }
