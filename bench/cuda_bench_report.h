@@ -126,6 +126,10 @@ struct TtflResult {
   // to the last, and to the end of queueing.
   std::vector<double> daemon_first_ms, daemon_total_ms, enqueue_ms;
   double daemon_first_median_ms = 0, daemon_total_median_ms = 0, enqueue_median_ms = 0;
+  // The floor under rpc_ms: the same Load RPC on the same attachment with no
+  // rows (nothing to validate, plan or queue), wall time of the call.
+  std::vector<double> empty_rpc_ms;
+  double empty_rpc_median_ms = 0;
   std::string ticket_path;
 };
 

@@ -226,6 +226,26 @@ TEST_F(JobPlanTest, LayerOrderedLoadsCompleteLayersRangeByRange) {
   std::vector<uint64_t> complete;
   for (const StagedRange& r : staged.ranges) complete.push_back(r.layers_complete);
   EXPECT_EQ(complete, (std::vector<uint64_t>{1, 2, 4, 8}));
+  // Only the first range is planned by PlanJob (the Load call waits for
+  // it); each later one by PlanStagedRange, as its interval alone.
+  for (size_t i = 0; i < staged.ranges.size(); ++i) {
+    const StagedRange& r = staged.ranges[i];
+    EXPECT_EQ(r.planned, i == 0) << "range " << i;
+    StagedPlan late;
+    ASSERT_TRUE(PlanStagedRange(job_, staged, r, &late).ok());
+    StagedPlan direct;
+    ASSERT_TRUE(PlanStaged(staged.part_groups[0], job_.parts[0].runs, job_.parts[0].page_runs,
+                           r.layer_begin, r.layer_end, in.staging_chunk, in.host_split, &direct)
+                    .ok());
+    EXPECT_EQ(late.tiles.size(), direct.tiles.size()) << "range " << i;
+    EXPECT_EQ(late.copies.size(), direct.copies.size()) << "range " << i;
+    EXPECT_EQ(late.chunks.size(), direct.chunks.size()) << "range " << i;
+    EXPECT_FALSE(late.chunks.empty()) << "range " << i;
+    if (i == 0) {
+      EXPECT_EQ(r.plan.tiles.size(), direct.tiles.size());
+    }
+  }
+  EXPECT_FALSE(staged.empty());
   // Not layer-ordered: one range, every layer at the job's end.
   plan = PlanJob(job_, Inputs());
   ASSERT_TRUE(plan.ok());

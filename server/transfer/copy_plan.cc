@@ -248,12 +248,28 @@ void AddLayerFirstWindow(const std::vector<IndexRun>& pieces, uint64_t tokens, u
     }
     k += layers;
   }
+  // Host-adjacent pieces are one copy per slice: merged once here rather
+  // than by AddCopy for every slice (a page-1 window of scattered device
+  // rows has thousands of one-slot pieces, often in a few host runs).
+  struct HostSpan {
+    uint64_t host;   // first host slot
+    uint64_t pos;    // its slot in the window's staging
+    uint64_t count;  // slots
+  };
+  std::vector<HostSpan> spans;
+  uint64_t pos = 0;
+  for (const IndexRun& piece : pieces) {
+    if (!spans.empty() && spans.back().host + spans.back().count == piece.host) {
+      spans.back().count += piece.count;
+    } else {
+      spans.push_back(HostSpan{piece.host, pos, piece.count});
+    }
+    pos += piece.count;
+  }
   for (uint64_t k = first; k < first + slices; ++k) {
-    uint64_t pos = 0;
-    for (const IndexRun& piece : pieces) {
-      builder->AddCopy(layout.Offset(k / n, piece.host, lb + k % n, 0),
-                       base + ((k - first) * tokens + pos) * tb, piece.count * tb);
-      pos += piece.count;
+    for (const HostSpan& span : spans) {
+      builder->AddCopy(layout.Offset(k / n, span.host, lb + k % n, 0),
+                       base + ((k - first) * tokens + span.pos) * tb, span.count * tb);
     }
   }
 }

@@ -28,6 +28,13 @@ uint64_t StagedJobPlan::bytes() const {
   return n;
 }
 
+bool StagedJobPlan::empty() const {
+  for (const StagedRange& range : ranges) {
+    if (!range.planned || !range.plan.chunks.empty()) return false;
+  }
+  return true;
+}
+
 std::vector<HeldLayers> GeometricLayerIntervals(const HeldLayers& held) {
   std::vector<HeldLayers> out;
   uint64_t width = 1;
@@ -57,10 +64,17 @@ uint64_t CompleteBelow(const JobPart& part, uint64_t host_end) {
 // Each part's components as launch groups, in part order.
 using PartGroups = std::vector<std::vector<LayoutGroup>>;
 
+absl::Status WithPoolName(const TransferJob& job, const JobPart& part, const absl::Status& s) {
+  if (s.ok() || job.parts.size() == 1) return s;
+  return absl::Status(s.code(), absl::StrCat("pool '", part.pool->name(), "': ", s.message()));
+}
+
 // The staged plan of every part, or the first part's reason it has none.
-absl::StatusOr<StagedJobPlan> PlanStagedJob(const TransferJob& job, const PartGroups& part_groups,
+absl::StatusOr<StagedJobPlan> PlanStagedJob(const TransferJob& job, PartGroups part_groups,
                                             const JobPlanInputs& in) {
   StagedJobPlan plan;
+  plan.staging_chunk = in.staging_chunk;
+  plan.host_split = in.host_split;
   for (size_t j = 0; j < job.parts.size(); ++j) {
     const JobPart& part = job.parts[j];
     if (part.tokens == 0) continue;
@@ -80,17 +94,21 @@ absl::StatusOr<StagedJobPlan> PlanStagedJob(const TransferJob& job, const PartGr
         StagedRange& range = plan.ranges.emplace_back();
         range.part = j;
         range.delta = interval.delta;
+        range.layer_begin = interval.begin;
+        range.layer_end = interval.end;
         if (ordered) range.layers_complete = CompleteBelow(part, interval.end);
+        // A layer-ordered load's first range is planned here, the rest
+        // later (see job_plan.h); the first tells the policy the blocks'
+        // size, which is the same for every range of a LAYER_FIRST pool.
+        range.planned = !ordered || plan.ranges.size() == 1;
+        if (!range.planned) continue;
         absl::Status s = PlanStaged(groups, part.runs, part.page_runs, interval.begin, interval.end,
                                     in.staging_chunk, in.host_split, &range.plan);
-        if (!s.ok()) {
-          if (job.parts.size() == 1) return s;
-          return absl::Status(s.code(),
-                              absl::StrCat("pool '", part.pool->name(), "': ", s.message()));
-        }
+        if (!s.ok()) return WithPoolName(job, part, s);
       }
     }
   }
+  plan.part_groups = std::move(part_groups);
   return plan;
 }
 
@@ -104,6 +122,15 @@ SmCopyJobPlan PlanSmJob(const TransferJob& job, const PartGroups& part_groups) {
 }
 
 }  // namespace
+
+absl::Status PlanStagedRange(const TransferJob& job, const StagedJobPlan& plan,
+                             const StagedRange& range, StagedPlan* out) {
+  const JobPart& part = job.parts[range.part];
+  absl::Status s =
+      PlanStaged(plan.part_groups[range.part], part.runs, part.page_runs, range.layer_begin,
+                 range.layer_end, plan.staging_chunk, plan.host_split, out);
+  return WithPoolName(job, part, s);
+}
 
 absl::StatusOr<CudaJobPlan> PlanJob(const TransferJob& job, const JobPlanInputs& in) {
   // Over every part: the bytes moved and the copy-engine pieces, each part's

@@ -10,7 +10,10 @@
 // 2, 4, ... layers)
 // so that its first layers land after a small chunk while the number of
 // kernels stays near log2(layers); each range says how many leading ticket
-// layers are complete after it.
+// layers are complete after it. Only such a plan's first range is planned
+// by PlanJob (the Load call waits for it); the others are planned by
+// PlanStagedRange when their turn comes, on the lane's enqueue thread,
+// while the ranges before them are on the GPU.
 //
 // Thread-safe: pure functions of their arguments; a plan is immutable once
 // built and shared by the job (TransferJob::plan).
@@ -35,10 +38,15 @@ struct SmCopyJobPlan {
   std::vector<SmCopyPlan> parts;
 };
 
-// One job part's interval of held host layers (HeldLayerRanges), planned.
+// One job part's interval of held host layers (HeldLayerRanges) and its
+// plan.
 struct StagedRange {
   size_t part = 0;
-  int64_t delta = 0;  // device layer - host layer
+  int64_t delta = 0;         // device layer - host layer
+  uint64_t layer_begin = 0;  // host layers [layer_begin, layer_end)
+  uint64_t layer_end = 0;
+  // False: `plan` is empty and PlanStagedRange builds it (see above).
+  bool planned = true;
   StagedPlan plan;
   // Ticket layers [0, layers_complete) are complete once this range's
   // chunks are (0: nothing new; the job's end completes every layer).
@@ -49,11 +57,24 @@ struct StagedRange {
 // every ticket layer is complete after the last.
 struct StagedJobPlan {
   std::vector<StagedRange> ranges;
+  // What PlanStagedRange needs: each part's components as launch groups,
+  // and the chunking.
+  std::vector<std::vector<LayoutGroup>> part_groups;
+  uint64_t staging_chunk = 0;
+  uint64_t host_split = 0;
 
+  // Over the planned ranges.
   size_t chunks() const;
   size_t copies() const;
   uint64_t bytes() const;
+  // No range has or will have anything to copy.
+  bool empty() const;
 };
+
+// The plan of `range`, one of `plan`'s ranges of `job` whose `planned` is
+// false, into `out`. Errors as PlanStaged.
+absl::Status PlanStagedRange(const TransferJob& job, const StagedJobPlan& plan,
+                             const StagedRange& range, StagedPlan* out);
 
 struct CudaJobPlan {
   CudaPath path = CudaPath::kCopyEngine;

@@ -43,8 +43,12 @@ class StagedRun {
       return Failed();
     }
     uint64_t reported = 0;
+    StagedPlan late;  // a range planned at its turn (job_plan.h)
     for (const StagedRange& range : plan.ranges) {
-      if (absl::Status s = RunRange(range); !s.ok()) return s;
+      if (!range.planned) {
+        if (absl::Status s = PlanStagedRange(job_, plan, range, &late); !s.ok()) return s;
+      }
+      if (absl::Status s = RunRange(range, range.planned ? range.plan : late); !s.ok()) return s;
       if (range.layers_complete <= reported) continue;
       if (absl::Status s = JoinKernels(); !s.ok()) return s;
       for (; reported < range.layers_complete; ++reported) {
@@ -72,8 +76,7 @@ class StagedRun {
     return absl::OkStatus();
   }
 
-  absl::Status RunRange(const StagedRange& range) {
-    const StagedPlan& p = range.plan;
+  absl::Status RunRange(const StagedRange& range, const StagedPlan& p) {
     if (p.chunks.empty()) return absl::OkStatus();
     const JobPart& part = job_.parts[range.part];
     // Every mapping of this engine's jobs is one it opened.
@@ -89,15 +92,14 @@ class StagedRun {
     const auto* uploaded = static_cast<const CopyTile*>(*tiles);
     absl::Status status;
     for (size_t i = 0; i < p.chunks.size() && status.ok(); ++i) {
-      status = RunChunk(range, mapping, i, uploaded, &args);
+      status = RunChunk(range, p, mapping, i, uploaded, &args);
     }
     cudaFreeAsync(*tiles, lane_->kernel_stream);
     return status;
   }
 
-  absl::Status RunChunk(const StagedRange& range, const CudaMapping& mapping, size_t i,
-                        const CopyTile* tiles, CopyKernelArgs* args) {
-    const StagedPlan& p = range.plan;
+  absl::Status RunChunk(const StagedRange& range, const StagedPlan& p, const CudaMapping& mapping,
+                        size_t i, const CopyTile* tiles, CopyKernelArgs* args) {
     const StagedChunk& chunk = p.chunks[i];
     const Pool& pool = *job_.parts[range.part].pool;
     const int b = static_cast<int>(chunk_count_++ % 2);
@@ -193,7 +195,7 @@ absl::StatusOr<uint64_t> EnqueueStaged(const PathContext& context, CudaLane* lan
                                        const TransferJob& job, const StagedJobPlan* plan,
                                        std::vector<void*>* scratch, const LayerDone& layer_done) {
   // No plan: a job of no rows. No chunks: no layer held. Nothing to copy.
-  if (plan == nullptr || plan->chunks() == 0) return uint64_t{0};
+  if (plan == nullptr || plan->empty()) return uint64_t{0};
   return StagedRun(context, lane, job, scratch).Run(*plan, layer_done);
 }
 
