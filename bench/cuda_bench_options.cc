@@ -74,6 +74,9 @@ ABSL_FLAG(bool, quick, false,
           "GEMM worker only where cuBLAS is found.");
 ABSL_FLAG(bool, estimate, false, "Print the cases and the time estimate, then exit (no GPU used).");
 ABSL_FLAG(std::string, json_out, "", "Write the results as JSON to this file.");
+ABSL_FLAG(std::vector<std::string>, daemon_flags, {},
+          "More kvhostd flags for every daemon started, comma-separated (e.g. "
+          "--log-level=debug, with --daemon-logs, for the per-call timing lines).");
 ABSL_FLAG(std::string, daemon_logs, "",
           "Directory to keep each path's kvhostd log in (kvhostd-PATH.log: auto's path choices "
           "and their reasons); empty = not kept.");
@@ -291,6 +294,7 @@ absl::StatusOr<Options> OptionsFromFlags() {
   o.estimate_only = absl::GetFlag(FLAGS_estimate);
   o.json_out = absl::GetFlag(FLAGS_json_out);
   o.daemon_logs = absl::GetFlag(FLAGS_daemon_logs);
+  o.daemon_flags = absl::GetFlag(FLAGS_daemon_flags);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.staging_bytes = absl::GetFlag(FLAGS_staging_bytes);
   o.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);

@@ -73,6 +73,7 @@ struct Options {
   bool estimate_only = false;
   std::string json_out;
   std::string daemon_logs;
+  std::vector<std::string> daemon_flags;  // added to every kvhostd's flags
 };
 
 // "1G", "256M", "268435456": K/M/G/T are powers of 1024. INVALID_ARGUMENT

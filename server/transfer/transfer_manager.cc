@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -438,6 +440,7 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Submit(
     const Caller& caller, const std::string& attachment_id, Direction direction,
     absl::Span<const int64_t> host, absl::Span<const int64_t> device,
     const std::string& wait_event_handle, absl::Span<const EntryRows> pool_transfers) {
+  const absl::Time received = absl::Now();
   const std::string short_id = ShortId(attachment_id);
   absl::StatusOr<Target> target = FindTarget(caller, attachment_id, direction);
   if (!target.ok()) return target.status();
@@ -447,6 +450,7 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Submit(
   // Every pool's rows validated before anything is reserved or submitted.
   absl::StatusOr<TransferJob> job = BuildJob(*target, short_id, direction, *rows);
   if (!job.ok()) return job.status();
+  const absl::Time validated = absl::Now();
   job->wait_event_handle = wait_event_handle;
   bool components = false;  // some pool of the attachment has buffers to copy
   for (const AttachedPool& attached : target->pools) {
@@ -460,6 +464,7 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Submit(
       Reserve(attachment_id, *target, components, &*job);
   if (!reserved.ok()) return reserved.status();
   const std::shared_ptr<Ticket> ticket = *std::move(reserved);
+  const absl::Time prepared = absl::Now();
   if (job->layer_counters != nullptr) {
     // Whatever the engine did, a worker waiting on this load is released.
     ticket->OnDone([counters = job->layer_counters, set = static_cast<uint32_t>(job->event_set),
@@ -470,7 +475,14 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Submit(
   ticket->OnDone([this, ticket, bytes, direction, label = target->label] {
     Retire(ticket, bytes, direction, label);
   });
+  const uint64_t tokens = job->tokens();
   Launch(*std::move(job), ticket, copies, target->label);
+  // Where a transfer call's time goes (the time to a load's first layer
+  // includes all of it).
+  auto us = [](absl::Duration d) { return absl::ToInt64Microseconds(d); };
+  spdlog::debug("ticket {}: {} of {} tokens accepted in {} us (rows {} us, plan {} us, queue {} us)",
+                ticket->id(), DirectionName(direction), tokens, us(absl::Now() - received),
+                us(validated - received), us(prepared - validated), us(absl::Now() - prepared));
   return ticket;
 }
 
