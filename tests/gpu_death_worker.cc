@@ -16,18 +16,16 @@
 // attaches with 64 load event sets (MODE progress: with layer_progress, and
 // opens the load events and layer counters as a worker would), backs rows
 // [0, TOKENS) up into the slots and waits ("promised"). Then, never waiting
-// for a ticket:
-//   * unless WAIT_EVENT is "-", one backup waiting on that interprocess
-//     event (cudaIpcEventHandle_t bytes in hex, the test's, recorded behind a
-//     kernel the test holds): it cannot finish before the test lets it, and
-//     every backup after it waits behind it on kvhostd's backup lane;
-//   * then, in a loop, loads of the slots into rows [0, TOKENS) and backups
-//     of those rows into the slots (the same bytes either way), keeping up to
-//     BACKUPS backups and LOADS loads in flight; in MODE progress, each
-//     load's stream waits on its layer 0 as a forward pass would.
-// Once the waiting backup and LOADS loads are in flight it prints
-//   busy gated <ticket> load <ticket> attachment <id>
-// and goes on until it is killed. Output lines: "attached <id>", "slots
+// for a ticket: LOADS loads of the slots into rows [0, TOKENS) (in MODE
+// progress each load's stream waits on its layer 0, as a forward pass
+// would); unless WAIT_EVENT is "-", one backup waiting on that interprocess
+// event (cudaIpcEventHandle_t bytes in hex, the test's, recorded behind a
+// kernel the test holds): it cannot finish before the test lets it, and every
+// backup after it waits behind it on kvhostd's backup lane. It prints
+//   busy gated <ticket> load <the last load's ticket> attachment <id>
+// and then, in a loop, keeps up to LOADS loads and BACKUPS backups of the
+// rows into the slots (the same bytes either way) in flight until it is
+// killed. Output lines: "attached <id>", "slots
 // <first> <count>", "promised", "busy ...". Exit 2 for a failed call (its
 // status on stderr), 1 for bad arguments.
 #include <cuda_runtime_api.h>
@@ -44,8 +42,6 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "kvhost/client.h"
 #include "kvhost/cuda_export.h"
 
@@ -205,6 +201,23 @@ int main(int argc, char** argv) {
   Say("promised");
 
   std::deque<uint64_t> backups, loads;
+  absl::Status error;
+  // A load, and the stream's wait for its layer 0 in MODE progress.
+  auto load = [&]() -> absl::Status {
+    absl::StatusOr<kvhost::LoadTicket> t = c.LoadWithEvents(id, *slots, device_rows);
+    if (!t.ok()) return t.status();
+    loads.push_back(t->ticket_id);
+    // A forward pass's wait for layer 0 of this load on its own stream.
+    if (events != nullptr) return events->WaitLayer(*t, 0, stream);
+    return absl::OkStatus();
+  };
+  // The loads' queue filled first, then the backup behind the test's
+  // event, and "busy" at once: while that backup waits, any call of
+  // kvhostd's that synchronises its whole device (cudaFree does) waits too,
+  // and the test must not depend on the loop below getting anywhere.
+  for (size_t i = 0; i < args.loads; ++i) {
+    if (absl::Status s = load(); !s.ok()) return Fail("Load", s);
+  }
   uint64_t gated = 0;
   if (!args.wait_event.empty()) {
     absl::StatusOr<uint64_t> t = c.Backup(id, *slots, device_rows, args.wait_event);
@@ -212,33 +225,13 @@ int main(int argc, char** argv) {
     gated = *t;
     backups.push_back(gated);
   }
-  bool announced = false;
-  const absl::Time looping = absl::Now();
-  absl::Status error;
+  Say(absl::StrCat("busy gated ", gated, " load ", loads.back(), " attachment ", id));
   while (true) {
     if (!Retire(c, &backups, &error)) return Fail("PollTransfer of a backup", error);
     if (!Retire(c, &loads, &error)) return Fail("PollTransfer of a load", error);
-    // Retire stopped at the front tickets: in flight now. Said once the
-    // loads fill their queue (or, where they finish faster than this loop
-    // submits them, after a while), so that the test kills a worker with the
-    // most work queued on its memory.
-    const bool full =
-        loads.size() == args.loads || (!loads.empty() && absl::Now() - looping > absl::Seconds(2));
-    if (!announced && full && (gated == 0 || (!backups.empty() && backups.front() == gated))) {
-      announced = true;
-      Say(absl::StrCat("busy gated ", gated, " load ", loads.front(), " attachment ", id));
-    }
     bool submitted = false;
     if (loads.size() < args.loads) {
-      absl::StatusOr<kvhost::LoadTicket> t = c.LoadWithEvents(id, *slots, device_rows);
-      if (!t.ok()) return Fail("Load", t.status());
-      loads.push_back(t->ticket_id);
-      if (events != nullptr) {
-        // A forward pass's wait for layer 0 of this load on its own stream.
-        if (absl::Status s = events->WaitLayer(*t, 0, stream); !s.ok()) {
-          return Fail("LoadEvents::WaitLayer", s);
-        }
-      }
+      if (absl::Status s = load(); !s.ok()) return Fail("Load", s);
       submitted = true;
     }
     if (backups.size() < args.backups) {

@@ -11,16 +11,20 @@
 // Timing, so that a fast machine cannot make the test pass without the
 // copies really outliving the worker: the test holds its own GPU stream in a
 // kernel that spins until the test sets a flag, records an interprocess
-// event behind it, and gives the worker that event. The worker's first
-// backup in its loop waits on the event (BackupRequest.wait_event_handle),
-// so that backup, and every backup queued behind it on kvhostd's backup
-// lane, cannot start before the test lets it. The worker keeps loads queued
-// too (loads wait on nothing; whether some were still running once the
-// worker was reaped is printed, not checked). After the kill and the reap
-// (the worker's CUDA context is gone then), the waiting backup must still be
-// in flight; the test checks that the session closed and the attachment is
-// gone while it is, then opens the gate: the backups copy from the dead
-// worker's memory, and the host slots must hold its bytes afterwards.
+// event behind it, and gives the worker that event. The worker queues its
+// loads (8 of 1 GiB; whether some were still running once the worker was
+// reaped is printed, not checked: loads wait on nothing), then a backup that
+// waits on the event (BackupRequest.wait_event_handle): that backup, and
+// every backup queued behind it on kvhostd's backup lane, cannot start
+// before the test lets it. The worker says so right after that backup's
+// call returns: while the gate holds one of kvhostd's streams, a call of
+// kvhostd's that synchronises its whole device (cudaFree does) waits too,
+// so nothing of the test may depend on the worker getting further. After
+// the kill and the reap (the worker's CUDA context is gone then), the
+// waiting backup must still be in flight; the test checks that the session
+// closed and the attachment is gone while it is, then opens the gate: the
+// backups copy from the dead worker's memory, and the host slots must hold
+// its bytes afterwards.
 //
 // Then: the daemon serves (a new client attaches anew and round-trips bytes
 // exactly through the same pool), every ticket of the dead worker finished
