@@ -15,7 +15,8 @@ what=${2:-all}
 shift $(( $# >= 2 ? 2 : 1 ))
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/bundle/lib KVHOST_KVHOSTD=$PWD/bundle/bin/kvhostd \
-  KVHOST_SESSION_WORKER=$PWD/bundle/bin/kvhost_session_worker
+  KVHOST_SESSION_WORKER=$PWD/bundle/bin/kvhost_session_worker \
+  KVHOST_GPU_DEATH_WORKER=$PWD/bundle/bin/kvhost_gpu_death_worker
 if [ -z "${KVHOST_CUBLAS:-}" ]; then
   sites="$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)"
   # shellcheck disable=SC2086  # globs and a word list, on purpose
@@ -43,6 +44,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   run copy_plan_test bundle/bin/copy_plan_test
   run layout_gpu_test bundle/bin/layout_gpu_test
   run cuda_engine_gpu_test bundle/bin/cuda_engine_gpu_test
+  [ -x bundle/bin/worker_death_gpu_test ] && run worker_death_gpu_test bundle/bin/worker_death_gpu_test
   run integration_test bundle/bin/integration_test
   [ -x bundle/bin/kinds_integration_test ] && run kinds_integration_test bundle/bin/kinds_integration_test
   [ -x bundle/bin/groups_integration_test ] && run groups_integration_test bundle/bin/groups_integration_test

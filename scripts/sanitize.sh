@@ -43,7 +43,7 @@ case "$mode" in
     # un-sanitized link cannot resolve. It checks packaging, not memory.
     exclude='^package_consumer$'
     targets=(kvhostd kvhostctl kvhost_tests_unit kvhost_tests_integration kvhost_tests_concurrency
-             spec_fuzz allocator_fuzz layout_fuzz service_fuzz transfer_fuzz)
+             spec_fuzz allocator_fuzz layout_fuzz service_fuzz transfer_fuzz handoff_fuzz)
     # libFuzzer comes with clang only; the fuzz targets need it, and one
     # compiler for the tests and the fuzzers makes this a single build.
     compilers=(CC=clang CXX=clang++)

@@ -29,6 +29,14 @@ __global__ void Spin(long long cycles) {
   }
 }
 
+// Reads the host word each time round: the host's store reaches it over the
+// bus, so no fence is needed on this side.
+__global__ void WaitFlag(const volatile uint32_t* flag, long long max_cycles) {
+  const long long start = clock64();
+  while (*flag == 0 && clock64() - start < max_cycles) {
+  }
+}
+
 __global__ void FillPattern(uint8_t* dst, uint64_t bytes, uint32_t seed) {
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < bytes; i += stride) {
@@ -46,6 +54,12 @@ cudaError_t LaunchCopyRows(void* dst, const void* src, uint64_t bytes, cudaStrea
 
 cudaError_t LaunchSpin(long long cycles, cudaStream_t stream) {
   Spin<<<1, 1, 0, stream>>>(cycles);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchWaitFlag(const volatile uint32_t* flag, long long max_cycles,
+                           cudaStream_t stream) {
+  WaitFlag<<<1, 1, 0, stream>>>(flag, max_cycles);
   return cudaGetLastError();
 }
 

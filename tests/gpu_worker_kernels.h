@@ -19,6 +19,13 @@ cudaError_t LaunchCopyRows(void* dst, const void* src, uint64_t bytes, cudaStrea
 // stream busy for a known time without touching memory.
 cudaError_t LaunchSpin(long long cycles, cudaStream_t stream);
 
+// Busy-waits in one thread until *flag (mapped pinned host memory, as the
+// device sees it) is not zero, or `max_cycles` SM clock cycles passed (a
+// bound, so that a test that fails before it sets the flag frees the GPU):
+// holds everything queued behind it on `stream` until the host says so.
+cudaError_t LaunchWaitFlag(const volatile uint32_t* flag, long long max_cycles,
+                           cudaStream_t stream);
+
 // Writes PatternByte(seed, i) to dst[i] for i in [0, bytes).
 cudaError_t LaunchFillPattern(void* dst, uint64_t bytes, uint32_t seed, cudaStream_t stream);
 

@@ -39,73 +39,22 @@
 #include "gtest/gtest.h"
 #include "http_test_util.h"
 #include "kvhost/client.h"
+#include "metrics_test_util.h"
 
 namespace kvhost {
 namespace {
 
 using ::kvhost::testing::FillRandomNonZero;
+using ::kvhost::testing::HttpGet;
 using ::kvhost::testing::MakeSpec;
+using ::kvhost::testing::MetricsPort;
 using ::kvhost::testing::Range;
+using ::kvhost::testing::Scrape;
+using ::kvhost::testing::ScrapeMetrics;
+using ::kvhost::testing::SeriesValue;
 using ::kvhost::testing::TestDaemon;
 
 constexpr absl::Duration kWait = absl::Seconds(30);
-
-// The port from the daemon's "metrics on http://127.0.0.1:PORT/metrics" line
-// (written before health says SERVING, so present once TestDaemon::Start
-// returns; polled briefly all the same). 0 if not found.
-int MetricsPort(const TestDaemon& daemon) {
-  const std::string marker = "metrics on http://127.0.0.1:";
-  for (int i = 0; i < 100; ++i) {
-    const std::string log = daemon.Log();
-    const size_t at = log.find(marker);
-    if (at != std::string::npos) {
-      const size_t start = at + marker.size();
-      const size_t end = log.find('/', start);
-      int port = 0;
-      if (end != std::string::npos && absl::SimpleAtoi(log.substr(start, end - start), &port)) {
-        return port;
-      }
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return 0;
-}
-
-// One HTTP/1.1 request on a connection of its own; the whole response, or
-// "connect failed".
-std::string HttpGet(int port, const std::string& path, const std::string& method = "GET") {
-  return ::kvhost::testing::HttpExchange(
-      port,
-      absl::StrCat(method, " ", path,
-                   " HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: */*\r\nConnection: close\r\n\r\n"));
-}
-
-// Series (name plus labels, as exposed) -> value.
-using Scrape = std::map<std::string, double>;
-
-Scrape ScrapeMetrics(int port, std::string* raw = nullptr) {
-  const std::string response = HttpGet(port, "/metrics");
-  EXPECT_TRUE(absl::StartsWith(response, "HTTP/1.1 200 OK\r\n")) << response;
-  EXPECT_TRUE(absl::StrContains(response, "Content-Type: text/plain; version=0.0.4"));
-  const size_t body = response.find("\r\n\r\n");
-  Scrape out;
-  if (body == std::string::npos) return out;
-  if (raw != nullptr) *raw = response.substr(body + 4);
-  for (absl::string_view line : absl::StrSplit(response.substr(body + 4), '\n')) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t sp = line.rfind(' ');
-    double value = 0;
-    EXPECT_TRUE(sp != absl::string_view::npos && absl::SimpleAtod(line.substr(sp + 1), &value))
-        << line;
-    out[std::string(line.substr(0, sp))] = value;
-  }
-  return out;
-}
-
-double Get(const Scrape& s, const std::string& series) {
-  auto it = s.find(series);
-  return it == s.end() ? 0 : it->second;
-}
 
 TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
   absl::StatusOr<std::unique_ptr<TestDaemon>> started =
@@ -123,12 +72,12 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
   EXPECT_TRUE(absl::EndsWith(head, "\r\n\r\n")) << "HEAD sent a body: " << head;
 
   const Scrape empty = ScrapeMetrics(port);
-  EXPECT_EQ(Get(empty, "kvhost_pools"), 0);
-  EXPECT_EQ(Get(empty, "kvhost_memory_used_bytes"), 0);
-  EXPECT_GT(Get(empty, "kvhost_memory_available_bytes"), 0);
+  EXPECT_EQ(SeriesValue(empty, "kvhost_pools"), 0);
+  EXPECT_EQ(SeriesValue(empty, "kvhost_memory_used_bytes"), 0);
+  EXPECT_GT(SeriesValue(empty, "kvhost_memory_available_bytes"), 0);
   EXPECT_EQ(empty.count("kvhost_memory_limit_bytes"), 0u) << "no --memory-limit, no sample";
-  EXPECT_EQ(Get(empty, "kvhost_sessions"), 0);
-  EXPECT_EQ(Get(empty, "kvhost_attachments"), 0);
+  EXPECT_EQ(SeriesValue(empty, "kvhost_sessions"), 0);
+  EXPECT_EQ(SeriesValue(empty, "kvhost_attachments"), 0);
   int build_info = 0;
   for (const auto& [series, value] : empty) {
     if (!absl::StartsWith(series, "kvhost_build_info{")) continue;
@@ -138,12 +87,12 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
     EXPECT_TRUE(absl::StrContains(series, ",backend=\"host\",instance=\"")) << series;
   }
   EXPECT_EQ(build_info, 1);
-  EXPECT_GT(Get(empty, "process_cpu_seconds_total"), 0);
-  EXPECT_GT(Get(empty, "process_resident_memory_bytes"), 1 << 20);
-  EXPECT_GT(Get(empty, "process_open_fds"), 3);
+  EXPECT_GT(SeriesValue(empty, "process_cpu_seconds_total"), 0);
+  EXPECT_GT(SeriesValue(empty, "process_resident_memory_bytes"), 1 << 20);
+  EXPECT_GT(SeriesValue(empty, "process_open_fds"), 3);
   const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-  EXPECT_GT(Get(empty, "process_start_time_seconds"), now - 120);
-  EXPECT_LE(Get(empty, "process_start_time_seconds"), now + 1);
+  EXPECT_GT(SeriesValue(empty, "process_start_time_seconds"), now - 120);
+  EXPECT_LE(SeriesValue(empty, "process_start_time_seconds"), now + 1);
 
   absl::StatusOr<v1::Pool> pool = client.CreatePool("p", MakeSpec(v1::MHA, v1::PAGE_FIRST, 4, 32));
   ASSERT_TRUE(pool.ok()) << pool.status();
@@ -155,8 +104,8 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
     ASSERT_EQ(created.count(series), 1u) << series;
     EXPECT_EQ(created.at(series), 0) << series;
   }
-  EXPECT_EQ(Get(created, "kvhost_pools"), 1);
-  EXPECT_GE(Get(created, "kvhost_memory_used_bytes"), static_cast<double>(pool->bytes()));
+  EXPECT_EQ(SeriesValue(created, "kvhost_pools"), 1);
+  EXPECT_GE(SeriesValue(created, "kvhost_memory_used_bytes"), static_cast<double>(pool->bytes()));
   ASSERT_TRUE(client.Alloc("p", 16).ok());
   absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
       ShmDevicePool::Create(*pool, 16, daemon.shm_dir());
@@ -168,13 +117,14 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
 
   const Scrape before = ScrapeMetrics(port);
   const std::string p = "{pool=\"p\"}";
-  EXPECT_EQ(Get(before, "kvhost_pool_capacity_tokens" + p), 32);
-  EXPECT_EQ(Get(before, "kvhost_pool_capacity_bytes" + p), static_cast<double>(pool->bytes()));
-  EXPECT_EQ(Get(before, "kvhost_pool_used_tokens" + p), 16);
-  EXPECT_EQ(Get(before, "kvhost_pool_available_tokens" + p), 16);
-  EXPECT_EQ(Get(before, "kvhost_pool_attachments" + p), 1);
-  EXPECT_EQ(Get(before, "kvhost_pool_alloc_calls_total" + p), 1);
-  EXPECT_EQ(Get(before, "kvhost_attachments"), 1);
+  EXPECT_EQ(SeriesValue(before, "kvhost_pool_capacity_tokens" + p), 32);
+  EXPECT_EQ(SeriesValue(before, "kvhost_pool_capacity_bytes" + p),
+            static_cast<double>(pool->bytes()));
+  EXPECT_EQ(SeriesValue(before, "kvhost_pool_used_tokens" + p), 16);
+  EXPECT_EQ(SeriesValue(before, "kvhost_pool_available_tokens" + p), 16);
+  EXPECT_EQ(SeriesValue(before, "kvhost_pool_attachments" + p), 1);
+  EXPECT_EQ(SeriesValue(before, "kvhost_pool_alloc_calls_total" + p), 1);
+  EXPECT_EQ(SeriesValue(before, "kvhost_attachments"), 1);
 
   // The work: one more Alloc, a backup of 8 rows, a load of them back, an
   // Alloc on a pool that does not exist, and a Free.
@@ -194,12 +144,12 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
   const Scrape after = ScrapeMetrics(port, &text);
   SCOPED_TRACE(text);
   const auto delta = [&](const std::string& series) {
-    return Get(after, series) - Get(before, series);
+    return SeriesValue(after, series) - SeriesValue(before, series);
   };
   EXPECT_EQ(delta("kvhost_pool_alloc_calls_total" + p), 2);
   EXPECT_EQ(delta("kvhost_pool_alloc_failures_total" + p), 1);
   EXPECT_EQ(delta("kvhost_pool_free_calls_total" + p), 1);
-  EXPECT_EQ(Get(after, "kvhost_pool_used_tokens" + p), 16);
+  EXPECT_EQ(SeriesValue(after, "kvhost_pool_used_tokens" + p), 16);
 
   const uint64_t bytes = 8 * pool->bytes_per_token();
   EXPECT_EQ(backup_done->bytes(), bytes);
@@ -215,11 +165,11 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
   EXPECT_EQ(delta("kvhost_transfer_duration_seconds_count" + backup_labels), 1);
   EXPECT_EQ(delta("kvhost_transfer_duration_seconds_count" + load_labels), 1);
   EXPECT_GT(delta("kvhost_transfer_duration_seconds_sum" + backup_labels), 0);
-  EXPECT_EQ(Get(after,
-                "kvhost_transfer_duration_seconds_bucket{pool=\"p\",direction=\"backup\","
-                "path=\"host-memcpy\",le=\"+Inf\"}"),
-            Get(after, "kvhost_transfer_duration_seconds_count" + backup_labels));
-  EXPECT_EQ(Get(after, "kvhost_transfer_tickets_in_flight"), 0);
+  EXPECT_EQ(SeriesValue(after,
+                        "kvhost_transfer_duration_seconds_bucket{pool=\"p\",direction=\"backup\","
+                        "path=\"host-memcpy\",le=\"+Inf\"}"),
+            SeriesValue(after, "kvhost_transfer_duration_seconds_count" + backup_labels));
+  EXPECT_EQ(SeriesValue(after, "kvhost_transfer_tickets_in_flight"), 0);
 
   const std::string alloc = "method=\"kvhost.v1.PoolService/Alloc\"";
   EXPECT_EQ(delta("kvhost_rpc_requests_total{" + alloc + ",code=\"OK\"}"), 1);
@@ -229,9 +179,9 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
   EXPECT_EQ(delta("kvhost_rpc_requests_total{method=\"kvhost.v1.TransferService/Backup\","
                   "code=\"OK\"}"),
             1);
-  EXPECT_GE(Get(after,
-                "kvhost_rpc_requests_total{method=\"kvhost.v1.PoolService/CreatePool\","
-                "code=\"OK\"}"),
+  EXPECT_GE(SeriesValue(after,
+                        "kvhost_rpc_requests_total{method=\"kvhost.v1.PoolService/CreatePool\","
+                        "code=\"OK\"}"),
             1);
 
   // A deleted pool's series go, gauges, counters and histograms alike.
@@ -240,8 +190,8 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
   std::string gone_text;
   const Scrape gone = ScrapeMetrics(port, &gone_text);
   EXPECT_FALSE(absl::StrContains(gone_text, "pool=\"p\"")) << gone_text;
-  EXPECT_EQ(Get(gone, "kvhost_pools"), 0);
-  EXPECT_EQ(Get(gone, "kvhost_attachments"), 0);
+  EXPECT_EQ(SeriesValue(gone, "kvhost_pools"), 0);
+  EXPECT_EQ(SeriesValue(gone, "kvhost_attachments"), 0);
 
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
@@ -290,15 +240,15 @@ TEST(MetricsIntegrationTest, ATransferInFlightShowsDuringTheScrape) {
     if (!polled->done()) {
       // Accepted before the scrape, not finished after it: in flight during it.
       seen_in_flight = true;
-      EXPECT_EQ(Get(during, "kvhost_transfer_tickets_in_flight"), 1);
-      EXPECT_EQ(Get(during, "kvhost_transfer_bytes_total" + labels),
-                Get(before, "kvhost_transfer_bytes_total" + labels));
+      EXPECT_EQ(SeriesValue(during, "kvhost_transfer_tickets_in_flight"), 1);
+      EXPECT_EQ(SeriesValue(during, "kvhost_transfer_bytes_total" + labels),
+                SeriesValue(before, "kvhost_transfer_bytes_total" + labels));
     }
     ASSERT_TRUE(client.WaitTransfer(*ticket, kWait).ok());
     const Scrape after = ScrapeMetrics(port);
-    EXPECT_EQ(Get(after, "kvhost_transfer_tickets_in_flight"), 0);
-    EXPECT_EQ(Get(after, "kvhost_transfer_bytes_total" + labels) -
-                  Get(before, "kvhost_transfer_bytes_total" + labels),
+    EXPECT_EQ(SeriesValue(after, "kvhost_transfer_tickets_in_flight"), 0);
+    EXPECT_EQ(SeriesValue(after, "kvhost_transfer_bytes_total" + labels) -
+                  SeriesValue(before, "kvhost_transfer_bytes_total" + labels),
               static_cast<double>(bytes));
   }
   EXPECT_TRUE(seen_in_flight) << "five backups of " << bytes

@@ -5,9 +5,7 @@
 // and reports what was lost; SIGTERM's drain is bounded; session errors.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +13,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -28,6 +25,7 @@
 #include "daemon_fixture.h"
 #include "gtest/gtest.h"
 #include "kvhost/client.h"
+#include "worker_process.h"
 
 namespace kvhost::testing {
 namespace {
@@ -35,75 +33,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr absl::Duration kWait = absl::Seconds(30);
-
-// A kvhost_session_worker child with its stdout on a pipe.
-class Worker {
- public:
-  explicit Worker(const std::vector<std::string>& args) {
-    int fds[2];
-    if (::pipe(fds) != 0) return;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      ::dup2(fds[1], 1);
-      ::close(fds[0]);
-      ::close(fds[1]);
-      std::vector<std::string> copy = args;
-      std::vector<char*> argv;
-      for (std::string& a : copy) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      std::perror("execv kvhost_session_worker");
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    out_ = fds[0];
-  }
-  ~Worker() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (out_ >= 0) ::close(out_);
-  }
-
-  // Reads stdout until a line starting with `prefix` (returned) or EOF /
-  // `timeout` ("" then; all output so far in output()).
-  std::string WaitFor(const std::string& prefix, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      size_t start = 0;
-      for (size_t nl; (nl = output_.find('\n', start)) != std::string::npos; start = nl + 1) {
-        std::string line = output_.substr(start, nl - start);
-        if (absl::StartsWith(line, prefix) && seen_.insert(start).second) return line;
-      }
-      const int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-      if (left <= 0) return "";
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, left) <= 0) return "";
-      char buf[4096];
-      const ssize_t n = ::read(out_, buf, sizeof(buf));
-      if (n <= 0) return "";
-      output_.append(buf, static_cast<size_t>(n));
-    }
-  }
-  // Exit status (or 128 + signal) once it ends.
-  int Wait() {
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  void Kill() { ::kill(pid_, SIGKILL); }
-  pid_t pid() const { return pid_; }
-  const std::string& output() const { return output_; }
-
- private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-  std::string output_;
-  std::set<size_t> seen_;
-};
 
 // $KVHOST_SESSION_WORKER when set (a bundle run elsewhere than where it was
 // built, as scripts/gpu_run.sh does), else the one this build made.
@@ -140,7 +69,7 @@ TEST(SessionTest, KilledWorkerIsCleanedUpWithinTheTimeoutAndItsBackupsSurvive) {
   ASSERT_EQ(slots->front(), 0);
   ASSERT_EQ(slots->back(), kCount - 1);
 
-  Worker worker(WorkerArgs(d, "kv", "backup", 0, kCount));
+  WorkerProcess worker(WorkerArgs(d, "kv", "backup", 0, kCount));
   ASSERT_NE(worker.WaitFor("attached", kWait), "") << worker.output() << d.Log();
   absl::StatusOr<v1::DaemonStatus> status = c.GetStatus();
   ASSERT_TRUE(status.ok()) << status.status();
@@ -186,7 +115,7 @@ TEST(SessionTest, KilledWorkerIsCleanedUpWithinTheTimeoutAndItsBackupsSurvive) {
   EXPECT_EQ(pool->available_tokens(), pool->size_tokens() - kCount);
   EXPECT_EQ(pool->attachments(), 0u);
   // ... and a new worker loads what the dead one backed up.
-  Worker next(WorkerArgs(d, "kv", "verify", 0, kCount));
+  WorkerProcess next(WorkerArgs(d, "kv", "verify", 0, kCount));
   const std::string verified = next.WaitFor("verified", kWait);
   EXPECT_EQ(next.Wait(), 0) << next.output() << d.Log();
   EXPECT_EQ(verified, absl::StrCat("verified ", kCount * 8 * 2 * 1024));

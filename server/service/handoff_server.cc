@@ -175,6 +175,30 @@ void HandoffServer::Loop() {
   for (const Waiting& w : waiting) ::close(w.fd);
 }
 
+absl::Status DecodeHandoffRequest(absl::string_view received, size_t length,
+                                  v1::HandoffRequest* request) {
+  if (length == 0) return absl::InvalidArgumentError("the connection closed without a request");
+  if (length > kMaxHandoffRequestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request of ", length, " bytes is over the limit of ", kMaxHandoffRequestBytes));
+  }
+  if (!request->ParseFromArray(received.data(), static_cast<int>(received.size()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request of ", length, " bytes is not a kvhost.v1.HandoffRequest"));
+  }
+  if (request->kind() == v1::HANDOFF_KIND_UNSPECIFIED) {
+    return absl::InvalidArgumentError("request names no kind (HandoffRequest.kind)");
+  }
+  return absl::OkStatus();
+}
+
+Caller HandoffCaller(const v1::HandoffRequest& request) {
+  Caller caller;
+  caller.sessions.assign(request.session_ids().begin(), request.session_ids().end());
+  if (!request.owner_token().empty()) caller.token = request.owner_token();
+  return caller;
+}
+
 absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* request) {
   // One byte more than the limit, and no room for control messages (a
   // descriptor a client sends us is closed by the kernel, never received).
@@ -188,19 +212,12 @@ absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* requ
     return absl::InvalidArgumentError(
         absl::StrCat("cannot read the request: ", std::strerror(errno)));
   }
-  if (n == 0) return absl::InvalidArgumentError("the connection closed without a request");
-  if (static_cast<size_t>(n) > kMaxHandoffRequestBytes || (msg.msg_flags & MSG_TRUNC) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request of ", n, " bytes is over the limit of ", kMaxHandoffRequestBytes));
-  }
-  if (!request->ParseFromArray(buffer.data(), static_cast<int>(n))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request of ", n, " bytes is not a kvhost.v1.HandoffRequest"));
-  }
-  if (request->kind() == v1::HANDOFF_KIND_UNSPECIFIED) {
-    return absl::InvalidArgumentError("request names no kind (HandoffRequest.kind)");
-  }
-  return absl::OkStatus();
+  // With MSG_TRUNC the count is the message's whole length; a message the
+  // kernel cut is longer than the buffer in any case.
+  size_t length = static_cast<size_t>(n);
+  if ((msg.msg_flags & MSG_TRUNC) != 0) length = std::max(length, buffer.size() + 1);
+  return DecodeHandoffRequest(absl::string_view(buffer.data(), std::min(length, buffer.size())),
+                              length, request);
 }
 
 void HandoffServer::Serve(int connection, const std::string& peer, absl::Status refusal) {
@@ -210,10 +227,8 @@ void HandoffServer::Serve(int connection, const std::string& peer, absl::Status 
   absl::Status status = refusal.ok() ? ReadRequest(connection, &request) : std::move(refusal);
   HandoffItem item;
   if (status.ok()) {
-    Caller caller;
-    caller.sessions.assign(request.session_ids().begin(), request.session_ids().end());
-    if (!request.owner_token().empty()) caller.token = request.owner_token();
-    absl::StatusOr<HandoffItem> found = source_(caller, request.attachment_id(), request.kind());
+    absl::StatusOr<HandoffItem> found =
+        source_(HandoffCaller(request), request.attachment_id(), request.kind());
     if (found.ok()) {
       item = *std::move(found);
     } else {

@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kvhost/v1/transfer.pb.h"
 #include "server/transfer/caller.h"
@@ -67,6 +68,21 @@ using HandoffSource = std::function<absl::StatusOr<HandoffItem>(
 // `manager` must outlive the source.
 HandoffSource TransferHandoffSource(const TransferManager* manager);
 
+// The request of one handoff connection, decoded and checked without a
+// socket: `received` the bytes that arrived (at most the first
+// kMaxHandoffRequestBytes + 1 of the message), `length` the message's whole
+// length (recvmsg's count with MSG_TRUNC). INVALID_ARGUMENT naming why it is
+// no request: none (length 0), over kMaxHandoffRequestBytes, not a
+// kvhost.v1.HandoffRequest, or naming no kind; `request` is then not to be
+// used. REQUIRES: received.size() == min(length, kMaxHandoffRequestBytes + 1).
+// Pure; thread-safe.
+absl::Status DecodeHandoffRequest(absl::string_view received, size_t length,
+                                  v1::HandoffRequest* request);
+
+// Who a decoded request says it is (server/transfer/caller.h): its session
+// ids, and its owner token when it gives one.
+Caller HandoffCaller(const v1::HandoffRequest& request);
+
 class HandoffServer {
  public:
   // Listens on the unix socket `path` and starts serving. REQUIRES: `path`
@@ -91,8 +107,9 @@ class HandoffServer {
   // One connection whose request is readable (or `refusal`, when not OK:
   // it came too late): read, looked up, answered.
   void Serve(int connection, const std::string& peer, absl::Status refusal);
-  // The request of `connection` decoded into `request` without waiting;
-  // INVALID_ARGUMENT naming why it cannot be.
+  // The request of `connection` read without waiting and decoded into
+  // `request` (DecodeHandoffRequest); INVALID_ARGUMENT naming why it cannot
+  // be.
   static absl::Status ReadRequest(int connection, v1::HandoffRequest* request);
 
   std::string path_;
