@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "domain_test_util.h"
 
 namespace kvhost {
@@ -93,6 +94,27 @@ TEST(CheckNoOverlapTest, FindsRepeatedDestinations) {
   // Exactly the same slot twice.
   s = CheckNoOverlap({{3, 0, 1}, {3, 1, 1}}, true, "host slot");
   EXPECT_THAT(Msg(s), HasSubstr("host slot 3"));
+}
+
+TEST(CheckNoOverlapTest, EveryStrategyFindsTheSameSlot) {
+  // In order (one pass), scattered over a small range (bitmap), scattered
+  // over a range far larger than the slots written (sort).
+  EXPECT_THAT(Msg(CheckNoOverlap({{0, 0, 4}, {3, 9, 2}}, true, "host slot")),
+              HasSubstr("host slot 3 "));
+  EXPECT_THAT(Msg(CheckNoOverlap({{10, 0, 4}, {2, 4, 4}, {12, 8, 1}}, true, "host slot")),
+              HasSubstr("host slot 12 "));
+  EXPECT_THAT(Msg(CheckNoOverlap({{1000000, 0, 2}, {5, 2, 1}, {1000001, 3, 1}}, true, "host slot")),
+              HasSubstr("host slot 1000001 "));
+  EXPECT_TRUE(
+      CheckNoOverlap({{1000000, 0, 2}, {5, 2, 1}, {1000002, 3, 1}}, true, "host slot").ok());
+  EXPECT_TRUE(CheckNoOverlap({{10, 0, 4}, {2, 4, 4}, {14, 8, 1}}, true, "host slot").ok());
+  // A page-1 load's device rows: every row of a range once, shuffled.
+  std::vector<IndexRun> rows;
+  for (uint64_t i = 0; i < 4096; ++i) rows.push_back({i, (i * 2654435761u) % 4096, 1});
+  EXPECT_TRUE(CheckNoOverlap(rows, false, "device row").ok());
+  rows.push_back({4096, rows[77].device, 1});
+  EXPECT_THAT(Msg(CheckNoOverlap(rows, false, "device row")),
+              HasSubstr(absl::StrCat("device row ", rows[77].device, " ")));
 }
 
 }  // namespace

@@ -69,8 +69,9 @@ struct KvLayout {
   // `plane`, from the buffer's base.
   // REQUIRES: plane < planes, token < tokens, layer < layers, head < heads.
   KVHOST_HD uint64_t Offset(uint64_t plane, uint64_t token, uint64_t layer, uint64_t head) const {
-    const uint64_t p = token / page_size;
-    const uint64_t o = token % page_size;
+    // The page and the slot in it only where the layout needs them: two
+    // 64-bit divisions are most of this function's cost, and the planners
+    // call it per piece.
     uint64_t off = 0;
     switch (kind) {
       case LayoutKind::kLayerFirst:
@@ -79,12 +80,18 @@ struct KvLayout {
       case LayoutKind::kPageFirst:
         off = (token * layers + layer) * token_bytes + head * head_bytes;
         break;
-      case LayoutKind::kPageFirstDirect:
+      case LayoutKind::kPageFirstDirect: {
+        const uint64_t p = token / page_size;
+        const uint64_t o = token - p * page_size;
         off = ((p * layers + layer) * page_size + o) * token_bytes + head * head_bytes;
         break;
-      case LayoutKind::kPageHead:
+      }
+      case LayoutKind::kPageHead: {
+        const uint64_t p = token / page_size;
+        const uint64_t o = token - p * page_size;
         off = (((p * heads + head) * page_size + o) * layers + layer) * head_bytes;
         break;
+      }
     }
     return plane * plane_bytes + off;
   }

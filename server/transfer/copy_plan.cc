@@ -51,8 +51,10 @@ std::vector<IndexRun> HostSorted(const std::vector<IndexRun>& runs) {
   for (const IndexRun& run : runs) {
     if (run.count > 0) sorted.push_back(run);
   }
-  std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const IndexRun& a, const IndexRun& b) { return a.host < b.host; });
+  auto by_host = [](const IndexRun& a, const IndexRun& b) { return a.host < b.host; };
+  if (!std::is_sorted(sorted.begin(), sorted.end(), by_host)) {
+    std::stable_sort(sorted.begin(), sorted.end(), by_host);
+  }
   std::vector<IndexRun> out;
   out.reserve(sorted.size());
   for (const IndexRun& run : sorted) {
@@ -572,6 +574,13 @@ absl::Status PlanStaged(const std::vector<LayoutGroup>& groups, const std::vecto
   const std::vector<IndexRun> sorted = HostSorted(runs);
   const std::vector<IndexRun> sorted_pages = HostSorted(page_runs);
   const uint64_t n = layer_end - layer_begin;
+  // A tile per run and plane at least (LAYER_FIRST: exactly, within a
+  // chunk); growing the vector instead was 40 % of a page-1 plan's time.
+  size_t tiles = 0;
+  for (const LayoutGroup& g : groups) {
+    tiles += g.layout.planes * RunsOf(g, sorted, sorted_pages).size();
+  }
+  plan->tiles.reserve(tiles);
   for (size_t g = 0; g < groups.size(); ++g) {
     builder.SetGroup(static_cast<uint32_t>(g), &groups[g]);
     const std::vector<IndexRun>& group_runs = RunsOf(groups[g], sorted, sorted_pages);

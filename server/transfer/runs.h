@@ -43,7 +43,7 @@ std::vector<IndexRun> PageRuns(const std::vector<IndexRun>& runs, uint64_t page_
 
 // Checks that no two runs write the same destination slot (host slots for a
 // backup, device rows for a load); INVALID_ARGUMENT naming the slot otherwise.
-absl::Status CheckNoOverlap(std::vector<IndexRun> runs, bool host_side, const char* what);
+absl::Status CheckNoOverlap(const std::vector<IndexRun>& runs, bool host_side, const char* what);
 
 }  // namespace kvhost
 

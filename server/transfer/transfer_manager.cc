@@ -480,9 +480,10 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Submit(
   // Where a transfer call's time goes (the time to a load's first layer
   // includes all of it).
   auto us = [](absl::Duration d) { return absl::ToInt64Microseconds(d); };
-  spdlog::debug("ticket {}: {} of {} tokens accepted in {} us (rows {} us, plan {} us, queue {} us)",
-                ticket->id(), DirectionName(direction), tokens, us(absl::Now() - received),
-                us(validated - received), us(prepared - validated), us(absl::Now() - prepared));
+  spdlog::debug(
+      "ticket {}: {} of {} tokens accepted in {} us (rows {} us, plan {} us, queue {} us)",
+      ticket->id(), DirectionName(direction), tokens, us(absl::Now() - received),
+      us(validated - received), us(prepared - validated), us(absl::Now() - prepared));
   return ticket;
 }
 
