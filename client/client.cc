@@ -530,6 +530,28 @@ absl::StatusOr<LoadTicket> Client::LoadWithEvents(
   return LoadTicket{response.id(), response.event_set(), response.layer_base()};
 }
 
+absl::StatusOr<v1::TransferTicket> Client::SubmitBackup(const v1::BackupRequest& request) {
+  v1::TransferTicket response;
+  absl::Status s = KVHOST_TRANSFER_CALL(Backup, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::TransferTicket> Client::SubmitLoad(const v1::LoadRequest& request) {
+  v1::TransferTicket response;
+  absl::Status s = KVHOST_TRANSFER_CALL(Load, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::Status Client::FinishWorkerCopy(uint64_t ticket_id, const std::string& error) {
+  v1::FinishWorkerCopyRequest request;
+  request.set_ticket_id(ticket_id);
+  request.set_error(error);
+  v1::FinishWorkerCopyResponse response;
+  return KVHOST_TRANSFER_CALL(FinishWorkerCopy, request, &response, options_.timeout);
+}
+
 absl::StatusOr<v1::TransferStatus> Client::WaitTransfer(uint64_t ticket_id,
                                                         absl::Duration timeout) {
   v1::WaitTransferRequest request;

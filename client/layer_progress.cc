@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -30,9 +31,11 @@ constexpr absl::Duration kYieldFor = absl::Microseconds(200);
 constexpr absl::Duration kSleepStep = absl::Microseconds(20);
 // Counters of one attachment (kvhostd's kMaxLoadEventSets).
 constexpr uint32_t kMaxCounters = 64;
-// A reply is a status message and two numbers; the daemon's messages are
-// one line.
-constexpr size_t kMaxReplyBytes = 4096;
+// A reply is a status message, two numbers and, for pool regions, a few
+// launch groups: the daemon's bound (kMaxHandoffReplyBytes).
+constexpr size_t kMaxReplyBytes = 65536;
+// Descriptors one reply may carry (the daemon's kMaxWorkerCopyRegions).
+constexpr size_t kMaxReceivedFds = 16;
 
 int ToMillis(absl::Duration d) {
   return static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
@@ -42,9 +45,9 @@ absl::Status Errno(absl::StatusCode code, const std::string& what) {
   return absl::Status(code, absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
-// The reply of `fd`'s daemon and the descriptor it carried (-1: none).
+// The reply of `fd`'s daemon and the descriptors it carried.
 absl::Status ReceiveReply(int fd, const std::string& socket_path, absl::Duration timeout,
-                          v1::HandoffReply* reply, int* received) {
+                          v1::HandoffReply* reply, std::vector<int>* received) {
   pollfd ready = {fd, POLLIN, 0};
   const int n = ::poll(&ready, 1, ToMillis(timeout));
   if (n == 0) {
@@ -54,7 +57,7 @@ absl::Status ReceiveReply(int fd, const std::string& socket_path, absl::Duration
   if (n < 0) return Errno(absl::StatusCode::kInternal, "poll");
   std::vector<char> buffer(kMaxReplyBytes);
   iovec iov{buffer.data(), buffer.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxReceivedFds)] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -68,14 +71,20 @@ absl::Status ReceiveReply(int fd, const std::string& socket_path, absl::Duration
     for (size_t i = 0; i < fds; ++i) {
       int one = -1;
       std::memcpy(&one, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (*received < 0) {
-        *received = one;
+      if (received->size() < kMaxReceivedFds) {
+        received->push_back(one);
       } else {
-        ::close(one);  // more than the one the protocol sends
+        ::close(one);  // more than the protocol sends
       }
     }
   }
-  if (got == 0 && *received < 0) {
+  if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+    for (int one : *received) ::close(one);
+    received->clear();
+    return absl::InternalError(
+        absl::StrCat("handoff socket ", socket_path, ": more descriptors than ", kMaxReceivedFds));
+  }
+  if (got == 0 && received->empty()) {
     return absl::UnavailableError(
         absl::StrCat("handoff socket ", socket_path, " closed the connection without a reply"));
   }
@@ -115,19 +124,25 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
                  absl::StrCat("handoff socket ", socket_path, ": send"));
   }
   v1::HandoffReply reply;
-  int received = -1;
+  std::vector<int> received;
   absl::Status s = ReceiveReply(fd, socket_path, timeout, &reply, &received);
   if (s.ok() && reply.code() != 0) {
     s = absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.message());
-  } else if (s.ok() && received < 0) {
+  } else if (s.ok() && received.empty()) {
     s = absl::InternalError(
         absl::StrCat("handoff socket ", socket_path, ": an OK reply without a descriptor"));
   }
   if (!s.ok()) {
-    if (received >= 0) ::close(received);
+    for (int one : received) ::close(one);
     return s;
   }
-  return Handoff{received, reply.bytes(), reply.count()};
+  Handoff handoff;
+  handoff.fd = received[0];
+  handoff.fds = std::move(received);
+  handoff.bytes = reply.bytes();
+  handoff.count = reply.count();
+  handoff.pool_regions = std::move(*reply.mutable_pool_regions());
+  return handoff;
 }
 
 absl::StatusOr<std::unique_ptr<LayerProgress>> LayerProgress::Open(const Client& client,
@@ -154,9 +169,11 @@ absl::StatusOr<std::unique_ptr<LayerProgress>> LayerProgress::Open(
   absl::StatusOr<Handoff> handoff = FetchHandoff(handoff_socket, request, timeout);
   if (!handoff.ok()) return handoff.status();
   struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{handoff->fd};  // the mapping keeps the file
+    std::vector<int> fds;
+    ~Closer() {
+      for (int fd : fds) ::close(fd);
+    }
+  } closer{handoff->fds};  // the mapping keeps the file
   struct stat st {};
   if (handoff->count == 0 || handoff->count > kMaxCounters ||
       handoff->bytes != uint64_t{handoff->count} * sizeof(uint64_t) ||

@@ -453,6 +453,11 @@ absl::StatusOr<Daemon::Backend> Daemon::StartTransfers(
   if (!options.metrics_listen.empty()) metrics_ = std::make_unique<KvhostMetrics>();
   transfers_ =
       std::make_unique<TransferManager>(registry_.get(), *std::move(engine), metrics_.get());
+  if (options.worker_copy) {
+    transfers_->EnableWorkerCopy();
+    spdlog::info("worker copies on (--worker-copy){}",
+                 backend.name == "host" ? ", but the host backend refuses them" : "");
+  }
   return backend;
 }
 
@@ -579,7 +584,8 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
                                                  options.max_message_bytes, metrics_.get(),
                                                  options.max_indices_per_call);
   auto transfers = std::make_unique<TransferServiceImpl>(
-      transfers_.get(), registry_.get(), options.max_indices_per_call, handoff_path_);
+      transfers_.get(), registry_.get(), options.max_indices_per_call, handoff_path_,
+      static_cast<uint64_t>(options.max_message_bytes));
   DaemonIdentity identity;
   identity.backend_detail = backend_detail;
   identity.instance_id = instance_id;

@@ -58,6 +58,9 @@ struct DaemonOptions {
   // auto's copy-engine threshold (CudaEngineOptions::ce_min_piece_bytes).
   uint64_t ce_min_piece_bytes = uint64_t{64} << 10;
   bool load_gates = false;
+  // Worker copies (server/transfer/worker_copy.h): Backup / Load with
+  // worker_copy served on the cuda backend. Off: docs/PERF.md run M.
+  bool worker_copy = false;
   int max_message_bytes = 64 << 20;
   // Most indices one call may carry (Alloc's num_tokens, Free, meta, Backup /
   // Load per pool): INVALID_ARGUMENT naming the count and the limit above it.

@@ -86,9 +86,15 @@ ABSL_FLAG(bool, load_gates, false,
           "stream-memory gates) and a thread queues the copies, instead of after queueing every "
           "layer's copies: a much faster Load call, but the blocked gate stream makes the GPU "
           "time-slice against the worker's kernels (docs/PERF.md has the measurements).");
+ABSL_FLAG(bool, worker_copy, false,
+          "cuda backend: serve worker copies (Backup / Load with worker_copy): the worker runs "
+          "the copy kernel on its own stream through its own mapping of the pool, handed over "
+          "the handoff socket; off because the measured cost to a worker's kernels exceeds the "
+          "daemon's own paths (docs/PERF.md, run M).");
 ABSL_FLAG(std::string, handoff_socket, "auto",
           "Unix socket (SOCK_SEQPACKET) where attached workers fetch descriptors gRPC cannot "
-          "carry: the layer counters of attachments with layer_progress. 'auto' = the first "
+          "carry: the layer counters of attachments with layer_progress and the pool regions of "
+          "worker copies. 'auto' = the first "
           "unix --listen path + '.fds' (none with TCP listeners only); '' = none (layer_progress "
           "refused). Same mode and group as the gRPC socket; removed at shutdown.");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -192,6 +198,7 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
   options.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
   options.copy_streams = absl::GetFlag(FLAGS_copy_streams);
   options.load_gates = absl::GetFlag(FLAGS_load_gates);
+  options.worker_copy = absl::GetFlag(FLAGS_worker_copy);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.handoff_socket = absl::GetFlag(FLAGS_handoff_socket);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);

@@ -135,6 +135,9 @@ class Pool {
   size_t region_count() const { return regions_.size(); }
   uint8_t* region_base(size_t r) const { return regions_[r]->data(); }
   uint64_t region_bytes(size_t r) const { return regions_[r]->size(); }
+  // A new read-write descriptor of region r's file (ShmRegion::Reopen), for
+  // a worker that maps the pool itself (worker copies).
+  absl::StatusOr<UniqueFd> OpenRegion(size_t r) const { return regions_[r]->Reopen(); }
   // The allocator of allocator_owner(): a follower's slots are the followed
   // pool's.
   PageAllocator& allocator() { return allocator_owner()->allocator_; }

@@ -190,6 +190,24 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const DirFd& dir,
   return region;
 }
 
+absl::StatusOr<UniqueFd> ShmRegion::Reopen() const {
+  if (!lock_fd_.valid()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(EscapedPath(path_), " was opened, not created, by kvhostd"));
+  }
+  // As Create's mapping: through /proc/self/fd, so the same inode whatever
+  // happened to the name, checked after the open.
+  const std::string self = absl::StrCat("/proc/self/fd/", lock_fd_.get());
+  UniqueFd fd(::open(self.c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return OpenErrorStatus(errno, "cannot reopen", self);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0 || st.st_dev != dev_ || st.st_ino != ino_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(self, " is not the region file of ", EscapedPath(path_)));
+  }
+  return fd;
+}
+
 ShmRegion::~ShmRegion() {
   if (data_ != nullptr) ParallelUnmap(data_, size_);
   Unlink();

@@ -98,6 +98,13 @@ class ShmRegion {
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // A new read-write open file description of a created region's file, for
+  // a process the daemon hands it to (a worker copy's own mapping). New, not
+  // a dup of the locked one, so that a mapping in that process never holds
+  // this region's flock. FAILED_PRECONDITION for a region Open made (it
+  // keeps no descriptor); the errors of the reopen otherwise.
+  absl::StatusOr<UniqueFd> Reopen() const;
+
   // Removes the file now if this region owns it; the mapping stays valid. The
   // destructor then leaves the path alone (it may name a newer file by then).
   void Unlink();

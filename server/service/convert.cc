@@ -288,6 +288,27 @@ absl::StatusOr<AttachRequest> FromProto(const v1::AttachDeviceRequest& in) {
   return request;
 }
 
+void ToProto(const WorkerCopyPlan& plan, v1::WorkerCopyPlan* out) {
+  out->set_tile_bytes(sizeof(CopyTile));
+  out->set_tiles(reinterpret_cast<const char*>(plan.sm.tiles.data()),
+                 plan.sm.tiles.size() * sizeof(CopyTile));
+  for (const TileLaunch& launch : plan.sm.launches) {
+    v1::WorkerCopyLaunch* l = out->add_launches();
+    l->set_group(launch.group);
+    l->set_tile_begin(launch.tile_begin);
+    l->set_tile_end(launch.tile_end);
+    l->set_items(launch.items);
+  }
+  for (const JobLayer& layer : plan.layers) {
+    v1::WorkerCopyLayer* l = out->add_layers();
+    l->set_host_layer(layer.host_layer);
+    l->set_device_layer_delta(
+        layer.host_layer < 0
+            ? 0
+            : static_cast<int32_t>(int64_t{layer.device_layer} - layer.host_layer));
+  }
+}
+
 void ToProto(const TicketStatus& status, v1::TransferStatus* out) {
   out->set_ticket_id(status.id);
   out->set_done(status.done);

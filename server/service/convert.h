@@ -23,6 +23,7 @@
 #include "server/transfer/engine.h"
 #include "server/transfer/ticket.h"
 #include "server/transfer/transfer_manager.h"
+#include "server/transfer/worker_copy.h"
 
 namespace kvhost {
 
@@ -45,6 +46,8 @@ std::vector<GroupEntrySpec> FromProto(
 void ToProto(const PoolGroup& group, v1::PoolGroup* out);
 absl::StatusOr<AttachRequest> FromProto(const v1::AttachDeviceRequest& request);
 void ToProto(const TicketStatus& status, v1::TransferStatus* out);
+// A worker copy's plan (kvhost.v1.WorkerCopyPlan).
+void ToProto(const WorkerCopyPlan& plan, v1::WorkerCopyPlan* out);
 
 // The gRPC metadata key carrying a pool's owner token.
 inline constexpr char kOwnerTokenMetadata[] = "kvhost-token";

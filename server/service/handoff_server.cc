@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/ids.h"
+#include "server/pool/beneath.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -26,7 +27,14 @@ constexpr int kListenBacklog = 64;
 int ToMillis(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds(d)); }
 
 const char* KindName(v1::HandoffKind kind) {
-  return kind == v1::HANDOFF_KIND_LAYER_COUNTERS ? "layer counters" : "an unknown kind";
+  switch (kind) {
+    case v1::HANDOFF_KIND_LAYER_COUNTERS:
+      return "layer counters";
+    case v1::HANDOFF_KIND_POOL_REGIONS:
+      return "pool regions";
+    default:
+      return "an unknown kind";
+  }
 }
 
 // "pid 12, uid 1000, gid 1000" of the peer, for the log.
@@ -39,26 +47,75 @@ std::string PeerOf(int connection) {
   return absl::StrCat("pid ", cred.pid, ", uid ", cred.uid, ", gid ", cred.gid);
 }
 
-// Sends `reply`, with `fd` attached when it is >= 0. Returns errno's text
-// on failure ("" on success).
-std::string SendReply(int connection, const v1::HandoffReply& reply, int fd) {
-  std::string bytes = reply.SerializeAsString();
+// Sends `reply` (serialized: `bytes`), with `fds` attached (at most
+// kMaxWorkerCopyRegions). Returns errno's text on failure ("" on success).
+std::string SendReply(int connection, std::string bytes, const std::vector<int>& fds) {
   iovec iov{bytes.data(), bytes.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxWorkerCopyRegions)] = {};
+  if (!fds.empty()) {
+    const size_t n = std::min<size_t>(fds.size(), kMaxWorkerCopyRegions);
     msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
     cmsghdr* header = CMSG_FIRSTHDR(&msg);
     header->cmsg_level = SOL_SOCKET;
     header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(header), &fd, sizeof(int));
+    header->cmsg_len = CMSG_LEN(sizeof(int) * n);
+    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * n);
   }
   if (::sendmsg(connection, &msg, MSG_NOSIGNAL) < 0) return std::strerror(errno);
   return "";
+}
+
+// The pool regions of a worker copy's attachment: a new descriptor per
+// region (closed when the item is), their sizes and the launch groups.
+absl::StatusOr<HandoffItem> PoolRegionsItem(const WorkerRegions& regions) {
+  const Pool& pool = *regions.pool;
+  if (pool.region_count() > kMaxWorkerCopyRegions) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool '", pool.name(), "' has ", pool.region_count(),
+                     " regions, more than the ", kMaxWorkerCopyRegions, " one handoff carries"));
+  }
+  struct Held {
+    std::shared_ptr<const Pool> pool;
+    std::vector<UniqueFd> fds;
+  };
+  auto held = std::make_shared<Held>();
+  held->pool = regions.pool;
+  HandoffItem item;
+  for (size_t r = 0; r < pool.region_count(); ++r) {
+    absl::StatusOr<UniqueFd> fd = pool.OpenRegion(r);
+    if (!fd.ok()) {
+      return absl::Status(fd.status().code(), absl::StrCat("region ", r, " of pool '", pool.name(),
+                                                           "': ", fd.status().message()));
+    }
+    item.fds.push_back(fd->get());
+    held->fds.push_back(*std::move(fd));
+    item.bytes += pool.region_bytes(r);
+    item.pool_regions.add_region_bytes(pool.region_bytes(r));
+  }
+  item.count = static_cast<uint32_t>(pool.region_count());
+  for (const LayoutGroup& g : regions.groups) {
+    v1::WorkerCopyGroup* out = item.pool_regions.add_groups();
+    out->set_layout(static_cast<uint32_t>(g.layout.kind));
+    out->set_planes(g.layout.planes);
+    out->set_layers(g.layout.layers);
+    out->set_tokens(g.layout.tokens);
+    out->set_page_size(g.layout.page_size);
+    out->set_heads(g.layout.heads);
+    out->set_head_bytes(g.layout.head_bytes);
+    out->set_token_bytes(g.layout.token_bytes);
+    out->set_plane_bytes(g.layout.plane_bytes);
+    out->set_region(g.region);
+    out->set_region_offset(g.region_offset);
+    for (uint64_t p = 0; p < g.layout.planes; ++p) {
+      out->add_components(pool.components()[g.first_component + p].name);
+    }
+  }
+  item.keep = std::move(held);
+  return item;
 }
 
 }  // namespace
@@ -66,6 +123,11 @@ std::string SendReply(int connection, const v1::HandoffReply& reply, int fd) {
 HandoffSource TransferHandoffSource(const TransferManager* manager) {
   return [manager](const Caller& caller, const std::string& attachment_id,
                    v1::HandoffKind kind) -> absl::StatusOr<HandoffItem> {
+    if (kind == v1::HANDOFF_KIND_POOL_REGIONS) {
+      absl::StatusOr<WorkerRegions> regions = manager->FindWorkerRegions(caller, attachment_id);
+      if (!regions.ok()) return regions.status();
+      return PoolRegionsItem(*regions);
+    }
     if (kind != v1::HANDOFF_KIND_LAYER_COUNTERS) {
       return absl::InvalidArgumentError(
           absl::StrCat("handoff kind ", static_cast<int>(kind), " is not one kvhostd hands out"));
@@ -74,7 +136,7 @@ HandoffSource TransferHandoffSource(const TransferManager* manager) {
         manager->FindLayerCounters(caller, attachment_id);
     if (!counters.ok()) return counters.status();
     HandoffItem item;
-    item.fd = (*counters)->read_only_fd();
+    item.fds.push_back((*counters)->read_only_fd());
     item.bytes = (*counters)->bytes();
     item.count = (*counters)->sets();
     item.keep = *std::move(counters);
@@ -236,11 +298,21 @@ void HandoffServer::Serve(int connection, const std::string& peer, absl::Status 
     }
   }
   v1::HandoffReply reply;
+  if (status.ok()) {
+    reply.set_bytes(item.bytes);
+    reply.set_count(item.count);
+    *reply.mutable_pool_regions() = std::move(item.pool_regions);
+    if (reply.ByteSizeLong() > kMaxHandoffReplyBytes) {
+      status = absl::ResourceExhaustedError(absl::StrCat("the reply of ", reply.ByteSizeLong(),
+                                                         " bytes exceeds the limit of ",
+                                                         kMaxHandoffReplyBytes));
+      reply.Clear();
+    }
+  }
   reply.set_code(static_cast<int32_t>(status.code()));
   reply.set_message(std::string(status.message()));
-  reply.set_bytes(item.bytes);
-  reply.set_count(item.count);
-  const std::string sent = SendReply(connection, reply, status.ok() ? item.fd : -1);
+  const std::string sent =
+      SendReply(connection, reply.SerializeAsString(), status.ok() ? item.fds : std::vector<int>{});
   const std::string what =
       absl::StrCat(KindName(request.kind()), " of ", ShortId(request.attachment_id()));
   if (status.ok() && sent.empty()) {

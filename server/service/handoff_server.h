@@ -1,13 +1,15 @@
 // HandoffServer: kvhostd's handoff socket, where an attached worker fetches
 // the descriptors gRPC cannot carry (kvhost.v1.HandoffRequest /
-// HandoffReply in proto/kvhost/v1/transfer.proto): today an attachment's
-// layer counters (server/transfer/layer_counters.h); later the pool region
-// descriptors of worker-assisted transfers. The server knows nothing of
-// what it hands out: a HandoffSource looks the item up for the caller.
+// HandoffReply in proto/kvhost/v1/transfer.proto): an attachment's layer
+// counters (server/transfer/layer_counters.h), and its pool's region
+// descriptors for worker copies (server/transfer/worker_copy.h). The server
+// knows nothing of what it hands out: a HandoffSource looks the item up for
+// the caller.
 //
 // Protocol: a unix SOCK_SEQPACKET socket; per fetch one connection, one
-// request message of at most kMaxHandoffRequestBytes, one reply message,
-// with the descriptor (SCM_RIGHTS) on OK; then the server closes it. The
+// request message of at most kMaxHandoffRequestBytes, one reply message of
+// at most kMaxHandoffReplyBytes, with the descriptors (SCM_RIGHTS, one
+// message) on OK; then the server closes it. The
 // request must come within kHandoffRequestTimeout of the connection (else
 // the reply is DEADLINE_EXCEEDED) and the reply goes out with the same
 // bound. Up to kMaxHandoffConnections wait for their request at once, so a
@@ -27,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -47,13 +50,20 @@ inline constexpr absl::Duration kHandoffRequestTimeout = absl::Seconds(1);
 // once per attachment each, a few dozen at most at start.
 inline constexpr size_t kMaxHandoffConnections = 64;
 
-// What a source hands out: `fd` (valid while `keep` lives; the server sends
-// it and closes nothing), the file's size and its item count.
+// A reply carries a status message, two numbers and, for pool regions, a
+// few launch groups with their component names: far under a page per
+// group. The client's receive buffer is the same size.
+inline constexpr size_t kMaxHandoffReplyBytes = 65536;
+
+// What a source hands out: `fds` (at most kMaxWorkerCopyRegions, valid
+// while `keep` lives; the server sends them and closes nothing), the
+// files' size and the item count, and for pool regions their description.
 struct HandoffItem {
-  int fd = -1;
+  std::vector<int> fds;
   std::shared_ptr<const void> keep;
   uint64_t bytes = 0;
   uint32_t count = 0;
+  v1::PoolRegions pool_regions;
 };
 
 // Looks up the item of `kind` of attachment `attachment_id` for `caller`:
@@ -64,7 +74,9 @@ using HandoffSource = std::function<absl::StatusOr<HandoffItem>(
     const Caller& caller, const std::string& attachment_id, v1::HandoffKind kind)>;
 
 // The daemon's source: HANDOFF_KIND_LAYER_COUNTERS from `manager`
-// (TransferManager::FindLayerCounters); other kinds INVALID_ARGUMENT.
+// (TransferManager::FindLayerCounters), HANDOFF_KIND_POOL_REGIONS from
+// TransferManager::FindWorkerRegions (a new read-write descriptor per
+// region, Pool::OpenRegion); other kinds INVALID_ARGUMENT.
 // `manager` must outlive the source.
 HandoffSource TransferHandoffSource(const TransferManager* manager);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/safe_text.h"
 #include "server/service/convert.h"
 
 namespace kvhost {
@@ -86,7 +87,9 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   response->set_group(info->group);
   response->set_session_id(info->session_id);
   response->set_layer_progress(info->layer_progress);
-  if (info->layer_progress) response->set_handoff_socket(handoff_socket_);
+  if (info->layer_progress || manager_->ServesWorkerCopy(*info)) {
+    response->set_handoff_socket(handoff_socket_);
+  }
   return Finish(context, absl::OkStatus());
 }
 
@@ -100,7 +103,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
     grpc::CallbackServerContext* context, Direction direction, const std::string& attachment_id,
     const google::protobuf::RepeatedField<int64_t>& host,
     const google::protobuf::RepeatedField<int64_t>& device, const std::string& wait_event_handle,
-    const google::protobuf::RepeatedPtrField<v1::PoolTransfer>& pool_transfers,
+    const google::protobuf::RepeatedPtrField<v1::PoolTransfer>& pool_transfers, bool worker_copy,
     v1::TransferTicket* response) {
   const char* call = direction == Direction::kBackup ? "Backup" : "Load";
   absl::Status counts =
@@ -119,6 +122,12 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
     }
   }
   if (!counts.ok()) return Finish(context, counts);
+  if (worker_copy) {
+    return Finish(context, SubmitWorkerCopy(CallerOf(*context), direction, attachment_id,
+                                            absl::MakeConstSpan(host.data(), host.size()),
+                                            absl::MakeConstSpan(device.data(), device.size()),
+                                            wait_event_handle, !pool_transfers.empty(), response));
+  }
   std::vector<EntryRows> entries;
   entries.reserve(pool_transfers.size());
   for (const v1::PoolTransfer& t : pool_transfers) {
@@ -136,12 +145,35 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
   return Finish(context, absl::OkStatus());
 }
 
+absl::Status TransferServiceImpl::SubmitWorkerCopy(
+    const Caller& caller, Direction direction, const std::string& attachment_id,
+    absl::Span<const int64_t> host, absl::Span<const int64_t> device,
+    const std::string& wait_event_handle, bool pool_transfers, v1::TransferTicket* response) {
+  if (!wait_event_handle.empty()) {
+    return absl::InvalidArgumentError(
+        "wait_event_handle must be empty with worker_copy: the worker's copy runs on its own "
+        "stream, after its writes");
+  }
+  if (pool_transfers) {
+    return absl::FailedPreconditionError(
+        "pool_transfers with worker_copy: worker copies serve plain pools only (leave "
+        "worker_copy unset for a pool group's transfers)");
+  }
+  absl::StatusOr<WorkerCopyTicket> ticket =
+      manager_->SubmitWorkerCopy(caller, attachment_id, direction, host, device, max_reply_bytes_);
+  if (!ticket.ok()) return ticket.status();
+  response->set_id(ticket->ticket->id());
+  response->set_event_set(-1);
+  if (ticket->plan != nullptr) ToProto(*ticket->plan, response->mutable_worker_copy());
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* TransferServiceImpl::Backup(grpc::CallbackServerContext* context,
                                                       const v1::BackupRequest* request,
                                                       v1::TransferTicket* response) {
   return Submit(context, Direction::kBackup, request->attachment_id(), request->host_indices(),
                 request->device_indices(), request->wait_event_handle(), request->pool_transfers(),
-                response);
+                request->worker_copy(), response);
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::Load(grpc::CallbackServerContext* context,
@@ -149,7 +181,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Load(grpc::CallbackServerContext*
                                                     v1::TransferTicket* response) {
   return Submit(context, Direction::kLoad, request->attachment_id(), request->host_indices(),
                 request->device_indices(), /*wait_event_handle=*/"", request->pool_transfers(),
-                response);
+                request->worker_copy(), response);
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(grpc::CallbackServerContext* context,
@@ -167,6 +199,18 @@ grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(grpc::CallbackServer
   auto* reactor = new WaitReactor(*std::move(ticket), response);
   reactor->Start();
   return reactor;
+}
+
+grpc::ServerUnaryReactor* TransferServiceImpl::FinishWorkerCopy(
+    grpc::CallbackServerContext* context, const v1::FinishWorkerCopyRequest* request,
+    v1::FinishWorkerCopyResponse* response) {
+  // The worker's text ends in the ticket's status, which WaitTransfer sends
+  // as a status message: escaped and bounded.
+  return Finish(context,
+                manager_->FinishWorkerCopy(CallerOf(*context), request->ticket_id(),
+                                           request->error().empty()
+                                               ? std::string()
+                                               : SafeText(request->error(), kMaxEchoedBytes * 4)));
 }
 
 }  // namespace kvhost

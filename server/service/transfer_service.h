@@ -16,6 +16,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/types/span.h"
+
 #include "kvhost/v1/transfer.grpc.pb.h"
 #include "server/pool/registry.h"
 #include "server/transfer/transfer_manager.h"
@@ -27,13 +29,17 @@ class TransferServiceImpl final : public v1::TransferService::CallbackService {
   // `registry` answers AttachDevice's owner check; `max_indices_per_call`
   // bounds each index list of Backup / Load (INVALID_ARGUMENT above it);
   // `handoff_socket` is the handoff socket's path that attachments with
-  // layer_progress are told ("": none, so they are FAILED_PRECONDITION).
+  // layer_progress (and those served worker copies) are told ("": none, so
+  // layer_progress is FAILED_PRECONDITION); `max_reply_bytes` bounds a
+  // worker copy's plan in its ticket (--max-message-bytes).
   TransferServiceImpl(TransferManager* manager, const PoolRegistry* registry,
-                      uint64_t max_indices_per_call, std::string handoff_socket = "")
+                      uint64_t max_indices_per_call, std::string handoff_socket = "",
+                      uint64_t max_reply_bytes = uint64_t{64} << 20)
       : manager_(manager),
         registry_(registry),
         max_indices_(max_indices_per_call),
-        handoff_socket_(std::move(handoff_socket)) {}
+        handoff_socket_(std::move(handoff_socket)),
+        max_reply_bytes_(max_reply_bytes) {}
 
   grpc::ServerUnaryReactor* AttachDevice(grpc::CallbackServerContext* context,
                                          const v1::AttachDeviceRequest* request,
@@ -50,19 +56,29 @@ class TransferServiceImpl final : public v1::TransferService::CallbackService {
   grpc::ServerUnaryReactor* WaitTransfer(grpc::CallbackServerContext* context,
                                          const v1::WaitTransferRequest* request,
                                          v1::TransferStatus* response) override;
+  grpc::ServerUnaryReactor* FinishWorkerCopy(grpc::CallbackServerContext* context,
+                                             const v1::FinishWorkerCopyRequest* request,
+                                             v1::FinishWorkerCopyResponse* response) override;
 
  private:
   grpc::ServerUnaryReactor* Submit(
       grpc::CallbackServerContext* context, Direction direction, const std::string& attachment_id,
       const google::protobuf::RepeatedField<int64_t>& host,
       const google::protobuf::RepeatedField<int64_t>& device, const std::string& wait_event_handle,
-      const google::protobuf::RepeatedPtrField<v1::PoolTransfer>& pool_transfers,
+      const google::protobuf::RepeatedPtrField<v1::PoolTransfer>& pool_transfers, bool worker_copy,
       v1::TransferTicket* response);
+  // Submit's worker copy (BackupRequest.worker_copy).
+  absl::Status SubmitWorkerCopy(const Caller& caller, Direction direction,
+                                const std::string& attachment_id, absl::Span<const int64_t> host,
+                                absl::Span<const int64_t> device,
+                                const std::string& wait_event_handle, bool pool_transfers,
+                                v1::TransferTicket* response);
 
   TransferManager* const manager_;
   const PoolRegistry* const registry_;
   const uint64_t max_indices_;
   const std::string handoff_socket_;
+  const uint64_t max_reply_bytes_;
 };
 
 }  // namespace kvhost

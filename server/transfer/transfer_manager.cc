@@ -144,8 +144,6 @@ TransferManager::TransferManager(PoolRegistry* registry, std::unique_ptr<Transfe
                                  KvhostMetrics* metrics)
     : registry_(registry), metrics_(metrics), engine_(std::move(engine)) {}
 
-TransferManager::~TransferManager() { Drain(); }
-
 // ------------------------------------------------------------------ attach
 
 absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_name,
@@ -408,6 +406,7 @@ TransferManager::Attachment* TransferManager::FindAttachment(const Caller& calle
 
 absl::Status TransferManager::Detach(const Caller& caller, const std::string& attachment_id) {
   Attachment attachment;
+  std::vector<TransferJob> worker_copies;
   {
     absl::MutexLock lock(&mu_);
     if (FindAttachment(caller, attachment_id) == nullptr) return AttachmentNotFound(attachment_id);
@@ -415,7 +414,10 @@ absl::Status TransferManager::Detach(const Caller& caller, const std::string& at
     attachment = std::move(it->second);
     attachments_.erase(it);
     sessions_.RemoveAttachment(attachment.info.session_id, attachment_id);
+    worker_copies = TakeWorkerCopies({attachment_id});
   }
+  FailWorkerCopies(std::move(worker_copies),
+                   absl::StrCat("attachment '", ShortId(attachment_id), "' was detached"));
   Release(attachment);
   if (attachment.group != nullptr) {
     spdlog::info("detached {} from pool group '{}'", ShortId(attachment_id), attachment.info.group);
@@ -680,6 +682,7 @@ uint64_t TransferManager::Drain(absl::Duration timeout) {
         ") passed before this ", DirectionName(ticket->direction()), " finished")));
     ++cancelled;
   }
+  FailWorkerCopiesLeft(timeout);
   if (cancelled > 0) {
     spdlog::warn("drain: {} transfer(s) unfinished after {}; cancelled the ones not yet copied",
                  cancelled, absl::FormatDuration(timeout));
@@ -709,6 +712,7 @@ void TransferManager::CloseSession(const std::string& session_id, const std::str
   std::vector<Attachment> closed;
   std::vector<std::shared_ptr<Ticket>> tickets;
   SessionSnapshot session;
+  std::vector<TransferJob> worker_copies;
   {
     absl::MutexLock lock(&mu_);
     std::optional<SessionSnapshot> open = sessions_.Close(session_id);
@@ -721,7 +725,10 @@ void TransferManager::CloseSession(const std::string& session_id, const std::str
       attachments_.erase(attachment);
     }
     tickets = tickets_.InFlightOn(session.attachments);
+    worker_copies = TakeWorkerCopies(session.attachments);
   }
+  FailWorkerCopies(std::move(worker_copies),
+                   absl::StrCat("worker session ", ShortId(session_id), " ended (", reason, ")"));
   for (const Attachment& attachment : closed) Release(attachment);
   // Nobody will read what a load would write: stop the ones not started.
   for (const std::shared_ptr<Ticket>& ticket : tickets) {

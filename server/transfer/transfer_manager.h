@@ -43,6 +43,7 @@
 #include "server/transfer/engine.h"
 #include "server/transfer/session_table.h"
 #include "server/transfer/ticket_table.h"
+#include "server/transfer/worker_copy.h"
 
 namespace kvhost {
 
@@ -77,6 +78,13 @@ struct EntryRows {
   std::string name;  // PoolEntry.name
   absl::Span<const int64_t> host;
   absl::Span<const int64_t> device;
+};
+
+// A worker copy's ticket and the plan its worker runs (null when it copies
+// nothing: the ticket is finished already).
+struct WorkerCopyTicket {
+  std::shared_ptr<Ticket> ticket;
+  std::shared_ptr<const WorkerCopyPlan> plan;
 };
 
 class TransferManager {
@@ -146,6 +154,39 @@ class TransferManager {
   absl::StatusOr<std::shared_ptr<LayerCounters>> FindLayerCounters(
       const Caller& caller, const std::string& attachment_id) const;
 
+  // Worker copies (server/transfer/worker_copy.h; kvhostd --worker-copy).
+  // EnableWorkerCopy: REQUIRES before any other call.
+  void EnableWorkerCopy() { worker_copy_ = true; }
+  bool worker_copy() const { return worker_copy_; }
+  // Whether attachments like `info` are served worker copies: enabled, an
+  // engine other than host, a plain pool.
+  bool ServesWorkerCopy(const AttachmentInfo& info) const;
+  // A backup or load the calling worker copies itself: validated exactly as
+  // Submit (without a wait event or pool_transfers), planned
+  // (PlanWorkerCopy), and its ticket (path "worker") left in flight until
+  // FinishWorkerCopy, or failed when the attachment or its session closes
+  // first or the drain's timeout passes. No load event set or layer counter
+  // is taken. FAILED_PRECONDITION without EnableWorkerCopy, on the host
+  // engine and for a group attachment; RESOURCE_EXHAUSTED when the
+  // attachment has kMaxWorkerCopiesPerAttachment in flight or the plan's
+  // encoding (WorkerCopyPlanBytes) would exceed `max_plan_bytes`. A ticket
+  // that copies nothing (no rows, a LOGICAL pool) is finished at once,
+  // without a plan.
+  absl::StatusOr<WorkerCopyTicket> SubmitWorkerCopy(
+      const Caller& caller, const std::string& attachment_id, Direction direction,
+      absl::Span<const int64_t> host, absl::Span<const int64_t> device, uint64_t max_plan_bytes);
+  // The worker's end of its copy: an empty `error` finishes the ticket OK
+  // (every layer's bytes counted), any other fails it with INTERNAL naming
+  // the error. NOT_FOUND as FindTicket; FAILED_PRECONDITION for a ticket
+  // that is not a worker copy or has finished.
+  absl::Status FinishWorkerCopy(const Caller& caller, uint64_t ticket_id, const std::string& error);
+  // The pool a worker copies on `attachment_id` maps itself, for the
+  // handoff (HANDOFF_KIND_POOL_REGIONS). NOT_FOUND as Detach;
+  // FAILED_PRECONDITION where ServesWorkerCopy is false or the pool has no
+  // regions (LOGICAL).
+  absl::StatusOr<WorkerRegions> FindWorkerRegions(const Caller& caller,
+                                                  const std::string& attachment_id) const;
+
   // Refuses new transfers from now on (UNAVAILABLE), then waits up to
   // `timeout` for the ones accepted to finish; cancels what is left then
   // (loads and backups the engine has not started; see
@@ -188,6 +229,7 @@ class TransferManager {
     std::shared_ptr<const DeviceMapping> mapping;
     std::vector<AttachedPool> pools;
     std::shared_ptr<LayerCounters> layer_counters;  // null without layer progress
+    uint32_t worker_copies = 0;                     // in flight (worker_copies_)
   };
   // What a transfer needs of its attachment, copied under the mutex so that
   // the rest of Submit runs without it.
@@ -257,6 +299,18 @@ class TransferManager {
   void ReapSession(std::string session_id, std::string worker, std::string reason,
                    std::vector<std::shared_ptr<Ticket>> tickets, absl::Duration timeout);
 
+  // Worker copies: FAILED_PRECONDITION unless served (ServesWorkerCopy's
+  // first two conditions).
+  absl::Status CheckWorkerCopy() const;
+  // Removes from worker_copies_ those on `attachment_ids` (every one with
+  // `all`) and returns their jobs, to be failed without mu_: CANCELLED,
+  // saying that `what` happened before the worker finished.
+  std::vector<TransferJob> TakeWorkerCopies(absl::Span<const std::string> attachment_ids,
+                                            bool all = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void FailWorkerCopies(std::vector<TransferJob> jobs, const std::string& what);
+  // Drain's end: the worker copies still in flight after `timeout` fail.
+  void FailWorkerCopiesLeft(absl::Duration timeout);
+
   PoolRegistry* const registry_;
   KvhostMetrics* const metrics_;
   const std::unique_ptr<TransferEngine> engine_;
@@ -268,6 +322,14 @@ class TransferManager {
   SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   // Session reapers still running; Drain waits for them.
   int reapers_ ABSL_GUARDED_BY(mu_) = 0;
+  bool worker_copy_ = false;
+  // Worker copies in flight, by ticket id: the attachment each is on, and
+  // its job (which holds the pool and the mapping, as a running job does).
+  struct WorkerCopy {
+    std::string attachment_id;
+    TransferJob job;
+  };
+  std::map<uint64_t, WorkerCopy> worker_copies_ ABSL_GUARDED_BY(mu_);
   // Its own mutex, taken after mu_ (see the header's lock order).
   TicketTable tickets_;
 };

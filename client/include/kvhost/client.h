@@ -218,6 +218,13 @@ class Client {
                                             absl::Span<const int64_t> host_indices,
                                             absl::Span<const int64_t> device_indices,
                                             absl::Span<const v1::PoolTransfer> pool_transfers);
+  // Worker copies (kvhost::WorkerCopier, kvhost/worker_copy.h, uses these):
+  // a Backup / Load request sent as given, and the whole ticket back (with
+  // worker_copy set, its plan); FinishWorkerCopy ends such a ticket, OK
+  // with an empty `error`, else failed with it.
+  absl::StatusOr<v1::TransferTicket> SubmitBackup(const v1::BackupRequest& request);
+  absl::StatusOr<v1::TransferTicket> SubmitLoad(const v1::LoadRequest& request);
+  absl::Status FinishWorkerCopy(uint64_t ticket_id, const std::string& error = "");
   // Blocks until the ticket is done (its error if it failed) or `timeout`
   // passes (DEADLINE_EXCEEDED).
   absl::StatusOr<v1::TransferStatus> WaitTransfer(uint64_t ticket_id,

@@ -48,13 +48,16 @@
 
 namespace kvhost {
 
-// One descriptor kvhostd handed over (FetchHandoff): `fd` is the caller's
-// to close; `bytes` its file's size and `count` its items
-// (HandoffReply).
+// What kvhostd handed over (FetchHandoff): the descriptors, in order, each
+// the caller's to close (`fd` is the first, the only one of layer
+// counters); `bytes` their files' size and `count` its items, and for
+// HANDOFF_KIND_POOL_REGIONS the regions' description (HandoffReply).
 struct Handoff {
   int fd = -1;
+  std::vector<int> fds;
   uint64_t bytes = 0;
   uint32_t count = 0;
+  v1::PoolRegions pool_regions;
 };
 
 // One fetch from the handoff socket at `socket_path` (one connection, one
