@@ -223,15 +223,29 @@ absl::StatusOr<std::unique_ptr<WorkerCopier>> WorkerCopier::Open(
       for (int fd : fds) ::close(fd);
     }
   } closer{handoff->fds};  // the mappings keep the files
-  const v1::PoolRegions& regions = handoff->pool_regions;
-  if (handoff->fds.size() != static_cast<size_t>(regions.region_bytes_size()) ||
-      handoff->fds.size() > kMaxRegions || handoff->count != handoff->fds.size()) {
-    return absl::InternalError(absl::StrCat(
-        "handoff socket ", attachment.handoff_socket(), ": ", handoff->fds.size(),
-        " descriptors for ", regions.region_bytes_size(), " regions (count ", handoff->count, ")"));
+  if (absl::Status s = copier->MapRegions(*handoff, attachment.handoff_socket()); !s.ok()) {
+    return s;
   }
-  for (size_t r = 0; r < handoff->fds.size(); ++r) {
-    const int fd = handoff->fds[r];
+  for (int g = 0; g < handoff->pool_regions.groups_size(); ++g) {
+    if (absl::Status s = copier->AddGroup(handoff->pool_regions.groups(g), g, components);
+        !s.ok()) {
+      return s;
+    }
+  }
+  copier->completion_ = std::make_unique<Completion>(&client, copier->device_);
+  return copier;
+}
+
+absl::Status WorkerCopier::MapRegions(const Handoff& handoff, const std::string& socket) {
+  const v1::PoolRegions& regions = handoff.pool_regions;
+  if (handoff.fds.size() != static_cast<size_t>(regions.region_bytes_size()) ||
+      handoff.fds.size() > kMaxRegions || handoff.count != handoff.fds.size()) {
+    return absl::InternalError(absl::StrCat("handoff socket ", socket, ": ", handoff.fds.size(),
+                                            " descriptors for ", regions.region_bytes_size(),
+                                            " regions (count ", handoff.count, ")"));
+  }
+  for (size_t r = 0; r < handoff.fds.size(); ++r) {
+    const int fd = handoff.fds[r];
     const uint64_t bytes = regions.region_bytes(static_cast<int>(r));
     struct stat st {};
     if (bytes == 0 || ::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes) {
@@ -243,7 +257,7 @@ absl::StatusOr<std::unique_ptr<WorkerCopier>> WorkerCopier::Open(
       return absl::InternalError(
           absl::StrCat("mmap of region ", r, " (", bytes, " bytes): ", std::strerror(errno)));
     }
-    Region& region = copier->regions_.emplace_back();
+    Region& region = regions_.emplace_back();
     region.host = static_cast<uint8_t*>(mapped);
     region.bytes = bytes;
     if (absl::Status s =
@@ -261,67 +275,61 @@ absl::StatusOr<std::unique_ptr<WorkerCopier>> WorkerCopier::Open(
     }
     region.device = static_cast<uint8_t*>(device);
   }
-  for (int g = 0; g < regions.groups_size(); ++g) {
-    const v1::WorkerCopyGroup& in = regions.groups(g);
-    const std::string what = absl::StrCat("launch group ", g);
-    if (in.layout() < 1 || in.layout() > 4 || in.planes() < 1 || in.layers() < 1 ||
-        in.tokens() < 1 || in.page_size() < 1 || in.tokens() % in.page_size() != 0 ||
-        in.heads() < 1 || in.head_bytes() < 1 ||
-        static_cast<uint64_t>(in.components_size()) != in.planes()) {
-      return absl::InternalError(absl::StrCat(what, ": not a layout kvhost knows"));
+  return absl::OkStatus();
+}
+
+absl::Status WorkerCopier::AddGroup(const v1::WorkerCopyGroup& in, int index,
+                                    absl::Span<const CudaComponentLayers> components) {
+  const std::string what = absl::StrCat("launch group ", index);
+  if (in.layout() < 1 || in.layout() > 4 || in.planes() < 1 || in.layers() < 1 || in.tokens() < 1 ||
+      in.page_size() < 1 || in.tokens() % in.page_size() != 0 || in.heads() < 1 ||
+      in.head_bytes() < 1 || static_cast<uint64_t>(in.components_size()) != in.planes()) {
+    return absl::InternalError(absl::StrCat(what, ": not a layout kvhost knows"));
+  }
+  Group& group = groups_.emplace_back();
+  group.layout = KvLayout(static_cast<LayoutKind>(in.layout()), in.planes(), in.layers(),
+                          in.tokens(), in.page_size(), in.heads(), in.head_bytes());
+  if (group.layout.token_bytes != in.token_bytes() ||
+      group.layout.plane_bytes != in.plane_bytes()) {
+    return absl::InternalError(
+        absl::StrCat(what, ": the layout rebuilt here is not the daemon's (token bytes ",
+                     group.layout.token_bytes, " vs ", in.token_bytes(), ")"));
+  }
+  if (in.region() >= regions_.size() || in.region_offset() > regions_[in.region()].bytes ||
+      regions_[in.region()].bytes - in.region_offset() < group.layout.total_bytes()) {
+    return absl::InternalError(absl::StrCat(what, " does not fit its region ", in.region()));
+  }
+  group.other = regions_[in.region()].device + in.region_offset();
+  // Plane-major: plane p's attached layers at p * layer_num_ (as kvhostd's
+  // own table, server/transfer/cuda/mapping.h).
+  std::vector<uint8_t*> table;
+  bool aligned = reinterpret_cast<uintptr_t>(group.other) % 16 == 0;
+  for (const std::string& name : in.components()) {
+    const CudaComponentLayers* found = nullptr;
+    for (const CudaComponentLayers& c : components) {
+      if (c.name == name) found = &c;
     }
-    Group& group = copier->groups_.emplace_back();
-    group.layout = KvLayout(static_cast<LayoutKind>(in.layout()), in.planes(), in.layers(),
-                            in.tokens(), in.page_size(), in.heads(), in.head_bytes());
-    if (group.layout.token_bytes != in.token_bytes() ||
-        group.layout.plane_bytes != in.plane_bytes()) {
-      return absl::InternalError(
-          absl::StrCat(what, ": the layout rebuilt here is not the daemon's (token bytes ",
-                       group.layout.token_bytes, " vs ", in.token_bytes(), ")"));
+    if (found == nullptr || found->layers.size() != layer_num_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "component '", name, "' of the pool ",
+          found == nullptr
+              ? std::string("is not among the buffers given")
+              : absl::StrCat("has ", found->layers.size(), " layer buffers, not ", layer_num_)));
     }
-    if (in.region() >= copier->regions_.size() ||
-        in.region_offset() > copier->regions_[in.region()].bytes ||
-        copier->regions_[in.region()].bytes - in.region_offset() < group.layout.total_bytes()) {
-      return absl::InternalError(absl::StrCat(what, " does not fit its region ", in.region()));
-    }
-    group.other = copier->regions_[in.region()].device + in.region_offset();
-    // Plane-major: plane p's attached layers at p * layer_num_ (as
-    // kvhostd's own table, server/transfer/cuda/mapping.h).
-    std::vector<uint8_t*> table;
-    bool aligned = reinterpret_cast<uintptr_t>(group.other) % 16 == 0;
-    for (const std::string& name : in.components()) {
-      const CudaComponentLayers* found = nullptr;
-      for (const CudaComponentLayers& c : components) {
-        if (c.name == name) found = &c;
-      }
-      if (found == nullptr || found->layers.size() != copier->layer_num_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "component '", name, "' of the pool ",
-            found == nullptr ? "is not among the buffers given"
-                             : absl::StrCat("has ", found->layers.size(), " layer buffers, not ",
-                                            copier->layer_num_)));
-      }
-      for (void* layer : found->layers) {
-        table.push_back(static_cast<uint8_t*>(layer));
-        aligned &= reinterpret_cast<uintptr_t>(layer) % 16 == 0;
-      }
-    }
-    group.aligned16 = aligned;
-    const size_t bytes = table.size() * sizeof(uint8_t*);
-    if (absl::Status s = Cuda(cudaMalloc(&group.layer_table, bytes), "cudaMalloc of a layer table");
-        !s.ok()) {
-      group.layer_table = nullptr;
-      return s;
-    }
-    if (absl::Status s =
-            Cuda(cudaMemcpy(group.layer_table, table.data(), bytes, cudaMemcpyHostToDevice),
-                 "uploading a layer table");
-        !s.ok()) {
-      return s;
+    for (void* layer : found->layers) {
+      table.push_back(static_cast<uint8_t*>(layer));
+      aligned &= reinterpret_cast<uintptr_t>(layer) % 16 == 0;
     }
   }
-  copier->completion_ = std::make_unique<Completion>(&client, copier->device_);
-  return copier;
+  group.aligned16 = aligned;
+  const size_t bytes = table.size() * sizeof(uint8_t*);
+  if (absl::Status s = Cuda(cudaMalloc(&group.layer_table, bytes), "cudaMalloc of a layer table");
+      !s.ok()) {
+    group.layer_table = nullptr;
+    return s;
+  }
+  return Cuda(cudaMemcpy(group.layer_table, table.data(), bytes, cudaMemcpyHostToDevice),
+              "uploading a layer table");
 }
 
 absl::StatusOr<WorkerTicket> WorkerCopier::Backup(absl::Span<const int64_t> host_indices,

@@ -120,8 +120,8 @@ class DevicePool {
         const uint64_t off = row * c.row_bytes;
         if (std::memcmp(got.data() + off, c.image.data() + off, c.row_bytes) == 0) continue;
         ++bad;
-        ADD_FAILURE() << when << ": component '" << c.name << "' layer " << row / c.rows
-                      << " row " << row % c.rows << " differs";
+        ADD_FAILURE() << when << ": component '" << c.name << "' layer " << row / c.rows << " row "
+                      << row % c.rows << " differs";
       }
     }
   }
@@ -172,7 +172,9 @@ class DevicePool {
     uint8_t* base = nullptr;
     std::vector<uint8_t> image;
     uint64_t layer_bytes() const { return rows * row_bytes; }
-    uint8_t* row(uint32_t l, uint64_t r) { return image.data() + l * layer_bytes() + r * row_bytes; }
+    uint8_t* row(uint32_t l, uint64_t r) {
+      return image.data() + l * layer_bytes() + r * row_bytes;
+    }
   };
   uint64_t rows_;
   uint32_t layers_ = 0;

@@ -129,6 +129,11 @@ class WorkerCopier {
   class Completion;
 
   WorkerCopier();
+  // Open's steps: the handed-over regions mapped and registered, and one
+  // launch group with its device layer table.
+  absl::Status MapRegions(const Handoff& handoff, const std::string& socket);
+  absl::Status AddGroup(const v1::WorkerCopyGroup& in, int index,
+                        absl::Span<const CudaComponentLayers> components);
   absl::StatusOr<WorkerTicket> Run(bool load, const v1::TransferTicket& ticket,
                                    cudaStream_t stream);
   // Queues the plan's kernels and events on `stream` for `copy`.
