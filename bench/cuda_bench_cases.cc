@@ -46,8 +46,18 @@ absl::StatusOr<Done> Transfer(kvhost::Client& client, const PathRun& run,
                               const std::vector<int64_t>& host, const std::vector<int64_t>& rows,
                               uint64_t bytes) {
   const Clock::time_point start = Clock::now();
-  absl::StatusOr<uint64_t> ticket =
-      backup ? client.Backup(attachment, host, rows) : client.Load(attachment, host, rows);
+  absl::StatusOr<uint64_t> ticket;
+  if (run.worker != nullptr && run.worker->copier != nullptr) {
+    // The worker path: this process copies, on its copy stream.
+    kvhost::WorkerCopier& copier = *run.worker->copier;
+    absl::StatusOr<kvhost::WorkerTicket> t = backup ? copier.Backup(host, rows, run.worker->stream)
+                                                    : copier.Load(host, rows, run.worker->stream);
+    if (!t.ok()) return t.status();
+    if (absl::Status s = copier.Wait(*t, kTransferTimeout); !s.ok()) return s;
+    ticket = t->ticket_id;
+  } else {
+    ticket = backup ? client.Backup(attachment, host, rows) : client.Load(attachment, host, rows);
+  }
   if (!ticket.ok()) return ticket.status();
   absl::StatusOr<v1::TransferStatus> st = client.WaitTransfer(*ticket, kTransferTimeout);
   if (!st.ok()) return st.status();
@@ -97,6 +107,25 @@ absl::Status Churn(const Options& o, kvhost::Client& client, const std::string& 
   return absl::OkStatus();
 }
 
+// The worker path's copier on `attachment` (nothing for the other paths):
+// the device buffers by the pool's component names (K and V, or the latent).
+absl::Status OpenCopier(kvhost::Client& client, const v1::Pool& pool,
+                        const v1::Attachment& attachment, const DeviceKv& device,
+                        WorkerSide* worker) {
+  if (worker == nullptr) return absl::OkStatus();
+  std::vector<kvhost::CudaComponentLayers> layers;
+  for (int c = 0; c < pool.components_size(); ++c) {
+    layers.push_back({pool.components(c).name(), device.layers(static_cast<uint32_t>(c))});
+  }
+  kvhost::WorkerCopierOptions options;
+  options.blocks = worker->blocks;
+  absl::StatusOr<std::unique_ptr<kvhost::WorkerCopier>> copier =
+      kvhost::WorkerCopier::Open(client, attachment, layers, options);
+  if (!copier.ok()) return copier.status();
+  worker->copier = *std::move(copier);
+  return absl::OkStatus();
+}
+
 // Creates a pool, attaches the worker's device pool (with layer progress
 // when `layer_progress`: the worker waits on the layer counters, and its
 // loads return before they are queued), runs `body` with the host slots,
@@ -106,7 +135,7 @@ absl::Status WithAttachedPool(
     uint64_t need_tokens, std::mt19937_64& rng, const DeviceKv& device,
     const std::function<absl::Status(const v1::Pool&, const v1::Attachment&,
                                      const std::vector<int64_t>&)>& body,
-    bool layer_progress = false) {
+    bool layer_progress = false, WorkerSide* worker = nullptr) {
   return WithHostSlots(o, client, name, spec, need_tokens, rng,
                        [&](const v1::Pool& pool, const std::vector<int64_t>& host) -> absl::Status {
                          absl::StatusOr<v1::AttachDeviceRequest> request =
@@ -116,7 +145,9 @@ absl::Status WithAttachedPool(
                          request->set_layer_progress(layer_progress);
                          absl::StatusOr<v1::Attachment> attachment = client.AttachDevice(*request);
                          if (!attachment.ok()) return attachment.status();
-                         absl::Status s = body(pool, *attachment, host);
+                         absl::Status s = OpenCopier(client, pool, *attachment, device, worker);
+                         if (s.ok()) s = body(pool, *attachment, host);
+                         if (worker != nullptr) worker->copier.reset();
                          absl::Status detached = client.DetachDevice(attachment->id());
                          return s.ok() ? detached : s;
                        });
@@ -293,7 +324,7 @@ absl::Status RunCase(const Options& o, const PathRun& run, const Case& c, kvhost
   };
   return Prefixed(
       WithAttachedPool(o, client, name, SpecFor(o, c.kind, c.layout, c.page_size, o.tokens),
-                       o.tokens, rng, dev, body),
+                       o.tokens, rng, dev, body, /*layer_progress=*/false, run.worker),
       what);
 }
 

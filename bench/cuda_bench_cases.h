@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,13 +28,26 @@
 #include "bench/cuda_bench_worker.h"
 #include "kvhost/client.h"
 #include "kvhost/cuda_export.h"
+#include "kvhost/worker_copy.h"
 
 namespace kvhost::bench {
 
+// The worker path (kvhostd --worker-copy): this process runs each copy
+// through a kvhost::WorkerCopier on its own copy stream (not the compute
+// units' stream), at `blocks` 256-thread blocks (the anchor's first quota).
+// WithAttachedPool opens `copier` on each attachment and closes it before
+// the detach.
+struct WorkerSide {
+  cudaStream_t stream = nullptr;
+  int blocks = 8;
+  std::unique_ptr<kvhost::WorkerCopier> copier;
+};
+
 // The path whose daemon runs now.
 struct PathRun {
-  std::string path;         // --transfer-path
-  std::string ticket_path;  // what its tickets must report; empty for auto
+  std::string path;              // --transfer-path, or "worker"
+  std::string ticket_path;       // what its tickets must report; empty for auto
+  WorkerSide* worker = nullptr;  // the worker path only
 };
 
 // One progress line per case and direction on stderr, with the seconds since

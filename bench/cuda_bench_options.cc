@@ -20,7 +20,9 @@ ABSL_FLAG(std::vector<std::string>, paths, std::vector<std::string>({"auto", "ce
           "kvhostd --transfer-path values to measure, comma separated: auto, ce, staged, sm "
           "(sm, the SM copy path, is auto's choice only under MPS and costs a worker without "
           "MPS +80-200 %; with every path the run no longer fits one 10-minute GPU call: "
-          "measure it in a run of its own, --paths=sm).");
+          "measure it in a run of its own, --paths=sm); worker: kvhostd --worker-copy, this "
+          "process runs each copy (kvhost::WorkerCopier) on a copy stream of its own at the "
+          "first --anchor-quotas value (its cases only, no duplex or time to first layer).");
 ABSL_FLAG(std::vector<std::string>, kinds, std::vector<std::string>({"MHA", "MLA"}),
           "Pool kinds: MHA (8 KV heads x 128 dims bf16, K and V), MLA (576 dims bf16).");
 ABSL_FLAG(std::vector<std::string>, layouts,
@@ -84,7 +86,7 @@ ABSL_FLAG(std::string, daemon_logs, "",
 namespace kvhost::bench {
 namespace {
 
-const char* const kPathNames[] = {"auto", "ce", "staged", "sm"};
+const char* const kPathNames[] = {"auto", "ce", "staged", "sm", "worker"};
 const char* const kWorkerNames[] = {"gemm", "fma"};
 
 // What EstimateSeconds assumes, from the H200 runs of docs/PERF.md: the
@@ -160,7 +162,7 @@ absl::Status ParseLists(Options& o) {
   for (const std::string& p : o.paths) {
     if (!OneOf(p, kPathNames)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--paths: '", p, "' is not one of auto, ce, staged, sm"));
+          absl::StrCat("--paths: '", p, "' is not one of auto, ce, staged, sm, worker"));
     }
   }
   if (!o.quick) {

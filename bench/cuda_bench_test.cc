@@ -49,6 +49,18 @@ TEST(CudaBenchOptionsTest, DefaultsMeasureEveryTarget) {
   EXPECT_LT(EstimateSeconds(*o), kFullRunBudgetS);
 }
 
+TEST(CudaBenchOptionsTest, TheWorkerPathIsOneToAskFor) {
+  absl::FlagSaver saver;
+  absl::SetFlag(&FLAGS_paths, std::vector<std::string>({"staged", "worker"}));
+  absl::StatusOr<Options> o = OptionsFromFlags();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->paths, std::vector<std::string>({"staged", "worker"}));
+  absl::SetFlag(&FLAGS_paths, std::vector<std::string>({"workers"}));
+  o = OptionsFromFlags();
+  ASSERT_FALSE(o.ok());
+  EXPECT_TRUE(absl::StrContains(o.status().message(), "sm, worker")) << o.status();
+}
+
 TEST(CudaBenchOptionsTest, QuickIsASmoke) {
   absl::FlagSaver saver;
   absl::SetFlag(&FLAGS_quick, true);

@@ -207,8 +207,11 @@ std::string LogTail(const kvhost::testing::TestDaemon& daemon) {
 
 absl::Status RunPath(const Options& o, const std::string& path, bench::Worker& w,
                      uint64_t& fill_seed, Results& results, Progress& progress) {
-  std::vector<std::string> flags = {"--backend=cuda", "--log-level=info",
-                                    absl::StrCat("--transfer-path=", path)};
+  // The worker path: kvhostd plans (--worker-copy), this process copies.
+  const bool worker_path = path == "worker";
+  std::vector<std::string> flags = {
+      "--backend=cuda", "--log-level=info",
+      worker_path ? std::string("--worker-copy") : absl::StrCat("--transfer-path=", path)};
   if (!o.staging_bytes.empty()) flags.push_back(absl::StrCat("--staging-bytes=", o.staging_bytes));
   if (o.sm_blocks > 0) flags.push_back(absl::StrCat("--sm-blocks=", o.sm_blocks));
   if (o.load_gates) flags.push_back("--load-gates");
@@ -221,7 +224,26 @@ absl::Status RunPath(const Options& o, const std::string& path, bench::Worker& w
                                      daemon.status().message()));
   }
   kvhost::Client& client = (*daemon)->client();
-  const bench::PathRun run{path, path == "auto" ? "" : absl::StrCat("cuda-", path)};
+  bench::WorkerSide worker;
+  // 1024-thread blocks of the anchor's first quota, in the copy kernel's
+  // 256-thread blocks.
+  if (!o.anchor_quotas.empty()) worker.blocks = static_cast<int>(o.anchor_quotas.front()) * 4;
+  if (worker_path) {
+    if (cudaError_t e = cudaStreamCreateWithFlags(&worker.stream, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      return absl::InternalError(
+          absl::StrCat("the worker path's copy stream: ", cudaGetErrorString(e)));
+    }
+  }
+  struct StreamCloser {
+    cudaStream_t stream;
+    ~StreamCloser() {
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }
+  } closer{worker.stream};
+  const bench::PathRun run{path,
+                           path == "auto" ? "" : (worker_path ? path : absl::StrCat("cuda-", path)),
+                           worker_path ? &worker : nullptr};
   absl::Status s = [&]() -> absl::Status {
     absl::StatusOr<v1::DaemonStatus> status = client.GetStatus();
     if (!status.ok()) return status.status();
@@ -244,6 +266,9 @@ absl::Status RunPath(const Options& o, const std::string& path, bench::Worker& w
       if (!r.ok()) return r;
       progress.snapshot();
     }
+    // The worker path measures its cases only: its duplex and time to the
+    // first layer would need the copier in those loops (not done).
+    if (worker_path) return absl::OkStatus();
     if (absl::Status d = bench::RunDuplex(o, run, client, w, results); !d.ok()) return d;
     progress.snapshot();
     for (uint32_t ps : o.ttfl_page_sizes) {
