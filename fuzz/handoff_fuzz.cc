@@ -21,7 +21,9 @@
 //     INVALID_ARGUMENT with a message;
 //   * a decoded request's caller carries exactly its session ids, and its
 //     token when it has one;
-//   * the lookup: another kind is INVALID_ARGUMENT; an id that names no
+//   * the lookup: a kind other than layer counters and pool regions is
+//     INVALID_ARGUMENT (pool regions: FAILED_PRECONDITION where the id
+//     serves the caller, this daemon serving no worker copies); an id that names no
 //     attachment, or one the caller may not use (the rule of
 //     server/transfer/caller.h, modelled here independently), NOT_FOUND; an
 //     attachment without layer progress FAILED_PRECONDITION; otherwise OK
@@ -210,7 +212,8 @@ class Harness {
                    "a capability in the message: ", found.status().ToString());
       }
     }
-    if (request.kind() != v1::HANDOFF_KIND_LAYER_COUNTERS) {
+    if (request.kind() != v1::HANDOFF_KIND_LAYER_COUNTERS &&
+        request.kind() != v1::HANDOFF_KIND_POOL_REGIONS) {
       FUZZ_CHECK(IsErrorOf(found.status(), {absl::StatusCode::kInvalidArgument}),
                  found.status().ToString());
       return;
@@ -227,19 +230,27 @@ class Harness {
                  found.status().ToString());
       return;
     }
+    // This daemon serves no worker copies (no --worker-copy, host engine).
+    if (request.kind() == v1::HANDOFF_KIND_POOL_REGIONS) {
+      FUZZ_CHECK(IsErrorOf(found.status(), {absl::StatusCode::kFailedPrecondition}),
+                 found.status().ToString());
+      return;
+    }
     if (!target->progress) {
       FUZZ_CHECK(IsErrorOf(found.status(), {absl::StatusCode::kFailedPrecondition}),
                  found.status().ToString());
       return;
     }
     FUZZ_CHECK(found.ok(), target->placeholder, ": ", found.status().ToString());
-    FUZZ_CHECK(found->fd >= 0 && found->keep != nullptr, target->placeholder);
+    FUZZ_CHECK(found->fds.size() == 1 && found->fds[0] >= 0 && found->keep != nullptr,
+               target->placeholder);
+    const int fd = found->fds[0];
     FUZZ_CHECK(found->count == kDefaultLoadEventSets, found->count);
     FUZZ_CHECK(found->bytes >= uint64_t{8} * found->count, found->bytes);
     struct stat st;
-    FUZZ_CHECK(::fstat(found->fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == found->bytes,
+    FUZZ_CHECK(::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == found->bytes,
                found->bytes);
-    FUZZ_CHECK((::fcntl(found->fd, F_GETFL) & O_ACCMODE) == O_RDONLY, "read-only descriptor");
+    FUZZ_CHECK((::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY, "read-only descriptor");
   }
 
   std::string dir_;

@@ -381,22 +381,6 @@ absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment,
   return info;
 }
 
-absl::StatusOr<std::shared_ptr<LayerCounters>> TransferManager::FindLayerCounters(
-    const Caller& caller, const std::string& attachment_id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = attachments_.find(attachment_id);
-  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
-    return AttachmentNotFound(attachment_id);
-  }
-  if (it->second.layer_counters == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("attachment '", ShortId(attachment_id),
-                     "' was made without layer_progress, so it has no layer counters (attach "
-                     "with AttachDeviceRequest.layer_progress set)"));
-  }
-  return it->second.layer_counters;
-}
-
 TransferManager::Attachment* TransferManager::FindAttachment(const Caller& caller,
                                                              const std::string& id) {
   auto it = attachments_.find(id);

@@ -1,5 +1,6 @@
 // TransferManager's worker copies (transfer_manager.h, worker_copy.h): the
-// daemon validates and plans, the worker launches and says when it is done.
+// daemon validates and plans, the worker launches and says when it is done;
+// and the two lookups of the handoff socket (layer counters, pool regions).
 #include <cstring>
 #include <utility>
 
@@ -8,6 +9,15 @@
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
+namespace {
+
+// As transfer_manager.cc's: an id the caller may not use reads as unknown.
+absl::Status AttachmentNotFound(const std::string& id) {
+  return absl::NotFoundError(
+      absl::StrCat("attachment '", ShortId(id), "' not found (or not this session's)"));
+}
+
+}  // namespace
 
 // Here because its first step is the worker copies': nobody finishes them
 // once the manager goes, so the drain must not wait for them.
@@ -39,13 +49,28 @@ bool TransferManager::ServesWorkerCopy(const AttachmentInfo& info) const {
   return CheckWorkerCopy().ok() && info.group.empty();
 }
 
+absl::StatusOr<std::shared_ptr<LayerCounters>> TransferManager::FindLayerCounters(
+    const Caller& caller, const std::string& attachment_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = attachments_.find(attachment_id);
+  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
+    return AttachmentNotFound(attachment_id);
+  }
+  if (it->second.layer_counters == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("attachment '", ShortId(attachment_id),
+                     "' was made without layer_progress, so it has no layer counters (attach "
+                     "with AttachDeviceRequest.layer_progress set)"));
+  }
+  return it->second.layer_counters;
+}
+
 absl::StatusOr<WorkerRegions> TransferManager::FindWorkerRegions(
     const Caller& caller, const std::string& attachment_id) const {
   absl::MutexLock lock(&mu_);
   auto it = attachments_.find(attachment_id);
   if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
-    return absl::NotFoundError(absl::StrCat("attachment '", ShortId(attachment_id),
-                                            "' not found (or not this session's)"));
+    return AttachmentNotFound(attachment_id);
   }
   if (absl::Status s = CheckWorkerCopy(); !s.ok()) return s;
   const Attachment& attachment = it->second;
@@ -102,8 +127,7 @@ absl::StatusOr<WorkerCopyTicket> TransferManager::SubmitWorkerCopy(
     auto it = attachments_.find(attachment_id);
     if (it == attachments_.end()) {
       // Detached (its session closed) since FindTarget.
-      return absl::NotFoundError(
-          absl::StrCat("attachment '", short_id, "' not found (or not this session's)"));
+      return AttachmentNotFound(attachment_id);
     }
     if (copies && it->second.worker_copies >= kMaxWorkerCopiesPerAttachment) {
       return absl::ResourceExhaustedError(
