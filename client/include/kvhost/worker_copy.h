@@ -39,7 +39,9 @@
 // Thread safety: Backup, Load, WaitLayer and Wait may be called
 // concurrently. Ownership: the copier owns its mappings and registrations,
 // the device layer tables and its completion thread; the destructor waits
-// for every copy it started, then unregisters and unmaps. It must run
+// for every copy it started (and kvhostd's answer to each FinishWorkerCopy,
+// at most ClientOptions::timeout each when kvhostd is gone), then
+// unregisters and unmaps. It must run
 // before the CUDA context goes. The device buffers stay the caller's and
 // must outlive the copier. A WorkerTicket holds its copy's events and may
 // outlive the copier.
