@@ -37,6 +37,7 @@ struct WorkerCopier::Region {
   uint8_t* host = nullptr;
   uint8_t* device = nullptr;  // as the GPU sees it (cudaHostGetDevicePointer)
   uint64_t bytes = 0;
+  uint64_t mapped = 0;  // bytes rounded up to whole pages: what is mapped and registered
   bool registered = false;
 };
 
@@ -180,7 +181,7 @@ WorkerCopier::~WorkerCopier() {
   }
   for (const Region& r : regions_) {
     if (r.registered) cudaHostUnregister(r.host);
-    if (r.host != nullptr) ::munmap(r.host, r.bytes);
+    if (r.host != nullptr) ::munmap(r.host, r.mapped);
   }
 }
 
@@ -252,7 +253,10 @@ absl::Status WorkerCopier::MapRegions(const Handoff& handoff, const std::string&
       return absl::InternalError(
           absl::StrCat("region ", r, ": the descriptor is not a file of ", bytes, " bytes"));
     }
-    void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    // Whole pages, as cudaHostRegister wants them (the mapping has them anyway).
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t length = (bytes + page - 1) / page * page;
+    void* mapped = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (mapped == MAP_FAILED) {
       return absl::InternalError(
           absl::StrCat("mmap of region ", r, " (", bytes, " bytes): ", std::strerror(errno)));
@@ -260,9 +264,10 @@ absl::Status WorkerCopier::MapRegions(const Handoff& handoff, const std::string&
     Region& region = regions_.emplace_back();
     region.host = static_cast<uint8_t*>(mapped);
     region.bytes = bytes;
-    if (absl::Status s =
-            Cuda(cudaHostRegister(mapped, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
-                 absl::StrCat("cudaHostRegister of region ", r, " (", bytes, " bytes)"));
+    region.mapped = length;
+    if (absl::Status s = Cuda(
+            cudaHostRegister(mapped, length, cudaHostRegisterMapped | cudaHostRegisterPortable),
+            absl::StrCat("cudaHostRegister of region ", r, " (", bytes, " bytes)"));
         !s.ok()) {
       return s;
     }
