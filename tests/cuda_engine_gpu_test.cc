@@ -93,6 +93,7 @@ using ::kvhost::testing::FillRandomNonZero;
 using ::kvhost::testing::Geo;
 using ::kvhost::testing::GeoOf;
 using ::kvhost::testing::GpuBuffers;
+using ::kvhost::testing::GpuDims;
 using ::kvhost::testing::GpuKvPool;
 using ::kvhost::testing::IsCudaPathName;
 using ::kvhost::testing::IsError;
@@ -107,17 +108,6 @@ using ::kvhost::testing::PathLabel;
 using ::kvhost::testing::SourceRows;
 using ::kvhost::testing::StatusOf;
 using ::kvhost::testing::TransferPath;
-
-// The GPU tests move larger rows than the integration tests' default Dims.
-Dims GpuDims() {
-  Dims d;
-  d.layers = 3;
-  d.heads = 4;
-  d.head_dim = 64;
-  d.lora_rank = 64;
-  d.rope_dim = 16;
-  return d;
-}
 
 // ---------------------------------------------------------------------------
 // Transfer paths (TransferPath, CudaDaemonFlags: tests/cuda_test_util.h).

@@ -39,6 +39,17 @@ namespace kvhost::testing {
 // ---------------------------------------------------------------------------
 // Transfer paths.
 
+// The GPU tests move larger rows than the integration tests' default Dims.
+inline Dims GpuDims() {
+  Dims d;
+  d.layers = 3;
+  d.heads = 4;
+  d.head_dim = 64;
+  d.lora_rank = 64;
+  d.rope_dim = 16;
+  return d;
+}
+
 // How kvhostd is told to choose its transfer path, and what its tickets must
 // then report.
 struct TransferPath {

@@ -36,6 +36,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "api_test_util.h"
+#include "cuda_test_util.h"
 #include "daemon_fixture.h"
 #include "gpu_worker_kernels.h"
 #include "gtest/gtest.h"
@@ -58,24 +59,9 @@ using ::kvhost::testing::PageSlots;
 using ::kvhost::testing::SourceRows;
 using ::kvhost::testing::TestDaemon;
 
+using ::kvhost::testing::GpuDims;
+
 constexpr absl::Duration kWait = absl::Seconds(60);
-
-#define ASSERT_CUDA(expr)                                                       \
-  do {                                                                          \
-    const cudaError_t e_ = (expr);                                              \
-    ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorName(e_) << " (" \
-                               << cudaGetErrorString(e_) << ")";                \
-  } while (0)
-
-Dims GpuDims() {
-  Dims d;
-  d.layers = 3;
-  d.heads = 4;
-  d.head_dim = 64;
-  d.lora_rank = 64;
-  d.rope_dim = 16;
-  return d;
-}
 
 // The worker's device pool, any kind: per component of the pool one
 // cudaMalloc holding its attached layers back to back (device_size_tokens /
