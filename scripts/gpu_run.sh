@@ -45,6 +45,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   run layout_gpu_test bundle/bin/layout_gpu_test
   run cuda_engine_gpu_test bundle/bin/cuda_engine_gpu_test
   [ -x bundle/bin/worker_death_gpu_test ] && run worker_death_gpu_test bundle/bin/worker_death_gpu_test
+  [ -x bundle/bin/worker_copy_gpu_test ] && run worker_copy_gpu_test bundle/bin/worker_copy_gpu_test
   run integration_test bundle/bin/integration_test
   [ -x bundle/bin/kinds_integration_test ] && run kinds_integration_test bundle/bin/kinds_integration_test
   [ -x bundle/bin/groups_integration_test ] && run groups_integration_test bundle/bin/groups_integration_test
