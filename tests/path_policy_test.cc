@@ -55,13 +55,24 @@ TEST(PathPolicyTest, LargePiecesTakeTheCopyEnginesWithoutPlanningStaged) {
             CudaPath::kStaged);
 }
 
-TEST(PathPolicyTest, MpsTakesTheSmPathWhereTheGpuCanUseHostPointers) {
+TEST(PathPolicyTest, MpsTakesStagedFirstAndTheSmPathWhereNothingStages) {
   int plans = 0;
   PathFacts f = SmallPieces(2048, 1 << 20, &plans);
   f.mps = true;
+  absl::StatusOr<PathDecision> d = DecidePath(f, {});
+  EXPECT_EQ(d->path, CudaPath::kStaged);
+  EXPECT_TRUE(absl::StrContains(d->why, "MPS active")) << d->why;
+  // No larger staged blocks: under MPS the SM path, where the GPU can use
+  // host pointers; the copy engines otherwise.
+  f = SmallPieces(2048, 2048, &plans);
+  f.mps = true;
+  d = DecidePath(f, {});
+  EXPECT_EQ(d->path, CudaPath::kSm);
+  EXPECT_TRUE(absl::StrContains(d->why, "no larger blocks to stage, MPS active")) << d->why;
+  f.stageable = false;
   EXPECT_EQ(DecidePath(f, {})->path, CudaPath::kSm);
   f.host_pointer_ok = false;
-  EXPECT_EQ(DecidePath(f, {})->path, CudaPath::kStaged);
+  EXPECT_EQ(DecidePath(f, {})->path, CudaPath::kCopyEngine);
 }
 
 TEST(PathPolicyTest, StagedOnlyWhereItsBlocksAreClearlyLarger) {

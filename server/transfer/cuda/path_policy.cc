@@ -67,17 +67,22 @@ absl::StatusOr<PathDecision> DecidePath(const PathFacts& facts, const PathPolicy
                    absl::StrCat("auto: copy-engine pieces of ", ByteSize(piece),
                                 " on average, >= ", ByteSize(policy.ce_min_piece_bytes)));
   }
-  if (facts.mps && facts.host_pointer_ok) {
-    return decided(CudaPath::kSm, absl::StrCat("auto: copy-engine pieces of only ", ByteSize(piece),
-                                               ", MPS active"));
-  }
+  // Staged before the SM path even under MPS: measured on the H200 against a
+  // GEMM worker (docs/PERF.md, run Q), staged cost it +4.3 to +5.9 % back to
+  // back under MPS at 0.96 of the link, the SM path's long small-grid kernel
+  // +24 to +27 % for backups at 0.89-0.92.
+  const char* const mps = facts.mps ? "MPS active" : "MPS not active";
   if (facts.stageable && facts.staged_block_bytes) {
     absl::StatusOr<uint64_t> block = facts.staged_block_bytes();
     if (block.ok() && *block >= policy.staged_min_gain * piece) {
       return decided(CudaPath::kStaged,
                      absl::StrCat("auto: copy-engine pieces of only ", ByteSize(piece),
-                                  ", staged blocks of ", ByteSize(*block), ", MPS not active"));
+                                  ", staged blocks of ", ByteSize(*block), ", ", mps));
     }
+  }
+  if (facts.mps && facts.host_pointer_ok) {
+    return decided(CudaPath::kSm, absl::StrCat("auto: copy-engine pieces of only ", ByteSize(piece),
+                                               ", no larger blocks to stage, MPS active"));
   }
   return decided(CudaPath::kCopyEngine,
                  absl::StrCat("auto: copy-engine pieces of ", ByteSize(piece),

@@ -12,11 +12,14 @@
 //                                  the plan's own error when it has none);
 //   auto, large copy-engine pieces the copy engines: no kernel at all, so
 //                                  the worker pays nothing;
-//   auto, MPS active               the SM copy path: under MPS a small grid
-//                                  shares the SMs instead of time-slicing;
 //   auto, staged blocks larger     the staged path: one short full-grid
 //                                  gather or scatter per chunk and large
-//                                  copy-engine copies;
+//                                  copy-engine copies (under MPS too: it
+//                                  costs a GEMM worker less than the SM
+//                                  path's long kernel, docs/PERF.md run Q);
+//   auto, MPS active               the SM copy path, where no staged plan is
+//                                  larger: under MPS a small grid shares the
+//                                  SMs instead of time-slicing;
 //   auto, otherwise                the copy engines, slow but free for the
 //                                  worker (never a kernel that time-slices
 //                                  against it for no gain).
