@@ -5,68 +5,113 @@
 namespace kvhost {
 namespace {
 
-// 16-byte loads in flight per lane before the stores: enough bytes on the
-// way to cover PCIe latency with a small grid (8 warps x 32 lanes x 4 x 16 B
-// = 16 KiB per block).
+// 16-byte loads in flight per lane and item before the stores: enough bytes
+// on the way to cover PCIe latency with a small grid (8 warps x 32 lanes x
+// 4 x 16 B = 16 KiB per block and item).
 constexpr int kUnroll = 4;
 
-// `kLanes` lanes (a warp or a part of one) copy one item of `n` bytes;
-// `lane` is the lane's index among them.
-template <bool kVector, int kLanes>
-__device__ __forceinline__ void CopyItemBytesGroup(uint8_t* dst, const uint8_t* src, uint64_t n,
-                                                   unsigned lane) {
-  if constexpr (kVector) {
-    constexpr uint64_t kStride = kLanes * 16;
-    for (uint64_t base = lane * 16ull; base < n; base += kStride * kUnroll) {
-      uint4 v[kUnroll];
+// Items a group of lanes copies at once in 16-byte vectors: their loads are
+// all issued before the first store, so that with few warps (the worker's
+// copy, a small SM-path grid) an item's address lookup and PCIe round trip
+// overlap another's.
+constexpr int kItemsAtOnce = 2;
+
+// `kLanes` lanes (a warp or a part of one) copy the first `items` of
+// `dst` / `src` (n bytes each) in 16-byte vectors; `lane` is the lane's
+// index among them.
+template <int kLanes>
+__device__ __forceinline__ void CopyVectors(uint8_t* const (&dst)[kItemsAtOnce],
+                                            const uint8_t* const (&src)[kItemsAtOnce], int items,
+                                            uint64_t n, unsigned lane) {
+  constexpr uint64_t kStride = kLanes * 16;
+  for (uint64_t base = lane * 16ull; base < n; base += kStride * kUnroll) {
+    uint4 v[kItemsAtOnce][kUnroll];
+#pragma unroll
+    for (int m = 0; m < kItemsAtOnce; ++m) {
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
         const uint64_t o = base + k * kStride;
-        if (o < n) v[k] = *reinterpret_cast<const uint4*>(src + o);
-      }
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        const uint64_t o = base + k * kStride;
-        if (o < n) *reinterpret_cast<uint4*>(dst + o) = v[k];
+        if (m < items && o < n) v[m][k] = *reinterpret_cast<const uint4*>(src[m] + o);
       }
     }
-  } else {
-    for (uint64_t o = lane; o < n; o += kLanes) dst[o] = src[o];
+#pragma unroll
+    for (int m = 0; m < kItemsAtOnce; ++m) {
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const uint64_t o = base + k * kStride;
+        if (m < items && o < n) *reinterpret_cast<uint4*>(dst[m] + o) = v[m][k];
+      }
+    }
   }
 }
 
-// One item per group of kLanes lanes, 32 / kLanes groups per warp; the
-// groups of a warp take consecutive items.
+// A warp copies an item of `n` bytes a byte per lane (unaligned items).
+__device__ __forceinline__ void CopyBytes(uint8_t* dst, const uint8_t* src, uint64_t n,
+                                          unsigned lane) {
+  for (uint64_t o = lane; o < n; o += 32) dst[o] = src[o];
+}
+
+// The last tile of `a` whose first item is <= i (tiles are ordered by
+// first_item, and tile 0's is 0).
+__device__ __forceinline__ uint32_t TileOf(const CopyKernelArgs& a, uint64_t i) {
+  uint32_t lo = 0;
+  uint32_t hi = a.tile_count;
+  while (hi - lo > 1) {
+    const uint32_t mid = (lo + hi) / 2;
+    if (a.tiles[mid].first_item <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// One item per group of kLanes lanes, 32 / kLanes groups per warp. Each warp
+// takes one contiguous span of items, its groups consecutive items within
+// it: the warp searches the tiles once, for the span's first item, and then
+// steps forward through them. A small grid (the worker's copy, the SM path)
+// has few warps to hide latency with, and a tile search per item (a chain of
+// dependent loads for each of thousands of single-token tiles) would bound
+// its speed, not PCIe.
 template <bool kVector, int kLanes>
 __global__ void CopyKernel(CopyKernelArgs a) {
   constexpr uint64_t kGroupsPerWarp = 32 / kLanes;
-  const uint64_t groups = uint64_t{gridDim.x} * (blockDim.x / kLanes);
+  static_assert(32 % kLanes == 0, "a group is a power-of-two part of a warp");
+  const uint64_t warps = uint64_t{gridDim.x} * (blockDim.x / 32);
+  const uint64_t warp = uint64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32;
+  // Whole rounds of the warp's groups per span.
+  const uint64_t rounds = (a.item_count + warps * kGroupsPerWarp - 1) / (warps * kGroupsPerWarp);
+  const uint64_t begin = warp * rounds * kGroupsPerWarp;
+  if (begin >= a.item_count) return;
+  const uint64_t span_end = begin + rounds * kGroupsPerWarp;
+  const uint64_t end = span_end < a.item_count ? span_end : a.item_count;
   const unsigned lane = threadIdx.x % kLanes;
   const uint64_t item_bytes = CopyItemBytes(a.layout);
-  static_assert(32 % kLanes == 0, "a group is a power-of-two part of a warp");
-  for (uint64_t i =
-           uint64_t{blockIdx.x} * (blockDim.x / 32) * kGroupsPerWarp + threadIdx.x / kLanes;
-       i < a.item_count; i += groups) {
-    // The last tile whose first item is <= i.
-    uint32_t lo = 0;
-    uint32_t hi = a.tile_count;
-    while (hi - lo > 1) {
-      const uint32_t mid = (lo + hi) / 2;
-      if (a.tiles[mid].first_item <= i) {
-        lo = mid;
-      } else {
-        hi = mid;
-      }
+  constexpr int kItems = kVector ? kItemsAtOnce : 1;
+  uint32_t t = TileOf(a, begin);
+  for (uint64_t i = begin + (threadIdx.x % 32) / kLanes; i < end; i += kItems * kGroupsPerWarp) {
+    uint8_t* dst[kItemsAtOnce] = {};
+    const uint8_t* src[kItemsAtOnce] = {};
+    int items = 0;
+#pragma unroll
+    for (int m = 0; m < kItems; ++m) {
+      const uint64_t x = i + m * kGroupsPerWarp;
+      if (x >= end) break;
+      while (t + 1 < a.tile_count && a.tiles[t + 1].first_item <= x) ++t;
+      const CopyTile& s = a.tiles[t];
+      const CopyItem item = DecodeCopyItem(a.layout, s, x - s.first_item, a.layer_shift,
+                                           a.device_layers_per_plane, a.device_layer_delta);
+      uint8_t* device = a.device_layers[item.device_buffer] + item.device_offset;
+      uint8_t* other = a.other + item.other_offset;
+      dst[m] = a.to_device ? device : other;
+      src[m] = a.to_device ? other : device;
+      ++items;
     }
-    const CopyTile& s = a.tiles[lo];
-    const CopyItem item = DecodeCopyItem(a.layout, s, i - s.first_item, a.layer_shift,
-                                         a.device_layers_per_plane, a.device_layer_delta);
-    uint8_t* device = a.device_layers[item.device_buffer] + item.device_offset;
-    uint8_t* other = a.other + item.other_offset;
-    if (a.to_device) {
-      CopyItemBytesGroup<kVector, kLanes>(device, other, item_bytes, lane);
+    if constexpr (kVector) {
+      CopyVectors<kLanes>(dst, src, items, item_bytes, lane);
     } else {
-      CopyItemBytesGroup<kVector, kLanes>(other, device, item_bytes, lane);
+      CopyBytes(dst[0], src[0], item_bytes, lane);
     }
   }
 }
