@@ -330,10 +330,10 @@ int kvhost_transfer_poll(kvhost_client* client, uint64_t ticket_id, int32_t* don
   return Run(err, err_len, [&]() -> absl::Status {
     absl::StatusOr<kvhost::Client*> c = ClientOf(client);
     if (!c.ok()) return c.status();
+    if (done != nullptr) *done = 0;
     absl::StatusOr<kvhost::v1::TransferStatus> status = (*c)->PollTransfer(ticket_id);
-    // A failed ticket is done: its error is the answer.
-    if (done != nullptr) *done = !status.ok() || status->done() ? 1 : 0;
-    if (!status.ok()) return status.status();
+    if (!status.ok()) return status.status();  // the ticket's error, or the call's
+    if (done != nullptr) *done = status->done() ? 1 : 0;
     return kvhost::c_api::WriteTransferStatus(*status, status_json, status_len, status_needed);
   });
 }

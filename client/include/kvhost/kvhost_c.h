@@ -335,8 +335,8 @@ KVHOST_C_API int kvhost_load_with_events(kvhost_client* client, const kvhost_att
 KVHOST_C_API int kvhost_transfer_wait(kvhost_client* client, uint64_t ticket_id, int64_t timeout_ms,
                                       char* status_json, size_t status_len, size_t* status_needed,
                                       char* err, size_t err_len);
-/* The ticket now, without waiting: *done 1 when finished (then the call
- * returns its error, if it failed). */
+/* The ticket now, without waiting: *done 1 once it finished. A ticket that
+ * failed returns its error (as does a failed call; *done is 0 then). */
 KVHOST_C_API int kvhost_transfer_poll(kvhost_client* client, uint64_t ticket_id, int32_t* done,
                                       char* status_json, size_t status_len, size_t* status_needed,
                                       char* err, size_t err_len);
