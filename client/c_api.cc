@@ -113,6 +113,12 @@ absl::StatusOr<Client*> ClientOf(kvhost_client* client) {
 
 namespace {
 
+// A path ("/run/kvhost/kvhost.sock") names a unix socket; anything else is
+// a gRPC address as ClientOptions takes it.
+std::string AddressOf(const std::string& address) {
+  return !address.empty() && address[0] == '/' ? "unix://" + address : address;
+}
+
 absl::StatusOr<bool> ParseBool(const std::string& key, const std::string& value) {
   bool b = false;
   if (!absl::SimpleAtob(value, &b)) {
@@ -132,8 +138,11 @@ absl::StatusOr<int64_t> ParseMs(const std::string& key, const std::string& value
 }
 
 absl::Status SetOption(ClientOptions& o, const std::string& key, const std::string& value) {
+  if (key == "address") {
+    o.address = AddressOf(value);
+    return absl::OkStatus();
+  }
   std::string* text = nullptr;
-  if (key == "address") text = &o.address;
   if (key == "owner_token") text = &o.owner_token;
   if (key == "tls_ca_file") text = &o.tls_ca_file;
   if (key == "tls_cert_file") text = &o.tls_cert_file;
@@ -265,7 +274,7 @@ int kvhost_connect(const char* address, int64_t timeout_ms, int worker_session, 
     absl::StatusOr<absl::Duration> timeout =
         kvhost::c_api::Timeout(timeout_ms, options.timeout, "timeout");
     if (!timeout.ok()) return timeout.status();
-    options.address = *a;
+    options.address = kvhost::c_api::AddressOf(*a);
     options.timeout = *timeout;
     options.worker_session = worker_session != 0;
     return kvhost::c_api::Connect(options, out);

@@ -123,7 +123,7 @@ int kvhost_alloc(kvhost_client* client, const char* pool, uint64_t num_tokens, i
     if (!p.ok()) return p.status();
     // Checked before the call, so a short buffer allocates nothing.
     if (count != nullptr) *count = num_tokens;
-    if (indices == nullptr || capacity < num_tokens) {
+    if (capacity < num_tokens || (indices == nullptr && num_tokens > 0)) {
       return absl::OutOfRangeError(
           absl::StrCat("Alloc of ", num_tokens, " slots of pool '", *p, "' needs room for ",
                        num_tokens, " indices; the buffer has ", indices == nullptr ? 0 : capacity));

@@ -169,6 +169,13 @@ int c_api_test_options_and_connect(const c_api_test_env* env, char* why, size_t 
   OK(kvhost_pool_list_json(c, list, sizeof(list), NULL, E));
   CHECK(strcmp(list, "{\"pools\":[]}") == 0, "pool list '%s'", list);
 
+  /* A socket path is a unix address. */
+  CHECK(strncmp(env->address, "unix://", 7) == 0, "address %s", env->address);
+  OK(kvhost_connect(env->address + 7, 10000, 0, &unused, E));
+  OK(kvhost_client_wait_ready(unused, 20000, E));
+  kvhost_client_close(unused);
+  unused = NULL;
+
   /* An empty address is refused by the C++ client, through the ABI. */
   OK(kvhost_client_options_set(o, "address", "", E));
   EXPECT_CODE(KVHOST_INVALID_ARGUMENT, kvhost_client_connect(o, &unused, E));
@@ -267,6 +274,8 @@ int c_api_test_alloc_free_pages(const c_api_test_env* env, char* why, size_t why
   EXPECT_CODE(KVHOST_NOT_FOUND, kvhost_alloc(c, "nope", 8, idx, 16, &count, E));
   CONTAINS(err, "nope");
   EXPECT_CODE(KVHOST_INVALID_ARGUMENT, kvhost_alloc(c, "p", 3, idx, 16, &count, E));
+  /* Zero slots need no buffer: the daemon's own refusal. */
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT, kvhost_alloc(c, "p", 0, NULL, 0, &count, E));
 
   OK(kvhost_alloc(c, "p", 8, idx, 16, &count, E));
   CHECK(count == 8, "count %zu", count);

@@ -126,7 +126,8 @@ KVHOST_C_API const char* kvhost_code_name(int code);
 /* --- Connection ----------------------------------------------------------- */
 
 /* Options of kvhost_client_connect (kvhost::ClientOptions), set by key:
- *   address                  "unix:///path.sock" or "host:port"
+ *   address                  "unix:///path.sock", "host:port", or a socket
+ *                            path ("/run/kvhost/kvhost.sock": unix://)
  *   timeout_ms               deadline of each call (default 30000)
  *   max_message_bytes        (default 64 MiB)
  *   owner_token, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name
