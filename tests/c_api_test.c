@@ -11,49 +11,14 @@
 
 #include "c_api_test.h"
 
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "c_api_check.h"
 #include "kvhost/kvhost_c.h"
-
-#define E err, sizeof(err)
-
-static void fail_at(char* why, size_t why_len, int line, const char* fmt, ...) {
-  size_t n;
-  va_list args;
-  snprintf(why, why_len, "c_api_test.c:%d: ", line);
-  n = strlen(why);
-  va_start(args, fmt);
-  vsnprintf(why + n, why_len - n, fmt, args);
-  va_end(args);
-}
-
-#define CHECK(cond, ...)                            \
-  do {                                              \
-    if (!(cond)) {                                  \
-      fail_at(why, why_len, __LINE__, __VA_ARGS__); \
-      goto done;                                    \
-    }                                               \
-  } while (0)
-
-#define EXPECT_CODE(want, call)                                                                  \
-  do {                                                                                           \
-    int rc_ = (call);                                                                            \
-    if (rc_ != (want)) {                                                                         \
-      fail_at(why, why_len, __LINE__, "%s: %s (%s), want %s", #call, kvhost_code_name(rc_), err, \
-              kvhost_code_name(want));                                                           \
-      goto done;                                                                                 \
-    }                                                                                            \
-  } while (0)
-
-#define OK(call) EXPECT_CODE(KVHOST_OK, call)
-
-#define CONTAINS(text, part) \
-  CHECK(strstr((text), (part)) != NULL, "'%s' does not contain '%s'", (text), (part))
 
 /* MHA, PAGE_FIRST, BF16, 4-token pages, 3 layers, 2 heads of 8: 32-byte rows. */
 static const char kSpec[] =
