@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Package test: install kvhost from a build tree into a private prefix, build
-# tests/consumer (find_package(kvhost) + kvhost::client) against that prefix
-# alone, and run it against a kvhostd on a private socket. Checks that the
-# installed headers, include dirs and find_dependency list are complete, and
-# that kvhostd exits 0 on SIGTERM.
+# tests/consumer (find_package(kvhost) + kvhost::client, and kvhost::c from
+# C) against that prefix alone, and run it against a kvhostd on a private
+# socket. Checks that the installed headers, include dirs and find_dependency
+# list are complete, and that kvhostd exits 0 on SIGTERM.
 #
 #   package_test.sh BUILD_DIR CONSUMER_SOURCE_DIR
 set -euo pipefail
@@ -77,6 +77,12 @@ done
 [[ $ok -eq 1 ]] || { cat "$tmp/app.err" >&2; fail "consumer failed against kvhostd"; }
 echo "consumer: $out"
 [[ "$out" == "pools: 0" ]] || fail "consumer printed '$out', want 'pools: 0'"
+
+echo "== run the C consumer (kvhost::c, libkvhost_c.so)"
+c_out=$("$tmp/consumer-build/c_app" "unix://$sock" 2>"$tmp/c_app.err") ||
+  { cat "$tmp/c_app.err" >&2; fail "the C consumer failed against kvhostd"; }
+echo "C consumer: $c_out"
+[[ "$c_out" == 'c abi 1: {"pools":[]}' ]] || fail "C consumer printed '$c_out'"
 
 cuda_app="$tmp/consumer-build/cuda_app"
 # The installed config says whether the package was built with CUDA.

@@ -1,0 +1,207 @@
+// The C ABI's pool calls (kvhost/kvhost_c.h): pools and groups from JSON
+// specs, Alloc / Free into the caller's index arrays, page metadata and
+// flat pages into the caller's buffers.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "c_api_internal.h"
+
+using kvhost::c_api::ClientOf;
+using kvhost::c_api::Indices;
+using kvhost::c_api::Run;
+using kvhost::c_api::Str;
+
+extern "C" {
+
+int kvhost_pool_create(kvhost_client* client, const char* name, const char* spec_json, char* err,
+                       size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> n = Str(name, "pool name");
+    if (!n.ok()) return n.status();
+    kvhost::v1::PoolSpec spec;
+    if (absl::Status s = kvhost::c_api::FromJson(spec_json, &spec, "spec_json"); !s.ok()) return s;
+    return (*c)->CreatePool(*n, spec).status();
+  });
+}
+
+int kvhost_pool_get_json(kvhost_client* client, const char* name, char* out, size_t out_len,
+                         size_t* needed, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> n = Str(name, "pool name");
+    if (!n.ok()) return n.status();
+    absl::StatusOr<kvhost::v1::Pool> pool = (*c)->GetPool(*n);
+    if (!pool.ok()) return pool.status();
+    return kvhost::c_api::WriteJson(*pool, out, out_len, needed,
+                                    absl::StrCat("pool '", *n, "'").c_str());
+  });
+}
+
+int kvhost_pool_list_json(kvhost_client* client, char* out, size_t out_len, size_t* needed,
+                          char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::vector<kvhost::v1::Pool>> pools = (*c)->ListPools();
+    if (!pools.ok()) return pools.status();
+    kvhost::v1::ListPoolsResponse list;
+    for (kvhost::v1::Pool& p : *pools) *list.add_pools() = std::move(p);
+    return kvhost::c_api::WriteJson(list, out, out_len, needed, "the pool list");
+  });
+}
+
+int kvhost_pool_delete(kvhost_client* client, const char* name, uint64_t* bytes_released, char* err,
+                       size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> n = Str(name, "pool name");
+    if (!n.ok()) return n.status();
+    absl::StatusOr<uint64_t> bytes = (*c)->DeletePool(*n);
+    if (!bytes.ok()) return bytes.status();
+    if (bytes_released != nullptr) *bytes_released = *bytes;
+    return absl::OkStatus();
+  });
+}
+
+int kvhost_group_create(kvhost_client* client, const char* name, const char* group_json, char* err,
+                        size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> n = Str(name, "group name");
+    if (!n.ok()) return n.status();
+    kvhost::v1::CreatePoolGroupRequest request;
+    if (absl::Status s = kvhost::c_api::FromJson(group_json, &request, "group_json"); !s.ok()) {
+      return s;
+    }
+    // One name, given once: a second one in the JSON could only disagree.
+    if (!request.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("group_json names the group '", request.name(),
+                                                     "'; give the name as the argument only"));
+    }
+    std::vector<kvhost::v1::PoolEntry> entries(request.entries().begin(), request.entries().end());
+    return (*c)->CreatePoolGroup(*n, request.layer_num(), entries).status();
+  });
+}
+
+int kvhost_group_get_json(kvhost_client* client, const char* name, char* out, size_t out_len,
+                          size_t* needed, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> n = Str(name, "group name");
+    if (!n.ok()) return n.status();
+    absl::StatusOr<kvhost::v1::PoolGroup> group = (*c)->GetPoolGroup(*n);
+    if (!group.ok()) return group.status();
+    return kvhost::c_api::WriteJson(*group, out, out_len, needed,
+                                    absl::StrCat("group '", *n, "'").c_str());
+  });
+}
+
+int kvhost_group_delete(kvhost_client* client, const char* name, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> n = Str(name, "group name");
+    if (!n.ok()) return n.status();
+    return (*c)->DeletePoolGroup(*n);
+  });
+}
+
+int kvhost_alloc(kvhost_client* client, const char* pool, uint64_t num_tokens, int64_t* indices,
+                 size_t capacity, size_t* count, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    // Checked before the call, so a short buffer allocates nothing.
+    if (count != nullptr) *count = num_tokens;
+    if (capacity < num_tokens || (indices == nullptr && num_tokens > 0)) {
+      return absl::OutOfRangeError(
+          absl::StrCat("Alloc of ", num_tokens, " slots of pool '", *p, "' needs room for ",
+                       num_tokens, " indices; the buffer has ", indices == nullptr ? 0 : capacity));
+    }
+    absl::StatusOr<std::vector<int64_t>> slots = (*c)->Alloc(*p, num_tokens);
+    if (!slots.ok()) return slots.status();
+    if (slots->size() > capacity) {
+      // The daemon answered more than it was asked: give them back rather
+      // than leave slots the caller cannot see.
+      (void)(*c)->Free(*p, *slots);
+      return absl::InternalError(absl::StrCat("Alloc of ", num_tokens, " slots of pool '", *p,
+                                              "' returned ", slots->size(), " (freed again)"));
+    }
+    std::copy(slots->begin(), slots->end(), indices);
+    if (count != nullptr) *count = slots->size();
+    return absl::OkStatus();
+  });
+}
+
+int kvhost_free(kvhost_client* client, const char* pool, const int64_t* indices, size_t num_indices,
+                uint64_t* freed, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    absl::StatusOr<absl::Span<const int64_t>> in = Indices(indices, num_indices, "indices");
+    if (!in.ok()) return in.status();
+    absl::StatusOr<uint64_t> n = (*c)->Free(*p, *in);
+    if (!n.ok()) return n.status();
+    if (freed != nullptr) *freed = *n;
+    return absl::OkStatus();
+  });
+}
+
+int kvhost_page_buffer_meta_json(kvhost_client* client, const char* pool, const int64_t* indices,
+                                 size_t num_indices, char* out, size_t out_len, size_t* needed,
+                                 char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    absl::StatusOr<absl::Span<const int64_t>> in = Indices(indices, num_indices, "indices");
+    if (!in.ok()) return in.status();
+    absl::StatusOr<kvhost::v1::PageBufferMeta> meta = (*c)->GetPageBufferMeta(*p, *in);
+    if (!meta.ok()) return meta.status();
+    return kvhost::c_api::WriteJson(*meta, out, out_len, needed, "the page buffer meta");
+  });
+}
+
+int kvhost_get_data_page(kvhost_client* client, const char* pool, int64_t index, void* data,
+                         size_t data_len, size_t* size, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    absl::StatusOr<std::string> page = (*c)->GetDataPage(*p, index);
+    if (!page.ok()) return page.status();
+    return kvhost::c_api::WriteBytes(*page, data, data_len, size,
+                                     absl::StrCat("page ", index, " of pool '", *p, "'").c_str());
+  });
+}
+
+int kvhost_set_from_flat_data_page(kvhost_client* client, const char* pool, int64_t index,
+                                   const void* data, size_t data_len, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    if (data == nullptr && data_len != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("data is NULL with a length of ", data_len));
+    }
+    return (*c)->SetFromFlatDataPage(*p, index,
+                                     absl::string_view(static_cast<const char*>(data), data_len));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,397 @@
+// The C ABI's worker calls (kvhost/kvhost_c.h) that need no CUDA: shm
+// device pools, attaching them, attachments, Backup / Load and their
+// tickets, and the per-layer waits of a load (layer counters here; the
+// load events' half is in c_api_cuda.cc).
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "c_api_internal.h"
+
+namespace kvhost::c_api {
+
+// The fields an attach's options_json may set: the rest are the buffers,
+// which the call itself fills.
+absl::Status AttachOptions(const char* options_json, bool layer_range,
+                           v1::AttachDeviceRequest* request) {
+  v1::AttachDeviceRequest options;
+  if (absl::Status s = FromJson(options_json, &options, "options_json", /*optional=*/true);
+      !s.ok()) {
+    return s;
+  }
+  const char* buffer_field = nullptr;
+  if (!options.pool().empty()) buffer_field = "pool";
+  if (options.k_layers_size() > 0) buffer_field = "k_layers";
+  if (options.v_layers_size() > 0) buffer_field = "v_layers";
+  if (options.components_size() > 0) buffer_field = "components";
+  if (options.entries_size() > 0) buffer_field = "entries";
+  if (options.device_size_tokens() != 0) buffer_field = "device_size_tokens";
+  if (!options.session_id().empty()) buffer_field = "session_id";
+  if (buffer_field != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options_json sets ", buffer_field,
+        ", which the attach call fills itself (options: tp_rank, load_only, layer_progress, "
+        "load_event_sets, start_layer, end_layer)"));
+  }
+  if (!layer_range && (options.start_layer() != 0 || options.end_layer() != 0)) {
+    return absl::InvalidArgumentError(
+        "options_json sets start_layer / end_layer; a shm device pool's layer range is "
+        "kvhost_shm_device_pool_create's");
+  }
+  if (options.has_tp_rank()) request->set_tp_rank(options.tp_rank());
+  if (options.load_only()) request->set_load_only(true);
+  if (options.layer_progress()) request->set_layer_progress(true);
+  if (options.load_event_sets() != 0) request->set_load_event_sets(options.load_event_sets());
+  if (options.start_layer() != 0) request->set_start_layer(options.start_layer());
+  if (options.end_layer() != 0) request->set_end_layer(options.end_layer());
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::StatusOr<const ShmDevicePool*> DeviceOf(const kvhost_shm_device_pool* device) {
+  if (device == nullptr || device->pool == nullptr) {
+    return absl::InvalidArgumentError("device pool is NULL");
+  }
+  return device->pool.get();
+}
+
+absl::StatusOr<const v1::Attachment*> AttachmentOf(const kvhost_attachment* attachment) {
+  if (attachment == nullptr) return absl::InvalidArgumentError("attachment is NULL");
+  return &attachment->attachment;
+}
+
+// A finished ticket's status into the caller's optional JSON buffer.
+absl::Status WriteTransferStatus(const v1::TransferStatus& status, char* out, size_t out_len,
+                                 size_t* needed) {
+  if (out == nullptr && out_len == 0 && needed == nullptr) return absl::OkStatus();
+  return WriteJson(status, out, out_len, needed, "the transfer status");
+}
+
+// Backup or Load, then the wait that KVHOST_TRANSFER_WAIT asks for.
+template <typename Submit>
+absl::Status Transfer(kvhost_client* client, const kvhost_attachment* attachment,
+                      const int64_t* host_indices, size_t num_host, const int64_t* device_indices,
+                      size_t num_device, uint32_t flags, int64_t wait_timeout_ms,
+                      uint64_t* ticket_id, Submit&& submit) {
+  absl::StatusOr<Client*> c = ClientOf(client);
+  if (!c.ok()) return c.status();
+  absl::StatusOr<const v1::Attachment*> a = AttachmentOf(attachment);
+  if (!a.ok()) return a.status();
+  absl::StatusOr<absl::Span<const int64_t>> host = Indices(host_indices, num_host, "host_indices");
+  if (!host.ok()) return host.status();
+  absl::StatusOr<absl::Span<const int64_t>> dev =
+      Indices(device_indices, num_device, "device_indices");
+  if (!dev.ok()) return dev.status();
+  if ((flags & ~KVHOST_TRANSFER_WAIT) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown transfer flags 0x", absl::Hex(flags & ~KVHOST_TRANSFER_WAIT)));
+  }
+  absl::StatusOr<absl::Duration> timeout =
+      Timeout(wait_timeout_ms, absl::Minutes(10), "wait_timeout");
+  if (!timeout.ok()) return timeout.status();
+  absl::StatusOr<uint64_t> ticket = submit(**c, (*a)->id(), *host, *dev);
+  if (!ticket.ok()) return ticket.status();
+  if (ticket_id != nullptr) *ticket_id = *ticket;
+  if ((flags & KVHOST_TRANSFER_WAIT) == 0) return absl::OkStatus();
+  return (*c)->WaitTransfer(*ticket, *timeout).status();
+}
+
+}  // namespace
+}  // namespace kvhost::c_api
+
+using kvhost::c_api::ClientOf;
+using kvhost::c_api::NotNull;
+using kvhost::c_api::Run;
+using kvhost::c_api::Str;
+
+extern "C" {
+
+int kvhost_shm_device_pool_create(kvhost_client* client, const char* pool,
+                                  uint64_t device_size_tokens, const char* shm_dir,
+                                  uint32_t start_layer, uint32_t end_layer,
+                                  kvhost_shm_device_pool** out, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    if (absl::Status s = NotNull(out, "out"); !s.ok()) return s;
+    *out = nullptr;
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    absl::StatusOr<kvhost::v1::Pool> info = (*c)->GetPool(*p);
+    if (!info.ok()) return info.status();
+    absl::StatusOr<std::unique_ptr<kvhost::ShmDevicePool>> dev = kvhost::ShmDevicePool::Create(
+        *info, device_size_tokens, shm_dir == nullptr ? "/dev/shm" : shm_dir, start_layer,
+        end_layer);
+    if (!dev.ok()) return dev.status();
+    auto handle = std::make_unique<kvhost_shm_device_pool>();
+    handle->pool = *std::move(dev);
+    *out = handle.release();
+    return absl::OkStatus();
+  });
+}
+
+void kvhost_shm_device_pool_destroy(kvhost_shm_device_pool* device) {
+  try {
+    delete device;
+  } catch (...) {
+  }
+}
+
+int kvhost_shm_device_pool_info(const kvhost_shm_device_pool* device, uint32_t* components,
+                                uint32_t* layers, uint64_t* bytes, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<const kvhost::ShmDevicePool*> d = kvhost::c_api::DeviceOf(device);
+    if (!d.ok()) return d.status();
+    if (components != nullptr) *components = (*d)->components();
+    if (layers != nullptr) *layers = (*d)->layers();
+    if (bytes != nullptr) *bytes = (*d)->bytes();
+    return absl::OkStatus();
+  });
+}
+
+int kvhost_shm_device_pool_component(const kvhost_shm_device_pool* device, uint32_t component,
+                                     char* name, size_t name_len, size_t* name_needed,
+                                     uint64_t* rows, uint64_t* row_bytes, uint64_t* row_tokens,
+                                     char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<const kvhost::ShmDevicePool*> d = kvhost::c_api::DeviceOf(device);
+    if (!d.ok()) return d.status();
+    if (component >= (*d)->components()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("component ", component, " out of range [0, ", (*d)->components(), ")"));
+    }
+    if (rows != nullptr) *rows = (*d)->rows(component);
+    if (row_bytes != nullptr) *row_bytes = (*d)->row_bytes(component);
+    if (row_tokens != nullptr) *row_tokens = (*d)->row_tokens(component);
+    if (name == nullptr && name_len == 0 && name_needed == nullptr) return absl::OkStatus();
+    return kvhost::c_api::WriteString((*d)->component_name(component), name, name_len, name_needed,
+                                      "the component name");
+  });
+}
+
+int kvhost_shm_device_pool_layer(const kvhost_shm_device_pool* device, uint32_t component,
+                                 uint32_t layer, void** base, uint64_t* bytes, char* err,
+                                 size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<const kvhost::ShmDevicePool*> d = kvhost::c_api::DeviceOf(device);
+    if (!d.ok()) return d.status();
+    if (component >= (*d)->components() || layer >= (*d)->layers()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "component ", component, " layer ", layer, " out of range: the device pool has ",
+          (*d)->components(), " components of ", (*d)->layers(), " layers"));
+    }
+    if (base != nullptr) *base = (*d)->layer(component, layer);
+    if (bytes != nullptr) *bytes = (*d)->rows(component) * (*d)->row_bytes(component);
+    return absl::OkStatus();
+  });
+}
+
+int kvhost_attach_shm(kvhost_client* client, const char* pool, const kvhost_shm_device_pool* device,
+                      const char* options_json, kvhost_attachment** out, char* err,
+                      size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    if (absl::Status s = NotNull(out, "out"); !s.ok()) return s;
+    *out = nullptr;
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    absl::StatusOr<const kvhost::ShmDevicePool*> d = kvhost::c_api::DeviceOf(device);
+    if (!d.ok()) return d.status();
+    kvhost::v1::AttachDeviceRequest request = (*d)->MakeAttachRequest(*p);
+    if (absl::Status s =
+            kvhost::c_api::AttachOptions(options_json, /*layer_range=*/false, &request);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<kvhost::v1::Attachment> attachment = (*c)->AttachDevice(request);
+    if (!attachment.ok()) return attachment.status();
+    auto handle = std::make_unique<kvhost_attachment>();
+    handle->attachment = *std::move(attachment);
+    *out = handle.release();
+    return absl::OkStatus();
+  });
+}
+
+int kvhost_attachment_id(const kvhost_attachment* attachment, char* out, size_t out_len,
+                         size_t* needed, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<const kvhost::v1::Attachment*> a = kvhost::c_api::AttachmentOf(attachment);
+    if (!a.ok()) return a.status();
+    return kvhost::c_api::WriteString((*a)->id(), out, out_len, needed, "the attachment id");
+  });
+}
+
+int kvhost_attachment_json(const kvhost_attachment* attachment, char* out, size_t out_len,
+                           size_t* needed, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<const kvhost::v1::Attachment*> a = kvhost::c_api::AttachmentOf(attachment);
+    if (!a.ok()) return a.status();
+    return kvhost::c_api::WriteJson(**a, out, out_len, needed, "the attachment");
+  });
+}
+
+int kvhost_detach(kvhost_client* client, const kvhost_attachment* attachment, char* err,
+                  size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<const kvhost::v1::Attachment*> a = kvhost::c_api::AttachmentOf(attachment);
+    if (!a.ok()) return a.status();
+    return (*c)->DetachDevice((*a)->id());
+  });
+}
+
+void kvhost_attachment_destroy(kvhost_attachment* attachment) {
+  try {
+    delete attachment;
+  } catch (...) {
+  }
+}
+
+int kvhost_backup(kvhost_client* client, const kvhost_attachment* attachment,
+                  const int64_t* host_indices, size_t num_host, const int64_t* device_indices,
+                  size_t num_device, const void* wait_event_handle, size_t wait_event_handle_len,
+                  uint32_t flags, int64_t wait_timeout_ms, uint64_t* ticket_id, char* err,
+                  size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    if (wait_event_handle == nullptr && wait_event_handle_len != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("wait_event_handle is NULL with a length of ", wait_event_handle_len));
+    }
+    const std::string handle =
+        wait_event_handle == nullptr
+            ? std::string()
+            : std::string(static_cast<const char*>(wait_event_handle), wait_event_handle_len);
+    return kvhost::c_api::Transfer(
+        client, attachment, host_indices, num_host, device_indices, num_device, flags,
+        wait_timeout_ms, ticket_id,
+        [&](kvhost::Client& c, const std::string& id, absl::Span<const int64_t> host,
+            absl::Span<const int64_t> dev) { return c.Backup(id, host, dev, handle); });
+  });
+}
+
+int kvhost_load(kvhost_client* client, const kvhost_attachment* attachment,
+                const int64_t* host_indices, size_t num_host, const int64_t* device_indices,
+                size_t num_device, uint32_t flags, int64_t wait_timeout_ms, uint64_t* ticket_id,
+                char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    return kvhost::c_api::Transfer(
+        client, attachment, host_indices, num_host, device_indices, num_device, flags,
+        wait_timeout_ms, ticket_id,
+        [&](kvhost::Client& c, const std::string& id, absl::Span<const int64_t> host,
+            absl::Span<const int64_t> dev) { return c.Load(id, host, dev); });
+  });
+}
+
+int kvhost_load_with_events(kvhost_client* client, const kvhost_attachment* attachment,
+                            const int64_t* host_indices, size_t num_host,
+                            const int64_t* device_indices, size_t num_device,
+                            kvhost_load_ticket* ticket, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    if (absl::Status s = NotNull(ticket, "ticket"); !s.ok()) return s;
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<const kvhost::v1::Attachment*> a = kvhost::c_api::AttachmentOf(attachment);
+    if (!a.ok()) return a.status();
+    absl::StatusOr<absl::Span<const int64_t>> host =
+        kvhost::c_api::Indices(host_indices, num_host, "host_indices");
+    if (!host.ok()) return host.status();
+    absl::StatusOr<absl::Span<const int64_t>> dev =
+        kvhost::c_api::Indices(device_indices, num_device, "device_indices");
+    if (!dev.ok()) return dev.status();
+    absl::StatusOr<kvhost::LoadTicket> load = (*c)->LoadWithEvents((*a)->id(), *host, *dev);
+    if (!load.ok()) return load.status();
+    *ticket = kvhost_load_ticket{load->ticket_id, load->event_set, 0, load->layer_base};
+    return absl::OkStatus();
+  });
+}
+
+int kvhost_transfer_wait(kvhost_client* client, uint64_t ticket_id, int64_t timeout_ms,
+                         char* status_json, size_t status_len, size_t* status_needed, char* err,
+                         size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<absl::Duration> timeout =
+        kvhost::c_api::Timeout(timeout_ms, absl::Minutes(10), "timeout");
+    if (!timeout.ok()) return timeout.status();
+    absl::StatusOr<kvhost::v1::TransferStatus> status = (*c)->WaitTransfer(ticket_id, *timeout);
+    if (!status.ok()) return status.status();
+    return kvhost::c_api::WriteTransferStatus(*status, status_json, status_len, status_needed);
+  });
+}
+
+int kvhost_transfer_poll(kvhost_client* client, uint64_t ticket_id, int32_t* done,
+                         char* status_json, size_t status_len, size_t* status_needed, char* err,
+                         size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    if (done != nullptr) *done = 0;
+    absl::StatusOr<kvhost::v1::TransferStatus> status = (*c)->PollTransfer(ticket_id);
+    if (!status.ok()) return status.status();  // the ticket's error, or the call's
+    if (done != nullptr) *done = status->done() ? 1 : 0;
+    return kvhost::c_api::WriteTransferStatus(*status, status_json, status_len, status_needed);
+  });
+}
+
+int kvhost_load_events_open(kvhost_client* client, const kvhost_attachment* attachment,
+                            kvhost_load_events** out, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    if (absl::Status s = NotNull(out, "out"); !s.ok()) return s;
+    *out = nullptr;
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<const kvhost::v1::Attachment*> a = kvhost::c_api::AttachmentOf(attachment);
+    if (!a.ok()) return a.status();
+    auto events = std::make_unique<kvhost_load_events>();
+    if ((*a)->load_event_handles_size() > 0) {
+      // cuda backend: LoadEvents opens the counters too (layer_progress).
+      absl::StatusOr<std::shared_ptr<kvhost::LoadEvents>> cuda =
+          kvhost::c_api::OpenCudaLoadEvents(**c, **a);
+      if (!cuda.ok()) return cuda.status();
+      events->cuda = *std::move(cuda);
+    } else if ((*a)->layer_progress()) {
+      absl::StatusOr<std::unique_ptr<kvhost::LayerProgress>> progress =
+          kvhost::LayerProgress::Open(**c, **a);
+      if (!progress.ok()) return progress.status();
+      events->progress = *std::move(progress);
+    } else {
+      return absl::FailedPreconditionError(
+          absl::StrCat("attachment ", (*a)->id(), " of pool '", (*a)->pool(),
+                       "' has no load events (", (*a)->backend(),
+                       " backend) and no layer counters (attach with {\"layer_progress\": true})"));
+    }
+    *out = events.release();
+    return absl::OkStatus();
+  });
+}
+
+void kvhost_load_events_destroy(kvhost_load_events* events) {
+  try {
+    delete events;
+  } catch (...) {
+  }
+}
+
+int kvhost_wait_layer(const kvhost_load_events* events, const kvhost_load_ticket* ticket,
+                      uint32_t layer, void* cuda_stream, int64_t timeout_ms, char* err,
+                      size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    if (absl::Status s = NotNull(events, "events"); !s.ok()) return s;
+    if (absl::Status s = NotNull(ticket, "ticket"); !s.ok()) return s;
+    absl::StatusOr<absl::Duration> timeout =
+        kvhost::c_api::Timeout(timeout_ms, absl::Seconds(10), "timeout");
+    if (!timeout.ok()) return timeout.status();
+    const kvhost::LoadTicket load{ticket->ticket_id, ticket->event_set, ticket->layer_base};
+    if (events->cuda != nullptr) {
+      return kvhost::c_api::WaitCudaLayer(*events->cuda, load, layer, cuda_stream, *timeout);
+    }
+    return events->progress->WaitRecorded(load, layer, *timeout);
+  });
+}
+
+}  // extern "C"

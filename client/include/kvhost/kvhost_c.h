@@ -1,0 +1,414 @@
+/* kvhost C ABI (libkvhost_c.so): the C++ client (kvhost/client.h) behind
+ * opaque handles and plain C types, for callers that cannot use C++ (Python
+ * through ctypes, first of all). The C++ client is the one implementation;
+ * every call here converts its arguments, calls it and converts the answer.
+ * docs/C_ABI.md says the same at more length.
+ *
+ * Conventions:
+ *  - Every call returns an int status code, the gRPC / absl canonical code
+ *    (KVHOST_OK, KVHOST_NOT_FOUND, ...; the daemon's code passes through
+ *    unchanged), except kvhost_abi_version, kvhost_built_with_cuda,
+ *    kvhost_code_name and the *_destroy / kvhost_client_close calls, which
+ *    cannot fail and accept NULL.
+ *  - The last two parameters of every such call are an optional error
+ *    buffer: `err` (may be NULL) of `err_len` bytes receives the message,
+ *    truncated to fit and always NUL-terminated; "" on KVHOST_OK.
+ *  - Output buffers are the caller's. A string or JSON output is written
+ *    with its NUL terminator; bytes outputs are not terminated. A buffer too
+ *    small for the answer is KVHOST_OUT_OF_RANGE, writes nothing, and sets
+ *    the `*needed` / `*size` out-parameter (when not NULL) to the bytes the
+ *    answer needs (with the NUL for strings), so the caller can retry with
+ *    that much. Passing NULL with length 0 asks for the size that way.
+ *  - JSON is protobuf's JSON mapping of the kvhost.v1 messages named at each
+ *    call, with the .proto field names (snake_case) and every field printed;
+ *    64-bit integers are JSON strings, enums their names. JSON input accepts
+ *    snake_case or lowerCamelCase names; an unknown field is
+ *    KVHOST_INVALID_ARGUMENT.
+ *  - Timeouts are milliseconds; 0 means the call's default (the client's
+ *    timeout, or the one the call names).
+ *  - No C++ exception crosses this boundary: an unexpected one is
+ *    KVHOST_INTERNAL (KVHOST_RESOURCE_EXHAUSTED for an allocation failure).
+ *
+ * Ownership: a *_create / connect / attach call hands the caller a handle it
+ * must release with the matching *_destroy / kvhost_client_close; nothing
+ * else owns it. A handle must outlive the calls using it, and the client
+ * every handle made through it (attachments, device pools, load events,
+ * worker copiers).
+ *
+ * Thread safety: a kvhost_client may be used from any number of threads at
+ * once, and so may attachments, load events and worker copiers after they
+ * are made (they are only read). Options objects and shm device pools are
+ * not synchronised; their bytes are the caller's to order against
+ * transfers (wait for the ticket). No handle may be destroyed while another
+ * thread uses it.
+ *
+ * CUDA: the calls marked "CUDA" need a library built with CUDA
+ * (kvhost_built_with_cuda() == 1; else KVHOST_UNIMPLEMENTED) and a usable
+ * GPU at run time (else KVHOST_FAILED_PRECONDITION). CUDA handles travel as
+ * void* (cudaEvent_t, cudaStream_t; NULL is the legacy default stream).
+ *
+ * One process must not hold two copies of kvhost's generated protobuf code:
+ * libkvhost_c.so carries one, so link either it or kvhost::client, not both.
+ */
+#ifndef KVHOST_CLIENT_KVHOST_C_H_
+#define KVHOST_CLIENT_KVHOST_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ABI this header describes; kvhost_abi_version() is the library's.
+ * Raised on any incompatible change (a signature, a struct, a meaning). */
+#define KVHOST_ABI_VERSION 1
+
+#if defined(KVHOST_C_BUILDING)
+#define KVHOST_C_API __attribute__((visibility("default")))
+#else
+#define KVHOST_C_API
+#endif
+
+/* Status codes (absl::StatusCode / grpc::StatusCode numbers). */
+#define KVHOST_OK 0
+#define KVHOST_CANCELLED 1
+#define KVHOST_UNKNOWN 2
+#define KVHOST_INVALID_ARGUMENT 3
+#define KVHOST_DEADLINE_EXCEEDED 4
+#define KVHOST_NOT_FOUND 5
+#define KVHOST_ALREADY_EXISTS 6
+#define KVHOST_PERMISSION_DENIED 7
+#define KVHOST_RESOURCE_EXHAUSTED 8
+#define KVHOST_FAILED_PRECONDITION 9
+#define KVHOST_ABORTED 10
+#define KVHOST_OUT_OF_RANGE 11
+#define KVHOST_UNIMPLEMENTED 12
+#define KVHOST_INTERNAL 13
+#define KVHOST_UNAVAILABLE 14
+#define KVHOST_DATA_LOSS 15
+#define KVHOST_UNAUTHENTICATED 16
+
+/* Bytes of a cudaIpcEventHandle_t (kvhost_cuda_export_event). */
+#define KVHOST_CUDA_EVENT_HANDLE_BYTES 64
+
+/* kvhost_backup / kvhost_load flags. */
+/* Wait for the ticket to finish before returning; its error is the call's. */
+#define KVHOST_TRANSFER_WAIT 1u
+
+typedef struct kvhost_client_options kvhost_client_options;
+typedef struct kvhost_client kvhost_client;
+typedef struct kvhost_shm_device_pool kvhost_shm_device_pool;
+typedef struct kvhost_attachment kvhost_attachment;
+typedef struct kvhost_load_events kvhost_load_events;
+typedef struct kvhost_worker_copier kvhost_worker_copier;
+typedef struct kvhost_worker_ticket kvhost_worker_ticket;
+
+/* A load's ticket (kvhost::LoadTicket): event_set -1 when there is nothing
+ * to wait on per layer. */
+typedef struct kvhost_load_ticket {
+  uint64_t ticket_id;
+  int32_t event_set;
+  uint32_t reserved; /* 0; keeps the layout the same everywhere */
+  uint64_t layer_base;
+} kvhost_load_ticket;
+
+/* --- Library ------------------------------------------------------------ */
+
+/* KVHOST_ABI_VERSION of the library loaded; a caller checks it first. */
+KVHOST_C_API int kvhost_abi_version(void);
+/* 1 when the library was built with CUDA (the CUDA calls can work). */
+KVHOST_C_API int kvhost_built_with_cuda(void);
+/* "OK", "NOT_FOUND", ... for a status code; "UNKNOWN_CODE" otherwise.
+ * Static storage. */
+KVHOST_C_API const char* kvhost_code_name(int code);
+
+/* --- Connection ----------------------------------------------------------- */
+
+/* Options of kvhost_client_connect (kvhost::ClientOptions), set by key:
+ *   address                  "unix:///path.sock", "host:port", or a socket
+ *                            path ("/run/kvhost/kvhost.sock": unix://)
+ *   timeout_ms               deadline of each call (default 30000)
+ *   max_message_bytes        (default 64 MiB)
+ *   owner_token, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name
+ *   insecure                 "1"/"0" or "true"/"false": plaintext TCP
+ *   worker_session           "1"/"0": attach within a session that a
+ *                            background thread keeps open and reopens
+ *                            after a daemon restart (default 1)
+ *   worker_name              for the daemon's logs
+ *   reconnect_max_backoff_ms (default 5000)
+ * An unknown key or a malformed value is KVHOST_INVALID_ARGUMENT naming it. */
+KVHOST_C_API int kvhost_client_options_create(kvhost_client_options** out, char* err,
+                                              size_t err_len);
+KVHOST_C_API int kvhost_client_options_set(kvhost_client_options* options, const char* key,
+                                           const char* value, char* err, size_t err_len);
+KVHOST_C_API void kvhost_client_options_destroy(kvhost_client_options* options);
+
+/* Makes the client (the channel connects on the first call). */
+KVHOST_C_API int kvhost_client_connect(const kvhost_client_options* options, kvhost_client** out,
+                                       char* err, size_t err_len);
+/* The same with only the address, the timeout (0: 30 s) and whether to
+ * attach within a worker session (nonzero: yes). */
+KVHOST_C_API int kvhost_connect(const char* address, int64_t timeout_ms, int worker_session,
+                                kvhost_client** out, char* err, size_t err_len);
+/* Ends the session (the daemon closes its attachments) and the channel. */
+KVHOST_C_API void kvhost_client_close(kvhost_client* client);
+/* Waits until the daemon serves (health SERVING); DEADLINE_EXCEEDED after
+ * timeout_ms. */
+KVHOST_C_API int kvhost_client_wait_ready(kvhost_client* client, int64_t timeout_ms, char* err,
+                                          size_t err_len);
+
+/* --- Worker session (worker_session=1) ---------------------------------- */
+
+/* Opens the session now (attach does it otherwise); idempotent. */
+KVHOST_C_API int kvhost_client_open_session(kvhost_client* client, int64_t timeout_ms, char* err,
+                                            size_t err_len);
+/* The session as it stands: *open 1 while its stream is up, *reconnects the
+ * sessions opened after the first, the session id ("" before the first
+ * open) into session_id. Each out-parameter may be NULL. */
+KVHOST_C_API int kvhost_client_session_state(kvhost_client* client, int32_t* open,
+                                             uint64_t* reconnects, char* session_id,
+                                             size_t session_id_len, size_t* session_id_needed,
+                                             char* err, size_t err_len);
+/* Session losses since the client was made (a daemon restart, or a broken
+ * connection whose session timed out): *count of them, and the last one's
+ * description ("" when none) into last. The attachments a loss names are
+ * gone; attach again. */
+KVHOST_C_API int kvhost_client_session_losses(kvhost_client* client, uint64_t* count, char* last,
+                                              size_t last_len, size_t* last_needed, char* err,
+                                              size_t err_len);
+
+/* --- Daemon --------------------------------------------------------------- */
+
+/* kvhost.v1.DaemonStatus as JSON. */
+KVHOST_C_API int kvhost_daemon_status_json(kvhost_client* client, char* out, size_t out_len,
+                                           size_t* needed, char* err, size_t err_len);
+
+/* --- Pools and groups ------------------------------------------------------ */
+
+/* Creates pool `name` from a kvhost.v1.PoolSpec in JSON, e.g.
+ * {"kind":"MHA","layout":"PAGE_FIRST","dtype":"BF16","page_size":4,
+ *  "layer_num":3,"head_num":2,"head_dim":8,"size_tokens":64}.
+ * kvhost_pool_get_json gives the pool made. */
+KVHOST_C_API int kvhost_pool_create(kvhost_client* client, const char* name, const char* spec_json,
+                                    char* err, size_t err_len);
+/* kvhost.v1.Pool as JSON. */
+KVHOST_C_API int kvhost_pool_get_json(kvhost_client* client, const char* name, char* out,
+                                      size_t out_len, size_t* needed, char* err, size_t err_len);
+/* kvhost.v1.ListPoolsResponse as JSON ({"pools": [...]}). */
+KVHOST_C_API int kvhost_pool_list_json(kvhost_client* client, char* out, size_t out_len,
+                                       size_t* needed, char* err, size_t err_len);
+/* *bytes_released (may be NULL): the host bytes the pool gave back. */
+KVHOST_C_API int kvhost_pool_delete(kvhost_client* client, const char* name,
+                                    uint64_t* bytes_released, char* err, size_t err_len);
+/* Creates group `name` from a kvhost.v1.CreatePoolGroupRequest in JSON
+ * without its name: {"layer_num": L, "entries": [{"name":..., "pool":...,
+ * "layer_map": [...], "anchor": true}, ...]}. */
+KVHOST_C_API int kvhost_group_create(kvhost_client* client, const char* name,
+                                     const char* group_json, char* err, size_t err_len);
+/* kvhost.v1.PoolGroup as JSON. */
+KVHOST_C_API int kvhost_group_get_json(kvhost_client* client, const char* name, char* out,
+                                       size_t out_len, size_t* needed, char* err, size_t err_len);
+KVHOST_C_API int kvhost_group_delete(kvhost_client* client, const char* name, char* err,
+                                     size_t err_len);
+
+/* --- Slots and pages (a group's name acts on its anchor pool) ----------- */
+
+/* Allocates num_tokens slots (whole pages) into indices[0, num_tokens);
+ * *count gets num_tokens. A capacity below num_tokens is
+ * KVHOST_OUT_OF_RANGE with *count = num_tokens, and allocates nothing. */
+KVHOST_C_API int kvhost_alloc(kvhost_client* client, const char* pool, uint64_t num_tokens,
+                              int64_t* indices, size_t capacity, size_t* count, char* err,
+                              size_t err_len);
+/* Frees whole pages, all or nothing; *freed (may be NULL) the slots freed. */
+KVHOST_C_API int kvhost_free(kvhost_client* client, const char* pool, const int64_t* indices,
+                             size_t num_indices, uint64_t* freed, char* err, size_t err_len);
+/* kvhost.v1.PageBufferMeta of whole pages' slots, as JSON. */
+KVHOST_C_API int kvhost_page_buffer_meta_json(kvhost_client* client, const char* pool,
+                                              const int64_t* indices, size_t num_indices, char* out,
+                                              size_t out_len, size_t* needed, char* err,
+                                              size_t err_len);
+/* The flat bytes of the page whose first slot is `index` into data;
+ * *size (may be NULL only when data is big enough) the page's bytes. */
+KVHOST_C_API int kvhost_get_data_page(kvhost_client* client, const char* pool, int64_t index,
+                                      void* data, size_t data_len, size_t* size, char* err,
+                                      size_t err_len);
+/* Writes one flat page (exactly the page's bytes). */
+KVHOST_C_API int kvhost_set_from_flat_data_page(kvhost_client* client, const char* pool,
+                                                int64_t index, const void* data, size_t data_len,
+                                                char* err, size_t err_len);
+
+/* --- Host backend device buffers (kvhost::ShmDevicePool) ----------------- */
+
+/* A shared-memory stand-in for a worker's device KV pool, shaped after pool
+ * `pool` (fetched from the daemon): one buffer per component and attached
+ * layer, device_size_tokens rows each (page-row components: / page_size).
+ * shm_dir (NULL: "/dev/shm") must be the daemon's --shm-dir. Layers
+ * [start_layer, end_layer); 0 / 0: the pool's own range. */
+KVHOST_C_API int kvhost_shm_device_pool_create(kvhost_client* client, const char* pool,
+                                               uint64_t device_size_tokens, const char* shm_dir,
+                                               uint32_t start_layer, uint32_t end_layer,
+                                               kvhost_shm_device_pool** out, char* err,
+                                               size_t err_len);
+/* Unmaps and removes the file. */
+KVHOST_C_API void kvhost_shm_device_pool_destroy(kvhost_shm_device_pool* device);
+/* Components (Pool.components order), attached layers, total bytes; each
+ * out-parameter may be NULL. */
+KVHOST_C_API int kvhost_shm_device_pool_info(const kvhost_shm_device_pool* device,
+                                             uint32_t* components, uint32_t* layers,
+                                             uint64_t* bytes, char* err, size_t err_len);
+/* Component c's name, rows per layer buffer, bytes per row and slots per
+ * row; each out-parameter may be NULL. */
+KVHOST_C_API int kvhost_shm_device_pool_component(const kvhost_shm_device_pool* device,
+                                                  uint32_t component, char* name, size_t name_len,
+                                                  size_t* name_needed, uint64_t* rows,
+                                                  uint64_t* row_bytes, uint64_t* row_tokens,
+                                                  char* err, size_t err_len);
+/* Base of component c's buffer for attached layer `layer` and its bytes
+ * (rows * row_bytes), writable by the caller: rows are row_bytes apart. */
+KVHOST_C_API int kvhost_shm_device_pool_layer(const kvhost_shm_device_pool* device,
+                                              uint32_t component, uint32_t layer, void** base,
+                                              uint64_t* bytes, char* err, size_t err_len);
+
+/* --- Attachments ------------------------------------------------------------ */
+
+/* options_json (NULL or "": none): kvhost.v1.AttachDeviceRequest fields
+ * that are not buffers: tp_rank, load_only, layer_progress,
+ * load_event_sets, and (CUDA only) start_layer / end_layer. */
+
+/* Attaches a shm device pool to pool `pool` (host backend). */
+KVHOST_C_API int kvhost_attach_shm(kvhost_client* client, const char* pool,
+                                   const kvhost_shm_device_pool* device, const char* options_json,
+                                   kvhost_attachment** out, char* err, size_t err_len);
+/* CUDA. Attaches a worker's device buffers to pool `pool`: component c
+ * (a Pool.components name) has one buffer per attached layer at
+ * layer_ptrs[c * num_layers + l], each holding device_size_tokens rows
+ * (page-row components: / page_size). layer_bytes (NULL: not checked)
+ * gives each component's buffer size in bytes; one smaller than its rows
+ * need is KVHOST_INVALID_ARGUMENT before anything is exported. */
+KVHOST_C_API int kvhost_attach_cuda(kvhost_client* client, const char* pool, size_t num_components,
+                                    const char* const* component_names, uint32_t num_layers,
+                                    void* const* layer_ptrs, const uint64_t* layer_bytes,
+                                    uint64_t device_size_tokens, const char* options_json,
+                                    kvhost_attachment** out, char* err, size_t err_len);
+/* The attachment's id; kvhost.v1.Attachment as JSON. */
+KVHOST_C_API int kvhost_attachment_id(const kvhost_attachment* attachment, char* out,
+                                      size_t out_len, size_t* needed, char* err, size_t err_len);
+KVHOST_C_API int kvhost_attachment_json(const kvhost_attachment* attachment, char* out,
+                                        size_t out_len, size_t* needed, char* err, size_t err_len);
+/* Detaches on the daemon; the handle stays to be destroyed. */
+KVHOST_C_API int kvhost_detach(kvhost_client* client, const kvhost_attachment* attachment,
+                               char* err, size_t err_len);
+/* Frees the handle only (no detach). */
+KVHOST_C_API void kvhost_attachment_destroy(kvhost_attachment* attachment);
+
+/* --- Transfers ---------------------------------------------------------------- */
+
+/* Device rows -> host slots; *ticket_id (may be NULL) gets the ticket.
+ * wait_event_handle (NULL / 0: none; CUDA backend) is the
+ * KVHOST_CUDA_EVENT_HANDLE_BYTES bytes of the worker's interprocess event
+ * (kvhost_cuda_export_event, or torch.cuda.Event(interprocess=True)
+ * .ipc_handle()), recorded after the rows were written; the copies wait for
+ * it. The host backend refuses one (FAILED_PRECONDITION). With
+ * KVHOST_TRANSFER_WAIT, waits up to wait_timeout_ms (0: 10 min) for the
+ * ticket and returns its error; *ticket_id is set either way. */
+KVHOST_C_API int kvhost_backup(kvhost_client* client, const kvhost_attachment* attachment,
+                               const int64_t* host_indices, size_t num_host,
+                               const int64_t* device_indices, size_t num_device,
+                               const void* wait_event_handle, size_t wait_event_handle_len,
+                               uint32_t flags, int64_t wait_timeout_ms, uint64_t* ticket_id,
+                               char* err, size_t err_len);
+/* Host slots -> device rows; as kvhost_backup. */
+KVHOST_C_API int kvhost_load(kvhost_client* client, const kvhost_attachment* attachment,
+                             const int64_t* host_indices, size_t num_host,
+                             const int64_t* device_indices, size_t num_device, uint32_t flags,
+                             int64_t wait_timeout_ms, uint64_t* ticket_id, char* err,
+                             size_t err_len);
+/* A load that also names its per-layer event set (kvhost_wait_layer).
+ * RESOURCE_EXHAUSTED while every set of the attachment is busy. */
+KVHOST_C_API int kvhost_load_with_events(kvhost_client* client, const kvhost_attachment* attachment,
+                                         const int64_t* host_indices, size_t num_host,
+                                         const int64_t* device_indices, size_t num_device,
+                                         kvhost_load_ticket* ticket, char* err, size_t err_len);
+/* Blocks until the ticket is done (its error if it failed) or timeout_ms
+ * (0: 10 min) passed (DEADLINE_EXCEEDED). status_json (may be NULL): the
+ * kvhost.v1.TransferStatus. */
+KVHOST_C_API int kvhost_transfer_wait(kvhost_client* client, uint64_t ticket_id, int64_t timeout_ms,
+                                      char* status_json, size_t status_len, size_t* status_needed,
+                                      char* err, size_t err_len);
+/* The ticket now, without waiting: *done 1 once it finished. A ticket that
+ * failed returns its error (as does a failed call; *done is 0 then). */
+KVHOST_C_API int kvhost_transfer_poll(kvhost_client* client, uint64_t ticket_id, int32_t* done,
+                                      char* status_json, size_t status_len, size_t* status_needed,
+                                      char* err, size_t err_len);
+
+/* --- Per-layer waits of a load ---------------------------------------------- */
+
+/* Opens what an attachment's loads are waited on per layer: on the cuda
+ * backend (CUDA) its load events, and with layer_progress its layer
+ * counters; on the host backend, its layer counters (layer_progress must
+ * be set). FAILED_PRECONDITION for an attachment that has neither. The
+ * current device must be the attachment's GPU. */
+KVHOST_C_API int kvhost_load_events_open(kvhost_client* client, const kvhost_attachment* attachment,
+                                         kvhost_load_events** out, char* err, size_t err_len);
+KVHOST_C_API void kvhost_load_events_destroy(kvhost_load_events* events);
+/* Layer `layer` of the load `ticket`: waits on the host until the load
+ * recorded it (layer counters; DEADLINE_EXCEEDED after timeout_ms, 0:
+ * 10 s), then makes cuda_stream wait on its event (cuda backend; the
+ * stream is ignored where there are no events). OK at once for a ticket
+ * with event_set -1. */
+KVHOST_C_API int kvhost_wait_layer(const kvhost_load_events* events,
+                                   const kvhost_load_ticket* ticket, uint32_t layer,
+                                   void* cuda_stream, int64_t timeout_ms, char* err,
+                                   size_t err_len);
+
+/* --- CUDA worker helpers ------------------------------------------------------- */
+
+/* CUDA. The cudaIpcEventHandle_t bytes of cuda_event (created with
+ * cudaEventInterprocess | cudaEventDisableTiming) into handle
+ * (KVHOST_CUDA_EVENT_HANDLE_BYTES), for kvhost_backup: record it on the
+ * stream that writes the rows before the backup, and keep it alive until
+ * the backup's ticket finishes. */
+KVHOST_C_API int kvhost_cuda_export_event(void* cuda_event, void* handle, size_t handle_len,
+                                          size_t* needed, char* err, size_t err_len);
+
+/* CUDA. Worker copies (kvhost::WorkerCopier; kvhostd --worker-copy): this
+ * process runs the copy on the caller's stream. `attachment` must come
+ * from kvhost_attach_cuda (its buffers are the copier's device layers).
+ * blocks: thread blocks per launch, 0 for the default (8). */
+KVHOST_C_API int kvhost_worker_copier_open(kvhost_client* client,
+                                           const kvhost_attachment* attachment, int32_t blocks,
+                                           kvhost_worker_copier** out, char* err, size_t err_len);
+/* Waits for every copy it started, then unmaps. Before the CUDA context
+ * goes. */
+KVHOST_C_API void kvhost_worker_copier_destroy(kvhost_worker_copier* copier);
+/* Device rows -> host slots / host slots -> device rows, queued on
+ * cuda_stream; *out the copy's ticket (destroy it; it may outlive the
+ * copier). */
+KVHOST_C_API int kvhost_worker_copy_backup(kvhost_worker_copier* copier,
+                                           const int64_t* host_indices, size_t num_host,
+                                           const int64_t* device_indices, size_t num_device,
+                                           void* cuda_stream, kvhost_worker_ticket** out, char* err,
+                                           size_t err_len);
+KVHOST_C_API int kvhost_worker_copy_load(kvhost_worker_copier* copier, const int64_t* host_indices,
+                                         size_t num_host, const int64_t* device_indices,
+                                         size_t num_device, void* cuda_stream,
+                                         kvhost_worker_ticket** out, char* err, size_t err_len);
+/* The daemon's ticket id and the copy's layers; each may be NULL. */
+KVHOST_C_API int kvhost_worker_ticket_info(const kvhost_worker_ticket* ticket, uint64_t* ticket_id,
+                                           uint32_t* layers, char* err, size_t err_len);
+/* Makes consumer_stream wait until layer `layer` of the copy is done. */
+KVHOST_C_API int kvhost_worker_copy_wait_layer(const kvhost_worker_copier* copier,
+                                               const kvhost_worker_ticket* ticket, uint32_t layer,
+                                               void* consumer_stream, char* err, size_t err_len);
+/* Blocks until the copy ended and kvhostd was told (timeout_ms 0: 1 min). */
+KVHOST_C_API int kvhost_worker_copy_wait(const kvhost_worker_copier* copier,
+                                         const kvhost_worker_ticket* ticket, int64_t timeout_ms,
+                                         char* err, size_t err_len);
+KVHOST_C_API void kvhost_worker_ticket_destroy(kvhost_worker_ticket* ticket);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVHOST_CLIENT_KVHOST_C_H_ */
