@@ -46,6 +46,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   run cuda_engine_gpu_test bundle/bin/cuda_engine_gpu_test
   [ -x bundle/bin/worker_death_gpu_test ] && run worker_death_gpu_test bundle/bin/worker_death_gpu_test
   [ -x bundle/bin/worker_copy_gpu_test ] && run worker_copy_gpu_test bundle/bin/worker_copy_gpu_test
+  [ -x bundle/bin/c_api_gpu_test ] && run c_api_gpu_test bundle/bin/c_api_gpu_test
   run integration_test bundle/bin/integration_test
   [ -x bundle/bin/kinds_integration_test ] && run kinds_integration_test bundle/bin/kinds_integration_test
   [ -x bundle/bin/groups_integration_test ] && run groups_integration_test bundle/bin/groups_integration_test

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -49,7 +50,11 @@ class CApiGpuTest : public ::testing::Test {
       FILE* log = std::freopen(Log().c_str(), "w", stderr);
       (void)log;
       ::dup2(2, 1);
-      std::vector<std::string> args = {KVHOSTD_PATH, "--listen=" + address_,
+      // $KVHOST_KVHOSTD: a bundle's daemon (scripts/gpu_run.sh), elsewhere
+      // than where it was built.
+      const char* env = std::getenv("KVHOST_KVHOSTD");
+      const std::string kvhostd = env != nullptr && *env != '\0' ? env : KVHOSTD_PATH;
+      std::vector<std::string> args = {kvhostd, "--listen=" + address_,
                                        "--shm-dir=" + shm_dir_, "--backend=cuda", "--worker-copy"};
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
