@@ -10,24 +10,28 @@ namespace {
 // 4 x 16 B = 16 KiB per block and item).
 constexpr int kUnroll = 4;
 
-// Items a group of lanes copies at once in 16-byte vectors: their loads are
-// all issued before the first store, so that with few warps (the worker's
-// copy, a small SM-path grid) an item's address lookup and PCIe round trip
-// overlap another's.
+// Items a group of lanes copies at once in 16-byte vectors on a load (into
+// device memory): their reads are all issued before the first store, so
+// that with few warps (the worker's copy, a small SM-path grid) one item's
+// address lookup and PCIe read overlap another's. On the H200 (docs/PERF.md,
+// runs Q and R) that took the worker copy's MLA loads from 24-30 to 31-41
+// GB/s and PAGE_HEAD's from 13-14 to 19-21; backups, whose host writes are
+// posted, gained nothing and cost a GEMM worker more, so they copy one item
+// at a time.
 constexpr int kItemsAtOnce = 2;
 
-// `kLanes` lanes (a warp or a part of one) copy the first `items` of
-// `dst` / `src` (n bytes each) in 16-byte vectors; `lane` is the lane's
+// `kLanes` lanes (a warp or a part of one) copy the first `items` (<=
+// kItems) of `dst` / `src` (n bytes each) in 16-byte vectors; `lane` is the lane's
 // index among them.
-template <int kLanes>
+template <int kLanes, int kItems>
 __device__ __forceinline__ void CopyVectors(uint8_t* const (&dst)[kItemsAtOnce],
                                             const uint8_t* const (&src)[kItemsAtOnce], int items,
                                             uint64_t n, unsigned lane) {
   constexpr uint64_t kStride = kLanes * 16;
   for (uint64_t base = lane * 16ull; base < n; base += kStride * kUnroll) {
-    uint4 v[kItemsAtOnce][kUnroll];
+    uint4 v[kItems][kUnroll];
 #pragma unroll
-    for (int m = 0; m < kItemsAtOnce; ++m) {
+    for (int m = 0; m < kItems; ++m) {
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
         const uint64_t o = base + k * kStride;
@@ -35,7 +39,7 @@ __device__ __forceinline__ void CopyVectors(uint8_t* const (&dst)[kItemsAtOnce],
       }
     }
 #pragma unroll
-    for (int m = 0; m < kItemsAtOnce; ++m) {
+    for (int m = 0; m < kItems; ++m) {
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
         const uint64_t o = base + k * kStride;
@@ -74,8 +78,9 @@ __device__ __forceinline__ uint32_t TileOf(const CopyKernelArgs& a, uint64_t i) 
 // has few warps to hide latency with, and a tile search per item (a chain of
 // dependent loads for each of thousands of single-token tiles) would bound
 // its speed, not PCIe.
-template <bool kVector, int kLanes>
+template <bool kVector, int kLanes, int kItems>
 __global__ void CopyKernel(CopyKernelArgs a) {
+  static_assert(kItems >= 1 && kItems <= kItemsAtOnce, "items at once");
   constexpr uint64_t kGroupsPerWarp = 32 / kLanes;
   static_assert(32 % kLanes == 0, "a group is a power-of-two part of a warp");
   const uint64_t warps = uint64_t{gridDim.x} * (blockDim.x / 32);
@@ -88,7 +93,6 @@ __global__ void CopyKernel(CopyKernelArgs a) {
   const uint64_t end = span_end < a.item_count ? span_end : a.item_count;
   const unsigned lane = threadIdx.x % kLanes;
   const uint64_t item_bytes = CopyItemBytes(a.layout);
-  constexpr int kItems = kVector ? kItemsAtOnce : 1;
   uint32_t t = TileOf(a, begin);
   for (uint64_t i = begin + (threadIdx.x % 32) / kLanes; i < end; i += kItems * kGroupsPerWarp) {
     uint8_t* dst[kItemsAtOnce] = {};
@@ -109,7 +113,7 @@ __global__ void CopyKernel(CopyKernelArgs a) {
       ++items;
     }
     if constexpr (kVector) {
-      CopyVectors<kLanes>(dst, src, items, item_bytes, lane);
+      CopyVectors<kLanes, kItems>(dst, src, items, item_bytes, lane);
     } else {
       CopyBytes(dst[0], src[0], item_bytes, lane);
     }
@@ -124,7 +128,11 @@ cudaError_t Launch(const CopyKernelArgs& args, int max_blocks, cudaStream_t stre
       static_cast<int>(needed < static_cast<uint64_t>(max_blocks) ? needed : max_blocks);
   const dim3 grid(blocks < 1 ? 1 : blocks);
   const dim3 block(32 * kCopyKernelWarpsPerBlock);
-  CopyKernel<kVector, kLanes><<<grid, block, 0, stream>>>(args);
+  if (kVector && args.to_device) {
+    CopyKernel<kVector, kLanes, kItemsAtOnce><<<grid, block, 0, stream>>>(args);
+  } else {
+    CopyKernel<kVector, kLanes, 1><<<grid, block, 0, stream>>>(args);
+  }
   return cudaGetLastError();
 }
 
