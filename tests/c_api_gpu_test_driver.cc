@@ -54,8 +54,8 @@ class CApiGpuTest : public ::testing::Test {
       // than where it was built.
       const char* env = std::getenv("KVHOST_KVHOSTD");
       const std::string kvhostd = env != nullptr && *env != '\0' ? env : KVHOSTD_PATH;
-      std::vector<std::string> args = {kvhostd, "--listen=" + address_,
-                                       "--shm-dir=" + shm_dir_, "--backend=cuda", "--worker-copy"};
+      std::vector<std::string> args = {kvhostd, "--listen=" + address_, "--shm-dir=" + shm_dir_,
+                                       "--backend=cuda", "--worker-copy"};
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
