@@ -315,6 +315,16 @@ def check_alloc_free_pages(daemon, _lib_path, _src):
         raises(kvhost.NotFound, c.free, "nope", slots, naming="nope")
         assert c.free("p", range(int(more[0]), int(more[0]) + 8)) == 8
         assert c.available_size("p") == 64
+        # The HostKVCache-shaped view of one pool.
+        p = c.pool("p")
+        assert repr(p) == "kvhost.Pool('p')" and p.info()["name"] == "p"
+        got = p.alloc(4, numpy=False)
+        assert p.available_size() == 60 and p.get_page_buffer_meta(got)
+        p.set_from_flat_data_page(got[0], page)
+        assert p.get_data_page(got[0]) == page
+        assert p.get_data_page(got[0], bytearray(size)) == size
+        assert p.free(got) == 4 and p.delete() > 0
+        raises(kvhost.NotFound, p.info, naming="'p'")
 
 
 def round_trip(c, daemon, views_numpy):
@@ -353,8 +363,9 @@ def round_trip(c, daemon, views_numpy):
             # Per-layer waits on the layer counters.
             lt = att.load(host, range(8), per_layer=True)
             assert isinstance(lt, kvhost.LoadTicket) and lt.event_set >= 0, lt
+            stream = type("Stream", (), {"cuda_stream": 0})()  # ignored without events
             for layer in range(3):
-                lt.wait_layer(layer, timeout=10)
+                lt.wait_layer(layer, stream if layer else None, timeout=10)
             lt.wait(30)
             raises(kvhost.DeadlineExceeded, lt.wait_layer, 3, timeout=0.05)
             raises(ValueError, att.load, host, range(8), per_layer=True, wait=True)
@@ -402,9 +413,9 @@ def check_shm_backup_load_numpy(daemon, _lib_path, _src):
 def check_handles_and_context_managers(daemon, _lib_path, _src):
     c = client(daemon)
     c.create_pool("p", SPEC)
-    dev = c.shm_device_pool("p", 8, daemon.shm)
+    dev = c.shm_device_pool("p", 8)  # the daemon's shm dir, from its status
     att = c.attach_shm("p", dev)
-    plain = c.attach_shm("p", dev)
+    plain = c.attach_shm("p", dev, tp_rank=0, load_only=False)
     raises(kvhost.FailedPrecondition, plain.load_events, naming="layer_progress")
     plain.detach()
     assert plain.detached and not plain.closed
@@ -485,6 +496,18 @@ def check_session_loss_after_a_restart(daemon, _lib_path, _src):
         dev.close()
 
 
+def check_readme_quickstart(daemon, _lib_path, src):
+    """python/README.md's quickstart, as written, against this daemon."""
+    text = open(os.path.join(src, "python", "README.md")).read()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 15, "the quickstart grew past 15 lines"
+    assert kvhost.DEFAULT_ADDRESS in code
+    exec(compile(code.replace(kvhost.DEFAULT_ADDRESS, daemon.address), "README.md", "exec"),
+         {"__name__": "quickstart"})
+    with client(daemon) as c:
+        assert c.get_pool("p")["available_tokens"] == 56 and c.daemon_status()["attachments"] == 0
+
+
 CHECKS = [
     (check_library, False),
     (check_signatures_cover_the_header, False),
@@ -499,6 +522,7 @@ CHECKS = [
     (check_handles_and_context_managers, True),
     (check_cuda_calls, True),
     (check_session_loss_after_a_restart, True),
+    (check_readme_quickstart, True),
 ]
 
 

@@ -19,6 +19,7 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceed
                      FailedPrecondition, Internal, InvalidArgument, KvhostError, LibraryError,
                      NotFound, OutOfRange, PermissionDenied, ResourceExhausted, StatusCode,
                      Unauthenticated, Unavailable, Unimplemented, Unknown)
+from .pools import Pool
 from .shm import Component, ShmDevicePool
 from .transfer import Attachment, LoadTicket, Ticket, cuda_export_event
 from .worker import WorkerCopier, WorkerTicket
@@ -42,7 +43,7 @@ __all__ = [
     "ABI_VERSION", "CUDA_EVENT_HANDLE_BYTES", "DEFAULT_ADDRESS", "Aborted", "AlreadyExists",
     "Attachment", "Cancelled", "Client", "Component", "DataLoss", "DeadlineExceeded",
     "FailedPrecondition", "Internal", "InvalidArgument", "KvhostError", "LibraryError",
-    "LoadTicket", "NotFound", "OutOfRange", "PermissionDenied", "ResourceExhausted",
+    "LoadTicket", "NotFound", "OutOfRange", "PermissionDenied", "Pool", "ResourceExhausted",
     "SessionLosses", "SessionState", "ShmDevicePool", "StatusCode", "Ticket", "Unauthenticated",
     "Unavailable", "Unimplemented", "Unknown", "WorkerCopier", "WorkerTicket", "abi_version",
     "built_with_cuda", "candidates", "code_name", "connect", "cuda_export_event",

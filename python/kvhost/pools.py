@@ -90,6 +90,10 @@ class PoolCalls:
         """Token slots of `pool` not allocated now (HostKVCache.available_size)."""
         return int(self.get_pool(pool)["available_tokens"])
 
+    def pool(self, name: str) -> "Pool":
+        """A Pool view of `name`: these calls with the name bound."""
+        return Pool(self, name)
+
     # --- groups -------------------------------------------------------------
 
     def create_group(self, name: str, spec: Spec) -> Dict[str, Any]:
@@ -204,3 +208,50 @@ class PoolCalls:
         _lib.call(_lib.lib().kvhost_set_from_flat_data_page, self._handle(), _name(pool),
                   int(index), ptr, length)
         del keep
+
+
+class Pool:
+    """One pool by name, with sglang HostKVCache's calls bound to it.
+
+    ``client.pool("p").alloc(64)`` is ``client.alloc("p", 64)``. Holds no
+    handle and makes no call until used; the pool need not exist yet.
+    """
+
+    def __init__(self, client: PoolCalls, name: str) -> None:
+        self.client = client
+        self.name = name
+
+    def info(self) -> Dict[str, Any]:
+        """kvhost.v1.Pool as a dict (Client.get_pool)."""
+        return self.client.get_pool(self.name)
+
+    def delete(self) -> int:
+        """Deletes the pool; the host bytes it gave back."""
+        return self.client.delete_pool(self.name)
+
+    def available_size(self) -> int:
+        """Token slots not allocated now."""
+        return self.client.available_size(self.name)
+
+    def alloc(self, num_tokens: int, *, numpy: Optional[bool] = None) -> Indices:
+        """Allocates whole pages of slots (Client.alloc)."""
+        return self.client.alloc(self.name, num_tokens, numpy=numpy)
+
+    def free(self, indices: Indices) -> int:
+        """Frees whole pages of slots; the slots freed."""
+        return self.client.free(self.name, indices)
+
+    def get_page_buffer_meta(self, indices: Indices) -> Dict[str, Any]:
+        """Where whole pages' bytes lie (Client.get_page_buffer_meta)."""
+        return self.client.get_page_buffer_meta(self.name, indices)
+
+    def get_data_page(self, index: int, out: Any = None) -> Union[bytes, int]:
+        """One flat page's bytes (Client.get_data_page)."""
+        return self.client.get_data_page(self.name, index, out)
+
+    def set_from_flat_data_page(self, index: int, data: Any) -> None:
+        """Writes one flat page (Client.set_from_flat_data_page)."""
+        self.client.set_from_flat_data_page(self.name, index, data)
+
+    def __repr__(self) -> str:
+        return f"kvhost.Pool({self.name!r})"

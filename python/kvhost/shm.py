@@ -123,6 +123,9 @@ class ShmDevicePool(Handle):
 def create(client: Any, pool: str, device_size_tokens: int, shm_dir: Optional[str] = None,
            start_layer: int = 0, end_layer: int = 0) -> ShmDevicePool:
     """kvhost_shm_device_pool_create; see Client.shm_device_pool."""
+    if shm_dir is None:
+        # The daemon's own, so that a worker needs no second copy of its flags.
+        shm_dir = client.daemon_status().get("shm_dir") or None
     ptr = C.c_void_p()
     _lib.call(_lib.lib().kvhost_shm_device_pool_create, client._handle(), pool.encode(),
               int(device_size_tokens), None if shm_dir is None else str(shm_dir).encode(),

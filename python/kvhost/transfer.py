@@ -168,6 +168,9 @@ class Attachment(Handle):
 
     ``id`` is the daemon's attachment id (a capability: show it to no one
     else), ``pool`` the pool's name, ``info`` the kvhost.v1.Attachment.
+    Garbage collection frees only the handle, as close() does; detach() or
+    leaving a ``with`` block ends the attachment on the daemon (a worker
+    session's end does too).
     """
 
     _DESTROY = "kvhost_attachment_destroy"
@@ -296,8 +299,9 @@ class AttachCalls:
         """A shared-memory device pool shaped after `pool` (host backend).
 
         `device_size_tokens` rows per buffer (row-per-page components: /
-        page_size); `shm_dir` must be the daemon's --shm-dir (None:
-        /dev/shm); layers [start_layer, end_layer), 0 / 0 for the pool's.
+        page_size); `shm_dir` must be the daemon's --shm-dir (None: the one
+        its status reports); layers [start_layer, end_layer), 0 / 0 for the
+        pool's.
         Returns a kvhost.shm.ShmDevicePool (a context manager).
         """
         from . import shm  # noqa: PLC0415
