@@ -157,6 +157,40 @@ def check_int64_fields_match_the_protos(_daemon, _lib_path, src):
         {"id": "7", "available_tokens": 64, "host_indices": [1, 2], "layers": [{"offset": 3}]}
 
 
+def check_ticket_wait_in_slices(_daemon, _lib_path, _src):
+    """Ticket.wait asks in one-second slices; poll tells a slice's end from
+    a transfer that failed with DEADLINE_EXCEEDED (stubbed ABI)."""
+    lib, real = kvhost._lib, kvhost._lib.call_out
+    stub_client = type("StubClient", (), {"_handle": lambda self: None})()
+    calls = []
+
+    def running_then_done(fn, *args, **kw):
+        calls.append(fn.__name__)
+        if fn.__name__ == "kvhost_transfer_wait" and calls.count("kvhost_transfer_wait") < 3:
+            assert args[2] <= 1000, f"a slice of {args[2]} ms"
+            raise kvhost.DeadlineExceeded(4, "slice")
+        return '{"done": true, "ticket_id": "9"}' if fn.__name__ == "kvhost_transfer_wait" \
+            else "{}"
+
+    def failed_with_deadline(fn, *args, **kw):
+        calls.append(fn.__name__)
+        raise kvhost.DeadlineExceeded(4, "the event wait timed out")
+
+    try:
+        lib.call_out = running_then_done
+        assert kvhost.Ticket(stub_client, 9).wait(30) == {"done": True, "ticket_id": 9}
+        assert calls.count("kvhost_transfer_wait") == 3 and \
+            calls.count("kvhost_transfer_poll") == 2, calls
+        calls.clear()
+        lib.call_out = failed_with_deadline
+        start = time.monotonic()
+        raises(kvhost.DeadlineExceeded, kvhost.Ticket(stub_client, 9).wait, 30,
+               naming="event wait")
+        assert time.monotonic() - start < 5 and len(calls) == 2, calls
+    finally:
+        lib.call_out = real
+
+
 def check_without_the_library(_daemon, lib_path, src):
     """A copy of the package outside the checkout, no library anywhere."""
     tmp = tempfile.mkdtemp(prefix="kvhost-py-nolib-")
@@ -377,6 +411,8 @@ def round_trip(c, daemon, views_numpy):
             raises(kvhost.InvalidArgument, att.load, host, range(7))
             raises(TypeError, att.backup, host, range(8), event=1.5, naming="event")
             raises(kvhost.NotFound, kvhost.Ticket(c, 987654321).wait, 1)
+            raises(kvhost.NotFound, kvhost.Ticket(c, 987654321).poll)
+            assert kvhost.Ticket(c, t.id).wait(0)["done"] is True  # a look at a done one
         # Leaving the block detached it and freed the handle.
         assert att.closed and c.get_pool("p")["attachments"] == 0
         raises(ValueError, att.load, host, range(8), naming="closed")
@@ -512,6 +548,7 @@ CHECKS = [
     (check_library, False),
     (check_signatures_cover_the_header, False),
     (check_int64_fields_match_the_protos, False),
+    (check_ticket_wait_in_slices, False),
     (check_without_the_library, False),
     (check_client_options_and_connect, True),
     (check_pools, True),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes as C
 import ctypes.util
+import math
 import os
 import threading
 from pathlib import Path
@@ -276,6 +277,4 @@ def ms(seconds: Optional[float]) -> int:
     if seconds is None:
         return 0
     value = float(seconds) * 1000.0
-    if value > 0:
-        return max(1, int(value + 0.999999))
-    return int(value) if value < 0 else 0
+    return math.ceil(value) if value > 0 else int(value)

@@ -28,14 +28,20 @@ from __future__ import annotations
 import ctypes as C
 import json
 import operator
+import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from . import _arrays, _json, _lib
 from ._handles import Handle
-from .errors import NotFound
+from .errors import DeadlineExceeded, NotFound
 
 #: Room for a TransferStatus; a bigger one costs one retry of the same read.
 _STATUS_GUESS = 4096
+#: Ticket.wait's default, the ABI's own (kvhost_transfer_wait with 0).
+_DEFAULT_WAIT_S = 600.0
+#: Ticket.wait asks the daemon this long at a time, so that a signal
+#: (Ctrl-C) is served within it; each slice is one cheap WaitTransfer RPC.
+_WAIT_SLICE_S = 1.0
 
 
 def stream_arg(stream: Any) -> Optional[int]:
@@ -106,12 +112,28 @@ class Ticket:
         """Blocks until the transfer is done; its TransferStatus.
 
         Raises the transfer's error if it failed, DeadlineExceeded after
-        `timeout` seconds (None: 10 min).
+        `timeout` seconds (None: 10 min; 0: only a look). Waits in slices of a second so
+        that Ctrl-C (KeyboardInterrupt) is served while it waits.
         """
-        text = _lib.call_out(_lib.lib().kvhost_transfer_wait, self._client._handle(), self.id,
-                             _lib.ms(timeout), guess=_STATUS_GUESS)
-        self.status, self._done = _json.loads(text), True
-        return self.status
+        total = _DEFAULT_WAIT_S if timeout is None else float(timeout)
+        deadline = time.monotonic() + total
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                text = _lib.call_out(_lib.lib().kvhost_transfer_wait, self._client._handle(),
+                                     self.id, _lib.ms(max(min(left, _WAIT_SLICE_S), 0.001)),
+                                     guess=_STATUS_GUESS)
+            except DeadlineExceeded:
+                # The slice ran out, or the transfer itself failed so: poll
+                # tells them apart (it raises the transfer's own error).
+                if self.poll():
+                    assert self.status is not None
+                    return self.status
+                if left <= _WAIT_SLICE_S:
+                    raise
+                continue
+            self.status, self._done = _json.loads(text), True
+            return self.status
 
     def poll(self) -> bool:
         """True once the transfer finished; raises its error if it failed."""
@@ -230,6 +252,7 @@ class Attachment(Handle):
             raw = _lib.LoadTicketStruct()
             _lib.call(lib.kvhost_load_with_events, client, self._p(), host, nh, dev, nd,
                       C.byref(raw))
+            del keep_h, keep_d
             return LoadTicket(self._client, events, raw)
         ticket = C.c_uint64(0)
         _lib.call(lib.kvhost_load, client, self._p(), host, nh, dev, nd,
