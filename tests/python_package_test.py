@@ -501,9 +501,49 @@ def check_cuda_calls(daemon, _lib_path, _src):
             import torch  # noqa: F401
         except ImportError:
             raises(ImportError, c.attach_tensors, "p", [], [], naming="PyTorch")
+            check_attach_tensors_with_a_stand_in_torch(c)
     assert kvhost.transfer.stream_arg(None) is None
     assert kvhost.transfer.stream_arg(type("S", (), {"cuda_stream": 1234})()) == 1234
     raises(TypeError, kvhost.transfer.stream_arg, "s", naming="stream")
+
+
+class FakeTensor:
+    """What attach_tensors reads of a torch tensor: a (rows, heads, dim) BF16."""
+
+    def __init__(self, rows, ptr, cuda=True):
+        self.shape, self.ptr, self.is_cuda, self.device = (rows, 2, 8), ptr, cuda, "fake"
+
+    def is_contiguous(self):
+        return True
+
+    def numel(self):
+        return self.shape[0] * 16
+
+    def element_size(self):
+        return 2
+
+    def data_ptr(self):
+        return self.ptr
+
+
+def check_attach_tensors_with_a_stand_in_torch(c):
+    """attach_tensors' sizes (rows from shape[0], bytes from numel) reach the
+    ABI's size check, with a module standing in for torch."""
+    import types
+    sys.modules["torch"] = types.ModuleType("torch")
+    try:
+        k = [FakeTensor(16, 0x1000 * (i + 1)) for i in range(3)]
+        v = [FakeTensor(16, 0x9000 * (i + 1)) for i in range(2)] + [FakeTensor(15, 0x20000)]
+        raises(ValueError, c.attach_tensors, "p", [FakeTensor(16, 1, cuda=False)] * 3, v,
+               naming="not a CUDA tensor")
+        raises(ValueError, c.attach_tensors, "p", k, v, components={"k": k}, naming="not both")
+        if kvhost.built_with_cuda():
+            # v's last layer is a row short: 480 bytes, 512 needed.
+            raises(kvhost.InvalidArgument, c.attach_tensors, "p", k, v, naming="component 'v'")
+        else:
+            raises(kvhost.Unimplemented, c.attach_tensors, "p", k, v)
+    finally:
+        del sys.modules["torch"]
 
 
 def check_session_loss_after_a_restart(daemon, _lib_path, _src):

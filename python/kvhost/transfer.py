@@ -29,7 +29,7 @@ import ctypes as C
 import json
 import operator
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from . import _arrays, _json, _lib
 from ._handles import Handle
@@ -404,10 +404,3 @@ class AttachCalls:
                                             components=components,
                                             device_size_tokens=device_size_tokens, **options)
 
-
-def layer_pointers(tensors: Sequence[Any]) -> List[int]:
-    """data_ptr() of each tensor (torch) or .ctypes.data (numpy)."""
-    out = []
-    for t in tensors:
-        out.append(int(t.data_ptr()) if hasattr(t, "data_ptr") else int(t.ctypes.data))
-    return out
