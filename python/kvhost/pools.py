@@ -1,0 +1,257 @@
+"""Pools, groups, slots and pages: the scheduler's calls.
+
+:class:`PoolCalls` is mixed into :class:`kvhost.Client`. Its names follow
+sglang's HostKVCache where it has one (``alloc``, ``free``,
+``available_size``, ``get_page_buffer_meta``, ``get_data_page``,
+``set_from_flat_data_page``). Pools and groups come back as dicts, the
+protobuf JSON mapping of kvhost.v1.Pool / PoolGroup with snake_case keys and
+every field present, except that 64-bit integers are ints (kvhost._json).
+
+A group's name works wherever a pool's does for slots and pages: it acts on
+the group's anchor pool.
+
+Errors are the daemon's, as exceptions: a pool that does not exist is
+NotFound naming it, a malformed spec InvalidArgument naming the field, an
+alloc beyond the free slots ResourceExhausted, a double free
+FailedPrecondition.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import threading
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+from . import _arrays, _json, _lib
+
+#: A spec: a mapping (sent as JSON) or JSON text.
+Spec = Union[Mapping[str, Any], str, bytes]
+#: Slot indices: a list or numpy array of int64 (see alloc).
+Indices = Any
+
+#: First guess for a page's bytes, before a pool's size is known; a bigger
+#: page costs one retry, and the size is remembered per pool after that.
+_PAGE_GUESS = 64 << 10
+
+
+def _name(name: str, what: str = "pool") -> bytes:
+    if not isinstance(name, str):
+        raise TypeError(f"{what} name must be a str, not {type(name).__name__}")
+    return name.encode()
+
+
+class PoolCalls:
+    """Pool, group, slot and page calls of a Client (mixed in)."""
+
+    def _init_pool_calls(self) -> None:
+        # Page sizes seen, per pool name: get_data_page's first buffer.
+        self._page_bytes: Dict[str, int] = {}
+        self._page_lock = threading.Lock()
+
+    def _handle(self) -> C.c_void_p:  # provided by Client
+        raise NotImplementedError
+
+    # --- pools --------------------------------------------------------------
+
+    def create_pool(self, name: str, spec: Spec) -> Dict[str, Any]:
+        """Creates pool `name` from a kvhost.v1.PoolSpec and returns the pool.
+
+        `spec` is a dict (snake_case or lowerCamelCase keys), e.g.
+        ``{"kind": "MHA", "layout": "PAGE_FIRST", "dtype": "BF16",
+        "page_size": 4, "layer_num": 3, "head_num": 2, "head_dim": 8,
+        "size_tokens": 64}``, or the same as JSON text.
+
+        Raises InvalidArgument (a malformed spec, naming the field),
+        AlreadyExists, ResourceExhausted (not enough host memory).
+        """
+        _lib.call(_lib.lib().kvhost_pool_create, self._handle(), _name(name),
+                  _json.dumps(spec, "spec"))
+        return self.get_pool(name)
+
+    def get_pool(self, name: str) -> Dict[str, Any]:
+        """kvhost.v1.Pool as a dict: spec, size_tokens, available_tokens,
+        components, region_paths, state... NotFound naming `name`."""
+        return _json.loads(_lib.call_out(_lib.lib().kvhost_pool_get_json, self._handle(),
+                                         _name(name)))
+
+    def list_pools(self) -> List[Dict[str, Any]]:
+        """Every pool, as get_pool gives each."""
+        listed = _json.loads(_lib.call_out(_lib.lib().kvhost_pool_list_json, self._handle()))
+        return list(listed.get("pools", []))
+
+    def delete_pool(self, name: str) -> int:
+        """Deletes pool `name`; returns the host bytes it gave back."""
+        released = C.c_uint64(0)
+        _lib.call(_lib.lib().kvhost_pool_delete, self._handle(), _name(name), C.byref(released))
+        self._forget_page_bytes(name)
+        return int(released.value)
+
+    def available_size(self, pool: str) -> int:
+        """Token slots of `pool` not allocated now (HostKVCache.available_size)."""
+        return int(self.get_pool(pool)["available_tokens"])
+
+    def pool(self, name: str) -> "Pool":
+        """A Pool view of `name`: these calls with the name bound."""
+        return Pool(self, name)
+
+    # --- groups -------------------------------------------------------------
+
+    def create_group(self, name: str, spec: Spec) -> Dict[str, Any]:
+        """Creates group `name` and returns it.
+
+        `spec` is a kvhost.v1.CreatePoolGroupRequest without its name:
+        ``{"layer_num": L, "entries": [{"name": "kv", "pool": "attn",
+        "layer_map": [...], "anchor": True}, ...]}``. NotFound for an entry's
+        pool that does not exist.
+        """
+        _lib.call(_lib.lib().kvhost_group_create, self._handle(), _name(name, "group"),
+                  _json.dumps(spec, "spec"))
+        return self.get_group(name)
+
+    def get_group(self, name: str) -> Dict[str, Any]:
+        """kvhost.v1.PoolGroup as a dict. NotFound naming `name`."""
+        return _json.loads(_lib.call_out(_lib.lib().kvhost_group_get_json, self._handle(),
+                                         _name(name, "group")))
+
+    def delete_group(self, name: str) -> None:
+        """Deletes group `name` (its pools stay)."""
+        _lib.call(_lib.lib().kvhost_group_delete, self._handle(), _name(name, "group"))
+
+    # --- slots --------------------------------------------------------------
+
+    def alloc(self, pool: str, num_tokens: int, *, numpy: Optional[bool] = None) -> Indices:
+        """Allocates `num_tokens` slots (whole pages) of `pool`.
+
+        Returns their indices as a numpy int64 array when numpy is installed
+        (or numpy=True), else a list of ints (or numpy=False). Raises
+        InvalidArgument for a count that is not whole pages,
+        ResourceExhausted when the pool has fewer free slots.
+        """
+        as_numpy = _arrays.want_numpy(numpy)
+        n = int(num_tokens)
+        if n < 0:
+            raise ValueError(f"num_tokens {n} is negative")
+        out = (C.c_int64 * max(n, 1))()
+        count = C.c_size_t(0)
+        _lib.call(_lib.lib().kvhost_alloc, self._handle(), _name(pool), n, out, n,
+                  C.byref(count))
+        return _arrays.int64_result(out, int(count.value), as_numpy)
+
+    def free(self, pool: str, indices: Indices) -> int:
+        """Frees whole pages of slots, all or nothing; returns the slots freed.
+
+        FailedPrecondition for a slot that is not allocated (nothing freed).
+        """
+        ptr, n, keep = _arrays.int64_arg(indices)
+        freed = C.c_uint64(0)
+        _lib.call(_lib.lib().kvhost_free, self._handle(), _name(pool), ptr, n, C.byref(freed))
+        del keep
+        return int(freed.value)
+
+    # --- pages --------------------------------------------------------------
+
+    def get_page_buffer_meta(self, pool: str, indices: Indices) -> Dict[str, Any]:
+        """kvhost.v1.PageBufferMeta of whole pages' slots, as a dict: where
+        each page's bytes lie in the pool's region files (for zero-copy
+        storage backends). InvalidArgument unless len(indices) is whole pages.
+        """
+        ptr, n, keep = _arrays.int64_arg(indices)
+        text = _lib.call_out(_lib.lib().kvhost_page_buffer_meta_json, self._handle(),
+                             _name(pool), ptr, n)
+        del keep
+        return _json.loads(text)
+
+    def _forget_page_bytes(self, pool: str) -> None:
+        with self._page_lock:
+            self._page_bytes.pop(pool, None)
+
+    def get_data_page(self, pool: str, index: int, out: Any = None) -> Union[bytes, int]:
+        """The flat bytes of the page whose first slot is `index`.
+
+        Without `out`, returns them as bytes. With `out` (a writable buffer:
+        bytearray, numpy array, memoryview), writes them there and returns
+        their count; OutOfRange when `out` is smaller than the page.
+        """
+        lib, client, name = _lib.lib(), self._handle(), _name(pool)
+        if out is not None:
+            ptr, length, keep = _arrays.writable(out)
+            size = C.c_size_t(0)
+            _lib.call(lib.kvhost_get_data_page, client, name, int(index), ptr, length,
+                      C.byref(size))
+            del keep
+            return int(size.value)
+        with self._page_lock:
+            guess = self._page_bytes.get(pool, _PAGE_GUESS)
+        for _ in range(2):
+            buf = C.create_string_buffer(guess)
+            size = C.c_size_t(0)
+            rc, msg = _lib.call_status(lib.kvhost_get_data_page, client, name, int(index), buf,
+                                       guess, C.byref(size))
+            if rc == 0:
+                with self._page_lock:
+                    self._page_bytes[pool] = int(size.value)
+                return buf.raw[: size.value]
+            if rc == _lib._OUT_OF_RANGE and size.value > guess:
+                guess = int(size.value)
+                continue
+            _lib.raise_for(rc, msg)
+        _lib.raise_for(_lib._OUT_OF_RANGE, f"page of pool '{pool}' kept growing")
+        raise AssertionError("unreachable")
+
+    def set_from_flat_data_page(self, pool: str, index: int, data: Any) -> None:
+        """Writes one flat page (exactly the page's bytes) at slot `index`.
+
+        `data` is bytes or any buffer (bytearray, memoryview, numpy array);
+        InvalidArgument when its size is not the page's.
+        """
+        ptr, length, keep = _arrays.readable(data)
+        _lib.call(_lib.lib().kvhost_set_from_flat_data_page, self._handle(), _name(pool),
+                  int(index), ptr, length)
+        del keep
+
+
+class Pool:
+    """One pool by name, with sglang HostKVCache's calls bound to it.
+
+    ``client.pool("p").alloc(64)`` is ``client.alloc("p", 64)``. Holds no
+    handle and makes no call until used; the pool need not exist yet.
+    """
+
+    def __init__(self, client: PoolCalls, name: str) -> None:
+        self.client = client
+        self.name = name
+
+    def info(self) -> Dict[str, Any]:
+        """kvhost.v1.Pool as a dict (Client.get_pool)."""
+        return self.client.get_pool(self.name)
+
+    def delete(self) -> int:
+        """Deletes the pool; the host bytes it gave back."""
+        return self.client.delete_pool(self.name)
+
+    def available_size(self) -> int:
+        """Token slots not allocated now."""
+        return self.client.available_size(self.name)
+
+    def alloc(self, num_tokens: int, *, numpy: Optional[bool] = None) -> Indices:
+        """Allocates whole pages of slots (Client.alloc)."""
+        return self.client.alloc(self.name, num_tokens, numpy=numpy)
+
+    def free(self, indices: Indices) -> int:
+        """Frees whole pages of slots; the slots freed."""
+        return self.client.free(self.name, indices)
+
+    def get_page_buffer_meta(self, indices: Indices) -> Dict[str, Any]:
+        """Where whole pages' bytes lie (Client.get_page_buffer_meta)."""
+        return self.client.get_page_buffer_meta(self.name, indices)
+
+    def get_data_page(self, index: int, out: Any = None) -> Union[bytes, int]:
+        """One flat page's bytes (Client.get_data_page)."""
+        return self.client.get_data_page(self.name, index, out)
+
+    def set_from_flat_data_page(self, index: int, data: Any) -> None:
+        """Writes one flat page (Client.set_from_flat_data_page)."""
+        self.client.set_from_flat_data_page(self.name, index, data)
+
+    def __repr__(self) -> str:
+        return f"kvhost.Pool({self.name!r})"

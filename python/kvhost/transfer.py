@@ -1,0 +1,406 @@
+"""Attachments and transfers: the worker's calls.
+
+A worker attaches its device KV buffers to a pool (:class:`AttachCalls`,
+mixed into :class:`kvhost.Client`) and gets an :class:`Attachment`. Through
+it, ``backup`` copies device rows to host slots and ``load`` host slots to
+device rows; each returns a :class:`Ticket` to wait for or poll. A load
+with ``per_layer=True`` returns a :class:`LoadTicket` whose
+``wait_layer(l, stream)`` lets layer ``l``'s compute start while later
+layers still arrive.
+
+Device indices are rows of the attached buffers (tokens; pages for a
+row-per-page component); host indices are the pool's slots from alloc.
+
+CUDA handles travel as ints (``cudaStream_t``, ``cudaEvent_t``). A stream
+may be given as an int, as anything with ``.cuda_stream`` (torch.cuda.Stream)
+or ``.ptr`` (cupy), or None (the legacy default stream). The worker's event
+before a backup may be the 64 handle bytes, a ``torch.cuda.Event(
+interprocess=True)`` (its ``ipc_handle()``), or a ``cudaEvent_t`` int
+(exported with :func:`cuda_export_event`).
+
+Ownership: an Attachment keeps its client and device buffers referenced;
+``close()`` frees the handle, ``detach()`` ends the attachment on the
+daemon, and leaving its ``with`` block does both.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import json
+import operator
+import time
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from . import _arrays, _json, _lib
+from ._handles import Handle
+from .errors import DeadlineExceeded, NotFound
+
+#: Room for a TransferStatus; a bigger one costs one retry of the same read.
+_STATUS_GUESS = 4096
+#: Ticket.wait's default, the ABI's own (kvhost_transfer_wait with 0).
+_DEFAULT_WAIT_S = 600.0
+#: Ticket.wait asks the daemon this long at a time, so that a signal
+#: (Ctrl-C) is served within it; each slice is one cheap WaitTransfer RPC.
+_WAIT_SLICE_S = 1.0
+
+
+def stream_arg(stream: Any) -> Optional[int]:
+    """A CUDA stream as the address the ABI takes (None: the legacy default)."""
+    if stream is None:
+        return None
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr)) or None
+    if isinstance(stream, C.c_void_p):
+        return stream.value
+    try:
+        return operator.index(stream) or None
+    except TypeError:
+        raise TypeError(f"stream must be None, an int (cudaStream_t), or have .cuda_stream, "
+                        f"not {type(stream).__name__}") from None
+
+
+def cuda_export_event(cuda_event: int) -> bytes:
+    """The cudaIpcEventHandle_t bytes of a cudaEvent_t made with
+    cudaEventInterprocess | cudaEventDisableTiming, for backup(event=...).
+
+    Unimplemented in a library built without CUDA; FailedPrecondition
+    without a usable GPU.
+    """
+    handle = C.create_string_buffer(_lib.CUDA_EVENT_HANDLE_BYTES)
+    needed = C.c_size_t(0)
+    _lib.call(_lib.lib().kvhost_cuda_export_event, C.c_void_p(int(cuda_event) or None), handle,
+              len(handle), C.byref(needed))
+    return handle.raw[: needed.value or _lib.CUDA_EVENT_HANDLE_BYTES]
+
+
+def _event_bytes(event: Any) -> Optional[bytes]:
+    """backup's `event` as handle bytes (see the module doc)."""
+    if event is None:
+        return None
+    if hasattr(event, "ipc_handle"):
+        event = event.ipc_handle()
+    if isinstance(event, (bytes, bytearray, memoryview)):
+        return bytes(event)
+    if isinstance(event, int):
+        return cuda_export_event(event)
+    raise TypeError(f"event must be handle bytes, a torch.cuda.Event or a cudaEvent_t int, "
+                    f"not {type(event).__name__}")
+
+
+def _options_json(**options: Any) -> Optional[bytes]:
+    """An attach's kvhost.v1.AttachDeviceRequest fields, the ones given."""
+    given = {k: v for k, v in options.items() if v is not None}
+    return json.dumps(given).encode() if given else None
+
+
+class Ticket:
+    """A transfer the daemon runs: wait() for it, or poll().
+
+    ``status`` is the last kvhost.v1.TransferStatus seen (a dict), None
+    before the first wait or poll that finished.
+    """
+
+    def __init__(self, client: Any, ticket_id: int, done: bool = False) -> None:
+        self._client = client
+        #: The daemon's ticket id.
+        self.id = int(ticket_id)
+        self.status: Optional[Dict[str, Any]] = None
+        self._done = done
+
+    def wait(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Blocks until the transfer is done; its TransferStatus.
+
+        Raises the transfer's error if it failed, DeadlineExceeded after
+        `timeout` seconds (None: 10 min; 0: only a look). Waits in slices of a second so
+        that Ctrl-C (KeyboardInterrupt) is served while it waits.
+        """
+        total = _DEFAULT_WAIT_S if timeout is None else float(timeout)
+        deadline = time.monotonic() + total
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                text = _lib.call_out(_lib.lib().kvhost_transfer_wait, self._client._handle(),
+                                     self.id, _lib.ms(max(min(left, _WAIT_SLICE_S), 0.001)),
+                                     guess=_STATUS_GUESS)
+            except DeadlineExceeded:
+                # The slice ran out, or the transfer itself failed so: poll
+                # tells them apart (it raises the transfer's own error).
+                if self.poll():
+                    assert self.status is not None
+                    return self.status
+                if left <= _WAIT_SLICE_S:
+                    raise
+                continue
+            self.status, self._done = _json.loads(text), True
+            return self.status
+
+    def poll(self) -> bool:
+        """True once the transfer finished; raises its error if it failed."""
+        if self._done:
+            return True
+        done = C.c_int32(0)
+        text = _lib.call_out(_lib.lib().kvhost_transfer_poll, self._client._handle(), self.id,
+                             C.byref(done), guess=_STATUS_GUESS)
+        if done.value:
+            self.status, self._done = _json.loads(text), True
+        return self._done
+
+    @property
+    def done(self) -> bool:
+        """poll() as a property."""
+        return self.poll()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id}, done={self._done})"
+
+
+class LoadTicket(Ticket):
+    """A load with per-layer waits (Attachment.load(per_layer=True))."""
+
+    def __init__(self, client: Any, events: "LoadEvents", raw: _lib.LoadTicketStruct) -> None:
+        super().__init__(client, raw.ticket_id)
+        self._events = events
+        self._raw = raw
+        #: The attachment's event set this load records into; -1: none.
+        self.event_set = int(raw.event_set)
+        #: The pool layer of the attachment's first layer.
+        self.layer_base = int(raw.layer_base)
+
+    def wait_layer(self, layer: int, stream: Any = None,
+                   timeout: Optional[float] = None) -> None:
+        """Layer `layer` (of the attachment) of this load.
+
+        Waits on the host until the load recorded it (DeadlineExceeded after
+        `timeout` s; None: 10 s), then, on the cuda backend, makes `stream`
+        wait for the layer's event (torch: torch.cuda.current_stream()).
+        """
+        _lib.call(_lib.lib().kvhost_wait_layer, self._events._p(), C.byref(self._raw),
+                  int(layer), stream_arg(stream), _lib.ms(timeout))
+
+
+class LoadEvents(Handle):
+    """What an attachment's loads are waited on per layer (internal)."""
+
+    _DESTROY = "kvhost_load_events_destroy"
+
+
+class Attachment(Handle):
+    """A worker's device buffers attached to a pool.
+
+    ``id`` is the daemon's attachment id (a capability: show it to no one
+    else), ``pool`` the pool's name, ``info`` the kvhost.v1.Attachment.
+    Garbage collection frees only the handle, as close() does; detach() or
+    leaving a ``with`` block ends the attachment on the daemon (a worker
+    session's end does too).
+    """
+
+    _DESTROY = "kvhost_attachment_destroy"
+
+    def __init__(self, client: Any, ptr: C.c_void_p, pool: str, device: Any) -> None:
+        super().__init__(client, ptr)
+        self.pool = pool
+        # The buffers must outlive the attachment: an ShmDevicePool, or the
+        # caller's tensors when made by attach_tensors.
+        self._device = device
+        self._events: Optional[LoadEvents] = None
+        self.detached = False
+        lib = _lib.lib()
+        self.id = _lib.call_out(lib.kvhost_attachment_id, ptr, guess=128)
+        self.info: Dict[str, Any] = _json.loads(_lib.call_out(lib.kvhost_attachment_json, ptr))
+
+    def _client_handle(self) -> C.c_void_p:
+        assert self._client is not None
+        return self._client._handle()
+
+    def backup(self, host_indices: Any, device_indices: Any, *, wait: bool = False,
+               timeout: Optional[float] = None, event: Any = None) -> Ticket:
+        """Device rows -> host slots.
+
+        `event` (cuda backend): the worker's interprocess event, recorded
+        after the rows were written; the copies wait for it (keep it alive
+        until the ticket is done). The host backend refuses one
+        (FailedPrecondition). With wait=True, returns once done (its error
+        raised), waiting up to `timeout` s (None: 10 min).
+        """
+        host, nh, keep_h = _arrays.int64_arg(host_indices, "host_indices")
+        dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
+        handle = _event_bytes(event)
+        ticket = C.c_uint64(0)
+        _lib.call(_lib.lib().kvhost_backup, self._client_handle(), self._p(), host, nh, dev, nd,
+                  handle, 0 if handle is None else len(handle),
+                  _lib.TRANSFER_WAIT if wait else 0, _lib.ms(timeout), C.byref(ticket))
+        del keep_h, keep_d
+        return Ticket(self._client, ticket.value, done=wait)
+
+    def load(self, host_indices: Any, device_indices: Any, *, wait: bool = False,
+             timeout: Optional[float] = None, per_layer: bool = False) -> Ticket:
+        """Host slots -> device rows.
+
+        per_layer=True returns a LoadTicket to wait on layer by layer (the
+        attachment needs layer_progress=True on the host backend; on the cuda
+        backend its load events); it cannot be combined with wait=True.
+        ResourceExhausted while every event set of the attachment is busy.
+        """
+        host, nh, keep_h = _arrays.int64_arg(host_indices, "host_indices")
+        dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
+        lib, client = _lib.lib(), self._client_handle()
+        if per_layer:
+            if wait:
+                raise ValueError("per_layer=True returns at once; wait on its layers or ticket")
+            events = self.load_events()
+            raw = _lib.LoadTicketStruct()
+            _lib.call(lib.kvhost_load_with_events, client, self._p(), host, nh, dev, nd,
+                      C.byref(raw))
+            del keep_h, keep_d
+            return LoadTicket(self._client, events, raw)
+        ticket = C.c_uint64(0)
+        _lib.call(lib.kvhost_load, client, self._p(), host, nh, dev, nd,
+                  _lib.TRANSFER_WAIT if wait else 0, _lib.ms(timeout), C.byref(ticket))
+        del keep_h, keep_d
+        return Ticket(self._client, ticket.value, done=wait)
+
+    def load_events(self) -> LoadEvents:
+        """Opens (once) what this attachment's loads are waited on per layer.
+
+        FailedPrecondition for an attachment that has neither load events nor
+        layer counters (attach with layer_progress=True). On CUDA the current
+        device must be the attachment's GPU.
+        """
+        if self._events is None or self._events.closed:
+            ptr = C.c_void_p()
+            _lib.call(_lib.lib().kvhost_load_events_open, self._client_handle(), self._p(),
+                      C.byref(ptr))
+            self._events = LoadEvents(self._client, ptr)
+        return self._events
+
+    def worker_copier(self, blocks: int = 0) -> Any:
+        """A WorkerCopier on this attachment (CUDA; see kvhost.worker)."""
+        from .worker import open_copier  # noqa: PLC0415 (one module per concern)
+        return open_copier(self, blocks)
+
+    def detach(self) -> None:
+        """Ends the attachment on the daemon; the handle stays until close().
+
+        NotFound when the daemon no longer knows it (detached already, or
+        lost with a daemon restart).
+        """
+        _lib.call(_lib.lib().kvhost_detach, self._client_handle(), self._p())
+        self.detached = True
+
+    def _release(self) -> None:
+        if self._events is not None:
+            self._events._release()
+        super()._release()
+
+    def __exit__(self, *exc: Any) -> None:
+        """Detaches (one already gone is fine) and frees the handle."""
+        try:
+            if not self.detached and not self.closed and not self._client.closed:
+                try:
+                    self.detach()
+                except NotFound:
+                    pass  # gone already (a restart took it): the goal holds
+                except Exception:
+                    if exc[0] is None:
+                        raise
+        finally:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"Attachment(pool={self.pool!r}, {'closed' if self.closed else 'open'})"
+
+
+class AttachCalls:
+    """Device pools and attach calls of a Client (mixed in)."""
+
+    def _handle(self) -> C.c_void_p:  # provided by Client
+        raise NotImplementedError
+
+    def shm_device_pool(self, pool: str, device_size_tokens: int, shm_dir: Optional[str] = None,
+                        start_layer: int = 0, end_layer: int = 0) -> Any:
+        """A shared-memory device pool shaped after `pool` (host backend).
+
+        `device_size_tokens` rows per buffer (row-per-page components: /
+        page_size); `shm_dir` must be the daemon's --shm-dir (None: the one
+        its status reports); layers [start_layer, end_layer), 0 / 0 for the
+        pool's.
+        Returns a kvhost.shm.ShmDevicePool (a context manager).
+        """
+        from . import shm  # noqa: PLC0415
+        return shm.create(self, pool, device_size_tokens, shm_dir, start_layer, end_layer)
+
+    def attach_shm(self, pool: str, device: Any, *, layer_progress: Optional[bool] = None,
+                   load_only: Optional[bool] = None, tp_rank: Optional[int] = None,
+                   load_event_sets: Optional[int] = None) -> Attachment:
+        """Attaches a ShmDevicePool to `pool` (host backend).
+
+        layer_progress=True makes per-layer waits of loads possible.
+        """
+        options = _options_json(layer_progress=layer_progress, load_only=load_only,
+                                tp_rank=tp_rank, load_event_sets=load_event_sets)
+        ptr = C.c_void_p()
+        _lib.call(_lib.lib().kvhost_attach_shm, self._handle(), pool.encode(), device._p(),
+                  options, C.byref(ptr))
+        return Attachment(self, ptr, pool, device)
+
+    def attach_cuda(self, pool: str, layers: Mapping[str, Sequence[int]],
+                    device_size_tokens: int, *,
+                    layer_bytes: Optional[Mapping[str, int]] = None,
+                    start_layer: Optional[int] = None, end_layer: Optional[int] = None,
+                    layer_progress: Optional[bool] = None, load_only: Optional[bool] = None,
+                    tp_rank: Optional[int] = None, load_event_sets: Optional[int] = None,
+                    keep_alive: Any = None) -> Attachment:
+        """Attaches a worker's CUDA buffers to `pool` (cuda backend).
+
+        `layers` maps each component name of the pool ("k", "v", ...) to its
+        per-layer device pointers, in layer order, every component the same
+        number of layers. Each buffer holds `device_size_tokens` rows
+        (row-per-page components: / page_size). `layer_bytes` (optional)
+        gives each component's buffer size; one too small for its rows is
+        InvalidArgument before anything is exported. `keep_alive` is held by
+        the attachment (the tensors behind the pointers, say).
+        Unimplemented in a library built without CUDA, FailedPrecondition
+        without a usable GPU.
+        """
+        names = list(layers)
+        if not names:
+            raise ValueError("layers needs at least one component")
+        counts = {len(layers[n]) for n in names}
+        if len(counts) != 1:
+            raise ValueError("every component needs the same number of layers, got " +
+                             ", ".join(f"{n}: {len(layers[n])}" for n in names))
+        num_layers = counts.pop()
+        name_arr = (C.c_char_p * len(names))(*[n.encode() for n in names])
+        ptrs = _arrays.pointer_list([p for n in names for p in layers[n]])
+        sizes = None
+        if layer_bytes is not None:
+            missing = [n for n in names if n not in layer_bytes]
+            if missing:
+                raise ValueError(f"layer_bytes lacks component(s) {', '.join(missing)}")
+            sizes = (C.c_uint64 * len(names))(*[int(layer_bytes[n]) for n in names])
+        options = _options_json(layer_progress=layer_progress, load_only=load_only,
+                                tp_rank=tp_rank, load_event_sets=load_event_sets,
+                                start_layer=start_layer, end_layer=end_layer)
+        ptr = C.c_void_p()
+        _lib.call(_lib.lib().kvhost_attach_cuda, self._handle(), pool.encode(), len(names),
+                  name_arr, num_layers, ptrs, sizes, int(device_size_tokens), options,
+                  C.byref(ptr))
+        return Attachment(self, ptr, pool, keep_alive)
+
+    def attach_tensors(self, pool: str, k_layers: Optional[Sequence[Any]] = None,
+                       v_layers: Optional[Sequence[Any]] = None, *,
+                       components: Optional[Mapping[str, Sequence[Any]]] = None,
+                       device_size_tokens: Optional[int] = None, **options: Any) -> Attachment:
+        """attach_cuda from per-layer torch tensors (imports torch lazily).
+
+        Give ``k_layers`` / ``v_layers`` (MHA) or ``components`` by name
+        (``{"latent": [...]}`` for MLA). device_size_tokens defaults to the
+        first tensor's rows times its component's row_tokens. Other keywords
+        are attach_cuda's. See kvhost.torch_helpers.
+        """
+        from . import torch_helpers  # noqa: PLC0415 (torch is optional)
+        return torch_helpers.attach_tensors(self, pool, k_layers, v_layers,
+                                            components=components,
+                                            device_size_tokens=device_size_tokens, **options)
+

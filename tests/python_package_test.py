@@ -1,0 +1,636 @@
+#!/usr/bin/env python3
+"""The kvhost Python package (python/kvhost) against a real kvhostd.
+
+Each check gets a fresh kvhostd (host backend, a private socket and shm
+dir) and drives the package the way a scheduler and a worker would: every
+call of the ABI through its Python name; errors as exceptions with the
+right code and a message naming the bad value (a bad pool name is NotFound
+naming it, a bad spec InvalidArgument); a byte-exact backup and load
+through shm device buffers, through numpy when it is installed and through
+memoryviews always; per-layer waits; context managers that detach and
+close; a session loss reported after a daemon restart. It also checks that
+the package imports without the library and then fails naming every place
+it looked, that its ctypes signatures cover the header, and that its
+64-bit JSON field list matches the .proto files. No GPU and no torch needed.
+  usage: python_package_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+SPEC = {"kind": "MHA", "layout": "PAGE_FIRST", "dtype": "BF16", "page_size": 4,
+        "layer_num": 3, "head_num": 2, "head_dim": 8, "size_tokens": 64}
+ROW_BYTES = 2 * 8 * 2  # head_num * head_dim * sizeof(bf16)
+kvhost = None  # imported in main(), from SOURCE_DIR/python
+
+
+class Daemon:
+    """A kvhostd on a private socket and shm dir; restart() keeps both."""
+
+    def __init__(self, binary):
+        self.binary = binary
+        self.dir = tempfile.mkdtemp(prefix="kvhost-py-")
+        self.shm = tempfile.mkdtemp(prefix="kvhost-py-", dir="/dev/shm")
+        self.socket = os.path.join(self.dir, "kvhost.sock")
+        self.address = f"unix://{self.socket}"
+        self.log_path = os.path.join(self.dir, "kvhostd.log")
+        self.proc = None
+        self.start()
+
+    def start(self):
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen([self.binary, f"--listen={self.address}",
+                                      f"--shm-dir={self.shm}", "--backend=host"],
+                                     stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + 20
+        while not os.path.exists(self.socket):
+            assert self.proc.poll() is None, "kvhostd exited during start"
+            assert time.monotonic() < deadline, "kvhostd did not listen"
+            time.sleep(0.01)
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def cleanup(self):
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.shm, ignore_errors=True)
+
+
+def client(daemon, **kw):
+    kw.setdefault("session", False)
+    kw.setdefault("timeout", 10)
+    return kvhost.Client(daemon.address, wait_ready=20, **kw)
+
+
+def raises(cls, fn, *args, naming=None, **kw):
+    """fn(*args, **kw) raises cls (whose message names `naming`); returns it."""
+    try:
+        fn(*args, **kw)
+    except cls as e:
+        text = str(e)
+        assert naming is None or naming in text, f"{text!r} does not name {naming!r}"
+        if isinstance(e, kvhost.KvhostError) and cls.CODE is not None:
+            assert e.code == cls.CODE and e.code_name == cls.CODE.name, (e.code, cls)
+            assert text.startswith(cls.CODE.name + ": ") and e.message in text, text
+        return e
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {cls.__name__}")
+
+
+def pattern(c, layer, row):
+    return bytes((1 + (c * 131 + layer * 31 + row * 7 + b) % 251) for b in range(ROW_BYTES))
+
+
+def have_numpy():
+    try:
+        import numpy  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+# --- checks without a daemon ---------------------------------------------
+
+
+def check_library(_daemon, lib_path, _src):
+    assert kvhost.abi_version() == kvhost.ABI_VERSION == 1
+    assert kvhost.built_with_cuda() in (True, False)
+    assert os.path.samefile(kvhost.library_path(), lib_path), kvhost.library_path()
+    assert kvhost.code_name(5) == "NOT_FOUND" and kvhost.code_name(17) == "UNKNOWN_CODE"
+    for code in kvhost.StatusCode:  # our names are the library's names
+        assert kvhost.code_name(code) == code.name, code
+    err = kvhost.errors.error_for(5, "pool 'x' not found")
+    assert isinstance(err, kvhost.NotFound) and isinstance(err, kvhost.KvhostError)
+    assert err.code == 5 and err.code is kvhost.StatusCode.NOT_FOUND and err.message
+    odd = kvhost.errors.error_for(42, "odd")
+    assert type(odd) is kvhost.KvhostError and odd.code == 42 and odd.code_name == "UNKNOWN_CODE"
+    import pickle
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is kvhost.NotFound and back.message == err.message
+
+
+def check_signatures_cover_the_header(_daemon, _lib_path, src):
+    header = open(os.path.join(src, "client/include/kvhost/kvhost_c.h")).read()
+    declared = set(re.findall(r"KVHOST_C_API[^;(]*?\b(kvhost_\w+)\s*\(", header))
+    bound = set(kvhost._lib.SIGNATURES)
+    assert declared == bound, (f"header only: {sorted(declared - bound)}; "
+                               f"package only: {sorted(bound - declared)}")
+
+
+def check_int64_fields_match_the_protos(_daemon, _lib_path, src):
+    wide, other, enums = set(), {}, set()
+    proto_dir = os.path.join(src, "proto/kvhost/v1")
+    for name in os.listdir(proto_dir):
+        text = open(os.path.join(proto_dir, name)).read()
+        enums |= set(re.findall(r"^\s*enum\s+(\w+)", text, re.M))
+        for t, field in re.findall(r"^\s*(?:repeated\s+|optional\s+)?([\w.]+)\s+(\w+)\s*=\s*\d+",
+                                   text, re.M):
+            if t in ("int64", "uint64", "sint64", "fixed64", "sfixed64"):
+                wide.add(field)
+            else:
+                other.setdefault(field, set()).add(t)
+    stringish = {f for f, ts in other.items() if ts & ({"string", "bytes"} | enums)}
+    want = wide - stringish
+    got = set(kvhost._json.INT64_FIELDS)
+    assert got == want, f"missing {sorted(want - got)}; extra {sorted(got - want)}"
+    assert kvhost._json.loads('{"id":"7","available_tokens":"64","host_indices":["1","2"],'
+                              '"layers":[{"offset":"3"}]}') == \
+        {"id": "7", "available_tokens": 64, "host_indices": [1, 2], "layers": [{"offset": 3}]}
+
+
+def check_ticket_wait_in_slices(_daemon, _lib_path, _src):
+    """Ticket.wait asks in one-second slices; poll tells a slice's end from
+    a transfer that failed with DEADLINE_EXCEEDED (stubbed ABI)."""
+    lib, real = kvhost._lib, kvhost._lib.call_out
+    stub_client = type("StubClient", (), {"_handle": lambda self: None})()
+    calls = []
+
+    def running_then_done(fn, *args, **kw):
+        calls.append(fn.__name__)
+        if fn.__name__ == "kvhost_transfer_wait" and calls.count("kvhost_transfer_wait") < 3:
+            assert args[2] <= 1000, f"a slice of {args[2]} ms"
+            raise kvhost.DeadlineExceeded(4, "slice")
+        return '{"done": true, "ticket_id": "9"}' if fn.__name__ == "kvhost_transfer_wait" \
+            else "{}"
+
+    def failed_with_deadline(fn, *args, **kw):
+        calls.append(fn.__name__)
+        raise kvhost.DeadlineExceeded(4, "the event wait timed out")
+
+    try:
+        lib.call_out = running_then_done
+        assert kvhost.Ticket(stub_client, 9).wait(30) == {"done": True, "ticket_id": 9}
+        assert calls.count("kvhost_transfer_wait") == 3 and \
+            calls.count("kvhost_transfer_poll") == 2, calls
+        calls.clear()
+        lib.call_out = failed_with_deadline
+        start = time.monotonic()
+        raises(kvhost.DeadlineExceeded, kvhost.Ticket(stub_client, 9).wait, 30,
+               naming="event wait")
+        assert time.monotonic() - start < 5 and len(calls) == 2, calls
+    finally:
+        lib.call_out = real
+
+
+def check_without_the_library(_daemon, lib_path, src):
+    """A copy of the package outside the checkout, no library anywhere."""
+    tmp = tempfile.mkdtemp(prefix="kvhost-py-nolib-")
+    try:
+        shutil.copytree(os.path.join(src, "python", "kvhost"), os.path.join(tmp, "kvhost"),
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so*"))
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("KVHOST_LIBRARY", "KVHOST_BUILD_DIR", "LD_LIBRARY_PATH",
+                            "PYTHONPATH")}
+        script = ("import kvhost\n"
+                  "try:\n"
+                  "    kvhost.Client('unix:///nonexistent.sock')\n"
+                  "except kvhost.LibraryError as e:\n"
+                  "    print('TRIED', len(e.tried)); print(e)\n"
+                  "else:\n"
+                  "    print('LOADED', kvhost.library_path())\n")
+        out = subprocess.run([sys.executable, "-c", script], cwd=tmp, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        text = out.stdout
+        if "LOADED" in text:  # installed system-wide: then the loader must be what found it
+            print(f"  (a system copy exists: {text.strip()}; skipped the not-found half)")
+        else:
+            assert "libkvhost_c.so not found" in text, text
+            assert os.path.join(tmp, "kvhost", "libkvhost_c.so.1") in text, text
+            assert "libkvhost_c.so.1 (" in text and "KVHOST_LIBRARY" in text, text
+        # An explicit $KVHOST_LIBRARY that is wrong: only it, named.
+        env["KVHOST_LIBRARY"] = "/nonexistent/libkvhost_c.so.1"
+        out = subprocess.run([sys.executable, "-c", script], cwd=tmp, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "TRIED 1" in out.stdout and "/nonexistent/libkvhost_c.so.1 (no such file)" in \
+            out.stdout and "only it was tried" in out.stdout, out.stdout
+        # A directory in $KVHOST_LIBRARY: the soname inside it.
+        env["KVHOST_LIBRARY"] = os.path.dirname(lib_path)
+        out = subprocess.run([sys.executable, "-c", script], cwd=tmp, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert "LOADED" in out.stdout, out.stdout + out.stderr
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- checks against a daemon -------------------------------------------------
+
+
+def check_client_options_and_connect(daemon, _lib_path, _src):
+    with kvhost.Client(daemon.address, timeout=10, session=False, worker_name="py-test",
+                       reconnect=2.5) as c:
+        c.wait_ready(20)
+        status = c.daemon_status()
+        assert status["backend"] == "host", status
+        assert c.list_pools() == []
+        assert "open" in repr(c)
+    assert c.closed and "closed" in repr(c)
+    raises(ValueError, c.list_pools, naming="closed")
+    c.close()  # idempotent
+    # A socket path is a unix address.
+    with kvhost.Client(daemon.socket, session=False, wait_ready=20) as plain:
+        assert plain.list_pools() == []
+    raises(kvhost.InvalidArgument, kvhost.Client, "", session=False)
+    raises(kvhost.InvalidArgument, kvhost.Client, daemon.address, timeout=-1, naming="-1000")
+    raises(ValueError, kvhost.Client, daemon.address, reconnect=False, naming="session=False")
+    kvhost.Client(daemon.address, session=False, reconnect=False).close()
+    with kvhost.Client("unix:///nonexistent/kvhost.sock", timeout=0.5, session=False) as gone:
+        e = raises(kvhost.KvhostError, gone.list_pools)
+        assert isinstance(e, (kvhost.Unavailable, kvhost.DeadlineExceeded)), e
+        raises(kvhost.DeadlineExceeded, gone.wait_ready, 0.2)
+
+
+def check_pools(daemon, _lib_path, _src):
+    with client(daemon) as c:
+        raises(kvhost.InvalidArgument, c.create_pool, "p", "{not json", naming="spec_json")
+        raises(kvhost.InvalidArgument, c.create_pool, "p", {"kind": "MHA", "bogus_field": 1},
+               naming="bogus_field")
+        raises(kvhost.InvalidArgument, c.create_pool, "p", {"kind": "MHA"})
+        raises(TypeError, c.create_pool, "p", 42, naming="spec")
+        pool = c.create_pool("p", SPEC)
+        assert pool["name"] == "p" and pool["available_tokens"] == 64, pool
+        assert pool["size_tokens"] == 64 and pool["spec"]["kind"] == "MHA", pool
+        assert [x["name"] for x in pool["components"]] == ["k", "v"], pool["components"]
+        raises(kvhost.AlreadyExists, c.create_pool, "p", SPEC, naming="'p'")
+        c.create_pool("q", '{"kind":"MLA","layout":"PAGE_FIRST","dtype":"BF16","pageSize":4,'
+                           '"layerNum":2,"kvLoraRank":12,"qkRopeHeadDim":4,"sizeTokens":32}')
+        raises(kvhost.NotFound, c.get_pool, "nope", naming="nope")
+        assert sorted(p["name"] for p in c.list_pools()) == ["p", "q"]
+        assert c.available_size("p") == 64
+        raises(kvhost.NotFound, c.delete_pool, "nope", naming="nope")
+        assert c.delete_pool("p") > 0
+        assert c.delete_pool("q") > 0
+        raises(kvhost.NotFound, c.get_pool, "p", naming="'p'")
+
+
+def check_groups(daemon, _lib_path, _src):
+    with client(daemon) as c:
+        c.create_pool("attn", SPEC)
+        raises(kvhost.InvalidArgument, c.create_group, "g", "[1,2]", naming="group_json")
+        raises(kvhost.NotFound, c.create_group, "g",
+               {"layer_num": 3, "entries": [{"name": "kv", "pool": "nope"}]}, naming="nope")
+        group = c.create_group("g", {"layer_num": 3, "entries": [
+            {"name": "kv", "pool": "attn", "anchor": True}]})
+        assert group["name"] == "g" and group["entries"][0]["pool"] == "attn", group
+        assert c.get_group("g") == group
+        raises(kvhost.NotFound, c.get_group, "nope", naming="nope")
+        slots = c.alloc("g", 4, numpy=False)  # a group allocates from its anchor
+        assert c.free("g", slots) == 4
+        c.delete_group("g")
+        raises(kvhost.NotFound, c.delete_group, "g", naming="g")
+
+
+def check_alloc_free_pages(daemon, _lib_path, _src):
+    import array
+    with client(daemon) as c:
+        c.create_pool("p", SPEC)
+        raises(kvhost.NotFound, c.alloc, "nope", 8, naming="nope")
+        raises(kvhost.InvalidArgument, c.alloc, "p", 3)
+        raises(kvhost.ResourceExhausted, c.alloc, "p", 128, naming="'p'")
+        slots = c.alloc("p", 8, numpy=False)
+        assert isinstance(slots, list) and len(slots) == 8, slots
+        assert slots[0] % 4 == 0 and slots[1] == slots[0] + 1 and slots[4] % 4 == 0, slots
+        assert c.available_size("p") == 56
+        more = c.alloc("p", 8, numpy=have_numpy())
+        if have_numpy():
+            import numpy as np
+            assert isinstance(more, np.ndarray) and more.dtype == np.int64, more
+            raises(TypeError, c.free, "p", more.astype(np.float64), naming="integers")
+        else:
+            raises(ImportError, c.alloc, "p", 4, numpy=True, naming="numpy")
+        meta = c.get_page_buffer_meta("p", slots)
+        assert isinstance(meta, dict) and meta, meta
+        raises(kvhost.InvalidArgument, c.get_page_buffer_meta, "p", slots[:3])
+        raises(kvhost.NotFound, c.get_page_buffer_meta, "nope", slots, naming="nope")
+
+        page = bytes((i * 7 + 3) % 256 for i in range(len(c.get_data_page("p", slots[0]))))
+        size = len(page)
+        assert size == 4 * 3 * 2 * ROW_BYTES, size  # page_size * layers * (k, v) * row
+        c.set_from_flat_data_page("p", slots[4], page)
+        assert c.get_data_page("p", slots[4]) == page
+        c.set_from_flat_data_page("p", slots[0], memoryview(bytearray(page[::-1])))
+        out = bytearray(size)
+        assert c.get_data_page("p", slots[0], out=out) == size and bytes(out) == page[::-1]
+        raises(kvhost.OutOfRange, c.get_data_page, "p", slots[0], out=bytearray(size - 1))
+        raises(kvhost.InvalidArgument, c.set_from_flat_data_page, "p", slots[4], page[:-1])
+        raises(TypeError, c.set_from_flat_data_page, "p", slots[4], 12, naming="buffer")
+        raises(kvhost.NotFound, c.get_data_page, "nope", slots[0], naming="nope")
+        if have_numpy():
+            import numpy as np
+            arr = np.frombuffer(page, dtype=np.uint16).copy()
+            c.set_from_flat_data_page("p", slots[4], arr)
+            back = np.zeros(size // 2, dtype=np.uint16)
+            c.get_data_page("p", slots[4], out=back)
+            assert (back == arr).all()
+
+        raises(TypeError, c.free, "p", [1.5], naming="indices")
+        assert c.free("p", array.array("q", slots)) == 8
+        raises(kvhost.FailedPrecondition, c.free, "p", slots)
+        raises(kvhost.NotFound, c.free, "nope", slots, naming="nope")
+        assert c.free("p", range(int(more[0]), int(more[0]) + 8)) == 8
+        assert c.available_size("p") == 64
+        # The HostKVCache-shaped view of one pool.
+        p = c.pool("p")
+        assert repr(p) == "kvhost.Pool('p')" and p.info()["name"] == "p"
+        got = p.alloc(4, numpy=False)
+        assert p.available_size() == 60 and p.get_page_buffer_meta(got)
+        p.set_from_flat_data_page(got[0], page)
+        assert p.get_data_page(got[0]) == page
+        assert p.get_data_page(got[0], bytearray(size)) == size
+        assert p.free(got) == 4 and p.delete() > 0
+        raises(kvhost.NotFound, p.info, naming="'p'")
+
+
+def round_trip(c, daemon, views_numpy):
+    """Backup rows 0..7 of every layer buffer, load them into rows 8..15."""
+    host = c.alloc("p", 8, numpy=False)
+    with c.shm_device_pool("p", 16, daemon.shm) as dev:
+        assert [x.name for x in dev.components] == ["k", "v"] and dev.layers == 3, dev
+        assert dev.component("v") == kvhost.Component("v", 16, ROW_BYTES, 1), dev.components
+        assert dev.nbytes == 2 * 3 * 16 * ROW_BYTES
+        raises(KeyError, dev.component, "latent", naming="latent")
+        raises(kvhost.InvalidArgument, dev.layer_view, 0, 3, naming="layer 3")
+        for ci, comp in enumerate(("k", "v")):
+            for layer, view in enumerate(dev.views(comp, numpy=views_numpy)):
+                for row in range(16):
+                    data = pattern(ci, layer, row) if row < 8 else bytes(ROW_BYTES)
+                    if views_numpy:
+                        view[row] = list(data)
+                    else:
+                        view[row * ROW_BYTES:(row + 1) * ROW_BYTES] = data
+        with c.attach_shm("p", dev, layer_progress=True) as att:
+            assert att.id and att.info["pool"] == "p" and att.info["backend"] == "host", att.info
+            assert c.get_pool("p")["attachments"] == 1
+            t = att.backup(host, list(range(8)), wait=True)
+            assert t.done and t.poll() and t.id > 0, t
+            t = att.load(host, range(8, 16))
+            status = t.wait(30)
+            assert status["done"] is True and t.done, status
+            for ci in range(2):
+                for layer in range(3):
+                    got = dev.layer_view(ci, layer)
+                    assert len(got) == 16 * ROW_BYTES
+                    for row in range(8):
+                        at = (8 + row) * ROW_BYTES
+                        assert bytes(got[at:at + ROW_BYTES]) == pattern(ci, layer, row), \
+                            f"component {ci} layer {layer} row {8 + row} differs"
+            # Per-layer waits on the layer counters.
+            lt = att.load(host, range(8), per_layer=True)
+            assert isinstance(lt, kvhost.LoadTicket) and lt.event_set >= 0, lt
+            stream = type("Stream", (), {"cuda_stream": 0})()  # ignored without events
+            for layer in range(3):
+                lt.wait_layer(layer, stream if layer else None, timeout=10)
+            lt.wait(30)
+            raises(kvhost.DeadlineExceeded, lt.wait_layer, 3, timeout=0.05)
+            raises(ValueError, att.load, host, range(8), per_layer=True, wait=True)
+            # Refusals, with the daemon's codes.
+            raises(kvhost.FailedPrecondition, att.backup, host, range(8), event=bytes(64))
+            # A torch.cuda.Event stands in: its ipc_handle() bytes are sent.
+            torch_like = type("Event", (), {"ipc_handle": lambda self: bytes(64)})()
+            raises(kvhost.FailedPrecondition, att.backup, host, range(8), event=torch_like)
+            raises(kvhost.InvalidArgument, att.load, host, range(7))
+            raises(TypeError, att.backup, host, range(8), event=1.5, naming="event")
+            raises(kvhost.NotFound, kvhost.Ticket(c, 987654321).wait, 1)
+            raises(kvhost.NotFound, kvhost.Ticket(c, 987654321).poll)
+            assert kvhost.Ticket(c, t.id).wait(0)["done"] is True  # a look at a done one
+        # Leaving the block detached it and freed the handle.
+        assert att.closed and c.get_pool("p")["attachments"] == 0
+        raises(ValueError, att.load, host, range(8), naming="closed")
+    assert dev.closed
+    c.free("p", host)
+
+
+def check_shm_backup_load_memoryview(daemon, _lib_path, _src):
+    with client(daemon) as c:
+        c.create_pool("p", SPEC)
+        round_trip(c, daemon, views_numpy=False)
+
+
+def check_shm_backup_load_numpy(daemon, _lib_path, _src):
+    if not have_numpy():
+        print("  (numpy not installed: the memoryview round trip covers it)")
+        return
+    import numpy as np
+    with client(daemon) as c:
+        c.create_pool("p", SPEC)
+        round_trip(c, daemon, views_numpy=True)
+        with c.shm_device_pool("p", 16, daemon.shm) as dev:
+            k0 = dev.layer_array("k", 0, dtype=np.uint16)
+            assert k0.shape == (16, ROW_BYTES // 2) and k0.dtype == np.uint16
+            raises(ValueError, dev.layer_array, "k", 0, dtype=np.dtype("V7"), naming="whole")
+            host = c.alloc("p", 8)  # numpy indices, straight to the ABI
+            k0[:8] = np.arange(8 * ROW_BYTES // 2, dtype=np.uint16).reshape(8, -1)
+            with c.attach_shm("p", dev) as att:
+                att.backup(host, np.arange(8), wait=True)
+                att.load(host, np.arange(8, 16, dtype=np.int32)).wait(30)
+            assert (k0[8:] == k0[:8]).all()
+
+
+def check_handles_and_context_managers(daemon, _lib_path, _src):
+    c = client(daemon)
+    c.create_pool("p", SPEC)
+    dev = c.shm_device_pool("p", 8)  # the daemon's shm dir, from its status
+    att = c.attach_shm("p", dev)
+    plain = c.attach_shm("p", dev, tp_rank=0, load_only=False)
+    raises(kvhost.FailedPrecondition, plain.load_events, naming="layer_progress")
+    plain.detach()
+    assert plain.detached and not plain.closed
+    raises(kvhost.NotFound, plain.detach)
+    plain.close()
+    plain.close()
+    raises(kvhost.NotFound, c.attach_shm, "nope", dev, naming="nope")
+    # Closing the client releases what it made, newest first. A sessionless
+    # attachment stays on the daemon until detached.
+    c.close()
+    assert att.closed and dev.closed, (att, dev)
+    with client(daemon) as again:
+        assert again.get_pool("p")["attachments"] == 1
+    # A closed attachment's with-block exit is fine.
+    with client(daemon) as c2:
+        with c2.shm_device_pool("p", 8, daemon.shm) as dev2:
+            a2 = c2.attach_shm("p", dev2)
+            with a2:
+                a2.detach()
+            assert a2.closed
+
+
+def check_cuda_calls(daemon, _lib_path, _src):
+    with client(daemon) as c:
+        c.create_pool("p", SPEC)
+        fake = {"k": [0x1000, 0x2000, 0x3000], "v": [0x4000, 0x5000, 0x6000]}
+        with c.shm_device_pool("p", 16, daemon.shm) as dev, c.attach_shm("p", dev) as shm_att:
+            if not kvhost.built_with_cuda():
+                raises(kvhost.Unimplemented, c.attach_cuda, "p", fake, 16, naming="without CUDA")
+                raises(kvhost.Unimplemented, kvhost.cuda_export_event, 0)
+                raises(kvhost.Unimplemented, shm_att.worker_copier)
+            else:
+                raises(kvhost.InvalidArgument, c.attach_cuda, "p", fake, 16,
+                       layer_bytes={"k": 16 * ROW_BYTES, "v": 16 * ROW_BYTES - 1},
+                       naming="component 'v'")
+                raises(kvhost.NotFound, c.attach_cuda, "nope", fake, 16,
+                       layer_bytes={"k": 1, "v": 1}, naming="nope")
+                e = raises(kvhost.KvhostError, c.attach_cuda, "p", fake, 16)
+                assert isinstance(e, (kvhost.FailedPrecondition, kvhost.InvalidArgument)), e
+                e = raises(kvhost.KvhostError, kvhost.cuda_export_event, 0)
+                assert isinstance(e, (kvhost.FailedPrecondition, kvhost.InvalidArgument)), e
+                raises(kvhost.FailedPrecondition, shm_att.worker_copier,
+                       naming="kvhost_attach_cuda")
+        raises(ValueError, c.attach_cuda, "p", {"k": [1, 2], "v": [3]}, 16, naming="same")
+        raises(ValueError, c.attach_cuda, "p", fake, 16, layer_bytes={"k": 1}, naming="v")
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raises(ImportError, c.attach_tensors, "p", [], [], naming="PyTorch")
+            check_attach_tensors_with_a_stand_in_torch(c)
+    assert kvhost.transfer.stream_arg(None) is None
+    assert kvhost.transfer.stream_arg(type("S", (), {"cuda_stream": 1234})()) == 1234
+    raises(TypeError, kvhost.transfer.stream_arg, "s", naming="stream")
+
+
+class FakeTensor:
+    """What attach_tensors reads of a torch tensor: a (rows, heads, dim) BF16."""
+
+    def __init__(self, rows, ptr, cuda=True):
+        self.shape, self.ptr, self.is_cuda, self.device = (rows, 2, 8), ptr, cuda, "fake"
+
+    def is_contiguous(self):
+        return True
+
+    def numel(self):
+        return self.shape[0] * 16
+
+    def element_size(self):
+        return 2
+
+    def data_ptr(self):
+        return self.ptr
+
+
+def check_attach_tensors_with_a_stand_in_torch(c):
+    """attach_tensors' sizes (rows from shape[0], bytes from numel) reach the
+    ABI's size check, with a module standing in for torch."""
+    import types
+    sys.modules["torch"] = types.ModuleType("torch")
+    try:
+        k = [FakeTensor(16, 0x1000 * (i + 1)) for i in range(3)]
+        v = [FakeTensor(16, 0x9000 * (i + 1)) for i in range(2)] + [FakeTensor(15, 0x20000)]
+        raises(ValueError, c.attach_tensors, "p", [FakeTensor(16, 1, cuda=False)] * 3, v,
+               naming="not a CUDA tensor")
+        raises(ValueError, c.attach_tensors, "p", k, v, components={"k": k}, naming="not both")
+        if kvhost.built_with_cuda():
+            # v's last layer is a row short: 480 bytes, 512 needed.
+            raises(kvhost.InvalidArgument, c.attach_tensors, "p", k, v, naming="component 'v'")
+        else:
+            raises(kvhost.Unimplemented, c.attach_tensors, "p", k, v)
+    finally:
+        del sys.modules["torch"]
+
+
+def check_session_loss_after_a_restart(daemon, _lib_path, _src):
+    with kvhost.Client(daemon.address, timeout=10, session=True, wait_ready=20) as c:
+        assert c.session_losses() == kvhost.SessionLosses(0, "")
+        c.create_pool("p", SPEC)
+        dev = c.shm_device_pool("p", 8, daemon.shm)
+        att = c.attach_shm("p", dev)
+        c.open_session(10)
+        state = c.session_state()
+        assert state.open and state.session_id and state.reconnects == 0, state
+        daemon.restart()
+        deadline = time.monotonic() + 20
+        while c.session_losses().count == 0:
+            assert time.monotonic() < deadline, "no session loss reported after a restart"
+            time.sleep(0.05)
+        losses = c.session_losses()
+        assert losses.count == 1, losses
+        assert "restarted" in losses.last and "1 attachment(s) lost" in losses.last, losses
+        assert att.id in losses.last or "attachment" in losses.last, losses
+        assert c.session_state().reconnects >= 1
+        # Its attachment went with the old daemon; leaving the block is fine.
+        raises(kvhost.NotFound, att.detach)
+        with att:
+            pass
+        dev.close()
+
+
+def check_readme_quickstart(daemon, _lib_path, src):
+    """python/README.md's quickstart, as written, against this daemon."""
+    text = open(os.path.join(src, "python", "README.md")).read()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 15, "the quickstart grew past 15 lines"
+    assert kvhost.DEFAULT_ADDRESS in code
+    exec(compile(code.replace(kvhost.DEFAULT_ADDRESS, daemon.address), "README.md", "exec"),
+         {"__name__": "quickstart"})
+    with client(daemon) as c:
+        assert c.get_pool("p")["available_tokens"] == 56 and c.daemon_status()["attachments"] == 0
+
+
+CHECKS = [
+    (check_library, False),
+    (check_signatures_cover_the_header, False),
+    (check_int64_fields_match_the_protos, False),
+    (check_ticket_wait_in_slices, False),
+    (check_without_the_library, False),
+    (check_client_options_and_connect, True),
+    (check_pools, True),
+    (check_groups, True),
+    (check_alloc_free_pages, True),
+    (check_shm_backup_load_memoryview, True),
+    (check_shm_backup_load_numpy, True),
+    (check_handles_and_context_managers, True),
+    (check_cuda_calls, True),
+    (check_session_loss_after_a_restart, True),
+    (check_readme_quickstart, True),
+]
+
+
+def main():
+    global kvhost
+    if len(sys.argv) != 4:
+        print(__doc__)
+        return 2
+    kvhostd, lib_path, src = (os.path.abspath(a) for a in sys.argv[1:])
+    os.environ["KVHOST_LIBRARY"] = lib_path
+    sys.path.insert(0, os.path.join(src, "python"))
+    import kvhost as package
+    kvhost = package
+    import kvhost.errors  # noqa: F401 (the tests reach into the modules too)
+    failed = 0
+    for check, needs_daemon in CHECKS:
+        daemon = Daemon(kvhostd) if needs_daemon else None
+        try:
+            check(daemon, lib_path, src)
+            print(f"ok   {check.__name__}")
+        except Exception:  # report every check, then fail
+            failed += 1
+            print(f"FAIL {check.__name__}\n{traceback.format_exc()}")
+            if daemon is not None:
+                print(f"--- kvhostd log ---\n{daemon.log()}")
+        finally:
+            if daemon is not None:
+                daemon.cleanup()
+    print(f"{'FAIL' if failed else 'PASS'}: {len(CHECKS) - failed} of {len(CHECKS)} checks")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
