@@ -197,7 +197,6 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
   options.transfer_path = absl::GetFlag(FLAGS_transfer_path);
   options.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
   options.copy_streams = absl::GetFlag(FLAGS_copy_streams);
-  options.load_gates = absl::GetFlag(FLAGS_load_gates);
   options.worker_copy = absl::GetFlag(FLAGS_worker_copy);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.handoff_socket = absl::GetFlag(FLAGS_handoff_socket);
