@@ -13,9 +13,9 @@
 // keeps its own references.
 //
 // Thread safety: built by one thread in CudaEngine::Open / OpenGroup, then
-// read-only, except the set ring (its own mutex) and PathChanged (atomic). Ownership: destroyed
-// before the Pool it pinned (every holder of both declares the pool first), and before the engine
-// that owns its lanes.
+// read-only, except the set ring (its own mutex) and PathChanged (atomic).
+// Ownership: destroyed before the Pool it pinned (every holder of both
+// declares the pool first), and before the engine that owns its lanes.
 #ifndef KVHOST_SERVER_TRANSFER_CUDA_MAPPING_H_
 #define KVHOST_SERVER_TRANSFER_CUDA_MAPPING_H_
 
