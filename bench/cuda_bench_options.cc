@@ -66,7 +66,6 @@ ABSL_FLAG(double, baseline_s, 0.5, "Seconds of each worker's compute loop alone 
 ABSL_FLAG(std::string, staging_bytes, "",
           "kvhostd --staging-bytes (e.g. 256M); empty = not passed (kvhostd's default).");
 ABSL_FLAG(int, sm_blocks, 0, "kvhostd --sm-blocks; 0 = not passed (kvhostd's default).");
-ABSL_FLAG(bool, load_gates, false, "Pass kvhostd --load-gates (loads return before queueing).");
 ABSL_FLAG(std::string, ceiling_bytes, "1G",
           "Bytes of each contiguous ceiling copy (K/M/G suffixes are powers of 1024).");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the churn and of the random slot and row choice.");
@@ -300,7 +299,6 @@ absl::StatusOr<Options> OptionsFromFlags() {
   o.seed = absl::GetFlag(FLAGS_seed);
   o.staging_bytes = absl::GetFlag(FLAGS_staging_bytes);
   o.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
-  o.load_gates = absl::GetFlag(FLAGS_load_gates);
   o.cublas = absl::GetFlag(FLAGS_cublas);
   o.gemm_n = absl::GetFlag(FLAGS_gemm_n);
   o.slow_case_s = absl::GetFlag(FLAGS_slow_case_s);

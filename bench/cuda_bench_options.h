@@ -66,7 +66,6 @@ struct Options {
   double baseline_s = 0;
   std::string staging_bytes;
   int sm_blocks = 0;
-  bool load_gates = false;
   uint64_t ceiling_bytes = 0;
   uint64_t seed = 0;
   bool quick = false;

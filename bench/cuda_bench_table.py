@@ -119,9 +119,12 @@ def main():
         new = d.get("schema", 1) >= 2
         extra = (f", workers {','.join(cfg['workers'])}, host slots {cfg['host_slots']}"
                  if new else "")
+        # Files from before the gated-load mode was removed (docs/PERF.md, run S)
+        # say whether it was on; later ones have no such field.
+        gates = f", load_gates: {cfg['load_gates']}" if "load_gates" in cfg else ""
         print(f"**{name}** — complete: {d['complete']}, MPS: {d['mps']}, "
               f"staging: {cfg.get('staging_bytes') or 'default'}, sm_blocks: "
-              f"{cfg.get('sm_blocks') or 'default'}, load_gates: {cfg.get('load_gates', False)}, "
+              f"{cfg.get('sm_blocks') or 'default'}{gates}, "
               f"tokens {cfg['tokens']}, layers {cfg['layers']}{extra}\n")
         if new:
             alone = "; ".join(f"{w['name']} {w['alone_ms']:.3f} ms alone "

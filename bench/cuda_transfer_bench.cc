@@ -214,7 +214,6 @@ absl::Status RunPath(const Options& o, const std::string& path, bench::Worker& w
       worker_path ? std::string("--worker-copy") : absl::StrCat("--transfer-path=", path)};
   if (!o.staging_bytes.empty()) flags.push_back(absl::StrCat("--staging-bytes=", o.staging_bytes));
   if (o.sm_blocks > 0) flags.push_back(absl::StrCat("--sm-blocks=", o.sm_blocks));
-  if (o.load_gates) flags.push_back("--load-gates");
   flags.insert(flags.end(), o.daemon_flags.begin(), o.daemon_flags.end());
   absl::StatusOr<std::unique_ptr<kvhost::testing::TestDaemon>> daemon =
       kvhost::testing::TestDaemon::Start(o.kvhostd, flags);

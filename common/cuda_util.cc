@@ -44,39 +44,4 @@ absl::StatusOr<PFN_cuMemGetAddressRange_v3020> AddressRangeFn() {
   return fn;
 }
 
-namespace {
-
-absl::StatusOr<void*> DriverFn(const char* name) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-  const cudaError_t e =
-      cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found);
-#else
-  const cudaError_t e = cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &found);
-#endif
-  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr) {
-    cudaGetLastError();
-    return absl::InternalError(absl::StrCat("cannot find the driver's ", name, ": ", CudaError(e),
-                                            ", lookup ", static_cast<int>(found)));
-  }
-  return p;
-}
-
-}  // namespace
-
-absl::StatusOr<StreamMemOps> StreamMemOpsFns() {
-  static const absl::StatusOr<StreamMemOps> fns = []() -> absl::StatusOr<StreamMemOps> {
-    absl::StatusOr<void*> wait = DriverFn("cuStreamWaitValue64");
-    if (!wait.ok()) return wait.status();
-    absl::StatusOr<void*> write = DriverFn("cuStreamWriteValue64");
-    if (!write.ok()) return write.status();
-    StreamMemOps ops;
-    ops.wait = reinterpret_cast<PFN_cuStreamWaitValue64_v11070>(*wait);
-    ops.write = reinterpret_cast<PFN_cuStreamWriteValue64_v11070>(*write);
-    return ops;
-  }();
-  return fns;
-}
-
 }  // namespace kvhost

@@ -25,15 +25,6 @@ std::string FormatUuid(const cudaUUID_t& uuid);
 // The driver's cuMemGetAddressRange; INTERNAL when the driver lacks it.
 absl::StatusOr<PFN_cuMemGetAddressRange_v3020> AddressRangeFn();
 
-// The driver's 64-bit stream memory operations (cuStreamWaitValue64,
-// cuStreamWriteValue64), looked up through the runtime like AddressRangeFn;
-// INTERNAL where the driver lacks them.
-struct StreamMemOps {
-  PFN_cuStreamWaitValue64_v11070 wait = nullptr;
-  PFN_cuStreamWriteValue64_v11070 write = nullptr;
-};
-absl::StatusOr<StreamMemOps> StreamMemOpsFns();
-
 }  // namespace kvhost
 
 #endif  // KVHOST_COMMON_CUDA_UTIL_H_

@@ -230,7 +230,6 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(
     cuda_options.path = *cuda_path;
     cuda_options.staging_bytes = options.staging_bytes;
     cuda_options.sm_blocks = options.sm_blocks;
-    cuda_options.gate_loads = options.load_gates;
     cuda_options.copy_streams = options.copy_streams;
     cuda_options.ce_min_piece_bytes = options.ce_min_piece_bytes;
     absl::StatusOr<std::unique_ptr<CudaEngine>> cuda = CudaEngine::Create(cuda_options);

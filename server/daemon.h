@@ -57,7 +57,6 @@ struct DaemonOptions {
   int copy_streams = 4;
   // auto's copy-engine threshold (CudaEngineOptions::ce_min_piece_bytes).
   uint64_t ce_min_piece_bytes = uint64_t{64} << 10;
-  bool load_gates = false;
   // Worker copies (server/transfer/worker_copy.h): Backup / Load with
   // worker_copy served on the cuda backend. Off: docs/PERF.md run M.
   bool worker_copy = false;

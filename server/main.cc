@@ -81,11 +81,12 @@ ABSL_FLAG(std::string, ce_min_piece, "64K",
           "cuda backend, --transfer-path=auto: the copy engines take a transfer whose "
           "contiguous pieces average at least this many bytes (else the staged or SM copy path, "
           "where they move larger pieces).");
+// Kept only so that configs naming it still parse: see RefuseRemovedFlags.
 ABSL_FLAG(bool, load_gates, false,
-          "cuda backend: a Load call returns once its per-layer events are recorded (behind "
-          "stream-memory gates) and a thread queues the copies, instead of after queueing every "
-          "layer's copies: a much faster Load call, but the blocked gate stream makes the GPU "
-          "time-slice against the worker's kernels (docs/PERF.md has the measurements).");
+          "Removed: true refuses to start (gated loads could deadlock the GPU's work queues, "
+          "docs/PERF.md run S); false is accepted. For a Load call that returns before its "
+          "layers are queued, attach with AttachDeviceRequest.layer_progress and wait with "
+          "LoadEvents::WaitLayer.");
 ABSL_FLAG(bool, worker_copy, false,
           "cuda backend: serve worker copies (Backup / Load with worker_copy): the worker runs "
           "the copy kernel on its own stream through its own mapping of the pool, handed over "
@@ -184,10 +185,27 @@ sigset_t BlockStopSignals() {
   return signals;
 }
 
+// Flags of removed features: their old default is accepted, so that
+// existing flag files and configs keep working; the value that asked for the
+// feature stops the start, saying why it went and what replaces it.
+absl::Status RefuseRemovedFlags() {
+  if (absl::GetFlag(FLAGS_load_gates)) {
+    // Its GPU-side waits (cuStreamWaitValue64) hung the GPU's shared work
+    // queues, and layer progress gives the early Load return without them.
+    return Invalid(
+        "--load-gates=true is refused: gated loads were removed because their GPU-side waits "
+        "could deadlock the GPU's work queues (docs/PERF.md, run S); for a Load call that "
+        "returns before its layers are queued, attach with AttachDeviceRequest.layer_progress "
+        "and wait with LoadEvents::WaitLayer (--load-gates=false is still accepted)");
+  }
+  return absl::OkStatus();
+}
+
 // The daemon's options from the flags and the config file's pools; a bad
 // flag value is INVALID_ARGUMENT with the message Fail logs.
 absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
     const std::vector<kvhost::DeclaredPool>& declared_pools) {
+  if (absl::Status s = RefuseRemovedFlags(); !s.ok()) return s;
   kvhost::DaemonOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.backend = absl::GetFlag(FLAGS_backend);
@@ -197,7 +215,6 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
   options.transfer_path = absl::GetFlag(FLAGS_transfer_path);
   options.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
   options.copy_streams = absl::GetFlag(FLAGS_copy_streams);
-  options.load_gates = absl::GetFlag(FLAGS_load_gates);
   options.worker_copy = absl::GetFlag(FLAGS_worker_copy);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.handoff_socket = absl::GetFlag(FLAGS_handoff_socket);
@@ -291,9 +308,12 @@ int main(int argc, char** argv) {
     declared_pools = *std::move(loaded);
   }
   if (absl::GetFlag(FLAGS_print_config)) {
-    std::fputs(
-        kvhost::FormatConfig("server/main.cc", {"config", "print_config"}, declared_pools).c_str(),
-        stdout);
+    std::vector<std::string> skip = {"config", "print_config"};
+    // A removed flag is no part of the configuration, unless it is set to
+    // the value that is refused: printed then, so that the printed file is
+    // refused too.
+    if (!absl::GetFlag(FLAGS_load_gates)) skip.push_back("load_gates");
+    std::fputs(kvhost::FormatConfig("server/main.cc", skip, declared_pools).c_str(), stdout);
     return 0;
   }
   if (absl::Status s = SetLogLevel(); !s.ok()) return Fail(std::string(s.message()));

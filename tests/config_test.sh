@@ -3,8 +3,9 @@
 # back unchanged; the command line overrides the file and the file the
 # defaults; unknown keys, wrong types and malformed files exit 2 naming the
 # file, the key and the line; declared pools exist once the daemon serves, and
-# a bad one stops the start with exit 2; the example deploy/kvhostd.yaml (and
-# its commented pools) loads.
+# a bad one stops the start with exit 2; the removed load_gates loads as false
+# and stops the start as true; the example deploy/kvhostd.yaml (and its
+# commented pools) loads.
 #   usage: config_test.sh KVHOSTD KVHOSTCTL EXAMPLE_YAML
 set -euo pipefail
 kvhostd=$1 kvhostctl=$2 example=$3
@@ -81,7 +82,8 @@ cat >"$dir/full.yaml" <<'EOF'
 memory-limit: 8G          # hyphen spelling
 listen: [unix:///run/kvhost/a.sock, "localhost:0"]
 copy_threads: 3
-load_gates: true
+worker_copy: true
+load_gates: false         # removed; false keeps an old config working
 log_level: warn
 pools:
   - name: llama
@@ -98,6 +100,8 @@ diff -u "$dir/full1.yaml" "$dir/full2.yaml" || fail "a full config does not roun
 grep -q '^memory_limit: 8G$' "$dir/full1.yaml" || fail "memory-limit not applied"
 grep -q '^  - localhost:0$' "$dir/full1.yaml" || fail "listen list not applied"
 grep -q 'host_to_device_ratio: 2.5' "$dir/full1.yaml" || fail "pool spec not printed"
+grep -q '^worker_copy: true$' "$dir/full1.yaml" || fail "a bool flag not applied"
+! grep -q 'load_gates' "$dir/defaults.yaml" "$dir/full1.yaml" || fail "the removed load_gates printed"
 echo "ok: --print-config round-trips"
 
 # 2. The command line (and a --flagfile) overrides the file; the file the defaults.
@@ -117,8 +121,8 @@ printf 'copy_threads: many\n' >"$dir/badint.yaml"
 expect_exit2 badint "$dir/badint.yaml:1:" "copy_threads" "many"
 printf 'backend: [host, cuda]\n' >"$dir/badlist.yaml"
 expect_exit2 badlist "$dir/badlist.yaml:1:" "backend" "not a list"
-printf 'load_gates: maybe\n' >"$dir/badbool.yaml"
-expect_exit2 badbool "$dir/badbool.yaml:1:" "load_gates"
+printf 'worker_copy: maybe\n' >"$dir/badbool.yaml"
+expect_exit2 badbool "$dir/badbool.yaml:1:" "worker_copy"
 printf 'backend: host\nlisten: [unix:///x.sock\n' >"$dir/malformed.yaml"
 expect_exit2 malformed "$dir/malformed.yaml:" "not valid YAML"
 printf 'backend: host\nbackend: cuda\n' >"$dir/twice.yaml"
@@ -172,7 +176,22 @@ grep -q "declared pool 'huge'" "$dir/badpool.out" || fail "the failed pool is no
 [ -z "$(ls -A "$shm")" ] || fail "region files left behind: $(ls "$shm")"
 echo "ok: a bad declared pool stops the start"
 
-# 6. The example config loads (its socket and shm dir overridden), and so do
+# 6. The removed load_gates: true in a file stops the start (exit 2, one line
+# saying why and what replaces it) and is printed, so that the printed file
+# is refused too; false loaded above (section 4) and starts.
+printf 'load_gates: true\n' >"$dir/gates.yaml"
+"$kvhostd" --config="$dir/gates.yaml" --print-config >"$dir/gates.out"
+grep -q '^load_gates: true$' "$dir/gates.out" || fail "load_gates: true not printed"
+code=0
+"$kvhostd" --config="$dir/gates.yaml" --listen="unix://$sock" --shm-dir="$shm" \
+  --backend=host >"$dir/gates.log" 2>&1 || code=$?
+[ "$code" -eq 2 ] || { cat "$dir/gates.log"; fail "load_gates: true: exit $code, not 2"; }
+grep -F -- "--load-gates=true" "$dir/gates.log" | grep -F "layer_progress" | grep -qF "WaitLayer" ||
+  { cat "$dir/gates.log"; fail "load_gates: true: no line naming the flag and its replacement"; }
+[ ! -e "$sock" ] || fail "the socket exists after a refused start"
+echo "ok: load_gates: true is refused"
+
+# 7. The example config loads (its socket and shm dir overridden), and so do
 # its commented pools.
 start --config="$example"
 "$kvhostctl" --server="unix://$sock" status

@@ -17,7 +17,7 @@
 // trip through Pool.components, on ce, staged, sm and auto. A pool group (a
 // hybrid model's MHA pool and MAMBA pool, layer maps with unmapped layers)
 // backs up and loads as one attachment with per-model-layer load events, on
-// every path, gated too.
+// every path, with and without layer progress.
 // Also: backups and loads in flight together on one attachment, detaching
 // idle / after transfers / with a transfer in flight, and the attach errors.
 // Synchronisation: the per-layer load events order the worker's own reads
@@ -116,17 +116,13 @@ constexpr TransferPath kDefaultPath = {nullptr, nullptr};
 constexpr TransferPath kAutoPath = {"auto", nullptr};
 constexpr TransferPath kForcedPaths[] = {
     {"ce", "cuda-ce"}, {"staged", "cuda-staged"}, {"sm", "cuda-sm"}};
-// The synchronisation tests also run every path with gated loads.
-constexpr TransferPath kSyncPaths[] = {{"ce", "cuda-ce"},
-                                       {"staged", "cuda-staged"},
-                                       {"sm", "cuda-sm"},
-                                       {"ce", "cuda-ce", true},
-                                       {"staged", "cuda-staged", true},
-                                       {"sm", "cuda-sm", true},
-                                       {"ce", "cuda-ce", false, true},
-                                       {"staged", "cuda-staged", false, true},
-                                       {"sm", "cuda-sm", false, true},
-                                       {nullptr, nullptr, false, true}};
+// The synchronisation tests also run every path with layer progress
+// ([3, 6) forced, [6] the default), where loads return before they are
+// queued.
+constexpr TransferPath kSyncPaths[] = {
+    {"ce", "cuda-ce"},       {"staged", "cuda-staged"},       {"sm", "cuda-sm"},
+    {"ce", "cuda-ce", true}, {"staged", "cuda-staged", true}, {"sm", "cuda-sm", true},
+    {nullptr, nullptr, true}};
 
 // ---------------------------------------------------------------------------
 // Fixture: a GPU, and a kvhostd on the cuda backend.
@@ -1751,7 +1747,9 @@ TEST_F(CudaAutoPathTest, WholePagesRoundTripOnACudaPath) {
 
 // ===========================================================================
 // Pool groups: a hybrid model's attention KV pool and Mamba state pool
-// attached as one group on every path.
+// attached as one group on every path, and on the forced paths with layer
+// progress for the loads' attachment (its Load call returns before the
+// layers are queued).
 //
 // 6 model layers; attention on model layers 1, 2 and 4 (device layers 0, 1
 // and 3 of the MHA pool: its layer 2 is mapped by no model layer, so the
@@ -1858,7 +1856,8 @@ class CudaGroupTest : public CudaTest, public ::testing::WithParamInterface<Tran
 
 INSTANTIATE_TEST_SUITE_P(Paths, CudaGroupTest,
                          ::testing::Values(kForcedPaths[0], kForcedPaths[1], kForcedPaths[2],
-                                           kAutoPath, kSyncPaths[3], kSyncPaths[4], kSyncPaths[5]),
+                                           kAutoPath, kSyncPaths[3], kSyncPaths[4],
+                                           kSyncPaths[5]),  // the last three with layer progress
                          [](const ::testing::TestParamInfo<TransferPath>& info) {
                            return PathLabel(info.param);
                          });
@@ -2040,9 +2039,13 @@ TEST_P(CudaGroupTest, HybridBackupAndLoadFollowTheLayerMapsAndEvents) {
   absl::StatusOr<v1::AttachDeviceRequest> dst_request =
       MakeCudaGroupAttachRequest("ghybrid", dst_entries);
   ASSERT_TRUE(dst_request.ok()) << dst_request.status();
+  const bool progress = GetParam().progress;
+  dst_request->set_layer_progress(progress);
   absl::StatusOr<v1::Attachment> att2 = client().AttachDevice(*dst_request);
   ASSERT_TRUE(att2.ok()) << att2.status();
-  absl::StatusOr<std::unique_ptr<LoadEvents>> events = LoadEvents::Open(*att2);
+  ASSERT_EQ(att2->layer_progress(), progress);
+  absl::StatusOr<std::unique_ptr<LoadEvents>> events =
+      progress ? LoadEvents::Open(client(), *att2) : LoadEvents::Open(*att2);
   ASSERT_TRUE(events.ok()) << events.status();
   ASSERT_EQ((*events)->layers(), kGroupLayers);
   // Where the worker's reads go: per model layer, per entry it maps, per
@@ -2081,7 +2084,10 @@ TEST_P(CudaGroupTest, HybridBackupAndLoadFollowTheLayerMapsAndEvents) {
   ASSERT_GE(load->event_set, 0);
   size_t next = 0;
   for (uint32_t m = 0; m < kGroupLayers; ++m) {
-    absl::Status s = (*events)->WaitLayer(load->event_set, m, stream);
+    // With layer progress the Load call returned before its layers were
+    // queued: the ticket's wait covers that; the set's alone would not.
+    absl::Status s = progress ? (*events)->WaitLayer(*load, m, stream)
+                              : (*events)->WaitLayer(load->event_set, m, stream);
     ASSERT_TRUE(s.ok()) << s;
     for (; next < reads.size() && reads[next].model_layer == m; ++next) {
       const Read& r = reads[next];

@@ -55,7 +55,6 @@ inline Dims GpuDims() {
 struct TransferPath {
   const char* flag;    // --transfer-path=<flag>; nullptr: the flag is left out
   const char* ticket;  // TransferStatus.path; nullptr: any of kCudaPathNames
-  bool gated = false;  // --load-gates: events recorded up front, copies queued after
   // Attachments with layer progress: loads return before they are queued,
   // the worker waits on the layer counters before each event.
   bool progress = false;
@@ -76,7 +75,6 @@ inline bool IsCudaPathName(const std::string& name) {
 // --backend=host first; the later flag wins).
 inline std::vector<std::string> CudaDaemonFlags(const TransferPath& path) {
   std::vector<std::string> flags = {"--backend=cuda"};
-  if (path.gated) flags.push_back("--load-gates");
   if (path.flag == nullptr) return flags;
   flags.push_back(absl::StrCat("--transfer-path=", path.flag));
   if (std::string_view(path.flag) == "staged") {
@@ -86,7 +84,7 @@ inline std::vector<std::string> CudaDaemonFlags(const TransferPath& path) {
 }
 
 inline std::string PathLabel(const TransferPath& path) {
-  return absl::StrCat(path.flag != nullptr ? path.flag : "default", path.gated ? "_gated" : "",
+  return absl::StrCat(path.flag != nullptr ? path.flag : "default",
                       path.progress ? "_progress" : "");
 }
 

@@ -35,6 +35,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "api_test_util.h"
@@ -1719,6 +1721,44 @@ TEST(LifecycleTest, BadFlagsExitNonZeroWithAMessage) {
   }
   std::error_code ec;
   fs::remove_all(dir, ec);
+}
+
+// --load-gates (gated loads, removed: docs/PERF.md run S) stays a flag so
+// that existing configs keep working: =false starts and serves as if it were
+// absent, =true stops the start with exit 2 and one line that names the flag,
+// why it went and what replaces it.
+TEST(LifecycleTest, LoadGatesTrueIsRefusedAndFalseStarts) {
+  char dir[] = "/tmp/kvhost-gates-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  auto [code, out] =
+      RunCommand(absl::StrCat("'", KVHOSTD_PATH, "' --listen=unix://", dir,
+                              "/s.sock --shm-dir=", dir, " --backend=host --load-gates=true"));
+  EXPECT_EQ(code, 2) << "--load-gates=true: exit " << code << " (124: still running)\n" << out;
+  std::string line;  // the one line that says it all
+  for (absl::string_view l : absl::StrSplit(out, '\n')) {
+    if (absl::StrContains(l, "--load-gates=true")) line = std::string(l);
+  }
+  for (const char* needle : {"--load-gates=true", "deadlock", "docs/PERF.md, run S",
+                             "AttachDeviceRequest.layer_progress", "LoadEvents::WaitLayer"}) {
+    EXPECT_TRUE(absl::StrContains(line, needle))
+        << "the refusal does not say \"" << needle << "\" on its line:\n"
+        << out;
+  }
+  EXPECT_FALSE(fs::exists(absl::StrCat(dir, "/s.sock"))) << "a socket after a refused start";
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+
+  absl::StatusOr<std::unique_ptr<TestDaemon>> d =
+      TestDaemon::Start(KVHOSTD_PATH, {"--load-gates=false"});
+  ASSERT_TRUE(d.ok()) << "--load-gates=false: " << d.status();
+  absl::StatusOr<v1::Pool> pool = (*d)->client().CreatePool("p", MhaSpec(4, 64));
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ((*d)->Stop(SIGTERM), 0);
+  // Silently: an old config's false is no cause for a warning.
+  const std::string log = (*d)->Log();
+  for (const char* needle : {"load-gates", "load_gates", "gated"}) {
+    EXPECT_FALSE(absl::StrContains(log, needle)) << log;
+  }
 }
 
 // kvhostd killed with SIGKILL leaves its socket and region files; the next

@@ -137,7 +137,7 @@ const DeathCase kCases[] = {
     {{"ce", "cuda-ce"}, 64},
     {{"staged", "cuda-staged"}, 1},
     {{"sm", "cuda-sm"}, 1},
-    {{"staged", "cuda-staged", false, true}, 1},
+    {{"staged", "cuda-staged", true}, 1},
 };
 
 std::string CaseName(const DeathCase& c) {

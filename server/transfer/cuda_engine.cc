@@ -2,7 +2,6 @@
 // under cuda/).
 #include "server/transfer/cuda_engine.h"
 
-#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -81,12 +80,11 @@ CudaEngine::~CudaEngine() {
 std::string CudaEngine::Describe() const {
   std::vector<std::string> parts;
   for (const GpuInfo& d : gpus_) parts.push_back(absl::StrCat(d.ordinal, " ", d.name, " ", d.uuid));
-  return absl::StrCat(gpus_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ",
-                      BatchCopier::Api(), " on ", options_.copy_streams, " stream(s) per direction",
-                      options_.gate_loads ? ", gated loads" : "", "; transfer path ",
-                      CudaPathName(options_.path), ", staging ", ByteSize(options_.staging_bytes),
-                      " per stream, SM copy path grid <= ", options_.sm_blocks, " blocks; ",
-                      mps_detail_);
+  return absl::StrCat(
+      gpus_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ", BatchCopier::Api(),
+      " on ", options_.copy_streams, " stream(s) per direction; transfer path ",
+      CudaPathName(options_.path), ", staging ", ByteSize(options_.staging_bytes),
+      " per stream, SM copy path grid <= ", options_.sm_blocks, " blocks; ", mps_detail_);
 }
 
 std::string CudaEngine::PathFor(const TransferJob& job) const {
@@ -150,8 +148,8 @@ absl::StatusOr<CudaLane*> CudaEngine::LanesFor(int gpu) {
   for (int i = 0; i < 2; ++i) {
     CudaLane* lane = &(*created)[i];
     lane->completer = std::thread([this, lane] { CompleteLoop(lane); });
-    // Loads that return before they are queued (gated, or with layer
-    // progress) are queued by this thread.
+    // Loads that return before they are queued (with layer progress) are
+    // queued by this thread.
     if (lane->direction == Direction::kLoad) {
       lane->enqueuer = std::thread([this, lane] { EnqueueLoop(lane); });
     }
@@ -353,18 +351,13 @@ void CudaEngine::Submit(TransferJob job) {
     pending.error = absl::InternalError(absl::StrCat("preparing ", DirectionName(lane->direction),
                                                      " on GPU ", lane->gpu, ": ", CudaError(e)));
   }
-  // Gated loads, and loads whose worker waits on the layer counters
-  // (AttachDeviceRequest.layer_progress), go to the lane's enqueue thread:
+  // Loads whose worker waits on the layer counters
+  // (AttachDeviceRequest.layer_progress) go to the lane's enqueue thread:
   // the RPC returns at once, the thread queues layer by layer and publishes
   // each layer once its load event is recorded, so the worker's first layer
   // is on its way while the rest are being queued. Loads of one attachment
   // all take the same route, so each attachment's loads keep their order.
-  if (pending.job.event_set >= 0 &&
-      (lane->gate_stream != nullptr || pending.job.layer_counters != nullptr)) {
-    absl::MutexLock gate_lock(&lane->gate_mu);
-    if (lane->gate_stream != nullptr && pending.error.ok()) {
-      pending.error = OpenGates(lane, &pending);
-    }
+  if (pending.job.event_set >= 0 && pending.job.layer_counters != nullptr) {
     absl::MutexLock lock(&lane->mu);
     lane->to_enqueue.push_back(std::move(pending));
     return;
@@ -373,38 +366,6 @@ void CudaEngine::Submit(TransferJob job) {
   EnqueueWork(lane, &pending);
   absl::MutexLock lock(&lane->mu);
   lane->pending.push_back(std::move(pending));
-}
-
-absl::Status CudaEngine::OpenGates(CudaLane* lane, CudaPending* pending) {
-  const auto& mapping = static_cast<const CudaMapping&>(*pending->job.mapping);
-  const uint64_t layers = pending->job.layer_num();
-  const int set = pending->job.event_set;
-  const StreamMemOps ops = *StreamMemOpsFns();  // present: gate_stream exists
-  pending->gate_base = mapping.TakeGateRange(set, layers);
-  pending->gated = true;
-  for (uint64_t layer = 0; layer < layers; ++layer) {
-    if (CUresult r = ops.wait(lane->gate_stream, mapping.gate(set), pending->gate_base + layer + 1,
-                              CU_STREAM_WAIT_VALUE_GEQ);
-        r != CUDA_SUCCESS) {
-      // Open the gate fully, so that later loads behind it are not stuck.
-      ops.write(lane->gate_stream, mapping.gate(set), pending->gate_base + layers, 0);
-      return absl::InternalError(absl::StrCat("load gate wait for layer ", layer,
-                                              ": cuStreamWaitValue64: ", static_cast<int>(r)));
-    }
-    if (cudaError_t e = cudaEventRecord(mapping.load_event(set, layer), lane->gate_stream);
-        e != cudaSuccess) {
-      cudaGetLastError();
-      ops.write(lane->gate_stream, mapping.gate(set), pending->gate_base + layers, 0);
-      return absl::InternalError(
-          absl::StrCat("cudaEventRecord of load event [", set, "][", layer, "]: ", CudaError(e)));
-    }
-    // Recorded (behind its gate): the worker may wait on it now.
-    if (pending->job.layer_counters != nullptr) {
-      pending->job.layer_counters->Publish(static_cast<uint32_t>(set), pending->job.layer_base,
-                                           static_cast<uint32_t>(layer));
-    }
-  }
-  return absl::OkStatus();
 }
 
 void CudaEngine::EnqueueLoop(CudaLane* lane) {
@@ -450,18 +411,11 @@ void CudaEngine::EnqueueWork(CudaLane* lane, CudaPending* p) {
     }
   }
   const int set = pending.job.event_set;
-  const StreamMemOps ops = pending.gated ? *StreamMemOpsFns() : StreamMemOps();
-  // After a layer's copies or kernel: the worker's view of it (its gate, or
-  // its load event, before the completion event so that a waiting forward
-  // pass is released as early as possible), then ours.
+  // After a layer's copies or kernel: the worker's view of it (its load
+  // event, before the completion event so that a waiting forward pass is
+  // released as early as possible), then ours.
   const LayerDone layer_done = [&](uint64_t layer) -> absl::Status {
-    if (pending.gated) {
-      if (CUresult r = ops.write(lane->stream, mapping.gate(set), pending.gate_base + layer + 1, 0);
-          r != CUDA_SUCCESS) {
-        return absl::InternalError(absl::StrCat("opening the load gate of layer ", layer,
-                                                ": cuStreamWriteValue64: ", static_cast<int>(r)));
-      }
-    } else if (set >= 0) {
+    if (set >= 0) {
       if (e = cudaEventRecord(mapping.load_event(set, layer), lane->stream); e != cudaSuccess) {
         cudaGetLastError();
         return absl::InternalError(
@@ -517,13 +471,6 @@ void CudaEngine::EnqueueWork(CudaLane* lane, CudaPending* p) {
       cudaGetLastError();
       pending.error = s;
     }
-  }
-  if (pending.gated && pending.layers_enqueued < layers) {
-    // A failed load still opens its gates (the ticket carries the error), or
-    // every later load of the lane would wait behind them forever.
-    ops.write(lane->stream, mapping.gate(set), pending.gate_base + layers, 0);
-    cudaStreamSynchronize(lane->stream);
-    cudaGetLastError();
   }
 }
 

@@ -30,13 +30,14 @@
 // right after recording its load event; a staged load of such an attachment
 // is planned in layer intervals growing from one layer (job_plan.h), so that
 // its first layer lands after a small chunk. A completion thread per lane
-// waits on the event recorded after each layer and reports it to the ticket. A load records load
-// event [set][layer] (CudaMapping) after each layer's copies; a backup may name an event the worker
-// recorded after writing the rows: Prepare opens it, the backup stream waits on it before the first
-// copy, and it is closed when the job goes, after the ticket finished. With gate_loads, a load's
-// events are instead recorded up front on a gate stream, each behind a wait for a device word that
-// the load stream sets after the layer's copies, and an enqueue thread queues the copies, so the
-// Load call returns before them.
+// waits on the event recorded after each layer and reports it to the ticket.
+// A load records load event [set][layer] (CudaMapping) after each layer's
+// copies, on the load stream: never ahead of them behind a GPU-side gate
+// (cuStreamWaitValue), which the removed --load-gates mode did and which
+// could deadlock the GPU's work queues (docs/PERF.md, run S).
+// A backup may name an event the worker recorded after writing the rows:
+// Prepare opens it, the backup stream waits on it before the first copy, and
+// it is closed when the job goes, after the ticket finished.
 //
 // Thread safety: as TransferEngine. Mappings returned by Open must be
 // destroyed before the engine (TransferManager's member order does that), and
@@ -115,17 +116,13 @@ class CudaEngine : public TransferEngine {
   // The completion thread of `lane`.
   void CompleteLoop(CudaLane* lane);
   // The enqueue thread of a load lane: queues, in Submit order, the work of
-  // the loads that return before it is queued (gated, or with layer
-  // progress).
+  // the loads that return before it is queued (those with layer progress).
   void EnqueueLoop(CudaLane* lane);
   // Queues `pending`'s work on the lane's streams (the worker's event, the
-  // path's copies or kernels, and per layer the gate or load event and the
+  // path's copies or kernels, and per layer the load event and the
   // completion event); on failure sets pending->error. REQUIRES: the lane's
   // submit_mu held.
   void EnqueueWork(CudaLane* lane, CudaPending* pending);
-  // Records every load event of a gated load behind its gate on the lane's
-  // gate stream. REQUIRES: the lane's gate_mu held.
-  absl::Status OpenGates(CudaLane* lane, CudaPending* pending);
 
   const CudaEngineOptions options_;
   const std::vector<GpuInfo> gpus_;

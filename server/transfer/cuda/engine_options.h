@@ -29,14 +29,6 @@ struct CudaEngineOptions {
   // Most blocks of a staged gather / scatter kernel; 0 = 4 per SM, so that
   // the kernel is as short as possible.
   int staged_blocks = 0;
-  // Loads return from Submit once their per-layer events are recorded behind
-  // gates (stream memory operations), and a thread queues the copies: the
-  // Load call took 0.57 ms instead of 3.5-5 ms for 32 layers of 64 random
-  // pages on the H200, but a stream of ours blocked in a wait makes the
-  // GPU time-slice against the worker: its kernels took +18-26 % longer
-  // during copy-engine loads that cost it nothing ungated (docs/PERF.md).
-  // Off by default: the worker's time comes first.
-  bool gate_loads = false;
   // auto: the copy engines take a job whose layout-contiguous pieces average
   // at least this many bytes, the staged path (or, under MPS, the SM copy
   // path) the rest. Measured on the H200 with a GEMM worker (docs/PERF.md,

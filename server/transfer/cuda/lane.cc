@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_util.h"
@@ -18,41 +17,6 @@ constexpr size_t kScratchBytes = size_t{4} << 20;
 absl::Status Failed(int gpu, const char* what, cudaError_t e) {
   cudaGetLastError();
   return absl::InternalError(absl::StrCat("GPU ", gpu, ": ", what, ": ", CudaError(e)));
-}
-
-// Gated loads (CudaEngineOptions::gate_loads), where the driver has 64-bit
-// stream memory operations: tried once here, so that a driver without them
-// falls back to queueing every load's copies inside the Load call.
-void CreateGateStream(int gpu, int priority, CudaLane* loads) {
-  absl::StatusOr<StreamMemOps> ops = StreamMemOpsFns();
-  std::string no_gate = ops.ok() ? "" : std::string(ops.status().message());
-  if (ops.ok()) {
-    uint64_t* word = nullptr;
-    cudaError_t e =
-        cudaStreamCreateWithPriority(&loads->gate_stream, cudaStreamNonBlocking, priority);
-    if (e == cudaSuccess) e = cudaMalloc(&word, sizeof(uint64_t));
-    CUresult r = CUDA_SUCCESS;
-    if (e == cudaSuccess) {
-      r = ops->write(loads->gate_stream, reinterpret_cast<CUdeviceptr>(word), 1, 0);
-      if (r == CUDA_SUCCESS) {
-        r = ops->wait(loads->gate_stream, reinterpret_cast<CUdeviceptr>(word), 1,
-                      CU_STREAM_WAIT_VALUE_GEQ);
-      }
-      if (r == CUDA_SUCCESS) e = cudaStreamSynchronize(loads->gate_stream);
-    }
-    if (word != nullptr) cudaFree(word);
-    if (e != cudaSuccess || r != CUDA_SUCCESS) {
-      cudaGetLastError();
-      no_gate = absl::StrCat("stream memory operations fail here (",
-                             e != cudaSuccess ? CudaError(e) : absl::StrCat("CUresult ", r), ")");
-      if (loads->gate_stream != nullptr) cudaStreamDestroy(loads->gate_stream);
-      loads->gate_stream = nullptr;
-    }
-  }
-  if (!no_gate.empty()) {
-    spdlog::warn("GPU {}: loads queue all their copies before the Load call returns: {}", gpu,
-                 no_gate);
-  }
 }
 
 }  // namespace
@@ -102,7 +66,6 @@ absl::StatusOr<std::unique_ptr<CudaLane[]>> CreateGpuLanes(int gpu,
     cudaMemPoolSetAttribute(mem_pool, cudaMemPoolAttrReleaseThreshold, &keep);
   }
   cudaGetLastError();
-  if (options.gate_loads) CreateGateStream(gpu, greatest, &lanes[1]);
   spdlog::info(
       "GPU {}: backup and load streams up, load priority {} over {}, {} copy stream(s) per "
       "direction",
@@ -127,7 +90,6 @@ void DestroyLane(CudaLane* lane) {
   }
   if (lane->staging != nullptr) cudaFree(lane->staging);
   if (lane->kernel_stream != nullptr) cudaStreamDestroy(lane->kernel_stream);
-  if (lane->gate_stream != nullptr) cudaStreamDestroy(lane->gate_stream);
   if (lane->stream != nullptr) cudaStreamDestroy(lane->stream);
 }
 

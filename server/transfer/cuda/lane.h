@@ -15,8 +15,10 @@
 //   kernel_stream  the staged path's gather / scatter kernels, beside the
 //                  copies: chunk i's kernel overlaps chunk i-1's copies, the
 //                  half_ready / half_free events handing each half of the
-//                  staging buffer between the two;
-//   gate_stream    gated loads only (CudaEngineOptions::gate_loads).
+//                  staging buffer between the two.
+// No stream waits on a device word (cuStreamWaitValue): with more streams
+// than the GPU has work queues (CUDA_DEVICE_MAX_CONNECTIONS), such a wait can
+// block the very work that would end it (docs/PERF.md, run S).
 //
 // Thread safety: the fields say which mutex guards them; streams and events
 // are created before the lane's threads start and destroyed after they end.
@@ -51,10 +53,7 @@ struct CudaPending {
   // free_scratch once the job is done.
   std::vector<void*> scratch;
   uint64_t layers_enqueued = 0;  // ticket layers
-  // A gated load (see CudaLane::gate_stream): its gate counts from gate_base.
-  bool gated = false;
-  uint64_t gate_base = 0;
-  absl::Status error;  // why enqueueing stopped early, if it did
+  absl::Status error;            // why enqueueing stopped early, if it did
 };
 
 struct CudaLane {
@@ -73,15 +72,6 @@ struct CudaLane {
   cudaEvent_t stage_end = nullptr;
   uint8_t* staging = nullptr;  // allocated by the first staged job
 
-  // Loads only, where the driver has 64-bit stream memory operations: the
-  // per-layer load events are recorded here, each behind a wait for its
-  // set's gate value (a device word) to reach the layer's count, and the
-  // copy stream writes that count after the layer's copies. So Submit
-  // records every event up front and returns (the RPC with it), and the
-  // enqueue thread queues the copies afterwards.
-  cudaStream_t gate_stream = nullptr;
-  absl::Mutex gate_mu;  // orders the gate ops and the enqueue queue alike
-
   // Held while a job is enqueued: the order in which jobs take it is their
   // order on the stream and in `pending`, so one direction stays FIFO.
   absl::Mutex submit_mu;
@@ -97,17 +87,16 @@ struct CudaLane {
   bool busy ABSL_GUARDED_BY(mu) = false;  // the completion thread holds a job
   bool stopping ABSL_GUARDED_BY(mu) = false;
   std::thread completer;
-  // Loads waiting for the enqueue thread (gated, or with layer progress),
-  // in Submit order.
+  // Loads waiting for the enqueue thread (those with layer progress), in
+  // Submit order.
   std::deque<CudaPending> to_enqueue ABSL_GUARDED_BY(mu);
   bool enqueuing ABSL_GUARDED_BY(mu) = false;
   std::thread enqueuer;
 };
 
-// The two lanes of GPU `gpu` with their streams and events (no threads yet),
-// the gate stream where options.gate_loads asks for it and the driver has
-// stream memory operations (a warning in the log otherwise). INTERNAL when a
-// stream or event cannot be made. REQUIRES: the current device is `gpu`.
+// The two lanes of GPU `gpu` with their streams and events (no threads yet).
+// INTERNAL when a stream or event cannot be made. REQUIRES: the current
+// device is `gpu`.
 absl::StatusOr<std::unique_ptr<CudaLane[]>> CreateGpuLanes(int gpu,
                                                            const CudaEngineOptions& options);
 

@@ -16,7 +16,6 @@ CudaMapping::~CudaMapping() {
   // destroying ours does not invalidate its waits.
   for (cudaEvent_t event : load_events_) cudaEventDestroy(event);
   if (layer_table_ != nullptr) cudaFree(layer_table_);
-  if (gates_ != nullptr) cudaFree(gates_);
   for (const auto& [handle, allocation] : opened_) {
     if (cudaError_t e = cudaIpcCloseMemHandle(allocation.ptr); e != cudaSuccess) {
       cudaGetLastError();
@@ -51,20 +50,6 @@ absl::Status CudaMapping::CreateLoadEvents(uint32_t sets, uint64_t layers) {
   }
   load_event_sets_ = sets;
   set_busy_.assign(sets, false);
-  // One gate word per set, counting up by the layers of each load of the
-  // set: 64 bits never wrap, so a wait can never see a stale value pass.
-  if (cudaError_t e = cudaMalloc(&gates_, sets * sizeof(uint64_t)); e != cudaSuccess) {
-    cudaGetLastError();
-    gates_ = nullptr;
-    return absl::ResourceExhaustedError(
-        absl::StrCat("GPU ", gpu_, ": the load gates: cudaMalloc: ", CudaError(e)));
-  }
-  if (cudaError_t e = cudaMemset(gates_, 0, sets * sizeof(uint64_t)); e != cudaSuccess) {
-    cudaGetLastError();
-    return absl::InternalError(
-        absl::StrCat("GPU ", gpu_, ": clearing the load gates: ", CudaError(e)));
-  }
-  gate_next_.assign(sets, 0);
   return absl::OkStatus();
 }
 

@@ -13,14 +13,12 @@
 // keeps its own references.
 //
 // Thread safety: built by one thread in CudaEngine::Open / OpenGroup, then
-// read-only, except the set ring (its own mutex), the gate counts (the load
-// lane's gate_mu) and PathChanged (atomic). Ownership: destroyed before the
-// Pool it pinned (every holder of both declares the pool first), and before
-// the engine that owns its lanes.
+// read-only, except the set ring (its own mutex) and PathChanged (atomic).
+// Ownership: destroyed before the Pool it pinned (every holder of both
+// declares the pool first), and before the engine that owns its lanes.
 #ifndef KVHOST_SERVER_TRANSFER_CUDA_MAPPING_H_
 #define KVHOST_SERVER_TRANSFER_CUDA_MAPPING_H_
 
-#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -66,15 +64,6 @@ class CudaMapping : public DeviceMapping {
   // (DeviceMapping::load_event_handles). REQUIRES: the current device is
   // this mapping's; called once.
   absl::Status CreateLoadEvents(uint32_t sets, uint64_t layers);
-
-  // The gate word of load event set `set`, and the count its next load
-  // starts from (advanced by `layers`). REQUIRES: the lane's gate_mu held.
-  CUdeviceptr gate(int set) const { return reinterpret_cast<CUdeviceptr>(gates_ + set); }
-  uint64_t TakeGateRange(int set, uint64_t layers) const {
-    const uint64_t base = gate_next_[static_cast<size_t>(set)];
-    gate_next_[static_cast<size_t>(set)] += layers;
-    return base;
-  }
 
   cudaEvent_t load_event(int set, uint64_t layer) const {
     return load_events_[static_cast<uint64_t>(set) * layer_num_ + layer];
@@ -139,11 +128,9 @@ class CudaMapping : public DeviceMapping {
   const std::vector<std::shared_ptr<const DeviceMapping>> entries_;
   std::map<std::string, Allocation> opened_;  // by handle bytes
   std::shared_ptr<HostPins> pins_;
-  std::vector<uint8_t*> pinned_;             // region bases
-  std::vector<cudaEvent_t> load_events_;     // set-major, as load_event_handles_
-  uint8_t** layer_table_ = nullptr;          // device copy of layers_
-  uint64_t* gates_ = nullptr;                // device words, one per load event set
-  mutable std::vector<uint64_t> gate_next_;  // guarded by the load lane's gate_mu
+  std::vector<uint8_t*> pinned_;          // region bases
+  std::vector<cudaEvent_t> load_events_;  // set-major, as load_event_handles_
+  uint8_t** layer_table_ = nullptr;       // device copy of layers_
   bool host_pointer_ok_ = false;
   bool aligned16_ = false;
   mutable std::atomic<uint8_t> last_path_[2] = {255, 255};
