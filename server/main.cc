@@ -64,10 +64,11 @@ ABSL_FLAG(std::string, transfer_path, "auto",
           "cuda backend: how bytes move. 'ce' = copy engines only (no cost to the worker's "
           "kernels; fast for large contiguous pieces), 'staged' = device gather / scatter "
           "kernel plus large copy-engine copies through a staging buffer (token-granular host "
-          "layouts), 'sm' = copy kernels through mapped host memory (fastest for small pieces; "
-          "time-slices against the worker without MPS), 'auto' = chosen per transfer from the "
-          "piece sizes, the layout and whether MPS is active (logged, and shown in the ticket "
-          "status).");
+          "layouts), 'sm' = copy kernels through mapped host memory (costs the worker most: "
+          "time-slices against it without MPS, +24-27 % for backups under MPS), 'auto' = chosen "
+          "per transfer from the piece sizes, the layout and whether MPS is active: ce for large "
+          "pieces, else staged, sm only under MPS where nothing stages (logged, and shown in the "
+          "ticket status).");
 ABSL_FLAG(std::string, staging_bytes, "1G",
           "cuda backend: device staging buffer of the staged path, per stream (one for backups, "
           "one for loads, per GPU), allocated on first use; larger = fewer, longer kernels.");

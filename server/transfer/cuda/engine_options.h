@@ -30,13 +30,12 @@ struct CudaEngineOptions {
   // the kernel is as short as possible.
   int staged_blocks = 0;
   // auto: the copy engines take a job whose layout-contiguous pieces average
-  // at least this many bytes, the staged path (or, under MPS, the SM copy
-  // path) the rest. Measured on the H200 with a GEMM worker (docs/PERF.md,
-  // run K, 2026-12-02): the copy engines moved 72-128 KiB pieces at 0.87-0.95
-  // of the ceiling at +0-2 % of the worker's time, but 32 KiB pieces at
-  // 0.78-0.93 (loads 43 GB/s), 18 KiB at 0.36-0.47, while the staged path
-  // moved every layout at page 16 at 0.88-0.96 for +3-9 % of the worker's
-  // time back to back (+3-4 % at a 25 % duty cycle).
+  // at least this many bytes, the staged path the rest (the SM copy path
+  // only under MPS where nothing stages; path_policy.h). Measured on the H200 with a GEMM worker
+  // (docs/PERF.md, run K, 2026-12-02): the copy engines moved 72-128 KiB pieces at 0.87-0.95 of the
+  // ceiling at +0-2 % of the worker's time, but 32 KiB pieces at 0.78-0.93 (loads 43 GB/s), 18 KiB
+  // at 0.36-0.47, while the staged path moved every layout at page 16 at 0.88-0.96 for +3-9 % of
+  // the worker's time back to back (+3-4 % at a 25 % duty cycle).
   uint64_t ce_min_piece_bytes = uint64_t{64} << 10;
   // Copy-engine streams per lane (direction and GPU) that a batch of large
   // pieces is split over: one stream's batch of 32 KiB pieces moved 45-46
