@@ -818,9 +818,12 @@ class Worker {
     if (!Expect(attachment.status())) return attachment.status();
     attachment_ = attachment->id();
     (void)WriteAtomically(AttachmentPath(dir_, index_), attachment_);
-    // The thief: a second client of this process, in no session.
-    options.worker_session = false;
-    options.worker_name.clear();
+    // The thief: a second client of this process, in a session of its own,
+    // so that a stranger's ids get it nothing. Its own session, not none: a
+    // kill between its attach and detach of the swap racer's file must not
+    // leave an attachment that no session closes (a session-less attachment
+    // lives until someone detaches it, and the kill check counts them all).
+    options.worker_name = absl::StrCat("soak-thief-", index_, ".", incarnation_);
     client = kvhost::Client::Connect(options);
     if (!client.ok()) return client.status();
     thief_ = *std::move(client);
@@ -1181,7 +1184,7 @@ class Worker {
   uint64_t counter_ = 0;
   std::mt19937_64 rng_;
   std::unique_ptr<kvhost::Client> client_;
-  std::unique_ptr<kvhost::Client> thief_;  // no session: tries the stolen ids
+  std::unique_ptr<kvhost::Client> thief_;  // its own session: tries the stolen ids
   std::unique_ptr<kvhost::ShmDevicePool> device_;
   std::vector<int64_t> lease_;
   std::map<int64_t, uint64_t> journaled_;
