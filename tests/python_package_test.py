@@ -573,12 +573,17 @@ def check_session_loss_after_a_restart(daemon, _lib_path, _src):
 
 
 def check_readme_quickstart(daemon, _lib_path, src):
-    """python/README.md's quickstart, as written, against this daemon."""
-    text = open(os.path.join(src, "python", "README.md")).read()
-    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
-    assert len(code.strip().splitlines()) <= 15, "the quickstart grew past 15 lines"
-    assert kvhost.DEFAULT_ADDRESS in code
-    exec(compile(code.replace(kvhost.DEFAULT_ADDRESS, daemon.address), "README.md", "exec"),
+    """The Python quickstart of python/README.md and of the top README (the
+    same code), as written, against this daemon."""
+    codes = []
+    for readme in (os.path.join("python", "README.md"), "README.md"):
+        text = open(os.path.join(src, readme)).read()
+        code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+        assert len(code.strip().splitlines()) <= 15, readme + ": the quickstart grew past 15 lines"
+        assert kvhost.DEFAULT_ADDRESS in code, readme
+        codes.append(code)
+    assert codes[0] == codes[1], "README.md's Python quickstart differs from python/README.md's"
+    exec(compile(codes[0].replace(kvhost.DEFAULT_ADDRESS, daemon.address), "README.md", "exec"),
          {"__name__": "quickstart"})
     with client(daemon) as c:
         assert c.get_pool("p")["available_tokens"] == 56 and c.daemon_status()["attachments"] == 0
