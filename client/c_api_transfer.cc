@@ -1,5 +1,6 @@
 // The C ABI's worker calls (kvhost/kvhost_c.h) that need no CUDA: shm
-// device pools, attaching them, attachments, Backup / Load and their
+// device pools, attaching them (to a pool or a pool group), attachments,
+// Backup / Load (with a group's pool_transfers) and their
 // tickets, and the per-layer waits of a load (layer counters here; the
 // load events' half is in c_api_cuda.cc).
 #include <string>
@@ -96,6 +97,32 @@ absl::Status Transfer(kvhost_client* client, const kvhost_attachment* attachment
   if (ticket_id != nullptr) *ticket_id = *ticket;
   if ((flags & KVHOST_TRANSFER_WAIT) == 0) return absl::OkStatus();
   return (*c)->WaitTransfer(*ticket, *timeout).status();
+}
+
+// The caller's kvhost_pool_transfer array as PoolTransfers; null is fine
+// only for n == 0. The daemon checks the entry names against the group.
+absl::StatusOr<std::vector<v1::PoolTransfer>> PoolTransfers(const kvhost_pool_transfer* p,
+                                                            size_t n) {
+  if (p == nullptr && n != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("pool_transfers is NULL with ", n, " entries"));
+  }
+  std::vector<v1::PoolTransfer> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string what = absl::StrCat("pool_transfers[", i, "]");
+    absl::StatusOr<std::string> entry = Str(p[i].entry, (what + ".entry").c_str());
+    if (!entry.ok()) return entry.status();
+    const std::string host_what = what + ".host_indices";
+    absl::StatusOr<absl::Span<const int64_t>> host =
+        Indices(p[i].host_indices, p[i].num_host, host_what.c_str());
+    if (!host.ok()) return host.status();
+    const std::string dev_what = what + ".device_indices";
+    absl::StatusOr<absl::Span<const int64_t>> dev =
+        Indices(p[i].device_indices, p[i].num_device, dev_what.c_str());
+    if (!dev.ok()) return dev.status();
+    out.push_back(MakePoolTransfer(*entry, *host, *dev));
+  }
+  return out;
 }
 
 }  // namespace
@@ -215,6 +242,48 @@ int kvhost_attach_shm(kvhost_client* client, const char* pool, const kvhost_shm_
   });
 }
 
+int kvhost_attach_group_shm(kvhost_client* client, const char* group, size_t num_entries,
+                            const char* const* entries,
+                            const kvhost_shm_device_pool* const* devices, const char* options_json,
+                            kvhost_attachment** out, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    if (absl::Status s = NotNull(out, "out"); !s.ok()) return s;
+    *out = nullptr;
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> g = Str(group, "group name");
+    if (!g.ok()) return g.status();
+    if (num_entries == 0) return absl::InvalidArgumentError("num_entries is 0");
+    if (absl::Status s = NotNull(entries, "entries"); !s.ok()) return s;
+    if (absl::Status s = NotNull(devices, "devices"); !s.ok()) return s;
+    std::vector<kvhost::GroupDevice> group_devices;
+    group_devices.reserve(num_entries);
+    for (size_t i = 0; i < num_entries; ++i) {
+      const std::string what = absl::StrCat("entries[", i, "]");
+      absl::StatusOr<std::string> entry = Str(entries[i], what.c_str());
+      if (!entry.ok()) return entry.status();
+      absl::StatusOr<const kvhost::ShmDevicePool*> d = kvhost::c_api::DeviceOf(devices[i]);
+      if (!d.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("devices[", i, "] (entry '", *entry, "') is NULL"));
+      }
+      group_devices.push_back(kvhost::GroupDevice{*entry, *d});
+    }
+    kvhost::v1::AttachDeviceRequest request = kvhost::MakeGroupAttachRequest(*g, group_devices);
+    if (absl::Status s =
+            kvhost::c_api::AttachOptions(options_json, /*layer_range=*/false, &request);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<kvhost::v1::Attachment> attachment = (*c)->AttachDevice(request);
+    if (!attachment.ok()) return attachment.status();
+    auto handle = std::make_unique<kvhost_attachment>();
+    handle->attachment = *std::move(attachment);
+    *out = handle.release();
+    return absl::OkStatus();
+  });
+}
+
 int kvhost_attachment_id(const kvhost_attachment* attachment, char* out, size_t out_len,
                          size_t* needed, char* err, size_t err_len) {
   return Run(err, err_len, [&]() -> absl::Status {
@@ -286,12 +355,68 @@ int kvhost_load(kvhost_client* client, const kvhost_attachment* attachment,
   });
 }
 
+int kvhost_backup_group(kvhost_client* client, const kvhost_attachment* attachment,
+                        const int64_t* host_indices, size_t num_host, const int64_t* device_indices,
+                        size_t num_device, const kvhost_pool_transfer* pool_transfers,
+                        size_t num_pool_transfers, const void* wait_event_handle,
+                        size_t wait_event_handle_len, uint32_t flags, int64_t wait_timeout_ms,
+                        uint64_t* ticket_id, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    if (wait_event_handle == nullptr && wait_event_handle_len != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("wait_event_handle is NULL with a length of ", wait_event_handle_len));
+    }
+    const std::string handle =
+        wait_event_handle == nullptr
+            ? std::string()
+            : std::string(static_cast<const char*>(wait_event_handle), wait_event_handle_len);
+    absl::StatusOr<std::vector<kvhost::v1::PoolTransfer>> transfers =
+        kvhost::c_api::PoolTransfers(pool_transfers, num_pool_transfers);
+    if (!transfers.ok()) return transfers.status();
+    return kvhost::c_api::Transfer(
+        client, attachment, host_indices, num_host, device_indices, num_device, flags,
+        wait_timeout_ms, ticket_id,
+        [&](kvhost::Client& c, const std::string& id, absl::Span<const int64_t> host,
+            absl::Span<const int64_t> dev) { return c.Backup(id, host, dev, *transfers, handle); });
+  });
+}
+
+int kvhost_load_group(kvhost_client* client, const kvhost_attachment* attachment,
+                      const int64_t* host_indices, size_t num_host, const int64_t* device_indices,
+                      size_t num_device, const kvhost_pool_transfer* pool_transfers,
+                      size_t num_pool_transfers, uint32_t flags, int64_t wait_timeout_ms,
+                      uint64_t* ticket_id, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<std::vector<kvhost::v1::PoolTransfer>> transfers =
+        kvhost::c_api::PoolTransfers(pool_transfers, num_pool_transfers);
+    if (!transfers.ok()) return transfers.status();
+    return kvhost::c_api::Transfer(
+        client, attachment, host_indices, num_host, device_indices, num_device, flags,
+        wait_timeout_ms, ticket_id,
+        [&](kvhost::Client& c, const std::string& id, absl::Span<const int64_t> host,
+            absl::Span<const int64_t> dev) { return c.Load(id, host, dev, *transfers); });
+  });
+}
+
 int kvhost_load_with_events(kvhost_client* client, const kvhost_attachment* attachment,
                             const int64_t* host_indices, size_t num_host,
                             const int64_t* device_indices, size_t num_device,
                             kvhost_load_ticket* ticket, char* err, size_t err_len) {
+  return kvhost_load_group_with_events(client, attachment, host_indices, num_host, device_indices,
+                                       num_device, nullptr, 0, ticket, err, err_len);
+}
+
+int kvhost_load_group_with_events(kvhost_client* client, const kvhost_attachment* attachment,
+                                  const int64_t* host_indices, size_t num_host,
+                                  const int64_t* device_indices, size_t num_device,
+                                  const kvhost_pool_transfer* pool_transfers,
+                                  size_t num_pool_transfers, kvhost_load_ticket* ticket, char* err,
+                                  size_t err_len) {
   return Run(err, err_len, [&]() -> absl::Status {
     if (absl::Status s = NotNull(ticket, "ticket"); !s.ok()) return s;
+    absl::StatusOr<std::vector<kvhost::v1::PoolTransfer>> transfers =
+        kvhost::c_api::PoolTransfers(pool_transfers, num_pool_transfers);
+    if (!transfers.ok()) return transfers.status();
     absl::StatusOr<kvhost::Client*> c = ClientOf(client);
     if (!c.ok()) return c.status();
     absl::StatusOr<const kvhost::v1::Attachment*> a = kvhost::c_api::AttachmentOf(attachment);
@@ -302,7 +427,10 @@ int kvhost_load_with_events(kvhost_client* client, const kvhost_attachment* atta
     absl::StatusOr<absl::Span<const int64_t>> dev =
         kvhost::c_api::Indices(device_indices, num_device, "device_indices");
     if (!dev.ok()) return dev.status();
-    absl::StatusOr<kvhost::LoadTicket> load = (*c)->LoadWithEvents((*a)->id(), *host, *dev);
+    // No pool_transfers is the plain pool's call, whose behaviour stays its own.
+    absl::StatusOr<kvhost::LoadTicket> load =
+        transfers->empty() ? (*c)->LoadWithEvents((*a)->id(), *host, *dev)
+                           : (*c)->LoadWithEvents((*a)->id(), *host, *dev, *transfers);
     if (!load.ok()) return load.status();
     *ticket = kvhost_load_ticket{load->ticket_id, load->event_set, 0, load->layer_base};
     return absl::OkStatus();

@@ -14,6 +14,10 @@
 STATIC_CHECK(sizeof(kvhost_load_ticket) == 24, ticket_size);
 STATIC_CHECK(offsetof(kvhost_load_ticket, event_set) == 8, ticket_event_set);
 STATIC_CHECK(offsetof(kvhost_load_ticket, layer_base) == 16, ticket_layer_base);
+/* kvhost_pool_transfer: pointers and sizes only, so it is laid out alike
+ * by every C compiler of one platform (ctypes mirrors it field by field). */
+STATIC_CHECK(offsetof(kvhost_pool_transfer, host_indices) == sizeof(void*), transfer_host);
+STATIC_CHECK(sizeof(kvhost_pool_transfer) == 5 * sizeof(void*), transfer_size);
 STATIC_CHECK(KVHOST_OK == 0 && KVHOST_INVALID_ARGUMENT == 3 && KVHOST_NOT_FOUND == 5, codes);
 STATIC_CHECK(KVHOST_FAILED_PRECONDITION == 9 && KVHOST_OUT_OF_RANGE == 11, more_codes);
 STATIC_CHECK(KVHOST_UNIMPLEMENTED == 12 && KVHOST_INTERNAL == 13, last_codes);

@@ -7,8 +7,9 @@ call of the ABI through its Python name; errors as exceptions with the
 right code and a message naming the bad value (a bad pool name is NotFound
 naming it, a bad spec InvalidArgument); a byte-exact backup and load
 through shm device buffers, through numpy when it is installed and through
-memoryviews always; per-layer waits; context managers that detach and
-close; a session loss reported after a daemon restart. It also checks that
+memoryviews always; a pool group attached with one shm device pool per
+entry and moved with pool_transfers, byte for byte; per-layer waits;
+context managers that detach and close; a session loss reported after a daemon restart. It also checks that
 the package imports without the library and then fails naming every place
 it looked, that its ctypes signatures cover the header, and that its
 64-bit JSON field list matches the .proto files. No GPU and no torch needed.
@@ -420,6 +421,114 @@ def round_trip(c, daemon, views_numpy):
     c.free("p", host)
 
 
+# A hybrid group: an MHA pool (the anchor) on model layers 0 and 2, a MAMBA
+# state pool on 1 and 3; every device layer mapped, so a round trip moves
+# every byte of the rows named.
+ATTN_SPEC = dict(SPEC, layer_num=2)
+SSM_SPEC = {"kind": "MAMBA", "layout": "PAGE_FIRST_DIRECT", "dtype": "BF16", "page_size": 1,
+            "layer_num": 2, "size_tokens": 16,
+            "mamba": {"temporal": {"dims": [2, 3]}, "temporal_dtype": "FP32",
+                      "conv": [{"dims": [5]}]}}
+HYBRID = {"layer_num": 4, "entries": [
+    {"name": "kv", "pool": "attn", "layer_map": [0, -1, 1, -1], "anchor": True},
+    {"name": "ssm", "pool": "ssm", "layer_map": [-1, 0, -1, 1]}]}
+
+
+def fill_rows(dev, seed):
+    """Every row of `dev` gets bytes made from (seed, component, layer, row)."""
+    for ci, comp in enumerate(dev.components):
+        for layer in range(dev.layers):
+            view = dev.layer_view(ci, layer)
+            for row in range(comp.rows):
+                at = row * comp.row_bytes
+                view[at:at + comp.row_bytes] = bytes(
+                    (1 + (seed * 17 + ci * 131 + layer * 31 + row * 7 + b) % 251)
+                    for b in range(comp.row_bytes))
+
+
+def device_image(dev):
+    return [bytes(dev.layer_view(ci, layer)) for ci in range(len(dev.components))
+            for layer in range(dev.layers)]
+
+
+def rows_match(dst, src, dst_rows, src_rows):
+    """Row dst_rows[i] of dst is row src_rows[i] of src; other rows zero."""
+    for ci, comp in enumerate(dst.components):
+        for layer in range(dst.layers):
+            got, want = dst.layer_view(ci, layer), src.layer_view(ci, layer)
+            moved = dict(zip(dst_rows, src_rows))
+            for row in range(comp.rows):
+                at, n = row * comp.row_bytes, comp.row_bytes
+                expect = (bytes(want[moved[row] * n:(moved[row] + 1) * n]) if row in moved
+                          else bytes(n))
+                assert bytes(got[at:at + n]) == expect, \
+                    f"component {comp.name} layer {layer} row {row} differs"
+
+
+def check_group_attach_and_pool_transfers(daemon, _lib_path, _src):
+    import ctypes  # noqa: PLC0415
+    # kvhost_pool_transfer's layout, as tests/c_api_header_test.c pins it.
+    assert ctypes.sizeof(kvhost._lib.PoolTransferStruct) == 5 * ctypes.sizeof(ctypes.c_void_p)
+    with client(daemon) as c:
+        c.create_pool("attn", ATTN_SPEC)
+        c.create_pool("ssm", SSM_SPEC)
+        c.create_group("hybrid", HYBRID)
+        kv_host = c.alloc("hybrid", 8, numpy=False)  # the anchor's slots
+        ssm_host = c.alloc("ssm", 3, numpy=False)
+        kv_rows, ssm_rows = [3, 4, 5, 6, 9, 10, 11, 0], [5, 1, 6]
+        kv_rows2, ssm_rows2 = [15, 14, 13, 12, 1, 2, 7, 8], [0, 7, 2]
+        with c.shm_device_pool("attn", 16, daemon.shm) as kv, \
+                c.shm_device_pool("ssm", 8, daemon.shm) as ssm, \
+                c.shm_device_pool("attn", 16, daemon.shm) as kv2, \
+                c.shm_device_pool("ssm", 8, daemon.shm) as ssm2:
+            fill_rows(kv, 1)
+            fill_rows(ssm, 2)
+            raises(kvhost.NotFound, c.attach_group_shm, "nope", {"kv": kv, "ssm": ssm},
+                   naming="nope")
+            raises(kvhost.InvalidArgument, c.attach_group_shm, "hybrid",
+                   {"kv": kv, "mamba": ssm}, naming="mamba")
+            raises(kvhost.InvalidArgument, c.attach_group_shm, "hybrid", {"kv": kv},
+                   naming="ssm")
+            raises(ValueError, c.attach_group_shm, "hybrid", {})
+            assert c.get_group("hybrid")["attachments"] == 0
+            with c.attach_group_shm("hybrid", {"kv": kv, "ssm": ssm}) as att:
+                assert att.group == "hybrid" and att.pool == "attn", att.info
+                assert c.get_group("hybrid")["attachments"] == 1
+                before = [c.get_data_page("attn", s) for s in kv_host[::4]] + \
+                    [c.get_data_page("ssm", s) for s in ssm_host]
+                raises(kvhost.InvalidArgument, att.backup, kv_host, kv_rows, wait=True,
+                       pool_transfers={"mamba": (ssm_host, ssm_rows)}, naming="mamba")
+                raises(kvhost.InvalidArgument, att.backup, kv_host, kv_rows, wait=True,
+                       pool_transfers={"kv": (ssm_host, ssm_rows)}, naming="kv")
+                raises(TypeError, att.backup, kv_host, kv_rows,
+                       pool_transfers={"ssm": ssm_host}, naming="ssm")
+                after = [c.get_data_page("attn", s) for s in kv_host[::4]] + \
+                    [c.get_data_page("ssm", s) for s in ssm_host]
+                assert before == after, "a refused backup changed host bytes"
+                t = att.backup(kv_host, kv_rows, wait=True,
+                               pool_transfers={"ssm": (ssm_host, ssm_rows)})
+                assert t.done and t.id > 0, t
+            assert c.get_group("hybrid")["attachments"] == 0
+            with c.attach_group_shm("hybrid", {"kv": kv2, "ssm": ssm2},
+                                    layer_progress=True) as att2:
+                image = device_image(kv2) + device_image(ssm2)
+                raises(kvhost.InvalidArgument, att2.load, kv_host, kv_rows2,
+                       pool_transfers={"nope": (ssm_host, ssm_rows2)}, naming="nope")
+                raises(kvhost.InvalidArgument, att2.load, kv_host, kv_rows2,
+                       pool_transfers={"ssm": (ssm_host, ssm_rows2[:2])})
+                assert device_image(kv2) + device_image(ssm2) == image, \
+                    "a refused load changed device bytes"
+                att2.load(kv_host, kv_rows2, pool_transfers={"ssm": (ssm_host, ssm_rows2)}).wait(30)
+                rows_match(kv2, kv, kv_rows2, kv_rows)
+                rows_match(ssm2, ssm, ssm_rows2, ssm_rows)
+                # Per layer, over the group's model layers.
+                lt = att2.load(kv_host, kv_rows2, per_layer=True,
+                               pool_transfers={"ssm": (ssm_host, ssm_rows2)})
+                assert isinstance(lt, kvhost.LoadTicket), lt
+                lt.wait(30)
+                rows_match(ssm2, ssm, ssm_rows2, ssm_rows)
+
+
 def check_shm_backup_load_memoryview(daemon, _lib_path, _src):
     with client(daemon) as c:
         c.create_pool("p", SPEC)
@@ -599,6 +708,7 @@ CHECKS = [
     (check_pools, True),
     (check_groups, True),
     (check_alloc_free_pages, True),
+    (check_group_attach_and_pool_transfers, True),
     (check_shm_backup_load_memoryview, True),
     (check_shm_backup_load_numpy, True),
     (check_handles_and_context_managers, True),

@@ -56,11 +56,24 @@ class LoadTicketStruct(C.Structure):
     ]
 
 
+class PoolTransferStruct(C.Structure):
+    """kvhost_pool_transfer: one pool group entry's rows of a transfer."""
+
+    _fields_ = [
+        ("entry", C.c_char_p),
+        ("host_indices", C.POINTER(C.c_int64)),
+        ("num_host", C.c_size_t),
+        ("device_indices", C.POINTER(C.c_int64)),
+        ("num_device", C.c_size_t),
+    ]
+
+
 _vp, _cp, _sz, _int = C.c_void_p, C.c_char_p, C.c_size_t, C.c_int
 _u32, _u64, _i32, _i64 = C.c_uint32, C.c_uint64, C.c_int32, C.c_int64
 _pvp, _psz = C.POINTER(C.c_void_p), C.POINTER(C.c_size_t)
 _pu32, _pu64, _pi32 = C.POINTER(C.c_uint32), C.POINTER(C.c_uint64), C.POINTER(C.c_int32)
 _pi64 = C.POINTER(C.c_int64)
+_ppt = C.POINTER(PoolTransferStruct)
 _ERR = [_cp, _sz]  # every status-returning call ends in (char* err, size_t err_len)
 _OUT = [_vp, _sz, _psz]  # (char* out, size_t out_len, size_t* needed)
 
@@ -102,6 +115,7 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_attach_shm": ([_vp, _cp, _vp, _cp, _pvp] + _ERR, _int),
     "kvhost_attach_cuda":
         ([_vp, _cp, _sz, C.POINTER(_cp), _u32, _pvp, _pu64, _u64, _cp, _pvp] + _ERR, _int),
+    "kvhost_attach_group_shm": ([_vp, _cp, _sz, C.POINTER(_cp), _pvp, _cp, _pvp] + _ERR, _int),
     "kvhost_attachment_id": ([_vp] + _OUT + _ERR, _int),
     "kvhost_attachment_json": ([_vp] + _OUT + _ERR, _int),
     "kvhost_detach": ([_vp, _vp] + _ERR, _int),
@@ -111,6 +125,13 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_load": ([_vp, _vp, _pi64, _sz, _pi64, _sz, _u32, _i64, _pu64] + _ERR, _int),
     "kvhost_load_with_events":
         ([_vp, _vp, _pi64, _sz, _pi64, _sz, C.POINTER(LoadTicketStruct)] + _ERR, _int),
+    "kvhost_backup_group":
+        ([_vp, _vp, _pi64, _sz, _pi64, _sz, _ppt, _sz, _vp, _sz, _u32, _i64, _pu64] + _ERR, _int),
+    "kvhost_load_group":
+        ([_vp, _vp, _pi64, _sz, _pi64, _sz, _ppt, _sz, _u32, _i64, _pu64] + _ERR, _int),
+    "kvhost_load_group_with_events":
+        ([_vp, _vp, _pi64, _sz, _pi64, _sz, _ppt, _sz, C.POINTER(LoadTicketStruct)] + _ERR,
+         _int),
     "kvhost_transfer_wait": ([_vp, _u64, _i64] + _OUT + _ERR, _int),
     "kvhost_transfer_poll": ([_vp, _u64, _pi32] + _OUT + _ERR, _int),
     "kvhost_load_events_open": ([_vp, _vp, _pvp] + _ERR, _int),

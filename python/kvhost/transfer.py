@@ -11,6 +11,11 @@ layers still arrive.
 Device indices are rows of the attached buffers (tokens; pages for a
 row-per-page component); host indices are the pool's slots from alloc.
 
+A pool group (a hybrid model's pools, e.g. MHA + MAMBA) attaches with one
+device pool per entry (``attach_group_shm``). Its transfers take the anchor
+entry's rows as the plain ones and the other entries' as ``pool_transfers``:
+``{entry: (host_slots, device_rows)}``.
+
 CUDA handles travel as ints (``cudaStream_t``, ``cudaEvent_t``). A stream
 may be given as an int, as anything with ``.cuda_stream`` (torch.cuda.Stream)
 or ``.ptr`` (cupy), or None (the legacy default stream). The worker's event
@@ -29,7 +34,7 @@ import ctypes as C
 import json
 import operator
 import time
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import _arrays, _json, _lib
 from ._handles import Handle
@@ -86,6 +91,33 @@ def _event_bytes(event: Any) -> Optional[bytes]:
         return cuda_export_event(event)
     raise TypeError(f"event must be handle bytes, a torch.cuda.Event or a cudaEvent_t int, "
                     f"not {type(event).__name__}")
+
+
+#: backup / load's pool_transfers: entry name -> (host slots, device rows).
+PoolTransfers = Mapping[str, Tuple[Any, Any]]
+
+
+class _PoolTransferArgs:
+    """pool_transfers as a kvhost_pool_transfer array, and what keeps the
+    arrays it points to alive until the call returned."""
+
+    def __init__(self, pool_transfers: PoolTransfers) -> None:
+        self._keep: List[Any] = []
+        items = list(pool_transfers.items())
+        self.array = (_lib.PoolTransferStruct * max(len(items), 1))()
+        self.count = len(items)
+        for i, (entry, rows) in enumerate(items):
+            if not isinstance(entry, str):
+                raise TypeError(f"pool_transfers keys must be entry names (str), not "
+                                f"{type(entry).__name__}")
+            if not isinstance(rows, (tuple, list)) or len(rows) != 2:
+                raise TypeError(f"pool_transfers[{entry!r}] must be (host_indices, "
+                                f"device_indices)")
+            host, nh, keep_h = _arrays.int64_arg(rows[0], f"pool_transfers[{entry!r}] host")
+            dev, nd, keep_d = _arrays.int64_arg(rows[1], f"pool_transfers[{entry!r}] device")
+            name = entry.encode()
+            self._keep += [name, keep_h, keep_d]
+            self.array[i] = _lib.PoolTransferStruct(name, host, nh, dev, nd)
 
 
 def _options_json(**options: Any) -> Optional[bytes]:
@@ -189,7 +221,9 @@ class Attachment(Handle):
     """A worker's device buffers attached to a pool.
 
     ``id`` is the daemon's attachment id (a capability: show it to no one
-    else), ``pool`` the pool's name, ``info`` the kvhost.v1.Attachment.
+    else), ``pool`` the pool's name (a group's: its anchor pool), ``group``
+    the pool group's name ("" for a plain pool), ``info`` the
+    kvhost.v1.Attachment.
     Garbage collection frees only the handle, as close() does; detach() or
     leaving a ``with`` block ends the attachment on the daemon (a worker
     session's end does too).
@@ -208,13 +242,15 @@ class Attachment(Handle):
         lib = _lib.lib()
         self.id = _lib.call_out(lib.kvhost_attachment_id, ptr, guess=128)
         self.info: Dict[str, Any] = _json.loads(_lib.call_out(lib.kvhost_attachment_json, ptr))
+        self.group: str = self.info.get("group", "")
 
     def _client_handle(self) -> C.c_void_p:
         assert self._client is not None
         return self._client._handle()
 
     def backup(self, host_indices: Any, device_indices: Any, *, wait: bool = False,
-               timeout: Optional[float] = None, event: Any = None) -> Ticket:
+               timeout: Optional[float] = None, event: Any = None,
+               pool_transfers: Optional[PoolTransfers] = None) -> Ticket:
         """Device rows -> host slots.
 
         `event` (cuda backend): the worker's interprocess event, recorded
@@ -222,42 +258,68 @@ class Attachment(Handle):
         until the ticket is done). The host backend refuses one
         (FailedPrecondition). With wait=True, returns once done (its error
         raised), waiting up to `timeout` s (None: 10 min).
+
+        A group attachment: host_indices / device_indices are the anchor
+        entry's rows (either may be empty) and `pool_transfers` the other
+        entries', ``{entry: (host_slots, device_rows)}``. All are checked
+        before anything is copied: an entry the group lacks, or the anchor
+        named there, is InvalidArgument naming it.
         """
         host, nh, keep_h = _arrays.int64_arg(host_indices, "host_indices")
         dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
         handle = _event_bytes(event)
         ticket = C.c_uint64(0)
-        _lib.call(_lib.lib().kvhost_backup, self._client_handle(), self._p(), host, nh, dev, nd,
-                  handle, 0 if handle is None else len(handle),
-                  _lib.TRANSFER_WAIT if wait else 0, _lib.ms(timeout), C.byref(ticket))
+        flags = _lib.TRANSFER_WAIT if wait else 0
+        if pool_transfers is not None:
+            pt = _PoolTransferArgs(pool_transfers)
+            _lib.call(_lib.lib().kvhost_backup_group, self._client_handle(), self._p(), host, nh,
+                      dev, nd, pt.array, pt.count, handle, 0 if handle is None else len(handle),
+                      flags, _lib.ms(timeout), C.byref(ticket))
+            del pt
+        else:
+            _lib.call(_lib.lib().kvhost_backup, self._client_handle(), self._p(), host, nh, dev,
+                      nd, handle, 0 if handle is None else len(handle), flags, _lib.ms(timeout),
+                      C.byref(ticket))
         del keep_h, keep_d
         return Ticket(self._client, ticket.value, done=wait)
 
     def load(self, host_indices: Any, device_indices: Any, *, wait: bool = False,
-             timeout: Optional[float] = None, per_layer: bool = False) -> Ticket:
+             timeout: Optional[float] = None, per_layer: bool = False,
+             pool_transfers: Optional[PoolTransfers] = None) -> Ticket:
         """Host slots -> device rows.
 
         per_layer=True returns a LoadTicket to wait on layer by layer (the
         attachment needs layer_progress=True on the host backend; on the cuda
         backend its load events); it cannot be combined with wait=True.
         ResourceExhausted while every event set of the attachment is busy.
+        `pool_transfers`: a group attachment's other entries, as backup's.
         """
         host, nh, keep_h = _arrays.int64_arg(host_indices, "host_indices")
         dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
         lib, client = _lib.lib(), self._client_handle()
+        pt = None if pool_transfers is None else _PoolTransferArgs(pool_transfers)
         if per_layer:
             if wait:
                 raise ValueError("per_layer=True returns at once; wait on its layers or ticket")
             events = self.load_events()
             raw = _lib.LoadTicketStruct()
-            _lib.call(lib.kvhost_load_with_events, client, self._p(), host, nh, dev, nd,
-                      C.byref(raw))
-            del keep_h, keep_d
+            if pt is not None:
+                _lib.call(lib.kvhost_load_group_with_events, client, self._p(), host, nh, dev, nd,
+                          pt.array, pt.count, C.byref(raw))
+            else:
+                _lib.call(lib.kvhost_load_with_events, client, self._p(), host, nh, dev, nd,
+                          C.byref(raw))
+            del keep_h, keep_d, pt
             return LoadTicket(self._client, events, raw)
         ticket = C.c_uint64(0)
-        _lib.call(lib.kvhost_load, client, self._p(), host, nh, dev, nd,
-                  _lib.TRANSFER_WAIT if wait else 0, _lib.ms(timeout), C.byref(ticket))
-        del keep_h, keep_d
+        flags = _lib.TRANSFER_WAIT if wait else 0
+        if pt is not None:
+            _lib.call(lib.kvhost_load_group, client, self._p(), host, nh, dev, nd, pt.array,
+                      pt.count, flags, _lib.ms(timeout), C.byref(ticket))
+        else:
+            _lib.call(lib.kvhost_load, client, self._p(), host, nh, dev, nd, flags,
+                      _lib.ms(timeout), C.byref(ticket))
+        del keep_h, keep_d, pt
         return Ticket(self._client, ticket.value, done=wait)
 
     def load_events(self) -> LoadEvents:
@@ -343,6 +405,33 @@ class AttachCalls:
         _lib.call(_lib.lib().kvhost_attach_shm, self._handle(), pool.encode(), device._p(),
                   options, C.byref(ptr))
         return Attachment(self, ptr, pool, device)
+
+    def attach_group_shm(self, group: str, devices: Mapping[str, Any], *,
+                         layer_progress: Optional[bool] = None,
+                         load_only: Optional[bool] = None, tp_rank: Optional[int] = None,
+                         load_event_sets: Optional[int] = None) -> Attachment:
+        """Attaches pool group `group` with one ShmDevicePool per entry (host
+        backend): ``{entry: device}``, each device made by shm_device_pool
+        from that entry's pool and holding every device layer its layer_map
+        names. Every entry of the group is given once.
+
+        NotFound for an unknown group; InvalidArgument naming an entry the
+        group lacks or one left out. Back up and load the attachment with
+        ``pool_transfers``. Options as attach_shm's.
+        """
+        items = list(devices.items())
+        if not items:
+            raise ValueError("devices needs at least one entry")
+        names = (C.c_char_p * len(items))(*[entry.encode() for entry, _ in items])
+        ptrs = (C.c_void_p * len(items))(*[device._p() for _, device in items])
+        options = _options_json(layer_progress=layer_progress, load_only=load_only,
+                                tp_rank=tp_rank, load_event_sets=load_event_sets)
+        ptr = C.c_void_p()
+        _lib.call(_lib.lib().kvhost_attach_group_shm, self._handle(), group.encode(), len(items),
+                  names, ptrs, options, C.byref(ptr))
+        att = Attachment(self, ptr, group, dict(devices))
+        att.pool = att.info.get("pool", group)
+        return att
 
     def attach_cuda(self, pool: str, layers: Mapping[str, Sequence[int]],
                     device_size_tokens: int, *,

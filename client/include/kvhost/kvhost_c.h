@@ -113,6 +113,19 @@ typedef struct kvhost_load_ticket {
   uint64_t layer_base;
 } kvhost_load_ticket;
 
+/* One pool group entry's rows of a transfer (kvhost.v1.PoolTransfer, for
+ * kvhost_backup_group / kvhost_load_group): `entry` is its PoolEntry.name,
+ * host_indices slots of the entry's pool and device_indices rows of its
+ * device buffers, pairwise. The caller owns the pointers; the call copies
+ * what they point to. */
+typedef struct kvhost_pool_transfer {
+  const char* entry;
+  const int64_t* host_indices;
+  size_t num_host;
+  const int64_t* device_indices;
+  size_t num_device;
+} kvhost_pool_transfer;
+
 /* --- Library ------------------------------------------------------------ */
 
 /* KVHOST_ABI_VERSION of the library loaded; a caller checks it first. */
@@ -302,6 +315,20 @@ KVHOST_C_API int kvhost_detach(kvhost_client* client, const kvhost_attachment* a
 /* Frees the handle only (no detach). */
 KVHOST_C_API void kvhost_attachment_destroy(kvhost_attachment* attachment);
 
+/* Attaches pool group `group` (host backend) with one shm device pool per
+ * entry: entries[i] (a PoolEntry.name) gets devices[i], made by
+ * kvhost_shm_device_pool_create from that entry's pool and holding every
+ * device layer the entry's layer_map names. Every entry of the group is
+ * given once. NOT_FOUND for an unknown group; INVALID_ARGUMENT naming an
+ * entry the group does not have, or one of its entries left out.
+ * options_json as kvhost_attach_shm's. Backup and load it with
+ * kvhost_backup_group / kvhost_load_group. */
+KVHOST_C_API int kvhost_attach_group_shm(kvhost_client* client, const char* group,
+                                         size_t num_entries, const char* const* entries,
+                                         const kvhost_shm_device_pool* const* devices,
+                                         const char* options_json, kvhost_attachment** out,
+                                         char* err, size_t err_len);
+
 /* --- Transfers ---------------------------------------------------------------- */
 
 /* Device rows -> host slots; *ticket_id (may be NULL) gets the ticket.
@@ -330,6 +357,35 @@ KVHOST_C_API int kvhost_load_with_events(kvhost_client* client, const kvhost_att
                                          const int64_t* host_indices, size_t num_host,
                                          const int64_t* device_indices, size_t num_device,
                                          kvhost_load_ticket* ticket, char* err, size_t err_len);
+/* A group attachment's backup: host_indices / device_indices are the
+ * anchor entry's rows (either may be empty), pool_transfers[0,
+ * num_pool_transfers) the other entries' (each entry at most once). All are
+ * checked before anything is copied: an entry the group does not have, or
+ * the anchor named here, is INVALID_ARGUMENT naming it, and no ticket is
+ * made. Otherwise as kvhost_backup. */
+KVHOST_C_API int kvhost_backup_group(kvhost_client* client, const kvhost_attachment* attachment,
+                                     const int64_t* host_indices, size_t num_host,
+                                     const int64_t* device_indices, size_t num_device,
+                                     const kvhost_pool_transfer* pool_transfers,
+                                     size_t num_pool_transfers, const void* wait_event_handle,
+                                     size_t wait_event_handle_len, uint32_t flags,
+                                     int64_t wait_timeout_ms, uint64_t* ticket_id, char* err,
+                                     size_t err_len);
+/* A group attachment's load; as kvhost_backup_group and kvhost_load. */
+KVHOST_C_API int kvhost_load_group(kvhost_client* client, const kvhost_attachment* attachment,
+                                   const int64_t* host_indices, size_t num_host,
+                                   const int64_t* device_indices, size_t num_device,
+                                   const kvhost_pool_transfer* pool_transfers,
+                                   size_t num_pool_transfers, uint32_t flags,
+                                   int64_t wait_timeout_ms, uint64_t* ticket_id, char* err,
+                                   size_t err_len);
+/* A group attachment's load that also names its per-layer event set; as
+ * kvhost_load_group and kvhost_load_with_events. */
+KVHOST_C_API int kvhost_load_group_with_events(
+    kvhost_client* client, const kvhost_attachment* attachment, const int64_t* host_indices,
+    size_t num_host, const int64_t* device_indices, size_t num_device,
+    const kvhost_pool_transfer* pool_transfers, size_t num_pool_transfers,
+    kvhost_load_ticket* ticket, char* err, size_t err_len);
 /* Blocks until the ticket is done (its error if it failed) or timeout_ms
  * (0: 10 min) passed (DEADLINE_EXCEEDED). status_json (may be NULL): the
  * kvhost.v1.TransferStatus. */
