@@ -1,0 +1,449 @@
+"""sglang HiCache's host pool (HostKVCache) backed by kvhostd.
+
+:class:`MHATokenToKVPoolHost` and :class:`MLATokenToKVPoolHost` have the
+calls and semantics of sglang's classes of those names (docs/SGLANG.md),
+but the slots and their bytes live in a kvhostd pool, so several schedulers
+on a node share one daemon's memory and a scheduler restart keeps the cache.
+
+What differs from sglang, on purpose:
+
+- Construction takes the pool's name and shape instead of a device pool:
+  sizes are ``host_size`` (GB), ``host_size_tokens``, or
+  ``host_to_device_ratio`` with ``device_size`` (tokens). A pool of that name
+  that exists already is opened, if its shape is the one asked for.
+- ``load_to_device_per_layer`` for layer 0 submits the load of every layer
+  at once and then waits for layer 0; later layer ids wait for their layer of
+  that load (sglang issues one copy per call). The daemon records per-layer
+  progress, so layer l's attention may start while later layers arrive.
+- ``free`` of a slot that is not allocated raises the daemon's
+  FailedPrecondition (sglang appends it to the free list unchecked);
+  ``clear`` frees the slots this object allocated, not other schedulers'.
+- ``get_page_buffer_meta`` maps the pool's region files into this process
+  so that its pointers are real (zero-copy storage backends read them).
+
+Return types: with torch installed, slot indices are int64 tensors and pages
+tensors of the pool's dtype (sglang's); without it, numpy arrays when numpy
+is installed, else lists and bytes. ``tensors=False`` picks the latter.
+
+Thread safety: as sglang's (its allocator lock is the daemon's); the load
+tickets of per-layer loads are kept per device pool, one load at a time.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import mmap
+import os
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import _arrays
+from .client import DEFAULT_ADDRESS, Client
+from .errors import AlreadyExists, ResourceExhausted
+from .shm import ShmDevicePool
+from .transfer import Attachment, LoadTicket
+
+#: sglang's layout names -> kvhost.v1.Layout. sglang's MLA
+#: "page_first_kv_split" has no kvhost layout and is refused.
+LAYOUTS = {
+    "layer_first": "LAYER_FIRST",
+    "page_first": "PAGE_FIRST",
+    "page_first_direct": "PAGE_FIRST_DIRECT",
+    "page_head": "PAGE_HEAD",
+}
+
+#: dtype spellings (torch's without "torch.", and kvhost's) -> kvhost.v1.DType.
+DTYPES = {
+    "bfloat16": "BF16", "bf16": "BF16",
+    "float16": "FP16", "half": "FP16", "fp16": "FP16",
+    "float32": "FP32", "float": "FP32", "fp32": "FP32",
+    "float8_e4m3fn": "FP8_E4M3", "fp8_e4m3": "FP8_E4M3",
+    "float8_e5m2": "FP8_E5M2", "fp8_e5m2": "FP8_E5M2",
+    "uint8": "UINT8",
+}
+_ITEMSIZE = {"BF16": 2, "FP16": 2, "FP32": 4, "FP8_E4M3": 1, "FP8_E5M2": 1, "UINT8": 1}
+_TORCH_DTYPE = {"BF16": "bfloat16", "FP16": "float16", "FP32": "float32",
+                "FP8_E4M3": "float8_e4m3fn", "FP8_E5M2": "float8_e5m2", "UINT8": "uint8"}
+#: sglang's io_backend values; the daemon picks its own copy engine for both.
+IO_BACKENDS = ("kernel", "direct")
+#: The layouts whose pages are one block per component (is_stride_page_aligned).
+_PAGE_MAJOR = ("PAGE_FIRST", "PAGE_FIRST_DIRECT", "PAGE_HEAD")
+
+
+def layout_enum(layout: str) -> str:
+    """kvhost's Layout name for sglang's `layout`; ValueError naming it."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}: kvhostd has "
+                         f"{', '.join(repr(k) for k in LAYOUTS)}")
+    return LAYOUTS[layout]
+
+
+def dtype_enum(dtype: Any) -> str:
+    """kvhost's DType name for a torch dtype or its name; ValueError naming it."""
+    key = str(dtype).lower()
+    key = key[len("torch."):] if key.startswith("torch.") else key
+    if key.upper() in _ITEMSIZE:
+        return key.upper()
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: kvhostd has {', '.join(sorted(DTYPES))}")
+    return DTYPES[key]
+
+
+def _torch(wanted: Optional[bool]) -> Any:
+    """torch if it is to be used (tensors=None: when installed), else None."""
+    if wanted is False:
+        return None
+    try:
+        import torch  # noqa: PLC0415 (optional)
+    except ImportError:
+        if wanted:
+            raise
+        return None
+    return torch
+
+
+class HostKVCache:
+    """A kvhostd pool with sglang HostKVCache's calls (use a subclass).
+
+    Args:
+      name: the pool's name (one per scheduler, or per model and rank).
+      client: a kvhost.Client to use (it must outlive this object), or None
+        to connect to `address` (closed by close()).
+      layout, dtype, page_size, layer_num: as sglang's.
+      host_size: GB of host memory; host_size_tokens: slots; or
+        host_to_device_ratio with device_size (the device pool's tokens).
+      tensors: torch results (None: when torch is installed).
+    Raises ValueError for a layout or dtype kvhostd lacks (naming it), and
+    the daemon's errors as kvhost exceptions (InvalidArgument naming a bad
+    field, ResourceExhausted when host memory is short).
+    """
+
+    _KIND = ""
+
+    def __init__(self, name: str, *, client: Optional[Client] = None,
+                 address: str = DEFAULT_ADDRESS, layout: str = "layer_first",
+                 dtype: Any = "bfloat16", page_size: int = 1, layer_num: int,
+                 host_size: float = 0.0, host_size_tokens: int = 0,
+                 host_to_device_ratio: float = 0.0, device_size: int = 0,
+                 start_layer: int = 0, tensors: Optional[bool] = None,
+                 shape: Dict[str, int]) -> None:
+        self.layout = layout
+        spec: Dict[str, Any] = {
+            "kind": self._KIND, "layout": layout_enum(layout), "dtype": dtype_enum(dtype),
+            "page_size": int(page_size), "layer_num": int(layer_num),
+            "size_tokens": int(host_size_tokens), "size_bytes": int(float(host_size) * 1e9),
+            "host_to_device_ratio": float(host_to_device_ratio),
+            "device_size_tokens": int(device_size), "start_layer": int(start_layer), **shape}
+        self._torch = _torch(tensors)
+        self._own_client = client is None
+        self.client = Client(address, session=False) if client is None else client
+        self.name = name
+        try:
+            info = self.client.create_pool(name, spec)
+        except AlreadyExists:
+            info = self.client.get_pool(name)
+            self._check_same_shape(info["spec"], spec)
+        self.info = info
+        self.dtype = spec["dtype"]
+        self.page_size = int(page_size)
+        self.layer_num = int(layer_num)
+        self.size = int(info["size_tokens"])
+        self.page_num = int(info["page_num"])
+        self.size_per_token = int(info["bytes_per_token"])
+        self.bytes_per_page = int(info["bytes_per_page"])
+        # Pages (index // page_size) this object allocated: what clear() frees.
+        self._pages: set = set()
+        self._lock = threading.Lock()
+        self._attachments: Dict[int, Attachment] = {}
+        self._loads: Dict[int, LoadTicket] = {}
+        self._maps: List[Tuple[mmap.mmap, int]] = []
+
+    @staticmethod
+    def _check_same_shape(have: Dict[str, Any], want: Dict[str, Any]) -> None:
+        # Sizes are the first creator's; the shape must be the same to share.
+        for key in ("kind", "layout", "dtype", "page_size", "layer_num", "head_num",
+                    "head_dim", "kv_lora_rank", "qk_rope_head_dim", "start_layer"):
+            if key in want and have.get(key) != want[key]:
+                raise ValueError(f"pool exists with {key} {have.get(key)!r}, not {want[key]!r}")
+
+    # --- sizes and slots ----------------------------------------------------
+
+    def get_size_per_token(self) -> int:
+        """Host bytes per token slot over all layers (and K and V)."""
+        return self.size_per_token
+
+    def available_size(self) -> int:
+        """Slots of the pool not allocated now (every scheduler's)."""
+        return self.client.available_size(self.name)
+
+    def _indices(self, values: Any) -> Any:
+        if self._torch is not None:
+            return self._torch.tensor(list(values), dtype=self._torch.int64)
+        return values
+
+    def alloc(self, need_size: int) -> Any:
+        """`need_size` slots (whole pages), or None when fewer are free."""
+        if int(need_size) == 0:
+            return self._indices([])
+        try:
+            slots = self.client.alloc(self.name, int(need_size))
+        except ResourceExhausted:
+            return None
+        with self._lock:
+            self._pages.update(int(s) // self.page_size for s in slots[::self.page_size])
+        if self._torch is not None:
+            return self._indices(slots)
+        return slots
+
+    def free(self, indices: Any) -> int:
+        """Frees whole pages of slots; returns len(indices) as sglang does."""
+        values = [int(i) for i in (indices.tolist() if hasattr(indices, "tolist") else indices)]
+        if values:
+            self.client.free(self.name, values)
+        with self._lock:
+            self._pages.difference_update(i // self.page_size for i in values)
+        return len(values)
+
+    def clear(self) -> None:
+        """Frees every slot this object allocated (other clients' stay)."""
+        with self._lock:
+            pages, self._pages = sorted(self._pages), set()
+        ps = self.page_size
+        slots = [p * ps + o for p in pages for o in range(ps)]
+        if slots:
+            self.client.free(self.name, slots)
+
+    # --- pages --------------------------------------------------------------
+
+    def page_shape(self) -> Tuple[int, ...]:
+        """sglang's get_data_page(flat=False) shape for this layout."""
+        raise NotImplementedError
+
+    def _as_page(self, data: bytes, flat: bool) -> Any:
+        torch = self._torch
+        if torch is not None:
+            t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            t = t.view(getattr(torch, _TORCH_DTYPE[self.dtype]))
+            return t if flat else t.reshape(self.page_shape())
+        np = _arrays.numpy()
+        if not flat:
+            if np is None:
+                raise ValueError("get_data_page(flat=False) needs torch or numpy")
+            return np.frombuffer(data, dtype=np.uint8).reshape(
+                self.page_shape()[:-1] + (-1,))
+        return data
+
+    def get_data_page(self, index: int, flat: bool = True) -> Any:
+        """The page whose first slot is `index`: a flat tensor of the pool's
+        dtype (torch), else bytes; flat=False gives sglang's shape (numpy:
+        uint8 with the last dimension in bytes)."""
+        return self._as_page(self.client.get_data_page(self.name, int(index)), flat)
+
+    def get_dummy_flat_data_page(self) -> Any:
+        """A zero page of the flat page's size (torch: of the pool's dtype)."""
+        torch = self._torch
+        if torch is not None:
+            return torch.zeros(self.bytes_per_page // _ITEMSIZE[self.dtype],
+                               dtype=getattr(torch, _TORCH_DTYPE[self.dtype]))
+        return bytearray(self.bytes_per_page)
+
+    def set_from_flat_data_page(self, index: int, data_page: Any) -> None:
+        """Writes one flat page (a tensor of any dtype, or a buffer)."""
+        if hasattr(data_page, "data_ptr"):  # a torch tensor: its bytes, on the CPU
+            t = data_page.detach().cpu().contiguous()
+            data_page = C.string_at(t.data_ptr(), t.numel() * t.element_size())
+        self.client.set_from_flat_data_page(self.name, int(index), data_page)
+
+    def _region_base(self, region: int, paths: List[str]) -> int:
+        # Mapped once, shared with the daemon: the pointers stay valid until
+        # close(), like sglang's pinned buffer's.
+        while len(self._maps) <= region:
+            path = paths[len(self._maps)]
+            fd = os.open(path, os.O_RDWR)
+            try:
+                mm = mmap.mmap(fd, 0)
+            finally:
+                os.close(fd)
+            self._maps.append((mm, C.addressof(C.c_char.from_buffer(mm))))
+        return self._maps[region][1]
+
+    def get_page_buffer_meta(self, indices: Any) -> Tuple[List[int], List[int]]:
+        """(ptr_list, size_list) of whole pages' bytes, in sglang's order,
+        pointing into the pool's region files mapped into this process."""
+        meta = self.client.get_page_buffer_meta(self.name, indices)
+        ptrs, sizes = [], []
+        with self._lock:
+            for seg in meta.get("segments", []):
+                base = self._region_base(int(seg["region_index"]), meta["region_paths"])
+                ptrs.append(base + int(seg["offset"]))
+                sizes.append(int(seg["length"]))
+        return ptrs, sizes
+
+    def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
+        """Whether every component's page start is `page_size_bytes`-aligned
+        (NIXL O_DIRECT). Derived from GetPool (the C ABI has no
+        IsStridePageAligned): region files are mapped at page boundaries, so
+        a page-major layout is aligned when each component's offset and page
+        stride are; LAYER_FIRST never is, as in sglang."""
+        if self.info["spec"]["layout"] not in _PAGE_MAJOR:
+            return False
+        n = int(page_size_bytes)
+        for comp in self.info["components"]:
+            stride = int(comp["row_bytes"]) * self.page_size // int(comp["row_tokens"])
+            # A page-major buffer holds all layers of a page together.
+            stride *= self.layer_num
+            if int(comp["offset"]) % n or stride % n:
+                return False
+        return True
+
+    # --- transfers ----------------------------------------------------------
+
+    def _attachment(self, device_pool: Any) -> Attachment:
+        """The attachment for `device_pool`, made on first use: an Attachment
+        as given, an ShmDevicePool (host backend), or an sglang device pool
+        (its k_buffer / v_buffer, or MLA's kv_buffer, CUDA tensors)."""
+        if isinstance(device_pool, Attachment):
+            return device_pool
+        key = id(device_pool)
+        with self._lock:
+            att = self._attachments.get(key)
+            if att is not None and not att.closed:
+                return att
+            if isinstance(device_pool, ShmDevicePool):
+                att = self.client.attach_shm(self.name, device_pool, layer_progress=True)
+            else:
+                att = self._attach_tensors(device_pool)
+            self._attachments[key] = att
+            return att
+
+    def _attach_tensors(self, device_pool: Any) -> Attachment:
+        raise NotImplementedError
+
+    @staticmethod
+    def _check_io_backend(io_backend: Any) -> None:
+        if io_backend is not None and io_backend not in IO_BACKENDS:
+            raise ValueError(f"Unsupported IO backend: {io_backend!r} (expected "
+                             f"{' or '.join(IO_BACKENDS)})")
+
+    def backup_from_device_all_layer(self, device_pool: Any, host_indices: Any,
+                                     device_indices: Any, io_backend: Any = "kernel", *,
+                                     event: Any = None) -> None:
+        """Device rows -> host slots, every layer; returns once copied.
+
+        On CUDA the rows must be written before the call, or `event` (an
+        interprocess torch.cuda.Event recorded after them) given.
+        """
+        self._check_io_backend(io_backend)
+        self._attachment(device_pool).backup(host_indices, device_indices, wait=True,
+                                             event=event)
+
+    def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
+                                 device_indices: Any, layer_id: int,
+                                 io_backend: Any = "kernel") -> None:
+        """Host slots -> device rows of layer `layer_id` (of the attachment).
+
+        Layer 0 submits the load of every layer and waits for layer 0; a
+        later layer waits for its layer of that load (its indices are
+        ignored). On CUDA the wait is on torch's current stream, so it
+        returns before the copy is done, as sglang's kernel launch does.
+        RuntimeError for a later layer with no load of layer 0 pending.
+        """
+        self._check_io_backend(io_backend)
+        att = self._attachment(device_pool)
+        key = id(att)
+        layer = int(layer_id)
+        with self._lock:
+            if layer == 0:
+                ticket = att.load(host_indices, device_indices, per_layer=True)
+                self._loads[key] = ticket
+            else:
+                ticket = self._loads.get(key)
+                if ticket is None:
+                    raise RuntimeError(f"load_to_device_per_layer: layer {layer} of pool "
+                                       f"'{self.name}' without a pending load of layer 0")
+        stream = None
+        if self._torch is not None and att.info.get("backend") == "cuda":
+            stream = self._torch.cuda.current_stream()
+        ticket.wait_layer(layer, stream)
+        layers = int(att.info.get("end_layer", 0)) - int(att.info.get("start_layer", 0))
+        if layer >= (layers or self.layer_num) - 1:
+            with self._lock:
+                if self._loads.get(key) is ticket:
+                    del self._loads[key]
+            ticket.wait()  # raises the load's error, and frees its event set
+
+    # --- lifetime -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Detaches the device pools attached here, unmaps the regions and
+        closes the client if this object made it. The pool stays."""
+        with self._lock:
+            atts, self._attachments = list(self._attachments.values()), {}
+            maps, self._maps = self._maps, []
+            self._loads.clear()
+        for att in atts:
+            att.__exit__(None, None, None)
+        for mm, _ in maps:
+            try:
+                mm.close()
+            except BufferError:  # a caller's view of it is alive: leave it mapped
+                pass
+        if self._own_client:
+            self.client.close()
+
+    def __enter__(self) -> "HostKVCache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.name!r}, layout={self.layout!r}, "
+                f"size={self.size}, page_size={self.page_size})")
+
+
+class MHATokenToKVPoolHost(HostKVCache):
+    """sglang's MHA host pool: a K and a V row per token and layer."""
+
+    _KIND = "MHA"
+
+    def __init__(self, name: str, *, head_num: int, head_dim: int, **kw: Any) -> None:
+        self.head_num, self.head_dim = int(head_num), int(head_dim)
+        super().__init__(name, shape={"head_num": self.head_num, "head_dim": self.head_dim},
+                         **kw)
+
+    def page_shape(self) -> Tuple[int, ...]:
+        lay, ps, L, H, D = self.layout, self.page_size, self.layer_num, self.head_num, \
+            self.head_dim
+        return {"layer_first": (2, L, ps, H, D), "page_first": (2, ps, L, H, D),
+                "page_first_direct": (2, 1, L, ps, H, D),
+                "page_head": (2, 1, H, ps, L, D)}[lay]
+
+    def _attach_tensors(self, device_pool: Any) -> Attachment:
+        return self.client.attach_tensors(self.name, list(device_pool.k_buffer),
+                                          list(device_pool.v_buffer), layer_progress=True)
+
+
+class MLATokenToKVPoolHost(HostKVCache):
+    """sglang's MLA host pool: one latent row per token and layer."""
+
+    _KIND = "MLA"
+
+    def __init__(self, name: str, *, kv_lora_rank: int, qk_rope_head_dim: int,
+                 **kw: Any) -> None:
+        self.kv_lora_rank, self.qk_rope_head_dim = int(kv_lora_rank), int(qk_rope_head_dim)
+        self.kv_cache_dim = self.kv_lora_rank + self.qk_rope_head_dim
+        super().__init__(name, shape={"kv_lora_rank": self.kv_lora_rank,
+                                      "qk_rope_head_dim": self.qk_rope_head_dim}, **kw)
+
+    def page_shape(self) -> Tuple[int, ...]:
+        lay, ps, L, Cd = self.layout, self.page_size, self.layer_num, self.kv_cache_dim
+        if lay == "page_head":
+            raise ValueError("MLA has no 'page_head' layout")
+        return {"layer_first": (L, ps, 1, Cd), "page_first": (ps, L, 1, Cd),
+                "page_first_direct": (1, L, ps, 1, Cd)}[lay]
+
+    def _attach_tensors(self, device_pool: Any) -> Attachment:
+        return self.client.attach_tensors(self.name,
+                                          components={"latent": list(device_pool.kv_buffer)},
+                                          layer_progress=True)

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""kvhost.sglang (HiCache's host pool over kvhostd) against a real kvhostd.
+
+Each check gets a fresh kvhostd (host backend) and drives the call sequence
+of sglang's HiCache on MHATokenToKVPoolHost and MLATokenToKVPoolHost, in
+every layout kvhostd has for the kind: sizes and available_size
+accounting; alloc (None when too few are free), free, re-alloc and clear;
+pages written with set_from_flat_data_page and read back byte for byte by
+get_data_page and through get_page_buffer_meta's pointers; the dummy flat
+page's size; is_stride_page_aligned; a backup from a shm device pool and a
+per-layer load back, byte for byte; and the errors (a bad layout name is a
+ValueError naming it, the daemon's errors kvhost exceptions with their
+gRPC code). No GPU, numpy or torch needed (tensors=False).
+  usage: python_sglang_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+"""
+import ctypes
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from python_package_test import Daemon  # noqa: E402 (the same private kvhostd)
+
+kvhost = None  # imported in main(), from SOURCE_DIR/python
+sglang = None
+
+PS, LAYERS, HEADS, DIM, LORA, ROPE, SIZE = 4, 3, 2, 8, 12, 4, 64
+MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+
+
+def client(daemon):
+    return kvhost.Client(daemon.address, session=False, timeout=10, wait_ready=20)
+
+
+def raises(cls, fn, *args, naming=None, code=None, **kw):
+    try:
+        fn(*args, **kw)
+    except cls as e:
+        assert naming is None or naming in str(e), f"{str(e)!r} does not name {naming!r}"
+        assert code is None or e.code.name == code, (e.code, code)
+        return e
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {cls.__name__}")
+
+
+def make(kind, c, name, layout, **kw):
+    kw.setdefault("host_size_tokens", SIZE)
+    common = dict(client=c, layout=layout, dtype="bfloat16", page_size=PS, layer_num=LAYERS,
+                  tensors=False, **kw)
+    if kind == "MHA":
+        return sglang.MHATokenToKVPoolHost(name, head_num=HEADS, head_dim=DIM, **common)
+    return sglang.MLATokenToKVPoolHost(name, kv_lora_rank=LORA, qk_rope_head_dim=ROPE,
+                                       **common)
+
+
+def page_bytes(seed, n):
+    return bytes((1 + (seed * 37 + b * 5) % 251) for b in range(n))
+
+
+def per_token(kind):
+    return (2 * HEADS * DIM if kind == "MHA" else LORA + ROPE) * LAYERS * 2  # bf16
+
+
+def check_pages(kind, daemon):
+    layouts = MHA_LAYOUTS if kind == "MHA" else MLA_LAYOUTS
+    with client(daemon) as c:
+        for layout in layouts:
+            name = f"{kind.lower()}-{layout.replace('_', '-')}"
+            with make(kind, c, name, layout) as pool:
+                assert pool.size == SIZE and pool.page_num == SIZE // PS, pool
+                assert pool.get_size_per_token() == per_token(kind), pool.get_size_per_token()
+                page = pool.get_size_per_token() * PS
+                dummy = pool.get_dummy_flat_data_page()
+                assert len(dummy) == page and not any(dummy), len(dummy)
+                assert pool.available_size() == SIZE
+                slots = list(pool.alloc(8))
+                assert len(slots) == 8 and pool.available_size() == SIZE - 8, slots
+                assert pool.alloc(SIZE) is None, "alloc beyond the free slots is None"
+                assert pool.available_size() == SIZE - 8
+                assert list(pool.alloc(0)) == []
+                starts = slots[::PS]
+                for i, s in enumerate(starts):
+                    pool.set_from_flat_data_page(s, page_bytes(i, page))
+                for i, s in enumerate(starts):
+                    assert pool.get_data_page(s) == page_bytes(i, page), (layout, s)
+                # Zero-copy meta: real pointers to the same bytes, sglang's order
+                # (layer_first: per layer K then V; page-major: K then V).
+                ptrs, sizes = pool.get_page_buffer_meta(slots)
+                segs = [ctypes.string_at(p, n) for p, n in zip(ptrs, sizes)]
+                per_page = len(segs) // len(starts)
+                for i in range(len(starts)):
+                    mine = segs[i * per_page:(i + 1) * per_page]
+                    if layout == "layer_first" and kind == "MHA":
+                        mine = mine[0::2] + mine[1::2]
+                    assert b"".join(mine) == page_bytes(i, page), (layout, i)
+                aligned = pool.is_stride_page_aligned(128)
+                assert aligned == (layout != "layer_first"), (layout, aligned)
+                assert not pool.is_stride_page_aligned(4096)  # a 384-byte page stride
+                raises(ValueError, pool.get_data_page, starts[0], flat=False, naming="numpy")
+                # Evict a page, re-alloc it; a second free is the daemon's error.
+                assert pool.free(slots[:PS]) == PS and pool.available_size() == SIZE - PS
+                raises(kvhost.FailedPrecondition, pool.free, slots[:PS], code="FAILED_PRECONDITION")
+                raises(kvhost.FailedPrecondition, pool.get_data_page, starts[0])
+                again = list(pool.alloc(PS))
+                assert len(again) == PS and pool.available_size() == SIZE - 8, again
+                raises(kvhost.InvalidArgument, pool.alloc, PS - 1, code="INVALID_ARGUMENT")
+                raises(kvhost.InvalidArgument, pool.set_from_flat_data_page, again[0],
+                       b"x" * (page - 1), code="INVALID_ARGUMENT")
+                # Another scheduler's slots survive this one's clear().
+                other = list(c.alloc(name, PS))
+                pool.clear()
+                assert pool.available_size() == SIZE - PS, pool.available_size()
+                c.free(name, other)
+                assert pool.available_size() == SIZE
+            assert c.get_pool(name)["attachments"] == 0  # the pool stays after close()
+            c.delete_pool(name)
+
+
+def check_mha_pages(daemon):
+    check_pages("MHA", daemon)
+
+
+def check_mla_pages(daemon):
+    check_pages("MLA", daemon)
+
+
+def check_backup_load(kind, daemon):
+    rows = 16
+    with client(daemon) as c:
+        pool = make(kind, c, "bl", "page_first")
+        dev = c.shm_device_pool("bl", rows)
+        comps = [comp.name for comp in dev.components]
+        assert comps == (["k", "v"] if kind == "MHA" else ["latent"]), comps
+        for ci, comp in enumerate(comps):
+            rb = dev.component(comp).row_bytes
+            for layer in range(LAYERS):
+                view = dev.layer_view(comp, layer)
+                for r in range(rows):
+                    data = page_bytes(ci * 100 + layer * 10 + r, rb) if r < 8 else bytes(rb)
+                    view[r * rb:(r + 1) * rb] = data
+        host = pool.alloc(8)
+        raises(ValueError, pool.backup_from_device_all_layer, dev, host, range(8), "bogus",
+               naming="bogus")
+        pool.backup_from_device_all_layer(dev, host, list(range(8)), "kernel")
+        assert c.get_pool("bl")["attachments"] == 1  # attached once, kept
+        raises(RuntimeError, pool.load_to_device_per_layer, dev, host, range(8, 16), 1,
+               "kernel", naming="layer 1")
+        for layer in range(LAYERS):
+            pool.load_to_device_per_layer(dev, host, list(range(8, 16)), layer, "kernel")
+            for ci, comp in enumerate(comps):
+                rb = dev.component(comp).row_bytes
+                got = dev.layer_view(comp, layer)
+                for r in range(8):
+                    at = (8 + r) * rb
+                    assert bytes(got[at:at + rb]) == page_bytes(ci * 100 + layer * 10 + r, rb), \
+                        f"{kind} {comp} layer {layer} row {8 + r} differs"
+        # The ticket is done after the last layer: a new layer 0 starts afresh.
+        raises(RuntimeError, pool.load_to_device_per_layer, dev, host, range(8, 16), 2,
+               "direct")
+        # An attachment given directly works too; host bytes went to the page.
+        with c.attach_shm("bl", dev) as att:
+            pool.backup_from_device_all_layer(att, host, list(range(8, 16)), "direct")
+        raises(kvhost.InvalidArgument, pool.backup_from_device_all_layer, dev, host,
+               list(range(7)), code="INVALID_ARGUMENT")
+        pool.close()
+        assert c.get_pool("bl")["attachments"] == 0
+        dev.close()
+
+
+def check_mha_backup_load(daemon):
+    check_backup_load("MHA", daemon)
+
+
+def check_mla_backup_load(daemon):
+    check_backup_load("MLA", daemon)
+
+
+def check_errors_and_sharing(daemon):
+    with client(daemon) as c:
+        raises(ValueError, make, "MLA", c, "x", "page_first_kv_split",
+               naming="page_first_kv_split")
+        raises(ValueError, make, "MHA", c, "x", "pagefirst", naming="pagefirst")
+        raises(ValueError, sglang.MHATokenToKVPoolHost, "x", client=c, layout="page_first",
+               dtype="int4", page_size=PS, layer_num=LAYERS, head_num=HEADS, head_dim=DIM,
+               host_size_tokens=SIZE, naming="int4")
+        assert c.list_pools() == [], "a refused layout or dtype made nothing"
+        raises(kvhost.InvalidArgument, make, "MLA", c, "x", "page_head",
+               code="INVALID_ARGUMENT")
+        raises(kvhost.InvalidArgument, sglang.MHATokenToKVPoolHost, "x", client=c,
+               layout="page_first", page_size=PS, layer_num=LAYERS, head_num=0, head_dim=DIM,
+               host_size_tokens=SIZE, naming="head_num")
+        # Sizing as sglang's: host_to_device_ratio times the device's tokens.
+        ratio = make("MHA", c, "ratio", "page_first", host_size_tokens=0,
+                     host_to_device_ratio=2.0, device_size=32)
+        assert ratio.size == 64, ratio.size
+        ratio.close()
+        # A second scheduler opens the same pool; a different shape is refused.
+        first = make("MHA", c, "shared", "page_first")
+        second = make("MHA", c, "shared", "page_first", host_size_tokens=8)
+        assert second.size == first.size == SIZE
+        a = first.alloc(8)
+        assert second.available_size() == SIZE - 8 and second.alloc(SIZE - 8) is not None
+        assert first.alloc(PS) is None
+        raises(ValueError, make, "MHA", c, "shared", "layer_first", naming="layout")
+        second.clear()
+        first.free(a)
+        assert first.available_size() == SIZE
+        # Its own client when none is given; the daemon's code on a bad name.
+        own = sglang.MLATokenToKVPoolHost("own", address=daemon.address, layout="layer_first",
+                                          page_size=PS, layer_num=LAYERS, kv_lora_rank=LORA,
+                                          qk_rope_head_dim=ROPE, host_size_tokens=SIZE,
+                                          tensors=False)
+        assert own.available_size() == SIZE
+        own.close()
+        assert own.client.closed
+        raises(kvhost.InvalidArgument, make, "MHA", c, "bad name!", "page_first",
+               naming="bad name!")
+
+
+CHECKS = [check_mha_pages, check_mla_pages, check_mha_backup_load, check_mla_backup_load,
+          check_errors_and_sharing]
+
+
+def main():
+    global kvhost, sglang
+    if len(sys.argv) != 4:
+        print(__doc__)
+        return 2
+    kvhostd, lib_path, src = (os.path.abspath(a) for a in sys.argv[1:])
+    os.environ["KVHOST_LIBRARY"] = lib_path
+    sys.path.insert(0, os.path.join(src, "python"))
+    import kvhost as package
+    import kvhost.sglang as sgl
+    kvhost, sglang = package, sgl
+    failed = 0
+    for check in CHECKS:
+        daemon = Daemon(kvhostd)
+        try:
+            check(daemon)
+            print(f"ok   {check.__name__}")
+        except Exception:  # report every check, then fail
+            failed += 1
+            print(f"FAIL {check.__name__}\n{traceback.format_exc()}")
+            print(f"--- kvhostd log ---\n{daemon.log()}")
+        finally:
+            daemon.cleanup()
+    print(f"{'FAIL' if failed else 'PASS'}: {len(CHECKS) - failed} of {len(CHECKS)} checks")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
