@@ -139,10 +139,15 @@ class HostKVCache:
         self.client = Client(address, session=False) if client is None else client
         self.name = name
         try:
-            info = self.client.create_pool(name, spec)
-        except AlreadyExists:
-            info = self.client.get_pool(name)
-            self._check_same_shape(info["spec"], spec)
+            try:
+                info = self.client.create_pool(name, spec)
+            except AlreadyExists:
+                info = self.client.get_pool(name)
+                self._check_same_shape(info["spec"], spec)
+        except BaseException:
+            if self._own_client:
+                self.client.close()
+            raise
         self.info = info
         self.dtype = spec["dtype"]
         self.page_size = int(page_size)
