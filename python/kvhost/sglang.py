@@ -43,6 +43,9 @@ from .errors import AlreadyExists, ResourceExhausted
 from .shm import ShmDevicePool
 from .transfer import Attachment, LoadTicket
 
+__all__ = ["HostKVCache", "IO_BACKENDS", "LAYOUTS", "MHATokenToKVPoolHost",
+           "MLATokenToKVPoolHost", "dtype_enum", "layout_enum"]
+
 #: sglang's layout names -> kvhost.v1.Layout. sglang's MLA
 #: "page_first_kv_split" has no kvhost layout and is refused.
 LAYOUTS = {
