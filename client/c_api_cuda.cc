@@ -162,16 +162,8 @@ int kvhost_attach_cuda(kvhost_client* client, const char* pool, size_t num_compo
     absl::StatusOr<kvhost::v1::AttachDeviceRequest> request =
         kvhost::MakeCudaAttachRequest(*p, layers, device_size_tokens);
     if (!request.ok()) return request.status();
-    if (absl::Status s =
-            kvhost::c_api::AttachOptions(options_json, /*layer_range=*/true, &*request);
-        !s.ok()) {
-      return s;
-    }
-    absl::StatusOr<kvhost::v1::Attachment> attachment = (*c)->AttachDevice(*request);
-    if (!attachment.ok()) return attachment.status();
-    handle->attachment = *std::move(attachment);
-    *out = handle.release();
-    return absl::OkStatus();
+    return kvhost::c_api::Attach(**c, *std::move(request), options_json, /*layer_range=*/true,
+                                 std::move(handle), out);
   });
 }
 

@@ -124,6 +124,12 @@ absl::StatusOr<Client*> ClientOf(kvhost_client* client);
 // (kvhost_c.h); start_layer / end_layer only where `layer_range`.
 absl::Status AttachOptions(const char* options_json, bool layer_range,
                            v1::AttachDeviceRequest* request);
+// The end of every kvhost_attach_*: options_json applied to `request`
+// (AttachOptions), the AttachDevice call, and the attachment stored in
+// `handle`, which goes to `*out`. Nothing is set on failure.
+absl::Status Attach(Client& client, v1::AttachDeviceRequest request, const char* options_json,
+                    bool layer_range, std::unique_ptr<kvhost_attachment> handle,
+                    kvhost_attachment** out);
 
 // CUDA side (c_api_cuda.cc; c_api_no_cuda.cc answers UNIMPLEMENTED):
 // the load events of a cuda attachment, and one layer's wait on them.

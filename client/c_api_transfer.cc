@@ -49,6 +49,17 @@ absl::Status AttachOptions(const char* options_json, bool layer_range,
   return absl::OkStatus();
 }
 
+absl::Status Attach(Client& client, v1::AttachDeviceRequest request, const char* options_json,
+                    bool layer_range, std::unique_ptr<kvhost_attachment> handle,
+                    kvhost_attachment** out) {
+  if (absl::Status s = AttachOptions(options_json, layer_range, &request); !s.ok()) return s;
+  absl::StatusOr<v1::Attachment> attachment = client.AttachDevice(request);
+  if (!attachment.ok()) return attachment.status();
+  handle->attachment = *std::move(attachment);
+  *out = handle.release();
+  return absl::OkStatus();
+}
+
 namespace {
 
 absl::StatusOr<const ShmDevicePool*> DeviceOf(const kvhost_shm_device_pool* device) {
@@ -227,18 +238,8 @@ int kvhost_attach_shm(kvhost_client* client, const char* pool, const kvhost_shm_
     if (!p.ok()) return p.status();
     absl::StatusOr<const kvhost::ShmDevicePool*> d = kvhost::c_api::DeviceOf(device);
     if (!d.ok()) return d.status();
-    kvhost::v1::AttachDeviceRequest request = (*d)->MakeAttachRequest(*p);
-    if (absl::Status s =
-            kvhost::c_api::AttachOptions(options_json, /*layer_range=*/false, &request);
-        !s.ok()) {
-      return s;
-    }
-    absl::StatusOr<kvhost::v1::Attachment> attachment = (*c)->AttachDevice(request);
-    if (!attachment.ok()) return attachment.status();
-    auto handle = std::make_unique<kvhost_attachment>();
-    handle->attachment = *std::move(attachment);
-    *out = handle.release();
-    return absl::OkStatus();
+    return kvhost::c_api::Attach(**c, (*d)->MakeAttachRequest(*p), options_json,
+                                 /*layer_range=*/false, std::make_unique<kvhost_attachment>(), out);
   });
 }
 
@@ -269,18 +270,9 @@ int kvhost_attach_group_shm(kvhost_client* client, const char* group, size_t num
       }
       group_devices.push_back(kvhost::GroupDevice{*entry, *d});
     }
-    kvhost::v1::AttachDeviceRequest request = kvhost::MakeGroupAttachRequest(*g, group_devices);
-    if (absl::Status s =
-            kvhost::c_api::AttachOptions(options_json, /*layer_range=*/false, &request);
-        !s.ok()) {
-      return s;
-    }
-    absl::StatusOr<kvhost::v1::Attachment> attachment = (*c)->AttachDevice(request);
-    if (!attachment.ok()) return attachment.status();
-    auto handle = std::make_unique<kvhost_attachment>();
-    handle->attachment = *std::move(attachment);
-    *out = handle.release();
-    return absl::OkStatus();
+    return kvhost::c_api::Attach(**c, kvhost::MakeGroupAttachRequest(*g, group_devices),
+                                 options_json, /*layer_range=*/false,
+                                 std::make_unique<kvhost_attachment>(), out);
   });
 }
 
