@@ -28,11 +28,17 @@ if [ -z "${KVHOST_CUBLAS:-}" ]; then
 fi
 echo "== cuBLAS for the GEMM worker: ${KVHOST_CUBLAS:-(the benchmark searches)}"
 rc=0
+# Each command gets at most KVHOST_STEP_TIMEOUT seconds (default 300; the
+# benchmark 570): a hung test ends as exit 124 with its output kept, instead of
+# taking the rest of the device call with it.
 run() {  # run NAME COMMAND...: output to OUT_DIR/NAME.txt, the tail shown
   local name=$1; shift
   local start=$SECONDS
-  "$@" >"$out/$name.txt" 2>&1
+  local limit=${KVHOST_STEP_TIMEOUT:-300}
+  case $name in cuda_transfer_bench*) limit=${KVHOST_BENCH_TIMEOUT:-570} ;; esac
+  timeout -k 10 "$limit" "$@" >"$out/$name.txt" 2>&1
   local r=$?
+  [ $r -eq 124 ] && echo "== $name: killed after $limit s (KVHOST_STEP_TIMEOUT)"
   echo "== $name: exit $r in $((SECONDS - start)) s"
   tail -n 4 "$out/$name.txt"
   [ $r -eq 0 ] || rc=1
