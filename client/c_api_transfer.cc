@@ -312,39 +312,24 @@ void kvhost_attachment_destroy(kvhost_attachment* attachment) {
   }
 }
 
+// The plain calls are the group calls with no other entries' rows, as in
+// the C++ client.
 int kvhost_backup(kvhost_client* client, const kvhost_attachment* attachment,
                   const int64_t* host_indices, size_t num_host, const int64_t* device_indices,
                   size_t num_device, const void* wait_event_handle, size_t wait_event_handle_len,
                   uint32_t flags, int64_t wait_timeout_ms, uint64_t* ticket_id, char* err,
                   size_t err_len) {
-  return Run(err, err_len, [&]() -> absl::Status {
-    if (wait_event_handle == nullptr && wait_event_handle_len != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("wait_event_handle is NULL with a length of ", wait_event_handle_len));
-    }
-    const std::string handle =
-        wait_event_handle == nullptr
-            ? std::string()
-            : std::string(static_cast<const char*>(wait_event_handle), wait_event_handle_len);
-    return kvhost::c_api::Transfer(
-        client, attachment, host_indices, num_host, device_indices, num_device, flags,
-        wait_timeout_ms, ticket_id,
-        [&](kvhost::Client& c, const std::string& id, absl::Span<const int64_t> host,
-            absl::Span<const int64_t> dev) { return c.Backup(id, host, dev, handle); });
-  });
+  return kvhost_backup_group(client, attachment, host_indices, num_host, device_indices, num_device,
+                             nullptr, 0, wait_event_handle, wait_event_handle_len, flags,
+                             wait_timeout_ms, ticket_id, err, err_len);
 }
 
 int kvhost_load(kvhost_client* client, const kvhost_attachment* attachment,
                 const int64_t* host_indices, size_t num_host, const int64_t* device_indices,
                 size_t num_device, uint32_t flags, int64_t wait_timeout_ms, uint64_t* ticket_id,
                 char* err, size_t err_len) {
-  return Run(err, err_len, [&]() -> absl::Status {
-    return kvhost::c_api::Transfer(
-        client, attachment, host_indices, num_host, device_indices, num_device, flags,
-        wait_timeout_ms, ticket_id,
-        [&](kvhost::Client& c, const std::string& id, absl::Span<const int64_t> host,
-            absl::Span<const int64_t> dev) { return c.Load(id, host, dev); });
-  });
+  return kvhost_load_group(client, attachment, host_indices, num_host, device_indices, num_device,
+                           nullptr, 0, flags, wait_timeout_ms, ticket_id, err, err_len);
 }
 
 int kvhost_backup_group(kvhost_client* client, const kvhost_attachment* attachment,
