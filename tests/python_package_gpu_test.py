@@ -2,18 +2,26 @@
 """The kvhost Python package's CUDA calls, on GPU 0 against a kvhostd with
 --backend=cuda --worker-copy (the Python twin of tests/c_api_gpu_test.c).
 
-Device memory comes from libcudart through ctypes, so neither torch nor
-numpy is needed: attach_cuda of per-layer pointers, a backup that waits on
-an exported interprocess event, a load waited on per layer on a stream, and
-a worker copy each way, all checked byte for byte. Where torch is installed
-it runs the same round trip through attach_tensors, a
-torch.cuda.Event(interprocess=True) and torch.cuda.current_stream().
-Skips (exit 77) without a usable GPU.
+Device memory comes from libcudart through ctypes first, so neither torch
+nor numpy is needed: attach_cuda of per-layer pointers, a backup that waits
+on an exported interprocess event, a load waited on per layer on a stream,
+and a worker copy each way, all checked byte for byte. Then, with torch,
+the torch worker (python_package_gpu_worker.py) runs once per memory kind,
+each in its own process under a timeout: torch's default caching
+allocator, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and tensors
+over a raw cuMemCreate allocation. MHA and MLA per-layer tensors, byte-exact
+backups (ordered by the worker's event) and loads (per-layer waits on
+torch.cuda.current_stream() ordering a kernel that reads the layer).
+A daemon that cannot import cuMem memory fails the last two kinds with
+FAILED_PRECONDITION: they are never skipped.
+Skips (exit 77) without a usable GPU, and after the ctypes checks passed
+when torch is not installed.
   usage: python_package_gpu_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
   $KVHOST_KVHOSTD, when set, is the daemon to run (a bundle's).
 """
 import ctypes as C
 import ctypes.util
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -159,33 +167,38 @@ def check_worker_copy(address, rt):
         dev.free()
 
 
-def check_torch(address):
-    try:
-        import torch
-    except ImportError:
-        print("  (torch not installed: the ctypes checks cover the calls)")
-        return
-    from kvhost import torch_helpers
-    k = [torch.zeros(ROWS, 2, 8, dtype=torch.bfloat16, device="cuda") for _ in range(LAYERS)]
-    v = [torch.zeros(ROWS, 2, 8, dtype=torch.bfloat16, device="cuda") for _ in range(LAYERS)]
-    for i, t in enumerate(k + v):
-        t[:MOVED].view(torch.int16).copy_(
-            torch.arange(MOVED * 16, dtype=torch.int16).reshape(MOVED, 2, 8) + i)
-    with kvhost.Client(address, timeout=30, wait_ready=20) as c:
-        c.create_pool("t", SPEC)
-        host = c.alloc("t", MOVED)
-        with c.attach_tensors("t", k, v, layer_progress=True) as att:
-            event = torch_helpers.interprocess_event()
-            event.record(torch.cuda.current_stream())
-            att.backup(host, range(MOVED), event=event).wait(30)
-            ticket = att.load(host, range(MOVED, 2 * MOVED), per_layer=True)
-            for layer in range(LAYERS):
-                ticket.wait_layer(layer, torch.cuda.current_stream())
-            torch.cuda.current_stream().synchronize()
-            ticket.wait(30)
-            for t in k + v:
-                assert torch.equal(t[MOVED:2 * MOVED].view(torch.int16),
-                                   t[:MOVED].view(torch.int16)), "a torch layer differs"
+#: The torch workers' memory kinds (python_package_gpu_worker.py) and the
+#: PYTORCH_CUDA_ALLOC_CONF each runs under ("" leaves torch's default).
+TORCH_VARIANTS = (("default", ""), ("expandable", "expandable_segments:True"), ("cumem", ""))
+#: Seconds one torch worker may take (its first CUDA call and two pools'
+#: transfers take a few); a hung one is killed and fails.
+WORKER_TIMEOUT_S = 120
+
+
+def torch_workers(address, lib_path, src):
+    """Runs the torch worker once per memory kind, each in its own process;
+    returns the kinds that failed."""
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "python_package_gpu_worker.py")
+    failed = []
+    for variant, conf in TORCH_VARIANTS:
+        env = dict(os.environ, KVHOST_LIBRARY=lib_path)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        try:
+            run = subprocess.run([sys.executable, worker, variant, address, src], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 timeout=WORKER_TIMEOUT_S)
+            out, rc = run.stdout, run.returncode
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            out, rc = out + f"\n(killed after {WORKER_TIMEOUT_S} s)", -9
+        print("\n".join("  " + line for line in out.rstrip().splitlines()))
+        print(f"{'ok  ' if rc == 0 else 'FAIL'} torch worker, {variant} memory (exit {rc})")
+        if rc != 0:
+            failed.append(variant)
+    return failed
 
 
 def main():
@@ -199,6 +212,7 @@ def main():
     if rt is None:
         print(f"SKIP: no usable CUDA GPU ({why})")
         return SKIP
+    has_torch = importlib.util.find_spec("torch") is not None
     os.environ["KVHOST_LIBRARY"] = lib_path
     sys.path.insert(0, os.path.join(src, "python"))
     import kvhost as package
@@ -219,16 +233,15 @@ def main():
         while not os.path.exists(sock):
             assert proc.poll() is None and time.monotonic() < deadline, "kvhostd did not start"
             time.sleep(0.02)
-        for check in (check_attach_backup_load, check_worker_copy, check_torch):
+        for check in (check_attach_backup_load, check_worker_copy):
             try:
-                if check is check_torch:
-                    check(f"unix://{sock}")
-                else:
-                    check(f"unix://{sock}", rt)
+                check(f"unix://{sock}", rt)
                 print(f"ok   {check.__name__}")
             except Exception as e:  # every check reports
                 failed += 1
                 print(f"FAIL {check.__name__}: {type(e).__name__}: {e}")
+        if has_torch:
+            failed += len(torch_workers(f"unix://{sock}", lib_path, src))
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -237,8 +250,16 @@ def main():
             print("--- kvhostd log ---\n" + open(log.name).read())
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(shm, ignore_errors=True)
-    print("FAIL" if failed else "PASS: the CUDA calls through the Python package")
-    return 1 if failed else 0
+    if failed:
+        print(f"FAIL: {failed} check(s)")
+        return 1
+    if not has_torch:
+        print("SKIP: the ctypes checks passed, but torch is not installed: the torch worker "
+              "(default, expandable-segment and cuMem memory) did not run")
+        return SKIP
+    print("PASS: the CUDA calls through the Python package, and the torch worker over "
+          "default, expandable-segment and cuMem memory")
+    return 0
 
 
 if __name__ == "__main__":
