@@ -122,10 +122,9 @@ class BufferExporter {
   std::vector<Export> exports_;
 };
 
-absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(const std::string& pool,
-                                                              absl::Span<void* const> k_layers,
-                                                              absl::Span<void* const> v_layers,
-                                                              uint64_t device_size_tokens) {
+absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
+    const std::string& pool, absl::Span<void* const> k_layers, absl::Span<void* const> v_layers,
+    uint64_t device_size_tokens, uint64_t layer_bytes, Client* client) {
   v1::AttachDeviceRequest request;
   request.set_pool(pool);
   request.set_device_size_tokens(device_size_tokens);
@@ -174,7 +173,7 @@ absl::Status AddComponents(absl::Span<const CudaComponentLayers> components,
 
 absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
     const std::string& pool, absl::Span<const CudaComponentLayers> components,
-    uint64_t device_size_tokens) {
+    uint64_t device_size_tokens, Client* client) {
   v1::AttachDeviceRequest request;
   request.set_pool(pool);
   request.set_device_size_tokens(device_size_tokens);
@@ -187,7 +186,7 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
 }
 
 absl::StatusOr<v1::AttachDeviceRequest> MakeCudaGroupAttachRequest(
-    const std::string& group, absl::Span<const CudaGroupEntry> entries) {
+    const std::string& group, absl::Span<const CudaGroupEntry> entries, Client* client) {
   v1::AttachDeviceRequest request;
   request.set_pool(group);
   BufferExporter exporter;  // one export per allocation over every entry

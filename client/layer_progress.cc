@@ -98,7 +98,13 @@ absl::Status ReceiveReply(int fd, const std::string& socket_path, absl::Duration
 }  // namespace
 
 absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
-                                     const v1::HandoffRequest& request, absl::Duration timeout) {
+                                     const v1::HandoffRequest& request, absl::Duration timeout,
+                                     absl::Span<const int> send_fds) {
+  if (send_fds.size() > kMaxDepositDescriptors) {
+    return absl::InvalidArgumentError(absl::StrCat(send_fds.size(),
+                                                   " descriptors in one handoff request; at most ",
+                                                   kMaxDepositDescriptors));
+  }
   sockaddr_un addr{};
   if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -118,8 +124,22 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
     return Errno(absl::StatusCode::kUnavailable,
                  absl::StrCat("handoff socket ", socket_path, ": connect"));
   }
-  const std::string bytes = request.SerializeAsString();
-  if (::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
+  std::string bytes = request.SerializeAsString();
+  iovec iov{bytes.data(), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * send_fds.size()));
+  if (!send_fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * send_fds.size());
+    std::memcpy(CMSG_DATA(c), send_fds.data(), sizeof(int) * send_fds.size());
+  }
+  if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
     return Errno(absl::StatusCode::kUnavailable,
                  absl::StrCat("handoff socket ", socket_path, ": send"));
   }
@@ -128,7 +148,7 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
   absl::Status s = ReceiveReply(fd, socket_path, timeout, &reply, &received);
   if (s.ok() && reply.code() != 0) {
     s = absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.message());
-  } else if (s.ok() && received.empty()) {
+  } else if (s.ok() && received.empty() && request.kind() != v1::HANDOFF_KIND_DEPOSIT) {
     s = absl::InternalError(
         absl::StrCat("handoff socket ", socket_path, ": an OK reply without a descriptor"));
   }
@@ -137,7 +157,8 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
     return s;
   }
   Handoff handoff;
-  handoff.fd = received[0];
+  handoff.deposit_id = reply.deposit_id();
+  if (!received.empty()) handoff.fd = received[0];
   handoff.fds = std::move(received);
   handoff.bytes = reply.bytes();
   handoff.count = reply.count();

@@ -590,6 +590,7 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   identity.instance_id = instance_id;
   for (const auto& [name, spec] : options.pools) identity.declared_pools.push_back(name);
   identity.session_timeout = options.session_timeout;
+  identity.handoff_socket = handoff_path_;
   auto status = std::make_unique<DaemonServiceImpl>(registry_.get(), transfers_.get(), identity);
   daemon_service_ = status.get();
   drain_timeout_ = options.drain_timeout;

@@ -131,6 +131,7 @@ grpc::ServerUnaryReactor* DaemonServiceImpl::GetStatus(grpc::CallbackServerConte
   response->set_version(KVHOST_VERSION);
   response->set_backend(transfers_->backend());
   response->set_worker_copy(transfers_->worker_copy());
+  response->set_handoff_socket(identity_.handoff_socket);
   response->set_backend_detail(identity_.backend_detail);
   response->set_shm_dir(registry_->options().shm_dir);
   response->set_pid(::getpid());

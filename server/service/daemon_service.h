@@ -27,6 +27,8 @@ struct DaemonIdentity {
   std::vector<std::string> declared_pools;
   // --session-timeout.
   absl::Duration session_timeout = absl::Seconds(5);
+  // The handoff socket's path, "" for none (DaemonStatus.handoff_socket).
+  std::string handoff_socket;
 };
 
 class SessionReactor;

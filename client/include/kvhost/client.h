@@ -38,6 +38,10 @@ class Channel;
 
 namespace kvhost {
 
+// Descriptors per deposit on the handoff socket (kvhostd's bound; the
+// kernel's SCM_MAX_FD is 253).
+inline constexpr size_t kMaxDepositDescriptors = 250;
+
 // The daemon's default address.
 inline constexpr char kDefaultAddress[] = "unix:///run/kvhost/kvhost.sock";
 
@@ -243,6 +247,18 @@ class Client {
   // after the new session is open.
   std::vector<SessionLoss> session_losses() const;
   void OnSessionLoss(std::function<void(const SessionLoss&)> on_loss);
+
+  // Deposits `fds` (descriptors of cuMem allocations, kvhost/cuda_export.h)
+  // on the daemon's handoff socket (DaemonStatus.handoff_socket) for a
+  // following AttachDevice to name (CudaFdChunk.deposit_id / index): one
+  // deposit id per kMaxDepositDescriptors descriptors, in order. The
+  // descriptors stay the caller's (the daemon receives copies). A deposit
+  // lives until an attachment that names it is made, or expires (kvhostd
+  // --help: the handoff socket). Its id is a capability: whoever holds it
+  // may attach the memory, so it is shown to no one else. FAILED_PRECONDITION
+  // when the daemon has no handoff socket; UNAVAILABLE when it cannot be
+  // reached; RESOURCE_EXHAUSTED when the daemon holds too many deposits.
+  absl::StatusOr<std::vector<std::string>> DepositDescriptors(absl::Span<const int> fds);
 
   const ClientOptions& options() const { return options_; }
   // The session ids its TransferService calls carry (kvhost-session): what

@@ -6,9 +6,16 @@
 // carved out of one allocation (a caching allocator's segment, or one
 // allocation for all layers) share one handle, which kvhostd opens once. The
 // GPU is named by UUID, since device ordinals differ between processes.
-// Memory from cuMemCreate (PyTorch's expandable segments) has no
-// cudaIpcMemHandle_t and is refused here; it needs the file-descriptor path,
-// which is not implemented yet.
+// Memory from the CUDA virtual memory API (cuMemCreate: PyTorch's expandable
+// segments, vLLM's cumem allocator, a raw cuMemMap) has no cudaIpcMemHandle_t.
+// Such a buffer is described by the physical allocations that back it, in
+// address order (CudaFdBuffer): each is exported once as a POSIX file
+// descriptor (cuMemExportToShareableHandle), the descriptors are deposited on
+// kvhostd's handoff socket (Client::DepositDescriptors, SCM_RIGHTS) and the
+// request names them by deposit. kvhostd imports them and maps them back to
+// back in its own address space. This needs the buffer's size (to know which
+// allocations it spans) and the Client (to deposit): the builders below take
+// both; one attachment may mix both kinds of memory.
 //
 // Part of kvhost_cuda_client, built only with CUDA. Needs a CUDA runtime and
 // driver in the calling process; the functions change no device state (the
@@ -65,17 +72,22 @@ absl::StatusOr<v1::CudaIpcBuffer> ExportCudaBuffer(const void* device_ptr);
 // The AttachDevice request for per-layer device buffers: `k_layers` (MHA K,
 // or the MLA latent) and `v_layers` (MHA V; empty for MLA), each holding
 // `device_size_tokens` rows. Each allocation is exported once. Errors as
-// ExportCudaBuffer, naming the layer.
-absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(const std::string& pool,
-                                                              absl::Span<void* const> k_layers,
-                                                              absl::Span<void* const> v_layers,
-                                                              uint64_t device_size_tokens);
+// ExportCudaBuffer, naming the layer. For cuMem memory (above) give each
+// buffer's size in `layer_bytes` and the `client` to deposit with;
+// FAILED_PRECONDITION names the layer when either is missing, and the
+// deposit's errors (Client::DepositDescriptors) come back as they are.
+absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
+    const std::string& pool, absl::Span<void* const> k_layers, absl::Span<void* const> v_layers,
+    uint64_t device_size_tokens, uint64_t layer_bytes = 0, Client* client = nullptr);
 
 // One pool component's device buffers, one per attached layer (for the
 // components overload below).
 struct CudaComponentLayers {
   std::string name;           // a Pool.components name ("k", "index_k", "conv0", ...)
   std::vector<void*> layers;  // one per attached layer
+  // Bytes of each layer buffer from its pointer; 0 (unknown) serves
+  // cudaMalloc memory only (cuMem memory needs it, see above).
+  uint64_t layer_bytes = 0;
 };
 
 // The AttachDevice request for any pool kind: every component's buffers in
@@ -84,10 +96,11 @@ struct CudaComponentLayers {
 // component's device_size_tokens / page_size. Set start_layer / end_layer
 // on the result to attach a layer range other than the pool's. Each
 // allocation is exported once. Errors as ExportCudaBuffer, naming the
-// component and layer.
+// component and layer; cuMem memory as the overload above (its size from
+// CudaComponentLayers::layer_bytes, deposited with `client`).
 absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
     const std::string& pool, absl::Span<const CudaComponentLayers> components,
-    uint64_t device_size_tokens);
+    uint64_t device_size_tokens, Client* client = nullptr);
 
 // One pool group entry's device buffers (for MakeCudaGroupAttachRequest):
 // as the components overload above gives a plain pool's. Its layers are
@@ -107,9 +120,9 @@ struct CudaGroupEntry {
 // buffer on one GPU). Set load_event_sets / tp_rank / load_only on the
 // result as for a plain pool. Each allocation is exported once over all
 // entries. Errors as ExportCudaBuffer, naming the entry, component and
-// layer.
+// layer; cuMem memory as above, deposited with `client`.
 absl::StatusOr<v1::AttachDeviceRequest> MakeCudaGroupAttachRequest(
-    const std::string& group, absl::Span<const CudaGroupEntry> entries);
+    const std::string& group, absl::Span<const CudaGroupEntry> entries, Client* client = nullptr);
 
 // The bytes of `event`'s cudaIpcEventHandle_t, for BackupRequest.
 // wait_event_handle. The event must have been created with

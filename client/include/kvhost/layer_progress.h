@@ -43,6 +43,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "kvhost/client.h"
 #include "kvhost/v1/transfer.pb.h"
 
@@ -58,6 +59,7 @@ struct Handoff {
   uint64_t bytes = 0;
   uint32_t count = 0;
   v1::PoolRegions pool_regions;
+  std::string deposit_id;  // HANDOFF_KIND_DEPOSIT
 };
 
 // One fetch from the handoff socket at `socket_path` (one connection, one
@@ -66,9 +68,12 @@ struct Handoff {
 // attachment the credentials do not open, FAILED_PRECONDITION for one
 // without the kind asked, INVALID_ARGUMENT for a malformed request);
 // UNAVAILABLE when the socket cannot be reached, DEADLINE_EXCEEDED after
-// `timeout`, INTERNAL for a reply that is not one.
+// `timeout`, INTERNAL for a reply that is not one. `send_fds` (at most
+// kMaxDepositDescriptors) travel with the request (HANDOFF_KIND_DEPOSIT,
+// whose reply carries no descriptor); they stay the caller's.
 absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
-                                     const v1::HandoffRequest& request, absl::Duration timeout);
+                                     const v1::HandoffRequest& request, absl::Duration timeout,
+                                     absl::Span<const int> send_fds = {});
 
 class LayerProgress {
  public:
