@@ -73,8 +73,8 @@ std::vector<CudaComponentLayers> Layers(absl::Span<const kvhost_cuda_component> 
                                         const uint64_t* layer_bytes) {
   std::vector<CudaComponentLayers> out;
   for (size_t i = 0; i < components.size(); ++i) {
-    out.push_back({components[i].name, components[i].layers,
-                   layer_bytes != nullptr ? layer_bytes[i] : 0});
+    out.push_back(
+        {components[i].name, components[i].layers, layer_bytes != nullptr ? layer_bytes[i] : 0});
   }
   return out;
 }
@@ -204,7 +204,8 @@ int kvhost_worker_copier_open(kvhost_client* client, const kvhost_attachment* at
     kvhost::WorkerCopierOptions options;
     if (blocks > 0) options.blocks = blocks;
     absl::StatusOr<std::unique_ptr<kvhost::WorkerCopier>> copier = kvhost::WorkerCopier::Open(
-        **c, attachment->attachment, kvhost::c_api::Layers(attachment->cuda_components, nullptr), options);
+        **c, attachment->attachment, kvhost::c_api::Layers(attachment->cuda_components, nullptr),
+        options);
     if (!copier.ok()) return copier.status();
     auto handle = std::make_unique<kvhost_worker_copier>();
     handle->copier = *std::move(copier);
