@@ -333,23 +333,29 @@ def gbps_table(a: argparse.Namespace, py: List[Dict], cxx: List[Dict]) -> List[s
     head = ["case", "dir", "C++ GB/s (of ceil)"]
     for res in py:
         head += [f"Py {res['allocator']} GB/s (of ceil)", f"{res['allocator']}/C++"]
-    head += ["ceiling C++ D2H/H2D", "ceiling Py D2H/H2D", "Py ticket path"]
+    head += ["ceiling C++ D2H/H2D", "ceiling Py D2H/H2D", "host run pages C++/Py",
+             "Py ticket path"]
     rows = [head]
     for case in a.case_list:
         for d in a.direction_list:
             k, kceil = cxx_case(cxx, case, d)
             row = [label(case), d,
                    "-" if k is None else f"{k['engine_gb_per_s']:.1f} ({k['vs_ceiling']:.2f})"]
-            path = ""
+            first: Dict[str, Any] = {}  # the first allocator that measured the case
             for res in py:
                 cell, r = py_cell(res, case, d)
                 row += [cell, common.fmt(common.ratio(r and r["engine_gb_per_s"],
                                                       k and k["engine_gb_per_s"]), 3)]
-                path = path or (r or {}).get("ticket_path", "")
+                first = first or r or {}
             pceil = next((res["ceiling"] for res in py if res.get("ceiling")), None)
-            row += [ceiling_cell(kceil), ceiling_cell(pceil), path or "-"]
+            runs = f"{common.fmt(k and k.get('host_run_pages'))}/" \
+                   f"{common.fmt(first.get('host_run_pages'))}"
+            row += [ceiling_cell(kceil), ceiling_cell(pceil), runs,
+                    first.get("ticket_path") or "-"]
             rows.append(row)
-    lines = [common.table(rows, "ll" + "r" * (len(head) - 3) + "l")]
+    lines = [common.table(rows, "ll" + "r" * (len(head) - 3) + "l"),
+             "(host run pages: mean consecutive host pages per run of the transfer's slots, "
+             "after each side's own churn)"]
     for run in cxx:
         if run.get("ceiling"):
             lines.append(f"ceiling, C++ {run['kind']} run: {ceiling_line(run['ceiling'])}")

@@ -147,6 +147,11 @@ class TorchKv:
                                for _ in range(layers)] for n, s in shapes}
         first = self.layers[shapes[0][0]][0]
         self.cumem_memory = cu is not None and _is_cumem(cu, first.data_ptr())
+        if cu is not None and not self.cumem_memory:
+            # Else the run would measure cudaMalloc memory under this name.
+            raise RuntimeError(f"allocator {allocator}: the {kind} tensors are not cuMem memory "
+                               f"(cuMemRetainAllocationHandle fails; PYTORCH_CUDA_ALLOC_CONF="
+                               f"'{os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}')")
         self.nbytes = sum(t.numel() * 2 for ts in self.layers.values() for t in ts)
 
     def attach(self, c: Any, pool: str, **options: Any) -> Any:
