@@ -61,6 +61,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   [ -x bundle/bin/worker_death_gpu_test ] && run worker_death_gpu_test bundle/bin/worker_death_gpu_test
   [ -x bundle/bin/worker_copy_gpu_test ] && run worker_copy_gpu_test bundle/bin/worker_copy_gpu_test
   [ -x bundle/bin/c_api_gpu_test ] && run c_api_gpu_test bundle/bin/c_api_gpu_test
+  [ -x bundle/bin/cumem_gpu_test ] && run cumem_gpu_test bundle/bin/cumem_gpu_test
   # The Python package's CUDA calls (torch too where installed), over the
   # bundle's libkvhost_c.so.1.
   [ -f bundle/lib/libkvhost_c.so.1 ] && run python_package_gpu_test python3 \

@@ -353,6 +353,24 @@ TEST_P(CuMemSessionGpuTest, SessionEndReleasesImports) {
   absl::StatusOr<v1::Pool> pool = client().CreatePool("cumem", spec);
   ASSERT_TRUE(pool.ok()) << pool.status();
   const uint64_t row_bytes = pool->components(0).row_bytes();
+  {
+    // A first attachment makes the daemon's lanes and staging buffers on
+    // the GPU, which stay: the baseline below is taken after them.
+    VmmMemory warm;
+    warm.Make(1);
+    if (HasFatalFailure()) return;
+    const uint64_t warm_rows = warm.bytes() / spec.layer_num() / row_bytes;
+    std::vector<void*> layers;
+    for (uint32_t l = 0; l < spec.layer_num(); ++l) {
+      layers.push_back(warm.base() + l * warm_rows * row_bytes);
+    }
+    absl::StatusOr<v1::AttachDeviceRequest> request = MakeCudaAttachRequest(
+        "cumem", layers, {}, warm_rows, warm_rows * row_bytes, &client());
+    ASSERT_TRUE(request.ok()) << request.status();
+    absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+    ASSERT_TRUE(att.ok()) << att.status();
+    ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  }
   size_t free_before = 0, total = 0;
   ASSERT_CUDA(cudaMemGetInfo(&free_before, &total));
   constexpr size_t kScale = 64;  // 128 MiB allocations: far above any noise
