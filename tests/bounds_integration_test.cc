@@ -70,6 +70,10 @@ std::unique_ptr<TestDaemon> Start(std::vector<std::string> flags = {}) {
 std::unique_ptr<v1::PoolService::Stub> Stub(const TestDaemon& d) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
+  // The receive window stays at its initial size: a reader that stops
+  // reading stalls the daemon's writes after a few chunks whatever HTTP/2's
+  // bandwidth-delay probing would have grown the window to on this machine.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   return v1::PoolService::NewStub(
       grpc::CreateCustomChannel(d.address(), grpc::InsecureChannelCredentials(), args));
 }
