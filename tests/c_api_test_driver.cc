@@ -81,6 +81,7 @@ TEST_F(CApiTest, ShmBackupAndLoadAreByteExact) { Check(c_api_test_shm_backup_loa
 TEST_F(CApiTest, GroupBackupAndLoadAreByteExact) { Check(c_api_test_group_backup_load); }
 TEST_F(CApiTest, PerLayerWaitsOnTheLayerCounters) { Check(c_api_test_layer_waits); }
 TEST_F(CApiTest, CudaCallsAnswerClearlyWithoutAGpu) { Check(c_api_test_cuda_calls); }
+TEST_F(CApiTest, GroupCudaAttachAnswersClearlyWithoutAGpu) { Check(c_api_test_group_cuda_calls); }
 TEST_F(CApiTest, SessionLossAcrossADaemonRestart) { Check(c_api_test_session_loss); }
 
 }  // namespace

@@ -126,6 +126,30 @@ typedef struct kvhost_pool_transfer {
   size_t num_device;
 } kvhost_pool_transfer;
 
+/* One pool group entry's CUDA device buffers (kvhost_attach_group_cuda),
+ * given as kvhost_attach_cuda's arguments give a plain pool's: `entry` is
+ * its PoolEntry.name; component c (component_names[c], a Pool.components
+ * name of the entry's pool) has one buffer per attached layer at
+ * layer_ptrs[c * num_layers + l], holding device_size_tokens rows
+ * (page-row components: / page_size); layer_bytes (NULL: not checked) is
+ * each component's buffer size in bytes. The layers are device layers
+ * [start_layer, end_layer) of the entry's pool (0 / 0: the pool's range),
+ * which must include every layer its layer_map names. An entry whose pool
+ * has no components (LOGICAL) gives num_components 0. reserved is 0. The
+ * caller owns the pointers; the call copies what they point to. */
+typedef struct kvhost_cuda_group_entry {
+  const char* entry;
+  size_t num_components;
+  const char* const* component_names;
+  void* const* layer_ptrs;
+  const uint64_t* layer_bytes;
+  uint64_t device_size_tokens;
+  uint32_t num_layers;
+  uint32_t start_layer;
+  uint32_t end_layer;
+  uint32_t reserved; /* 0; keeps the layout the same everywhere */
+} kvhost_cuda_group_entry;
+
 /* --- Library ------------------------------------------------------------ */
 
 /* KVHOST_ABI_VERSION of the library loaded; a caller checks it first. */
@@ -328,6 +352,22 @@ KVHOST_C_API int kvhost_attach_group_shm(kvhost_client* client, const char* grou
                                          const kvhost_shm_device_pool* const* devices,
                                          const char* options_json, kvhost_attachment** out,
                                          char* err, size_t err_len);
+
+/* CUDA. Attaches pool group `group` with a worker's device buffers, one
+ * kvhost_cuda_group_entry per entry (every entry of the group once), on one
+ * GPU, as MakeCudaGroupAttachRequest does. Where an entry gives
+ * layer_bytes, its buffer sizes are checked against its pool's components
+ * before anything is exported: one smaller than its rows need is
+ * INVALID_ARGUMENT naming the entry and component. NOT_FOUND for an unknown
+ * group; INVALID_ARGUMENT naming an entry the group does not have, or one
+ * of its entries left out. options_json as kvhost_attach_shm's (the layer
+ * range is each entry's own). Backup and load it with kvhost_backup_group /
+ * kvhost_load_group. */
+KVHOST_C_API int kvhost_attach_group_cuda(kvhost_client* client, const char* group,
+                                          size_t num_entries,
+                                          const kvhost_cuda_group_entry* entries,
+                                          const char* options_json, kvhost_attachment** out,
+                                          char* err, size_t err_len);
 
 /* --- Transfers ---------------------------------------------------------------- */
 
