@@ -124,6 +124,8 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_page_buffer_meta_json": ([_vp, _cp, _pi64, _sz] + _OUT + _ERR, _int),
     "kvhost_get_data_page": ([_vp, _cp, _i64, _vp, _sz, _psz] + _ERR, _int),
     "kvhost_set_from_flat_data_page": ([_vp, _cp, _i64, _vp, _sz] + _ERR, _int),
+    "kvhost_read_pages": ([_vp, _cp, _pi64, _sz, _u32, _vp, _sz, _psz] + _ERR, _int),
+    "kvhost_write_pages": ([_vp, _cp, _pi64, _sz, _vp, _sz, _u32, _pu64] + _ERR, _int),
     "kvhost_shm_device_pool_create": ([_vp, _cp, _u64, _cp, _u32, _u32, _pvp] + _ERR, _int),
     "kvhost_shm_device_pool_destroy": ([_vp], None),
     "kvhost_shm_device_pool_info": ([_vp, _pu32, _pu32, _pu64] + _ERR, _int),

@@ -274,6 +274,32 @@ KVHOST_C_API int kvhost_get_data_page(kvhost_client* client, const char* pool, i
 KVHOST_C_API int kvhost_set_from_flat_data_page(kvhost_client* client, const char* pool,
                                                 int64_t index, const void* data, size_t data_len,
                                                 char* err, size_t err_len);
+/* Many flat pages in one stream (ReadPages): the pages whose first slots
+ * are indices[0, num_indices) (no page twice), back to back into data in
+ * that order, page i at data + i * (*size / num_indices). chunk_bytes: the
+ * stream's largest chunk (0: the daemon's 4 MiB). *size (may be NULL only
+ * when data is big enough) gets num_indices times the pool's flat page
+ * bytes. That size is known before the stream starts (GetPageShape), so a
+ * buffer too small is KVHOST_OUT_OF_RANGE before any page is read, and
+ * nothing is written. The daemon checks every index before the first page
+ * is sent: a page that is not allocated is FAILED_PRECONDITION, one that is
+ * not a page start INVALID_ARGUMENT, a page twice INVALID_ARGUMENT. */
+KVHOST_C_API int kvhost_read_pages(kvhost_client* client, const char* pool, const int64_t* indices,
+                                   size_t num_indices, uint32_t chunk_bytes, void* data,
+                                   size_t data_len, size_t* size, char* err, size_t err_len);
+/* Many flat pages in one stream (WritePages): data holds num_indices flat
+ * pages back to back, page i written to the page whose first slot is
+ * indices[i], in chunks of at most chunk_bytes (0: 4 MiB). data_len must be
+ * exactly num_indices times the pool's flat page bytes (GetPageShape),
+ * checked before anything is sent: INVALID_ARGUMENT with both sizes, and
+ * nothing written. *pages_written (may be NULL) gets the pages written.
+ * The daemon checks each page as it arrives (allocated, a page start): on
+ * such a refusal the pages before it stay written (the stream's contract,
+ * kvhost.v1.PoolService.WritePages), and the message says how many. */
+KVHOST_C_API int kvhost_write_pages(kvhost_client* client, const char* pool, const int64_t* indices,
+                                    size_t num_indices, const void* data, size_t data_len,
+                                    uint32_t chunk_bytes, uint64_t* pages_written, char* err,
+                                    size_t err_len);
 
 /* --- Host backend device buffers (kvhost::ShmDevicePool) ----------------- */
 
