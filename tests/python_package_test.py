@@ -612,7 +612,35 @@ def check_cuda_group_calls(daemon, _lib_path, _src):
         raises(ValueError, c.attach_group_cuda, "hybrid",
                {"kv": kvhost.CudaGroupEntry({"k": [1], "v": [2]}, 16, {"k": 1})}, naming="v")
         raises(TypeError, c.attach_group_cuda, "hybrid", {"kv": {"rows": 16}})
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raises(ImportError, c.attach_group_tensors, "hybrid", {}, naming="PyTorch")
+            check_attach_group_tensors_with_a_stand_in_torch(c)
         assert c.get_group("hybrid")["attachments"] == 0
+
+
+def check_attach_group_tensors_with_a_stand_in_torch(c):
+    """attach_group_tensors' sizes per entry (rows from each entry's first
+    tensor and its pool, bytes from numel) reach the ABI's size check."""
+    import types
+    sys.modules["torch"] = types.ModuleType("torch")
+    try:
+        kv = {"k": [FakeTensor(16, 0x1000), FakeTensor(16, 0x2000)],
+              "v": [FakeTensor(16, 0x3000), FakeTensor(15, 0x4000)]}  # a row short
+        ssm = {"temporal": [FakeTensor(8, 0x5000)] * 2, "conv0": [FakeTensor(8, 0x6000)] * 2}
+        raises(ValueError, c.attach_group_tensors, "hybrid",
+               {"kv": kv, "ssm": {"temporal": [FakeTensor(8, 1, cuda=False)]}},
+               naming="entry 'ssm' component 'temporal' layer 0: not a CUDA tensor")
+        raises(ValueError, c.attach_group_tensors, "hybrid", {"kv": kv, "ssm": ssm},
+               layer_ranges={"mamba": (0, 2)}, naming="mamba")
+        if kvhost.built_with_cuda():
+            raises(kvhost.InvalidArgument, c.attach_group_tensors, "hybrid",
+                   {"kv": kv, "ssm": ssm}, naming="entry 'kv' component 'v'")
+        else:
+            raises(kvhost.Unimplemented, c.attach_group_tensors, "hybrid", {"kv": kv, "ssm": ssm})
+    finally:
+        del sys.modules["torch"]
 
 
 def check_shm_backup_load_memoryview(daemon, _lib_path, _src):

@@ -699,7 +699,11 @@ class HostPoolGroup:
             raise RuntimeError(f"load_to_device_per_layer: layer {layer} of group "
                                f"'{self.name}' without a pending load of layer 0")
         ticket = self._load
-        ticket.wait_layer(layer)
+        stream = None  # on CUDA the wait goes on torch's current stream, as the pools' does
+        torch = self.anchor_entry.host_pool._torch
+        if torch is not None and att.info.get("backend") == "cuda":
+            stream = torch.cuda.current_stream()
+        ticket.wait_layer(layer, stream)
         if layer >= self.layer_num - 1:
             self._load = None
             ticket.wait()
