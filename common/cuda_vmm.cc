@@ -12,8 +12,8 @@ namespace {
 absl::Status Resolve(const char* name, unsigned int version, void** out) {
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
 #if CUDART_VERSION >= 12050
-  const cudaError_t e = cudaGetDriverEntryPointByVersion(name, out, version, cudaEnableDefault,
-                                                         &found);
+  const cudaError_t e =
+      cudaGetDriverEntryPointByVersion(name, out, version, cudaEnableDefault, &found);
 #else
   (void)version;
   const cudaError_t e = cudaGetDriverEntryPoint(name, out, cudaEnableDefault, &found);

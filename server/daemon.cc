@@ -540,8 +540,8 @@ absl::Status Daemon::StartServer(const DaemonOptions& options, const Listeners& 
   server_ = builder.BuildAndStart();
   absl::Status handoff = absl::OkStatus();
   if (server_ != nullptr && !handoff_path_.empty()) {
-    absl::StatusOr<std::unique_ptr<HandoffServer>> started =
-        HandoffServer::Start(handoff_path_, TransferHandoffSource(transfers_.get()), deposits_.get());
+    absl::StatusOr<std::unique_ptr<HandoffServer>> started = HandoffServer::Start(
+        handoff_path_, TransferHandoffSource(transfers_.get()), deposits_.get());
     handoff = started.status();
     if (started.ok()) {
       handoff_ = *std::move(started);

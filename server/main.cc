@@ -5,8 +5,8 @@
 // state through sd_notify: READY=1 once every listener accepts calls and health
 // is SERVING, STOPPING=1 when SIGTERM / SIGINT arrives, before draining. Outside
 // systemd (NOTIFY_SOCKET unset) the notifications are no-ops.
-#include <sys/resource.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <systemd/sd-daemon.h>
 
 #include <cstdio>

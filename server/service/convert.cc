@@ -234,8 +234,8 @@ absl::StatusOr<DeviceBufferRef> FromProto(const v1::DeviceBuffer& in, const char
         if (bytes == 0 || bytes > kMaxFdBufferBytes - total) {
           return absl::InvalidArgumentError(absl::StrCat(
               field, "[", index, "].cuda_fd.chunks[", c, "].bytes is ", bytes,
-              bytes == 0 ? "" : absl::StrCat("; the chunks would pass ", kMaxFdBufferBytes,
-                                             " bytes"),
+              bytes == 0 ? ""
+                         : absl::StrCat("; the chunks would pass ", kMaxFdBufferBytes, " bytes"),
               bytes == 0 ? " (an allocation has at least one byte)" : ""));
         }
         total += bytes;

@@ -32,8 +32,8 @@ absl::Status ForEachBuffer(AttachRequest* request, const std::string& prefix, Fn
     if (absl::Status s = each(named.layers, named.field); !s.ok()) return s;
   }
   for (size_t e = 0; e < request->entries.size(); ++e) {
-    absl::Status s = ForEachBuffer(&request->entries[e].request,
-                                   absl::StrCat(prefix, "entries[", e, "]."), fn);
+    absl::Status s =
+        ForEachBuffer(&request->entries[e].request, absl::StrCat(prefix, "entries[", e, "]."), fn);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -92,9 +92,8 @@ absl::StatusOr<std::string> Deposits::Put(std::vector<UniqueFd> fds) {
         "a deposit carries no descriptors (send them in the request's SCM_RIGHTS message)");
   }
   if (fds.size() > kMaxDepositDescriptors) {
-    return absl::InvalidArgumentError(absl::StrCat("a deposit of ", fds.size(),
-                                                   " descriptors; at most ",
-                                                   kMaxDepositDescriptors, " in one"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a deposit of ", fds.size(), " descriptors; at most ", kMaxDepositDescriptors, " in one"));
   }
   absl::MutexLock lock(&mu_);
   Sweep(absl::Now());
@@ -134,10 +133,10 @@ absl::StatusOr<Deposits::Lent> Deposits::Lend(AttachRequest* request) const {
             it = found.emplace(held->first, held->second).first;
           }
           if (chunk.index >= it->second->fds.size()) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                where, ".chunks[", c, "]: index ", chunk.index, " is past deposit '",
-                ShortId(chunk.deposit_id), "', which holds ", it->second->fds.size(),
-                " descriptors"));
+            return absl::InvalidArgumentError(
+                absl::StrCat(where, ".chunks[", c, "]: index ", chunk.index, " is past deposit '",
+                             ShortId(chunk.deposit_id), "', which holds ", it->second->fds.size(),
+                             " descriptors"));
           }
           chunk.fd = it->second->fds[chunk.index].get();
         }

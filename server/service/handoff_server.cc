@@ -294,8 +294,8 @@ absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* requ
   }
   if ((msg.msg_flags & MSG_CTRUNC) != 0) {
     received->clear();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the request carried more than ", kMaxDepositDescriptors, " descriptors"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request carried more than ", kMaxDepositDescriptors, " descriptors"));
   }
   // With MSG_TRUNC the count is the message's whole length; a message the
   // kernel cut is longer than the buffer in any case.

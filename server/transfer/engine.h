@@ -60,11 +60,11 @@ struct DeviceBufferRef {
   // imported from descriptors and mapped back to back.
   enum class Kind : uint8_t { kShm, kCuda, kCudaFd };
   Kind kind = Kind::kShm;
-  std::string shm_path;        // kShm
-  std::string ipc_handle;      // kCuda: cudaIpcMemHandle_t bytes
-  std::string gpu_uuid;        // kCuda, kCudaFd
-  std::vector<FdChunk> chunks;  // kCudaFd, in address order
-  uint64_t offset = 0;         // bytes from the file / allocation / first chunk start
+  std::string shm_path;              // kShm
+  std::string ipc_handle;            // kCuda: cudaIpcMemHandle_t bytes
+  std::string gpu_uuid;              // kCuda, kCudaFd
+  uint64_t offset = 0;               // bytes from the file / allocation / first chunk start
+  std::vector<FdChunk> chunks = {};  // kCudaFd, in address order
 };
 
 // One component's device buffers, one per attached layer.

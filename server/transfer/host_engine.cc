@@ -117,12 +117,12 @@ class ShmDeviceMapping : public HostMapping {
   absl::Status Add(const DirFd& shm_dir, const RegionInodes* region_inodes, size_t component,
                    const DeviceBufferRef& ref, const std::string& where) {
     if (ref.kind != DeviceBufferRef::Kind::kShm) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where,
-          ref.kind == DeviceBufferRef::Kind::kCuda ? " is a CUDA IPC buffer"
-                                                   : " is a cuMem buffer (cuda_fd)",
-          ", but this daemon runs the host backend "
-          "(start kvhostd with --backend=cuda on a GPU machine)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(where,
+                       ref.kind == DeviceBufferRef::Kind::kCuda ? " is a CUDA IPC buffer"
+                                                                : " is a cuMem buffer (cuda_fd)",
+                       ", but this daemon runs the host backend "
+                       "(start kvhostd with --backend=cuda on a GPU machine)"));
     }
     if (absl::Status s = CheckNoNul(ref.shm_path, "shm path"); !s.ok()) return Where(where, s);
     const std::string prefix = shm_dir.Join("");

@@ -98,8 +98,8 @@ absl::StatusOr<CudaMapping::Allocation> CudaMapping::Import(const DeviceBufferRe
   const VmmApi& api = **vmm;
   CUdeviceptr base = 0;
   if (CUresult r = api.address_reserve(&base, total, 0, 0, 0); r != CUDA_SUCCESS) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        where, ": cuMemAddressReserve of ", total, " bytes on GPU ", gpu_, ": ", api.Error(r)));
+    return absl::ResourceExhaustedError(absl::StrCat(where, ": cuMemAddressReserve of ", total,
+                                                     " bytes on GPU ", gpu_, ": ", api.Error(r)));
   }
   // From here the destructor unmaps and frees what was made.
   imported_.push_back({base, total, {}});
@@ -116,10 +116,10 @@ absl::StatusOr<CudaMapping::Allocation> CudaMapping::Import(const DeviceBufferRe
             &handle, reinterpret_cast<void*>(static_cast<uintptr_t>(chunk.fd)),
             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         r != CUDA_SUCCESS) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": cuMemImportFromShareableHandle: ", api.Error(r),
-          "; the descriptor must come from cuMemExportToShareableHandle "
-          "(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) of a live allocation"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": cuMemImportFromShareableHandle: ", api.Error(r),
+                       "; the descriptor must come from cuMemExportToShareableHandle "
+                       "(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) of a live allocation"));
     }
     // The mapping holds the allocation from here; our handle goes either way.
     const CUresult mapped = api.map(base + offset, chunk.bytes, 0, handle, 0);
@@ -183,8 +183,8 @@ absl::Status CudaMapping::AddLayer(size_t component, const DeviceBufferRef& ref,
   return AddBuffer(component, it->second, ref.offset, where);
 }
 
-absl::Status CudaMapping::AddBuffer(size_t component, const Allocation& allocation,
-                                    uint64_t offset, const std::string& where) {
+absl::Status CudaMapping::AddBuffer(size_t component, const Allocation& allocation, uint64_t offset,
+                                    const std::string& where) {
   const DeviceRows& rows = rows_[component];
   const uint64_t need = rows.total_bytes();
   const uint64_t have = allocation.bytes;

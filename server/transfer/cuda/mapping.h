@@ -144,7 +144,7 @@ class CudaMapping : public DeviceMapping {
   const std::vector<LayoutGroup> groups_;
   // A group's entries (empty for a plain attachment's mapping).
   const std::vector<std::shared_ptr<const DeviceMapping>> entries_;
-  std::map<std::string, Allocation> opened_;  // by handle bytes
+  std::map<std::string, Allocation> opened_;              // by handle bytes
   std::map<std::string, Allocation> imported_by_chunks_;  // by the chunks' names
   std::vector<ImportedRange> imported_;
   std::shared_ptr<HostPins> pins_;
