@@ -1,11 +1,13 @@
 // The C ABI's CUDA calls (kvhost/kvhost_c.h), built with CUDA only
 // (c_api_no_cuda.cc answers them otherwise): attaching a worker's device
-// buffers, exporting its event for a Backup, the load events' half of
+// buffers (to a pool or a pool group), exporting its event for a Backup, the load events' half of
 // kvhost_wait_layer, and worker copies. Each checks for a usable GPU first,
 // so a host without one gets FAILED_PRECONDITION saying so rather than a
 // CUDA error about the first pointer.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,28 +40,58 @@ absl::Status UsableGpu() {
   return absl::OkStatus();
 }
 
+// The caller's per-component arrays (kvhost_attach_cuda's, or one group
+// entry's): component c's buffers at layer_ptrs[c * num_layers + l], with
+// layer_bytes[c] when given. `what` starts the messages ("", "entries[1]
+// (entry 'ssm') ").
+absl::StatusOr<std::vector<kvhost_cuda_component>> Components(
+    size_t num_components, const char* const* component_names, uint32_t num_layers,
+    void* const* layer_ptrs, const uint64_t* layer_bytes, const std::string& what) {
+  std::vector<kvhost_cuda_component> out;
+  if (num_components == 0) return out;
+  if (component_names == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, "component_names is NULL"));
+  }
+  if (layer_ptrs == nullptr && num_layers > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "layer_ptrs is NULL with ", num_layers, " layers"));
+  }
+  out.reserve(num_components);
+  for (size_t i = 0; i < num_components; ++i) {
+    if (component_names[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "component_names[", i, "] is NULL"));
+    }
+    kvhost_cuda_component component{component_names[i], {}, 0};
+    if (num_layers > 0) {
+      component.layers.assign(layer_ptrs + i * num_layers, layer_ptrs + (i + 1) * num_layers);
+    }
+    if (layer_bytes != nullptr) component.layer_bytes = layer_bytes[i];
+    out.push_back(std::move(component));
+  }
+  return out;
+}
+
 // Each component's layer buffers against the rows the pool's component
 // needs (Pool.components), before anything is exported: a tensor of the
-// wrong shape would otherwise be written past its end.
-absl::Status CheckLayerBytes(Client& client, const std::string& pool,
+// wrong shape would otherwise be written past its end. `where` starts the
+// messages ("", "entry 'kv' ").
+absl::Status CheckLayerBytes(const v1::Pool& pool,
                              absl::Span<const kvhost_cuda_component> components,
-                             const uint64_t* layer_bytes, uint64_t device_size_tokens) {
-  absl::StatusOr<v1::Pool> info = client.GetPool(pool);
-  if (!info.ok()) return info.status();
-  for (size_t c = 0; c < components.size(); ++c) {
+                             uint64_t device_size_tokens, const std::string& where) {
+  for (const kvhost_cuda_component& component : components) {
     const v1::PoolComponent* found = nullptr;
-    for (const v1::PoolComponent& pc : info->components()) {
-      if (pc.name() == components[c].name) found = &pc;
+    for (const v1::PoolComponent& pc : pool.components()) {
+      if (pc.name() == component.name) found = &pc;
     }
     if (found == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("pool '", pool, "' has no component '", components[c].name, "'"));
+          absl::StrCat(where, "pool '", pool.name(), "' has no component '", component.name, "'"));
     }
     const uint64_t row_tokens = std::max<uint64_t>(1, found->row_tokens());
     const uint64_t need = device_size_tokens / row_tokens * found->row_bytes();
-    if (layer_bytes[c] < need) {
+    if (component.layer_bytes < need) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "component '", components[c].name, "' layer buffers of ", layer_bytes[c],
+          where, "component '", component.name, "' layer buffers of ", component.layer_bytes,
           " bytes are smaller than the ", need, " bytes its ", device_size_tokens / row_tokens,
           " rows of ", found->row_bytes(), " bytes need"));
     }
@@ -67,14 +99,40 @@ absl::Status CheckLayerBytes(Client& client, const std::string& pool,
   return absl::OkStatus();
 }
 
-// `layer_bytes` (per component; may be null: cudaMalloc memory only) gives
-// cuMem memory the size it spans.
-std::vector<CudaComponentLayers> Layers(absl::Span<const kvhost_cuda_component> components,
-                                        const uint64_t* layer_bytes) {
+// CheckLayerBytes for every group entry that gave its sizes, each against
+// its own pool (the group's PoolEntry.pool). NOT_FOUND for an unknown
+// group; INVALID_ARGUMENT for an entry the group does not have.
+absl::Status CheckGroupLayerBytes(Client& client, const std::string& group,
+                                  absl::Span<const kvhost_cuda_group_entry> entries,
+                                  absl::Span<const std::vector<kvhost_cuda_component>> components) {
+  absl::StatusOr<v1::PoolGroup> info = client.GetPoolGroup(group);
+  if (!info.ok()) return info.status();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].layer_bytes == nullptr) continue;
+    const std::string name = entries[i].entry;
+    const v1::PoolEntry* found = nullptr;
+    for (const v1::PoolEntry& e : info->entries()) {
+      if (e.name() == name) found = &e;
+    }
+    if (found == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group '", group, "' has no entry '", name, "' (entries[", i, "])"));
+    }
+    absl::StatusOr<v1::Pool> pool = client.GetPool(found->pool());
+    if (!pool.ok()) return pool.status();
+    if (absl::Status s = CheckLayerBytes(*pool, components[i], entries[i].device_size_tokens,
+                                         absl::StrCat("entry '", name, "' "));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<CudaComponentLayers> Layers(absl::Span<const kvhost_cuda_component> components) {
   std::vector<CudaComponentLayers> out;
-  for (size_t i = 0; i < components.size(); ++i) {
-    out.push_back(
-        {components[i].name, components[i].layers, layer_bytes != nullptr ? layer_bytes[i] : 0});
+  for (const kvhost_cuda_component& c : components) {
+    out.push_back({c.name, c.layers, c.layer_bytes});
   }
   return out;
 }
@@ -144,32 +202,96 @@ int kvhost_attach_cuda(kvhost_client* client, const char* pool, size_t num_compo
     absl::StatusOr<std::string> p = kvhost::c_api::Str(pool, "pool name");
     if (!p.ok()) return p.status();
     if (num_components == 0) return absl::InvalidArgumentError("num_components is 0");
-    if (absl::Status s = NotNull(component_names, "component_names"); !s.ok()) return s;
     if (absl::Status s = NotNull(layer_ptrs, "layer_ptrs"); !s.ok()) return s;
-    auto handle = std::make_unique<kvhost_attachment>();
-    for (size_t i = 0; i < num_components; ++i) {
-      if (component_names[i] == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat("component_names[", i, "] is NULL"));
-      }
-      kvhost_cuda_component component{component_names[i], {}};
-      component.layers.assign(layer_ptrs + i * num_layers, layer_ptrs + (i + 1) * num_layers);
-      handle->cuda_components.push_back(std::move(component));
+    kvhost::v1::AttachDeviceRequest scratch;  // options refused before anything is exported
+    if (absl::Status s = kvhost::c_api::AttachOptions(options_json, /*layer_range=*/true, &scratch);
+        !s.ok()) {
+      return s;
     }
+    absl::StatusOr<std::vector<kvhost_cuda_component>> components = kvhost::c_api::Components(
+        num_components, component_names, num_layers, layer_ptrs, layer_bytes, "");
+    if (!components.ok()) return components.status();
     if (layer_bytes != nullptr) {
-      if (absl::Status s = kvhost::c_api::CheckLayerBytes(**c, *p, handle->cuda_components,
-                                                          layer_bytes, device_size_tokens);
+      absl::StatusOr<kvhost::v1::Pool> info = (*c)->GetPool(*p);
+      if (!info.ok()) return info.status();
+      if (absl::Status s =
+              kvhost::c_api::CheckLayerBytes(*info, *components, device_size_tokens, "");
           !s.ok()) {
         return s;
       }
     }
     if (absl::Status s = kvhost::c_api::UsableGpu(); !s.ok()) return s;
+    auto handle = std::make_unique<kvhost_attachment>();
+    handle->cuda_components = *std::move(components);
     const std::vector<kvhost::CudaComponentLayers> layers =
-        kvhost::c_api::Layers(handle->cuda_components, layer_bytes);
+        kvhost::c_api::Layers(handle->cuda_components);
     absl::StatusOr<kvhost::v1::AttachDeviceRequest> request =
         kvhost::MakeCudaAttachRequest(*p, layers, device_size_tokens, *c);
     if (!request.ok()) return request.status();
     return kvhost::c_api::Attach(**c, *std::move(request), options_json, /*layer_range=*/true,
                                  std::move(handle), out);
+  });
+}
+
+int kvhost_attach_group_cuda(kvhost_client* client, const char* group, size_t num_entries,
+                             const kvhost_cuda_group_entry* entries, const char* options_json,
+                             kvhost_attachment** out, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    if (absl::Status s = NotNull(out, "out"); !s.ok()) return s;
+    *out = nullptr;
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> g = kvhost::c_api::Str(group, "group name");
+    if (!g.ok()) return g.status();
+    if (num_entries == 0) return absl::InvalidArgumentError("num_entries is 0");
+    if (absl::Status s = NotNull(entries, "entries"); !s.ok()) return s;
+    kvhost::v1::AttachDeviceRequest scratch;  // options refused before anything is exported
+    if (absl::Status s =
+            kvhost::c_api::AttachOptions(options_json, /*layer_range=*/false, &scratch);
+        !s.ok()) {
+      return s;
+    }
+    const absl::Span<const kvhost_cuda_group_entry> given(entries, num_entries);
+    std::vector<std::vector<kvhost_cuda_component>> components;
+    components.reserve(num_entries);
+    bool sized = false;
+    for (size_t i = 0; i < num_entries; ++i) {
+      const std::string what = absl::StrCat("entries[", i, "]");
+      absl::StatusOr<std::string> entry =
+          kvhost::c_api::Str(given[i].entry, (what + ".entry").c_str());
+      if (!entry.ok()) return entry.status();
+      const std::string where = absl::StrCat(what, " (entry '", *entry, "') ");
+      if (given[i].reserved != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "reserved is ", given[i].reserved, "; it must be 0"));
+      }
+      absl::StatusOr<std::vector<kvhost_cuda_component>> entry_components =
+          kvhost::c_api::Components(given[i].num_components, given[i].component_names,
+                                    given[i].num_layers, given[i].layer_ptrs, given[i].layer_bytes,
+                                    where);
+      if (!entry_components.ok()) return entry_components.status();
+      components.push_back(*std::move(entry_components));
+      sized = sized || given[i].layer_bytes != nullptr;
+    }
+    if (sized) {
+      if (absl::Status s = kvhost::c_api::CheckGroupLayerBytes(**c, *g, given, components);
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (absl::Status s = kvhost::c_api::UsableGpu(); !s.ok()) return s;
+    std::vector<kvhost::CudaGroupEntry> group_entries;
+    group_entries.reserve(num_entries);
+    for (size_t i = 0; i < num_entries; ++i) {
+      group_entries.push_back(kvhost::CudaGroupEntry{
+          given[i].entry, kvhost::c_api::Layers(components[i]), given[i].device_size_tokens,
+          given[i].start_layer, given[i].end_layer});
+    }
+    absl::StatusOr<kvhost::v1::AttachDeviceRequest> request =
+        kvhost::MakeCudaGroupAttachRequest(*g, group_entries, *c);
+    if (!request.ok()) return request.status();
+    return kvhost::c_api::Attach(**c, *std::move(request), options_json, /*layer_range=*/false,
+                                 std::make_unique<kvhost_attachment>(), out);
   });
 }
 
@@ -195,7 +317,8 @@ int kvhost_worker_copier_open(kvhost_client* client, const kvhost_attachment* at
     if (attachment->cuda_components.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "attachment ", attachment->attachment.id(),
-          " was not attached from CUDA buffers (kvhost_attach_cuda); worker copies need them"));
+          " was not attached by kvhost_attach_cuda (a plain pool's CUDA buffers); worker "
+          "copies need one"));
     }
     if (blocks < 0) {
       return absl::InvalidArgumentError(absl::StrCat("blocks ", blocks, " is negative"));
@@ -204,8 +327,7 @@ int kvhost_worker_copier_open(kvhost_client* client, const kvhost_attachment* at
     kvhost::WorkerCopierOptions options;
     if (blocks > 0) options.blocks = blocks;
     absl::StatusOr<std::unique_ptr<kvhost::WorkerCopier>> copier = kvhost::WorkerCopier::Open(
-        **c, attachment->attachment, kvhost::c_api::Layers(attachment->cuda_components, nullptr),
-        options);
+        **c, attachment->attachment, kvhost::c_api::Layers(attachment->cuda_components), options);
     if (!copier.ok()) return copier.status();
     auto handle = std::make_unique<kvhost_worker_copier>();
     handle->copier = *std::move(copier);

@@ -48,6 +48,7 @@ struct kvhost_shm_device_pool {
 struct kvhost_cuda_component {
   std::string name;
   std::vector<void*> layers;
+  uint64_t layer_bytes = 0;  // each layer buffer's size; 0: not given
 };
 
 struct kvhost_attachment {

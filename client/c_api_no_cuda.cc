@@ -39,6 +39,12 @@ int kvhost_attach_cuda(kvhost_client*, const char*, size_t, const char* const*, 
   return Run(err, err_len, [] { return NoCuda("kvhost_attach_cuda"); });
 }
 
+int kvhost_attach_group_cuda(kvhost_client*, const char*, size_t, const kvhost_cuda_group_entry*,
+                             const char*, kvhost_attachment** out, char* err, size_t err_len) {
+  if (out != nullptr) *out = nullptr;
+  return Run(err, err_len, [] { return NoCuda("kvhost_attach_group_cuda"); });
+}
+
 int kvhost_cuda_export_event(void*, void*, size_t, size_t*, char* err, size_t err_len) {
   return Run(err, err_len, [] { return NoCuda("kvhost_cuda_export_event"); });
 }

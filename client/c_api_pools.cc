@@ -1,12 +1,34 @@
 // The C ABI's pool calls (kvhost/kvhost_c.h): pools and groups from JSON
 // specs, Alloc / Free into the caller's index arrays, page metadata and
-// flat pages into the caller's buffers.
+// flat pages (one at a time, or streamed) into the caller's buffers.
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "c_api_internal.h"
+
+namespace kvhost::c_api {
+namespace {
+
+// The bytes of `pages` flat pages of `pool` (GetPageShape, which takes a
+// group's name for its anchor), known before a page stream starts.
+// OUT_OF_RANGE when the product does not fit a size_t.
+absl::StatusOr<size_t> PagesBytes(Client& client, const std::string& pool, size_t pages) {
+  absl::StatusOr<v1::PageShape> shape = client.GetPageShape(pool);
+  if (!shape.ok()) return shape.status();
+  const uint64_t page = shape->bytes();
+  if (page != 0 && pages > std::numeric_limits<size_t>::max() / page) {
+    return absl::OutOfRangeError(absl::StrCat(pages, " pages of ", page, " bytes of pool '", pool,
+                                              "' do not fit one buffer"));
+  }
+  return static_cast<size_t>(page * pages);
+}
+
+}  // namespace
+}  // namespace kvhost::c_api
 
 using kvhost::c_api::ClientOf;
 using kvhost::c_api::Indices;
@@ -201,6 +223,80 @@ int kvhost_set_from_flat_data_page(kvhost_client* client, const char* pool, int6
     }
     return (*c)->SetFromFlatDataPage(*p, index,
                                      absl::string_view(static_cast<const char*>(data), data_len));
+  });
+}
+
+int kvhost_read_pages(kvhost_client* client, const char* pool, const int64_t* indices,
+                      size_t num_indices, uint32_t chunk_bytes, void* data, size_t data_len,
+                      size_t* size, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    absl::StatusOr<absl::Span<const int64_t>> in = Indices(indices, num_indices, "indices");
+    if (!in.ok()) return in.status();
+    // The size first, so that a short buffer costs no stream.
+    absl::StatusOr<size_t> needed = kvhost::c_api::PagesBytes(**c, *p, num_indices);
+    if (!needed.ok()) return needed.status();
+    if (size != nullptr) *size = *needed;
+    const std::string what = absl::StrCat(num_indices, " pages of pool '", *p, "'");
+    if (*needed > 0 && (data == nullptr || data_len < *needed)) {
+      return absl::OutOfRangeError(absl::StrCat(what, " need ", *needed, " bytes; the buffer has ",
+                                                data == nullptr ? 0 : data_len));
+    }
+    absl::StatusOr<std::vector<std::string>> pages = (*c)->ReadPages(*p, *in, chunk_bytes);
+    if (!pages.ok()) return pages.status();
+    // The pool may have been replaced between the two calls: its pages are
+    // checked against the buffer again, and nothing is written unless all fit.
+    size_t total = 0;
+    for (const std::string& page : *pages) total += page.size();
+    if (size != nullptr) *size = total;
+    if (total > 0 && (data == nullptr || data_len < total)) {
+      return absl::OutOfRangeError(absl::StrCat(what, " need ", total, " bytes; the buffer has ",
+                                                data == nullptr ? 0 : data_len));
+    }
+    auto* out = static_cast<char*>(data);
+    for (const std::string& page : *pages) {
+      if (!page.empty()) std::memcpy(out, page.data(), page.size());
+      out += page.size();
+    }
+    return absl::OkStatus();
+  });
+}
+
+int kvhost_write_pages(kvhost_client* client, const char* pool, const int64_t* indices,
+                       size_t num_indices, const void* data, size_t data_len, uint32_t chunk_bytes,
+                       uint64_t* pages_written, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    absl::StatusOr<absl::Span<const int64_t>> in = Indices(indices, num_indices, "indices");
+    if (!in.ok()) return in.status();
+    if (data == nullptr && data_len != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("data is NULL with a length of ", data_len));
+    }
+    // Every page's size before anything is sent: a stream that found out
+    // at the second page would leave the first one written.
+    absl::StatusOr<size_t> needed = kvhost::c_api::PagesBytes(**c, *p, num_indices);
+    if (!needed.ok()) return needed.status();
+    if (data_len != *needed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data has ", data_len, " bytes; ", num_indices, " pages of pool '", *p, "' have ",
+          *needed, " (", num_indices == 0 ? 0 : *needed / num_indices, " each)"));
+    }
+    std::vector<std::string> pages;
+    pages.reserve(num_indices);
+    const size_t page = num_indices == 0 ? 0 : *needed / num_indices;
+    for (size_t i = 0; i < num_indices; ++i) {
+      pages.emplace_back(static_cast<const char*>(data) + i * page, page);
+    }
+    absl::StatusOr<uint64_t> written = (*c)->WritePages(*p, *in, pages, chunk_bytes);
+    if (!written.ok()) return written.status();
+    if (pages_written != nullptr) *pages_written = *written;
+    return absl::OkStatus();
   });
 }
 

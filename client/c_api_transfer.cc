@@ -37,8 +37,8 @@ absl::Status AttachOptions(const char* options_json, bool layer_range,
   }
   if (!layer_range && (options.start_layer() != 0 || options.end_layer() != 0)) {
     return absl::InvalidArgumentError(
-        "options_json sets start_layer / end_layer; a shm device pool's layer range is "
-        "kvhost_shm_device_pool_create's");
+        "options_json sets start_layer / end_layer; this attach takes the layer range from "
+        "its device buffers (kvhost_shm_device_pool_create's, or each group entry's)");
   }
   if (options.has_tp_rank()) request->set_tp_rank(options.tp_rank());
   if (options.load_only()) request->set_load_only(true);

@@ -2,8 +2,10 @@
  * --backend=cuda --worker-copy (tests/c_api_gpu_test_driver.cc skips
  * without a GPU): kvhost_attach_cuda of cudaMalloc'd layer buffers, a
  * backup that waits on the worker's exported event, a load waited on per
- * layer on a stream (layer counters, then the load events), and a worker
- * copy each way; every round trip is checked byte for byte. Compiled as C99. */
+ * layer on a stream (layer counters, then the load events), a worker
+ * copy each way, and kvhost_attach_group_cuda of a hybrid group (MHA +
+ * MAMBA) with a backup and load of both entries; every round trip is
+ * checked byte for byte. Compiled as C99. */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -207,5 +209,141 @@ done:
   if (stream != NULL) cudaStreamDestroy(stream);
   if (consumer != NULL) cudaStreamDestroy(consumer);
   if (pool.base != NULL) cudaFree(pool.base);
+  return result;
+}
+
+/* A hybrid group: an MHA KV pool (the anchor, 2 layers) and a MAMBA state
+ * pool (2 layers: temporal 2x3 fp32, conv0 5 bf16), on model layers 0, 2
+ * and 1, 3. */
+static const char kAttnSpec[] =
+    "{\"kind\":\"MHA\",\"layout\":\"PAGE_FIRST\",\"dtype\":\"BF16\",\"page_size\":4,"
+    "\"layer_num\":2,\"head_num\":2,\"head_dim\":8,\"size_tokens\":64}";
+static const char kSsmSpec[] =
+    "{\"kind\":\"MAMBA\",\"layout\":\"PAGE_FIRST_DIRECT\",\"dtype\":\"BF16\",\"page_size\":1,"
+    "\"layer_num\":2,\"size_tokens\":16,\"mamba\":{\"temporal\":{\"dims\":[2,3]},"
+    "\"temporal_dtype\":\"FP32\",\"conv\":[{\"dims\":[5]}]}}";
+static const char kGroup[] =
+    "{\"layer_num\":4,\"entries\":["
+    "{\"name\":\"kv\",\"pool\":\"attn\",\"layer_map\":[0,-1,1,-1],\"anchor\":true},"
+    "{\"name\":\"ssm\",\"pool\":\"ssm\",\"layer_map\":[-1,0,-1,1]}]}";
+
+/* Group buffers: 4 kv buffers (k0 k1 v0 v1) of 16 rows x 32 bytes, then 4
+ * ssm buffers (temporal 0, 1 of 8 x 24, conv0 0, 1 of 8 x 10), in one
+ * allocation; `image` is what the host wrote. */
+enum { kGroupLayers = 2, kKvRows = 16, kSsmRows = 8, kKvMoved = 8, kSsmMoved = 3 };
+static const uint64_t kGroupRowBytes[4] = {32, 32, 24, 10};
+static const uint64_t kGroupRows[4] = {kKvRows, kKvRows, kSsmRows, kSsmRows};
+
+static size_t group_buffer(int b) { /* b: component (k v temporal conv0) * 2 + layer */
+  size_t at = 0;
+  int i;
+  for (i = 0; i < b; ++i) at += kGroupRows[i / 2] * kGroupRowBytes[i / 2];
+  return at;
+}
+
+int c_api_gpu_test_group_attach(const c_api_test_env* env, char* why, size_t why_len) {
+  int result = 1;
+  char err[1024];
+  const char* kv_names[2] = {"k", "v"};
+  const char* ssm_names[2] = {"temporal", "conv0"};
+  void* kv_ptrs[4];
+  void* ssm_ptrs[4];
+  uint64_t kv_bytes[2], ssm_bytes[2];
+  int64_t kv_host[kKvMoved], ssm_host[kSsmMoved];
+  int64_t kv_from[kKvMoved], kv_to[kKvMoved], ssm_from[kSsmMoved], ssm_to[kSsmMoved];
+  size_t count = 0, total = group_buffer(8), r, k;
+  int b, i;
+  unsigned char* base = NULL;
+  unsigned char* image = NULL;
+  unsigned char* now = NULL;
+  kvhost_cuda_group_entry entries[2];
+  kvhost_pool_transfer ssm_back, ssm_load;
+  kvhost_client* cl = NULL;
+  kvhost_attachment* att = NULL;
+
+  CHECK(kvhost_built_with_cuda() == 1, "libkvhost_c built without CUDA");
+  CHECK_CUDA(cudaSetDevice(0));
+  image = (unsigned char*)calloc(total, 1);
+  now = (unsigned char*)calloc(total, 1);
+  CHECK(image != NULL && now != NULL, "malloc");
+  CHECK_CUDA(cudaMalloc((void**)&base, total));
+  for (b = 0; b < 8; ++b) {
+    const uint64_t rb = kGroupRowBytes[b / 2];
+    const size_t moved = b < 4 ? kKvMoved : kSsmMoved;
+    for (r = 0; r < moved; ++r) {
+      for (k = 0; k < rb; ++k) image[group_buffer(b) + r * rb + k] = pattern(b, (int)r, (int)k);
+    }
+    if (b < 4) {
+      kv_ptrs[b] = base + group_buffer(b);
+    } else {
+      ssm_ptrs[b - 4] = base + group_buffer(b);
+    }
+  }
+  CHECK_CUDA(cudaMemcpy(base, image, total, cudaMemcpyHostToDevice));
+  for (i = 0; i < 2; ++i) {
+    kv_bytes[i] = kKvRows * kGroupRowBytes[i];
+    ssm_bytes[i] = kSsmRows * kGroupRowBytes[2 + i];
+  }
+  for (i = 0; i < kKvMoved; ++i) {
+    kv_from[i] = i;
+    kv_to[i] = kKvMoved + i;
+  }
+  for (i = 0; i < kSsmMoved; ++i) {
+    ssm_from[i] = i;
+    ssm_to[i] = kSsmMoved + i;
+  }
+  memset(entries, 0, sizeof(entries));
+  entries[0].entry = "kv";
+  entries[0].num_components = 2;
+  entries[0].component_names = kv_names;
+  entries[0].layer_ptrs = kv_ptrs;
+  entries[0].layer_bytes = kv_bytes;
+  entries[0].device_size_tokens = kKvRows;
+  entries[0].num_layers = kGroupLayers;
+  entries[1].entry = "ssm";
+  entries[1].num_components = 2;
+  entries[1].component_names = ssm_names;
+  entries[1].layer_ptrs = ssm_ptrs;
+  entries[1].layer_bytes = ssm_bytes;
+  entries[1].device_size_tokens = kSsmRows;
+  entries[1].num_layers = kGroupLayers;
+
+  OK(kvhost_connect(env->address, 30000, 1, &cl, E));
+  OK(kvhost_client_wait_ready(cl, 20000, E));
+  OK(kvhost_pool_create(cl, "attn", kAttnSpec, E));
+  OK(kvhost_pool_create(cl, "ssm", kSsmSpec, E));
+  OK(kvhost_group_create(cl, "hybrid", kGroup, E));
+  OK(kvhost_alloc(cl, "hybrid", kKvMoved, kv_host, kKvMoved, &count, E));
+  OK(kvhost_alloc(cl, "ssm", kSsmMoved, ssm_host, kSsmMoved, &count, E));
+  OK(kvhost_attach_group_cuda(cl, "hybrid", 2, entries, NULL, &att, E));
+
+  ssm_back.entry = "ssm";
+  ssm_back.host_indices = ssm_host;
+  ssm_back.num_host = kSsmMoved;
+  ssm_back.device_indices = ssm_from;
+  ssm_back.num_device = kSsmMoved;
+  ssm_load = ssm_back;
+  ssm_load.device_indices = ssm_to;
+  OK(kvhost_backup_group(cl, att, kv_host, kKvMoved, kv_from, kKvMoved, &ssm_back, 1, NULL, 0,
+                         KVHOST_TRANSFER_WAIT, 30000, NULL, E));
+  OK(kvhost_load_group(cl, att, kv_host, kKvMoved, kv_to, kKvMoved, &ssm_load, 1,
+                       KVHOST_TRANSFER_WAIT, 30000, NULL, E));
+  CHECK_CUDA(cudaMemcpy(now, base, total, cudaMemcpyDeviceToHost));
+  for (b = 0; b < 8; ++b) {
+    const uint64_t rb = kGroupRowBytes[b / 2];
+    const size_t moved = b < 4 ? kKvMoved : kSsmMoved;
+    const unsigned char* got = now + group_buffer(b) + moved * rb;
+    CHECK(memcmp(got, image + group_buffer(b), moved * rb) == 0,
+          "buffer %d (component %d layer %d): rows [%zu, %zu) are not rows [0, %zu)", b, b / 2,
+          b % 2, moved, 2 * moved, moved);
+  }
+  OK(kvhost_detach(cl, att, E));
+  result = 0;
+done:
+  kvhost_attachment_destroy(att);
+  kvhost_client_close(cl);
+  if (base != NULL) cudaFree(base);
+  free(image);
+  free(now);
   return result;
 }

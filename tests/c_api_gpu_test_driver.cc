@@ -95,6 +95,7 @@ TEST_F(CApiGpuTest, AttachBackupWithEventAndLoadWaitedPerLayer) {
   Check(c_api_gpu_test_attach_backup_load);
 }
 TEST_F(CApiGpuTest, WorkerCopiesOnTheCallersStreams) { Check(c_api_gpu_test_worker_copy); }
+TEST_F(CApiGpuTest, HybridGroupFromCudaBuffersIsByteExact) { Check(c_api_gpu_test_group_attach); }
 
 }  // namespace
 }  // namespace kvhost

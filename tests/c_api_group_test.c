@@ -296,3 +296,103 @@ done:
   free(ssm_after);
   return result;
 }
+
+/* kvhost_attach_group_cuda without a GPU (or, in a build without CUDA,
+ * UNIMPLEMENTED): the sizes are checked against each entry's pool, and the
+ * group and its entries named, before any CUDA call, so those answers are
+ * the same on any host; the rest is FAILED_PRECONDITION (no GPU) or the
+ * export's INVALID_ARGUMENT (these are not device pointers). No handle is
+ * handed out by a refusal. */
+int c_api_test_group_cuda_calls(const c_api_test_env* env, char* why, size_t why_len) {
+  int result = 1;
+  int rc;
+  char err[1024];
+  const char* kv_names[2] = {"k", "v"};
+  const char* ssm_names[2] = {"temporal", "conv0"};
+  /* Not device memory: never dereferenced on the host. */
+  void* kv_ptrs[4] = {(void*)0x1000, (void*)0x2000, (void*)0x3000, (void*)0x4000};
+  void* ssm_ptrs[4] = {(void*)0x5000, (void*)0x6000, (void*)0x7000, (void*)0x8000};
+  /* 16 kv rows of 32 bytes; 8 ssm rows: temporal 2x3 fp32, conv0 5 bf16. */
+  const uint64_t kv_bytes[2] = {16u * 32u, 16u * 32u};
+  const uint64_t ssm_short[2] = {8u * 24u, 8u * 10u - 1u};
+  const uint64_t ssm_bytes[2] = {8u * 24u, 8u * 10u};
+  kvhost_cuda_group_entry entries[2];
+  kvhost_client* cl = NULL;
+  kvhost_attachment* att = NULL;
+
+  memset(entries, 0, sizeof(entries));
+  entries[0].entry = "kv";
+  entries[0].num_components = 2;
+  entries[0].component_names = kv_names;
+  entries[0].layer_ptrs = kv_ptrs;
+  entries[0].layer_bytes = kv_bytes;
+  entries[0].device_size_tokens = 16;
+  entries[0].num_layers = 2;
+  entries[1] = entries[0];
+  entries[1].entry = "ssm";
+  entries[1].component_names = ssm_names;
+  entries[1].layer_ptrs = ssm_ptrs;
+  entries[1].layer_bytes = ssm_short;
+  entries[1].device_size_tokens = 8;
+
+  OK(kvhost_connect(env->address, 10000, 0, &cl, E));
+  OK(kvhost_client_wait_ready(cl, 20000, E));
+  OK(kvhost_pool_create(cl, "attn", kAttnSpec, E));
+  OK(kvhost_pool_create(cl, "ssm", kSsmSpec, E));
+  OK(kvhost_group_create(cl, "hybrid", kGroup, E));
+
+  if (!kvhost_built_with_cuda()) {
+    EXPECT_CODE(KVHOST_UNIMPLEMENTED,
+                kvhost_attach_group_cuda(cl, "hybrid", 2, entries, NULL, &att, E));
+    CONTAINS(err, "without CUDA");
+    CHECK(att == NULL, "a refused attach handed out an attachment");
+    result = 0;
+    goto done;
+  }
+  /* conv0's buffers are a byte short of 8 rows of 10 bytes. */
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_attach_group_cuda(cl, "hybrid", 2, entries, NULL, &att, E));
+  CONTAINS(err, "entry 'ssm'");
+  CONTAINS(err, "component 'conv0'");
+  CONTAINS(err, "79");
+  EXPECT_CODE(KVHOST_NOT_FOUND, kvhost_attach_group_cuda(cl, "nope", 2, entries, NULL, &att, E));
+  CONTAINS(err, "nope");
+  entries[1].layer_bytes = ssm_bytes;
+  entries[1].entry = "mamba";
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_attach_group_cuda(cl, "hybrid", 2, entries, NULL, &att, E));
+  CONTAINS(err, "mamba");
+  entries[1].entry = "ssm";
+  entries[1].component_names = kv_names; /* the kv pool's names on the ssm pool */
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_attach_group_cuda(cl, "hybrid", 2, entries, NULL, &att, E));
+  CONTAINS(err, "no component 'k'");
+  entries[1].component_names = ssm_names;
+  entries[1].reserved = 7;
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_attach_group_cuda(cl, "hybrid", 2, entries, NULL, &att, E));
+  CONTAINS(err, "reserved");
+  entries[1].reserved = 0;
+  entries[0].entry = NULL;
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_attach_group_cuda(cl, "hybrid", 2, entries, NULL, &att, E));
+  CONTAINS(err, "entries[0].entry");
+  entries[0].entry = "kv";
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_attach_group_cuda(cl, "hybrid", 0, entries, NULL, &att, E));
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_attach_group_cuda(cl, "hybrid", 2, NULL, NULL, &att, E));
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_attach_group_cuda(cl, "hybrid", 2, entries, "{\"start_layer\":1}", &att, E));
+  /* Sizes right: no GPU here (FAILED_PRECONDITION), or, with one, host
+   * addresses the export refuses. */
+  rc = kvhost_attach_group_cuda(cl, "hybrid", 2, entries, NULL, &att, E);
+  CHECK(rc == KVHOST_FAILED_PRECONDITION || rc == KVHOST_INVALID_ARGUMENT,
+        "group attach of host addresses: %s (%s)", kvhost_code_name(rc), err);
+  CHECK(att == NULL, "a refused attach handed out an attachment");
+  result = 0;
+done:
+  kvhost_attachment_destroy(att);
+  kvhost_client_close(cl);
+  return result;
+}

@@ -1,7 +1,8 @@
 /* kvhost/kvhost_c.h is C: this file is compiled as C99 with -Wall -Wextra
  * -Wpedantic -Werror (tests/CMakeLists.txt) and linked against
  * libkvhost_c.so alone. It also pins what a ctypes caller mirrors: the
- * layout of kvhost_load_ticket and the code numbers. */
+ * layout of kvhost_load_ticket, kvhost_pool_transfer and
+ * kvhost_cuda_group_entry, and the code numbers. */
 #include "kvhost/kvhost_c.h"
 
 #include <stddef.h>
@@ -18,6 +19,13 @@ STATIC_CHECK(offsetof(kvhost_load_ticket, layer_base) == 16, ticket_layer_base);
  * by every C compiler of one platform (ctypes mirrors it field by field). */
 STATIC_CHECK(offsetof(kvhost_pool_transfer, host_indices) == sizeof(void*), transfer_host);
 STATIC_CHECK(sizeof(kvhost_pool_transfer) == 5 * sizeof(void*), transfer_size);
+/* kvhost_cuda_group_entry: five pointers / sizes, then a uint64 and four
+ * uint32s, no padding on a 64-bit platform (ctypes mirrors it). */
+STATIC_CHECK(sizeof(void*) != 8 || sizeof(kvhost_cuda_group_entry) == 64, group_entry_size);
+STATIC_CHECK(sizeof(void*) != 8 || offsetof(kvhost_cuda_group_entry, device_size_tokens) == 40,
+             group_entry_rows);
+STATIC_CHECK(sizeof(void*) != 8 || offsetof(kvhost_cuda_group_entry, reserved) == 60,
+             group_entry_reserved);
 STATIC_CHECK(KVHOST_OK == 0 && KVHOST_INVALID_ARGUMENT == 3 && KVHOST_NOT_FOUND == 5, codes);
 STATIC_CHECK(KVHOST_FAILED_PRECONDITION == 9 && KVHOST_OUT_OF_RANGE == 11, more_codes);
 STATIC_CHECK(KVHOST_UNIMPLEMENTED == 12 && KVHOST_INTERNAL == 13, last_codes);

@@ -30,6 +30,9 @@ int c_api_test_groups(const c_api_test_env* env, char* why, size_t why_len);
 int c_api_test_shm_backup_load(const c_api_test_env* env, char* why, size_t why_len);
 /* Pool group attachments and pool_transfers (c_api_group_test.c). */
 int c_api_test_group_backup_load(const c_api_test_env* env, char* why, size_t why_len);
+int c_api_test_group_cuda_calls(const c_api_test_env* env, char* why, size_t why_len);
+/* ReadPages / WritePages streams (c_api_pages_test.c). */
+int c_api_test_page_streams(const c_api_test_env* env, char* why, size_t why_len);
 int c_api_test_layer_waits(const c_api_test_env* env, char* why, size_t why_len);
 int c_api_test_cuda_calls(const c_api_test_env* env, char* why, size_t why_len);
 int c_api_test_session_loss(const c_api_test_env* env, char* why, size_t why_len);
@@ -37,6 +40,8 @@ int c_api_test_session_loss(const c_api_test_env* env, char* why, size_t why_len
 /* GPU 0, a kvhostd with --backend=cuda --worker-copy (c_api_gpu_test.c). */
 int c_api_gpu_test_attach_backup_load(const c_api_test_env* env, char* why, size_t why_len);
 int c_api_gpu_test_worker_copy(const c_api_test_env* env, char* why, size_t why_len);
+/* A hybrid pool group (MHA + MAMBA) from cudaMalloc'd buffers. */
+int c_api_gpu_test_group_attach(const c_api_test_env* env, char* why, size_t why_len);
 
 #ifdef __cplusplus
 } /* extern "C" */

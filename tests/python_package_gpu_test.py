@@ -5,9 +5,11 @@
 Device memory comes from libcudart through ctypes first, so neither torch
 nor numpy is needed: attach_cuda of per-layer pointers, a backup that waits
 on an exported interprocess event, a load waited on per layer on a stream,
-and a worker copy each way, all checked byte for byte. Then, with torch,
-the torch worker (python_package_gpu_worker.py) runs once per memory kind,
-each in its own process under a timeout: torch's default caching
+a worker copy each way, and a hybrid pool group (MHA + MAMBA) attached with
+attach_group_cuda, all checked byte for byte. Then, with torch, the same
+group through attach_group_tensors, and the torch worker
+(python_package_gpu_worker.py) runs once per memory kind, each in its own
+process under a timeout: torch's default caching
 allocator, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and tensors
 over a raw cuMemCreate allocation. MHA and MLA per-layer tensors, byte-exact
 backups (ordered by the worker's event) and loads (per-layer waits on
@@ -175,6 +177,103 @@ TORCH_VARIANTS = (("default", ""), ("expandable", "expandable_segments:True"), (
 WORKER_TIMEOUT_S = 120
 
 
+ATTN_SPEC = dict(SPEC, layer_num=2)
+SSM_SPEC = {"kind": "MAMBA", "layout": "PAGE_FIRST_DIRECT", "dtype": "BF16", "page_size": 1,
+            "layer_num": 2, "size_tokens": 16,
+            "mamba": {"temporal": {"dims": [2, 3]}, "temporal_dtype": "FP32",
+                      "conv": [{"dims": [5]}]}}
+HYBRID = {"layer_num": 4, "entries": [
+    {"name": "kv", "pool": "attn", "layer_map": [0, -1, 1, -1], "anchor": True},
+    {"name": "ssm", "pool": "ssm", "layer_map": [-1, 0, -1, 1]}]}
+#: Group buffers, (entry, component, rows, row bytes), two layers each.
+GROUP_BUFFERS = [("kv", "k", 16, 32), ("kv", "v", 16, 32), ("ssm", "temporal", 8, 24),
+                 ("ssm", "conv0", 8, 10)]
+
+
+def group_rows(entry):
+    return (8, 16) if entry == "kv" else (3, 8)  # (rows moved, rows)
+
+
+def check_group_attach(address, rt):
+    """attach_group_cuda of a hybrid group (MHA + MAMBA) from one cudaMalloc;
+    a backup with pool_transfers and a load back, byte for byte."""
+    layout, image, at = [], bytearray(), 0
+    for i, (entry, comp, rows, rb) in enumerate(GROUP_BUFFERS):
+        moved = group_rows(entry)[0]
+        for layer in range(2):
+            layout.append((entry, comp, layer, at, rows, rb, moved))
+            image += b"".join(bytes(1 + (i * 131 + layer * 31 + r * 7 + b) % 251
+                                    for b in range(rb)) if r < moved else bytes(rb)
+                              for r in range(rows))
+            at += rows * rb
+    base = C.c_void_p()
+    cuda(rt.cudaMalloc(C.byref(base), len(image)), "cudaMalloc")
+    try:
+        cuda(rt.cudaMemcpy(base, bytes(image), len(image), H2D), "cudaMemcpy to")
+        entries = {}
+        for entry in ("kv", "ssm"):
+            layers = {}
+            for e, comp, _layer, off, _rows, _rb, _m in layout:
+                if e == entry:
+                    layers.setdefault(comp, []).append(base.value + off)
+            sizes = {comp: rows * rb for e, comp, rows, rb in GROUP_BUFFERS if e == entry}
+            entries[entry] = kvhost.CudaGroupEntry(layers, group_rows(entry)[1], sizes)
+        with kvhost.Client(address, timeout=30, wait_ready=20) as c:
+            c.create_pool("attn", ATTN_SPEC)
+            c.create_pool("ssm", SSM_SPEC)
+            c.create_group("hybrid", HYBRID)
+            kv_host = c.alloc("hybrid", 8, numpy=False)
+            ssm_host = c.alloc("ssm", 3, numpy=False)
+            with c.attach_group_cuda("hybrid", entries) as att:
+                assert att.group == "hybrid" and att.pool == "attn", att.info
+                att.backup(kv_host, range(8), wait=True,
+                           pool_transfers={"ssm": (ssm_host, range(3))})
+                att.load(kv_host, range(8, 16),
+                         pool_transfers={"ssm": (ssm_host, range(3, 6))}).wait(30)
+        now = C.create_string_buffer(len(image))
+        cuda(rt.cudaMemcpy(now, base, len(image), D2H), "cudaMemcpy back")
+        for entry, comp, layer, off, _rows, rb, moved in layout:
+            got = now.raw[off + moved * rb:off + 2 * moved * rb]
+            assert got == bytes(image[off:off + moved * rb]), \
+                f"entry {entry} component {comp} layer {layer} differs"
+    finally:
+        rt.cudaFree(base)
+
+
+def check_group_tensors(address):
+    """attach_group_tensors: the same group from torch tensors."""
+    import torch  # noqa: PLC0415
+    dev = torch.device("cuda", 0)
+    tensors = {"kv": {"k": [torch.randint(0, 255, (16, 32), dtype=torch.uint8, device=dev)
+                            for _ in range(2)],
+                      "v": [torch.randint(0, 255, (16, 32), dtype=torch.uint8, device=dev)
+                            for _ in range(2)]},
+               "ssm": {"temporal": [torch.randint(0, 255, (8, 24), dtype=torch.uint8, device=dev)
+                                    for _ in range(2)],
+                       "conv0": [torch.randint(0, 255, (8, 10), dtype=torch.uint8, device=dev)
+                                 for _ in range(2)]}}
+    torch.cuda.synchronize()
+    with kvhost.Client(address, timeout=30, wait_ready=20) as c:
+        c.create_pool("attn2", ATTN_SPEC)
+        c.create_pool("ssm2", SSM_SPEC)
+        c.create_group("hybrid2", dict(HYBRID, entries=[
+            dict(HYBRID["entries"][0], pool="attn2"), dict(HYBRID["entries"][1], pool="ssm2")]))
+        kv_host = c.alloc("hybrid2", 8, numpy=False)
+        ssm_host = c.alloc("ssm2", 3, numpy=False)
+        with c.attach_group_tensors("hybrid2", tensors) as att:
+            att.backup(kv_host, range(8), wait=True,
+                       pool_transfers={"ssm": (ssm_host, range(3))})
+            att.load(kv_host, range(8, 16),
+                     pool_transfers={"ssm": (ssm_host, range(3, 6))}).wait(30)
+        torch.cuda.synchronize()
+        for entry, comps in tensors.items():
+            moved = group_rows(entry)[0]
+            for comp, layers in comps.items():
+                for layer, t in enumerate(layers):
+                    assert torch.equal(t[moved:2 * moved], t[:moved]), \
+                        f"entry {entry} component {comp} layer {layer} differs"
+
+
 def torch_workers(address, lib_path, src):
     """Runs the torch worker once per memory kind, each in its own process;
     returns the kinds that failed."""
@@ -233,7 +332,7 @@ def main():
         while not os.path.exists(sock):
             assert proc.poll() is None and time.monotonic() < deadline, "kvhostd did not start"
             time.sleep(0.02)
-        for check in (check_attach_backup_load, check_worker_copy):
+        for check in (check_attach_backup_load, check_worker_copy, check_group_attach):
             try:
                 check(f"unix://{sock}", rt)
                 print(f"ok   {check.__name__}")
@@ -241,6 +340,12 @@ def main():
                 failed += 1
                 print(f"FAIL {check.__name__}: {type(e).__name__}: {e}")
         if has_torch:
+            try:
+                check_group_tensors(f"unix://{sock}")
+                print("ok   check_group_tensors")
+            except Exception as e:
+                failed += 1
+                print(f"FAIL check_group_tensors: {type(e).__name__}: {e}")
             failed += len(torch_workers(f"unix://{sock}", lib_path, src))
     finally:
         proc.terminate()

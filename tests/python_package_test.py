@@ -8,7 +8,9 @@ right code and a message naming the bad value (a bad pool name is NotFound
 naming it, a bad spec InvalidArgument); a byte-exact backup and load
 through shm device buffers, through numpy when it is installed and through
 memoryviews always; a pool group attached with one shm device pool per
-entry and moved with pool_transfers, byte for byte; per-layer waits;
+entry and moved with pool_transfers, byte for byte; many pages read and
+written in one stream (ReadPages / WritePages), and their refusals; the
+CUDA group attach's answers without a GPU; per-layer waits;
 context managers that detach and close; a session loss reported after a daemon restart. It also checks that
 the package imports without the library and then fails naming every place
 it looked, that its ctypes signatures cover the header, and that its
@@ -529,6 +531,118 @@ def check_group_attach_and_pool_transfers(daemon, _lib_path, _src):
                 rows_match(ssm2, ssm, ssm_rows2, ssm_rows)
 
 
+def check_page_streams(daemon, _lib_path, _src):
+    with client(daemon) as c:
+        c.create_pool("p", SPEC)
+        slots = c.alloc("p", 8, numpy=False)
+        starts = [slots[4], slots[0]]  # the order given is the order kept
+        size = 4 * 3 * 2 * ROW_BYTES
+        pages = [bytes((1 + (i * 37 + b * 5) % 251) for b in range(size)) for i in range(2)]
+        assert c.write_pages("p", starts, pages, chunk_bytes=100) == 2
+        assert c.read_pages("p", starts, chunk_bytes=7) == pages
+        assert c.get_data_page("p", starts[1]) == pages[1]
+        # One buffer back to back, both ways; a short one refused, untouched.
+        assert c.write_pages("p", starts, b"".join(reversed(pages))) == 2
+        out = bytearray(2 * size)
+        assert c.read_pages("p", starts, out=out) == 2 * size
+        assert bytes(out) == pages[1] + pages[0]
+        short = bytearray(b"\xab" * (2 * size - 1))
+        raises(kvhost.OutOfRange, c.read_pages, "p", starts, out=short, naming=str(2 * size))
+        assert short == bytearray(b"\xab" * (2 * size - 1)), "a short buffer was written"
+        # A write of the wrong size: refused before anything is sent.
+        raises(kvhost.InvalidArgument, c.write_pages, "p", starts, [pages[0], pages[1][:-1]],
+               naming=str(2 * size - 1))
+        raises(ValueError, c.write_pages, "p", starts, [pages[0]], naming="2 indices")
+        raises(TypeError, c.write_pages, "p", starts, [pages[0], 7], naming="pages[1]")
+        assert c.read_pages("p", starts) == [pages[1], pages[0]], "a refused write wrote"
+        # The daemon's refusals: every index of a read before the first page.
+        raises(kvhost.FailedPrecondition, c.read_pages, "p", [starts[0], 60], naming="60")
+        raises(kvhost.InvalidArgument, c.read_pages, "p", [starts[0]] * 2, naming="twice")
+        raises(kvhost.InvalidArgument, c.read_pages, "p", [starts[0] + 1])
+        raises(kvhost.NotFound, c.read_pages, "nope", starts, naming="nope")
+        raises(kvhost.NotFound, c.write_pages, "nope", starts, pages, naming="nope")
+        assert c.read_pages("p", []) == [] and c.write_pages("p", [], []) == 0
+        # Mid-write, the stream's contract: the pages before the refusal stay.
+        raises(kvhost.FailedPrecondition, c.write_pages, "p", [starts[0], 60], pages,
+               naming="1 page written before this error stay written")
+        assert c.get_data_page("p", starts[0]) == pages[0]
+        p = c.pool("p")
+        assert p.read_pages([starts[1]]) == [pages[0]] and p.write_pages([starts[1]], pages[1]) == 1
+        if have_numpy():
+            import numpy as np
+            arr = c.read_pages("p", starts, numpy=True)
+            assert arr.shape == (2, size) and arr.dtype == np.uint8 and arr.tobytes() == \
+                pages[0] + pages[1]
+            assert c.write_pages("p", starts, arr[::-1].copy()) == 2
+            assert c.read_pages("p", starts) == [pages[1], pages[0]]
+        else:
+            raises(ImportError, c.read_pages, "p", starts, numpy=True, naming="numpy")
+        # A kind without flat pages: the daemon's FailedPrecondition.
+        c.create_pool("asym", dict(SPEC, kind="MHA_ASYMMETRIC", v_head_dim=4))
+        raises(kvhost.FailedPrecondition, c.read_pages, "asym", [0], naming="asym")
+
+
+def check_cuda_group_calls(daemon, _lib_path, _src):
+    import ctypes  # noqa: PLC0415
+    assert ctypes.sizeof(kvhost._lib.CudaGroupEntryStruct) == 64  # c_api_header_test pins it
+    with client(daemon) as c:
+        c.create_pool("attn", ATTN_SPEC)
+        c.create_pool("ssm", SSM_SPEC)
+        c.create_group("hybrid", HYBRID)
+        kv = kvhost.CudaGroupEntry({"k": [0x1000, 0x2000], "v": [0x3000, 0x4000]}, 16,
+                                   {"k": 16 * ROW_BYTES, "v": 16 * ROW_BYTES})
+        ssm = {"layers": {"temporal": [0x5000, 0x6000], "conv0": [0x7000, 0x8000]},
+               "device_size_tokens": 8, "layer_bytes": {"temporal": 8 * 24, "conv0": 8 * 10 - 1}}
+        entries = {"kv": kv, "ssm": ssm}
+        if not kvhost.built_with_cuda():
+            raises(kvhost.Unimplemented, c.attach_group_cuda, "hybrid", entries,
+                   naming="without CUDA")
+        else:
+            raises(kvhost.InvalidArgument, c.attach_group_cuda, "hybrid", entries,
+                   naming="entry 'ssm' component 'conv0'")
+            raises(kvhost.NotFound, c.attach_group_cuda, "nope", entries, naming="nope")
+            ssm["layer_bytes"] = {"temporal": 8 * 24, "conv0": 8 * 10}
+            raises(kvhost.InvalidArgument, c.attach_group_cuda, "hybrid",
+                   {"kv": kv, "mamba": ssm}, naming="mamba")
+            e = raises(kvhost.KvhostError, c.attach_group_cuda, "hybrid", entries)
+            assert isinstance(e, (kvhost.FailedPrecondition, kvhost.InvalidArgument)), e
+        raises(ValueError, c.attach_group_cuda, "hybrid", {})
+        raises(ValueError, c.attach_group_cuda, "hybrid",
+               {"kv": kvhost.CudaGroupEntry({"k": [1, 2], "v": [3]}, 16)}, naming="entry 'kv'")
+        raises(ValueError, c.attach_group_cuda, "hybrid",
+               {"kv": kvhost.CudaGroupEntry({"k": [1], "v": [2]}, 16, {"k": 1})}, naming="v")
+        raises(TypeError, c.attach_group_cuda, "hybrid", {"kv": {"rows": 16}})
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raises(ImportError, c.attach_group_tensors, "hybrid", {}, naming="PyTorch")
+            check_attach_group_tensors_with_a_stand_in_torch(c)
+        assert c.get_group("hybrid")["attachments"] == 0
+
+
+def check_attach_group_tensors_with_a_stand_in_torch(c):
+    """attach_group_tensors' sizes per entry (rows from each entry's first
+    tensor and its pool, bytes from numel) reach the ABI's size check."""
+    import types
+    sys.modules["torch"] = types.ModuleType("torch")
+    try:
+        kv = {"k": [FakeTensor(16, 0x1000), FakeTensor(16, 0x2000)],
+              "v": [FakeTensor(16, 0x3000), FakeTensor(15, 0x4000)]}  # a row short
+        ssm = {"temporal": [FakeTensor(8, 0x5000)] * 2, "conv0": [FakeTensor(8, 0x6000)] * 2}
+        raises(ValueError, c.attach_group_tensors, "hybrid",
+               {"kv": kv, "ssm": {"temporal": [FakeTensor(8, 1, cuda=False)]}},
+               naming="entry 'ssm' component 'temporal' layer 0: not a CUDA tensor")
+        raises(ValueError, c.attach_group_tensors, "hybrid", {"kv": kv, "ssm": ssm},
+               layer_ranges={"mamba": (0, 2)}, naming="mamba")
+        if kvhost.built_with_cuda():
+            raises(kvhost.InvalidArgument, c.attach_group_tensors, "hybrid",
+                   {"kv": kv, "ssm": ssm}, naming="entry 'kv' component 'v'")
+        else:
+            raises(kvhost.Unimplemented, c.attach_group_tensors, "hybrid", {"kv": kv, "ssm": ssm})
+    finally:
+        del sys.modules["torch"]
+
+
 def check_shm_backup_load_memoryview(daemon, _lib_path, _src):
     with client(daemon) as c:
         c.create_pool("p", SPEC)
@@ -709,6 +823,8 @@ CHECKS = [
     (check_groups, True),
     (check_alloc_free_pages, True),
     (check_group_attach_and_pool_transfers, True),
+    (check_page_streams, True),
+    (check_cuda_group_calls, True),
     (check_shm_backup_load_memoryview, True),
     (check_shm_backup_load_numpy, True),
     (check_handles_and_context_managers, True),

@@ -21,7 +21,7 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceed
                      Unauthenticated, Unavailable, Unimplemented, Unknown)
 from .pools import Pool
 from .shm import Component, ShmDevicePool
-from .transfer import Attachment, LoadTicket, Ticket, cuda_export_event
+from .transfer import Attachment, CudaGroupEntry, LoadTicket, Ticket, cuda_export_event
 from .worker import WorkerCopier, WorkerTicket
 
 __version__ = "0.1.0"
@@ -41,11 +41,11 @@ def built_with_cuda() -> bool:
 
 __all__ = [
     "ABI_VERSION", "CUDA_EVENT_HANDLE_BYTES", "DEFAULT_ADDRESS", "Aborted", "AlreadyExists",
-    "Attachment", "Cancelled", "Client", "Component", "DataLoss", "DeadlineExceeded",
-    "FailedPrecondition", "Internal", "InvalidArgument", "KvhostError", "LibraryError",
-    "LoadTicket", "NotFound", "OutOfRange", "PermissionDenied", "Pool", "ResourceExhausted",
-    "SessionLosses", "SessionState", "ShmDevicePool", "StatusCode", "Ticket", "Unauthenticated",
-    "Unavailable", "Unimplemented", "Unknown", "WorkerCopier", "WorkerTicket", "abi_version",
-    "built_with_cuda", "candidates", "code_name", "connect", "cuda_export_event",
+    "Attachment", "Cancelled", "Client", "Component", "CudaGroupEntry", "DataLoss",
+    "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument", "KvhostError",
+    "LibraryError", "LoadTicket", "NotFound", "OutOfRange", "PermissionDenied", "Pool",
+    "ResourceExhausted", "SessionLosses", "SessionState", "ShmDevicePool", "StatusCode", "Ticket",
+    "Unauthenticated", "Unavailable", "Unimplemented", "Unknown", "WorkerCopier", "WorkerTicket",
+    "abi_version", "built_with_cuda", "candidates", "code_name", "connect", "cuda_export_event",
     "library_path", "__version__",
 ]

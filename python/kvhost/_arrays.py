@@ -125,6 +125,21 @@ def readable(data: Any, what: str = "data") -> Tuple[Any, int, Any]:
     return C.cast(arr, C.c_void_p), flat.nbytes, (arr, flat)
 
 
+def to_bytes(data: Any, what: str = "data") -> bytes:
+    """A C-contiguous buffer's bytes as bytes (a copy unless already bytes)."""
+    if isinstance(data, bytes):
+        return data
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise TypeError(f"{what} must support the buffer protocol "
+                        f"(bytes, bytearray, memoryview, numpy array), not "
+                        f"{type(data).__name__}") from None
+    if not view.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous")
+    return view.tobytes()
+
+
 def writable(out: Any, what: str = "out") -> Tuple[C.c_void_p, int, Any]:
     """A writable contiguous buffer as (void* pointer, bytes, keep-alive)."""
     try:

@@ -68,6 +68,24 @@ class PoolTransferStruct(C.Structure):
     ]
 
 
+class CudaGroupEntryStruct(C.Structure):
+    """kvhost_cuda_group_entry: one pool group entry's CUDA buffers (64 bytes
+    on a 64-bit platform, pinned by tests/c_api_header_test)."""
+
+    _fields_ = [
+        ("entry", C.c_char_p),
+        ("num_components", C.c_size_t),
+        ("component_names", C.POINTER(C.c_char_p)),
+        ("layer_ptrs", C.POINTER(C.c_void_p)),
+        ("layer_bytes", C.POINTER(C.c_uint64)),
+        ("device_size_tokens", C.c_uint64),
+        ("num_layers", C.c_uint32),
+        ("start_layer", C.c_uint32),
+        ("end_layer", C.c_uint32),
+        ("reserved", C.c_uint32),
+    ]
+
+
 _vp, _cp, _sz, _int = C.c_void_p, C.c_char_p, C.c_size_t, C.c_int
 _u32, _u64, _i32, _i64 = C.c_uint32, C.c_uint64, C.c_int32, C.c_int64
 _pvp, _psz = C.POINTER(C.c_void_p), C.POINTER(C.c_size_t)
@@ -106,6 +124,8 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_page_buffer_meta_json": ([_vp, _cp, _pi64, _sz] + _OUT + _ERR, _int),
     "kvhost_get_data_page": ([_vp, _cp, _i64, _vp, _sz, _psz] + _ERR, _int),
     "kvhost_set_from_flat_data_page": ([_vp, _cp, _i64, _vp, _sz] + _ERR, _int),
+    "kvhost_read_pages": ([_vp, _cp, _pi64, _sz, _u32, _vp, _sz, _psz] + _ERR, _int),
+    "kvhost_write_pages": ([_vp, _cp, _pi64, _sz, _vp, _sz, _u32, _pu64] + _ERR, _int),
     "kvhost_shm_device_pool_create": ([_vp, _cp, _u64, _cp, _u32, _u32, _pvp] + _ERR, _int),
     "kvhost_shm_device_pool_destroy": ([_vp], None),
     "kvhost_shm_device_pool_info": ([_vp, _pu32, _pu32, _pu64] + _ERR, _int),
@@ -116,6 +136,8 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_attach_cuda":
         ([_vp, _cp, _sz, C.POINTER(_cp), _u32, _pvp, _pu64, _u64, _cp, _pvp] + _ERR, _int),
     "kvhost_attach_group_shm": ([_vp, _cp, _sz, C.POINTER(_cp), _pvp, _cp, _pvp] + _ERR, _int),
+    "kvhost_attach_group_cuda":
+        ([_vp, _cp, _sz, C.POINTER(CudaGroupEntryStruct), _cp, _pvp] + _ERR, _int),
     "kvhost_attachment_id": ([_vp] + _OUT + _ERR, _int),
     "kvhost_attachment_json": ([_vp] + _OUT + _ERR, _int),
     "kvhost_detach": ([_vp, _vp] + _ERR, _int),

@@ -3,7 +3,8 @@
 :class:`PoolCalls` is mixed into :class:`kvhost.Client`. Its names follow
 sglang's HostKVCache where it has one (``alloc``, ``free``,
 ``available_size``, ``get_page_buffer_meta``, ``get_data_page``,
-``set_from_flat_data_page``). Pools and groups come back as dicts, the
+``set_from_flat_data_page``); ``read_pages`` / ``write_pages`` move many
+pages in one stream. Pools and groups come back as dicts, the
 protobuf JSON mapping of kvhost.v1.Pool / PoolGroup with snake_case keys and
 every field present, except that 64-bit integers are ints (kvhost._json).
 
@@ -209,6 +210,89 @@ class PoolCalls:
                   int(index), ptr, length)
         del keep
 
+    def read_pages(self, pool: str, indices: Indices, *, out: Any = None,
+                   numpy: bool = False, chunk_bytes: int = 0) -> Union[List[bytes], Any, int]:
+        """Many flat pages in one stream (ReadPages): the pages whose first
+        slots are `indices` (no page twice), in that order.
+
+        Returns a list of bytes, one per page; with numpy=True one uint8
+        array of shape (len(indices), page_bytes). With `out` (a writable
+        buffer: bytearray, numpy array), writes the pages there back to back
+        and returns their byte count; OutOfRange, before anything is read,
+        when `out` is smaller. `chunk_bytes` bounds the stream's chunks (0:
+        the daemon's 4 MiB). FailedPrecondition for a page that is not
+        allocated, InvalidArgument for one that is not a page start.
+        """
+        lib, client, name = _lib.lib(), self._handle(), _name(pool)
+        ptr, n, keep = _arrays.int64_arg(indices)
+        chunk = int(chunk_bytes)
+        if out is not None:
+            dst, length, keep_out = _arrays.writable(out)
+            size = C.c_size_t(0)
+            _lib.call(lib.kvhost_read_pages, client, name, ptr, n, chunk, dst, length,
+                      C.byref(size))
+            del keep, keep_out
+            return int(size.value)
+        if numpy:
+            np = _arrays.numpy()
+            if np is None:
+                raise ImportError("numpy=True, but numpy is not installed")
+        # A page size seen before sizes the buffer; else the ABI is asked
+        # (a short buffer is refused before any page is read).
+        with self._page_lock:
+            guess = self._page_bytes.get(pool, 0) * n
+        for _ in range(3):
+            buf = C.create_string_buffer(max(guess, 1))
+            size = C.c_size_t(0)
+            rc, msg = _lib.call_status(lib.kvhost_read_pages, client, name, ptr, n, chunk, buf,
+                                       guess, C.byref(size))
+            if rc == 0:
+                break
+            if rc == _lib._OUT_OF_RANGE and size.value > guess:
+                guess = int(size.value)
+                continue
+            _lib.raise_for(rc, msg)
+        else:
+            _lib.raise_for(_lib._OUT_OF_RANGE, f"pages of pool '{pool}' kept growing")
+        del keep
+        total = int(size.value)
+        page = total // n if n else 0
+        if n:
+            with self._page_lock:
+                self._page_bytes[pool] = page
+        if numpy:
+            return np.frombuffer(buf.raw[:total], dtype=np.uint8).reshape(n, page).copy()
+        raw = buf.raw
+        return [raw[i * page:(i + 1) * page] for i in range(n)]
+
+    def write_pages(self, pool: str, indices: Indices, pages: Any, *,
+                    chunk_bytes: int = 0) -> int:
+        """Many flat pages in one stream (WritePages): page i to the page
+        whose first slot is indices[i]; returns the pages written.
+
+        `pages` is a sequence of one buffer per page (bytes, bytearray,
+        numpy arrays), or one buffer holding them back to back (bytes, a
+        numpy array of shape (len(indices), page_bytes)). Its size must be
+        exactly len(indices) pages: InvalidArgument with both sizes, before
+        anything is sent. The daemon checks each page as it arrives
+        (allocated, a page start); on such a refusal the pages before it
+        stay written, and the message says how many.
+        """
+        ptr, n, keep = _arrays.int64_arg(indices)
+        if isinstance(pages, (list, tuple)):
+            if len(pages) != n:
+                raise ValueError(f"{n} indices but {len(pages)} pages")
+            data: Any = b"".join(_arrays.to_bytes(page, f"pages[{i}]")
+                                 for i, page in enumerate(pages))
+        else:
+            data = pages
+        src, length, keep_data = _arrays.readable(data, "pages")
+        written = C.c_uint64(0)
+        _lib.call(_lib.lib().kvhost_write_pages, self._handle(), _name(pool), ptr, n, src, length,
+                  int(chunk_bytes), C.byref(written))
+        del keep, keep_data
+        return int(written.value)
+
 
 class Pool:
     """One pool by name, with sglang HostKVCache's calls bound to it.
@@ -252,6 +336,14 @@ class Pool:
     def set_from_flat_data_page(self, index: int, data: Any) -> None:
         """Writes one flat page (Client.set_from_flat_data_page)."""
         self.client.set_from_flat_data_page(self.name, index, data)
+
+    def read_pages(self, indices: Indices, **kw: Any) -> Union[List[bytes], Any, int]:
+        """Many flat pages in one stream (Client.read_pages)."""
+        return self.client.read_pages(self.name, indices, **kw)
+
+    def write_pages(self, indices: Indices, pages: Any, **kw: Any) -> int:
+        """Many flat pages in one stream (Client.write_pages)."""
+        return self.client.write_pages(self.name, indices, pages, **kw)
 
     def __repr__(self) -> str:
         return f"kvhost.Pool({self.name!r})"

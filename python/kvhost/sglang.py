@@ -1,9 +1,13 @@
 """sglang HiCache's host pool (HostKVCache) backed by kvhostd.
 
 :class:`MHATokenToKVPoolHost` and :class:`MLATokenToKVPoolHost` have the
-calls and semantics of sglang's classes of those names (docs/SGLANG.md),
-but the slots and their bytes live in a kvhostd pool, so several schedulers
-on a node share one daemon's memory and a scheduler restart keeps the cache.
+calls and semantics of sglang's classes of those names (docs/SGLANG.md);
+the seeds' other host pools (K-only, asymmetric MHA, DSA, DSA indexer,
+Mamba, logical, DeepSeek-V4 paged and state) and pool groups
+(:class:`HostPoolGroup` of :class:`PoolEntry`) come from
+kvhost/sglang_kinds.py and are re-exported here. The slots and their
+bytes live in a kvhostd pool, so several schedulers on a node share one
+daemon's memory and a scheduler restart keeps the cache.
 
 What differs from sglang, on purpose:
 
@@ -43,8 +47,11 @@ from .errors import AlreadyExists, ResourceExhausted
 from .shm import ShmDevicePool
 from .transfer import Attachment, LoadTicket
 
-__all__ = ["HostKVCache", "IO_BACKENDS", "LAYOUTS", "MHATokenToKVPoolHost",
-           "MLATokenToKVPoolHost", "dtype_enum", "layout_enum"]
+__all__ = ["AsymmetricMHATokenToKVPoolHost", "DSAIndexerPoolHost", "DSATokenToKVPoolHost",
+           "DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool", "HostKVCache",
+           "HostPoolGroup", "IO_BACKENDS", "LAYOUTS", "LogicalHostPool",
+           "MHATokenToKOnlyPoolHost", "MHATokenToKVPoolHost", "MLATokenToKVPoolHost",
+           "MambaPoolHost", "PoolEntry", "dtype_enum", "get_mha_host_pool_cls", "layout_enum"]
 
 #: sglang's layout names -> kvhost.v1.Layout. sglang's MLA
 #: "page_first_kv_split" has no kvhost layout and is refused.
@@ -166,18 +173,24 @@ class HostKVCache:
         self._loads: Dict[int, LoadTicket] = {}
         self._maps: List[Tuple[mmap.mmap, int]] = []
 
-    @staticmethod
-    def _check_same_shape(have: Dict[str, Any], want: Dict[str, Any]) -> None:
+    #: Spec fields that are sizes, not shape: a pool that exists keeps its own.
+    _SIZES = ("size_tokens", "size_bytes", "host_to_device_ratio", "device_size_tokens")
+
+    @classmethod
+    def _check_same_shape(cls, have: Dict[str, Any], want: Dict[str, Any]) -> None:
         # Sizes are the first creator's; the shape must be the same to share.
-        for key in ("kind", "layout", "dtype", "page_size", "layer_num", "head_num",
-                    "head_dim", "kv_lora_rank", "qk_rope_head_dim", "start_layer"):
-            if key in want and have.get(key) != want[key]:
-                raise ValueError(f"pool exists with {key} {have.get(key)!r}, not {want[key]!r}")
+        for key, value in want.items():
+            if key not in cls._SIZES and have.get(key) != value:
+                raise ValueError(f"pool exists with {key} {have.get(key)!r}, not {value!r}")
 
     # --- sizes and slots ----------------------------------------------------
 
     def get_size_per_token(self) -> int:
         """Host bytes per token slot over all layers (and K and V)."""
+        return self.size_per_token
+
+    def get_ksize_per_token(self) -> int:
+        """sglang's K share of get_size_per_token (all of it but for MHA)."""
         return self.size_per_token
 
     def available_size(self) -> int:
@@ -227,11 +240,18 @@ class HostKVCache:
         """sglang's get_data_page(flat=False) shape for this layout."""
         raise NotImplementedError
 
+    #: The flat page's element type as a tensor: the pool's dtype, or bytes
+    #: for kinds whose page mixes types (sglang's Mamba page is uint8).
+    _FLAT_BYTES = False
+
+    def _flat_dtype(self) -> str:
+        return "UINT8" if self._FLAT_BYTES else self.dtype
+
     def _as_page(self, data: bytes, flat: bool) -> Any:
         torch = self._torch
         if torch is not None:
             t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            t = t.view(getattr(torch, _TORCH_DTYPE[self.dtype]))
+            t = t.view(getattr(torch, _TORCH_DTYPE[self._flat_dtype()]))
             return t if flat else t.reshape(self.page_shape())
         np = _arrays.numpy()
         if not flat:
@@ -245,14 +265,17 @@ class HostKVCache:
         """The page whose first slot is `index`: a flat tensor of the pool's
         dtype (torch), else bytes; flat=False gives sglang's shape (numpy:
         uint8 with the last dimension in bytes)."""
+        if not flat:
+            self.page_shape()  # a kind without one says so before any call
         return self._as_page(self.client.get_data_page(self.name, int(index)), flat)
 
     def get_dummy_flat_data_page(self) -> Any:
         """A zero page of the flat page's size (torch: of the pool's dtype)."""
         torch = self._torch
         if torch is not None:
-            return torch.zeros(self.bytes_per_page // _ITEMSIZE[self.dtype],
-                               dtype=getattr(torch, _TORCH_DTYPE[self.dtype]))
+            dtype = self._flat_dtype()
+            return torch.zeros(self.bytes_per_page // _ITEMSIZE[dtype],
+                               dtype=getattr(torch, _TORCH_DTYPE[dtype]))
         return bytearray(self.bytes_per_page)
 
     def set_from_flat_data_page(self, index: int, data_page: Any) -> None:
@@ -325,7 +348,30 @@ class HostKVCache:
             return att
 
     def _attach_tensors(self, device_pool: Any) -> Attachment:
-        raise NotImplementedError
+        return self.client.attach_tensors(self.name,
+                                          components=self._device_components(device_pool),
+                                          layer_progress=True)
+
+    def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
+        """An sglang device pool's per-layer CUDA tensors by Pool.components
+        name (what attach_tensors takes)."""
+        raise NotImplementedError(f"{type(self).__name__} does not know the tensors of "
+                                  f"{type(device_pool).__name__}; attach them yourself and "
+                                  f"pass the kvhost.Attachment")
+
+    def _component_buffer(self, component: str) -> Any:
+        """A component's host buffer, mapped from the pool's region file:
+        a uint8 tensor (torch) or a memoryview (sglang's
+        get_hybrid_pool_buffer entries, for storage backends to register)."""
+        for comp in self.info.get("components", []):
+            if comp["name"] == component:
+                with self._lock:
+                    base = self._region_base(int(comp["region_index"]), self.info["region_paths"])
+                view = _arrays.raw_view(base + int(comp["offset"]), int(comp["bytes"]), self)
+                if self._torch is not None:
+                    return self._torch.frombuffer(view, dtype=self._torch.uint8)
+                return view
+        raise KeyError(f"pool '{self.name}' has no component {component!r}")
 
     @staticmethod
     def _check_io_backend(io_backend: Any) -> None:
@@ -427,9 +473,11 @@ class MHATokenToKVPoolHost(HostKVCache):
                 "page_first_direct": (2, 1, L, ps, H, D),
                 "page_head": (2, 1, H, ps, L, D)}[lay]
 
-    def _attach_tensors(self, device_pool: Any) -> Attachment:
-        return self.client.attach_tensors(self.name, list(device_pool.k_buffer),
-                                          list(device_pool.v_buffer), layer_progress=True)
+    def get_ksize_per_token(self) -> int:
+        return self.size_per_token // 2
+
+    def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
+        return {"k": list(device_pool.k_buffer), "v": list(device_pool.v_buffer)}
 
 
 class MLATokenToKVPoolHost(HostKVCache):
@@ -451,7 +499,14 @@ class MLATokenToKVPoolHost(HostKVCache):
         return {"layer_first": (L, ps, 1, Cd), "page_first": (ps, L, 1, Cd),
                 "page_first_direct": (1, L, ps, 1, Cd)}[lay]
 
-    def _attach_tensors(self, device_pool: Any) -> Attachment:
-        return self.client.attach_tensors(self.name,
-                                          components={"latent": list(device_pool.kv_buffer)},
-                                          layer_progress=True)
+    def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
+        return {"latent": list(device_pool.kv_buffer)}
+
+
+# The seeds' other host pools (kvhost/sglang_kinds.py), which build on the
+# classes above.
+from .sglang_kinds import (AsymmetricMHATokenToKVPoolHost, DSAIndexerPoolHost,  # noqa: E402
+                           DSATokenToKVPoolHost, DeepSeekV4PagedHostPool,
+                           DeepSeekV4StateHostPool, HostPoolGroup, LogicalHostPool,
+                           MHATokenToKOnlyPoolHost, MambaPoolHost, PoolEntry,
+                           get_mha_host_pool_cls)

@@ -12,7 +12,8 @@ Device indices are rows of the attached buffers (tokens; pages for a
 row-per-page component); host indices are the pool's slots from alloc.
 
 A pool group (a hybrid model's pools, e.g. MHA + MAMBA) attaches with one
-device pool per entry (``attach_group_shm``). Its transfers take the anchor
+device pool per entry (``attach_group_shm``; on CUDA ``attach_group_cuda``
+or ``attach_group_tensors``). Its transfers take the anchor
 entry's rows as the plain ones and the other entries' as ``pool_transfers``:
 ``{entry: (host_slots, device_rows)}``.
 
@@ -34,7 +35,7 @@ import ctypes as C
 import json
 import operator
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _arrays, _json, _lib
 from ._handles import Handle
@@ -118,6 +119,51 @@ class _PoolTransferArgs:
             name = entry.encode()
             self._keep += [name, keep_h, keep_d]
             self.array[i] = _lib.PoolTransferStruct(name, host, nh, dev, nd)
+
+
+class CudaGroupEntry(NamedTuple):
+    """One pool group entry's CUDA buffers, for attach_group_cuda.
+
+    ``layers`` maps each component name of the entry's pool ("k", "v",
+    "temporal", "conv0", ...) to its per-layer device pointers, in layer
+    order, every component the same number of layers; an entry whose pool
+    has no components (LOGICAL) gives ``{}``. Each buffer holds
+    ``device_size_tokens`` rows (row-per-page components: / page_size).
+    ``layer_bytes`` (optional) gives each component's buffer size, checked
+    against the pool before anything is exported. The layers are device
+    layers [start_layer, end_layer) of the entry's pool (0 / 0: the pool's
+    own range), covering every layer its layer_map names.
+    """
+
+    layers: Mapping[str, Sequence[int]]
+    device_size_tokens: int
+    layer_bytes: Optional[Mapping[str, int]] = None
+    start_layer: int = 0
+    end_layer: int = 0
+
+
+class _ComponentArrays:
+    """attach_cuda's per-component pointers as the ABI's arrays (names,
+    pointers component-major, optional sizes), kept alive with this object."""
+
+    def __init__(self, layers: Mapping[str, Sequence[int]],
+                 layer_bytes: Optional[Mapping[str, int]], what: str) -> None:
+        names = list(layers)
+        counts = {len(layers[n]) for n in names}
+        if len(counts) > 1:
+            raise ValueError(f"{what}every component needs the same number of layers, got " +
+                             ", ".join(f"{n}: {len(layers[n])}" for n in names))
+        self.count = len(names)
+        self.num_layers = counts.pop() if counts else 0
+        self.names = (C.c_char_p * max(len(names), 1))(*[n.encode() for n in names])
+        self.ptrs = _arrays.pointer_list([p for n in names for p in layers[n]] or [0])
+        self.sizes = None
+        if layer_bytes is not None:
+            missing = [n for n in names if n not in layer_bytes]
+            if missing:
+                raise ValueError(f"{what}layer_bytes lacks component(s) {', '.join(missing)}")
+            self.sizes = (C.c_uint64 * max(len(names), 1))(
+                *[int(layer_bytes[n]) for n in names])
 
 
 def _options_json(**options: Any) -> Optional[bytes]:
@@ -452,30 +498,63 @@ class AttachCalls:
         Unimplemented in a library built without CUDA, FailedPrecondition
         without a usable GPU.
         """
-        names = list(layers)
-        if not names:
+        if not layers:
             raise ValueError("layers needs at least one component")
-        counts = {len(layers[n]) for n in names}
-        if len(counts) != 1:
-            raise ValueError("every component needs the same number of layers, got " +
-                             ", ".join(f"{n}: {len(layers[n])}" for n in names))
-        num_layers = counts.pop()
-        name_arr = (C.c_char_p * len(names))(*[n.encode() for n in names])
-        ptrs = _arrays.pointer_list([p for n in names for p in layers[n]])
-        sizes = None
-        if layer_bytes is not None:
-            missing = [n for n in names if n not in layer_bytes]
-            if missing:
-                raise ValueError(f"layer_bytes lacks component(s) {', '.join(missing)}")
-            sizes = (C.c_uint64 * len(names))(*[int(layer_bytes[n]) for n in names])
+        arrays = _ComponentArrays(layers, layer_bytes, "")
         options = _options_json(layer_progress=layer_progress, load_only=load_only,
                                 tp_rank=tp_rank, load_event_sets=load_event_sets,
                                 start_layer=start_layer, end_layer=end_layer)
         ptr = C.c_void_p()
-        _lib.call(_lib.lib().kvhost_attach_cuda, self._handle(), pool.encode(), len(names),
-                  name_arr, num_layers, ptrs, sizes, int(device_size_tokens), options,
-                  C.byref(ptr))
+        _lib.call(_lib.lib().kvhost_attach_cuda, self._handle(), pool.encode(), arrays.count,
+                  arrays.names, arrays.num_layers, arrays.ptrs, arrays.sizes,
+                  int(device_size_tokens), options, C.byref(ptr))
+        del arrays
         return Attachment(self, ptr, pool, keep_alive)
+
+    def attach_group_cuda(self, group: str,
+                          entries: Mapping[str, Union[CudaGroupEntry, Mapping[str, Any]]], *,
+                          layer_progress: Optional[bool] = None,
+                          load_only: Optional[bool] = None, tp_rank: Optional[int] = None,
+                          load_event_sets: Optional[int] = None,
+                          keep_alive: Any = None) -> Attachment:
+        """Attaches pool group `group` with a worker's CUDA buffers (cuda
+        backend): ``{entry: CudaGroupEntry(...)}`` (or a dict of its fields),
+        every entry of the group once, every buffer on one GPU.
+
+        Where an entry gives layer_bytes, its sizes are checked against its
+        pool before anything is exported (InvalidArgument naming the entry
+        and component). NotFound for an unknown group; InvalidArgument naming
+        an entry the group lacks or one left out. Back up and load the
+        attachment with ``pool_transfers``. `keep_alive` is held by the
+        attachment. Unimplemented in a library built without CUDA,
+        FailedPrecondition without a usable GPU.
+        """
+        items = list(entries.items())
+        if not items:
+            raise ValueError("entries needs at least one entry")
+        keep: List[Any] = []
+        structs = (_lib.CudaGroupEntryStruct * len(items))()
+        for i, (name, given) in enumerate(items):
+            if not isinstance(name, str):
+                raise TypeError(f"entries keys must be entry names (str), not "
+                                f"{type(name).__name__}")
+            entry = given if isinstance(given, CudaGroupEntry) else CudaGroupEntry(**given)
+            arrays = _ComponentArrays(entry.layers, entry.layer_bytes, f"entry '{name}': ")
+            encoded = name.encode()
+            keep += [arrays, encoded]
+            structs[i] = _lib.CudaGroupEntryStruct(
+                encoded, arrays.count, arrays.names, arrays.ptrs, arrays.sizes,
+                int(entry.device_size_tokens), arrays.num_layers, int(entry.start_layer),
+                int(entry.end_layer), 0)
+        options = _options_json(layer_progress=layer_progress, load_only=load_only,
+                                tp_rank=tp_rank, load_event_sets=load_event_sets)
+        ptr = C.c_void_p()
+        _lib.call(_lib.lib().kvhost_attach_group_cuda, self._handle(), group.encode(),
+                  len(items), structs, options, C.byref(ptr))
+        del keep
+        att = Attachment(self, ptr, group, keep_alive)
+        att.pool = att.info.get("pool", group)
+        return att
 
     def attach_tensors(self, pool: str, k_layers: Optional[Sequence[Any]] = None,
                        v_layers: Optional[Sequence[Any]] = None, *,
@@ -492,4 +571,12 @@ class AttachCalls:
         return torch_helpers.attach_tensors(self, pool, k_layers, v_layers,
                                             components=components,
                                             device_size_tokens=device_size_tokens, **options)
+
+    def attach_group_tensors(self, group: str, entries: Mapping[str, Mapping[str, Sequence[Any]]],
+                             **options: Any) -> Attachment:
+        """attach_group_cuda from per-layer torch tensors, ``{entry:
+        {component: [tensor per layer]}}`` (imports torch lazily). See
+        kvhost.torch_helpers.attach_group_tensors for the keywords."""
+        from . import torch_helpers  # noqa: PLC0415 (torch is optional)
+        return torch_helpers.attach_group_tensors(self, group, entries, **options)
 

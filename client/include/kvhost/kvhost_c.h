@@ -126,6 +126,30 @@ typedef struct kvhost_pool_transfer {
   size_t num_device;
 } kvhost_pool_transfer;
 
+/* One pool group entry's CUDA device buffers (kvhost_attach_group_cuda),
+ * given as kvhost_attach_cuda's arguments give a plain pool's: `entry` is
+ * its PoolEntry.name; component c (component_names[c], a Pool.components
+ * name of the entry's pool) has one buffer per attached layer at
+ * layer_ptrs[c * num_layers + l], holding device_size_tokens rows
+ * (page-row components: / page_size); layer_bytes (NULL: not checked) is
+ * each component's buffer size in bytes. The layers are device layers
+ * [start_layer, end_layer) of the entry's pool (0 / 0: the pool's range),
+ * which must include every layer its layer_map names. An entry whose pool
+ * has no components (LOGICAL) gives num_components 0. reserved is 0. The
+ * caller owns the pointers; the call copies what they point to. */
+typedef struct kvhost_cuda_group_entry {
+  const char* entry;
+  size_t num_components;
+  const char* const* component_names;
+  void* const* layer_ptrs;
+  const uint64_t* layer_bytes;
+  uint64_t device_size_tokens;
+  uint32_t num_layers;
+  uint32_t start_layer;
+  uint32_t end_layer;
+  uint32_t reserved; /* 0; keeps the layout the same everywhere */
+} kvhost_cuda_group_entry;
+
 /* --- Library ------------------------------------------------------------ */
 
 /* KVHOST_ABI_VERSION of the library loaded; a caller checks it first. */
@@ -250,6 +274,32 @@ KVHOST_C_API int kvhost_get_data_page(kvhost_client* client, const char* pool, i
 KVHOST_C_API int kvhost_set_from_flat_data_page(kvhost_client* client, const char* pool,
                                                 int64_t index, const void* data, size_t data_len,
                                                 char* err, size_t err_len);
+/* Many flat pages in one stream (ReadPages): the pages whose first slots
+ * are indices[0, num_indices) (no page twice), back to back into data in
+ * that order, page i at data + i * (*size / num_indices). chunk_bytes: the
+ * stream's largest chunk (0: the daemon's 4 MiB). *size (may be NULL only
+ * when data is big enough) gets num_indices times the pool's flat page
+ * bytes. That size is known before the stream starts (GetPageShape), so a
+ * buffer too small is KVHOST_OUT_OF_RANGE before any page is read, and
+ * nothing is written. The daemon checks every index before the first page
+ * is sent: a page that is not allocated is FAILED_PRECONDITION, one that is
+ * not a page start INVALID_ARGUMENT, a page twice INVALID_ARGUMENT. */
+KVHOST_C_API int kvhost_read_pages(kvhost_client* client, const char* pool, const int64_t* indices,
+                                   size_t num_indices, uint32_t chunk_bytes, void* data,
+                                   size_t data_len, size_t* size, char* err, size_t err_len);
+/* Many flat pages in one stream (WritePages): data holds num_indices flat
+ * pages back to back, page i written to the page whose first slot is
+ * indices[i], in chunks of at most chunk_bytes (0: 4 MiB). data_len must be
+ * exactly num_indices times the pool's flat page bytes (GetPageShape),
+ * checked before anything is sent: INVALID_ARGUMENT with both sizes, and
+ * nothing written. *pages_written (may be NULL) gets the pages written.
+ * The daemon checks each page as it arrives (allocated, a page start): on
+ * such a refusal the pages before it stay written (the stream's contract,
+ * kvhost.v1.PoolService.WritePages), and the message says how many. */
+KVHOST_C_API int kvhost_write_pages(kvhost_client* client, const char* pool, const int64_t* indices,
+                                    size_t num_indices, const void* data, size_t data_len,
+                                    uint32_t chunk_bytes, uint64_t* pages_written, char* err,
+                                    size_t err_len);
 
 /* --- Host backend device buffers (kvhost::ShmDevicePool) ----------------- */
 
@@ -328,6 +378,22 @@ KVHOST_C_API int kvhost_attach_group_shm(kvhost_client* client, const char* grou
                                          const kvhost_shm_device_pool* const* devices,
                                          const char* options_json, kvhost_attachment** out,
                                          char* err, size_t err_len);
+
+/* CUDA. Attaches pool group `group` with a worker's device buffers, one
+ * kvhost_cuda_group_entry per entry (every entry of the group once), on one
+ * GPU, as MakeCudaGroupAttachRequest does. Where an entry gives
+ * layer_bytes, its buffer sizes are checked against its pool's components
+ * before anything is exported: one smaller than its rows need is
+ * INVALID_ARGUMENT naming the entry and component. NOT_FOUND for an unknown
+ * group; INVALID_ARGUMENT naming an entry the group does not have, or one
+ * of its entries left out. options_json as kvhost_attach_shm's (the layer
+ * range is each entry's own). Backup and load it with kvhost_backup_group /
+ * kvhost_load_group. */
+KVHOST_C_API int kvhost_attach_group_cuda(kvhost_client* client, const char* group,
+                                          size_t num_entries,
+                                          const kvhost_cuda_group_entry* entries,
+                                          const char* options_json, kvhost_attachment** out,
+                                          char* err, size_t err_len);
 
 /* --- Transfers ---------------------------------------------------------------- */
 
