@@ -364,8 +364,8 @@ TEST_P(CuMemSessionGpuTest, SessionEndReleasesImports) {
     for (uint32_t l = 0; l < spec.layer_num(); ++l) {
       layers.push_back(warm.base() + l * warm_rows * row_bytes);
     }
-    absl::StatusOr<v1::AttachDeviceRequest> request = MakeCudaAttachRequest(
-        "cumem", layers, {}, warm_rows, warm_rows * row_bytes, &client());
+    absl::StatusOr<v1::AttachDeviceRequest> request =
+        MakeCudaAttachRequest("cumem", layers, {}, warm_rows, warm_rows * row_bytes, &client());
     ASSERT_TRUE(request.ok()) << request.status();
     absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
     ASSERT_TRUE(att.ok()) << att.status();
