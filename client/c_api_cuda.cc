@@ -67,9 +67,15 @@ absl::Status CheckLayerBytes(Client& client, const std::string& pool,
   return absl::OkStatus();
 }
 
-std::vector<CudaComponentLayers> Layers(absl::Span<const kvhost_cuda_component> components) {
+// `layer_bytes` (per component; may be null: cudaMalloc memory only) gives
+// cuMem memory the size it spans.
+std::vector<CudaComponentLayers> Layers(absl::Span<const kvhost_cuda_component> components,
+                                        const uint64_t* layer_bytes) {
   std::vector<CudaComponentLayers> out;
-  for (const kvhost_cuda_component& c : components) out.push_back({c.name, c.layers});
+  for (size_t i = 0; i < components.size(); ++i) {
+    out.push_back(
+        {components[i].name, components[i].layers, layer_bytes != nullptr ? layer_bytes[i] : 0});
+  }
   return out;
 }
 
@@ -158,9 +164,9 @@ int kvhost_attach_cuda(kvhost_client* client, const char* pool, size_t num_compo
     }
     if (absl::Status s = kvhost::c_api::UsableGpu(); !s.ok()) return s;
     const std::vector<kvhost::CudaComponentLayers> layers =
-        kvhost::c_api::Layers(handle->cuda_components);
+        kvhost::c_api::Layers(handle->cuda_components, layer_bytes);
     absl::StatusOr<kvhost::v1::AttachDeviceRequest> request =
-        kvhost::MakeCudaAttachRequest(*p, layers, device_size_tokens);
+        kvhost::MakeCudaAttachRequest(*p, layers, device_size_tokens, *c);
     if (!request.ok()) return request.status();
     return kvhost::c_api::Attach(**c, *std::move(request), options_json, /*layer_range=*/true,
                                  std::move(handle), out);
@@ -198,7 +204,8 @@ int kvhost_worker_copier_open(kvhost_client* client, const kvhost_attachment* at
     kvhost::WorkerCopierOptions options;
     if (blocks > 0) options.blocks = blocks;
     absl::StatusOr<std::unique_ptr<kvhost::WorkerCopier>> copier = kvhost::WorkerCopier::Open(
-        **c, attachment->attachment, kvhost::c_api::Layers(attachment->cuda_components), options);
+        **c, attachment->attachment, kvhost::c_api::Layers(attachment->cuda_components, nullptr),
+        options);
     if (!copier.ok()) return copier.status();
     auto handle = std::make_unique<kvhost_worker_copier>();
     handle->copier = *std::move(copier);

@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cuda_util.h"
+#include "common/cuda_vmm.h"
 
 namespace kvhost {
 namespace {
@@ -70,8 +72,8 @@ absl::StatusOr<v1::CudaIpcBuffer> ExportCudaBuffer(const void* device_ptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cudaIpcGetMemHandle of the allocation at ", Ptr(reinterpret_cast<void*>(base)),
         " (holding ", Ptr(device_ptr), "): ", CudaError(e),
-        "; only cudaMalloc memory can be shared this way (cuMemCreate / expandable segments "
-        "need the file-descriptor path, not implemented yet)"));
+        "; only cudaMalloc memory has an IPC handle (cuMem memory, e.g. expandable segments, "
+        "is attached through MakeCudaAttachRequest with its size and the Client)"));
   }
   absl::StatusOr<std::string> uuid = DeviceUuid(attributes.device);
   if (!uuid.ok()) return uuid.status();
@@ -82,11 +84,50 @@ absl::StatusOr<v1::CudaIpcBuffer> ExportCudaBuffer(const void* device_ptr) {
   return out;
 }
 
+namespace {
+
+// Whether `ptr` lies in memory of the CUDA virtual memory API (cuMemCreate):
+// the driver can retain its allocation's handle, which it cannot for
+// cudaMalloc memory.
+bool IsVmmMemory(const VmmApi& api, const void* ptr) {
+  CUmemGenericAllocationHandle handle = 0;
+  if (api.retain_allocation_handle(&handle, const_cast<void*>(ptr)) != CUDA_SUCCESS) return false;
+  api.release(handle);
+  return true;
+}
+
+// Every CudaFdChunk of `buffers`.
+template <typename Fn>
+void ForEachChunk(google::protobuf::RepeatedPtrField<v1::DeviceBuffer>* buffers, Fn fn) {
+  for (v1::DeviceBuffer& b : *buffers) {
+    if (!b.has_cuda_fd()) continue;
+    for (v1::CudaFdChunk& chunk : *b.mutable_cuda_fd()->mutable_chunks()) fn(&chunk);
+  }
+}
+
+template <typename Fn>
+void ForEachChunk(google::protobuf::RepeatedPtrField<v1::DeviceComponent>* components, Fn fn) {
+  for (v1::DeviceComponent& c : *components) ForEachChunk(c.mutable_layers(), fn);
+}
+
+}  // namespace
+
 // Describes device pointers as buffers of an AttachDeviceRequest, exporting
-// each allocation once (by its base) however many buffers it holds.
+// each allocation once however many buffers it holds: a cudaMalloc
+// allocation by its IPC handle (by its base), a cuMem allocation as a
+// descriptor (by its mapping's start). Finish deposits the descriptors and
+// names them in the request; they close with the exporter.
 class BufferExporter {
  public:
-  absl::Status Add(void* ptr, const std::string& where, v1::DeviceBuffer* out) {
+  explicit BufferExporter(Client* client) : client_(client) {}
+  ~BufferExporter() {
+    for (int fd : fds_) ::close(fd);
+  }
+  BufferExporter(const BufferExporter&) = delete;
+  BufferExporter& operator=(const BufferExporter&) = delete;
+
+  // `bytes`: the buffer's size from `ptr` (0: unknown, cudaMalloc memory only).
+  absl::Status Add(void* ptr, uint64_t bytes, const std::string& where, v1::DeviceBuffer* out) {
     absl::StatusOr<PFN_cuMemGetAddressRange_v3020> range = AddressRangeFn();
     if (!range.ok()) return range.status();
     const auto p = reinterpret_cast<CUdeviceptr>(ptr);
@@ -96,6 +137,10 @@ class BufferExporter {
         out->mutable_cuda()->set_offset(p - e.base);
         return absl::OkStatus();
       }
+    }
+    if (ptr != nullptr) {
+      absl::StatusOr<const VmmApi*> vmm = Vmm();
+      if (vmm.ok() && IsVmmMemory(**vmm, ptr)) return AddVmm(**vmm, ptr, bytes, where, out);
     }
     absl::StatusOr<v1::CudaIpcBuffer> buffer = ExportCudaBuffer(ptr);
     if (!buffer.ok()) {
@@ -113,13 +158,123 @@ class BufferExporter {
     return absl::OkStatus();
   }
 
+  // Deposits the descriptors exported (if any) with the client, and names
+  // each chunk of `request` by its deposit and index there.
+  absl::Status Finish(v1::AttachDeviceRequest* request) {
+    if (fds_.empty()) return absl::OkStatus();
+    absl::StatusOr<std::vector<std::string>> ids = client_->DepositDescriptors(fds_);
+    if (!ids.ok()) return ids.status();
+    auto rename = [&](v1::CudaFdChunk* chunk) {
+      const uint32_t local = chunk->index();
+      chunk->set_deposit_id((*ids)[local / kMaxDepositDescriptors]);
+      chunk->set_index(local % kMaxDepositDescriptors);
+    };
+    ForEachChunk(request->mutable_k_layers(), rename);
+    ForEachChunk(request->mutable_v_layers(), rename);
+    ForEachChunk(request->mutable_components(), rename);
+    for (v1::DeviceEntry& entry : *request->mutable_entries()) {
+      ForEachChunk(entry.mutable_k_layers(), rename);
+      ForEachChunk(entry.mutable_v_layers(), rename);
+      ForEachChunk(entry.mutable_components(), rename);
+    }
+    return absl::OkStatus();
+  }
+
  private:
   struct Export {
     CUdeviceptr base;
     CUdeviceptr end;
     v1::CudaIpcBuffer buffer;
   };
+  struct Chunk {
+    uint64_t bytes;
+    uint32_t local;  // index into fds_
+  };
+
+  // A cuMem buffer: the allocations [ptr, ptr + bytes) spans, each exported
+  // once as a descriptor.
+  absl::Status AddVmm(const VmmApi& api, void* ptr, uint64_t bytes, const std::string& where,
+                      v1::DeviceBuffer* out) {
+    if (bytes == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": ", Ptr(ptr),
+          " is cuMem memory (expandable segments, a cumem allocator), which is attached by "
+          "the allocations it spans: give the buffer's size in bytes (layer_bytes)"));
+    }
+    if (client_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": ", Ptr(ptr),
+          " is cuMem memory, whose descriptors are deposited with the daemon before the attach: "
+          "pass the Client to the request builder"));
+    }
+    absl::StatusOr<PFN_cuMemGetAddressRange_v3020> range = AddressRangeFn();
+    if (!range.ok()) return range.status();
+    cudaPointerAttributes attributes;
+    if (cudaError_t e = cudaPointerGetAttributes(&attributes, ptr); e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": cudaPointerGetAttributes(", Ptr(ptr), "): ", CudaError(e)));
+    }
+    absl::StatusOr<std::string> uuid = DeviceUuid(attributes.device);
+    if (!uuid.ok()) return uuid.status();
+    v1::CudaFdBuffer* buffer = out->mutable_cuda_fd();
+    buffer->set_gpu_uuid(*uuid);
+    const auto start = reinterpret_cast<CUdeviceptr>(ptr);
+    if (bytes > ~CUdeviceptr{0} - start) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", bytes, " bytes from ", Ptr(ptr), " wrap the address space"));
+    }
+    const CUdeviceptr end = start + bytes;
+    for (CUdeviceptr p = start; p < end;) {
+      CUdeviceptr base = 0;
+      size_t size = 0;
+      if (CUresult r = (*range)(&base, &size, p); r != CUDA_SUCCESS || size == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": byte ", p - start, " of the ", bytes, " bytes from ", Ptr(ptr),
+            " is not mapped (cuMemGetAddressRange: ", api.Error(r), "); is layer_bytes right?"));
+      }
+      if (p == start) buffer->set_offset(start - base);
+      absl::StatusOr<Chunk> chunk = ExportChunk(api, base, size, where);
+      if (!chunk.ok()) return chunk.status();
+      v1::CudaFdChunk* c = buffer->add_chunks();
+      c->set_index(chunk->local);  // the deposit's in Finish
+      c->set_bytes(chunk->bytes);
+      p = base + size;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Chunk> ExportChunk(const VmmApi& api, CUdeviceptr base, size_t size,
+                                    const std::string& where) {
+    if (auto it = chunks_.find(base); it != chunks_.end()) return it->second;
+    CUmemGenericAllocationHandle handle = 0;
+    if (CUresult r = api.retain_allocation_handle(&handle, reinterpret_cast<void*>(base));
+        r != CUDA_SUCCESS) {
+      return absl::InternalError(absl::StrCat(where, ": cuMemRetainAllocationHandle(",
+                                              Ptr(reinterpret_cast<void*>(base)),
+                                              "): ", api.Error(r)));
+    }
+    int fd = -1;
+    const CUresult r =
+        api.export_to_shareable_handle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    api.release(handle);
+    if (r != CUDA_SUCCESS) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": cuMemExportToShareableHandle of the allocation at ",
+          Ptr(reinterpret_cast<void*>(base)), ": ", api.Error(r),
+          "; the allocation must be made with requestedHandleTypes including "
+          "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (PyTorch's expandable segments are)"));
+    }
+    fds_.push_back(fd);
+    const Chunk chunk{size, static_cast<uint32_t>(fds_.size() - 1)};
+    chunks_.emplace(base, chunk);
+    return chunk;
+  }
+
+  Client* const client_;
   std::vector<Export> exports_;
+  std::map<CUdeviceptr, Chunk> chunks_;  // by the mapping's start
+  std::vector<int> fds_;
 };
 
 absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
@@ -128,21 +283,22 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
   v1::AttachDeviceRequest request;
   request.set_pool(pool);
   request.set_device_size_tokens(device_size_tokens);
-  BufferExporter exporter;
+  BufferExporter exporter(client);
   for (size_t i = 0; i < k_layers.size(); ++i) {
-    if (absl::Status s =
-            exporter.Add(k_layers[i], absl::StrCat("k_layers[", i, "]"), request.add_k_layers());
+    if (absl::Status s = exporter.Add(k_layers[i], layer_bytes, absl::StrCat("k_layers[", i, "]"),
+                                      request.add_k_layers());
         !s.ok()) {
       return s;
     }
   }
   for (size_t i = 0; i < v_layers.size(); ++i) {
-    if (absl::Status s =
-            exporter.Add(v_layers[i], absl::StrCat("v_layers[", i, "]"), request.add_v_layers());
+    if (absl::Status s = exporter.Add(v_layers[i], layer_bytes, absl::StrCat("v_layers[", i, "]"),
+                                      request.add_v_layers());
         !s.ok()) {
       return s;
     }
   }
+  if (absl::Status s = exporter.Finish(&request); !s.ok()) return s;
   return request;
 }
 
@@ -158,7 +314,7 @@ absl::Status AddComponents(absl::Span<const CudaComponentLayers> components,
     added->set_name(component.name);
     for (size_t i = 0; i < component.layers.size(); ++i) {
       if (absl::Status s =
-              exporter->Add(component.layers[i],
+              exporter->Add(component.layers[i], component.layer_bytes,
                             absl::StrCat(prefix, "component '", component.name, "' layer ", i),
                             added->add_layers());
           !s.ok()) {
@@ -177,11 +333,12 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(
   v1::AttachDeviceRequest request;
   request.set_pool(pool);
   request.set_device_size_tokens(device_size_tokens);
-  BufferExporter exporter;
+  BufferExporter exporter(client);
   if (absl::Status s = AddComponents(components, "", &exporter, request.mutable_components());
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = exporter.Finish(&request); !s.ok()) return s;
   return request;
 }
 
@@ -189,7 +346,7 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaGroupAttachRequest(
     const std::string& group, absl::Span<const CudaGroupEntry> entries, Client* client) {
   v1::AttachDeviceRequest request;
   request.set_pool(group);
-  BufferExporter exporter;  // one export per allocation over every entry
+  BufferExporter exporter(client);  // one export per allocation over every entry
   for (const CudaGroupEntry& entry : entries) {
     v1::DeviceEntry* out = request.add_entries();
     out->set_entry(entry.entry);
@@ -202,6 +359,7 @@ absl::StatusOr<v1::AttachDeviceRequest> MakeCudaGroupAttachRequest(
       return s;
     }
   }
+  if (absl::Status s = exporter.Finish(&request); !s.ok()) return s;
   return request;
 }
 

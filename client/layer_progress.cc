@@ -101,9 +101,8 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
                                      const v1::HandoffRequest& request, absl::Duration timeout,
                                      absl::Span<const int> send_fds) {
   if (send_fds.size() > kMaxDepositDescriptors) {
-    return absl::InvalidArgumentError(absl::StrCat(send_fds.size(),
-                                                   " descriptors in one handoff request; at most ",
-                                                   kMaxDepositDescriptors));
+    return absl::InvalidArgumentError(absl::StrCat(
+        send_fds.size(), " descriptors in one handoff request; at most ", kMaxDepositDescriptors));
   }
   sockaddr_un addr{};
   if (socket_path.empty() || socket_path.size() >= sizeof(addr.sun_path)) {

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # GPU checks from a bundle (scripts/bundle.sh) on a GPU machine without our
-# build dependencies: the gpu tests, the integration tests, then the CUDA
-# transfer benchmark, each with its output under OUT_DIR.
-#   scripts/gpu_run.sh OUT_DIR [tests|bench|mps-bench|all] [bench flags...]
+# build dependencies: the gpu tests, the integration tests, the CUDA
+# transfer benchmark, then the Python benchmarks, each with its output under
+# OUT_DIR.
+#   scripts/gpu_run.sh OUT_DIR [tests|bench|pybench|mps-bench|all] [bench flags...]
 # mps-bench runs the benchmark again under MPS (started here and stopped
-# before the script ends, also on failure). The benchmark's GEMM worker
-# dlopens cuBLAS: KVHOST_CUBLAS is set here to the first libcublas.so.* of
-# a pip nvidia package (torch's) when not set already; the benchmark itself
-# also tries the loader path.
+# before the script ends, also on failure). pybench runs bench/python's
+# rpc_bench.py and transfer_bench.py (a torch worker over the Python package,
+# every allocator, the C++ benchmarks on the same cases beside it; about
+# 3 minutes planned; the flags after `pybench` go to transfer_bench.py; tables in
+# OUT_DIR/py*_bench.txt, JSON in OUT_DIR/py*_bench.json, the rest in
+# OUT_DIR/pybench). The benchmark's GEMM worker dlopens cuBLAS: KVHOST_CUBLAS
+# is set here to the first libcublas.so.* of a pip nvidia package (torch's)
+# when not set already; the benchmark itself also tries the loader path.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-out=${1:?usage: scripts/gpu_run.sh OUT_DIR [tests|bench|mps-bench|all] [bench flags...]}
+out=${1:?usage: scripts/gpu_run.sh OUT_DIR [tests|bench|pybench|mps-bench|all] [bench flags...]}
 what=${2:-all}
 shift $(( $# >= 2 ? 2 : 1 ))
 mkdir -p "$out"
@@ -35,7 +40,10 @@ run() {  # run NAME COMMAND...: output to OUT_DIR/NAME.txt, the tail shown
   local name=$1; shift
   local start=$SECONDS
   local limit=${KVHOST_STEP_TIMEOUT:-300}
-  case $name in cuda_transfer_bench*) limit=${KVHOST_BENCH_TIMEOUT:-570} ;; esac
+  case $name in
+    cuda_transfer_bench*) limit=${KVHOST_BENCH_TIMEOUT:-570} ;;
+    py_transfer_bench) limit=${KVHOST_PYBENCH_TIMEOUT:-300} ;;
+  esac
   timeout -k 10 "$limit" "$@" >"$out/$name.txt" 2>&1
   local r=$?
   [ $r -eq 124 ] && echo "== $name: killed after $limit s (KVHOST_STEP_TIMEOUT)"
@@ -64,6 +72,21 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   run cuda_transfer_bench bundle/bin/kvhost_cuda_transfer_bench \
     --json-out="$out/cuda_transfer_bench.json" "$@"
+fi
+if [ "$what" = pybench ] || [ "$what" = all ]; then
+  # Python against C++ on the same daemon binary and cases (bench/python):
+  # Alloc + Free round trips (host backend, 2 x 5 s), then the transfer
+  # headline per allocator (1.5 s per case and direction; the cuMem ones are
+  # refused with FAILED_PRECONDITION until kvhostd imports cuMem memory).
+  pyflags=("$@")
+  [ "$what" = all ] && pyflags=()  # the flags after `all` are the C++ benchmark's
+  run py_rpc_bench python3 bench/python/rpc_bench.py --kvhostd=bundle/bin/kvhostd \
+    --lib=bundle/lib/libkvhost_c.so.1 --cxx-bench=bundle/bin/kvhost_rpc_bench \
+    --seconds=5 --json-out="$out/py_rpc_bench.json"
+  run py_transfer_bench python3 bench/python/transfer_bench.py --kvhostd=bundle/bin/kvhostd \
+    --lib=bundle/lib/libkvhost_c.so.1 --cxx-bench=bundle/bin/kvhost_cuda_transfer_bench \
+    --allocator=default,expandable,cumem --seconds=1.5 --out-dir="$out/pybench" \
+    --json-out="$out/py_transfer_bench.json" ${pyflags[@]+"${pyflags[@]}"}
 fi
 if [ "$what" = mps-bench ]; then
   export CUDA_MPS_PIPE_DIRECTORY=$PWD/.mps/pipe CUDA_MPS_LOG_DIRECTORY=$PWD/.mps/log

@@ -527,6 +527,7 @@ absl::Status Daemon::StartServer(const DaemonOptions& options, const Listeners& 
         &ports[i]);
   }
   handoff_path_ = HandoffPath(options);
+  deposits_ = std::make_unique<Deposits>();
   if (!handoff_path_.empty()) {
     if (absl::Status s = PrepareSocketPath(handoff_path_, "--handoff-socket"); !s.ok()) return s;
   }
@@ -539,8 +540,8 @@ absl::Status Daemon::StartServer(const DaemonOptions& options, const Listeners& 
   server_ = builder.BuildAndStart();
   absl::Status handoff = absl::OkStatus();
   if (server_ != nullptr && !handoff_path_.empty()) {
-    absl::StatusOr<std::unique_ptr<HandoffServer>> started =
-        HandoffServer::Start(handoff_path_, TransferHandoffSource(transfers_.get()));
+    absl::StatusOr<std::unique_ptr<HandoffServer>> started = HandoffServer::Start(
+        handoff_path_, TransferHandoffSource(transfers_.get()), deposits_.get());
     handoff = started.status();
     if (started.ok()) {
       handoff_ = *std::move(started);
@@ -584,7 +585,8 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
                                                  options.max_indices_per_call);
   auto transfers = std::make_unique<TransferServiceImpl>(
       transfers_.get(), registry_.get(), options.max_indices_per_call, handoff_path_,
-      static_cast<uint64_t>(options.max_message_bytes));
+      static_cast<uint64_t>(options.max_message_bytes),
+      handoff_path_.empty() ? nullptr : deposits_.get());
   DaemonIdentity identity;
   identity.backend_detail = backend_detail;
   identity.instance_id = instance_id;

@@ -155,6 +155,8 @@ class Daemon {
   std::unique_ptr<TransferManager> transfers_;
   // After transfers_, so that it stops first: its source reads them.
   std::string handoff_path_;  // "" = none
+  // Before handoff_ and the services, which use it.
+  std::unique_ptr<Deposits> deposits_;
   std::unique_ptr<HandoffServer> handoff_;
   std::vector<std::unique_ptr<grpc::Service>> services_;
   DaemonServiceImpl* daemon_service_ = nullptr;  // in services_

@@ -6,6 +6,7 @@
 // is SERVING, STOPPING=1 when SIGTERM / SIGINT arrives, before draining. Outside
 // systemd (NOTIFY_SOCKET unset) the notifications are no-ops.
 #include <signal.h>
+#include <sys/resource.h>
 #include <systemd/sd-daemon.h>
 
 #include <cstdio>
@@ -288,6 +289,20 @@ int Serve(const kvhost::DaemonOptions& options, const sigset_t& signals) {
 
 }  // namespace
 
+// Deposited descriptors (a worker's cuMem allocations wait there for their
+// attach, up to kMaxDepositedDescriptors) and pool region files need more
+// than the usual soft limit of 1024: raised to the hard limit, which
+// systemd sets high (524288).
+static void RaiseDescriptorLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    spdlog::debug("descriptor limit raised from {} to {}", before, limit.rlim_cur);
+  }
+}
+
 int main(int argc, char** argv) {
   kvhost::ParseFlags(
       argc, argv,
@@ -318,6 +333,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (absl::Status s = SetLogLevel(); !s.ok()) return Fail(std::string(s.message()));
+  RaiseDescriptorLimit();
   const sigset_t signals = BlockStopSignals();
   absl::StatusOr<kvhost::DaemonOptions> options = OptionsFromFlags(declared_pools);
   if (!options.ok()) return Fail(std::string(options.status().message()));

@@ -220,11 +220,37 @@ absl::StatusOr<DeviceBufferRef> FromProto(const v1::DeviceBuffer& in, const char
       ref.gpu_uuid = in.cuda().gpu_uuid();
       ref.offset = in.cuda().offset();
       return ref;
+    case v1::DeviceBuffer::kCudaFd: {
+      ref.kind = DeviceBufferRef::Kind::kCudaFd;
+      ref.gpu_uuid = in.cuda_fd().gpu_uuid();
+      ref.offset = in.cuda_fd().offset();
+      const auto& chunks = in.cuda_fd().chunks();
+      if (chunks.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, "[", index, "].cuda_fd has no chunks (the allocations it spans)"));
+      }
+      uint64_t total = 0;
+      for (int c = 0; c < chunks.size(); ++c) {
+        const uint64_t bytes = chunks[c].bytes();
+        // A chunk is at least a page of GPU memory; the sum must stay
+        // far from overflowing any offset computed from it.
+        if (bytes == 0 || bytes > kMaxFdBufferBytes - total) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, "[", index, "].cuda_fd.chunks[", c, "].bytes is ", bytes,
+              bytes == 0 ? ""
+                         : absl::StrCat("; the chunks would pass ", kMaxFdBufferBytes, " bytes"),
+              bytes == 0 ? " (an allocation has at least one byte)" : ""));
+        }
+        total += bytes;
+        ref.chunks.push_back({chunks[c].deposit_id(), chunks[c].index(), bytes, -1});
+      }
+      return ref;
+    }
     case v1::DeviceBuffer::LOCATION_NOT_SET:
       break;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat(field, "[", index, "] has no location (set shm or cuda)"));
+      absl::StrCat(field, "[", index, "] has no location (set shm, cuda or cuda_fd)"));
 }
 
 }  // namespace

@@ -32,6 +32,8 @@ const char* KindName(v1::HandoffKind kind) {
       return "layer counters";
     case v1::HANDOFF_KIND_POOL_REGIONS:
       return "pool regions";
+    case v1::HANDOFF_KIND_DEPOSIT:
+      return "deposit";
     default:
       return "an unknown kind";
   }
@@ -147,10 +149,12 @@ HandoffSource TransferHandoffSource(const TransferManager* manager) {
 }
 
 absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::string& path,
-                                                                    HandoffSource source) {
+                                                                    HandoffSource source,
+                                                                    Deposits* deposits) {
   std::unique_ptr<HandoffServer> server(new HandoffServer());
   server->path_ = path;
   server->source_ = std::move(source);
+  server->deposits_ = deposits;
   auto failed = [&path](const char* call) {
     return absl::UnavailableError(
         absl::StrCat("handoff socket ", path, ": ", call, ": ", std::strerror(errno)));
@@ -263,18 +267,37 @@ Caller HandoffCaller(const v1::HandoffRequest& request) {
   return caller;
 }
 
-absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* request) {
-  // One byte more than the limit, and no room for control messages (a
-  // descriptor a client sends us is closed by the kernel, never received).
+absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* request,
+                                        std::vector<UniqueFd>* received) {
+  // One byte more than the limit, and room for one deposit's descriptors.
   std::vector<char> buffer(kMaxHandoffRequestBytes + 1);
   iovec iov{buffer.data(), buffer.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxDepositDescriptors)] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  const ssize_t n = ::recvmsg(connection, &msg, MSG_DONTWAIT | MSG_TRUNC);
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = ::recvmsg(connection, &msg, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
   if (n < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot read the request: ", std::strerror(errno)));
+  }
+  // Every descriptor that arrived is owned from here on, so that none leaks
+  // whatever is wrong with the request.
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t fds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < fds; ++i) {
+      int one = -1;
+      std::memcpy(&one, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      received->emplace_back(one);
+    }
+  }
+  if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+    received->clear();
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request carried more than ", kMaxDepositDescriptors, " descriptors"));
   }
   // With MSG_TRUNC the count is the message's whole length; a message the
   // kernel cut is longer than the buffer in any case.
@@ -284,11 +307,47 @@ absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* requ
                               length, request);
 }
 
+absl::Status HandoffServer::Deposit(std::vector<UniqueFd> received, const std::string& peer,
+                                    v1::HandoffReply* reply) {
+  if (deposits_ == nullptr) {
+    return absl::FailedPreconditionError("this handoff socket takes no deposits");
+  }
+  const size_t n = received.size();
+  absl::StatusOr<std::string> id = deposits_->Put(std::move(received));
+  if (!id.ok()) return id.status();
+  spdlog::info("handoff: deposit {} of {} descriptors from {}", ShortId(*id), n, peer);
+  reply->set_deposit_id(*id);
+  reply->set_count(static_cast<uint32_t>(n));
+  return absl::OkStatus();
+}
+
 void HandoffServer::Serve(int connection, const std::string& peer, absl::Status refusal) {
   const timeval send_timeout = absl::ToTimeval(kHandoffRequestTimeout);
   ::setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
   v1::HandoffRequest request;
-  absl::Status status = refusal.ok() ? ReadRequest(connection, &request) : std::move(refusal);
+  std::vector<UniqueFd> received;
+  absl::Status status =
+      refusal.ok() ? ReadRequest(connection, &request, &received) : std::move(refusal);
+  if (status.ok() && request.kind() == v1::HANDOFF_KIND_DEPOSIT) {
+    v1::HandoffReply reply;
+    status = Deposit(std::move(received), peer, &reply);
+    if (!status.ok()) reply.Clear();
+    reply.set_code(static_cast<int32_t>(status.code()));
+    reply.set_message(std::string(status.message()));
+    if (std::string sent = SendReply(connection, reply.SerializeAsString(), {}); !sent.empty()) {
+      // The id never reached the depositor: the deposit expires unused.
+      spdlog::warn("handoff: deposit reply to {} not sent: {}", peer, sent);
+    } else if (!status.ok()) {
+      spdlog::info("handoff deposit refused to {}: {}", peer, status.ToString());
+    }
+    return;
+  }
+  if (status.ok() && !received.empty()) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("a request for ", KindName(request.kind()), " carried ", received.size(),
+                     " descriptors; only a deposit (HANDOFF_KIND_DEPOSIT) sends any"));
+  }
+  received.clear();
   HandoffItem item;
   if (status.ok()) {
     absl::StatusOr<HandoffItem> found =

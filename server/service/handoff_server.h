@@ -9,7 +9,10 @@
 // Protocol: a unix SOCK_SEQPACKET socket; per fetch one connection, one
 // request message of at most kMaxHandoffRequestBytes, one reply message of
 // at most kMaxHandoffReplyBytes, with the descriptors (SCM_RIGHTS, one
-// message) on OK; then the server closes it. The
+// message) on OK; then the server closes it. A deposit
+// (HANDOFF_KIND_DEPOSIT, service/deposits.h) goes the other way: its
+// request carries the descriptors, its reply the deposit's id; descriptors
+// sent with any other request are closed and the request refused. The
 // request must come within kHandoffRequestTimeout of the connection (else
 // the reply is DEADLINE_EXCEEDED) and the reply goes out with the same
 // bound. Up to kMaxHandoffConnections wait for their request at once, so a
@@ -35,6 +38,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kvhost/v1/transfer.pb.h"
+#include "server/pool/beneath.h"
+#include "server/service/deposits.h"
 #include "server/transfer/caller.h"
 #include "server/transfer/transfer_manager.h"
 
@@ -102,8 +107,11 @@ class HandoffServer {
   // there (the daemon's PrepareSocketPath). The file is made with the
   // process's umask. UNAVAILABLE naming the path and the system call that
   // failed.
+  // Deposits (HANDOFF_KIND_DEPOSIT) go to `deposits` (null: refused with
+  // FAILED_PRECONDITION), which must outlive the server.
   static absl::StatusOr<std::unique_ptr<HandoffServer>> Start(const std::string& path,
-                                                              HandoffSource source);
+                                                              HandoffSource source,
+                                                              Deposits* deposits = nullptr);
   ~HandoffServer();
   HandoffServer(const HandoffServer&) = delete;
   HandoffServer& operator=(const HandoffServer&) = delete;
@@ -120,12 +128,18 @@ class HandoffServer {
   // it came too late): read, looked up, answered.
   void Serve(int connection, const std::string& peer, absl::Status refusal);
   // The request of `connection` read without waiting and decoded into
-  // `request` (DecodeHandoffRequest); INVALID_ARGUMENT naming why it cannot
-  // be.
-  static absl::Status ReadRequest(int connection, v1::HandoffRequest* request);
+  // `request` (DecodeHandoffRequest), with the descriptors it carried in
+  // `received` (at most kMaxDepositDescriptors; all are closed when there
+  // were more); INVALID_ARGUMENT naming why it cannot be.
+  static absl::Status ReadRequest(int connection, v1::HandoffRequest* request,
+                                  std::vector<UniqueFd>* received);
+  // A deposit's reply: `received` kept by deposits_ under a new id.
+  absl::Status Deposit(std::vector<UniqueFd> received, const std::string& peer,
+                       v1::HandoffReply* reply);
 
   std::string path_;
   HandoffSource source_;
+  Deposits* deposits_ = nullptr;
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd: readable once Stop was called
   std::thread thread_;

@@ -71,8 +71,20 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
                                "layer_progress needs kvhostd's handoff socket, and this kvhostd "
                                "has none (--handoff-socket='', or only TCP listeners)"));
   }
+  // cuMem buffers: their descriptors, deposited on the handoff socket, are
+  // lent for this call and used up if it succeeds.
+  if (deposits_ == nullptr && NamesDeposits(*attach)) {
+    return Finish(context, absl::FailedPreconditionError(
+                               "cuda_fd buffers need kvhostd's handoff socket to deposit their "
+                               "descriptors, and this kvhostd has none (--handoff-socket='', or "
+                               "only TCP listeners)"));
+  }
+  absl::StatusOr<Deposits::Lent> lent =
+      deposits_ != nullptr ? deposits_->Lend(&*attach) : Deposits::Lent{};
+  if (!lent.ok()) return Finish(context, lent.status());
   absl::StatusOr<AttachmentInfo> info = manager_->Attach(request->pool(), *attach);
   if (!info.ok()) return Finish(context, info.status());
+  if (deposits_ != nullptr) deposits_->UseUp(*lent);
   response->set_id(info->id);
   response->set_pool(info->pool);
   response->set_device_size_tokens(info->device_size_tokens);

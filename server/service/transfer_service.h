@@ -20,6 +20,7 @@
 
 #include "kvhost/v1/transfer.grpc.pb.h"
 #include "server/pool/registry.h"
+#include "server/service/deposits.h"
 #include "server/transfer/transfer_manager.h"
 
 namespace kvhost {
@@ -31,15 +32,18 @@ class TransferServiceImpl final : public v1::TransferService::CallbackService {
   // `handoff_socket` is the handoff socket's path that attachments with
   // layer_progress (and those served worker copies) are told ("": none, so
   // layer_progress is FAILED_PRECONDITION); `max_reply_bytes` bounds a
-  // worker copy's plan in its ticket (--max-message-bytes).
+  // worker copy's plan in its ticket (--max-message-bytes); `deposits`
+  // (the handoff socket's, must outlive this; null: none) lend the
+  // descriptors of cuMem buffers (cuda_fd) to the attach that names them.
   TransferServiceImpl(TransferManager* manager, const PoolRegistry* registry,
                       uint64_t max_indices_per_call, std::string handoff_socket = "",
-                      uint64_t max_reply_bytes = uint64_t{64} << 20)
+                      uint64_t max_reply_bytes = uint64_t{64} << 20, Deposits* deposits = nullptr)
       : manager_(manager),
         registry_(registry),
         max_indices_(max_indices_per_call),
         handoff_socket_(std::move(handoff_socket)),
-        max_reply_bytes_(max_reply_bytes) {}
+        max_reply_bytes_(max_reply_bytes),
+        deposits_(deposits) {}
 
   grpc::ServerUnaryReactor* AttachDevice(grpc::CallbackServerContext* context,
                                          const v1::AttachDeviceRequest* request,
@@ -79,6 +83,7 @@ class TransferServiceImpl final : public v1::TransferService::CallbackService {
   const uint64_t max_indices_;
   const std::string handoff_socket_;
   const uint64_t max_reply_bytes_;
+  Deposits* const deposits_;
 };
 
 }  // namespace kvhost

@@ -164,13 +164,14 @@ absl::StatusOr<int> CudaEngine::AttachGpu(const ResolvedAttach& attach) const {
   int gpu = -1;
   std::string first_where;
   auto check = [&](const DeviceBufferRef& ref, const std::string& where) -> absl::Status {
-    if (ref.kind != DeviceBufferRef::Kind::kCuda) {
+    if (ref.kind == DeviceBufferRef::Kind::kShm) {
       return absl::FailedPreconditionError(
           absl::StrCat(where,
                        " is a shared-memory buffer, but this daemon runs the cuda backend "
                        "(send CUDA IPC buffers, or start kvhostd with --backend=host)"));
     }
-    if (ref.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    if (ref.kind == DeviceBufferRef::Kind::kCuda &&
+        ref.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": ipc_handle has ", ref.ipc_handle.size(),
                        " bytes; a cudaIpcMemHandle_t has ", sizeof(cudaIpcMemHandle_t)));

@@ -40,14 +40,31 @@
 
 namespace kvhost {
 
+// One physical allocation of a cuMem buffer (kvhost.v1.CudaFdChunk): its
+// descriptor is entry `index` of deposit `deposit_id` (service/deposits.h),
+// which lends it as `fd` for the attach call only.
+// The most bytes a cuMem buffer's chunks may add up to: 256 TiB, far past
+// any GPU's memory and far from overflowing an offset.
+inline constexpr uint64_t kMaxFdBufferBytes = uint64_t{1} << 48;
+
+struct FdChunk {
+  std::string deposit_id;
+  uint32_t index = 0;
+  uint64_t bytes = 0;
+  int fd = -1;  // borrowed; -1 until lent
+};
+
 // Where one device layer buffer lives, as the worker described it.
 struct DeviceBufferRef {
-  enum class Kind : uint8_t { kShm, kCuda };
+  // kCuda: a cudaMalloc allocation's IPC handle; kCudaFd: cuMem allocations
+  // imported from descriptors and mapped back to back.
+  enum class Kind : uint8_t { kShm, kCuda, kCudaFd };
   Kind kind = Kind::kShm;
-  std::string shm_path;    // kShm
-  std::string ipc_handle;  // kCuda: cudaIpcMemHandle_t bytes
-  std::string gpu_uuid;    // kCuda
-  uint64_t offset = 0;     // bytes from the file / allocation start
+  std::string shm_path;              // kShm
+  std::string ipc_handle;            // kCuda: cudaIpcMemHandle_t bytes
+  std::string gpu_uuid;              // kCuda, kCudaFd
+  uint64_t offset = 0;               // bytes from the file / allocation / first chunk start
+  std::vector<FdChunk> chunks = {};  // kCudaFd, in address order
 };
 
 // One component's device buffers, one per attached layer.

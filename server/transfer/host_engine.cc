@@ -119,7 +119,9 @@ class ShmDeviceMapping : public HostMapping {
     if (ref.kind != DeviceBufferRef::Kind::kShm) {
       return absl::FailedPreconditionError(
           absl::StrCat(where,
-                       " is a CUDA IPC buffer, but this daemon runs the host backend "
+                       ref.kind == DeviceBufferRef::Kind::kCuda ? " is a CUDA IPC buffer"
+                                                                : " is a cuMem buffer (cuda_fd)",
+                       ", but this daemon runs the host backend "
                        "(start kvhostd with --backend=cuda on a GPU machine)"));
     }
     if (absl::Status s = CheckNoNul(ref.shm_path, "shm path"); !s.ok()) return Where(where, s);

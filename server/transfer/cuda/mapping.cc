@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_util.h"
+#include "common/cuda_vmm.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -20,6 +21,19 @@ CudaMapping::~CudaMapping() {
     if (cudaError_t e = cudaIpcCloseMemHandle(allocation.ptr); e != cudaSuccess) {
       cudaGetLastError();
       spdlog::error("cudaIpcCloseMemHandle on GPU {}: {}", gpu_, CudaError(e));
+    }
+  }
+  if (!imported_.empty()) {
+    absl::StatusOr<const VmmApi*> vmm = Vmm();  // resolved already: imports used it
+    for (const ImportedRange& range : imported_) {
+      for (const auto& [address, bytes] : range.mapped) {
+        if (CUresult r = (*vmm)->unmap(address, bytes); r != CUDA_SUCCESS) {
+          spdlog::error("cuMemUnmap of an imported chunk on GPU {}: {}", gpu_, (*vmm)->Error(r));
+        }
+      }
+      if (CUresult r = (*vmm)->address_free(range.base, range.bytes); r != CUDA_SUCCESS) {
+        spdlog::error("cuMemAddressFree on GPU {}: {}", gpu_, (*vmm)->Error(r));
+      }
     }
   }
   for (uint8_t* base : pinned_) pins_->Release(base);
@@ -68,8 +82,77 @@ absl::StatusOr<int> CudaMapping::AcquireSet() const {
       "with more load_event_sets"));
 }
 
+absl::StatusOr<CudaMapping::Allocation> CudaMapping::Import(const DeviceBufferRef& ref,
+                                                            const std::string& where) {
+  std::string key;
+  uint64_t total = 0;  // bounded by kMaxFdBufferBytes (service/convert.cc)
+  for (const FdChunk& chunk : ref.chunks) {
+    absl::StrAppend(&key, "|", chunk.deposit_id, "/", chunk.index, "/", chunk.bytes);
+    total += chunk.bytes;
+  }
+  if (auto it = imported_by_chunks_.find(key); it != imported_by_chunks_.end()) {
+    return it->second;
+  }
+  absl::StatusOr<const VmmApi*> vmm = Vmm();
+  if (!vmm.ok()) return vmm.status();
+  const VmmApi& api = **vmm;
+  CUdeviceptr base = 0;
+  if (CUresult r = api.address_reserve(&base, total, 0, 0, 0); r != CUDA_SUCCESS) {
+    return absl::ResourceExhaustedError(absl::StrCat(where, ": cuMemAddressReserve of ", total,
+                                                     " bytes on GPU ", gpu_, ": ", api.Error(r)));
+  }
+  // From here the destructor unmaps and frees what was made.
+  imported_.push_back({base, total, {}});
+  ImportedRange& range = imported_.back();
+  uint64_t offset = 0;
+  for (size_t c = 0; c < ref.chunks.size(); ++c) {
+    const FdChunk& chunk = ref.chunks[c];
+    const std::string what = absl::StrCat(where, ".chunks[", c, "]");
+    if (chunk.fd < 0) {
+      return absl::InternalError(absl::StrCat(what, ": its descriptor was not lent"));
+    }
+    CUmemGenericAllocationHandle handle = 0;
+    if (CUresult r = api.import_from_shareable_handle(
+            &handle, reinterpret_cast<void*>(static_cast<uintptr_t>(chunk.fd)),
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        r != CUDA_SUCCESS) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": cuMemImportFromShareableHandle: ", api.Error(r),
+                       "; the descriptor must come from cuMemExportToShareableHandle "
+                       "(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) of a live allocation"));
+    }
+    // The mapping holds the allocation from here; our handle goes either way.
+    const CUresult mapped = api.map(base + offset, chunk.bytes, 0, handle, 0);
+    api.release(handle);
+    if (mapped != CUDA_SUCCESS) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": cuMemMap of ", chunk.bytes, " bytes at offset ", offset, ": ",
+                       api.Error(mapped), "; bytes must be the allocation's whole size"));
+    }
+    range.mapped.emplace_back(base + offset, chunk.bytes);
+    offset += chunk.bytes;
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = gpu_;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (CUresult r = api.set_access(base, total, &access, 1); r != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": cuMemSetAccess for GPU ", gpu_, " on ", ref.chunks.size(), " imported chunks of ",
+        total, " bytes: ", api.Error(r), "; is the memory on the GPU ", ref.gpu_uuid, "?"));
+  }
+  Allocation allocation{reinterpret_cast<uint8_t*>(base), total};
+  imported_by_chunks_.emplace(std::move(key), allocation);
+  return allocation;
+}
+
 absl::Status CudaMapping::AddLayer(size_t component, const DeviceBufferRef& ref,
                                    const std::string& where) {
+  if (ref.kind == DeviceBufferRef::Kind::kCudaFd) {
+    absl::StatusOr<Allocation> imported = Import(ref, where);
+    if (!imported.ok()) return imported.status();
+    return AddBuffer(component, *imported, ref.offset, where);
+  }
   auto it = opened_.find(ref.ipc_handle);
   if (it == opened_.end()) {
     cudaIpcMemHandle_t handle;
@@ -97,15 +180,20 @@ absl::Status CudaMapping::AddLayer(size_t component, const DeviceBufferRef& ref,
     // from ptr are what a layer may use either way.
     it->second.bytes = base + size - reinterpret_cast<CUdeviceptr>(ptr);
   }
+  return AddBuffer(component, it->second, ref.offset, where);
+}
+
+absl::Status CudaMapping::AddBuffer(size_t component, const Allocation& allocation, uint64_t offset,
+                                    const std::string& where) {
   const DeviceRows& rows = rows_[component];
   const uint64_t need = rows.total_bytes();
-  const uint64_t have = it->second.bytes;
-  if (ref.offset > have || have - ref.offset < need) {
+  const uint64_t have = allocation.bytes;
+  if (offset > have || have - offset < need) {
     return absl::InvalidArgumentError(
-        absl::StrCat(where, ": offset ", ref.offset, " + ", rows.rows, " rows x ", rows.row_bytes,
+        absl::StrCat(where, ": offset ", offset, " + ", rows.rows, " rows x ", rows.row_bytes,
                      " bytes exceeds its CUDA allocation (", have, " bytes)"));
   }
-  layers_.push_back(it->second.ptr + ref.offset);
+  layers_.push_back(allocation.ptr + offset);
   return absl::OkStatus();
 }
 

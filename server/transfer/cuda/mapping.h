@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -83,7 +84,11 @@ class CudaMapping : public DeviceMapping {
   }
 
   // Opens (or reuses) `ref`'s allocation and adds its layer buffer of
-  // component `component`. REQUIRES: the current device is this mapping's;
+  // component `component`: a cudaMalloc allocation by its IPC handle, or
+  // cuMem allocations (kCudaFd) imported from their lent descriptors and
+  // mapped back to back in a range of this process's address space, with
+  // read-write access for this GPU (buffers naming the same chunks share
+  // it). REQUIRES: the current device is this mapping's; a kCuda
   // ref.ipc_handle has the size of a cudaIpcMemHandle_t; buffers are added
   // component-major.
   absl::Status AddLayer(size_t component, const DeviceBufferRef& ref, const std::string& where);
@@ -120,13 +125,28 @@ class CudaMapping : public DeviceMapping {
     uint8_t* ptr;
     uint64_t bytes;
   };
+  // A range of our address space holding imported cuMem chunks: unmapped
+  // chunk by chunk (the `mapped` ones) and freed in the destructor.
+  struct ImportedRange {
+    uint64_t base;  // CUdeviceptr
+    uint64_t bytes;
+    std::vector<std::pair<uint64_t, uint64_t>> mapped;  // (address, bytes)
+  };
+  // Adds the layer buffer at `offset` of `allocation`, checked to hold the
+  // component's rows.
+  absl::Status AddBuffer(size_t component, const Allocation& allocation, uint64_t offset,
+                         const std::string& where);
+  // `ref`'s chunks imported and mapped (kCudaFd), as AddLayer says.
+  absl::StatusOr<Allocation> Import(const DeviceBufferRef& ref, const std::string& where);
 
   const int gpu_;
   CudaLane* const lanes_;  // owned by the engine, which outlives us
   const std::vector<LayoutGroup> groups_;
   // A group's entries (empty for a plain attachment's mapping).
   const std::vector<std::shared_ptr<const DeviceMapping>> entries_;
-  std::map<std::string, Allocation> opened_;  // by handle bytes
+  std::map<std::string, Allocation> opened_;              // by handle bytes
+  std::map<std::string, Allocation> imported_by_chunks_;  // by the chunks' names
+  std::vector<ImportedRange> imported_;
   std::shared_ptr<HostPins> pins_;
   std::vector<uint8_t*> pinned_;          // region bases
   std::vector<cudaEvent_t> load_events_;  // set-major, as load_event_handles_
