@@ -27,7 +27,10 @@ ABSL_FLAG(std::vector<std::string>, kinds, std::vector<std::string>({"MHA", "MLA
           "Pool kinds: MHA (8 KV heads x 128 dims bf16, K and V), MLA (576 dims bf16).");
 ABSL_FLAG(std::vector<std::string>, layouts,
           std::vector<std::string>({"LAYER_FIRST", "PAGE_FIRST", "PAGE_FIRST_DIRECT", "PAGE_HEAD"}),
-          "Host layouts, comma separated (PAGE_HEAD applies to MHA only).");
+          "Host layouts, comma separated: LAYER_FIRST, PAGE_FIRST, PAGE_FIRST_DIRECT, PAGE_HEAD "
+          "(MHA only), PAGE_UNIFIED (sglang's page_unified; --head-groups).");
+ABSL_FLAG(uint32_t, head_groups, 1,
+          "PAGE_UNIFIED: head groups of the MHA pools' 8 KV heads per page (1, 2, 4 or 8).");
 ABSL_FLAG(std::vector<std::string>, page_sizes, std::vector<std::string>({"1", "16", "64"}),
           "Page sizes, comma separated.");
 ABSL_FLAG(std::vector<std::string>, directions, std::vector<std::string>({"backup", "load"}),
@@ -137,8 +140,10 @@ absl::Status ParseShapes(Options& o) {
   for (const std::string& l : Upper(absl::GetFlag(FLAGS_layouts))) {
     v1::Layout layout;
     if (!v1::Layout_Parse(l, &layout) || layout == v1::LAYOUT_UNSPECIFIED) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--layouts: '", l, "' is not LAYER_FIRST, PAGE_FIRST, PAGE_FIRST_DIRECT or PAGE_HEAD"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--layouts: '", l,
+                       "' is not LAYER_FIRST, PAGE_FIRST, PAGE_FIRST_DIRECT, PAGE_HEAD or "
+                       "PAGE_UNIFIED"));
     }
     layouts.push_back(layout);
   }
@@ -330,6 +335,14 @@ absl::StatusOr<Options> OptionsFromFlags() {
     if (!ceiling.ok()) return ceiling.status();
     o.ceiling_bytes = *ceiling;
   }
+  // The MHA pools' KV heads (BenchPoolSpec, bench/bench_util.h).
+  constexpr uint32_t kMhaHeads = 8;
+  o.head_groups = absl::GetFlag(FLAGS_head_groups);
+  if (o.head_groups == 0 || kMhaHeads % o.head_groups != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--head-groups: ", o.head_groups,
+                                                   " does not divide the MHA pools' ", kMhaHeads,
+                                                   " KV heads (use 1, 2, 4 or 8)"));
+  }
   if (absl::Status s = CheckSizes(o); !s.ok()) return s;
   return o;
 }
@@ -344,7 +357,9 @@ std::vector<Case> MakeCases(const Options& o) {
 
 v1::PoolSpec SpecFor(const Options& o, v1::PoolKind kind, v1::Layout layout, uint32_t page_size,
                      uint64_t need_tokens) {
-  return BenchPoolSpec(kind, layout, page_size, o.layers, need_tokens + o.tokens);
+  v1::PoolSpec spec = BenchPoolSpec(kind, layout, page_size, o.layers, need_tokens + o.tokens);
+  if (kind == v1::MHA && layout == v1::PAGE_UNIFIED) spec.set_head_groups(o.head_groups);
+  return spec;
 }
 
 uint64_t TransferBytes(const Options& o, v1::PoolKind kind) {

@@ -59,6 +59,7 @@ struct Options {
   uint64_t churn_ops = 0;
   uint64_t tokens = 0;
   uint32_t layers = 0;
+  uint32_t head_groups = 1;  // --head-groups: PAGE_UNIFIED MHA pools
   int repeats = 0;
   double slow_case_s = 0;
   double window_s = 0;

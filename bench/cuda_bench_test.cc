@@ -22,6 +22,8 @@ ABSL_DECLARE_FLAG(std::string, host_slots);
 ABSL_DECLARE_FLAG(uint64_t, tokens);
 ABSL_DECLARE_FLAG(uint32_t, gemm_n);
 ABSL_DECLARE_FLAG(bool, quick);
+ABSL_DECLARE_FLAG(std::vector<std::string>, layouts);
+ABSL_DECLARE_FLAG(uint32_t, head_groups);
 
 namespace kvhost::bench {
 namespace {
@@ -71,6 +73,24 @@ TEST(CudaBenchOptionsTest, QuickIsASmoke) {
   EXPECT_EQ(o->tokens, 256u);
   EXPECT_EQ(MakeCases(*o).size(), 2u);
   EXPECT_LT(EstimateSeconds(*o), kQuickBudgetS);
+}
+
+TEST(CudaBenchOptionsTest, PageUnifiedIsSelectableWithHeadGroups) {
+  absl::FlagSaver saver;
+  absl::SetFlag(&FLAGS_layouts, std::vector<std::string>({"page_unified"}));
+  absl::SetFlag(&FLAGS_head_groups, 4u);
+  absl::StatusOr<Options> o = OptionsFromFlags();
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_EQ(o->shapes.size(), 2u);  // MHA and MLA
+  const v1::PoolSpec mha = SpecFor(*o, v1::MHA, v1::PAGE_UNIFIED, 16, o->tokens);
+  EXPECT_EQ(mha.layout(), v1::PAGE_UNIFIED);
+  EXPECT_EQ(mha.head_groups(), 4u);
+  EXPECT_EQ(SpecFor(*o, v1::MLA, v1::PAGE_UNIFIED, 16, o->tokens).head_groups(), 0u);
+  EXPECT_EQ(SpecFor(*o, v1::MHA, v1::PAGE_FIRST, 16, o->tokens).head_groups(), 0u);
+  absl::SetFlag(&FLAGS_head_groups, 3u);
+  o = OptionsFromFlags();
+  ASSERT_FALSE(o.ok());
+  EXPECT_TRUE(absl::StrContains(o.status().message(), "--head-groups: 3")) << o.status();
 }
 
 TEST(CudaBenchOptionsTest, ListsAreParsed) {

@@ -141,13 +141,15 @@ std::vector<Case> MakeCases(const Options& o) {
     v1::Layout layout;
   };
   const std::vector<Shape> shapes =
-      o.quick ? std::vector<Shape>{{v1::MHA, v1::PAGE_FIRST},
-                                   {v1::MHA, v1::PAGE_HEAD},
-                                   {v1::MLA, v1::LAYER_FIRST}}
-              : std::vector<Shape>{{v1::MHA, v1::LAYER_FIRST},       {v1::MHA, v1::PAGE_FIRST},
-                                   {v1::MHA, v1::PAGE_FIRST_DIRECT}, {v1::MHA, v1::PAGE_HEAD},
-                                   {v1::MLA, v1::LAYER_FIRST},       {v1::MLA, v1::PAGE_FIRST},
-                                   {v1::MLA, v1::PAGE_FIRST_DIRECT}};
+      o.quick
+          ? std::vector<Shape>{{v1::MHA, v1::PAGE_FIRST},
+                               {v1::MHA, v1::PAGE_HEAD},
+                               {v1::MLA, v1::LAYER_FIRST}}
+          : std::vector<Shape>{{v1::MHA, v1::LAYER_FIRST},       {v1::MHA, v1::PAGE_FIRST},
+                               {v1::MHA, v1::PAGE_FIRST_DIRECT}, {v1::MHA, v1::PAGE_HEAD},
+                               {v1::MHA, v1::PAGE_UNIFIED},      {v1::MLA, v1::LAYER_FIRST},
+                               {v1::MLA, v1::PAGE_FIRST},        {v1::MLA, v1::PAGE_FIRST_DIRECT},
+                               {v1::MLA, v1::PAGE_UNIFIED}};
   std::vector<Case> cases;
   for (const Shape& s : shapes) {
     for (uint64_t ps : o.page_sizes) cases.push_back({s.kind, s.layout, static_cast<uint32_t>(ps)});

@@ -286,14 +286,21 @@ absl::Status WorkerCopier::MapRegions(const Handoff& handoff, const std::string&
 absl::Status WorkerCopier::AddGroup(const v1::WorkerCopyGroup& in, int index,
                                     absl::Span<const CudaComponentLayers> components) {
   const std::string what = absl::StrCat("launch group ", index);
-  if (in.layout() < 1 || in.layout() > 4 || in.planes() < 1 || in.layers() < 1 || in.tokens() < 1 ||
-      in.page_size() < 1 || in.tokens() % in.page_size() != 0 || in.heads() < 1 ||
-      in.head_bytes() < 1 || static_cast<uint64_t>(in.components_size()) != in.planes()) {
+  // 0: a daemon that predates PAGE_UNIFIED's fields.
+  const uint64_t head_groups = in.head_groups() != 0 ? in.head_groups() : 1;
+  const uint64_t interleaved = in.interleaved_planes() != 0 ? in.interleaved_planes() : in.planes();
+  const auto kind = static_cast<LayoutKind>(in.layout());
+  if (in.layout() < 1 || in.layout() > static_cast<uint32_t>(LayoutKind::kPageUnified) ||
+      in.planes() < 1 || in.layers() < 1 || in.tokens() < 1 || in.page_size() < 1 ||
+      in.tokens() % in.page_size() != 0 || in.heads() < 1 || in.head_bytes() < 1 ||
+      in.heads() % head_groups != 0 || interleaved < in.planes() ||
+      (kind != LayoutKind::kPageUnified && (head_groups != 1 || interleaved != in.planes())) ||
+      static_cast<uint64_t>(in.components_size()) != in.planes()) {
     return absl::InternalError(absl::StrCat(what, ": not a layout kvhost knows"));
   }
   Group& group = groups_.emplace_back();
-  group.layout = KvLayout(static_cast<LayoutKind>(in.layout()), in.planes(), in.layers(),
-                          in.tokens(), in.page_size(), in.heads(), in.head_bytes());
+  group.layout = KvLayout(kind, in.planes(), in.layers(), in.tokens(), in.page_size(), in.heads(),
+                          in.head_bytes(), head_groups, interleaved);
   if (group.layout.token_bytes != in.token_bytes() ||
       group.layout.plane_bytes != in.plane_bytes()) {
     return absl::InternalError(
@@ -301,7 +308,7 @@ absl::Status WorkerCopier::AddGroup(const v1::WorkerCopyGroup& in, int index,
                      group.layout.token_bytes, " vs ", in.token_bytes(), ")"));
   }
   if (in.region() >= regions_.size() || in.region_offset() > regions_[in.region()].bytes ||
-      regions_[in.region()].bytes - in.region_offset() < group.layout.total_bytes()) {
+      regions_[in.region()].bytes - in.region_offset() < group.layout.extent_bytes()) {
     return absl::InternalError(absl::StrCat(what, " does not fit its region ", in.region()));
   }
   group.other = regions_[in.region()].device + in.region_offset();

@@ -10,7 +10,9 @@
 //   * it equals the row-major offset in the seeds' tensor shape for the
 //     layout (SEED_INVENTORY.md §2: LAYER_FIRST (L, S, H, D), PAGE_FIRST
 //     (S, L, H, D), PAGE_FIRST_DIRECT (P, L, ps, H, D), PAGE_HEAD
-//     (P, H, ps, L, D)), computed here from the shape alone;
+//     (P, H, ps, L, D); sglang's PAGE_UNIFIED (P, G, L, planes, ps, H / G, D),
+//     a component being plane 0 of it at its region offset), computed here
+//     from the shape alone;
 //   * MHA / MLA / K_ONLY: the pool's one-region layout agrees with the
 //     components.
 // Then on a real Pool (regions in a scratch directory):
@@ -59,7 +61,7 @@ uint32_t Small(FuzzedDataProvider& in, uint32_t lo, uint32_t hi) {
 PoolSpec DrawSpec(FuzzedDataProvider& in) {
   PoolSpec s;
   s.kind = static_cast<PoolKind>(Small(in, 1, 10));
-  s.layout = static_cast<LayoutKind>(Small(in, 1, 4));
+  s.layout = static_cast<LayoutKind>(Small(in, 1, 5));
   s.dtype = static_cast<DType>(Small(in, 1, 6));
   s.page_size = Small(in, 1, 4);
   s.layer_num = Small(in, 1, 3);
@@ -72,6 +74,11 @@ PoolSpec DrawSpec(FuzzedDataProvider& in) {
       s.head_dim = Small(in, 1, 4);
       if (s.kind == PoolKind::kMhaAsymmetric) s.v_head_dim = s.head_dim + Small(in, 1, 3);
       if (s.kind == PoolKind::kKOnly) s.follows = "anchor";
+      // PAGE_UNIFIED head groups; one that does not divide head_num is
+      // refused (and the draw skipped).
+      if (s.layout == LayoutKind::kPageUnified && in.ConsumeBool()) {
+        s.head_groups = Small(in, 1, s.head_num);
+      }
       break;
     case PoolKind::kMla:
     case PoolKind::kDsa:
@@ -143,6 +150,11 @@ uint64_t SeedOffset(const KvLayout& l, uint64_t row, uint64_t layer, uint64_t he
       return RowMajor({P, l.layers, ps, l.heads, l.head_bytes}, {p, layer, o, head, byte});
     case LayoutKind::kPageHead:
       return RowMajor({P, l.heads, ps, l.layers, l.head_bytes}, {p, head, o, layer, byte});
+    case LayoutKind::kPageUnified: {  // plane 0 of (P, G, L, planes, ps, H / G, D)
+      const uint64_t G = l.head_groups, hg = l.heads / G;
+      return RowMajor({P, G, l.layers, l.interleaved_planes, ps, hg, l.head_bytes},
+                      {p, head / hg, layer, 0, o, head % hg, byte});
+    }
   }
   Fail(__FILE__, __LINE__, "unknown layout");
 }
@@ -296,7 +308,7 @@ void Run(const uint8_t* data, size_t size) {
   std::vector<uint64_t> sizes(suffixes.size(), 0);
   uint64_t total = 0;
   for (const Component& c : comps) {
-    sizes[c.region] = std::max(sizes[c.region], c.region_offset + c.bytes());
+    sizes[c.region] = std::max(sizes[c.region], c.region_offset + c.extent_bytes());
     total += c.bytes();
   }
   if (total > kMaxPoolBytes) return;

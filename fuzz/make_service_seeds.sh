@@ -59,6 +59,17 @@ call $Alloc AllocRequest 'pool: "h" num_tokens: 4'
 call $GetSplitHeadsPageBufferMeta SplitHeadsMetaRequest 'pool: "h" indices: [0, 1] split_factor: 2'
 call $GetSplitHeadsPageBufferMeta SplitHeadsMetaRequest 'pool: "h" indices: [2, 3] split_factor: 3'
 
+pu='name: "u" spec { kind: MHA layout: PAGE_UNIFIED dtype: FP16 page_size: 2 layer_num: 2 head_num: 4 head_dim: 2 head_groups: 2 size_tokens: 16 }'
+begin page_unified
+call $CreatePool CreatePoolRequest "$pu"
+call $Alloc AllocRequest 'pool: "u" num_tokens: 4'
+call $GetPageBufferMeta GetPageBufferMetaRequest 'pool: "u" indices: [2, 3, 0, 1]'
+call $GetPageShape GetPageShapeRequest 'pool: "u"'
+call $SetFromFlatDataPage SetPageRequest 'pool: "u" index: 2 data: "0123456789abcdef"'
+call $GetDataPage PageRequest 'pool: "u" index: 2'
+call $GetSplitHeadsPageBufferMeta SplitHeadsMetaRequest 'pool: "u" indices: [0, 1] split_factor: 2'
+call $IsStridePageAligned StrideAlignmentRequest 'pool: "u" alignment: 64'
+
 begin follower_group
 call $CreatePool CreatePoolRequest 'name: "m" spec { kind: MLA layout: LAYER_FIRST dtype: BF16 page_size: 2 layer_num: 2 kv_lora_rank: 4 qk_rope_head_dim: 2 size_tokens: 8 }'
 call $CreatePool CreatePoolRequest 'name: "i" spec { kind: DSA_INDEXER layout: PAGE_FIRST dtype: UINT8 layer_num: 2 index_head_dim: 8 index_quant_block_size: 4 follows: "m" }'

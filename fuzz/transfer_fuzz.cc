@@ -8,8 +8,9 @@
 // Every input starts from the same state: pools of several kinds and
 // layouts (MHA LAYER_FIRST page 1, MHA PAGE_FIRST page 16 holding device
 // layers [1, 3), MHA PAGE_HEAD with an owner token, MLA with a DSA_INDEXER
-// follower, V4_PAGED page rows, LOGICAL, and a pool group of an MHA and a
-// MAMBA pool), half of each pool's slots allocated, two worker sessions
+// follower, V4_PAGED page rows, LOGICAL, a pool group of an MHA and a
+// MAMBA pool, and MHA PAGE_UNIFIED in two head groups, whose K and V
+// interleave), half of each pool's slots allocated, two worker sessions
 // open, and one emulated device buffer per pool: a shared-memory file in the
 // scratch directory laid out component-major, kDeviceLayers layer buffers
 // of device_tokens rows each (what client/client.cc's ShmDevicePool does).
@@ -241,6 +242,10 @@ const PoolDef kPools[] = {
     {"gssm",
      "kind: MAMBA layout: PAGE_FIRST_DIRECT dtype: BF16 page_size: 1 layer_num: 2 "
      "size_tokens: 16 mamba { temporal { dims: [2, 3] } temporal_dtype: FP32 conv { dims: [5] } }",
+     8},
+    {"pu",
+     "kind: MHA layout: PAGE_UNIFIED dtype: BF16 page_size: 2 layer_num: 2 head_num: 4 "
+     "head_dim: 2 head_groups: 2 size_tokens: 16",
      8},
 };
 constexpr size_t kPoolCount = sizeof(kPools) / sizeof(kPools[0]);

@@ -90,9 +90,9 @@ struct Combo {
 
 // Every supported kind x layout.
 inline const Combo kCombos[] = {
-    {v1::MHA, v1::LAYER_FIRST},       {v1::MHA, v1::PAGE_FIRST},  {v1::MHA, v1::PAGE_FIRST_DIRECT},
-    {v1::MHA, v1::PAGE_HEAD},         {v1::MLA, v1::LAYER_FIRST}, {v1::MLA, v1::PAGE_FIRST},
-    {v1::MLA, v1::PAGE_FIRST_DIRECT},
+    {v1::MHA, v1::LAYER_FIRST}, {v1::MHA, v1::PAGE_FIRST},        {v1::MHA, v1::PAGE_FIRST_DIRECT},
+    {v1::MHA, v1::PAGE_HEAD},   {v1::MHA, v1::PAGE_UNIFIED},      {v1::MLA, v1::LAYER_FIRST},
+    {v1::MLA, v1::PAGE_FIRST},  {v1::MLA, v1::PAGE_FIRST_DIRECT}, {v1::MLA, v1::PAGE_UNIFIED},
 };
 
 inline std::string ComboName(const Combo& c) {
@@ -103,10 +103,11 @@ inline std::string ComboName(const Combo& c) {
 
 struct Dims {
   uint32_t layers = 3;
-  uint32_t heads = 2;       // MHA
-  uint32_t head_dim = 8;    // MHA
-  uint32_t lora_rank = 12;  // MLA
-  uint32_t rope_dim = 4;    // MLA
+  uint32_t heads = 2;        // MHA
+  uint32_t head_dim = 8;     // MHA
+  uint32_t lora_rank = 12;   // MLA
+  uint32_t rope_dim = 4;     // MLA
+  uint32_t head_groups = 0;  // MHA PAGE_UNIFIED
 };
 
 inline v1::PoolSpec MakeSpec(v1::PoolKind kind, v1::Layout layout, uint32_t page_size,
@@ -121,6 +122,7 @@ inline v1::PoolSpec MakeSpec(v1::PoolKind kind, v1::Layout layout, uint32_t page
   if (kind == v1::MHA) {
     spec.set_head_num(dims.heads);
     spec.set_head_dim(dims.head_dim);
+    spec.set_head_groups(dims.head_groups);
   } else {
     spec.set_kv_lora_rank(dims.lora_rank);
     spec.set_qk_rope_head_dim(dims.rope_dim);
@@ -140,6 +142,8 @@ inline SeedLayout SeedLayoutOf(v1::Layout layout) {
       return SeedLayout::kPageFirstDirect;
     case v1::PAGE_HEAD:
       return SeedLayout::kPageHead;
+    case v1::PAGE_UNIFIED:
+      return SeedLayout::kPageUnified;
     default:
       ADD_FAILURE() << "no layout";
       return SeedLayout::kLayerFirst;
@@ -150,10 +154,13 @@ struct Geo {
   bool mla = false;
   v1::Layout layout = v1::LAYOUT_UNSPECIFIED;
   uint64_t L = 0, S = 0, ps = 0, H = 0, Db = 0;
+  uint64_t G = 1;  // PAGE_UNIFIED's head groups
 
   uint64_t planes() const { return mla ? 1 : 2; }
   uint64_t row_bytes() const { return H * Db; }
-  uint64_t v_off() const { return L * S * H * Db; }  // V_OFF, the same for every layout
+  // V_OFF, the same for every layout of the seeds (PAGE_UNIFIED interleaves
+  // K and V instead: Offset places them).
+  uint64_t v_off() const { return L * S * H * Db; }
   uint64_t bytes_per_token() const { return planes() * L * H * Db; }
   uint64_t total_bytes() const { return planes() * v_off(); }
 
@@ -167,6 +174,7 @@ struct Geo {
     b.page_size = ps;
     b.heads = H;
     b.dim = Db;
+    b.groups = G;
     return b;
   }
   // SEED_INVENTORY §2: offset of (kv, t, l, h).
@@ -185,6 +193,7 @@ inline Geo GeoOf(const v1::Pool& pool) {
   g.S = pool.size_tokens();
   g.ps = s.page_size();
   g.H = g.mla ? 1 : s.head_num();
+  g.G = s.layout() == v1::PAGE_UNIFIED && s.head_groups() > 1 ? s.head_groups() : 1;
   g.Db =
       g.mla ? (uint64_t{s.kv_lora_rank()} + s.qk_rope_head_dim()) * b : uint64_t{s.head_dim()} * b;
   return g;

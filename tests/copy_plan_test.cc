@@ -7,7 +7,9 @@
 //
 // Shapes: every layout with MHA-like (K and V as two components, one launch
 // group) and MLA-like components at page sizes 1, 3 and 4, index runs with
-// partial pages; then every pool kind x layout of MakeComponents
+// partial pages (PAGE_UNIFIED with one head group and with a group per head:
+// K and V interleaved, rows split per group); then every pool kind x layout
+// of MakeComponents
 // (multi-component kinds, page-row components that copy page runs, components
 // in separate region files at offsets), and layer sharding (attachments wider
 // than the pool, narrower, and offset from it, where host layer h is device
@@ -32,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "seed_offsets.h"
+#include "server/transfer/cuda/path_policy.h"
 #include "server/transfer/engine.h"
 
 #ifdef KVHOST_HAVE_CUDA_ENGINE
@@ -72,7 +75,7 @@ Buffers MakeBuffers(const Case& c, std::mt19937_64& rng) {
   for (const Component& comp : c.components) {
     if (b.regions.size() <= comp.region) b.regions.resize(comp.region + 1);
     std::vector<uint8_t>& r = b.regions[comp.region];
-    r.resize(std::max<uint64_t>(r.size(), comp.region_offset + comp.bytes()));
+    r.resize(std::max<uint64_t>(r.size(), comp.region_offset + comp.extent_bytes()));
   }
   for (auto& r : b.regions) FillRandom(&r, rng);
   for (const Component& comp : c.components) {
@@ -85,11 +88,14 @@ Buffers MakeBuffers(const Case& c, std::mt19937_64& rng) {
 }
 
 // A component's buffer as one of the seeds' (tests/seed_offsets.h), so that
-// the reference's offsets do not come from the code under test.
+// the reference's offsets do not come from the code under test: its plane 0
+// (a PAGE_UNIFIED component is one of the buffer's interleaved planes; the
+// component's region offset places it).
 testing::SeedBuffer SeedOf(const KvLayout& layout) {
   testing::SeedBuffer s;
   s.layout = testing::SeedLayoutNamed(layout.kind);
-  s.planes = 1;
+  s.planes = layout.kind == LayoutKind::kPageUnified ? layout.interleaved_planes : 1;
+  s.groups = layout.head_groups;
   s.layers = layout.layers;
   s.rows = layout.tokens;
   s.page_size = layout.page_size;
@@ -479,6 +485,7 @@ struct Shape {
   uint64_t planes;
   uint64_t heads;
   uint64_t page_size;
+  uint64_t groups = 1;  // PAGE_UNIFIED's head groups
 };
 
 std::string ShapeName(const ::testing::TestParamInfo<Shape>& info) {
@@ -486,8 +493,10 @@ std::string ShapeName(const ::testing::TestParamInfo<Shape>& info) {
   const char* kind = s.kind == LayoutKind::kLayerFirst        ? "LayerFirst"
                      : s.kind == LayoutKind::kPageFirst       ? "PageFirst"
                      : s.kind == LayoutKind::kPageFirstDirect ? "PageFirstDirect"
-                                                              : "PageHead";
-  return absl::StrCat(kind, "_planes", s.planes, "_heads", s.heads, "_ps", s.page_size);
+                     : s.kind == LayoutKind::kPageHead        ? "PageHead"
+                                                              : "PageUnified";
+  return absl::StrCat(kind, "_planes", s.planes, "_heads", s.heads, "_ps", s.page_size,
+                      s.groups > 1 ? absl::StrCat("_groups", s.groups) : "");
 }
 
 constexpr uint64_t kLayers = 3;
@@ -495,20 +504,24 @@ constexpr uint64_t kHeadBytes = 8;
 constexpr uint64_t kPages = 12;
 
 KvLayout LayoutOf(const Shape& s) {
-  return KvLayout(s.kind, s.planes, kLayers, kPages * s.page_size, s.page_size, s.heads,
-                  kHeadBytes);
+  return KvLayout(s.kind, s.planes, kLayers, kPages * s.page_size, s.page_size, s.heads, kHeadBytes,
+                  s.groups);
 }
 
 // The planes of `layout` as back-to-back components of region 0 (MHA's K
-// and V, or MLA's latent), as Pool::components() lists them.
+// and V, or MLA's latent), as Pool::components() lists them: V at V_OFF, or
+// in PAGE_UNIFIED one (ps, H / G, D) chunk after K (the planes interleave).
 std::vector<Component> PlaneComponents(const KvLayout& layout) {
+  const bool unified = layout.kind == LayoutKind::kPageUnified;
+  const uint64_t v_off = layout.layers * layout.tokens * layout.heads * layout.head_bytes;
+  const uint64_t chunk = layout.page_size * layout.heads / layout.head_groups * layout.head_bytes;
   std::vector<Component> out;
   for (uint64_t p = 0; p < layout.planes; ++p) {
     Component c;
     c.name = absl::StrCat("plane", p);
     c.layout = KvLayout(layout.kind, 1, layout.layers, layout.tokens, layout.page_size,
-                        layout.heads, layout.head_bytes);
-    c.region_offset = p * layout.plane_bytes;
+                        layout.heads, layout.head_bytes, layout.head_groups, layout.planes);
+    c.region_offset = p * (unified ? chunk : v_off);
     out.push_back(c);
   }
   return out;
@@ -557,6 +570,9 @@ TEST_P(CopyPlanTest, PlanesAreOneLaunchGroup) {
   ASSERT_EQ(groups.size(), 1u);
   EXPECT_EQ(groups[0].layout.planes, layout.planes);
   EXPECT_EQ(groups[0].layout.plane_bytes, layout.plane_bytes);
+  EXPECT_EQ(groups[0].layout.plane_stride, layout.plane_stride);
+  EXPECT_EQ(groups[0].layout.head_groups, layout.head_groups);
+  EXPECT_EQ(groups[0].layout.interleaved_planes, layout.planes);
   EXPECT_EQ(groups[0].region_offset, 0u);
 }
 
@@ -620,7 +636,7 @@ constexpr uint64_t kHostRun = 5;
 Case LongRunCase(const Shape& s, bool repeat) {
   const uint64_t ps = s.page_size;
   const uint64_t head_bytes = s.heads == 1 ? 48 : 256;
-  const KvLayout layout(s.kind, s.planes, kLayers, 40 * ps, ps, s.heads, head_bytes);
+  const KvLayout layout(s.kind, s.planes, kLayers, 40 * ps, ps, s.heads, head_bytes, s.groups);
   std::mt19937_64 rng(23);
   std::vector<uint64_t> starts(layout.tokens / kHostRun);
   for (uint64_t i = 0; i < starts.size(); ++i) starts[i] = i * kHostRun;
@@ -658,11 +674,16 @@ TEST_P(CopyPlanTest, LongHostRunsInAnyRequestOrder) {
 
 std::vector<Shape> Shapes() {
   std::vector<Shape> shapes;
-  for (LayoutKind kind : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
-                          LayoutKind::kPageFirstDirect, LayoutKind::kPageHead}) {
+  for (LayoutKind kind :
+       {LayoutKind::kLayerFirst, LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect,
+        LayoutKind::kPageHead, LayoutKind::kPageUnified}) {
     for (uint64_t ps : {1, 3, 4}) {
       shapes.push_back(Shape{kind, 2, 3, ps});  // MHA-like, K and V
       shapes.push_back(Shape{kind, 1, 1, ps});  // MLA-like latent
+      if (kind == LayoutKind::kPageUnified) {
+        shapes.push_back(Shape{kind, 2, 3, ps, 3});  // MHA-like, a head group per head
+        shapes.push_back(Shape{kind, 1, 3, ps, 3});  // K_ONLY-like, a head group per head
+      }
     }
   }
   return shapes;
@@ -690,6 +711,15 @@ PoolSpec SpecOf(PoolKind kind, LayoutKind layout) {
   s.page_size = 4;
   s.layer_num = 3;
   switch (kind) {
+    case PoolKind::kMha:  // PAGE_UNIFIED in 2 head groups of 2 heads
+      s.head_num = 4;
+      s.head_dim = 4;
+      if (layout == LayoutKind::kPageUnified) s.head_groups = 2;
+      break;
+    case PoolKind::kMla:
+      s.kv_lora_rank = 8;
+      s.qk_rope_head_dim = 4;
+      break;
     case PoolKind::kMhaAsymmetric:
       s.v_head_dim = 6;
       [[fallthrough]];
@@ -697,6 +727,7 @@ PoolSpec SpecOf(PoolKind kind, LayoutKind layout) {
       s.head_num = 2;
       s.head_dim = 4;
       if (kind == PoolKind::kKOnly) s.follows = "mha";
+      if (layout == LayoutKind::kPageUnified) s.head_groups = 2;
       break;
     case PoolKind::kDsa:
       s.kv_lora_rank = 8;
@@ -800,7 +831,7 @@ TEST_P(KindCopyPlanTest, GroupsCoverEveryComponentOnce) {
     for (uint64_t p = 0; p < g.layout.planes; ++p) {
       const Component& c = components[next + p];
       EXPECT_EQ(c.region, g.region);
-      EXPECT_EQ(c.region_offset, g.region_offset + p * g.layout.plane_bytes);
+      EXPECT_EQ(c.region_offset, g.region_offset + p * g.layout.plane_stride);
       EXPECT_EQ(c.row_bytes(), g.layout.token_bytes);
     }
     next += g.layout.planes;
@@ -813,11 +844,16 @@ std::vector<KindCase> KindCases() {
   for (PoolKind kind :
        {PoolKind::kMhaAsymmetric, PoolKind::kKOnly, PoolKind::kDsa, PoolKind::kDsaIndexer,
         PoolKind::kMamba, PoolKind::kV4Paged, PoolKind::kV4State}) {
-    for (LayoutKind layout : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
-                              LayoutKind::kPageFirstDirect, LayoutKind::kPageHead}) {
+    for (LayoutKind layout :
+         {LayoutKind::kLayerFirst, LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect,
+          LayoutKind::kPageHead, LayoutKind::kPageUnified}) {
       if (ValidateSpec(SpecOf(kind, layout)).ok()) out.push_back(KindCase{kind, layout});
     }
   }
+  // MHA and MLA as MakeComponents places PAGE_UNIFIED's interleaved planes
+  // (their other layouts are the plane shapes above).
+  out.push_back(KindCase{PoolKind::kMha, LayoutKind::kPageUnified});
+  out.push_back(KindCase{PoolKind::kMla, LayoutKind::kPageUnified});
   return out;
 }
 
@@ -825,9 +861,28 @@ INSTANTIATE_TEST_SUITE_P(AllKinds, KindCopyPlanTest, ::testing::ValuesIn(KindCas
                          KindCaseName);
 
 TEST(KindCasesTest, CoverEveryKindOfTheTask) {
-  // MHA_ASYMMETRIC pf/pfd, K_ONLY lf/pf/pfd, DSA lf, DSA_INDEXER, V4_PAGED and
-  // V4_STATE lf/pf/pfd, MAMBA pfd.
-  EXPECT_EQ(KindCases().size(), 2u + 3u + 1u + 3u + 1u + 3u + 3u);
+  // MHA_ASYMMETRIC pf/pfd, K_ONLY lf/pf/pfd/pu, DSA lf, DSA_INDEXER, V4_PAGED and
+  // V4_STATE lf/pf/pfd, MAMBA pfd; MHA and MLA pu.
+  EXPECT_EQ(KindCases().size(), 2u + 4u + 1u + 3u + 1u + 3u + 3u + 2u);
+}
+
+TEST(GroupComponentsTest, UnifiedPlanesAreOneGroupOneChunkApart) {
+  // MHA PAGE_UNIFIED: K at 0, V one (ps, H / G, D) chunk on, each plane's
+  // extent reaching the buffer's end; one launch group of two planes.
+  const PoolSpec mha = SpecOf(PoolKind::kMha, LayoutKind::kPageUnified);
+  const std::vector<Component> comps = MakeComponents(mha, 16 * mha.page_size);
+  ASSERT_EQ(comps.size(), 2u);
+  const uint64_t chunk = 4 * (4 / 2) * 4 * 2;  // ps * H / G * D * bf16
+  const uint64_t total = 16 * 4 * 3 * 4 * 4 * 2 * 2;
+  EXPECT_EQ(comps[0].region_offset, 0u);
+  EXPECT_EQ(comps[1].region_offset, chunk);
+  EXPECT_EQ(comps[0].bytes(), total / 2);
+  EXPECT_EQ(comps[0].region_offset + comps[0].extent_bytes(), total - chunk);
+  EXPECT_EQ(comps[1].region_offset + comps[1].extent_bytes(), total);
+  const std::vector<LayoutGroup> g = GroupComponents(comps);
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].layout.planes, 2u);
+  EXPECT_EQ(g[0].layout.extent_bytes(), total);
 }
 
 TEST(GroupComponentsTest, SeparateRegionsAndShapesAreSeparateGroups) {
@@ -949,9 +1004,35 @@ TEST(StagedPlanShapeTest, PageMajorBlocksSpanTheRunsOfAHostRun) {
     for (const CopyTile& t : plan.tiles) {
       EXPECT_EQ(t.layers, 3u);
       EXPECT_EQ(t.other_layer_stride, LayerStride(layout)) << "staging mirrors the pool";
-      EXPECT_EQ(t.heads, kind == LayoutKind::kPageHead ? 2u : 1u);
+      EXPECT_EQ(t.pieces, kind == LayoutKind::kPageHead ? 2u : 1u);
     }
   }
+}
+
+TEST(StagedPlanShapeTest, UnifiedPagesAreOneBlockOfBothPlanes) {
+  // PAGE_UNIFIED, pages of 4, 2 head groups: a host run's whole pages are
+  // one block holding K and V of every group and layer, so one copy per host
+  // run (not per plane), a tile per (plane, run) over every group.
+  const KvLayout layout(LayoutKind::kPageUnified, 2, 3, 64, 4, 2, 16, 2);
+  const std::vector<IndexRun> runs = ShuffledSlots({{8, 8}, {32, 12}}, false);
+  StagedPlan plan;
+  ASSERT_TRUE(PlanStaged({GroupOf(layout)}, runs, {}, 0, 3, 1 << 20, 1 << 30, &plan).ok());
+  EXPECT_EQ(plan.tiles.size(), 2u * 20u);
+  ASSERT_EQ(plan.copies.size(), 2u) << "a copy per host run, both planes";
+  EXPECT_EQ(plan.copies[0].bytes, 2u * 8u * 3u * 32u);
+  EXPECT_EQ(plan.copies[1].bytes, 2u * 12u * 3u * 32u);
+  for (const CopyTile& t : plan.tiles) {
+    EXPECT_EQ(t.layers, 3u);
+    EXPECT_EQ(t.pieces, 2u) << "both head groups";
+    EXPECT_EQ(t.other_layer_stride, LayerStride(layout)) << "staging mirrors the pool";
+  }
+  // The unit is a page of both planes; held layers [1, 3): per page and head
+  // group, the group's held layers of both planes.
+  EXPECT_EQ(StagedUnitBytes(layout), 2u * 3u * 4u * 32u);
+  StagedPlan part;
+  ASSERT_TRUE(PlanStaged({GroupOf(layout)}, runs, {}, 1, 3, 1 << 20, 1 << 30, &part).ok());
+  ASSERT_EQ(part.copies.size(), 5u * 2u) << "a copy per page and head group";
+  for (const StagedCopy& c : part.copies) EXPECT_EQ(c.bytes, 2u * 2u * 4u * 16u);
 }
 
 TEST(CopyLanesPerItemTest, LaneGroupsCoverSmallItemsWithoutIdleLanes) {
@@ -976,11 +1057,56 @@ TEST(CopyEnginePiecesTest, CountsLayoutContiguousPieces) {
             35u);
   EXPECT_EQ(CopyEnginePiecesPerLayer(KvLayout(LayoutKind::kPageHead, 2, 4, 64, 16, 2, 8), runs),
             70u);
+  // PAGE_UNIFIED: a page's rows of one layer and plane, as PAGE_FIRST_DIRECT;
+  // in head groups, a piece per slot and group, as PAGE_HEAD per head.
+  EXPECT_EQ(CopyEnginePiecesPerLayer(KvLayout(LayoutKind::kPageUnified, 2, 4, 64, 16, 2, 8), runs),
+            3u);
+  EXPECT_EQ(
+      CopyEnginePiecesPerLayer(KvLayout(LayoutKind::kPageUnified, 2, 4, 64, 16, 2, 8, 2), runs),
+      70u);
   // Over groups: planes count, bytes are rows x row bytes x planes.
   const LayerPieces lp = CopyEngineLayerPieces(
       {GroupOf(KvLayout(LayoutKind::kPageFirstDirect, 2, 4, 64, 16, 2, 8))}, runs, {});
   EXPECT_EQ(lp.pieces, 6u);
   EXPECT_EQ(lp.bytes, 2u * 35u * 16u);
+}
+
+// Which path auto gives PAGE_UNIFIED jobs (DecidePath over the facts the
+// engine gathers from these plans): a page's layer rows are one copy-engine
+// piece, so large pages go to the copy engines; at page size 1 the pieces
+// are rows, and the staged path's blocks (whole pages of both planes and all
+// layers) take it.
+TEST(UnifiedPathTest, AutoTakesTheCopyEnginesForLargePagesElseStaged) {
+  auto decide = [](uint64_t ps, uint64_t groups, bool mps) {
+    // MHA, 8 heads x 128 bf16 (2 KiB rows), 4 layers, 64 pages.
+    const KvLayout layout(LayoutKind::kPageUnified, 2, 4, 64 * ps, ps, 8, 256, groups);
+    std::vector<IndexRun> runs;  // every other page, device rows scattered
+    for (uint64_t p = 0; p < 64; p += 2) runs.push_back(IndexRun{p * ps, 3 * p * ps, ps});
+    const std::vector<LayoutGroup> groups_of = {GroupOf(layout)};
+    const LayerPieces pieces = CopyEngineLayerPieces(groups_of, runs, {});
+    PathFacts facts;
+    facts.ce_piece_bytes = pieces.bytes / pieces.pieces;
+    facts.mps = mps;
+    facts.staged_block_bytes = [&]() -> absl::StatusOr<uint64_t> {
+      StagedPlan plan;
+      absl::Status s = PlanStaged(groups_of, runs, {}, 0, 4, 64 << 20, 1 << 30, &plan);
+      if (!s.ok()) return s;
+      uint64_t bytes = 0;
+      for (const StagedCopy& c : plan.copies) bytes += c.bytes;
+      return bytes / plan.copies.size();
+    };
+    absl::StatusOr<PathDecision> d = DecidePath(facts, PathPolicy{});
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? d->path : CudaPath::kAuto;
+  };
+  // ps 64: 128 KiB pieces (a page's rows of one layer and plane).
+  EXPECT_EQ(decide(64, 1, false), CudaPath::kCopyEngine);
+  EXPECT_EQ(decide(64, 1, true), CudaPath::kCopyEngine);
+  // ps 1: 2 KiB pieces, 16 KiB staged blocks (a page of 2 planes x 4 layers).
+  EXPECT_EQ(decide(1, 1, false), CudaPath::kStaged);
+  EXPECT_EQ(decide(1, 1, true), CudaPath::kStaged);
+  // Head groups split the rows (256 B pieces), never the staged blocks.
+  EXPECT_EQ(decide(16, 8, false), CudaPath::kStaged);
 }
 
 #ifdef KVHOST_HAVE_CUDA_ENGINE

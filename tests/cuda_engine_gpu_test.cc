@@ -802,21 +802,28 @@ TEST_F(CudaTest, LargeTransfersReportBandwidth) {
     uint32_t ps;
     bool shuffled;
     uint64_t tokens;
+    uint32_t head_groups = 0;
   };
   // With 2 KiB rows and 4 layers: 81920 tokens are 160 MiB per layer and
   // plane, 1.25 GiB in all, so copies cross the 1 GiB registration chunk
   // boundary (V layer 2); 32768 tokens are 512 MiB in all.
+  // PAGE_UNIFIED: a page of both planes per block, and in 4 head groups
+  // (512 B row pieces).
   const Case cases[] = {{v1::LAYER_FIRST, 64, false, 81920},
                         {v1::PAGE_FIRST_DIRECT, 64, true, 32768},
-                        {v1::PAGE_FIRST_DIRECT, 16, true, 32768}};
+                        {v1::PAGE_FIRST_DIRECT, 16, true, 32768},
+                        {v1::PAGE_UNIFIED, 16, true, 32768},
+                        {v1::PAGE_UNIFIED, 1, true, 32768, 4}};
   Dims dims = GpuDims();
   dims.layers = 4;
   dims.heads = 8;
   dims.head_dim = 128;  // BF16: 2 KiB rows
   for (const Case& c : cases) {
     const uint64_t tokens = c.tokens;
-    const std::string name = absl::StrCat("big-", v1::Layout_Name(c.layout), "-", c.ps);
+    const std::string name = absl::StrCat("big-", v1::Layout_Name(c.layout), "-", c.ps,
+                                          c.head_groups > 1 ? "-groups" : "");
     SCOPED_TRACE(name);
+    dims.head_groups = c.head_groups;
     absl::StatusOr<v1::Pool> pool =
         client().CreatePool(name, MakeSpec(v1::MHA, c.layout, c.ps, tokens, v1::BF16, dims));
     ASSERT_TRUE(pool.ok()) << pool.status();

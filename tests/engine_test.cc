@@ -82,8 +82,8 @@ TEST_P(ForEachPieceTest, MatchesNaivePerHeadCopy) {
               if (to > from && layout.kind == LayoutKind::kLayerFirst) {
                 EXPECT_EQ(pieces, 1u) << "LAYER_FIRST rows of a run are one range";
               }
-              if (!layout.RowContiguous()) {
-                EXPECT_EQ(pieces, (to - from) * layout.heads);
+              if (!layout.RowContiguous()) {  // PAGE_HEAD's heads, PAGE_UNIFIED's head groups
+                EXPECT_EQ(pieces, (to - from) * layout.RowPieces());
               }
             }
           }

@@ -181,6 +181,11 @@ std::vector<EngineCase> EngineCases() {
                  4096,
                  6000});
   out.push_back(
+      {{"MhaPageUnifiedLarge", PoolKind::kMha, LayoutKind::kPageUnified, 4, 8, 64, 16, 256, 4},
+       4,
+       4096,
+       6000});
+  out.push_back(
       {{"MlaPageFirstDirectLarge", PoolKind::kMla, LayoutKind::kPageFirstDirect, 6, 1, 510, 64, 64},
        3,
        8192,

@@ -10,6 +10,11 @@
 //   * the flat page = the seeds' flatten() of the page slice, gathered here
 //     element by element from region bytes that encode their own offset;
 //   * bytes_per_page.
+// PAGE_UNIFIED is not in the seeds: its tensors are sglang's page_unified
+// as PRs 39606 / 39727 give them, MHA (P, G, L, 2, ps, H / G, D) with K and V
+// the two planes of one tensor, MLA (P, L, ps, C), K_ONLY MHA's without the
+// 2; get_page_buffer_meta per page and head group, the flat page the page's
+// slice of the tensor.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -58,6 +63,10 @@ struct SeedTensor {
   // Elements of the page `p` (first slot t0) in the seeds' get_data_page
   // slice, tested on the full index.
   std::function<bool(const Dims& idx, uint64_t p, uint64_t t0)> in_page;
+  // Pool components the tensor holds: 1, or PAGE_UNIFIED MHA's K and V,
+  // index `plane_dim` of row_index selecting the plane.
+  uint64_t planes = 1;
+  size_t plane_dim = 0;
 };
 
 // What the seeds allocate for `spec` with S slots.
@@ -72,11 +81,30 @@ std::vector<SeedTensor> SeedTensors(const PoolSpec& s, uint64_t S) {
   auto page_slice = [](size_t dim) {  // page p on `dim`
     return [dim](const Dims& i, uint64_t p, uint64_t) { return i[dim] == p; };
   };
-  // The MHA family's one-plane tensor of `heads` x `dim` elements per row.
+  // The MHA family's one-plane tensor of `heads` x `dim` elements per row
+  // (PAGE_UNIFIED: of `planes` planes).
+  const uint64_t G = s.head_groups == 0 ? 1 : s.head_groups;
   auto heads_tensor = [&](std::string name, std::string suffix, uint64_t off, uint64_t H,
-                          uint64_t D) {
+                          uint64_t D, uint64_t planes = 1) {
     SeedTensor t{name, suffix, off, {}, b, nullptr, nullptr};
     switch (lay) {
+      case LayoutKind::kPageUnified:
+        t.in_page = page_slice(0);
+        if (s.kind == PoolKind::kMla) {  // sglang's MLA (page, layer, page_size, dim)
+          t.shape = {P, L, ps, D};
+          t.row_index = [ps](uint64_t r, uint64_t l) { return Dims{r / ps, l, r % ps, 0}; };
+        } else if (planes == 2) {  // (page, head_group, layer, 2, ps, head_in_group, dim)
+          t.shape = {P, G, L, 2, ps, H / G, D};
+          t.row_index = [ps](uint64_t r, uint64_t l) {
+            return Dims{r / ps, 0, l, 0, r % ps, 0, 0};
+          };
+          t.planes = 2;
+          t.plane_dim = 3;
+        } else {
+          t.shape = {P, G, L, ps, H / G, D};
+          t.row_index = [ps](uint64_t r, uint64_t l) { return Dims{r / ps, 0, l, r % ps, 0, 0}; };
+        }
+        break;
       case LayoutKind::kLayerFirst:
         t.shape = {L, S, H, D};
         t.row_index = [](uint64_t r, uint64_t l) { return Dims{l, r, 0, 0}; };
@@ -125,6 +153,10 @@ std::vector<SeedTensor> SeedTensors(const PoolSpec& s, uint64_t S) {
   std::vector<SeedTensor> out;
   switch (s.kind) {
     case PoolKind::kMha:
+      if (lay == LayoutKind::kPageUnified) {
+        out.push_back(heads_tensor("kv", ".kv", 0, s.head_num, s.head_dim, 2));
+        break;
+      }
       out.push_back(heads_tensor("k", ".kv", 0, s.head_num, s.head_dim));
       out.push_back(
           heads_tensor("v", ".kv", L * S * s.head_num * s.head_dim * b, s.head_num, s.head_dim));
@@ -191,6 +223,15 @@ std::vector<Ptr> SeedMeta(const PoolSpec& s, uint64_t S, uint64_t t0) {
   const uint64_t C = s.kv_cache_dim ? s.kv_cache_dim : s.kv_lora_rank + s.qk_rope_head_dim;
   const bool lf = s.layout == LayoutKind::kLayerFirst;
   std::vector<Ptr> out;
+  if (s.layout == LayoutKind::kPageUnified &&
+      (s.kind == PoolKind::kMha || s.kind == PoolKind::kKOnly)) {
+    // Per head group g: its (L, [2,] ps, H / G, D) block of the page.
+    const uint64_t G = s.head_groups == 0 ? 1 : s.head_groups;
+    const uint64_t planes = s.kind == PoolKind::kMha ? 2 : 1;
+    const uint64_t group = L * planes * ps * (H / G) * D * b;
+    for (uint64_t g = 0; g < G; ++g) out.push_back({".kv", (p * G + g) * group, group});
+    return out;
+  }
   switch (s.kind) {
     case PoolKind::kMha: {
       const uint64_t v_off = L * S * H * D * b;
@@ -282,11 +323,20 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 std::vector<Case> AllCases() {
   std::vector<Case> cases;
   auto add = [&](std::string name, PoolSpec s, uint64_t pages) {
-    for (LayoutKind l : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
-                         LayoutKind::kPageFirstDirect, LayoutKind::kPageHead}) {
+    for (LayoutKind l :
+         {LayoutKind::kLayerFirst, LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect,
+          LayoutKind::kPageHead, LayoutKind::kPageUnified}) {
       s.layout = l;
       if (!ValidateSpec(s).ok()) continue;  // not a layout of the kind
       cases.push_back({absl::StrCat(name, "_", LayoutName(l)), s, pages * s.page_size});
+      if (l == LayoutKind::kPageUnified && s.head_num > 1) {  // a head group per head
+        PoolSpec g = s;
+        g.head_groups = s.head_num;
+        if (ValidateSpec(g).ok()) {
+          cases.push_back(
+              {absl::StrCat(name, "_", LayoutName(l), "_G", s.head_num), g, pages * s.page_size});
+        }
+      }
     }
   };
   auto base = [](PoolKind k, DType d, uint32_t ps, uint32_t L) {
@@ -390,28 +440,37 @@ class HostLayoutTest : public ::testing::TestWithParam<Case> {
 TEST_P(HostLayoutTest, ComponentsAreTheSeedTensors) {
   const Case& c = GetParam();
   const std::vector<Component>& comps = pool_->components();
-  ASSERT_EQ(comps.size(), seeds_.size());
   uint64_t total = 0;
-  for (size_t i = 0; i < comps.size(); ++i) {
-    const SeedTensor& t = seeds_[i];
-    SCOPED_TRACE(t.name);
-    EXPECT_EQ(comps[i].name, t.name);
-    EXPECT_EQ(comps[i].bytes(), Prod(t.shape) * t.itemsize);
-    EXPECT_EQ(comps[i].region, RegionOf(t.suffix));
-    EXPECT_EQ(comps[i].region_offset, t.file_offset);
+  size_t i = 0;  // component: tensor after tensor, plane after plane
+  for (const SeedTensor& t : seeds_) {
     total += Prod(t.shape) * t.itemsize;
-    // Every row of every layer starts where the seed tensor's row does.
-    const uint64_t rows = comps[i].layout.tokens;
-    const uint64_t row_tokens = comps[i].row_tokens;
-    EXPECT_EQ(rows * row_tokens, c.tokens);
-    for (uint64_t r = 0; r < rows; ++r) {
-      for (uint64_t l = 0; l < c.spec.layer_num; ++l) {
-        ASSERT_EQ(comps[i].layout.Offset(0, r, l, 0),
-                  CIndex(t.shape, t.row_index(r, l)) * t.itemsize)
-            << "row " << r << " layer " << l;
+    for (uint64_t q = 0; q < t.planes; ++q, ++i) {
+      ASSERT_LT(i, comps.size());
+      // Row r of layer l of the component's plane q: its seed index.
+      auto index = [&](uint64_t r, uint64_t l) {
+        Dims idx = t.row_index(r, l);
+        if (t.planes > 1) idx[t.plane_dim] = q;
+        return idx;
+      };
+      SCOPED_TRACE(absl::StrCat(t.name, " plane ", q));
+      EXPECT_EQ(comps[i].name, t.planes > 1 ? (q == 0 ? "k" : "v") : t.name);
+      EXPECT_EQ(comps[i].bytes(), Prod(t.shape) / t.planes * t.itemsize);
+      EXPECT_EQ(comps[i].region, RegionOf(t.suffix));
+      EXPECT_EQ(comps[i].region_offset, t.file_offset + CIndex(t.shape, index(0, 0)) * t.itemsize);
+      // Every row of every layer starts where the seed tensor's row does.
+      const uint64_t rows = comps[i].layout.tokens;
+      const uint64_t row_tokens = comps[i].row_tokens;
+      EXPECT_EQ(rows * row_tokens, c.tokens);
+      for (uint64_t r = 0; r < rows; ++r) {
+        for (uint64_t l = 0; l < c.spec.layer_num; ++l) {
+          ASSERT_EQ(comps[i].region_offset + comps[i].layout.Offset(0, r, l, 0),
+                    t.file_offset + CIndex(t.shape, index(r, l)) * t.itemsize)
+              << "row " << r << " layer " << l;
+        }
       }
     }
   }
+  EXPECT_EQ(i, comps.size());
   EXPECT_EQ(pool_->bytes(), total);
   std::vector<std::string> suffixes;
   for (const SeedTensor& t : seeds_) {
@@ -510,10 +569,11 @@ INSTANTIATE_TEST_SUITE_P(EveryKind, HostLayoutTest, ::testing::ValuesIn(AllCases
                          });
 
 TEST(HostLayoutCasesTest, CoverEveryKindAndLayout) {
-  // Allowed layouts per kind, from the seeds (plan §2): 4 MHA, 3 MLA (x2
-  // variants), 2 asymmetric, 3 K-only, 1 DSA, 3 indexer, 1 Mamba, 3+3 V4, 4
-  // logical; each with 2 shapes.
-  EXPECT_EQ(AllCases().size(), 2u * (4 + 3 + 3 + 2 + 3 + 1 + 3 + 1 + 3 + 3 + 4));
+  // Allowed layouts per kind, from the seeds (plan §2) and PAGE_UNIFIED's
+  // MHA, MLA and K-only: 5 MHA, 4 MLA (x2 variants), 2 asymmetric, 4 K-only,
+  // 1 DSA, 3 indexer, 1 Mamba, 3+3 V4, 5 logical; each with 2 shapes; and
+  // PAGE_UNIFIED MHA and K-only with a head group per head (3 heads, shape 1).
+  EXPECT_EQ(AllCases().size(), 2u * (5 + 4 + 4 + 2 + 4 + 1 + 3 + 1 + 3 + 3 + 5) + 2);
 }
 
 }  // namespace

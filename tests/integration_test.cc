@@ -84,12 +84,17 @@ struct Seg {
 
 // SEED_INVENTORY §5, get_page_buffer_meta: LAYER_FIRST per page per layer K
 // then V at i0*H*D*b + l*S*H*D*b (+V_OFF), ps*H*D*b long; page-major layouts
-// per page K then V at i0*L*H*D*b (+V_OFF), L*ps*H*D*b long.
+// per page K then V at i0*L*H*D*b (+V_OFF), L*ps*H*D*b long. PAGE_UNIFIED
+// (sglang's page_unified, not in the seeds): per page, per head group g, the
+// group's (L, 2, ps, H / G, D) block of the page's (G, L, 2, ps, H / G, D).
 std::vector<Seg> SeedPageBufferMeta(const Geo& g, const std::vector<int64_t>& indices) {
   std::vector<Seg> out;
   for (size_t i = 0; i < indices.size(); i += g.ps) {
     const uint64_t i0 = static_cast<uint64_t>(indices[i]);
-    if (g.layout == v1::LAYER_FIRST) {
+    if (g.layout == v1::PAGE_UNIFIED) {
+      const uint64_t group = g.L * g.planes() * g.ps * (g.H / g.G) * g.Db;
+      for (uint64_t h = 0; h < g.G; ++h) out.push_back({(i0 / g.ps * g.G + h) * group, group});
+    } else if (g.layout == v1::LAYER_FIRST) {
       for (uint64_t l = 0; l < g.L; ++l) {
         for (uint64_t kv = 0; kv < g.planes(); ++kv) {
           out.push_back(
@@ -1017,6 +1022,8 @@ TEST_F(MetaTest, MatchesSeedFormulaForEveryKindAndLayout) {
       Dims dims;
       dims.layers = 5;
       dims.heads = 3;
+      // PAGE_UNIFIED MHA: a head group per head at page size 3.
+      if (c.kind == v1::MHA && c.layout == v1::PAGE_UNIFIED && ps == 3) dims.head_groups = 3;
       absl::StatusOr<v1::Pool> pool =
           client().CreatePool(name, MakeSpec(c.kind, c.layout, ps, 10 * ps, dtype, dims));
       ASSERT_TRUE(pool.ok()) << pool.status();
@@ -1235,6 +1242,19 @@ TEST_F(DaemonTest, LargeAndEdgeShapeRoundTrips) {
     c.pool_pages = 160;
     c.freed_pages = 32;  // 2048 tokens moved: 4 MiB per layer
     c.seed = 77;
+    RoundTrip(client(), shm_dir(), c);
+  }
+  {
+    RoundTripCase c;  // PAGE_UNIFIED in 4 head groups: rows split in 4
+    c.combo = {v1::MHA, v1::PAGE_UNIFIED};
+    c.page_size = 16;
+    c.dims.layers = 4;
+    c.dims.heads = 8;
+    c.dims.head_dim = 64;
+    c.dims.head_groups = 4;
+    c.pool_pages = 160;
+    c.freed_pages = 32;
+    c.seed = 79;
     RoundTrip(client(), shm_dir(), c);
   }
   {

@@ -44,7 +44,9 @@ using ::kvhost::testing::TestDaemon;
 
 // One host buffer: a C-contiguous tensor whose leading dimensions are the
 // layout's (L, S, ...) / (S, L, ...) / (P, L, ps, ...) / (P, H, ps, L, ...)
-// for token rows, or (L, P, R) / (P, L, R) / (P, L, 1, R) for page rows.
+// for token rows, or (L, P, R) / (P, L, R) / (P, L, 1, R) for page rows;
+// or one plane of sglang's page_unified (P, G, L, 2, ps, H / G, D), whose K
+// and V interleave (planes 2: the part is plane `offset / chunk` of it).
 struct Part {
   std::string name;
   std::string suffix;  // region file suffix, "" when not pinned by the design
@@ -55,12 +57,17 @@ struct Part {
   uint64_t head_bytes = 0;  // token rows: bytes per head; page rows: row bytes
   v1::Layout layout = v1::LAYOUT_UNSPECIFIED;
   uint64_t L = 0, S = 0, ps = 0;
+  uint64_t planes = 1;  // PAGE_UNIFIED MHA: 2 planes interleaved in one tensor
+  uint64_t groups = 1;  // PAGE_UNIFIED head groups
 
   uint64_t P() const { return S / ps; }
   uint64_t row_bytes() const { return heads * head_bytes; }
   uint64_t row_tokens() const { return page_rows ? ps : 1; }
   uint64_t rows() const { return page_rows ? P() : S; }
   uint64_t bytes() const { return L * rows() * row_bytes(); }
+  // The end of the buffer in the region file: the tensor's end, which for
+  // interleaved planes is past the part's last byte.
+  uint64_t end() const { return planes > 1 ? bytes() * planes : offset + bytes(); }
 
   // Offset in the region file of head h of row r (a token slot, or a page
   // for page rows) of host layer l: the C-contiguous index of the seed's
@@ -75,6 +82,8 @@ struct Part {
     b.page_size = page_rows ? 1 : ps;
     b.heads = heads;
     b.dim = head_bytes;
+    b.planes = planes;  // the offset places plane 1 (one (ps, H / G, D) chunk on)
+    b.groups = groups;
     return offset + testing::SeedOffset(b, /*kv=*/0, r, l, h);
   }
 };
@@ -107,6 +116,16 @@ std::vector<Part> ExpectedParts(const v1::PoolSpec& spec, uint64_t S, uint64_t p
         std::move(name), std::move(suffix), region, 0, true, 1, row, spec.layout(), L, S, ps};
   };
   const uint64_t H = spec.head_num(), D = spec.head_dim();
+  if (spec.layout() == v1::PAGE_UNIFIED && (spec.kind() == v1::MHA || spec.kind() == v1::K_ONLY)) {
+    // sglang's page_unified: (P, G, L, 2, ps, H / G, D), K = 0, V = 1; K_ONLY
+    // without the 2.
+    const uint64_t G = std::max<uint32_t>(spec.head_groups(), 1);
+    const uint64_t planes = spec.kind() == v1::MHA ? 2 : 1;
+    std::vector<Part> parts = {token("k", ".kv", 0, 0, H, D * b)};
+    if (planes == 2) parts.push_back(token("v", ".kv", 0, ps * (H / G) * D * b, H, D * b));
+    for (Part& part : parts) part.planes = planes, part.groups = G;
+    return parts;
+  }
   switch (spec.kind()) {
     case v1::MHA:
       return {token("k", ".kv", 0, 0, H, D * b), token("v", ".kv", 0, L * S * H * D * b, H, D * b)};
@@ -145,8 +164,9 @@ std::vector<Part> ExpectedParts(const v1::PoolSpec& spec, uint64_t S, uint64_t p
 }
 
 // The flat page at page p (component after component; LAYER_FIRST: each
-// layer's page rows in layer order; page-major layouts: the page's block),
-// read from the mapped region files.
+// layer's page rows in layer order; page-major layouts: the page's block;
+// PAGE_UNIFIED's interleaved planes: the tensor's page block, once), read
+// from the mapped region files.
 std::string ExpectedFlatPage(const std::vector<Part>& parts,
                              const std::vector<std::unique_ptr<testing::MappedFile>>& files,
                              uint64_t p) {
@@ -158,6 +178,10 @@ std::string ExpectedFlatPage(const std::vector<Part>& parts,
       for (uint64_t l = 0; l < L; ++l) {
         flat.append(reinterpret_cast<const char*>(base + l * (B / L) + p * (B / L / P)), B / L / P);
       }
+    } else if (part.planes > 1) {
+      if (part.offset != 0) continue;  // plane 0 appends the block of every plane
+      const uint64_t block = part.planes * B / P;
+      flat.append(reinterpret_cast<const char*>(base + p * block), block);
     } else {
       flat.append(reinterpret_cast<const char*>(base + p * (B / P)), B / P);
     }
@@ -226,6 +250,8 @@ std::string LayoutShort(v1::Layout layout) {
       return "PF";
     case v1::PAGE_FIRST_DIRECT:
       return "PFD";
+    case v1::PAGE_UNIFIED:
+      return "PU";
     default:
       return "PH";
   }
@@ -235,10 +261,19 @@ std::vector<KindCase> AllCases() {
   std::vector<KindCase> cases;
   const v1::Layout kPageMajor[] = {v1::PAGE_FIRST, v1::PAGE_FIRST_DIRECT};
   const v1::Layout kThree[] = {v1::LAYER_FIRST, v1::PAGE_FIRST, v1::PAGE_FIRST_DIRECT};
-  for (v1::Layout l : {v1::LAYER_FIRST, v1::PAGE_FIRST, v1::PAGE_FIRST_DIRECT, v1::PAGE_HEAD}) {
+  // MLA and K_ONLY take PAGE_UNIFIED too.
+  const v1::Layout kFour[] = {v1::LAYER_FIRST, v1::PAGE_FIRST, v1::PAGE_FIRST_DIRECT,
+                              v1::PAGE_UNIFIED};
+  for (v1::Layout l :
+       {v1::LAYER_FIRST, v1::PAGE_FIRST, v1::PAGE_FIRST_DIRECT, v1::PAGE_HEAD, v1::PAGE_UNIFIED}) {
     cases.push_back({"MHA_" + LayoutShort(l), Mha(l), std::nullopt, 64, 4});
   }
-  for (v1::Layout l : kThree)
+  {
+    v1::PoolSpec s = Mha(v1::PAGE_UNIFIED);
+    s.set_head_groups(2);  // a head group per head: rows split in two
+    cases.push_back({"MHA_PU_head_groups", s, std::nullopt, 64, 4});
+  }
+  for (v1::Layout l : kFour)
     cases.push_back({"MLA_" + LayoutShort(l), Mla(l), std::nullopt, 64, 4});
   {
     v1::PoolSpec s = Mla(v1::PAGE_FIRST);
@@ -252,10 +287,11 @@ std::vector<KindCase> AllCases() {
     s.set_v_head_dim(4);
     cases.push_back({"MHA_ASYMMETRIC_" + LayoutShort(l), s, std::nullopt, 64, 4});
   }
-  for (v1::Layout l : kThree) {
+  for (v1::Layout l : kFour) {
     v1::PoolSpec s = Base(v1::K_ONLY, l, 4, 2, 0, v1::FP16);
     s.set_head_num(2);
     s.set_head_dim(6);
+    if (l == v1::PAGE_UNIFIED) s.set_head_groups(2);
     cases.push_back({"K_ONLY_" + LayoutShort(l), Follower(s), Mha(v1::PAGE_FIRST), 64, 4});
   }
   {
@@ -415,7 +451,7 @@ TEST_P(KindCaseTest, CreateGetListShowTheSeedBuffers) {
       ASSERT_NE(f, nullptr) << pool->region_paths(r);
       uint64_t end = 0;
       for (const Part& e : parts) {
-        if (e.region == static_cast<uint32_t>(r)) end = std::max(end, e.offset + e.bytes());
+        if (e.region == static_cast<uint32_t>(r)) end = std::max(end, e.end());
       }
       EXPECT_EQ(f->size(), end) << pool->region_paths(r);
     }
@@ -876,6 +912,47 @@ TEST_F(KindsTest, SplitHeadsStrideAndBufferInfosFollowTheSeedFormulas) {
   EXPECT_ERROR(client().GetContiguousBufferInfos("pf"), kFailedPrecondition, "PAGE_FIRST");
 }
 
+// PAGE_UNIFIED (sglang's page_unified, (P, G, L, 2, ps, H / G, D)): page
+// metadata per page and head group, each one range of the group's K and V;
+// no split-heads call (the metadata is split already); strides of a page.
+TEST_F(KindsTest, UnifiedMetaIsOneRangePerPageAndHeadGroup) {
+  const uint64_t L = 3, ps = 4, H = 2, G = 2, Db = 16;
+  v1::PoolSpec spec = Mha(v1::PAGE_UNIFIED);
+  spec.set_head_groups(G);
+  ASSERT_TRUE(client().CreatePool("pu", spec).ok());
+  absl::StatusOr<v1::PageBufferMeta> meta =
+      client().GetPageBufferMeta("pu", testing::PageSlots({3, 1}, ps));
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  ASSERT_EQ(meta->segments_size(), 2 * 2);
+  const uint64_t group = L * 2 * ps * (H / G) * Db;  // (L, 2, ps, H / G, D)
+  int i = 0;
+  for (uint64_t p : {3, 1}) {
+    for (uint64_t g = 0; g < G; ++g, ++i) {
+      EXPECT_EQ(meta->segments(i).offset(), (p * G + g) * group) << i;
+      EXPECT_EQ(meta->segments(i).length(), group) << i;
+    }
+  }
+  EXPECT_ERROR(client().GetSplitHeadsPageBufferMeta("pu", testing::PageSlots({0}, ps), 2),
+               kFailedPrecondition, "PAGE_UNIFIED", "GetPageBufferMeta");
+  absl::StatusOr<v1::StrideAlignment> stride = client().IsStridePageAligned("pu", 128);
+  ASSERT_TRUE(stride.ok()) << stride.status();
+  ASSERT_EQ(stride->page_strides_size(), 2);
+  EXPECT_EQ(stride->page_strides(0), G * group);
+  EXPECT_EQ(stride->page_strides(1), G * group);
+  EXPECT_TRUE(stride->aligned());  // groups of 384 bytes: multiples of 128
+  stride = client().IsStridePageAligned("pu", 256);
+  ASSERT_TRUE(stride.ok());
+  EXPECT_FALSE(stride->aligned());
+  EXPECT_ERROR(client().GetContiguousBufferInfos("pu"), kFailedPrecondition, "PAGE_UNIFIED");
+  absl::StatusOr<v1::PageShape> shape = client().GetPageShape("pu");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  ASSERT_EQ(shape->parts_size(), 1);
+  EXPECT_EQ(shape->parts(0).component(), "kv");
+  EXPECT_EQ(std::vector<uint64_t>(shape->parts(0).dims().begin(), shape->parts(0).dims().end()),
+            (std::vector<uint64_t>{G, L, 2, ps, H / G, Db / 2}));
+  EXPECT_EQ(shape->bytes(), G * group);
+}
+
 // ---------------------------------------------------------------------------
 // 8. The seeds' spec errors, per kind, through CreatePool.
 
@@ -921,6 +998,18 @@ std::vector<SpecError> SpecErrors() {
   errors.push_back({"mla page head",
                     with(Mla(v1::PAGE_FIRST), [](auto& s) { s.set_layout(v1::PAGE_HEAD); }),
                     {"MLA", "PAGE_HEAD"}});
+  errors.push_back({"mha head groups not dividing",
+                    with(Mha(v1::PAGE_UNIFIED), [](auto& s) { s.set_head_groups(3); }),
+                    {"MHA/PAGE_UNIFIED", "head_groups 3", "head_num 2"}});
+  errors.push_back({"mha head groups without page_unified",
+                    with(Mha(v1::PAGE_FIRST), [](auto& s) { s.set_head_groups(2); }),
+                    {"MHA/PAGE_FIRST", "head_groups 2", "PAGE_UNIFIED"}});
+  errors.push_back({"mla head groups",
+                    with(Mla(v1::PAGE_UNIFIED), [](auto& s) { s.set_head_groups(2); }),
+                    {"MLA/PAGE_UNIFIED", "head_groups"}});
+  errors.push_back({"asym page unified",
+                    with(asym, [](auto& s) { s.set_layout(v1::PAGE_UNIFIED); }),
+                    {"MHA_ASYMMETRIC", "PAGE_UNIFIED"}});
 
   v1::PoolSpec k_only = Base(v1::K_ONLY, v1::PAGE_FIRST, 0, 2, 0);
   k_only.set_head_num(2);
@@ -991,6 +1080,9 @@ std::vector<SpecError> SpecErrors() {
   errors.push_back({"mamba page first",
                     with(mamba, [](auto& s) { s.set_layout(v1::PAGE_FIRST); }),
                     {"MAMBA", "PAGE_FIRST"}});
+  errors.push_back({"mamba page unified",
+                    with(mamba, [](auto& s) { s.set_layout(v1::PAGE_UNIFIED); }),
+                    {"MAMBA", "PAGE_UNIFIED"}});
   errors.push_back({"mamba page size",
                     with(mamba, [](auto& s) { s.set_page_size(4); }),
                     {"MAMBA", "page_size"}});
@@ -1013,6 +1105,9 @@ std::vector<SpecError> SpecErrors() {
   errors.push_back({"v4 paged page head",
                     with(V4Paged(v1::PAGE_FIRST), [](auto& s) { s.set_layout(v1::PAGE_HEAD); }),
                     {"V4_PAGED", "PAGE_HEAD"}});
+  errors.push_back({"v4 paged page unified",
+                    with(V4Paged(v1::PAGE_FIRST), [](auto& s) { s.set_layout(v1::PAGE_UNIFIED); }),
+                    {"V4_PAGED", "PAGE_UNIFIED"}});
   v1::PoolSpec state = Base(v1::V4_STATE, v1::PAGE_FIRST, 0, 2, 0, v1::UINT8);
   state.set_ring_size(3);
   state.set_state_slot_bytes(8);

@@ -3,7 +3,8 @@
 # (flags given override it), the required-flag table (exit 2 naming the
 # flags), `pool` with its components table and follows / followers, `pools`
 # with FOLLOWS, page-set / page-get round trips (streamed in small chunks,
-# byte-exact), page-shape, stride, bufinfo, split-meta, and their refusals
+# byte-exact), page-shape, stride, bufinfo, split-meta, page_unified's
+# head groups, and their refusals
 # (exit 1 with the daemon's code); pool groups: create-group / group / groups
 # / delete-group, a pool's group in pool / pools, alloc through a group's
 # name, and their refusals.
@@ -108,6 +109,20 @@ ctl create-pool ph --kind=mha --layout=page_head --layers=2 --heads=2 --head-dim
   --page-size=4 --size-tokens=16 >/dev/null
 ctl split-meta ph 4-7 --split-factor=2 >"$dir/out" || fail "split-meta"
 grep -q "4 segment(s), 2 head group(s) per page" "$dir/out" || fail "split-meta text"
+
+# --- page_unified: --head-groups, meta per page and head group (K and V of
+# all layers: 2 layers x 2 x 4 slots x 1 head x 4 bf16 = 128 bytes each).
+ctl create-pool pu --kind=mha --layout=page_unified --layers=2 --heads=2 --head-dim=4 \
+  --head-groups=2 --page-size=4 --size-tokens=16 >"$dir/out" || fail "create-pool pu"
+ctl meta pu 4-7 >"$dir/out" || fail "meta pu"
+grep -q "2 segment(s)" "$dir/out" || fail "meta pu segments"
+grep -qE '^ *0 +256 +128 +page 1 head group 0 all layers K and V$' "$dir/out" || fail "meta pu group 0"
+grep -qE '^ *0 +384 +128 +page 1 head group 1 all layers K and V$' "$dir/out" || fail "meta pu group 1"
+expect_exit 1 "PAGE_UNIFIED" split-meta pu 4-7 --split-factor=2
+expect_exit 1 "spec.head_groups 3" create-pool pu3 --kind=mha --layout=page_unified --layers=2 \
+  --heads=2 --head-dim=4 --head-groups=3 --size-tokens=16
+expect_exit 1 "spec.head_groups 2" create-pool pf2 --kind=mha --layout=page_first --layers=2 \
+  --heads=2 --head-dim=4 --head-groups=2 --size-tokens=16
 
 # --- pool groups: a hybrid model's MHA pool and Mamba pool.
 ctl create-pool attn --kind=mha --layout=page_first --layers=2 --heads=2 --head-dim=8 \

@@ -14,6 +14,7 @@ namespace {
 struct Shape {
   LayoutKind kind;
   uint64_t planes, layers, tokens, page_size, heads, head_bytes;
+  uint64_t head_groups = 1;  // PAGE_UNIFIED
 };
 
 TEST(LayoutGpuTest, DeviceOffsetsMatchHost) {
@@ -28,9 +29,15 @@ TEST(LayoutGpuTest, DeviceOffsetsMatchHost) {
       {LayoutKind::kPageFirst, 1, 4, 16, 16, 1, 1152},
       {LayoutKind::kPageFirstDirect, 1, 1, 32, 16, 1, 64},
       {LayoutKind::kPageHead, 2, 1, 8, 4, 1, 2},
+      {LayoutKind::kPageUnified, 2, 3, 12, 4, 4, 8},
+      {LayoutKind::kPageUnified, 2, 3, 12, 4, 4, 8, 2},
+      {LayoutKind::kPageUnified, 2, 3, 15, 5, 3, 16, 3},
+      {LayoutKind::kPageUnified, 1, 4, 16, 16, 1, 1152},
+      {LayoutKind::kPageUnified, 1, 1, 32, 16, 1, 64},
   };
   for (const Shape& s : shapes) {
-    const KvLayout layout(s.kind, s.planes, s.layers, s.tokens, s.page_size, s.heads, s.head_bytes);
+    const KvLayout layout(s.kind, s.planes, s.layers, s.tokens, s.page_size, s.heads, s.head_bytes,
+                          s.head_groups);
     std::vector<uint64_t> offsets, contiguous;
     std::string error;
     ASSERT_TRUE(DeviceLayoutTable(layout, &offsets, &contiguous, &error)) << error;

@@ -6,6 +6,9 @@
 // their pointer arithmetic:
 //   - MHA: sglang pool_host/mha.py (S1:132-160, 536-597).
 //   - MLA: sglang memory_pool_host.py (S0:141-213, 483-575).
+//   - PAGE_UNIFIED (not in the seeds): sglang's page_unified as PRs 39606 and
+//     39727 give its dims, MHA (page, head_group, layer, 2, page_size,
+//     head_in_group, dim) and MLA (page, layer, page_size, dim).
 // Two independent oracles are used for offsets (tests/seed_offsets.h, the one
 // every test shares): the hand formulas of the §2 tables, and a generic
 // C-contiguous offset computed from the seeds' shape tuples, so that a wrong
@@ -47,6 +50,7 @@ struct Case {
   Model model;
   LayoutKind layout;
   Shape shape;
+  uint64_t groups = 1;  // PAGE_UNIFIED's head groups G
 };
 
 const char* ModelName(Model m) { return m == Model::kMha ? "Mha" : "Mla"; }
@@ -61,6 +65,8 @@ const char* LayoutName(LayoutKind k) {
       return "PageFirstDirect";
     case LayoutKind::kPageHead:
       return "PageHead";
+    case LayoutKind::kPageUnified:
+      return "PageUnified";
   }
   return "Unknown";
 }
@@ -70,7 +76,7 @@ void PrintTo(const Case& c, std::ostream* os) {
   const Shape& s = c.shape;
   *os << ModelName(c.model) << "/" << LayoutName(c.layout) << "/" << s.name << "{L=" << s.layers
       << " P=" << s.pages << " ps=" << s.page_size << " H=" << s.heads << " D=" << s.dim
-      << " b=" << s.itemsize << "}";
+      << " b=" << s.itemsize << " G=" << c.groups << "}";
 }
 
 // Seed quantities of a case. MLA forces H = 1 and has no V plane.
@@ -90,6 +96,7 @@ testing::SeedBuffer SeedOf(const Case& c) {
   b.heads = NumHeads(c);
   b.dim = c.shape.dim;  // C for MLA
   b.itemsize = c.shape.itemsize;
+  b.groups = c.groups;
   return b;
 }
 
@@ -99,7 +106,7 @@ uint64_t SeedVOff(const Case& c) { return SeedOf(c).v_off(); }
 KvLayout MakeLayout(const Case& c) {
   // head_bytes is D*b for MHA and C*b for MLA (a single latent head).
   return KvLayout(c.layout, NumPlanes(c), NumLayers(c), NumTokens(c), c.shape.page_size,
-                  NumHeads(c), c.shape.dim * c.shape.itemsize);
+                  NumHeads(c), c.shape.dim * c.shape.itemsize, c.groups);
 }
 
 // Oracle 1: the per-layout byte-offset rows of the §2 tables. The seeds'
@@ -143,13 +150,20 @@ const Shape kShapes[] = {
 std::vector<Case> AllCases() {
   std::vector<Case> cases;
   for (const Shape& s : kShapes) {
-    for (LayoutKind k : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
-                         LayoutKind::kPageFirstDirect, LayoutKind::kPageHead}) {
+    for (LayoutKind k :
+         {LayoutKind::kLayerFirst, LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect,
+          LayoutKind::kPageHead, LayoutKind::kPageUnified}) {
       cases.push_back({Model::kMha, k, s});
     }
-    // The seeds' MLA pools have no page_head layout (S0:141-201).
-    for (LayoutKind k :
-         {LayoutKind::kLayerFirst, LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect}) {
+    // PAGE_UNIFIED with a head group per head, and with groups of 2 heads.
+    if (s.heads > 1) cases.push_back({Model::kMha, LayoutKind::kPageUnified, s, s.heads});
+    if (s.heads > 2 && s.heads % 2 == 0) {
+      cases.push_back({Model::kMha, LayoutKind::kPageUnified, s, s.heads / 2});
+    }
+    // The seeds' MLA pools have no page_head layout (S0:141-201); sglang's
+    // page_unified MLA has no head groups.
+    for (LayoutKind k : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
+                         LayoutKind::kPageFirstDirect, LayoutKind::kPageUnified}) {
       cases.push_back({Model::kMla, k, s});
     }
   }
@@ -158,7 +172,16 @@ std::vector<Case> AllCases() {
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   return std::string(ModelName(info.param.model)) + "_" + LayoutName(info.param.layout) + "_" +
-         info.param.shape.name;
+         info.param.shape.name +
+         (info.param.groups > 1 ? "_G" + std::to_string(info.param.groups) : std::string());
+}
+
+// Heads per row piece of a case, from the seeds' shapes alone: a PAGE_HEAD
+// row splits per head, a PAGE_UNIFIED row per head group.
+uint64_t PieceHeads(const Case& c) {
+  if (c.layout == LayoutKind::kPageHead) return 1;
+  if (c.layout == LayoutKind::kPageUnified) return NumHeads(c) / c.groups;
+  return NumHeads(c);
 }
 
 class KvLayoutTest : public ::testing::TestWithParam<Case> {
@@ -198,8 +221,14 @@ TEST_P(KvLayoutTest, FieldsMatchSeedSizes) {
   EXPECT_EQ(kl.token_bytes, NumHeads(c()) * D * b);  // the seeds' token_stride_size
   EXPECT_EQ(kl.page_bytes, c().shape.page_size * NumHeads(c()) * D * b);
   EXPECT_EQ(kl.page_num(), c().shape.pages);
-  // The V plane starts at V_OFF in every MHA layout (S = P * ps).
+  // A plane holds V_OFF bytes in every MHA layout (S = P * ps); V starts
+  // there, except in PAGE_UNIFIED, where it starts one (ps, H / G, D) chunk
+  // after K.
   EXPECT_EQ(kl.plane_bytes, SeedVOff(c()));
+  const uint64_t chunk = c().shape.page_size * NumHeads(c()) / c().groups * D * b;
+  EXPECT_EQ(kl.plane_stride, c().layout == LayoutKind::kPageUnified ? chunk : SeedVOff(c()));
+  EXPECT_EQ(kl.head_groups, c().groups);
+  EXPECT_EQ(kl.extent_bytes(), kl.total_bytes());
   // The whole buffer is exactly the seed tensor's nbytes.
   EXPECT_EQ(kl.total_bytes(), Product(SeedDims(c())) * b);
 }
@@ -243,11 +272,31 @@ TEST_P(KvLayoutTest, RowsPartitionTheBuffer) {
   }
 }
 
-TEST_P(KvLayoutTest, RowContiguousOnlyUnlessPageHeadSplitsHeads) {
+TEST_P(KvLayoutTest, RowPiecesAreTheContiguousPartsOfARow) {
+  const KvLayout kl = layout();
+  // page_head puts head h of a page in its own (ps, L, D) block, page_unified
+  // head group g in its own (L, planes, ps, H / G, D) block; inside a piece
+  // the heads are adjacent.
+  const uint64_t heads = PieceHeads(c());
+  const uint64_t pieces = NumHeads(c()) / heads;
+  ASSERT_EQ(kl.RowPieces(), pieces);
+  EXPECT_EQ(kl.RowPieceBytes(), heads * c().shape.dim * c().shape.itemsize);
+  ForEachRow(c(), [&](uint64_t kv, uint64_t t, uint64_t l, uint64_t h) {
+    const uint64_t piece = h / heads;
+    ASSERT_EQ(kl.PieceHead(piece), piece * heads);
+    ASSERT_EQ(kl.Offset(kv, t, l, h),
+              kl.Offset(kv, t, l, piece * heads) + (h % heads) * kl.head_bytes)
+        << "kv=" << kv << " t=" << t << " l=" << l << " h=" << h;
+  });
+}
+
+TEST_P(KvLayoutTest, RowContiguousUnlessSplitInPieces) {
   const KvLayout kl = layout();
   // page_head puts head h of a page in its own (ps, L, D) block, so a token's
-  // heads are ps*L*D*b apart; every other layout keeps H*D contiguous.
-  const bool expected = !(c().layout == LayoutKind::kPageHead && NumHeads(c()) > 1);
+  // heads are ps*L*D*b apart; page_unified with G > 1 does the same per head
+  // group; every other layout keeps H*D contiguous.
+  const bool expected = !(c().layout == LayoutKind::kPageHead && NumHeads(c()) > 1) &&
+                        !(c().layout == LayoutKind::kPageUnified && c().groups > 1);
   EXPECT_EQ(kl.RowContiguous(), expected);
   if (!expected) return;
   ForEachRow(c(), [&](uint64_t kv, uint64_t t, uint64_t l, uint64_t h) {
@@ -318,6 +367,17 @@ TEST_P(KvLayoutTest, ContiguousTokensMatchObviousSeedRuns) {
           EXPECT_EQ(kl.ContiguousTokens(t), S - t) << "t=" << t;
         }
         break;
+      case LayoutKind::kPageUnified:
+        // (P, G, L, 2, ps, H / G, D): a split row is one piece per group; with
+        // G == 1 a layer's rows of one plane are a page's ps rows, and with
+        // one layer and one plane (MLA) the pages follow each other.
+        if (c().groups > 1) {
+          EXPECT_EQ(kl.ContiguousTokens(t), 1u) << "t=" << t;
+        } else {
+          EXPECT_EQ(kl.ContiguousTokens(t), L == 1 && NumPlanes(c()) == 1 ? S - t : ps - t % ps)
+              << "t=" << t;
+        }
+        break;
     }
   }
 }
@@ -330,9 +390,14 @@ TEST_P(KvLayoutTest, MetaGranularityMatchesGetPageBufferMeta) {
   // MHA sizes are ps*H*D*b / L*ps*H*D*b; MLA's are ps*C*b / L*ps*C*b, which
   // the same expressions give with H = 1 and D = C.
   const uint64_t per_layer = ps * NumHeads(c()) * c().shape.dim * b;
+  EXPECT_EQ(kl.MetaPerHeadGroup(), c().layout == LayoutKind::kPageUnified);
   if (c().layout == LayoutKind::kLayerFirst) {
     EXPECT_TRUE(kl.MetaPerLayer());
     EXPECT_EQ(kl.MetaRangeBytes(), per_layer);
+  } else if (c().layout == LayoutKind::kPageUnified) {
+    // One head group of a page: its (L, planes, ps, H / G, D) block.
+    EXPECT_FALSE(kl.MetaPerLayer());
+    EXPECT_EQ(kl.MetaRangeBytes(), L * NumPlanes(c()) * per_layer / c().groups);
   } else {
     EXPECT_FALSE(kl.MetaPerLayer());
     EXPECT_EQ(kl.MetaRangeBytes(), L * per_layer);
@@ -347,6 +412,19 @@ TEST_P(KvLayoutTest, MetaRangeOffsetMatchesSeedPointers) {
   const uint64_t D = c().shape.dim;
   const uint64_t b = c().shape.itemsize;
   const uint64_t v_off = SeedVOff(c());
+  if (c().layout == LayoutKind::kPageUnified) {
+    // A page is one (G, L, planes, ps, H / G, D) block; group g's range is
+    // the g-th G-th of it.
+    const uint64_t G = c().groups;
+    const uint64_t block = L * NumPlanes(c()) * c().shape.page_size * H * D * b;
+    for (uint64_t i0 = 0; i0 < S; i0 += c().shape.page_size) {
+      for (uint64_t g = 0; g < G; ++g) {
+        EXPECT_EQ(kl.MetaRangeOffset(0, i0, 0, g), i0 / c().shape.page_size * block + g * block / G)
+            << "i0=" << i0 << " g=" << g;
+      }
+    }
+    return;
+  }
   for (uint64_t i0 = 0; i0 < S; i0 += c().shape.page_size) {
     for (uint64_t kv = 0; kv < NumPlanes(c()); ++kv) {
       for (uint64_t l = 0; l < L; ++l) {
@@ -363,7 +441,62 @@ TEST_P(KvLayoutTest, MetaRangeOffsetMatchesSeedPointers) {
   }
 }
 
+TEST_P(KvLayoutTest, UnifiedMetaRangeCoversExactlyItsHeadGroup) {
+  if (c().layout != LayoutKind::kPageUnified) GTEST_SKIP() << "PAGE_UNIFIED only";
+  const KvLayout kl = layout();
+  const uint64_t ps = c().shape.page_size;
+  const uint64_t seg_len = kl.MetaRangeBytes();
+  const uint64_t heads = NumHeads(c()) / c().groups;
+  // A storage backend reads a range as one tensor-parallel partition's chunk:
+  // every plane, layer and slot of the page for the group's heads, nothing
+  // else.
+  for (uint64_t i0 = 0; i0 < NumTokens(c()); i0 += ps) {
+    for (uint64_t g = 0; g < c().groups; ++g) {
+      const uint64_t seg = kl.MetaRangeOffset(0, i0, 0, g);
+      ASSERT_LE(seg + seg_len, kl.total_bytes());
+      std::vector<int> owners(seg_len, 0);
+      for (uint64_t kv = 0; kv < NumPlanes(c()); ++kv) {
+        for (uint64_t t = i0; t < i0 + ps; ++t) {
+          for (uint64_t l = 0; l < NumLayers(c()); ++l) {
+            for (uint64_t h = g * heads; h < (g + 1) * heads; ++h) {
+              const uint64_t off = kl.Offset(kv, t, l, h);
+              ASSERT_GE(off, seg) << "i0=" << i0 << " g=" << g << " t=" << t << " h=" << h;
+              ASSERT_LE(off + kl.head_bytes, seg + seg_len) << "i0=" << i0 << " g=" << g;
+              for (uint64_t i = 0; i < kl.head_bytes; ++i) ++owners[off - seg + i];
+            }
+          }
+        }
+      }
+      for (uint64_t i = 0; i < seg_len; ++i) {
+        ASSERT_EQ(owners[i], 1) << "range byte " << i << " of i0=" << i0 << " g=" << g;
+      }
+    }
+  }
+}
+
+TEST_P(KvLayoutTest, UnifiedPlaneLayoutsAddressThePoolsPlanes) {
+  if (c().layout != LayoutKind::kPageUnified) GTEST_SKIP() << "PAGE_UNIFIED only";
+  // A pool component is one plane of the buffer: a one-plane layout with the
+  // pool's interleaved planes, starting plane_stride * p on.
+  const KvLayout kl = layout();
+  for (uint64_t kv = 0; kv < NumPlanes(c()); ++kv) {
+    const KvLayout one(kl.kind, 1, kl.layers, kl.tokens, kl.page_size, kl.heads, kl.head_bytes,
+                       kl.head_groups, kl.planes);
+    EXPECT_EQ(one.total_bytes(), kl.plane_bytes);
+    // The plane's last byte is the buffer's last byte of that plane.
+    EXPECT_EQ(
+        kv * kl.plane_stride + one.extent_bytes(),
+        kl.Offset(kv, NumTokens(c()) - 1, NumLayers(c()) - 1, NumHeads(c()) - 1) + kl.head_bytes);
+    ForEachRow(c(), [&](uint64_t plane, uint64_t t, uint64_t l, uint64_t h) {
+      if (plane != kv) return;
+      ASSERT_EQ(kv * kl.plane_stride + one.Offset(0, t, l, h), kl.Offset(kv, t, l, h))
+          << "kv=" << kv << " t=" << t << " l=" << l << " h=" << h;
+    });
+  }
+}
+
 TEST_P(KvLayoutTest, MetaRangeCoversExactlyItsPage) {
+  if (c().layout == LayoutKind::kPageUnified) GTEST_SKIP() << "per head group, above";
   const KvLayout kl = layout();
   const uint64_t ps = c().shape.page_size;
   const uint64_t seg_len = kl.MetaRangeBytes();
@@ -410,12 +543,14 @@ TEST(KvLayoutLargeTest, SixtyFourBitOffsets) {
   // DeepSeek-like MLA (L=61, C=576, bf16) and a large MHA pool, 2^20 tokens.
   const Shape big = {"Big", 61, (1u << 20) / 64, 64, 32, 128, 2};
   for (Model m : {Model::kMha, Model::kMla}) {
-    for (LayoutKind k : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
-                         LayoutKind::kPageFirstDirect, LayoutKind::kPageHead}) {
+    for (LayoutKind k :
+         {LayoutKind::kLayerFirst, LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect,
+          LayoutKind::kPageHead, LayoutKind::kPageUnified}) {
       if (m == Model::kMla && k == LayoutKind::kPageHead) continue;
       Shape s = big;
       if (m == Model::kMla) s.dim = 576;
-      const Case c = {m, k, s};
+      // MHA PAGE_UNIFIED in 4 head groups of 8 heads.
+      const Case c = {m, k, s, m == Model::kMha && k == LayoutKind::kPageUnified ? 4u : 1u};
       SCOPED_TRACE(::testing::PrintToString(c));
       const KvLayout kl = MakeLayout(c);
       ASSERT_GT(kl.plane_bytes, uint64_t{1} << 32);
@@ -433,7 +568,7 @@ TEST(KvLayoutLargeTest, SixtyFourBitOffsets) {
           kl.Offset(kv, mid_t, l / 2, h / 2),
           CContiguousOffset(SeedDims(c), SeedIndex(c, kv, mid_t, l / 2, h / 2, 0)) * s.itemsize);
       const uint64_t last_page = NumTokens(c) - s.page_size;
-      EXPECT_EQ(kl.MetaRangeOffset(kv, last_page, l) + kl.MetaRangeBytes(),
+      EXPECT_EQ(kl.MetaRangeOffset(kv, last_page, l, c.groups - 1) + kl.MetaRangeBytes(),
                 kl.MetaPerLayer() ? kl.Offset(kv, NumTokens(c) - 1, l, 0) + kl.token_bytes
                                   : kl.total_bytes());
     }

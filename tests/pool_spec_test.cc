@@ -77,8 +77,8 @@ INSTANTIATE_TEST_SUITE_P(
                [](PoolSpec& s) { s.kind = static_cast<PoolKind>(11); }),
         Mutate("Layout0", MhaSpec(), "spec.layout",
                [](PoolSpec& s) { s.layout = static_cast<LayoutKind>(0); }),
-        Mutate("Layout5", MhaSpec(), "spec.layout",
-               [](PoolSpec& s) { s.layout = static_cast<LayoutKind>(5); }),
+        Mutate("Layout6", MhaSpec(), "spec.layout 6",
+               [](PoolSpec& s) { s.layout = static_cast<LayoutKind>(6); }),
         Mutate("Dtype0", MhaSpec(), "spec.dtype",
                [](PoolSpec& s) { s.dtype = static_cast<DType>(0); }),
         Mutate("Dtype7", MhaSpec(), "spec.dtype",
@@ -131,8 +131,9 @@ TEST(ValidateSpecTest, AcceptsLayerNumUpToTheCap) {
 }
 
 TEST(ValidateSpecTest, AcceptsEveryLayoutItSupports) {
-  for (LayoutKind l : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
-                       LayoutKind::kPageFirstDirect, LayoutKind::kPageHead}) {
+  for (LayoutKind l :
+       {LayoutKind::kLayerFirst, LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect,
+        LayoutKind::kPageHead, LayoutKind::kPageUnified}) {
     PoolSpec mha = MhaSpec();
     mha.layout = l;
     EXPECT_TRUE(ValidateSpec(mha).ok()) << LayoutName(l);
@@ -145,6 +146,26 @@ TEST(ValidateSpecTest, AcceptsEveryLayoutItSupports) {
   PoolSpec rope_only = MlaSpec();
   rope_only.kv_lora_rank = 0;
   EXPECT_TRUE(ValidateSpec(rope_only).ok());
+}
+
+TEST(ValidateSpecTest, AcceptsPageUnifiedHeadGroupsDividingHeadNum) {
+  PoolSpec s = MhaSpec();  // 8 heads
+  s.layout = LayoutKind::kPageUnified;
+  for (uint32_t g : {0u, 1u, 2u, 4u, 8u}) {
+    s.head_groups = g;
+    EXPECT_TRUE(ValidateSpec(s).ok()) << "head_groups " << g << ": " << ValidateSpec(s);
+    EXPECT_EQ(HeadGroups(s), g == 0 ? 1u : g);
+  }
+  s.kind = PoolKind::kKOnly, s.follows = "anchor", s.head_groups = 4;
+  EXPECT_TRUE(ValidateSpec(s).ok()) << ValidateSpec(s);
+  // The layout sizes a page as the other layouts do: only the order differs.
+  PoolSpec pf = MhaSpec();
+  s = MhaSpec();
+  s.layout = LayoutKind::kPageUnified, s.head_groups = 2;
+  EXPECT_EQ(BytesPerPage(s), BytesPerPage(pf));
+  EXPECT_EQ(BytesPerToken(s), BytesPerToken(pf));
+  EXPECT_THAT(DescribeSpec(s), HasSubstr("MHA/PAGE_UNIFIED"));
+  EXPECT_THAT(DescribeSpec(s), HasSubstr("G=2"));
 }
 
 TEST(BytesPerTokenTest, MhaIsHeadsTimesDimTimesLayersTimesDtypeTimesTwo) {
@@ -410,7 +431,37 @@ INSTANTIATE_TEST_SUITE_P(
         Bad("MambaTooLarge", PoolKind::kMamba, {"MAMBA/PAGE_FIRST_DIRECT", "row"},
             [](PoolSpec& s) {
               s.mamba.conv[0] = {65536, 65536, 65536};
-            })),
+            }),
+        // PAGE_UNIFIED (sglang's page_unified): MHA, MLA and K_ONLY only; head
+        // groups dividing head_num, for PAGE_UNIFIED's heads only.
+        Bad("UnifiedHeadGroupsNotDividing", PoolKind::kMha,
+            {"MHA/PAGE_UNIFIED", "spec.head_groups 3", "spec.head_num 2"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageUnified, s.head_groups = 3; }),
+        Bad("UnifiedHeadGroupsOverHeads", PoolKind::kKOnly,
+            {"K_ONLY/PAGE_UNIFIED", "spec.head_groups 4", "spec.head_num 2"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageUnified, s.head_groups = 4; }),
+        Bad("HeadGroupsWithoutUnified", PoolKind::kMha,
+            {"MHA/PAGE_FIRST", "spec.head_groups 2", "PAGE_UNIFIED"},
+            [](PoolSpec& s) { s.head_groups = 2; }),
+        Bad("HeadGroupsOnMla", PoolKind::kMla, {"MLA/PAGE_UNIFIED", "spec.head_groups", "not used"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageUnified, s.head_groups = 1; }),
+        Bad("AsymPageUnified", PoolKind::kMhaAsymmetric,
+            {"MHA_ASYMMETRIC/PAGE_UNIFIED", "spec.layout", "PAGE_FIRST or PAGE_FIRST_DIRECT"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageUnified; }),
+        Bad("AsymHeadGroups", PoolKind::kMhaAsymmetric,
+            {"MHA_ASYMMETRIC/PAGE_FIRST", "spec.head_groups", "not used"},
+            [](PoolSpec& s) { s.head_groups = 2; }),
+        Bad("DsaPageUnified", PoolKind::kDsa, {"DSA/PAGE_UNIFIED", "spec.layout"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageUnified; }),
+        Bad("IndexerPageUnified", PoolKind::kDsaIndexer,
+            {"DSA_INDEXER/PAGE_UNIFIED", "spec.layout", "PAGE_FIRST_DIRECT"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageUnified; }),
+        Bad("MambaPageUnified", PoolKind::kMamba, {"MAMBA/PAGE_UNIFIED", "spec.layout"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageUnified; }),
+        Bad("V4PagedPageUnified", PoolKind::kV4Paged, {"V4_PAGED/PAGE_UNIFIED", "spec.layout"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageUnified; }),
+        Bad("V4StatePageUnified", PoolKind::kV4State, {"V4_STATE/PAGE_UNIFIED", "spec.layout"},
+            [](PoolSpec& s) { s.layout = LayoutKind::kPageUnified; })),
     [](const ::testing::TestParamInfo<KindError>& info) { return info.param.name; });
 
 TEST(KindSizingTest, BytesPerPageAndTokenPerKind) {

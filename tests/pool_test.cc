@@ -255,8 +255,9 @@ class ReplyBoundTest : public KindRegistryTest {};
 
 TEST_F(ReplyBoundTest, EstimatesAreAtLeastWhatIsBuiltForEveryKindAndLayout) {
   int pools = 0;
-  for (LayoutKind layout : {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
-                            LayoutKind::kPageFirstDirect, LayoutKind::kPageHead}) {
+  for (LayoutKind layout :
+       {LayoutKind::kLayerFirst, LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect,
+        LayoutKind::kPageHead, LayoutKind::kPageUnified}) {
     ShmDir dir;
     PoolRegistry reg(Options(dir.path(), &mem_));
     for (PoolKind kind : kKinds) {
@@ -292,8 +293,15 @@ TEST_F(ReplyBoundTest, EstimatesAreAtLeastWhatIsBuiltForEveryKindAndLayout) {
       }
       absl::StatusOr<std::vector<PagePart>> parts = pool->PageShape();
       if (parts.ok()) {
-        EXPECT_EQ(parts->size(), pool->components().size());
-        for (const PagePart& part : *parts) EXPECT_LE(part.dims.size(), kMaxPagePartDims);
+        // One part per component, but PAGE_UNIFIED MHA's one interleaved "kv".
+        const bool one_part = layout == LayoutKind::kPageUnified && kind == PoolKind::kMha;
+        EXPECT_EQ(parts->size(), one_part ? 1u : pool->components().size());
+        uint64_t bytes = 0;
+        for (const PagePart& part : *parts) {
+          EXPECT_LE(part.dims.size(), kMaxPagePartDims);
+          bytes += part.bytes;
+        }
+        EXPECT_EQ(bytes, pool->flat_page_bytes());
       }
     }
   }

@@ -2,7 +2,10 @@
 // the engines, the page RPCs) is checked against. Written straight from
 // SEED_INVENTORY.md §2, the seeds' C-contiguous host buffers, and independent
 // of the code under test: nothing here uses KvLayout or LayoutKind, so a bug
-// there cannot hide behind the same bug here.
+// there cannot hide behind the same bug here. sglang's page_unified (not in
+// the seeds; sgl-project/sglang PRs 39606 and 39727) is written from its
+// dims as those PRs give them: MHA (page, head_group, layer, 2, page_size,
+// head_in_group, dim), MLA (page, layer, page_size, dim).
 //
 // Two forms, so that a wrong formula in one cannot hide a header bug either:
 //   - SeedOffset: the "offset of (kv, t, l, h)" column of the §2 tables;
@@ -16,7 +19,9 @@
 //     Mamba states): planes 1, heads 1, dim C (or the row's elements); the
 //     seeds have no MLA PAGE_HEAD;
 //   - page rows (DSA indexer, V4 paged / state): rows = pages, page_size 1,
-//     heads 1, dim the row (G or R).
+//     heads 1, dim the row (G or R);
+//   - page_unified: `groups` head groups of heads / groups heads each, the K/V
+//     dimension (planes 2) inside the layer instead of leading.
 //
 // Header only, for test binaries; pure functions, thread-safe.
 #ifndef KVHOST_TESTS_SEED_OFFSETS_H_
@@ -29,8 +34,8 @@
 
 namespace kvhost::testing {
 
-// The seeds' layouts: lf, pf, pfd, ph.
-enum class SeedLayout { kLayerFirst, kPageFirst, kPageFirstDirect, kPageHead };
+// The seeds' layouts: lf, pf, pfd, ph; and sglang's page_unified (pu).
+enum class SeedLayout { kLayerFirst, kPageFirst, kPageFirstDirect, kPageHead, kPageUnified };
 
 // The seeds' layout of `layout`, a value of an enum of the code under test
 // whose enumerators carry the seeds' names (kvhost::LayoutKind); a template,
@@ -46,6 +51,8 @@ SeedLayout SeedLayoutNamed(Layout layout) {
       return SeedLayout::kPageFirstDirect;
     case Layout::kPageHead:
       return SeedLayout::kPageHead;
+    case Layout::kPageUnified:
+      return SeedLayout::kPageUnified;
   }
   ADD_FAILURE() << "no seed layout for " << static_cast<int>(layout);
   return SeedLayout::kLayerFirst;
@@ -60,6 +67,7 @@ struct SeedBuffer {
   uint64_t heads = 1;      // H
   uint64_t dim = 0;        // D (C for MLA), in elements
   uint64_t itemsize = 1;   // b; 1 where dim is already in bytes
+  uint64_t groups = 1;     // page_unified's head groups G (dividing H)
 
   uint64_t pages() const { return rows / page_size; }
   uint64_t head_bytes() const { return dim * itemsize; }
@@ -68,6 +76,7 @@ struct SeedBuffer {
   // V_OFF = L·S·H·D·b, the same for every layout (S1:545-551).
   uint64_t v_off() const { return layers * rows * heads * head_bytes(); }
   uint64_t total_bytes() const { return planes * v_off(); }
+  uint64_t group_heads() const { return heads / groups; }
 };
 
 // The §2 offset of head `h` of row `t` of layer `l` in plane `kv`.
@@ -84,6 +93,11 @@ inline uint64_t SeedOffset(const SeedBuffer& s, uint64_t kv, uint64_t t, uint64_
       return kv * s.v_off() + (((p * L + l) * ps + o) * H + h) * D * b;
     case SeedLayout::kPageHead:  // (2, P, H, ps, L, D)
       return kv * s.v_off() + (((p * H + h) * ps + o) * L + l) * D * b;
+    case SeedLayout::kPageUnified: {  // (P, G, L, 2, ps, H / G, D)
+      const uint64_t G = s.groups, Hg = s.group_heads(), K = s.planes;
+      const uint64_t g = h / Hg, hg = h % Hg;
+      return ((((((p * G + g) * L + l) * K + kv) * ps + o) * Hg + hg) * D) * b;
+    }
   }
   ADD_FAILURE() << "no seed layout " << static_cast<int>(s.layout);
   return 0;
@@ -110,6 +124,10 @@ inline SeedShape SeedDims(const SeedBuffer& s) {
     case SeedLayout::kPageHead:
       dims = {P, H, ps, L, D};
       break;
+    case SeedLayout::kPageUnified:  // the K/V dimension sits inside the layer
+      dims = {P, s.groups, L, s.planes, ps, s.group_heads(), D};
+      if (s.planes == 1) dims.erase(dims.begin() + 3);
+      return dims;
   }
   if (s.planes == 2) dims.insert(dims.begin(), 2);
   return dims;
@@ -133,6 +151,10 @@ inline SeedShape SeedIndex(const SeedBuffer& s, uint64_t kv, uint64_t t, uint64_
     case SeedLayout::kPageHead:
       index = {p, h, o, l, d};
       break;
+    case SeedLayout::kPageUnified:
+      index = {p, h / s.group_heads(), l, kv, o, h % s.group_heads(), d};
+      if (s.planes == 1) index.erase(index.begin() + 3);
+      return index;
   }
   if (s.planes == 2) index.insert(index.begin(), kv);
   return index;

@@ -563,6 +563,9 @@ TEST_F(OwnershipTest, TicketIdsAreRandomAndNameNothingInAnotherInstance) {
 uint64_t SeedOffset(const KvLayout& c, uint64_t row, uint64_t layer, uint64_t head) {
   testing::SeedBuffer b;
   b.layout = testing::SeedLayoutNamed(c.kind);
+  // A PAGE_UNIFIED component is plane 0 of the buffer whose planes
+  // interleave (its region offset places the others).
+  if (c.kind == LayoutKind::kPageUnified) b.planes = c.interleaved_planes, b.groups = c.head_groups;
   b.layers = c.layers;
   b.rows = c.tokens;
   b.page_size = c.page_size;
@@ -622,14 +625,18 @@ void PrintTo(const KindCase& c, std::ostream* os) { *os << c.name; }
 
 std::vector<KindCase> KindCases() {
   const LayoutKind kAll[] = {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
-                             LayoutKind::kPageFirstDirect, LayoutKind::kPageHead};
+                             LayoutKind::kPageFirstDirect, LayoutKind::kPageHead,
+                             LayoutKind::kPageUnified};
   const LayoutKind kThree[] = {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
                                LayoutKind::kPageFirstDirect};
+  // MLA and K_ONLY take PAGE_UNIFIED too.
+  const LayoutKind kFour[] = {LayoutKind::kLayerFirst, LayoutKind::kPageFirst,
+                              LayoutKind::kPageFirstDirect, LayoutKind::kPageUnified};
   const LayoutKind kPageMajor[] = {LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect};
   auto name = [](const char* kind, LayoutKind l) { return absl::StrCat(kind, "_", LayoutName(l)); };
   std::vector<KindCase> out;
   for (LayoutKind l : kAll) out.push_back({name("MHA", l), MhaSpec(l), std::nullopt});
-  for (LayoutKind l : kThree) out.push_back({name("MLA", l), MlaSpec(l), std::nullopt});
+  for (LayoutKind l : kFour) out.push_back({name("MLA", l), MlaSpec(l), std::nullopt});
   for (LayoutKind l : kPageMajor) {
     PoolSpec s = BaseSpec(PoolKind::kMhaAsymmetric, l, 3, 3, 36);
     s.head_num = 2;
@@ -637,11 +644,23 @@ std::vector<KindCase> KindCases() {
     s.v_head_dim = 3;
     out.push_back({name("MHA_ASYMMETRIC", l), s, std::nullopt});
   }
-  for (LayoutKind l : kThree) {
+  for (LayoutKind l : kFour) {
     PoolSpec s = BaseSpec(PoolKind::kKOnly, l, 3, 2, 0, DType::kFp16);
     s.head_num = 3;
     s.head_dim = 3;
     out.push_back({name("K_ONLY", l), FollowerSpec(s), MhaSpec(LayoutKind::kPageFirst)});
+  }
+  {
+    // PAGE_UNIFIED in head groups: a group per head (split rows), and a K_ONLY
+    // follower of a PAGE_UNIFIED MHA pool.
+    PoolSpec s = MhaSpec(LayoutKind::kPageUnified);
+    s.head_groups = 2;
+    out.push_back({"MHA_PAGE_UNIFIED_groups2", s, std::nullopt});
+    PoolSpec k = BaseSpec(PoolKind::kKOnly, LayoutKind::kPageUnified, 3, 2, 0, DType::kFp16);
+    k.head_num = 3;
+    k.head_dim = 3;
+    k.head_groups = 3;
+    out.push_back({"K_ONLY_PAGE_UNIFIED_groups3", FollowerSpec(k), s});
   }
   {
     PoolSpec s = BaseSpec(PoolKind::kDsa, LayoutKind::kLayerFirst, 3, 3, 36);
@@ -691,6 +710,9 @@ std::vector<KindCase> KindCases() {
     s.start_layer = 2;
     s.layer_num = 3;
     out.push_back({"MLA_PAGE_FIRST_sharded_tail", s, std::nullopt, 4, 6});
+    s = MhaSpec(LayoutKind::kPageUnified);
+    s.start_layer = 2;
+    out.push_back({"MHA_PAGE_UNIFIED_sharded", s, std::nullopt, 1, 6});
   }
   return out;
 }
@@ -796,12 +818,12 @@ class KindFixture {
   std::unique_ptr<TransferManager> manager_;
 };
 
-// Host bytes of every component, for before / after comparisons.
+// Host bytes of every region, for before / after comparisons.
 std::vector<std::vector<uint8_t>> HostBytes(const Pool& pool) {
   std::vector<std::vector<uint8_t>> out;
-  for (size_t c = 0; c < pool.components().size(); ++c) {
-    const uint8_t* base = pool.component_base(c);
-    out.emplace_back(base, base + pool.components()[c].bytes());
+  for (size_t r = 0; r < pool.region_count(); ++r) {
+    const uint8_t* base = pool.region_base(r);
+    out.emplace_back(base, base + pool.region_bytes(r));
   }
   return out;
 }
@@ -835,7 +857,7 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> PickPairs(std::mt19937_64&
 // The reference copy of one transfer: one head of one row of one layer at a
 // time, at SeedOffset on the host and row x row_bytes + head x head_bytes on
 // the device; a page-row component moves the page row of each page once.
-// `host` holds each component's bytes; `device(c, attached layer)` a layer
+// `host` holds each region's bytes; `device(c, attached layer)` a layer
 // buffer's base; `host_layer(a)` the host layer of attached layer a or -1.
 template <typename DeviceFn, typename LayerFn>
 void SeedCopy(const Pool& pool, std::vector<std::vector<uint8_t>>& host, DeviceFn&& device,
@@ -852,7 +874,8 @@ void SeedCopy(const Pool& pool, std::vector<std::vector<uint8_t>>& host, DeviceF
         const uint64_t hrow = static_cast<uint64_t>(host_idx[i]) / comp.row_tokens;
         const uint64_t drow = static_cast<uint64_t>(dev_idx[i]) / comp.row_tokens;
         for (uint64_t h = 0; h < shape.heads; ++h) {
-          uint8_t* hp = host[c].data() + SeedOffset(shape, hrow, static_cast<uint64_t>(l), h);
+          uint8_t* hp = host[comp.region].data() + comp.region_offset +
+                        SeedOffset(shape, hrow, static_cast<uint64_t>(l), h);
           uint8_t* dp = device(c, a) + drow * shape.heads * shape.head_bytes + h * shape.head_bytes;
           if (backup) {
             std::memcpy(hp, dp, shape.head_bytes);
@@ -908,10 +931,10 @@ TEST_P(KindTransferTest, BackupThenLoadIsByteExact) {
   for (int round = 0; round < 3; ++round) {
     // Random non-zero bytes everywhere, host and device.
     std::vector<std::vector<uint8_t>> h0;
-    for (size_t c = 0; c < pool.components().size(); ++c) {
-      std::vector<uint8_t> bytes = RandomBytes(rng, pool.components()[c].bytes());
+    for (size_t r = 0; r < pool.region_count(); ++r) {
+      std::vector<uint8_t> bytes = RandomBytes(rng, pool.region_bytes(r));
       for (uint8_t& b : bytes) b |= 1;
-      std::memcpy(pool.component_base(c), bytes.data(), bytes.size());
+      std::memcpy(pool.region_base(r), bytes.data(), bytes.size());
       h0.push_back(std::move(bytes));
     }
     std::vector<uint8_t> d0 = RandomBytes(rng, dev->size());
@@ -935,9 +958,9 @@ TEST_P(KindTransferTest, BackupThenLoadIsByteExact) {
     EXPECT_EQ(st.layer_num, attached);
     EXPECT_EQ(st.layers_done, attached);
     EXPECT_EQ(st.bytes, want_bytes);
-    for (size_t c = 0; c < pool.components().size(); ++c) {
-      ASSERT_TRUE(SameBytes(pool.component_base(c), h1[c].data(), h1[c].size()))
-          << "backup round " << round << " component " << pool.components()[c].name;
+    for (size_t r = 0; r < pool.region_count(); ++r) {
+      ASSERT_TRUE(SameBytes(pool.region_base(r), h1[r].data(), h1[r].size()))
+          << "backup round " << round << " region " << r;
     }
     ASSERT_TRUE(SameBytes(dev->data(), d0.data(), d0.size())) << "a backup wrote the device";
 

@@ -45,6 +45,7 @@ struct Shape {
   uint32_t head_dim;  // MHA: elements; MLA: kv_lora_rank
   uint32_t page_size;
   uint64_t pages;
+  uint32_t head_groups = 0;  // MHA PAGE_UNIFIED
 };
 
 inline void PrintTo(const Shape& s, std::ostream* os) { *os << s.name; }
@@ -59,6 +60,7 @@ inline PoolSpec SpecOf(const Shape& s) {
   if (s.kind == PoolKind::kMha) {
     spec.head_num = s.heads;
     spec.head_dim = s.head_dim;
+    spec.head_groups = s.head_groups;
   } else {
     spec.kv_lora_rank = s.head_dim;
     spec.qk_rope_head_dim = 2;
@@ -68,7 +70,8 @@ inline PoolSpec SpecOf(const Shape& s) {
 }
 
 // Every layout of each kind, plus the degenerate shapes where whole runs of
-// tokens are contiguous (one layer, one head).
+// tokens are contiguous (one layer, one head), and PAGE_UNIFIED in head
+// groups (a group per head, and groups of two heads).
 inline std::vector<Shape> AllShapes() {
   std::vector<Shape> out;
   const struct {
@@ -77,7 +80,8 @@ inline std::vector<Shape> AllShapes() {
   } layouts[] = {{LayoutKind::kLayerFirst, "LayerFirst"},
                  {LayoutKind::kPageFirst, "PageFirst"},
                  {LayoutKind::kPageFirstDirect, "PageFirstDirect"},
-                 {LayoutKind::kPageHead, "PageHead"}};
+                 {LayoutKind::kPageHead, "PageHead"},
+                 {LayoutKind::kPageUnified, "PageUnified"}};
   static std::deque<std::string> names;  // keeps the c_str()s alive
   for (const auto& l : layouts) {
     names.push_back(absl::StrCat("Mha", l.n));
@@ -86,6 +90,12 @@ inline std::vector<Shape> AllShapes() {
     out.push_back({names.back().c_str(), PoolKind::kMha, l.l, 1, 1, 4, 8, 8});
     names.push_back(absl::StrCat("Mha", l.n, "OneLayer"));
     out.push_back({names.back().c_str(), PoolKind::kMha, l.l, 1, 4, 2, 5, 10});
+    if (l.l == LayoutKind::kPageUnified) {
+      names.push_back(absl::StrCat("Mha", l.n, "Groups3"));
+      out.push_back({names.back().c_str(), PoolKind::kMha, l.l, 3, 3, 5, 4, 16, 3});
+      names.push_back(absl::StrCat("Mha", l.n, "OneLayerGroups2"));
+      out.push_back({names.back().c_str(), PoolKind::kMha, l.l, 1, 4, 2, 5, 10, 2});
+    }
     if (l.l == LayoutKind::kPageHead) continue;  // MLA has no PAGE_HEAD
     names.push_back(absl::StrCat("Mla", l.n));
     out.push_back({names.back().c_str(), PoolKind::kMla, l.l, 3, 1, 6, 4, 16});

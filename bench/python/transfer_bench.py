@@ -62,7 +62,7 @@ import pybench_common as common  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KINDS = ("MHA", "MLA")
-LAYOUTS = ("LAYER_FIRST", "PAGE_FIRST", "PAGE_FIRST_DIRECT", "PAGE_HEAD")
+LAYOUTS = ("LAYER_FIRST", "PAGE_FIRST", "PAGE_FIRST_DIRECT", "PAGE_HEAD", "PAGE_UNIFIED")
 ALLOCATORS = ("default", "expandable", "cumem")
 #: The C++ benchmark's headline (docs/PERF.md, run M) at the pages asked.
 DEFAULT_CASES = ("MHA/LAYER_FIRST/1,MHA/LAYER_FIRST/16,MHA/LAYER_FIRST/64,"

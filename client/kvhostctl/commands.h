@@ -141,7 +141,7 @@ inline constexpr Command kCommands[] = {
      RunPageShape},
     {"split-meta", "POOL INDICES", 2, kAnyNumber,
      "byte ranges per page and head group (--split-factor=F;\n"
-     "PAGE_HEAD pools)",
+     "PAGE_HEAD pools; meta gives PAGE_UNIFIED's)",
      RunSplitMeta},
     {"stride", "POOL", 1, 1, "whether page blocks start on --alignment bytes (default 4096)",
      RunStride},

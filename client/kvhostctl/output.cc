@@ -62,7 +62,10 @@ std::string DimsOf(const v1::PoolSpec& spec) {
     case v1::LOGICAL:
       return "no buffers";
     default:
-      return absl::StrCat(spec.head_num(), " heads x ", spec.head_dim(), " dims");
+      return absl::StrCat(spec.head_num(), " heads x ", spec.head_dim(), " dims",
+                          spec.head_groups() > 1
+                              ? absl::StrCat(" in ", spec.head_groups(), " head groups")
+                              : std::string());
   }
 }
 

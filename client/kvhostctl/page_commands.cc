@@ -33,10 +33,21 @@ namespace {
 constexpr size_t kHexDumpBytes = 256;
 
 // What range `i` (PageBufferMeta.segments[i]) covers, in the order pool.proto gives
-// (per page, per layer for LAYER_FIRST, per component); empty when the answer
-// does not have the shape that order implies.
+// (per page, per layer for LAYER_FIRST, per component; PAGE_UNIFIED per head
+// group); empty when the answer does not have the shape that order implies.
 std::string RangeLabel(const v1::Pool& pool, absl::Span<const int64_t> slots, int segments, int i) {
   const v1::PoolSpec& spec = pool.spec();
+  if (spec.layout() == v1::PAGE_UNIFIED) {
+    const uint64_t groups = std::max<uint32_t>(spec.head_groups(), 1);
+    const uint64_t page_size = spec.page_size();
+    if (page_size == 0 || static_cast<uint64_t>(segments) != slots.size() / page_size * groups) {
+      return "";
+    }
+    const uint64_t page_index = static_cast<uint64_t>(i) / groups;
+    return absl::StrCat("page ", static_cast<uint64_t>(slots[page_index * page_size]) / page_size,
+                        groups > 1 ? absl::StrCat(" head group ", i % groups) : std::string(),
+                        " all layers", spec.kind() == v1::MHA ? " K and V" : "");
+  }
   std::vector<std::string> names;
   for (const v1::PoolComponent& c : pool.components()) {
     names.push_back(c.name() == "k" ? "K" : c.name() == "v" ? "V" : c.name());

@@ -16,7 +16,8 @@ ABSL_FLAG(std::string, kind, "mha",
           "create-pool: what a token stores: mha, mla, mha_asymmetric, k_only, dsa, dsa_indexer, "
           "mamba, v4_paged, v4_state or logical.");
 ABSL_FLAG(std::string, layout, "page_first",
-          "create-pool: layer_first, page_first, page_first_direct or page_head (MHA only).");
+          "create-pool: layer_first, page_first, page_first_direct, page_head (mha only) or "
+          "page_unified (mha, mla, k_only; --head-groups).");
 ABSL_FLAG(std::string, dtype, "bf16",
           "create-pool: element type: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2 or uint8 (dsa_indexer, "
           "v4_paged, v4_state and logical default to uint8).");
@@ -26,6 +27,8 @@ ABSL_FLAG(uint32_t, layers, 0,
           "create-pool: layers held on the host; create-group: model layers (both required).");
 ABSL_FLAG(uint32_t, heads, 0, "create-pool: MHA KV heads (required for mha).");
 ABSL_FLAG(uint32_t, head_dim, 0, "create-pool: MHA head dimension (required for mha).");
+ABSL_FLAG(uint32_t, head_groups, 0,
+          "create-pool: page_unified head groups per page, dividing --heads (0: one group).");
 ABSL_FLAG(uint32_t, kv_lora_rank, 0, "create-pool: MLA latent rank.");
 ABSL_FLAG(uint32_t, qk_rope_head_dim, 0, "create-pool: MLA rotary dimension.");
 ABSL_FLAG(uint64_t, size_tokens, 0, "create-pool: pool size in tokens (first sizing rule).");
@@ -114,6 +117,7 @@ void SetNumberFields(const FlagUse& flags, v1::PoolSpec* spec) {
   KVHOST_FLAG_FIELD(layers, set_layer_num);
   KVHOST_FLAG_FIELD(heads, set_head_num);
   KVHOST_FLAG_FIELD(head_dim, set_head_dim);
+  KVHOST_FLAG_FIELD(head_groups, set_head_groups);
   KVHOST_FLAG_FIELD(v_head_dim, set_v_head_dim);
   KVHOST_FLAG_FIELD(kv_lora_rank, set_kv_lora_rank);
   KVHOST_FLAG_FIELD(qk_rope_head_dim, set_qk_rope_head_dim);

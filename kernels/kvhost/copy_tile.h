@@ -6,20 +6,23 @@
 // A CopyTile names a block of items: `tokens` consecutive host slots
 // starting at `host_token`, paired with as many consecutive device rows
 // starting at `device_token`, for host layers [layer0, layer0 + layers) (plus
-// the launch's layer shift) of one plane, and heads [head0, head0 + heads).
+// the launch's layer shift) of one plane, and row pieces [piece0, piece0 +
+// pieces) (KvLayout::RowPieces: a PAGE_HEAD row's heads, a PAGE_UNIFIED
+// row's head groups; one piece, the whole row, in the other layouts).
 // A launch addresses one KvLayout whose planes are pool components (a
 // LayoutGroup, server/transfer/copy_plan.h: MHA's K and V, or any one
 // component); for a page-row component the "tokens" are pages. An item is
 // one contiguous piece that a warp (or, for items under a warp's 512 bytes
 // per step, a group of lanes) copies: a token's whole row of one layer
-// (`token_bytes`), or, where the layout splits rows by head (PAGE_HEAD with
-// several heads), one head of it (`head_bytes`).
+// (`token_bytes`), or, where the layout splits rows (PAGE_HEAD with several
+// heads, PAGE_UNIFIED with several head groups), one piece of it
+// (KvLayout::RowPieceBytes).
 //
 // Addresses, one formula for host and device (DecodeCopyItem): an item's
 // host offset is KvLayout::Offset; its device address is the layer buffer
 // and the row; its offset in the other side (the staging buffer, or the pool
 // itself through mapped memory) is
-//   Offset(plane, token, first layer, head) - bias + k * other_layer_stride
+//   Offset(plane, token, first layer, piece's head) - bias + k * other_layer_stride
 // for the tile's k-th layer (first layer = layer0 + layer shift). So the
 // tile's first layer lies in the other buffer as in the pool (shifted by
 // `bias`), and every further layer `other_layer_stride` bytes on. With the
@@ -60,9 +63,9 @@ struct CopyTile {
   uint32_t tokens = 0;
   uint32_t layer0 = 0;
   uint32_t layers = 0;
-  uint16_t head0 = 0;
-  uint16_t heads = 1;  // 1 unless the layout splits rows by head
-  uint16_t plane = 0;  // of the launch's layout (a component of its group)
+  uint16_t piece0 = 0;
+  uint16_t pieces = 1;  // 1 unless the layout splits rows (KvLayout::RowPieces)
+  uint16_t plane = 0;   // of the launch's layout (a component of its group)
 };
 
 // One item's addresses, as offsets.
@@ -74,9 +77,7 @@ struct CopyItem {
 };
 
 // Bytes of every item of `layout`.
-KVHOST_HD inline uint64_t CopyItemBytes(const KvLayout& layout) {
-  return layout.RowContiguous() ? layout.token_bytes : layout.head_bytes;
-}
+KVHOST_HD inline uint64_t CopyItemBytes(const KvLayout& layout) { return layout.RowPieceBytes(); }
 
 // Bytes between layers l and l + 1 of one (plane, token, head) in the pool:
 // KvLayout::Offset is linear in the layer for every layout (0 for one layer).
@@ -96,18 +97,19 @@ KVHOST_HD inline uint32_t CopyLanesPerItem(uint64_t item_bytes) {
 }
 
 KVHOST_HD inline uint64_t TileItems(const CopyTile& s) {
-  return uint64_t{s.tokens} * s.layers * s.heads;
+  return uint64_t{s.tokens} * s.layers * s.pieces;
 }
 
-// Item `r` (0 <= r < TileItems(s)) of tile `s`, heads varying fastest,
+// Item `r` (0 <= r < TileItems(s)) of tile `s`, row pieces varying fastest,
 // then tokens, then layers; `layer_shift` is added to every layer.
 // REQUIRES: every host layer + device_layer_delta lies in
 // [0, device_layers_per_plane).
 KVHOST_HD inline CopyItem DecodeCopyItem(const KvLayout& layout, const CopyTile& s, uint64_t r,
                                          uint32_t layer_shift, uint64_t device_layers_per_plane,
                                          int64_t device_layer_delta) {
-  const uint64_t head = s.head0 + r % s.heads;
-  r /= s.heads;
+  const uint64_t piece = s.piece0 + r % s.pieces;
+  const uint64_t head = layout.PieceHead(piece);
+  r /= s.pieces;
   const uint64_t token = r % s.tokens;
   const uint64_t k = r / s.tokens;  // the tile's k-th layer
   const uint64_t first = s.layer0 + layer_shift;
@@ -119,8 +121,8 @@ KVHOST_HD inline CopyItem DecodeCopyItem(const KvLayout& layout, const CopyTile&
                       static_cast<uint64_t>(s.bias) + k * s.other_layer_stride;
   item.device_buffer = s.plane * device_layers_per_plane +
                        static_cast<uint64_t>(static_cast<int64_t>(layer) + device_layer_delta);
-  item.device_offset = (s.device_token + token) * layout.token_bytes +
-                       (layout.RowContiguous() ? 0 : head * layout.head_bytes);
+  item.device_offset =
+      (s.device_token + token) * layout.token_bytes + piece * CopyItemBytes(layout);
   return item;
 }
 

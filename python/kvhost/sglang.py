@@ -60,6 +60,7 @@ LAYOUTS = {
     "page_first": "PAGE_FIRST",
     "page_first_direct": "PAGE_FIRST_DIRECT",
     "page_head": "PAGE_HEAD",
+    "page_unified": "PAGE_UNIFIED",
 }
 
 #: dtype spellings (torch's without "torch.", and kvhost's) -> kvhost.v1.DType.
@@ -471,7 +472,9 @@ class MHATokenToKVPoolHost(HostKVCache):
             self.head_dim
         return {"layer_first": (2, L, ps, H, D), "page_first": (2, ps, L, H, D),
                 "page_first_direct": (2, 1, L, ps, H, D),
-                "page_head": (2, 1, H, ps, L, D)}[lay]
+                "page_head": (2, 1, H, ps, L, D),
+                # (page, head_group, layer, 2, ps, head_in_group, dim); one group
+                "page_unified": (1, 1, L, 2, ps, H, D)}[lay]
 
     def get_ksize_per_token(self) -> int:
         return self.size_per_token // 2
@@ -497,7 +500,8 @@ class MLATokenToKVPoolHost(HostKVCache):
         if lay == "page_head":
             raise ValueError("MLA has no 'page_head' layout")
         return {"layer_first": (L, ps, 1, Cd), "page_first": (ps, L, 1, Cd),
-                "page_first_direct": (1, L, ps, 1, Cd)}[lay]
+                "page_first_direct": (1, L, ps, 1, Cd),
+                "page_unified": (1, L, ps, Cd)}[lay]
 
     def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
         return {"latent": list(device_pool.kv_buffer)}

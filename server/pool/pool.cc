@@ -74,13 +74,14 @@ absl::StatusOr<std::shared_ptr<Pool>> Pool::Create(const std::string& name, cons
                                                    uint64_t size_tokens, const RegionFiles& files,
                                                    std::shared_ptr<Pool> follows) {
   // One file per distinct suffix, in the seeds' exact shapes: MHA (2, ...)
-  // with V at V_OFF in ".kv"; MHA_ASYMMETRIC ".k" and ".v"; DSA the latent
-  // and ".index_k"; MAMBA ".temporal" and ".conv<j>"; LOGICAL none.
+  // with V at V_OFF in ".kv" (PAGE_UNIFIED: K and V interleaved there);
+  // MHA_ASYMMETRIC ".k" and ".v"; DSA the latent and ".index_k"; MAMBA
+  // ".temporal" and ".conv<j>"; LOGICAL none.
   std::vector<Component> components = MakeComponents(spec, size_tokens);
   const std::vector<std::string> suffixes = RegionSuffixes(spec);
   std::vector<uint64_t> sizes(suffixes.size(), 0);
   for (const Component& c : components) {
-    sizes[c.region] = std::max(sizes[c.region], c.region_offset + c.bytes());
+    sizes[c.region] = std::max(sizes[c.region], c.region_offset + c.extent_bytes());
   }
   std::vector<std::unique_ptr<ShmRegion>> regions;
   for (size_t r = 0; r < suffixes.size(); ++r) {
@@ -247,8 +248,22 @@ RegionRange Pool::PageMetaRange(const Component& c, uint64_t first_slot, uint64_
                      c.layout.MetaRangeBytes()};
 }
 
+RegionRange Pool::PageBlockRange(uint64_t first_slot) const {
+  // The planes of a PAGE_UNIFIED pool are the components of one region
+  // (MHA's K and V), the first at the pool layout's byte 0.
+  const Component& c = components_.front();
+  return RegionRange{c.region, c.region_offset + layout_.Offset(0, first_slot, 0, 0),
+                     layout_.head_groups * layout_.MetaRangeBytes()};
+}
+
 template <typename Fn>
 void Pool::ForEachFlatRange(uint64_t first_slot, Fn&& fn) const {
+  if (PageIsOneBlock()) {
+    // PAGE_UNIFIED: the page's block as it lies in the buffer, planes
+    // interleaved (what sglang's page_unified stores for a page).
+    fn(PageBlockRange(first_slot));
+    return;
+  }
   for (const Component& c : components_) {
     if (c.layout.MetaPerLayer()) {
       for (uint64_t l = 0; l < c.layout.layers; ++l) {
@@ -276,7 +291,9 @@ void Pool::ForEachFlatPiece(uint64_t first_slot, uint64_t offset, uint64_t lengt
 }
 
 uint64_t Pool::MetaRangesPerPage() const {
-  // LAYER_FIRST: per layer, per component; else per component.
+  // LAYER_FIRST: per layer, per component; PAGE_UNIFIED: per head group;
+  // else per component.
+  if (PageIsOneBlock()) return layout_.head_groups;
   const uint64_t meta_layers = layout_.MetaPerLayer() ? layout_.layers : 1;
   return meta_layers * components_.size();
 }
@@ -322,6 +339,16 @@ absl::StatusOr<std::vector<RegionRange>> Pool::PageBufferMeta(
   ranges.reserve(pages->size() * MetaRangesPerPage());
   for (uint64_t page : *pages) {
     const uint64_t first = page * layout_.page_size;
+    if (PageIsOneBlock()) {
+      // PAGE_UNIFIED: per page, per head group, one range of the group's K
+      // and V rows of all layers (one tensor-parallel partition's chunk).
+      const RegionRange block = PageBlockRange(first);
+      const uint64_t group_bytes = layout_.MetaRangeBytes();
+      for (uint64_t g = 0; g < layout_.head_groups; ++g) {
+        ranges.push_back({block.region, block.offset + g * group_bytes, group_bytes});
+      }
+      continue;
+    }
     // LAYER_FIRST: per page, per layer, per component; else per page, per
     // component.
     for (uint64_t layer = 0; layer < meta_layers; ++layer) {
@@ -424,14 +451,30 @@ absl::StatusOr<std::vector<PagePart>> Pool::PageShape() const {
   const uint64_t L = spec_.layer_num;
   const uint64_t ps = layout_.page_size;
   std::vector<PagePart> parts;
+  if (PageIsOneBlock() && layout_.planes > 1) {
+    // PAGE_UNIFIED MHA: one part, the page's block (G, L, 2, ps, H / G, D)
+    // with K and V interleaved (the flat page is that block).
+    const uint64_t G = layout_.head_groups;
+    parts.push_back({"kv",
+                     {G, L, layout_.planes, ps, spec_.head_num / G, spec_.head_dim},
+                     spec_.dtype,
+                     PageBlockRange(0).length});
+    return parts;
+  }
   for (const Component& c : components_) {
     PagePart part;
     part.component = c.name;
-    part.bytes = c.layout.MetaRangeBytes() * (c.layout.MetaPerLayer() ? L : 1);
+    part.bytes = c.layout.MetaRangeBytes() * (c.layout.MetaPerLayer()       ? L
+                                              : c.layout.MetaPerHeadGroup() ? c.layout.head_groups
+                                                                            : 1);
     switch (spec_.kind) {
       case PoolKind::kMha:
       case PoolKind::kKOnly:
         part.dims = {L, ps, spec_.head_num, spec_.head_dim};
+        if (layout_.MetaPerHeadGroup()) {  // K_ONLY's one plane: (G, L, ps, H / G, D)
+          const uint64_t G = layout_.head_groups;
+          part.dims = {G, L, ps, spec_.head_num / G, spec_.head_dim};
+        }
         part.dtype = spec_.dtype;
         break;
       case PoolKind::kMla:
@@ -466,7 +509,10 @@ absl::StatusOr<std::vector<RegionRange>> Pool::SplitHeadsMeta(absl::Span<const i
   }
   if (spec_.layout != LayoutKind::kPageHead) {
     return absl::FailedPreconditionError(absl::StrCat(
-        Label(), " has no split-heads metadata: it needs layout PAGE_HEAD (seed assert)"));
+        Label(), " has no split-heads metadata: it needs layout PAGE_HEAD (seed assert)",
+        spec_.layout == LayoutKind::kPageUnified
+            ? "; GetPageBufferMeta gives a PAGE_UNIFIED pool's pages per head group already"
+            : ""));
   }
   const uint64_t heads = layout_.heads;
   if (split_factor == 0 || heads % split_factor != 0) {
@@ -501,6 +547,16 @@ absl::StatusOr<StrideCheck> Pool::StrideAlignment(uint64_t alignment) const {
   StrideCheck out;
   // Page-major layouts only: a LAYER_FIRST page is one range per layer.
   out.aligned = spec_.layout != LayoutKind::kLayerFirst && !components_.empty();
+  if (PageIsOneBlock()) {
+    // PAGE_UNIFIED: a page is one block of every component (planes
+    // interleaved), described per head group: aligned when the buffer and
+    // a head group's range are.
+    const RegionRange block = PageBlockRange(0);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(region_base(block.region) + block.offset);
+    out.aligned = base % alignment == 0 && layout_.MetaRangeBytes() % alignment == 0;
+    out.page_strides.assign(components_.size(), block.length);
+    return out;
+  }
   for (size_t i = 0; i < components_.size(); ++i) {
     const Component& c = components_[i];
     // From one page's range to the next: a page's block (page-major), or a

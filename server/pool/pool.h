@@ -58,8 +58,9 @@ struct PagePart {
   uint64_t bytes = 0;
 };
 
-// PagePart::dims has at most this many values (MHA's (L, ps, H, D)).
-inline constexpr size_t kMaxPagePartDims = 4;
+// PagePart::dims has at most this many values (PAGE_UNIFIED MHA's
+// (G, L, 2, ps, H / G, D)).
+inline constexpr size_t kMaxPagePartDims = 6;
 
 // The seeds' is_stride_page_aligned (kvhost.v1.StrideAlignment).
 struct StrideCheck {
@@ -262,6 +263,12 @@ class Pool {
   // Region range of component c's bytes of the page starting at
   // `first_slot`: of layer `layer` (LAYER_FIRST), or of all layers.
   RegionRange PageMetaRange(const Component& c, uint64_t first_slot, uint64_t layer) const;
+  // A PAGE_UNIFIED pool with buffers (not LOGICAL): a page is one block of
+  // every component, planes interleaved.
+  bool PageIsOneBlock() const { return layout_.MetaPerHeadGroup() && !components_.empty(); }
+  // REQUIRES: PageIsOneBlock(). The region range of the whole page starting
+  // at `first_slot`, every head group, layer and plane.
+  RegionRange PageBlockRange(uint64_t first_slot) const;
   // Calls fn(range) for each range of the page starting at `first_slot` in
   // flat-page order, until fn returns false.
   template <typename Fn>

@@ -45,6 +45,8 @@ const char* LayoutName(LayoutKind layout) {
       return "PAGE_FIRST_DIRECT";
     case LayoutKind::kPageHead:
       return "PAGE_HEAD";
+    case LayoutKind::kPageUnified:
+      return "PAGE_UNIFIED";
   }
   return "?";
 }
@@ -98,16 +100,18 @@ constexpr size_t kMaxStateDims = 8;
 uint32_t Bit(PoolKind kind) { return 1u << static_cast<uint32_t>(kind); }
 uint32_t Bit(LayoutKind layout) { return 1u << static_cast<uint32_t>(layout); }
 
-constexpr uint32_t kLf = 1u << 1, kPf = 1u << 2, kPfd = 1u << 3, kPh = 1u << 4;
+constexpr uint32_t kLf = 1u << 1, kPf = 1u << 2, kPfd = 1u << 3, kPh = 1u << 4, kPu = 1u << 5;
 
-// Layouts each kind supports (the union of the seeds' backends).
+// Layouts each kind supports (the union of the seeds' backends, and sglang's
+// page_unified for the token-row kinds of one region).
 uint32_t AllowedLayouts(PoolKind kind) {
   switch (kind) {
     case PoolKind::kMha:
     case PoolKind::kLogical:
-      return kLf | kPf | kPfd | kPh;
+      return kLf | kPf | kPfd | kPh | kPu;
     case PoolKind::kMla:
     case PoolKind::kKOnly:
+      return kLf | kPf | kPfd | kPu;
     case PoolKind::kDsaIndexer:
     case PoolKind::kV4Paged:
     case PoolKind::kV4State:
@@ -123,6 +127,21 @@ uint32_t AllowedLayouts(PoolKind kind) {
 }
 
 bool KnownKind(PoolKind kind) { return kind >= PoolKind::kMha && kind <= PoolKind::kLogical; }
+
+// "LAYER_FIRST, PAGE_FIRST or PAGE_FIRST_DIRECT": the layouts `kind` takes.
+std::string AllowedLayoutNames(PoolKind kind) {
+  std::vector<const char*> names;
+  for (LayoutKind l :
+       {LayoutKind::kLayerFirst, LayoutKind::kPageFirst, LayoutKind::kPageFirstDirect,
+        LayoutKind::kPageHead, LayoutKind::kPageUnified}) {
+    if ((AllowedLayouts(kind) & Bit(l)) != 0) names.push_back(LayoutName(l));
+  }
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    absl::StrAppend(&out, i == 0 ? "" : i + 1 == names.size() ? " or " : ", ", names[i]);
+  }
+  return out;
+}
 
 // Kinds whose every row is a page row (no token-row component).
 bool PageRowsOnly(PoolKind kind) {
@@ -166,7 +185,7 @@ struct RowPlan {
   std::string suffix;  // region file suffix; one region per distinct suffix
   uint64_t row_bytes;  // saturated at 2^64 - 1 (ValidateSpec refuses it)
   bool page_row;       // a row per page instead of per token
-  uint64_t heads;      // token rows split in heads (PAGE_HEAD math)
+  uint64_t heads;      // token rows split in heads (PAGE_HEAD, PAGE_UNIFIED math)
 };
 
 std::vector<RowPlan> PlanRows(const PoolSpec& s) {
@@ -263,6 +282,7 @@ absl::Status CheckUnusedFields(const PoolSpec& s) {
       {"state_slot_bytes", s.state_slot_bytes != 0, Bit(PoolKind::kV4State)},
       {"follows", !s.follows.empty(), followers},
       {"size_bytes", s.size_bytes != 0, all_but_logical},
+      {"head_groups", s.head_groups != 0, Bit(PoolKind::kMha) | Bit(PoolKind::kKOnly)},
   };
   for (const Use& u : uses) {
     if (u.set && (u.kinds & Bit(s.kind)) == 0) {
@@ -278,13 +298,14 @@ absl::Status CheckLayout(const PoolSpec& s) {
   switch (s.kind) {
     case PoolKind::kMla:
       return absl::InvalidArgumentError(
-          "spec.layout PAGE_HEAD is not supported for MLA (it has no heads to split); use "
-          "LAYER_FIRST, PAGE_FIRST or PAGE_FIRST_DIRECT");
+          absl::StrCat("spec.layout PAGE_HEAD is not supported for MLA (it has no heads to split); "
+                       "use ",
+                       AllowedLayoutNames(s.kind)));
     case PoolKind::kMhaAsymmetric:  // S1:981
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.layout ", LayoutName(s.layout), " is not supported for ", Where(s),
-          ": \"Unsupported layout for models with head_dim != v_head_dim\"; use PAGE_FIRST or "
-          "PAGE_FIRST_DIRECT"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.layout ", LayoutName(s.layout), " is not supported for ", Where(s),
+                       ": \"Unsupported layout for models with head_dim != v_head_dim\"; use ",
+                       AllowedLayoutNames(s.kind)));
     case PoolKind::kDsa:  // S2:881-884
       return absl::InvalidArgumentError(absl::StrCat(
           "spec.layout ", LayoutName(s.layout), " is not supported for ", Where(s),
@@ -294,10 +315,27 @@ absl::Status CheckLayout(const PoolSpec& s) {
           "spec.layout ", LayoutName(s.layout), " is not supported for ", Where(s),
           ": \"MambaPoolHost only supports layout='page_first_direct'\"; use PAGE_FIRST_DIRECT"));
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("spec.layout ", LayoutName(s.layout), " is not supported for ", Where(s),
-                       "; use LAYER_FIRST, PAGE_FIRST or PAGE_FIRST_DIRECT"));
+      return absl::InvalidArgumentError(absl::StrCat("spec.layout ", LayoutName(s.layout),
+                                                     " is not supported for ", Where(s), "; use ",
+                                                     AllowedLayoutNames(s.kind)));
   }
+}
+
+// PAGE_UNIFIED's head groups: unset (one group) or a divisor of head_num;
+// no other layout reads them.
+absl::Status CheckHeadGroups(const PoolSpec& s) {
+  if (s.head_groups == 0) return absl::OkStatus();
+  if (s.layout != LayoutKind::kPageUnified) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.head_groups ", s.head_groups, " is only used by the PAGE_UNIFIED layout, not by ",
+        Where(s), "; leave it unset"));
+  }
+  if (s.head_num % s.head_groups != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.head_groups ", s.head_groups, " does not divide spec.head_num ", s.head_num, " for ",
+        Where(s), " (every head group holds the same number of heads)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckIndexDims(const PoolSpec& s) {
@@ -389,7 +427,7 @@ absl::Status CheckKindFields(const PoolSpec& s) {
             "spec.v_head_dim ", s.v_head_dim, " must differ from spec.head_dim ", s.head_dim,
             " (and be >= 1) for ", Where(s), "; equal K and V head dims are kind MHA"));
       }
-      return absl::OkStatus();
+      return CheckHeadGroups(s);
     case PoolKind::kMla:
       if (LatentDim(s) == 0) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -467,7 +505,7 @@ absl::Status ValidateSpec(const PoolSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.kind ", static_cast<int>(spec.kind), " is not a supported pool kind"));
   }
-  if (spec.layout < LayoutKind::kLayerFirst || spec.layout > LayoutKind::kPageHead) {
+  if (spec.layout < LayoutKind::kLayerFirst || spec.layout > LayoutKind::kPageUnified) {
     return absl::InvalidArgumentError(absl::StrCat("spec.layout ", static_cast<int>(spec.layout),
                                                    " is not a known layout for ",
                                                    PoolKindName(spec.kind)));
@@ -534,6 +572,10 @@ uint32_t PlaneCount(const PoolSpec& spec) {
     default:
       return 0;
   }
+}
+
+uint32_t HeadGroups(const PoolSpec& spec) {
+  return spec.layout == LayoutKind::kPageUnified && spec.head_groups != 0 ? spec.head_groups : 1;
 }
 
 uint64_t RowBytes(const PoolSpec& spec) {
@@ -618,13 +660,16 @@ KvLayout MakeKvLayout(const PoolSpec& spec, uint64_t size_tokens) {
   }
   const RowPlan row = PlanRows(spec)[0];
   return KvLayout(spec.layout, planes, spec.layer_num, size_tokens, spec.page_size, row.heads,
-                  row.row_bytes / row.heads);
+                  row.row_bytes / row.heads, HeadGroups(spec));
 }
 
 std::vector<Component> MakeComponents(const PoolSpec& spec, uint64_t size_tokens) {
   const std::vector<RowPlan> rows = PlanRows(spec);
   const std::vector<std::string> suffixes = RegionSuffixes(spec);
-  std::vector<uint64_t> region_end(suffixes.size(), 0);
+  // Where the next component of each region starts: after the last one's
+  // bytes, or in PAGE_UNIFIED, whose planes interleave, one plane chunk on
+  // (the planes of one region are the pool's planes: MHA's K and V).
+  std::vector<uint64_t> region_next(suffixes.size(), 0);
   std::vector<Component> out;
   for (const RowPlan& row : rows) {
     Component c;
@@ -637,15 +682,16 @@ std::vector<Component> MakeComponents(const PoolSpec& spec, uint64_t size_tokens
       c.row_tokens = spec.page_size;
     } else {
       c.layout = KvLayout(spec.layout, 1, spec.layer_num, size_tokens, spec.page_size, row.heads,
-                          row.row_bytes / row.heads);
+                          row.row_bytes / row.heads, HeadGroups(spec), PlaneCount(spec));
       c.row_tokens = 1;
     }
     for (uint32_t r = 0; r < suffixes.size(); ++r) {
       if (suffixes[r] == row.suffix) c.region = r;
     }
     // Components sharing a file follow each other (MHA: V at V_OFF).
-    c.region_offset = region_end[c.region];
-    region_end[c.region] += c.bytes();
+    c.region_offset = region_next[c.region];
+    region_next[c.region] +=
+        spec.layout == LayoutKind::kPageUnified ? c.layout.plane_stride : c.bytes();
     out.push_back(std::move(c));
   }
   return out;
@@ -707,6 +753,7 @@ std::string DescribeSpec(const PoolSpec& spec) {
     case PoolKind::kLogical:
       return absl::StrFormat("%s ps=%u", PoolKindName(spec.kind), spec.page_size);
   }
+  if (HeadGroups(spec) > 1) absl::StrAppend(&dims, " G=", HeadGroups(spec));
   std::string out =
       absl::StrFormat("%s/%s %s L=%u %s ps=%u", PoolKindName(spec.kind), LayoutName(spec.layout),
                       DTypeName(spec.dtype), spec.layer_num, dims, spec.page_size);

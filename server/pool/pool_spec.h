@@ -82,6 +82,7 @@ struct PoolSpec {
   uint64_t item_bytes = 0;              // V4_PAGED
   uint32_t ring_size = 0;               // V4_STATE
   uint64_t state_slot_bytes = 0;        // V4_STATE
+  uint32_t head_groups = 0;             // MHA, K_ONLY in PAGE_UNIFIED; 0 = 1
 };
 
 // One host buffer of a pool: a seed tensor, or one K/V plane of one
@@ -89,8 +90,10 @@ struct PoolSpec {
 // KvLayout whose token rows are either token slots (row_tokens 1) or whole
 // pages (row_tokens = page_size: then layout.page_size is 1, layout.tokens
 // the page count and layout.token_bytes the page row). Byte 0 of `layout`
-// is byte `region_offset` of region `region`. Device buffers of the
-// component have the same row_bytes.
+// is byte `region_offset` of region `region`; in PAGE_UNIFIED the pool's
+// planes interleave, so a plane's bytes lie between the others' in
+// [region_offset, region_offset + layout.extent_bytes()). Device buffers of
+// the component have the same row_bytes.
 struct Component {
   std::string name;
   KvLayout layout;
@@ -99,6 +102,7 @@ struct Component {
   uint64_t row_tokens = 1;
   uint64_t row_bytes() const { return layout.token_bytes; }
   uint64_t bytes() const { return layout.total_bytes(); }
+  uint64_t extent_bytes() const { return layout.extent_bytes(); }
   // Rows of one page in one layer: page_size token rows, or one page row.
   uint64_t rows_per_page() const { return row_tokens == 1 ? layout.page_size : 1; }
   // Row holding token slot `slot`.
@@ -119,7 +123,8 @@ const char* FollowableKinds(PoolKind follower);
 bool MovesWholePages(PoolKind kind);
 
 // Checks dims, dtype, that the kind supports the layout, layer_num <=
-// kMaxLayers, and that the fields the kind does not use are 0 / empty.
+// kMaxLayers, that head_groups divides head_num (PAGE_UNIFIED), and that
+// the fields the kind (and layout) does not use are 0 / empty.
 // Errors are INVALID_ARGUMENT naming the kind, the layout and the field
 // ("spec.head_dim must be >= 1 for MHA/PAGE_FIRST"). A follower
 // (spec.follows) is checked with the page_size it inherits filled in
@@ -130,6 +135,9 @@ absl::Status ValidateSpec(const PoolSpec& spec);
 // equal token rows): 2 for MHA, 1 for MLA and K_ONLY; 0 for the other
 // kinds, whose buffers MakeComponents describes.
 uint32_t PlaneCount(const PoolSpec& spec);
+// PAGE_UNIFIED's head groups (spec.head_groups, 0 read as 1); 1 for the
+// other layouts.
+uint32_t HeadGroups(const PoolSpec& spec);
 // Bytes of one token's row of one layer in one plane (the device row size)
 // for MHA, MLA and K_ONLY; 0 for the other kinds (see MakeComponents).
 // REQUIRES: ValidateSpec(spec).ok().

@@ -47,10 +47,11 @@ absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& in) {
         " is not a pool kind; use MHA, MLA, MHA_ASYMMETRIC, K_ONLY, DSA, DSA_INDEXER, MAMBA, "
         "V4_PAGED, V4_STATE or LOGICAL"));
   }
-  if (in.layout() < v1::LAYER_FIRST || in.layout() > v1::PAGE_HEAD) {
+  if (in.layout() < v1::LAYER_FIRST || in.layout() > v1::PAGE_UNIFIED) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.layout ", EnumText(v1::Layout_Name(in.layout()), in.layout(), "LAYOUT_UNSPECIFIED"),
-        " is not a layout; use LAYER_FIRST, PAGE_FIRST, PAGE_FIRST_DIRECT or PAGE_HEAD"));
+        " is not a layout; use LAYER_FIRST, PAGE_FIRST, PAGE_FIRST_DIRECT, PAGE_HEAD or "
+        "PAGE_UNIFIED"));
   }
   absl::StatusOr<DType> dtype = DTypeFromProto(in.dtype(), "spec.dtype");
   if (!dtype.ok()) return dtype.status();
@@ -77,6 +78,7 @@ absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& in) {
   spec.item_bytes = in.item_bytes();
   spec.ring_size = in.ring_size();
   spec.state_slot_bytes = in.state_slot_bytes();
+  spec.head_groups = in.head_groups();
   const v1::MambaStates& mamba = in.mamba();
   spec.mamba.temporal = DimsFromProto(mamba.temporal());
   for (const v1::Shape& conv : mamba.conv()) spec.mamba.conv.push_back(DimsFromProto(conv));
@@ -117,6 +119,7 @@ void ToProto(const PoolSpec& spec, v1::PoolSpec* out) {
   out->set_item_bytes(spec.item_bytes);
   out->set_ring_size(spec.ring_size);
   out->set_state_slot_bytes(spec.state_slot_bytes);
+  out->set_head_groups(spec.head_groups);
   if (spec.kind == PoolKind::kMamba) {
     v1::MambaStates* mamba = out->mutable_mamba();
     DimsToProto(spec.mamba.temporal, mamba->mutable_temporal());

@@ -13,13 +13,12 @@ namespace {
 // Tokens per tile stay well inside CopyTile::tokens.
 constexpr uint64_t kMaxTileTokens = uint64_t{1} << 30;
 
-uint16_t HeadsPerItem(const KvLayout& layout) {
-  return layout.RowContiguous() ? 1 : static_cast<uint16_t>(layout.heads);
-}
+uint16_t PiecesPerRow(const KvLayout& layout) { return static_cast<uint16_t>(layout.RowPieces()); }
 
 bool SameShape(const KvLayout& a, const KvLayout& b) {
   return a.kind == b.kind && a.layers == b.layers && a.tokens == b.tokens &&
-         a.page_size == b.page_size && a.heads == b.heads && a.head_bytes == b.head_bytes;
+         a.page_size == b.page_size && a.heads == b.heads && a.head_bytes == b.head_bytes &&
+         a.head_groups == b.head_groups && a.interleaved_planes == b.interleaved_planes;
 }
 
 // Staging offsets of a group start at a multiple of the kernel's 16-byte
@@ -28,15 +27,15 @@ bool SameShape(const KvLayout& a, const KvLayout& b) {
 constexpr uint64_t kStagingAlign = 16;
 
 CopyTile Tile(uint64_t plane, uint64_t host_token, uint64_t device_token, uint64_t layer0,
-              uint64_t layers, uint64_t head0, uint64_t heads) {
+              uint64_t layers, uint64_t piece0, uint64_t pieces) {
   CopyTile s;
   s.plane = static_cast<uint16_t>(plane);
   s.host_token = host_token;
   s.device_token = device_token;
   s.layer0 = static_cast<uint32_t>(layer0);
   s.layers = static_cast<uint32_t>(layers);
-  s.head0 = static_cast<uint16_t>(head0);
-  s.heads = static_cast<uint16_t>(heads);
+  s.piece0 = static_cast<uint16_t>(piece0);
+  s.pieces = static_cast<uint16_t>(pieces);
   return s;
 }
 
@@ -156,11 +155,12 @@ class ChunkBuilder {
   // Adds `units` blocks of `unit_tokens` host slots and `unit_bytes` each,
   // starting at `tile`'s host slot (its `tokens` and device row ignored),
   // which together are one contiguous range of the pool starting at the
-  // offset of (host slot, layer0, head0), mirrored in staging: one tile per
-  // run of `hr` in each chunk's part. REQUIRES: unit_bytes <= chunk_bytes,
-  // the slots inside `hr`.
+  // offset of (host slot, layer0, piece0), mirrored in staging: one tile per
+  // run of `hr` in each chunk's part, and per plane of [tile.plane,
+  // tile.plane + planes) (PAGE_UNIFIED's blocks hold every plane).
+  // REQUIRES: unit_bytes <= chunk_bytes, the slots inside `hr`.
   void Add(const HostRun& hr, CopyTile tile, uint64_t units, uint64_t unit_tokens,
-           uint64_t unit_bytes) {
+           uint64_t unit_bytes, uint64_t planes = 1) {
     const KvLayout& layout = group_->layout;
     while (units > 0) {
       uint64_t fit = free() / unit_bytes;
@@ -170,7 +170,7 @@ class ChunkBuilder {
       }
       fit = std::min(fit, units);
       const uint64_t host_offset =
-          layout.Offset(tile.plane, tile.host_token, tile.layer0, tile.head0);
+          layout.Offset(tile.plane, tile.host_token, tile.layer0, layout.PieceHead(tile.piece0));
       const uint64_t bytes = fit * unit_bytes;
       const uint64_t staging = Reserve(bytes);
       const uint64_t from = tile.host_token;
@@ -182,13 +182,16 @@ class ChunkBuilder {
         const uint64_t a = std::max(from, run->host);
         const uint64_t b = std::min(to, run->host + run->count);
         for (uint64_t t = a; t < b; t += kMaxTileTokens) {
-          CopyTile s = tile;
-          s.host_token = t;
-          s.device_token = run->device + (t - run->host);
-          s.tokens = static_cast<uint32_t>(std::min(kMaxTileTokens, b - t));
-          s.bias = static_cast<int64_t>(host_offset - staging);
-          s.other_layer_stride = LayerStride(layout);
-          AddTile(s);
+          for (uint64_t q = 0; q < planes; ++q) {
+            CopyTile s = tile;
+            s.plane = static_cast<uint16_t>(tile.plane + q);
+            s.host_token = t;
+            s.device_token = run->device + (t - run->host);
+            s.tokens = static_cast<uint32_t>(std::min(kMaxTileTokens, b - t));
+            s.bias = static_cast<int64_t>(host_offset - staging);
+            s.other_layer_stride = LayerStride(layout);
+            AddTile(s);
+          }
         }
       }
       AddCopy(host_offset, staging, bytes);
@@ -319,10 +322,9 @@ void PlanLayerFirst(const std::vector<IndexRun>& runs, uint64_t lb, uint64_t n,
 void AddTokenHeads(const HostRun& hr, uint64_t plane, uint64_t host, uint64_t count, uint64_t lb,
                    uint64_t n, ChunkBuilder* builder) {
   const KvLayout& layout = builder->group().layout;
-  const uint64_t heads = layout.RowContiguous() ? 1 : layout.heads;
   for (uint64_t t = 0; t < count; ++t) {
-    for (uint64_t h = 0; h < heads; ++h) {
-      builder->Add(hr, Tile(plane, host + t, 0, lb, n, h, 1), 1, 1, n * layout.head_bytes);
+    for (uint64_t h = 0; h < layout.RowPieces(); ++h) {
+      builder->Add(hr, Tile(plane, host + t, 0, lb, n, h, 1), 1, 1, n * layout.RowPieceBytes());
     }
   }
 }
@@ -339,9 +341,9 @@ void AddPartialPage(const HostRun& hr, uint64_t plane, uint64_t host, uint64_t c
                  layout.layers * layout.token_bytes);
     return;
   }
-  for (uint64_t h = 0; h < layout.heads; ++h) {
+  for (uint64_t h = 0; h < layout.RowPieces(); ++h) {
     builder->Add(hr, Tile(plane, host, 0, 0, layout.layers, h, 1), count, 1,
-                 layout.layers * layout.head_bytes);
+                 layout.layers * layout.RowPieceBytes());
   }
 }
 
@@ -387,11 +389,62 @@ void PlanPageMajor(uint64_t plane, const std::vector<HostRun>& host_runs, uint64
       }
       const uint64_t pages = (end - t) / ps;
       if (all) {
-        builder->Add(hr, Tile(plane, t, 0, 0, n, 0, HeadsPerItem(layout)), pages, ps,
+        builder->Add(hr, Tile(plane, t, 0, 0, n, 0, PiecesPerRow(layout)), pages, ps,
                      n * layout.page_bytes);
       } else {  // PAGE_FIRST_DIRECT: a page's held layers are adjacent
         for (uint64_t p = 0; p < pages; ++p) {
           builder->Add(hr, Tile(plane, t + p * ps, 0, lb, n, 0, 1), 1, ps, n * layout.page_bytes);
+        }
+      }
+      t += pages * ps;
+    }
+  }
+}
+
+// A PAGE_UNIFIED group, host layers [lb, lb + n), over host runs. A page's
+// block (G, L, planes, ps, H / G, D) holds every plane, so where the group
+// has all of the pool's planes (MHA's K and V) its blocks span them, a tile
+// per plane and run inside each:
+//   whole pages, all layers    a host run's pages, one block;
+//   whole pages, some layers   per page and head group, the held layers;
+//   partial pages (or a group  per plane, held layer and head group, the
+//   of fewer planes)           slots' rows of the page (adjacent there).
+void PlanUnified(const std::vector<HostRun>& host_runs, uint64_t lb, uint64_t n,
+                 ChunkBuilder* builder) {
+  const KvLayout& layout = builder->group().layout;
+  const uint64_t ps = layout.page_size;
+  const uint64_t groups = layout.head_groups;
+  const uint64_t planes = layout.planes;
+  // One (page, head group, layer)'s rows of every plane.
+  const uint64_t layer_block = planes * layout.plane_stride;
+  const bool all_planes = planes == layout.interleaved_planes;
+  const bool all = lb == 0 && n == layout.layers;
+  for (const HostRun& hr : host_runs) {
+    uint64_t t = hr.host;
+    const uint64_t end = hr.host + hr.count;
+    while (t < end) {
+      const uint64_t page_end = t - t % ps + ps;
+      if (t % ps != 0 || end < page_end || !all_planes) {
+        const uint64_t to = std::min(end, page_end);
+        for (uint64_t plane = 0; plane < planes; ++plane) {
+          for (uint64_t l = lb; l < lb + n; ++l) {
+            for (uint64_t g = 0; g < groups; ++g) {
+              builder->Add(hr, Tile(plane, t, 0, l, 1, g, 1), to - t, 1, layout.RowPieceBytes());
+            }
+          }
+        }
+        t = to;
+        continue;
+      }
+      const uint64_t pages = (end - t) / ps;
+      if (all) {
+        builder->Add(hr, Tile(0, t, 0, 0, n, 0, groups), pages, ps, groups * n * layer_block,
+                     planes);
+      } else {
+        for (uint64_t p = 0; p < pages; ++p) {
+          for (uint64_t g = 0; g < groups; ++g) {
+            builder->Add(hr, Tile(0, t + p * ps, 0, lb, n, g, 1), 1, ps, n * layer_block, planes);
+          }
         }
       }
       t += pages * ps;
@@ -409,10 +462,10 @@ std::vector<LayoutGroup> GroupComponents(const std::vector<Component>& component
     if (!groups.empty()) {
       LayoutGroup& g = groups.back();
       if (g.page_rows == page_rows && g.region == c.region && SameShape(g.layout, c.layout) &&
-          c.region_offset == g.region_offset + g.layout.planes * g.layout.plane_bytes) {
+          c.region_offset == g.region_offset + g.layout.planes * g.layout.plane_stride) {
         const KvLayout& l = g.layout;
-        g.layout =
-            KvLayout(l.kind, l.planes + 1, l.layers, l.tokens, l.page_size, l.heads, l.head_bytes);
+        g.layout = KvLayout(l.kind, l.planes + 1, l.layers, l.tokens, l.page_size, l.heads,
+                            l.head_bytes, l.head_groups, l.interleaved_planes);
         continue;
       }
     }
@@ -512,7 +565,7 @@ SmCopyPlan PlanSmCopy(const std::vector<LayoutGroup>& groups, const std::vector<
     for (uint64_t plane = 0; plane < layout.planes; ++plane) {
       for (const IndexRun& run : RunsOf(groups[g], runs, page_runs)) {
         for (uint64_t t = 0; t < run.count; t += kMaxTileTokens) {
-          CopyTile s = Tile(plane, run.host + t, run.device + t, 0, 1, 0, HeadsPerItem(layout));
+          CopyTile s = Tile(plane, run.host + t, run.device + t, 0, 1, 0, PiecesPerRow(layout));
           s.tokens = static_cast<uint32_t>(std::min(kMaxTileTokens, run.count - t));
           s.other_layer_stride = LayerStride(layout);
           s.first_item = launch.items;
@@ -540,6 +593,12 @@ uint64_t StagedUnitBytes(const KvLayout& layout, uint64_t layer_begin, uint64_t 
       return n * layout.page_bytes;
     case LayoutKind::kPageHead:
       return n == layout.layers ? n * layout.page_bytes : n * layout.head_bytes;
+    case LayoutKind::kPageUnified:
+      // A page of every head group and plane, or a head group's held layers
+      // of every plane; a group of fewer planes than the pool's moves rows.
+      if (layout.planes < layout.interleaved_planes) return layout.RowPieceBytes();
+      return (n == layout.layers ? layout.head_groups : 1) * n * layout.planes *
+             layout.plane_stride;
   }
   return n * layout.page_bytes;
 }
@@ -589,6 +648,10 @@ absl::Status PlanStaged(const std::vector<LayoutGroup>& groups, const std::vecto
       continue;
     }
     const std::vector<HostRun> host_runs = HostRunsOf(group_runs);
+    if (groups[g].layout.kind == LayoutKind::kPageUnified) {
+      PlanUnified(host_runs, layer_begin, n, &builder);
+      continue;
+    }
     for (uint64_t plane = 0; plane < groups[g].layout.planes; ++plane) {
       PlanPageMajor(plane, host_runs, layer_begin, n, &builder);
     }

@@ -45,7 +45,12 @@
 //                      layers when they are not all; partial pages per layer;
 //   PAGE_HEAD          a host run's whole pages, all heads and layers;
 //                      partial pages per head; a slot's head's held layers
-//                      when they are not all.
+//                      when they are not all;
+//   PAGE_UNIFIED       a host run's whole pages, all head groups, layers and
+//                      planes (K and V interleave in a page's block, so a
+//                      block holds both, a tile per plane); a page's head
+//                      group's held layers when they are not all; partial
+//                      pages per plane, layer and head group.
 // A block larger than a chunk is split at units (a slot, or a whole page for
 // the page-major layouts); a unit never is, so a chunk must hold the largest
 // unit (StagedUnitBytes: LAYER_FIRST's is one row). A group's staging starts
@@ -69,7 +74,8 @@ namespace kvhost {
 
 // Components [first_component, first_component + layout.planes) of a pool,
 // addressed as the planes of `layout`: plane p starts at byte
-// region_offset + p * layout.plane_bytes of region `region`.
+// region_offset + p * layout.plane_stride of region `region` (V_OFF, or
+// PAGE_UNIFIED's one plane chunk).
 struct LayoutGroup {
   KvLayout layout;
   uint32_t first_component = 0;

@@ -355,9 +355,12 @@ void ForEachPiece(const KvLayout& layout, uint64_t plane, uint64_t layer, const 
     if (layout.RowContiguous()) {
       fn(layout.Offset(plane, host_token, layer, 0), device_off, n * row);
     } else {
-      for (uint64_t h = 0; h < layout.heads; ++h) {
-        fn(layout.Offset(plane, host_token, layer, h), device_off + h * layout.head_bytes,
-           layout.head_bytes);
+      // A split row (PAGE_HEAD's heads, PAGE_UNIFIED's head groups): its
+      // pieces lie apart on the host, together in the device row.
+      const uint64_t piece_bytes = layout.RowPieceBytes();
+      for (uint64_t k = 0; k < layout.RowPieces(); ++k) {
+        fn(layout.Offset(plane, host_token, layer, layout.PieceHead(k)),
+           device_off + k * piece_bytes, piece_bytes);
       }
     }
     t += n;

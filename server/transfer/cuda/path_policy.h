@@ -24,6 +24,13 @@
 //                                  worker (never a kernel that time-slices
 //                                  against it for no gain).
 //
+// The rules read no layout: each layout's plans give the facts. PAGE_UNIFIED,
+// say, has copy-engine pieces of a page's rows of one layer and plane (128
+// KiB at page 64 for 8 heads of 128 bf16 in one head group: the copy
+// engines), and staged blocks of whole pages of both planes and every layer
+// (16 KiB at page 1 against 2 KiB rows: the staged path); tests/
+// copy_plan_test.cc (UnifiedPathTest) checks both.
+//
 // Thread-safe: pure functions.
 #ifndef KVHOST_SERVER_TRANSFER_CUDA_PATH_POLICY_H_
 #define KVHOST_SERVER_TRANSFER_CUDA_PATH_POLICY_H_
