@@ -441,23 +441,22 @@ TEST_P(KvLayoutTest, MetaRangeOffsetMatchesSeedPointers) {
   }
 }
 
-TEST_P(KvLayoutTest, UnifiedMetaRangeCoversExactlyItsHeadGroup) {
-  if (c().layout != LayoutKind::kPageUnified) GTEST_SKIP() << "PAGE_UNIFIED only";
-  const KvLayout kl = layout();
-  const uint64_t ps = c().shape.page_size;
+// PAGE_UNIFIED's page metadata: a range per page and head group.
+void ExpectRangesCoverTheirHeadGroups(const Case& c, const KvLayout& kl) {
+  const uint64_t ps = c.shape.page_size;
   const uint64_t seg_len = kl.MetaRangeBytes();
-  const uint64_t heads = NumHeads(c()) / c().groups;
+  const uint64_t heads = NumHeads(c) / c.groups;
   // A storage backend reads a range as one tensor-parallel partition's chunk:
   // every plane, layer and slot of the page for the group's heads, nothing
   // else.
-  for (uint64_t i0 = 0; i0 < NumTokens(c()); i0 += ps) {
-    for (uint64_t g = 0; g < c().groups; ++g) {
+  for (uint64_t i0 = 0; i0 < NumTokens(c); i0 += ps) {
+    for (uint64_t g = 0; g < c.groups; ++g) {
       const uint64_t seg = kl.MetaRangeOffset(0, i0, 0, g);
       ASSERT_LE(seg + seg_len, kl.total_bytes());
       std::vector<int> owners(seg_len, 0);
-      for (uint64_t kv = 0; kv < NumPlanes(c()); ++kv) {
+      for (uint64_t kv = 0; kv < NumPlanes(c); ++kv) {
         for (uint64_t t = i0; t < i0 + ps; ++t) {
-          for (uint64_t l = 0; l < NumLayers(c()); ++l) {
+          for (uint64_t l = 0; l < NumLayers(c); ++l) {
             for (uint64_t h = g * heads; h < (g + 1) * heads; ++h) {
               const uint64_t off = kl.Offset(kv, t, l, h);
               ASSERT_GE(off, seg) << "i0=" << i0 << " g=" << g << " t=" << t << " h=" << h;
@@ -474,14 +473,14 @@ TEST_P(KvLayoutTest, UnifiedMetaRangeCoversExactlyItsHeadGroup) {
   }
 }
 
-TEST_P(KvLayoutTest, UnifiedPlaneLayoutsAddressThePoolsPlanes) {
-  if (c().layout != LayoutKind::kPageUnified) GTEST_SKIP() << "PAGE_UNIFIED only";
-  // A pool component is one plane of the buffer: a one-plane layout with the
-  // pool's interleaved planes, starting plane_stride * p on.
+TEST_P(KvLayoutTest, OnePlaneLayoutsAddressThePoolsPlanes) {
+  // A pool component is one plane of the buffer: a one-plane layout (with the
+  // pool's interleaved planes in PAGE_UNIFIED), starting plane_stride * p on.
   const KvLayout kl = layout();
+  const uint64_t interleaved = c().layout == LayoutKind::kPageUnified ? kl.planes : 0;
   for (uint64_t kv = 0; kv < NumPlanes(c()); ++kv) {
     const KvLayout one(kl.kind, 1, kl.layers, kl.tokens, kl.page_size, kl.heads, kl.head_bytes,
-                       kl.head_groups, kl.planes);
+                       kl.head_groups, interleaved);
     EXPECT_EQ(one.total_bytes(), kl.plane_bytes);
     // The plane's last byte is the buffer's last byte of that plane.
     EXPECT_EQ(
@@ -496,8 +495,11 @@ TEST_P(KvLayoutTest, UnifiedPlaneLayoutsAddressThePoolsPlanes) {
 }
 
 TEST_P(KvLayoutTest, MetaRangeCoversExactlyItsPage) {
-  if (c().layout == LayoutKind::kPageUnified) GTEST_SKIP() << "per head group, above";
   const KvLayout kl = layout();
+  if (c().layout == LayoutKind::kPageUnified) {
+    ExpectRangesCoverTheirHeadGroups(c(), kl);
+    return;
+  }
   const uint64_t ps = c().shape.page_size;
   const uint64_t seg_len = kl.MetaRangeBytes();
   // A storage backend reads the range as the page's bytes, so each range

@@ -440,6 +440,12 @@ INSTANTIATE_TEST_SUITE_P(
         Bad("UnifiedHeadGroupsOverHeads", PoolKind::kKOnly,
             {"K_ONLY/PAGE_UNIFIED", "spec.head_groups 4", "spec.head_num 2"},
             [](PoolSpec& s) { s.layout = LayoutKind::kPageUnified, s.head_groups = 4; }),
+        Bad("UnifiedHeadGroupsOverCap", PoolKind::kMha,
+            {"MHA/PAGE_UNIFIED", "spec.head_groups 8192", "limit of 4096"},
+            [](PoolSpec& s) {
+              s.layout = LayoutKind::kPageUnified, s.head_num = 8192, s.head_dim = 1;
+              s.head_groups = 8192;
+            }),
         Bad("HeadGroupsWithoutUnified", PoolKind::kMha,
             {"MHA/PAGE_FIRST", "spec.head_groups 2", "PAGE_UNIFIED"},
             [](PoolSpec& s) { s.head_groups = 2; }),

@@ -330,6 +330,11 @@ absl::Status CheckHeadGroups(const PoolSpec& s) {
         "spec.head_groups ", s.head_groups, " is only used by the PAGE_UNIFIED layout, not by ",
         Where(s), "; leave it unset"));
   }
+  if (s.head_groups > kMaxHeadGroups) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.head_groups ", s.head_groups,
+                                                   " is over the limit of ", kMaxHeadGroups,
+                                                   " for ", Where(s)));
+  }
   if (s.head_num % s.head_groups != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.head_groups ", s.head_groups, " does not divide spec.head_num ", s.head_num, " for ",

@@ -57,6 +57,11 @@ struct MambaShapes {
 // buffer infos, a group's layer maps) small whatever a request asks for.
 inline constexpr uint32_t kMaxLayers = 4096;
 
+// The most head groups a PAGE_UNIFIED pool (PoolSpec.head_groups) may have:
+// a group is a tensor-parallel partition's heads, and the copy kernel's tiles
+// count a row's pieces in 16 bits (kernels/kvhost/copy_tile.h).
+inline constexpr uint32_t kMaxHeadGroups = 4096;
+
 struct PoolSpec {
   PoolKind kind = PoolKind::kMha;
   LayoutKind layout = LayoutKind::kLayerFirst;

@@ -110,8 +110,8 @@ absl::StatusOr<HandoffItem> PoolRegionsItem(const WorkerRegions& regions) {
     out->set_head_bytes(g.layout.head_bytes);
     out->set_token_bytes(g.layout.token_bytes);
     out->set_plane_bytes(g.layout.plane_bytes);
-    out->set_head_groups(g.layout.head_groups);
-    out->set_interleaved_planes(g.layout.interleaved_planes);
+    out->set_head_groups(static_cast<uint32_t>(g.layout.head_groups));
+    out->set_interleaved_planes(static_cast<uint32_t>(g.layout.interleaved_planes));
     out->set_region(g.region);
     out->set_region_offset(g.region_offset);
     for (uint64_t p = 0; p < g.layout.planes; ++p) {
