@@ -15,6 +15,7 @@
 //   * ToProto then FromProto gives the same spec back.
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -124,7 +125,9 @@ void CheckAccepted(const PoolSpec& spec, uint64_t tokens) {
 
   u128 page_bytes = 0;
   u128 pool_bytes = 0;
-  std::vector<u128> region_end(suffixes.size(), 0);
+  std::vector<u128> region_end(suffixes.size(), 0);    // the components' bytes
+  std::vector<u128> region_next(suffixes.size(), 0);   // where the next one starts
+  std::vector<u128> region_reach(suffixes.size(), 0);  // the last byte any one covers
   for (const Component& c : comps) {
     const KvLayout& l = c.layout;
     FUZZ_CHECK(c.region < suffixes.size(), what, " component ", c.name, " region ", c.region);
@@ -141,13 +144,27 @@ void CheckAccepted(const PoolSpec& spec, uint64_t tokens) {
     const u128 bytes = u128{l.layers} * l.tokens * row;
     FUZZ_CHECK(bytes == c.bytes(), what, " component ", c.name, " has ", c.bytes(),
                " bytes, its dimensions give ", U128(bytes));
-    FUZZ_CHECK(c.region_offset == region_end[c.region], what, " component ", c.name, " at offset ",
-               c.region_offset, " of region ", c.region, " which ends at ",
-               U128(region_end[c.region]));
+    // Components of one region follow each other; PAGE_UNIFIED's planes
+    // interleave, each one plane chunk after the last, inside the
+    // region's total bytes.
+    const bool unified = spec.layout == LayoutKind::kPageUnified;
+    FUZZ_CHECK(c.region_offset == region_next[c.region], what, " component ", c.name,
+               " at offset ", c.region_offset, " of region ", c.region, " whose next one is at ",
+               U128(region_next[c.region]));
+    FUZZ_CHECK(c.extent_bytes() >= c.bytes() && (unified || c.extent_bytes() == c.bytes()), what,
+               " component ", c.name, " extent ", c.extent_bytes());
+    region_next[c.region] += unified ? u128{l.plane_stride} : bytes;
     region_end[c.region] += bytes;
+    region_reach[c.region] =
+        std::max(region_reach[c.region], u128{c.region_offset} + c.extent_bytes());
     FUZZ_CHECK(region_end[c.region] <= UINT64_MAX, what, " region ", c.region, " overflows");
     page_bytes += row * l.layers * (page_row ? 1 : ps);
     pool_bytes += bytes;
+  }
+  for (size_t r = 0; r < suffixes.size(); ++r) {
+    FUZZ_CHECK(region_reach[r] == region_end[r], what, " region ", r, " holds ",
+               U128(region_end[r]), " bytes but its components reach byte ",
+               U128(region_reach[r]));
   }
   FUZZ_CHECK(page_bytes == BytesPerPage(spec), what, " BytesPerPage ", BytesPerPage(spec),
              " but the components' page rows sum to ", U128(page_bytes));
@@ -163,7 +180,7 @@ void CheckAccepted(const PoolSpec& spec, uint64_t tokens) {
     FUZZ_CHECK(kv.token_bytes == RowBytes(spec), what);
     for (uint64_t p = 0; p < kv.planes; ++p) {
       FUZZ_CHECK(
-          comps[p].region_offset == p * kv.plane_bytes && comps[p].row_bytes() == kv.token_bytes,
+          comps[p].region_offset == p * kv.plane_stride && comps[p].row_bytes() == kv.token_bytes,
           what, " plane ", p);
     }
     FUZZ_CHECK(kv.total_bytes() == pool_bytes, what, " layout bytes ", kv.total_bytes());
