@@ -148,8 +148,8 @@ void CheckAccepted(const PoolSpec& spec, uint64_t tokens) {
     // interleave, each one plane chunk after the last, inside the
     // region's total bytes.
     const bool unified = spec.layout == LayoutKind::kPageUnified;
-    FUZZ_CHECK(c.region_offset == region_next[c.region], what, " component ", c.name,
-               " at offset ", c.region_offset, " of region ", c.region, " whose next one is at ",
+    FUZZ_CHECK(c.region_offset == region_next[c.region], what, " component ", c.name, " at offset ",
+               c.region_offset, " of region ", c.region, " whose next one is at ",
                U128(region_next[c.region]));
     FUZZ_CHECK(c.extent_bytes() >= c.bytes() && (unified || c.extent_bytes() == c.bytes()), what,
                " component ", c.name, " extent ", c.extent_bytes());
@@ -163,8 +163,7 @@ void CheckAccepted(const PoolSpec& spec, uint64_t tokens) {
   }
   for (size_t r = 0; r < suffixes.size(); ++r) {
     FUZZ_CHECK(region_reach[r] == region_end[r], what, " region ", r, " holds ",
-               U128(region_end[r]), " bytes but its components reach byte ",
-               U128(region_reach[r]));
+               U128(region_end[r]), " bytes but its components reach byte ", U128(region_reach[r]));
   }
   FUZZ_CHECK(page_bytes == BytesPerPage(spec), what, " BytesPerPage ", BytesPerPage(spec),
              " but the components' page rows sum to ", U128(page_bytes));
