@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "kvhost/v1/fast_path.pb.h"
 
 namespace kvhost {
 namespace {
@@ -154,6 +155,25 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     return FromGrpc(transfers_->method(&context, (request), (response)));                 \
   }()
 
+// KVHOST_CALL / KVHOST_TRANSFER_CALL through the fast path when it takes
+// the call (Client::TryFastPath), else over gRPC.
+#define KVHOST_FAST_CALL(fast, stub, method, request, response, timeout)                \
+  [&]() -> absl::Status {                                                               \
+    absl::Status fast_status;                                                           \
+    if (TryFastPath(v1::fast, (request), (response), false, (timeout), &fast_status)) { \
+      return fast_status;                                                               \
+    }                                                                                   \
+    return KVHOST_CALL(stub, method, request, response, timeout);                       \
+  }()
+#define KVHOST_FAST_TRANSFER_CALL(fast, method, request, response, timeout, wait)              \
+  [&]() -> absl::Status {                                                                      \
+    absl::Status fast_status;                                                                  \
+    if (TryFastPath(v1::fast, (request), (response), true, (timeout), &fast_status, (wait))) { \
+      return fast_status;                                                                      \
+    }                                                                                          \
+    return KVHOST_TRANSFER_CALL(method, request, response, timeout);                           \
+  }()
+
 absl::StatusOr<std::string> Client::Health(const std::string& service) {
   auto stub = grpc::health::v1::Health::NewStub(channel_);
   grpc::health::v1::HealthCheckRequest request;
@@ -236,7 +256,8 @@ absl::StatusOr<std::vector<int64_t>> Client::Alloc(const std::string& pool, uint
   request.set_pool(pool);
   request.set_num_tokens(num_tokens);
   v1::AllocResponse response;
-  absl::Status s = KVHOST_CALL(pools_, Alloc, request, &response, options_.timeout);
+  absl::Status s =
+      KVHOST_FAST_CALL(FAST_PATH_METHOD_ALLOC, pools_, Alloc, request, &response, options_.timeout);
   if (!s.ok()) return s;
   return std::vector<int64_t>(response.indices().begin(), response.indices().end());
 }
@@ -246,9 +267,27 @@ absl::StatusOr<uint64_t> Client::Free(const std::string& pool, absl::Span<const 
   request.set_pool(pool);
   Fill(request.mutable_indices(), indices);
   v1::FreeResponse response;
-  absl::Status s = KVHOST_CALL(pools_, Free, request, &response, options_.timeout);
+  absl::Status s =
+      KVHOST_FAST_CALL(FAST_PATH_METHOD_FREE, pools_, Free, request, &response, options_.timeout);
   if (!s.ok()) return s;
   return response.freed();
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> Client::AllocBatch(
+    const std::string& pool, absl::Span<const uint64_t> num_tokens) {
+  v1::AllocBatchRequest request;
+  request.set_pool(pool);
+  request.mutable_num_tokens()->Add(num_tokens.begin(), num_tokens.end());
+  v1::AllocBatchResponse response;
+  absl::Status s = KVHOST_FAST_CALL(FAST_PATH_METHOD_ALLOC_BATCH, pools_, AllocBatch, request,
+                                    &response, options_.timeout);
+  if (!s.ok()) return s;
+  std::vector<std::vector<int64_t>> runs;
+  runs.reserve(response.runs_size());
+  for (const v1::IndexRun& run : response.runs()) {
+    runs.emplace_back(run.indices().begin(), run.indices().end());
+  }
+  return runs;
 }
 
 absl::StatusOr<v1::PageBufferMeta> Client::GetPageBufferMeta(const std::string& pool,
@@ -487,7 +526,8 @@ absl::StatusOr<uint64_t> Client::Backup(const std::string& attachment_id,
   Fill(request.mutable_device_indices(), device_indices);
   for (const v1::PoolTransfer& t : pool_transfers) *request.add_pool_transfers() = t;
   v1::TransferTicket response;
-  absl::Status s = KVHOST_TRANSFER_CALL(Backup, request, &response, options_.timeout);
+  absl::Status s = KVHOST_FAST_TRANSFER_CALL(FAST_PATH_METHOD_BACKUP, Backup, request, &response,
+                                             options_.timeout, absl::ZeroDuration());
   if (!s.ok()) return s;
   return response.id();
 }
@@ -525,21 +565,32 @@ absl::StatusOr<LoadTicket> Client::LoadWithEvents(
   Fill(request.mutable_device_indices(), device_indices);
   for (const v1::PoolTransfer& t : pool_transfers) *request.add_pool_transfers() = t;
   v1::TransferTicket response;
-  absl::Status s = KVHOST_TRANSFER_CALL(Load, request, &response, options_.timeout);
+  absl::Status s = KVHOST_FAST_TRANSFER_CALL(FAST_PATH_METHOD_LOAD, Load, request, &response,
+                                             options_.timeout, absl::ZeroDuration());
   if (!s.ok()) return s;
   return LoadTicket{response.id(), response.event_set(), response.layer_base()};
 }
 
 absl::StatusOr<v1::TransferTicket> Client::SubmitBackup(const v1::BackupRequest& request) {
   v1::TransferTicket response;
-  absl::Status s = KVHOST_TRANSFER_CALL(Backup, request, &response, options_.timeout);
+  absl::Status s = KVHOST_FAST_TRANSFER_CALL(FAST_PATH_METHOD_BACKUP, Backup, request, &response,
+                                             options_.timeout, absl::ZeroDuration());
   if (!s.ok()) return s;
   return response;
 }
 
 absl::StatusOr<v1::TransferTicket> Client::SubmitLoad(const v1::LoadRequest& request) {
   v1::TransferTicket response;
-  absl::Status s = KVHOST_TRANSFER_CALL(Load, request, &response, options_.timeout);
+  absl::Status s = KVHOST_FAST_TRANSFER_CALL(FAST_PATH_METHOD_LOAD, Load, request, &response,
+                                             options_.timeout, absl::ZeroDuration());
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::AllocBackupResponse> Client::AllocBackup(const v1::AllocBackupRequest& request) {
+  v1::AllocBackupResponse response;
+  absl::Status s = KVHOST_FAST_TRANSFER_CALL(FAST_PATH_METHOD_ALLOC_BACKUP, AllocBackup, request,
+                                             &response, options_.timeout, absl::ZeroDuration());
   if (!s.ok()) return s;
   return response;
 }
@@ -557,7 +608,8 @@ absl::StatusOr<v1::TransferStatus> Client::WaitTransfer(uint64_t ticket_id,
   v1::WaitTransferRequest request;
   request.set_ticket_id(ticket_id);
   v1::TransferStatus response;
-  absl::Status s = KVHOST_TRANSFER_CALL(WaitTransfer, request, &response, timeout);
+  absl::Status s = KVHOST_FAST_TRANSFER_CALL(FAST_PATH_METHOD_WAIT_TRANSFER, WaitTransfer, request,
+                                             &response, timeout, timeout);
   if (!s.ok()) return s;
   return response;
 }
@@ -567,196 +619,15 @@ absl::StatusOr<v1::TransferStatus> Client::PollTransfer(uint64_t ticket_id) {
   request.set_ticket_id(ticket_id);
   request.set_poll(true);
   v1::TransferStatus response;
-  absl::Status s = KVHOST_TRANSFER_CALL(WaitTransfer, request, &response, options_.timeout);
+  absl::Status s = KVHOST_FAST_TRANSFER_CALL(FAST_PATH_METHOD_WAIT_TRANSFER, WaitTransfer, request,
+                                             &response, options_.timeout, absl::ZeroDuration());
   if (!s.ok()) return s;
   return response;
 }
 
+#undef KVHOST_FAST_CALL
+#undef KVHOST_FAST_TRANSFER_CALL
 #undef KVHOST_CALL
 #undef KVHOST_TRANSFER_CALL
-
-namespace {
-
-// kvhost.v1.AttachDeviceRequest: kinds whose first components travel in
-// k_layers (and v_layers).
-int KvComponents(v1::PoolKind kind) {
-  switch (kind) {
-    case v1::MHA:
-    case v1::MHA_ASYMMETRIC:
-      return 2;
-    case v1::MLA:
-    case v1::K_ONLY:
-    case v1::DSA:
-      return 1;
-    default:
-      return 0;
-  }
-}
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<ShmDevicePool>> ShmDevicePool::Create(const v1::Pool& pool,
-                                                                     uint64_t device_size_tokens,
-                                                                     const std::string& shm_dir,
-                                                                     uint32_t start_layer,
-                                                                     uint32_t end_layer) {
-  const v1::PoolSpec& spec = pool.spec();
-  if (spec.layer_num() == 0 && spec.kind() != v1::LOGICAL) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pool '", pool.name(), "' has no layers; pass the Pool the daemon returned"));
-  }
-  if (device_size_tokens == 0) return absl::InvalidArgumentError("device_size_tokens must be >= 1");
-  std::unique_ptr<ShmDevicePool> dev(new ShmDevicePool());
-  dev->kind_ = spec.kind();
-  dev->device_size_tokens_ = device_size_tokens;
-  dev->explicit_range_ = start_layer != 0 || end_layer != 0;
-  if (dev->explicit_range_) {
-    dev->start_layer_ = start_layer;
-    dev->end_layer_ = end_layer;
-  } else {
-    dev->start_layer_ = spec.start_layer();
-    dev->end_layer_ = spec.start_layer() + spec.layer_num();
-  }
-  if (dev->end_layer_ <= dev->start_layer_ && spec.kind() != v1::LOGICAL) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device layers [", dev->start_layer_, ", ", dev->end_layer_, ") are empty"));
-  }
-  std::vector<Buffer>& buffers = dev->buffers_;
-  for (const v1::PoolComponent& c : pool.components()) {
-    Buffer b;
-    b.name = c.name();
-    b.row_bytes = c.row_bytes();
-    b.row_tokens = std::max<uint64_t>(1, c.row_tokens());
-    if (device_size_tokens % b.row_tokens != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("device_size_tokens ", device_size_tokens,
-                                                     " is not a multiple of component '", b.name,
-                                                     "''s ", b.row_tokens, " slots per row"));
-    }
-    b.rows = device_size_tokens / b.row_tokens;
-    buffers.push_back(std::move(b));
-  }
-  if (buffers.empty() && (spec.kind() == v1::MHA || spec.kind() == v1::MLA)) {
-    // A daemon that does not list its components: K and V, or the latent.
-    const uint64_t row_bytes = DeviceRowBytes(spec);
-    for (const char* name : {"k", "v"}) {
-      if (spec.kind() == v1::MLA && buffers.size() == 1) break;
-      buffers.push_back(
-          Buffer{spec.kind() == v1::MLA ? "latent" : name, device_size_tokens, row_bytes, 1, 0});
-    }
-  }
-  const uint64_t layers = dev->layers();
-  for (Buffer& b : buffers) {
-    b.offset = dev->bytes_;
-    dev->bytes_ += layers * b.rows * b.row_bytes;
-  }
-  if (dev->bytes_ == 0) return dev;  // LOGICAL: nothing to hold
-  static std::atomic<uint64_t> counter{0};
-  dev->path_ = absl::StrCat(shm_dir, "/kvhost-dev.", ::getpid(), ".", counter++, ".", pool.name());
-  const int fd = ::open(dev->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    const std::string path = std::exchange(dev->path_, "");
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
-  }
-  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(dev->bytes_)); err != 0) {
-    ::close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat("cannot reserve ", dev->bytes_, " bytes for ",
-                                                     dev->path_, ": ", std::strerror(err)));
-  }
-  void* data = ::mmap(nullptr, dev->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (data == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", dev->path_));
-  }
-  dev->data_ = static_cast<uint8_t*>(data);
-  return dev;
-}
-
-ShmDevicePool::~ShmDevicePool() {
-  if (data_ != nullptr) ::munmap(data_, bytes_);
-  if (!path_.empty()) ::unlink(path_.c_str());
-}
-
-uint8_t* ShmDevicePool::layer(uint32_t c, uint32_t layer) const {
-  const Buffer& b = buffers_[c];
-  return data_ + b.offset + uint64_t{layer} * b.rows * b.row_bytes;
-}
-
-namespace {
-
-// Fills `out` (AttachDeviceRequest or DeviceEntry: the same buffer fields)
-// with the layer buffers of `dev`.
-template <typename Out>
-void FillBuffers(const ShmDevicePool& dev, v1::PoolKind kind, Out* out) {
-  const int kv = KvComponents(kind);
-  const uint8_t* base = dev.layers() > 0 && dev.components() > 0 ? dev.layer(0, 0) : nullptr;
-  for (uint32_t c = 0; c < dev.components(); ++c) {
-    google::protobuf::RepeatedPtrField<v1::DeviceBuffer>* buffers;
-    if (static_cast<int>(c) < kv) {
-      buffers = c == 0 ? out->mutable_k_layers() : out->mutable_v_layers();
-    } else {
-      v1::DeviceComponent* component = out->add_components();
-      component->set_name(dev.component_name(c));
-      buffers = component->mutable_layers();
-    }
-    for (uint32_t l = 0; l < dev.layers(); ++l) {
-      v1::SharedMemoryBuffer* shm = buffers->Add()->mutable_shm();
-      shm->set_path(dev.path());
-      // Component 0's layer 0 is at offset 0 of the file.
-      shm->set_offset(static_cast<uint64_t>(dev.layer(c, l) - base));
-    }
-  }
-}
-
-}  // namespace
-
-v1::AttachDeviceRequest ShmDevicePool::MakeAttachRequest(const std::string& pool_name,
-                                                         const AttachOptions& options) const {
-  v1::AttachDeviceRequest request;
-  request.set_pool(pool_name);
-  request.set_device_size_tokens(device_size_tokens_);
-  if (explicit_range_) {
-    request.set_start_layer(start_layer_);
-    request.set_end_layer(end_layer_);
-  }
-  if (options.tp_rank.has_value()) request.set_tp_rank(*options.tp_rank);
-  request.set_load_only(options.load_only);
-  request.set_layer_progress(options.layer_progress);
-  FillBuffers(*this, kind_, &request);
-  return request;
-}
-
-v1::DeviceEntry ShmDevicePool::MakeDeviceEntry(const std::string& entry) const {
-  v1::DeviceEntry out;
-  out.set_entry(entry);
-  out.set_device_size_tokens(device_size_tokens_);
-  if (explicit_range_) {
-    out.set_start_layer(start_layer_);
-    out.set_end_layer(end_layer_);
-  }
-  FillBuffers(*this, kind_, &out);
-  return out;
-}
-
-v1::AttachDeviceRequest MakeGroupAttachRequest(const std::string& group,
-                                               absl::Span<const GroupDevice> devices,
-                                               const AttachOptions& options) {
-  v1::AttachDeviceRequest request;
-  request.set_pool(group);
-  if (options.tp_rank.has_value()) request.set_tp_rank(*options.tp_rank);
-  request.set_load_only(options.load_only);
-  request.set_layer_progress(options.layer_progress);
-  for (const GroupDevice& d : devices) *request.add_entries() = d.device->MakeDeviceEntry(d.entry);
-  return request;
-}
-
-v1::PoolTransfer MakePoolTransfer(const std::string& entry, absl::Span<const int64_t> host_indices,
-                                  absl::Span<const int64_t> device_indices) {
-  v1::PoolTransfer t;
-  t.set_name(entry);
-  Fill(t.mutable_host_indices(), host_indices);
-  Fill(t.mutable_device_indices(), device_indices);
-  return t;
-}
 
 }  // namespace kvhost

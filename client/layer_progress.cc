@@ -115,7 +115,9 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
   if (fd < 0) return Errno(absl::StatusCode::kInternal, "socket");
   struct Closer {
     int fd;
-    ~Closer() { ::close(fd); }
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
   } closer{fd};
   const timeval send_timeout = absl::ToTimeval(timeout);
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
@@ -162,6 +164,8 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
   handoff.bytes = reply.bytes();
   handoff.count = reply.count();
   handoff.pool_regions = std::move(*reply.mutable_pool_regions());
+  if (request.kind() == v1::HANDOFF_KIND_FAST_PATH)
+    handoff.connection = std::exchange(closer.fd, -1);
   return handoff;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "client/fast_path.h"
 #include "kvhost/client.h"
 
 namespace kvhost {
@@ -247,9 +248,13 @@ Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
       daemon_(v1::DaemonService::NewStub(channel_)),
       pools_(v1::PoolService::NewStub(channel_)),
       transfers_(v1::TransferService::NewStub(channel_)),
-      session_(new SessionKeeper(this)) {}
+      session_(new SessionKeeper(this)),
+      fast_path_(std::make_unique<FastPath>()) {}
 
-Client::~Client() { session_.reset(); }
+Client::~Client() {
+  session_.reset();
+  fast_path_.reset();
+}
 
 absl::Status Client::OpenSession(absl::Duration timeout) { return session_->Open(timeout); }
 

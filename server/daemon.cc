@@ -541,7 +541,7 @@ absl::Status Daemon::StartServer(const DaemonOptions& options, const Listeners& 
   absl::Status handoff = absl::OkStatus();
   if (server_ != nullptr && !handoff_path_.empty()) {
     absl::StatusOr<std::unique_ptr<HandoffServer>> started = HandoffServer::Start(
-        handoff_path_, TransferHandoffSource(transfers_.get()), deposits_.get());
+        handoff_path_, TransferHandoffSource(transfers_.get()), deposits_.get(), fast_path_.get());
     handoff = started.status();
     if (started.ok()) {
       handoff_ = *std::move(started);
@@ -593,6 +593,13 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   for (const auto& [name, spec] : options.pools) identity.declared_pools.push_back(name);
   identity.session_timeout = options.session_timeout;
   identity.handoff_socket = handoff_path_;
+  if (!handoff_path_.empty()) {
+    fast_path_calls_ = std::make_unique<FastPathCalls>(pools.get(), transfers.get());
+    fast_path_ =
+        std::make_unique<FastPathServer>(fast_path_calls_.get(), options.fast_path_connections,
+                                         kFastPathDefaultCapacity, metrics_.get());
+    identity.fast_path = fast_path_.get();
+  }
   auto status = std::make_unique<DaemonServiceImpl>(registry_.get(), transfers_.get(), identity);
   daemon_service_ = status.get();
   drain_timeout_ = options.drain_timeout;
@@ -639,6 +646,9 @@ void Daemon::Shutdown(absl::Duration grace) {
   spdlog::info("shutting down: draining {} transfer(s) in flight (at most {})",
                before.tickets_in_flight, absl::FormatDuration(drain_timeout_));
   transfers_->Drain(drain_timeout_);
+  // Fast-path calls in progress finish (their waits end with the drain);
+  // no mailbox is served after this.
+  if (fast_path_ != nullptr) fast_path_->Stop();
   // Session streams last as long as their workers; end them so that the
   // server's shutdown does not wait out `grace` for them.
   daemon_service_->EndSessions();

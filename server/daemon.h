@@ -27,6 +27,8 @@
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
 #include "server/service/daemon_service.h"
+#include "server/service/fast_path_calls.h"
+#include "server/service/fast_path_server.h"
 #include "server/service/handoff_server.h"
 #include "server/transfer/transfer_manager.h"
 
@@ -92,6 +94,9 @@ struct DaemonOptions {
   // "auto" = the first unix listener's path + ".fds" (none when every
   // listener is TCP), "" = none (attachments with layer_progress refused).
   std::string handoff_socket = "auto";
+  // Fast-path mailboxes served at once (server/service/fast_path_server.h),
+  // through the handoff socket; 0 = the fast path is off.
+  uint32_t fast_path_connections = kDefaultFastPathConnections;
 };
 
 // The services kvhostd serves, by their full names, each with its own
@@ -157,6 +162,10 @@ class Daemon {
   std::string handoff_path_;  // "" = none
   // Before handoff_ and the services, which use it.
   std::unique_ptr<Deposits> deposits_;
+  // Before handoff_, which opens its mailboxes; its threads call the
+  // services and are stopped by Shutdown before anything else goes.
+  std::unique_ptr<FastPathCalls> fast_path_calls_;
+  std::unique_ptr<FastPathServer> fast_path_;
   std::unique_ptr<HandoffServer> handoff_;
   std::vector<std::unique_ptr<grpc::Service>> services_;
   DaemonServiceImpl* daemon_service_ = nullptr;  // in services_

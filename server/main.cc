@@ -100,6 +100,11 @@ ABSL_FLAG(std::string, handoff_socket, "auto",
           "worker copies. 'auto' = the first "
           "unix --listen path + '.fds' (none with TCP listeners only); '' = none (layer_progress "
           "refused). Same mode and group as the gRPC socket; removed at shutdown.");
+ABSL_FLAG(uint32_t, fast_path_connections, kvhost::kDefaultFastPathConnections,
+          "Local clients served at once over the fast path (a shared-memory mailbox each, one "
+          "kvhostd thread each, set up through the handoff socket): Alloc, Free, AllocBatch, "
+          "Backup, Load, AllocBackup and WaitTransfer without gRPC's per-call cost. More clients "
+          "are refused and use gRPC. 0 = off. Needs the handoff socket.");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Serve Prometheus metrics over plain HTTP at http://ADDRESS/metrics: 'host:port', "
           "':port' (every IPv4 interface) or '[v6]:port'; port 0 picks a free one (logged). "
@@ -220,6 +225,7 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
   options.worker_copy = absl::GetFlag(FLAGS_worker_copy);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.handoff_socket = absl::GetFlag(FLAGS_handoff_socket);
+  options.fast_path_connections = absl::GetFlag(FLAGS_fast_path_connections);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.session_timeout = absl::GetFlag(FLAGS_session_timeout);
   if (options.session_timeout < absl::Milliseconds(100)) {

@@ -31,6 +31,14 @@ KvhostMetrics::KvhostMetrics()
       rpc_seconds(registry.AddHistogram(
           "kvhost_rpc_duration_seconds",
           "Time from an RPC's arrival at its method to its status being sent.", {"method"},
-          kRpcSecondsBuckets)) {}
+          kRpcSecondsBuckets)),
+      fast_path_calls(registry.AddCounter(
+          "kvhost_fast_path_requests_total",
+          "Fast-path calls answered, by the gRPC method they mirror and status code.",
+          {"method", "code"})),
+      fast_path_seconds(registry.AddHistogram(
+          "kvhost_fast_path_duration_seconds",
+          "Time from a fast-path request's arrival in its mailbox to its reply being written.",
+          {"method"}, kFastPathSecondsBuckets)) {}
 
 }  // namespace kvhost

@@ -29,6 +29,11 @@ inline const std::vector<double> kRpcSecondsBuckets = {
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    120};
 
+// Fast-path calls: a few microseconds for an Alloc, up to a minute for a
+// WaitTransfer.
+inline const std::vector<double> kFastPathSecondsBuckets = {
+    0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.01, 0.1, 1, 10, 60};
+
 struct KvhostMetrics {
   KvhostMetrics();
 
@@ -50,6 +55,11 @@ struct KvhostMetrics {
   // Every RPC the server answers: {method, code} and {method}.
   CounterFamily* const rpcs;
   HistogramFamily* const rpc_seconds;
+
+  // Every fast-path call answered (server/service/fast_path_server.h):
+  // {method, code} and {method}, method as the gRPC method it mirrors.
+  CounterFamily* const fast_path_calls;
+  HistogramFamily* const fast_path_seconds;
 };
 
 }  // namespace kvhost

@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/safe_text.h"
 #include "server/service/convert.h"
+#include "server/service/fast_path_server.h"
 
 namespace kvhost {
 namespace {
@@ -132,6 +133,10 @@ grpc::ServerUnaryReactor* DaemonServiceImpl::GetStatus(grpc::CallbackServerConte
   response->set_backend(transfers_->backend());
   response->set_worker_copy(transfers_->worker_copy());
   response->set_handoff_socket(identity_.handoff_socket);
+  if (identity_.fast_path != nullptr) {
+    response->set_fast_path_connections(identity_.fast_path->connections());
+    response->set_fast_path_max_connections(identity_.fast_path->max_connections());
+  }
   response->set_backend_detail(identity_.backend_detail);
   response->set_shm_dir(registry_->options().shm_dir);
   response->set_pid(::getpid());

@@ -20,6 +20,8 @@
 
 namespace kvhost {
 
+class FastPathServer;
+
 struct DaemonIdentity {
   std::string backend_detail;
   // DaemonStatus.instance_id: random, new at every start.
@@ -29,6 +31,8 @@ struct DaemonIdentity {
   absl::Duration session_timeout = absl::Seconds(5);
   // The handoff socket's path, "" for none (DaemonStatus.handoff_socket).
   std::string handoff_socket;
+  // The fast path's mailboxes (DaemonStatus.fast_path_*); null for none.
+  const FastPathServer* fast_path = nullptr;
 };
 
 class SessionReactor;

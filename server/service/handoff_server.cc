@@ -1,5 +1,6 @@
 #include "server/service/handoff_server.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -34,6 +35,8 @@ const char* KindName(v1::HandoffKind kind) {
       return "pool regions";
     case v1::HANDOFF_KIND_DEPOSIT:
       return "deposit";
+    case v1::HANDOFF_KIND_FAST_PATH:
+      return "fast-path mailbox";
     default:
       return "an unknown kind";
   }
@@ -150,11 +153,13 @@ HandoffSource TransferHandoffSource(const TransferManager* manager) {
 
 absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::string& path,
                                                                     HandoffSource source,
-                                                                    Deposits* deposits) {
+                                                                    Deposits* deposits,
+                                                                    FastPathServer* fast_path) {
   std::unique_ptr<HandoffServer> server(new HandoffServer());
   server->path_ = path;
   server->source_ = std::move(source);
   server->deposits_ = deposits;
+  server->fast_path_ = fast_path;
   auto failed = [&path](const char* call) {
     return absl::UnavailableError(
         absl::StrCat("handoff socket ", path, ": ", call, ": ", std::strerror(errno)));
@@ -321,6 +326,41 @@ absl::Status HandoffServer::Deposit(std::vector<UniqueFd> received, const std::s
   return absl::OkStatus();
 }
 
+void HandoffServer::OpenFastPath(int connection, const std::string& peer) {
+  absl::StatusOr<FastPathOffer> offer =
+      fast_path_ != nullptr
+          ? fast_path_->Open()
+          : absl::StatusOr<FastPathOffer>(absl::FailedPreconditionError(
+                "this handoff socket serves no fast path (kvhostd --fast-path-connections 0)"));
+  // The mailbox thread's own copy of the connection: the loop closes this
+  // one after the reply.
+  UniqueFd kept;
+  if (offer.ok()) {
+    kept = UniqueFd(::fcntl(connection, F_DUPFD_CLOEXEC, 0));
+    if (!kept.valid()) {
+      offer =
+          absl::InternalError(absl::StrCat("cannot keep the connection: ", std::strerror(errno)));
+    }
+  }
+  v1::HandoffReply reply;
+  if (offer.ok()) {
+    reply.set_bytes(offer->bytes());
+    reply.set_count(1);
+  }
+  reply.set_code(static_cast<int32_t>(offer.status().code()));
+  reply.set_message(std::string(offer.status().message()));
+  const std::string sent =
+      SendReply(connection, reply.SerializeAsString(),
+                offer.ok() ? std::vector<int>{offer->fd()} : std::vector<int>{});
+  if (!offer.ok()) {
+    spdlog::info("handoff refused to {}: {}", peer, offer.status().ToString());
+  } else if (!sent.empty()) {
+    spdlog::warn("handoff: fast-path mailbox to {} not sent: {}", peer, sent);
+  } else {
+    fast_path_->Serve(*std::move(offer), std::move(kept), peer);
+  }
+}
+
 void HandoffServer::Serve(int connection, const std::string& peer, absl::Status refusal) {
   const timeval send_timeout = absl::ToTimeval(kHandoffRequestTimeout);
   ::setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
@@ -340,6 +380,10 @@ void HandoffServer::Serve(int connection, const std::string& peer, absl::Status 
     } else if (!status.ok()) {
       spdlog::info("handoff deposit refused to {}: {}", peer, status.ToString());
     }
+    return;
+  }
+  if (status.ok() && received.empty() && request.kind() == v1::HANDOFF_KIND_FAST_PATH) {
+    OpenFastPath(connection, peer);
     return;
   }
   if (status.ok() && !received.empty()) {

@@ -18,6 +18,9 @@
 // bound. Up to kMaxHandoffConnections wait for their request at once, so a
 // silent client delays no other; more wait in the listen backlog. Every fetch and refusal is logged
 // with the peer's SO_PEERCRED (pid, uid, gid); a capability is shown as a ShortId.
+// A fast-path request (HANDOFF_KIND_FAST_PATH) is the one whose connection
+// stays open: its reply carries the mailbox and the connection goes to the
+// FastPathServer, whose mailbox lives as long as it.
 //
 // Thread safety: one thread of its own accepts connections and serves each
 // once its request is there, and never calls back into anything but the
@@ -40,6 +43,7 @@
 #include "kvhost/v1/transfer.pb.h"
 #include "server/pool/beneath.h"
 #include "server/service/deposits.h"
+#include "server/service/fast_path_server.h"
 #include "server/transfer/caller.h"
 #include "server/transfer/transfer_manager.h"
 
@@ -108,10 +112,14 @@ class HandoffServer {
   // process's umask. UNAVAILABLE naming the path and the system call that
   // failed.
   // Deposits (HANDOFF_KIND_DEPOSIT) go to `deposits` (null: refused with
-  // FAILED_PRECONDITION), which must outlive the server.
+  // FAILED_PRECONDITION), which must outlive the server; fast-path
+  // mailboxes (HANDOFF_KIND_FAST_PATH) come from `fast_path` (null: refused
+  // with FAILED_PRECONDITION), which must outlive it too and then owns
+  // the connection.
   static absl::StatusOr<std::unique_ptr<HandoffServer>> Start(const std::string& path,
                                                               HandoffSource source,
-                                                              Deposits* deposits = nullptr);
+                                                              Deposits* deposits = nullptr,
+                                                              FastPathServer* fast_path = nullptr);
   ~HandoffServer();
   HandoffServer(const HandoffServer&) = delete;
   HandoffServer& operator=(const HandoffServer&) = delete;
@@ -136,10 +144,13 @@ class HandoffServer {
   // A deposit's reply: `received` kept by deposits_ under a new id.
   absl::Status Deposit(std::vector<UniqueFd> received, const std::string& peer,
                        v1::HandoffReply* reply);
+  // A fast-path mailbox for `connection`: sent, then served on it.
+  void OpenFastPath(int connection, const std::string& peer);
 
   std::string path_;
   HandoffSource source_;
   Deposits* deposits_ = nullptr;
+  FastPathServer* fast_path_ = nullptr;
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd: readable once Stop was called
   std::thread thread_;

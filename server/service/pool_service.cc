@@ -306,73 +306,171 @@ grpc::ServerUnaryReactor* PoolServiceImpl::DeletePool(grpc::CallbackServerContex
   return Finish(context, bytes.status());
 }
 
-grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* context,
-                                                 const v1::AllocRequest* request,
-                                                 v1::AllocResponse* response) {
-  if (absl::Status s = CheckIndexCount("Alloc num_tokens", request->num_tokens(), max_indices_);
+namespace {
+
+// The slots of `pages` of a pool of page size `ps`, page by page.
+void AddSlots(absl::Span<const uint64_t> pages, uint64_t ps,
+              google::protobuf::RepeatedField<int64_t>* out) {
+  out->Reserve(out->size() + static_cast<int>(pages.size() * ps));
+  for (uint64_t page : pages) {
+    for (uint64_t j = 0; j < ps; ++j) out->AddAlreadyReserved(static_cast<int64_t>(page * ps + j));
+  }
+}
+
+}  // namespace
+
+absl::Status PoolServiceImpl::CheckAllocReply(const Pool& pool, uint64_t num_tokens,
+                                              uint64_t max_reply_bytes) const {
+  // The indices must fit in one response: refuse before allocating, since a
+  // response that cannot be sent would leave the slots allocated and unknown.
+  const uint64_t size = pool.size_tokens();
+  if (num_tokens > size) return absl::OkStatus();  // the allocator refuses it
+  using google::protobuf::io::CodedOutputStream;
+  const uint64_t response_bytes = num_tokens * CodedOutputStream::VarintSize64(size - 1) + 32;
+  if (response_bytes <= max_reply_bytes) return absl::OkStatus();
+  return WithPool(pool.name(), absl::ResourceExhaustedError(absl::StrCat(
+                                   "num_tokens ", num_tokens, " needs a response of up to ",
+                                   response_bytes, " bytes, over the ", max_reply_bytes,
+                                   "-byte message limit; allocate in smaller batches")));
+}
+
+absl::Status PoolServiceImpl::DoAlloc(const Caller& caller, const v1::AllocRequest& request,
+                                      v1::AllocResponse* response, uint64_t max_reply_bytes) {
+  if (absl::Status s = CheckIndexCount("Alloc num_tokens", request.num_tokens(), max_indices_);
       !s.ok()) {
-    return Finish(context, WithPool(request->pool(), s));
+    return WithPool(request.pool(), s);
   }
-  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return Finish(context, s);
+  if (absl::Status s =
+          registry_->CheckOwner({request.pool()}, caller.token ? &*caller.token : nullptr);
+      !s.ok()) {
+    return s;
   }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
-  if (!pool.ok()) return Finish(context, pool.status());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request.pool());
+  if (!pool.ok()) return pool.status();
   // A group's name acts on its anchor, which the metrics count.
   const std::string& name = (*pool)->name();
   if (metrics_ != nullptr) metrics_->pool_alloc_calls->WithLabels({name})->Increment();
   const auto failed = [&](const absl::Status& status) {
-    if (metrics_ != nullptr) {
-      metrics_->pool_alloc_failures->WithLabels({name})->Increment();
-    }
-    return Finish(context, status);
+    if (metrics_ != nullptr) metrics_->pool_alloc_failures->WithLabels({name})->Increment();
+    return status;
   };
-  // The indices must fit in one response: refuse before allocating, since a
-  // response gRPC cannot send would leave the slots allocated and unknown.
-  const uint64_t size = (*pool)->size_tokens();
-  if (request->num_tokens() <= size) {
-    using google::protobuf::io::CodedOutputStream;
-    const uint64_t response_bytes =
-        request->num_tokens() * CodedOutputStream::VarintSize64(size - 1) + 32;
-    if (response_bytes > static_cast<uint64_t>(max_message_bytes_)) {
-      return failed(
-          WithPool(name, absl::ResourceExhaustedError(absl::StrCat(
-                             "num_tokens ", request->num_tokens(), " needs a response of up to ",
-                             response_bytes, " bytes, over the ", max_message_bytes_,
-                             "-byte message limit; allocate in smaller batches"))));
+  if (absl::Status s = CheckAllocReply(**pool, request.num_tokens(), max_reply_bytes); !s.ok()) {
+    return failed(s);
+  }
+  absl::StatusOr<std::vector<uint64_t>> pages = (*pool)->AllocPages(request.num_tokens());
+  if (!pages.ok()) return failed(pages.status());
+  AddSlots(*pages, (*pool)->layout().page_size, response->mutable_indices());
+  response->set_available_tokens((*pool)->allocator().available_tokens());
+  return absl::OkStatus();
+}
+
+absl::Status PoolServiceImpl::DoAllocBatch(const Caller& caller,
+                                           const v1::AllocBatchRequest& request,
+                                           v1::AllocBatchResponse* response,
+                                           uint64_t max_reply_bytes) {
+  // The sum, without wrapping: each term is checked against the limit first.
+  uint64_t total = 0;
+  for (uint64_t n : request.num_tokens()) {
+    if (absl::Status s = CheckIndexCount("AllocBatch num_tokens", n, max_indices_); !s.ok()) {
+      return WithPool(request.pool(), s);
+    }
+    total += n;
+    if (absl::Status s = CheckIndexCount("AllocBatch total num_tokens", total, max_indices_);
+        !s.ok()) {
+      return WithPool(request.pool(), s);
     }
   }
-  absl::StatusOr<std::vector<uint64_t>> pages = (*pool)->AllocPages(request->num_tokens());
-  if (!pages.ok()) return failed(pages.status());
-  const uint64_t ps = (*pool)->layout().page_size;
-  auto* indices = response->mutable_indices();
-  indices->Reserve(static_cast<int>(pages->size() * ps));
-  for (uint64_t page : *pages) {
-    for (uint64_t j = 0; j < ps; ++j)
-      indices->AddAlreadyReserved(static_cast<int64_t>(page * ps + j));
+  if (absl::Status s =
+          registry_->CheckOwner({request.pool()}, caller.token ? &*caller.token : nullptr);
+      !s.ok()) {
+    return s;
   }
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request.pool());
+  if (!pool.ok()) return pool.status();
+  Pool& p = **pool;
+  const std::string& name = p.name();
+  if (metrics_ != nullptr) metrics_->pool_alloc_calls->WithLabels({name})->Increment();
+  const auto failed = [&](const absl::Status& status) {
+    if (metrics_ != nullptr) metrics_->pool_alloc_failures->WithLabels({name})->Increment();
+    response->Clear();
+    return status;
+  };
+  if (request.num_tokens().empty()) {
+    return failed(WithPool(
+        name, absl::InvalidArgumentError("AllocBatch names no allocation (num_tokens is empty)")));
+  }
+  // Every run's framing (tag, length) beside the indices.
+  const uint64_t framing = uint64_t{12} * static_cast<uint64_t>(request.num_tokens_size());
+  if (absl::Status s =
+          CheckAllocReply(p, total, max_reply_bytes - std::min(max_reply_bytes, framing));
+      !s.ok()) {
+    return failed(s);
+  }
+  const uint64_t ps = p.layout().page_size;
+  std::vector<uint64_t> taken;  // every page allocated so far, to undo
+  for (int i = 0; i < request.num_tokens_size(); ++i) {
+    absl::StatusOr<std::vector<uint64_t>> pages = p.AllocPages(request.num_tokens(i));
+    if (!pages.ok()) {
+      std::vector<int64_t> slots;
+      slots.reserve(taken.size() * ps);
+      for (uint64_t page : taken) {
+        for (uint64_t j = 0; j < ps; ++j) slots.push_back(static_cast<int64_t>(page * ps + j));
+      }
+      if (absl::StatusOr<uint64_t> undone = p.Free(slots); !undone.ok()) {
+        spdlog::error(
+            "AllocBatch on pool '{}': cannot free the {} slots it allocated before "
+            "failing: {}",
+            name, slots.size(), undone.status().ToString());
+      }
+      return failed(
+          absl::Status(pages.status().code(),
+                       absl::StrCat("AllocBatch allocation ", i, " of ", request.num_tokens_size(),
+                                    ": ", pages.status().message())));
+    }
+    AddSlots(*pages, ps, response->add_runs()->mutable_indices());
+    taken.insert(taken.end(), pages->begin(), pages->end());
+  }
+  response->set_available_tokens(p.allocator().available_tokens());
+  return absl::OkStatus();
+}
+
+absl::Status PoolServiceImpl::DoFree(const Caller& caller, const v1::FreeRequest& request,
+                                     v1::FreeResponse* response) {
+  if (absl::Status s = CheckIndexCount("Free indices", request.indices_size(), max_indices_);
+      !s.ok()) {
+    return WithPool(request.pool(), s);
+  }
+  if (absl::Status s =
+          registry_->CheckOwner({request.pool()}, caller.token ? &*caller.token : nullptr);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request.pool());
+  if (!pool.ok()) return pool.status();
+  if (metrics_ != nullptr) metrics_->pool_free_calls->WithLabels({(*pool)->name()})->Increment();
+  absl::StatusOr<uint64_t> freed = (*pool)->Free(Indices(request.indices()));
+  if (!freed.ok()) return freed.status();
+  response->set_freed(*freed);
   response->set_available_tokens((*pool)->allocator().available_tokens());
-  return Finish(context, absl::OkStatus());
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* context,
+                                                 const v1::AllocRequest* request,
+                                                 v1::AllocResponse* response) {
+  return Finish(context, DoAlloc(CallerOf(*context), *request, response, max_message_bytes_));
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::AllocBatch(grpc::CallbackServerContext* context,
+                                                      const v1::AllocBatchRequest* request,
+                                                      v1::AllocBatchResponse* response) {
+  return Finish(context, DoAllocBatch(CallerOf(*context), *request, response, max_message_bytes_));
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::Free(grpc::CallbackServerContext* context,
                                                 const v1::FreeRequest* request,
                                                 v1::FreeResponse* response) {
-  if (absl::Status s = CheckIndexCount("Free indices", request->indices_size(), max_indices_);
-      !s.ok()) {
-    return Finish(context, WithPool(request->pool(), s));
-  }
-  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return Finish(context, s);
-  }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
-  if (!pool.ok()) return Finish(context, pool.status());
-  if (metrics_ != nullptr) metrics_->pool_free_calls->WithLabels({(*pool)->name()})->Increment();
-  absl::StatusOr<uint64_t> freed = (*pool)->Free(Indices(request->indices()));
-  if (!freed.ok()) return Finish(context, freed.status());
-  response->set_freed(*freed);
-  response->set_available_tokens((*pool)->allocator().available_tokens());
-  return Finish(context, absl::OkStatus());
+  return Finish(context, DoFree(CallerOf(*context), *request, response));
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(

@@ -24,6 +24,7 @@
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
 #include "server/service/page_streams.h"
+#include "server/transfer/caller.h"
 
 namespace kvhost {
 
@@ -57,6 +58,9 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   grpc::ServerUnaryReactor* Alloc(grpc::CallbackServerContext* context,
                                   const v1::AllocRequest* request,
                                   v1::AllocResponse* response) override;
+  grpc::ServerUnaryReactor* AllocBatch(grpc::CallbackServerContext* context,
+                                       const v1::AllocBatchRequest* request,
+                                       v1::AllocBatchResponse* response) override;
   grpc::ServerUnaryReactor* Free(grpc::CallbackServerContext* context,
                                  const v1::FreeRequest* request,
                                  v1::FreeResponse* response) override;
@@ -98,6 +102,20 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
                                             const v1::DeletePoolGroupRequest* request,
                                             v1::DeletePoolGroupResponse* response) override;
 
+  // The calls both paths serve (gRPC above, the fast path in
+  // server/service/fast_path_calls.h): validation, owner check, the work
+  // and the response, for `caller`'s credentials; a reply is refused above
+  // `max_reply_bytes` before anything is allocated. A failed call changes
+  // nothing (AllocBatch frees what it allocated before the failure).
+  absl::Status DoAlloc(const Caller& caller, const v1::AllocRequest& request,
+                       v1::AllocResponse* response, uint64_t max_reply_bytes);
+  absl::Status DoAllocBatch(const Caller& caller, const v1::AllocBatchRequest& request,
+                            v1::AllocBatchResponse* response, uint64_t max_reply_bytes);
+  absl::Status DoFree(const Caller& caller, const v1::FreeRequest& request,
+                      v1::FreeResponse* response);
+  // The largest reply this service sends (--max-message-bytes).
+  uint64_t max_message_bytes() const { return static_cast<uint64_t>(max_message_bytes_); }
+
   // Data bytes per ReadPages message when the request leaves chunk_bytes 0.
   static constexpr uint64_t kDefaultChunkBytes = kDefaultPageChunkBytes;
   // GetDataPage: room kept in a message beside the page's bytes (index,
@@ -107,6 +125,11 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   static constexpr uint64_t kDefaultMaxIndicesPerCall = uint64_t{1} << 22;
 
  private:
+  // RESOURCE_EXHAUSTED naming the pool when Alloc's indices of `num_tokens`
+  // slots could exceed `max_reply_bytes`.
+  absl::Status CheckAllocReply(const Pool& pool, uint64_t num_tokens,
+                               uint64_t max_reply_bytes) const;
+
   PoolRegistry* const registry_;
   const char* const backend_;
   const int max_message_bytes_;

@@ -6,9 +6,13 @@
 #include <string>
 #include <vector>
 
+#include <google/protobuf/io/coded_stream.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "server/safe_text.h"
 #include "server/service/convert.h"
+#include "spdlog/spdlog.h"
 
 namespace kvhost {
 namespace {
@@ -111,12 +115,12 @@ grpc::ServerUnaryReactor* TransferServiceImpl::DetachDevice(grpc::CallbackServer
   return Finish(context, manager_->Detach(CallerOf(*context), request->attachment_id()));
 }
 
-grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
-    grpc::CallbackServerContext* context, Direction direction, const std::string& attachment_id,
+absl::Status TransferServiceImpl::Submit(
+    const Caller& caller, Direction direction, const std::string& attachment_id,
     const google::protobuf::RepeatedField<int64_t>& host,
     const google::protobuf::RepeatedField<int64_t>& device, const std::string& wait_event_handle,
     const google::protobuf::RepeatedPtrField<v1::PoolTransfer>& pool_transfers, bool worker_copy,
-    v1::TransferTicket* response) {
+    v1::TransferTicket* response, uint64_t max_reply_bytes) {
   const char* call = direction == Direction::kBackup ? "Backup" : "Load";
   absl::Status counts =
       CheckIndexCount(absl::StrCat(call, " host_indices"), host.size(), max_indices_);
@@ -133,12 +137,12 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
                           t.device_indices_size(), max_indices_);
     }
   }
-  if (!counts.ok()) return Finish(context, counts);
+  if (!counts.ok()) return counts;
   if (worker_copy) {
-    return Finish(context, SubmitWorkerCopy(CallerOf(*context), direction, attachment_id,
-                                            absl::MakeConstSpan(host.data(), host.size()),
-                                            absl::MakeConstSpan(device.data(), device.size()),
-                                            wait_event_handle, !pool_transfers.empty(), response));
+    return SubmitWorkerCopy(caller, direction, attachment_id,
+                            absl::MakeConstSpan(host.data(), host.size()),
+                            absl::MakeConstSpan(device.data(), device.size()), wait_event_handle,
+                            !pool_transfers.empty(), response, max_reply_bytes);
   }
   std::vector<EntryRows> entries;
   entries.reserve(pool_transfers.size());
@@ -148,19 +152,133 @@ grpc::ServerUnaryReactor* TransferServiceImpl::Submit(
                        absl::MakeConstSpan(t.device_indices().data(), t.device_indices().size())});
   }
   absl::StatusOr<std::shared_ptr<Ticket>> ticket = manager_->Submit(
-      CallerOf(*context), attachment_id, direction, absl::MakeConstSpan(host.data(), host.size()),
+      caller, attachment_id, direction, absl::MakeConstSpan(host.data(), host.size()),
       absl::MakeConstSpan(device.data(), device.size()), wait_event_handle, entries);
-  if (!ticket.ok()) return Finish(context, ticket.status());
+  if (!ticket.ok()) return ticket.status();
   response->set_id((*ticket)->id());
   response->set_event_set((*ticket)->event_set());
   response->set_layer_base((*ticket)->layer_base());
-  return Finish(context, absl::OkStatus());
+  return absl::OkStatus();
+}
+
+absl::Status TransferServiceImpl::DoBackup(const Caller& caller, const v1::BackupRequest& request,
+                                           v1::TransferTicket* response, uint64_t max_reply_bytes) {
+  return Submit(caller, Direction::kBackup, request.attachment_id(), request.host_indices(),
+                request.device_indices(), request.wait_event_handle(), request.pool_transfers(),
+                request.worker_copy(), response, max_reply_bytes);
+}
+
+absl::Status TransferServiceImpl::DoLoad(const Caller& caller, const v1::LoadRequest& request,
+                                         v1::TransferTicket* response, uint64_t max_reply_bytes) {
+  return Submit(caller, Direction::kLoad, request.attachment_id(), request.host_indices(),
+                request.device_indices(), /*wait_event_handle=*/"", request.pool_transfers(),
+                request.worker_copy(), response, max_reply_bytes);
+}
+
+absl::Status TransferServiceImpl::DoAllocBackup(const Caller& caller,
+                                                const v1::AllocBackupRequest& request,
+                                                v1::AllocBackupResponse* response,
+                                                uint64_t max_reply_bytes) {
+  const v1::BackupRequest& backup = request.backup();
+  if (!backup.host_indices().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllocBackup: backup.host_indices has ", backup.host_indices_size(),
+                     " entries; leave it empty, kvhostd allocates them"));
+  }
+  if (!backup.pool_transfers().empty() || backup.worker_copy()) {
+    return absl::InvalidArgumentError(
+        "AllocBackup serves a plain pool's attachment: backup.pool_transfers and "
+        "backup.worker_copy must be unset (use Alloc, then Backup)");
+  }
+  if (absl::Status s =
+          CheckIndexCount("AllocBackup device_indices", backup.device_indices_size(), max_indices_);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<std::shared_ptr<Pool>> found =
+      manager_->FindAttachedPool(caller, backup.attachment_id());
+  if (!found.ok()) return found.status();
+  Pool& pool = **found;
+  const std::string name = pool.name();
+  if (absl::Status s = registry_->CheckOwner({name}, caller.token ? &*caller.token : nullptr);
+      !s.ok()) {
+    return s;
+  }
+  const uint64_t n = static_cast<uint64_t>(backup.device_indices_size());
+  using google::protobuf::io::CodedOutputStream;
+  const uint64_t reply_bytes =
+      n * CodedOutputStream::VarintSize64(pool.size_tokens()) + kAllocBackupReplyOverhead;
+  if (reply_bytes > max_reply_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pool '", name, "': AllocBackup of ", n, " tokens needs a reply of up to ", reply_bytes,
+        " bytes, over the ", max_reply_bytes, "-byte limit; back up in smaller batches"));
+  }
+  absl::StatusOr<std::vector<uint64_t>> pages = pool.AllocPages(n);
+  if (!pages.ok()) return pages.status();
+  const uint64_t ps = pool.layout().page_size;
+  auto* host = response->mutable_host_indices();
+  host->Reserve(static_cast<int>(n));
+  for (uint64_t page : *pages) {
+    for (uint64_t j = 0; j < ps; ++j) host->AddAlreadyReserved(static_cast<int64_t>(page * ps + j));
+  }
+  absl::StatusOr<std::shared_ptr<Ticket>> ticket = manager_->Submit(
+      caller, backup.attachment_id(), Direction::kBackup,
+      absl::MakeConstSpan(host->data(), host->size()),
+      absl::MakeConstSpan(backup.device_indices().data(), backup.device_indices().size()),
+      backup.wait_event_handle());
+  if (!ticket.ok()) {
+    // Refused before anything was queued: the slots go back.
+    if (absl::StatusOr<uint64_t> freed = pool.Free(absl::MakeConstSpan(host->data(), host->size()));
+        !freed.ok()) {
+      spdlog::error("AllocBackup on pool '{}': cannot free the {} slots of a refused backup: {}",
+                    name, n, freed.status().ToString());
+    }
+    response->Clear();
+    return ticket.status();
+  }
+  v1::TransferTicket* out = response->mutable_ticket();
+  out->set_id((*ticket)->id());
+  out->set_event_set((*ticket)->event_set());
+  out->set_layer_base((*ticket)->layer_base());
+  response->set_available_tokens(pool.allocator().available_tokens());
+  return absl::OkStatus();
+}
+
+absl::Status TransferServiceImpl::DoWaitTransfer(const Caller& caller,
+                                                 const v1::WaitTransferRequest& request,
+                                                 v1::TransferStatus* response,
+                                                 absl::Duration timeout) {
+  absl::StatusOr<std::shared_ptr<Ticket>> ticket =
+      manager_->FindTicket(caller, request.ticket_id());
+  if (!ticket.ok()) return ticket.status();
+  if (!request.poll()) {
+    struct Done {
+      absl::Mutex mu;
+      bool done ABSL_GUARDED_BY(mu) = false;
+    };
+    auto done = std::make_shared<Done>();
+    (*ticket)->OnDone([done] {
+      absl::MutexLock lock(&done->mu);
+      done->done = true;
+    });
+    absl::MutexLock lock(&done->mu);
+    if (!done->mu.AwaitWithTimeout(absl::Condition(&done->done), timeout)) {
+      return absl::DeadlineExceededError(absl::StrCat("ticket ", request.ticket_id(),
+                                                      " did not finish within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+  }
+  const TicketStatus now = (*ticket)->Snapshot();
+  if (now.done && !now.status.ok()) return now.status;
+  ToProto(now, response);
+  return absl::OkStatus();
 }
 
 absl::Status TransferServiceImpl::SubmitWorkerCopy(
     const Caller& caller, Direction direction, const std::string& attachment_id,
     absl::Span<const int64_t> host, absl::Span<const int64_t> device,
-    const std::string& wait_event_handle, bool pool_transfers, v1::TransferTicket* response) {
+    const std::string& wait_event_handle, bool pool_transfers, v1::TransferTicket* response,
+    uint64_t max_reply_bytes) {
   if (!wait_event_handle.empty()) {
     return absl::InvalidArgumentError(
         "wait_event_handle must be empty with worker_copy: the worker's copy runs on its own "
@@ -172,7 +290,7 @@ absl::Status TransferServiceImpl::SubmitWorkerCopy(
         "worker_copy unset for a pool group's transfers)");
   }
   absl::StatusOr<WorkerCopyTicket> ticket =
-      manager_->SubmitWorkerCopy(caller, attachment_id, direction, host, device, max_reply_bytes_);
+      manager_->SubmitWorkerCopy(caller, attachment_id, direction, host, device, max_reply_bytes);
   if (!ticket.ok()) return ticket.status();
   response->set_id(ticket->ticket->id());
   response->set_event_set(-1);
@@ -183,17 +301,19 @@ absl::Status TransferServiceImpl::SubmitWorkerCopy(
 grpc::ServerUnaryReactor* TransferServiceImpl::Backup(grpc::CallbackServerContext* context,
                                                       const v1::BackupRequest* request,
                                                       v1::TransferTicket* response) {
-  return Submit(context, Direction::kBackup, request->attachment_id(), request->host_indices(),
-                request->device_indices(), request->wait_event_handle(), request->pool_transfers(),
-                request->worker_copy(), response);
+  return Finish(context, DoBackup(CallerOf(*context), *request, response, max_reply_bytes_));
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::Load(grpc::CallbackServerContext* context,
                                                     const v1::LoadRequest* request,
                                                     v1::TransferTicket* response) {
-  return Submit(context, Direction::kLoad, request->attachment_id(), request->host_indices(),
-                request->device_indices(), /*wait_event_handle=*/"", request->pool_transfers(),
-                request->worker_copy(), response);
+  return Finish(context, DoLoad(CallerOf(*context), *request, response, max_reply_bytes_));
+}
+
+grpc::ServerUnaryReactor* TransferServiceImpl::AllocBackup(grpc::CallbackServerContext* context,
+                                                           const v1::AllocBackupRequest* request,
+                                                           v1::AllocBackupResponse* response) {
+  return Finish(context, DoAllocBackup(CallerOf(*context), *request, response, max_reply_bytes_));
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(grpc::CallbackServerContext* context,

@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 #include "kvhost/v1/transfer.grpc.pb.h"
@@ -57,6 +58,9 @@ class TransferServiceImpl final : public v1::TransferService::CallbackService {
   grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* context,
                                  const v1::LoadRequest* request,
                                  v1::TransferTicket* response) override;
+  grpc::ServerUnaryReactor* AllocBackup(grpc::CallbackServerContext* context,
+                                        const v1::AllocBackupRequest* request,
+                                        v1::AllocBackupResponse* response) override;
   grpc::ServerUnaryReactor* WaitTransfer(grpc::CallbackServerContext* context,
                                          const v1::WaitTransferRequest* request,
                                          v1::TransferStatus* response) override;
@@ -64,19 +68,41 @@ class TransferServiceImpl final : public v1::TransferService::CallbackService {
                                              const v1::FinishWorkerCopyRequest* request,
                                              v1::FinishWorkerCopyResponse* response) override;
 
+  // The calls both paths serve (gRPC above, the fast path in
+  // server/service/fast_path_calls.h), for `caller`'s credentials; replies
+  // (a worker copy's plan, AllocBackup's slots) are refused above
+  // `max_reply_bytes` before anything changes. A failed call changes
+  // nothing: AllocBackup frees its slots when the backup is refused.
+  absl::Status DoBackup(const Caller& caller, const v1::BackupRequest& request,
+                        v1::TransferTicket* response, uint64_t max_reply_bytes);
+  absl::Status DoLoad(const Caller& caller, const v1::LoadRequest& request,
+                      v1::TransferTicket* response, uint64_t max_reply_bytes);
+  absl::Status DoAllocBackup(const Caller& caller, const v1::AllocBackupRequest& request,
+                             v1::AllocBackupResponse* response, uint64_t max_reply_bytes);
+  // WaitTransfer on the calling thread: at once with poll, else until the
+  // ticket finishes (its own error if it failed) or `timeout` passes
+  // (DEADLINE_EXCEEDED).
+  absl::Status DoWaitTransfer(const Caller& caller, const v1::WaitTransferRequest& request,
+                              v1::TransferStatus* response, absl::Duration timeout);
+  // The largest reply of the gRPC path (--max-message-bytes).
+  uint64_t max_reply_bytes() const { return max_reply_bytes_; }
+
+  // AllocBackup's reply beyond its slots: the ticket and the counts.
+  static constexpr uint64_t kAllocBackupReplyOverhead = 64;
+
  private:
-  grpc::ServerUnaryReactor* Submit(
-      grpc::CallbackServerContext* context, Direction direction, const std::string& attachment_id,
-      const google::protobuf::RepeatedField<int64_t>& host,
-      const google::protobuf::RepeatedField<int64_t>& device, const std::string& wait_event_handle,
-      const google::protobuf::RepeatedPtrField<v1::PoolTransfer>& pool_transfers, bool worker_copy,
-      v1::TransferTicket* response);
+  absl::Status Submit(const Caller& caller, Direction direction, const std::string& attachment_id,
+                      const google::protobuf::RepeatedField<int64_t>& host,
+                      const google::protobuf::RepeatedField<int64_t>& device,
+                      const std::string& wait_event_handle,
+                      const google::protobuf::RepeatedPtrField<v1::PoolTransfer>& pool_transfers,
+                      bool worker_copy, v1::TransferTicket* response, uint64_t max_reply_bytes);
   // Submit's worker copy (BackupRequest.worker_copy).
   absl::Status SubmitWorkerCopy(const Caller& caller, Direction direction,
                                 const std::string& attachment_id, absl::Span<const int64_t> host,
                                 absl::Span<const int64_t> device,
                                 const std::string& wait_event_handle, bool pool_transfers,
-                                v1::TransferTicket* response);
+                                v1::TransferTicket* response, uint64_t max_reply_bytes);
 
   TransferManager* const manager_;
   const PoolRegistry* const registry_;

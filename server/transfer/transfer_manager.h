@@ -154,6 +154,11 @@ class TransferManager {
   absl::StatusOr<std::shared_ptr<LayerCounters>> FindLayerCounters(
       const Caller& caller, const std::string& attachment_id) const;
 
+  // The pool of plain attachment `attachment_id`, for AllocBackup. NOT_FOUND
+  // as Detach; INVALID_ARGUMENT for a pool group's attachment.
+  absl::StatusOr<std::shared_ptr<Pool>> FindAttachedPool(const Caller& caller,
+                                                         const std::string& attachment_id) const;
+
   // Worker copies (server/transfer/worker_copy.h; kvhostd --worker-copy).
   // EnableWorkerCopy: REQUIRES before any other call.
   void EnableWorkerCopy() { worker_copy_ = true; }

@@ -1,6 +1,7 @@
 // TransferManager's worker copies (transfer_manager.h, worker_copy.h): the
 // daemon validates and plans, the worker launches and says when it is done;
-// and the two lookups of the handoff socket (layer counters, pool regions).
+// and the lookups of the handoff socket (layer counters, pool regions) and
+// of AllocBackup (an attachment's pool).
 #include <cstring>
 #include <utility>
 
@@ -63,6 +64,22 @@ absl::StatusOr<std::shared_ptr<LayerCounters>> TransferManager::FindLayerCounter
                      "with AttachDeviceRequest.layer_progress set)"));
   }
   return it->second.layer_counters;
+}
+
+absl::StatusOr<std::shared_ptr<Pool>> TransferManager::FindAttachedPool(
+    const Caller& caller, const std::string& attachment_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = attachments_.find(attachment_id);
+  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
+    return AttachmentNotFound(attachment_id);
+  }
+  if (it->second.group != nullptr || it->second.pools.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attachment '", ShortId(attachment_id), "' is on pool group '", it->second.info.group,
+        "': AllocBackup serves a plain pool's attachment (use Alloc, then Backup with "
+        "pool_transfers)"));
+  }
+  return it->second.pools[0].pool;
 }
 
 absl::StatusOr<WorkerRegions> TransferManager::FindWorkerRegions(

@@ -87,6 +87,24 @@ struct ClientOptions {
   // Most time between reconnection attempts after the daemon went away;
   // attempts start at 50 ms and double up to this.
   absl::Duration reconnect_max_backoff = absl::Seconds(5);
+
+  // --- Fast path (proto/kvhost/v1/fast_path.proto) ---
+  // Alloc, Free, AllocBatch, SubmitBackup / SubmitLoad (and Backup / Load
+  // without a wait), AllocBackup, WaitTransfer and PollTransfer go through
+  // a shared-memory mailbox kvhostd serves beside gRPC, when the address is
+  // a unix socket and the daemon offers one: the same validation, codes
+  // and messages, without gRPC's per-call cost. One mailbox per Client: a
+  // call made while another thread's call holds it goes over gRPC, so give
+  // each hot thread its own Client. A request larger than the mailbox
+  // (about 1 MiB) goes over gRPC too. Opened at the first such call;
+  // when it cannot be (the daemon refuses, or is too old), gRPC serves and
+  // it is tried again 5 s later. False: gRPC only.
+  bool fast_path = true;
+  // The handoff socket as this process sees it, where the mailbox is asked
+  // for; "" = the path kvhostd reports (DaemonStatus.handoff_socket). Set
+  // it where the client sees the daemon's files at another path (a sidecar
+  // mounting the socket directory elsewhere).
+  std::string handoff_socket;
 };
 
 // What a worker lost when its session broke and was opened again
@@ -150,6 +168,10 @@ class Client {
   absl::StatusOr<std::vector<int64_t>> Alloc(const std::string& pool, uint64_t num_tokens);
   // Returns the slots freed.
   absl::StatusOr<uint64_t> Free(const std::string& pool, absl::Span<const int64_t> indices);
+  // Several allocations in one call, all or nothing: one index run per
+  // entry of `num_tokens`, in order (PoolService.AllocBatch).
+  absl::StatusOr<std::vector<std::vector<int64_t>>> AllocBatch(
+      const std::string& pool, absl::Span<const uint64_t> num_tokens);
   absl::StatusOr<v1::PageBufferMeta> GetPageBufferMeta(const std::string& pool,
                                                        absl::Span<const int64_t> indices);
   // Page APIs. `index` / `indices` are first slots of pages. A flat page is
@@ -228,6 +250,10 @@ class Client {
   // with an empty `error`, else failed with it.
   absl::StatusOr<v1::TransferTicket> SubmitBackup(const v1::BackupRequest& request);
   absl::StatusOr<v1::TransferTicket> SubmitLoad(const v1::LoadRequest& request);
+  // Allocates host slots in the attachment's pool and backs
+  // `request.backup()`'s device rows up into them (TransferService.AllocBackup):
+  // the slots, the ticket and the pool's free tokens after it.
+  absl::StatusOr<v1::AllocBackupResponse> AllocBackup(const v1::AllocBackupRequest& request);
   absl::Status FinishWorkerCopy(uint64_t ticket_id, const std::string& error = "");
   // Blocks until the ticket is done (its error if it failed) or `timeout`
   // passes (DEADLINE_EXCEEDED).
@@ -265,12 +291,25 @@ class Client {
   // a handoff request presents along with options().owner_token
   // (kvhost/layer_progress.h).
   std::vector<std::string> session_ids() const { return SessionIds(); }
+  // Whether the fast-path mailbox is open now (ClientOptions::fast_path),
+  // and how many calls it has served: for tests and benchmarks.
+  bool fast_path_open() const;
+  uint64_t fast_path_calls() const;
 
   ~Client();
 
  private:
   class SessionKeeper;
+  struct FastPath;
   Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  // Makes the call `method` of `request` on the fast path when it is on,
+  // open (or opens now), free, and the request fits: then true, with the
+  // call's status in `*status` and its answer in `response`. False: make
+  // the call over gRPC. `transfer`: the call carries the session ids.
+  // `wait`: WaitTransfer's wait (its frame's timeout_ms).
+  bool TryFastPath(int method, const google::protobuf::MessageLite& request,
+                   google::protobuf::MessageLite* response, bool transfer, absl::Duration timeout,
+                   absl::Status* status, absl::Duration wait = absl::ZeroDuration());
   // AttachDevice's call as given (session.cc adds the session around it).
   absl::StatusOr<v1::Attachment> AttachOnce(const v1::AttachDeviceRequest& request);
   void ForgetAttachment(const std::string& attachment_id);
@@ -283,6 +322,7 @@ class Client {
   std::unique_ptr<v1::PoolService::Stub> pools_;
   std::unique_ptr<v1::TransferService::Stub> transfers_;
   std::unique_ptr<SessionKeeper> session_;
+  std::unique_ptr<FastPath> fast_path_;
 };
 
 // How a ShmDevicePool attaches (kvhost.v1.AttachDeviceRequest fields 9, 10).

@@ -60,6 +60,9 @@ struct Handoff {
   uint32_t count = 0;
   v1::PoolRegions pool_regions;
   std::string deposit_id;  // HANDOFF_KIND_DEPOSIT
+  // HANDOFF_KIND_FAST_PATH: the connection, kept open since the mailbox
+  // lives as long as it (the caller closes it); -1 for other kinds.
+  int connection = -1;
 };
 
 // One fetch from the handoff socket at `socket_path` (one connection, one

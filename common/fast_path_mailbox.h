@@ -1,0 +1,130 @@
+// The fast path's shared-memory mailbox (proto/kvhost/v1/fast_path.proto
+// gives the layout and the protocol): its header words, the two areas, and
+// the futex doorbell both sides ring. kvhostd and the client library share
+// this header and nothing else of the fast path.
+//
+// Each side treats the other as hostile: a word is loaded once and checked
+// before use, lengths are bounded by capacity, and nothing the other side
+// writes can make this side touch memory outside the mapping.
+//
+// Thread safety: a Mailbox view is plain pointers into a mapping; the
+// protocol allows one request in flight, so each side has one user at a
+// time (the daemon's serving thread; the client's call under its lock).
+#ifndef KVHOST_COMMON_FAST_PATH_MAILBOX_H_
+#define KVHOST_COMMON_FAST_PATH_MAILBOX_H_
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+
+namespace kvhost {
+
+inline constexpr uint32_t kFastPathVersion = 1;
+// Bytes before the request area (the header words live in its first 192).
+inline constexpr uint64_t kFastPathHeaderBytes = 4096;
+// Each area's default size: a 4096-token Backup is ~45 KB, an Alloc of
+// 64 Ki tokens ~330 KB of reply; larger calls go over gRPC.
+inline constexpr uint32_t kFastPathDefaultCapacity = 1u << 20;
+
+// The header, as laid out in the mapping (static_asserts below pin the
+// offsets the proto documents).
+struct FastPathHeader {
+  std::atomic<uint32_t> request_seq;
+  std::atomic<uint32_t> request_bytes;
+  char pad0[56];
+  std::atomic<uint32_t> reply_seq;
+  std::atomic<uint32_t> reply_bytes;
+  char pad1[56];
+  uint32_t version;
+  uint32_t capacity;
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
+static_assert(sizeof(std::atomic<uint32_t>) == 4, "a futex word is 4 bytes");
+static_assert(offsetof(FastPathHeader, request_bytes) == 4);
+static_assert(offsetof(FastPathHeader, reply_seq) == 64);
+static_assert(offsetof(FastPathHeader, reply_bytes) == 68);
+static_assert(offsetof(FastPathHeader, version) == 128);
+static_assert(offsetof(FastPathHeader, capacity) == 132);
+
+// Bytes of a mailbox whose areas hold `capacity` bytes each.
+inline constexpr uint64_t FastPathMailboxBytes(uint32_t capacity) {
+  return kFastPathHeaderBytes + 2 * uint64_t{capacity};
+}
+
+// A view of a mapped mailbox of `capacity` bytes per area. The capacity is
+// the one this side chose or checked against the mapping's size, never
+// read back from the header alone.
+struct FastPathMailbox {
+  FastPathHeader* header = nullptr;
+  uint8_t* request = nullptr;
+  uint8_t* reply = nullptr;
+  uint32_t capacity = 0;
+
+  static FastPathMailbox Over(void* mapping, uint32_t capacity) {
+    auto* base = static_cast<uint8_t*>(mapping);
+    FastPathMailbox m;
+    m.header = static_cast<FastPathHeader*>(mapping);
+    m.request = base + kFastPathHeaderBytes;
+    m.reply = base + kFastPathHeaderBytes + capacity;
+    m.capacity = capacity;
+    return m;
+  }
+};
+
+// FUTEX_WAIT on a shared mapping's word while it holds `expected`, for at
+// most `timeout_ns` (negative: no limit). Returns false on a timeout; true
+// when woken, interrupted, or the word had changed (callers re-check).
+inline bool FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns) {
+  timespec ts{};
+  timespec* limit = nullptr;
+  if (timeout_ns >= 0) {
+    ts.tv_sec = static_cast<time_t>(timeout_ns / 1000000000);
+    ts.tv_nsec = static_cast<long>(timeout_ns % 1000000000);
+    limit = &ts;
+  }
+  const long rc = ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected,
+                            limit, nullptr, 0);
+  return !(rc != 0 && errno == ETIMEDOUT);
+}
+
+// Wakes every waiter on the word (at most one exists by the protocol).
+inline void FutexWake(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+            0);
+}
+
+// Waits until `*word` differs from `old`: spins `spins` loads first (a reply
+// on another core comes within microseconds, sooner than a sleep and a
+// wake-up), then sleeps on the futex in slices of `slice_ns`, calling
+// `keep_waiting()` after each slice and each wake-up that changed nothing
+// (false: give up). Returns the new value, or `old` when keep_waiting gave
+// up.
+template <typename KeepWaiting>
+uint32_t WaitForChange(std::atomic<uint32_t>* word, uint32_t old, int spins, int64_t slice_ns,
+                       KeepWaiting&& keep_waiting) {
+  for (int i = 0; i < spins; ++i) {
+    const uint32_t now = word->load(std::memory_order_acquire);
+    if (now != old) return now;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  while (true) {
+    const uint32_t now = word->load(std::memory_order_acquire);
+    if (now != old) return now;
+    FutexWait(word, old, slice_ns);
+    const uint32_t after = word->load(std::memory_order_acquire);
+    if (after != old) return after;
+    if (!keep_waiting()) return old;
+  }
+}
+
+}  // namespace kvhost
+
+#endif  // KVHOST_COMMON_FAST_PATH_MAILBOX_H_

@@ -1,0 +1,535 @@
+// The fast path through a real kvhostd (host backend): the client's calls
+// take the mailbox and give what gRPC gives, errors included (same codes,
+// same messages, nothing changed); the batched calls on both paths; a
+// client killed mid-request leaves every pool consistent and its mailbox
+// closed; fast-path and gRPC clients on one pool never share a slot; the
+// mailbox refuses what a hostile client writes into it; the limit, the
+// switch and the fallback to gRPC.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "api_test_util.h"
+#include "common/fast_path_mailbox.h"
+#include "daemon_fixture.h"
+#include "gtest/gtest.h"
+#include "kvhost/client.h"
+#include "kvhost/layer_progress.h"
+#include "kvhost/v1/fast_path.pb.h"
+
+namespace kvhost {
+namespace {
+
+using ::kvhost::testing::IsError;
+using ::kvhost::testing::MakeSpec;
+using ::kvhost::testing::StatusOf;
+using ::kvhost::testing::TestDaemon;
+
+// The child of KilledClientLeavesPoolsConsistent: this binary run again
+// with KVHOST_FAST_PATH_CHILD=<address>, allocating and freeing over the
+// fast path until it is killed. Runs before main, so no test runs in it.
+[[maybe_unused]] const bool kChild = [] {
+  const char* address = std::getenv("KVHOST_FAST_PATH_CHILD");
+  if (address == nullptr) return false;
+  ClientOptions options;
+  options.address = address;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  if (!client.ok()) std::_Exit(2);
+  std::vector<int64_t> held;
+  for (uint64_t i = 0;; ++i) {
+    absl::StatusOr<std::vector<int64_t>> slots = (*client)->Alloc("p", 4);
+    if (slots.ok()) held.insert(held.end(), slots->begin(), slots->end());
+    if (held.size() >= 64 || !slots.ok()) {
+      if (!(*client)->Free("p", held).ok()) std::_Exit(3);
+      held.clear();
+    }
+    if (i == 100) {
+      // Tell the parent the mailbox serves.
+      if (!(*client)->fast_path_open()) std::_Exit(4);
+      std::fputs("serving\n", stdout);
+      std::fflush(stdout);
+    }
+  }
+}();
+
+class FastPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartDaemon({}); }
+  void StartDaemon(std::vector<std::string> flags) {
+    absl::StatusOr<std::unique_ptr<TestDaemon>> d =
+        TestDaemon::Start(KVHOSTD_PATH, std::move(flags));
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    ASSERT_TRUE(client().CreatePool("p", MakeSpec(v1::MHA, v1::LAYER_FIRST, 4, 256)).ok());
+    grpc_ = Connect(false);
+    ASSERT_NE(grpc_, nullptr);
+  }
+  void TearDown() override {
+    if (daemon_ != nullptr && HasFailure()) {
+      std::fprintf(stderr, "--- kvhostd log ---\n%s\n", daemon_->Log().c_str());
+    }
+  }
+  // The fixture's client: fast path on (the default).
+  Client& client() { return daemon_->client(); }
+  std::unique_ptr<Client> Connect(bool fast_path, const std::string& token = "") {
+    ClientOptions options;
+    options.address = daemon_->address();
+    options.fast_path = fast_path;
+    options.owner_token = token;
+    // Attachments without a session serve both clients alike.
+    options.worker_session = false;
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(options);
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+  uint64_t Available(const std::string& pool = "p") {
+    absl::StatusOr<v1::Pool> p = client().GetPool(pool);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? p->available_tokens() : 0;
+  }
+  v1::DaemonStatus Status() {
+    absl::StatusOr<v1::DaemonStatus> s = client().GetStatus();
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : v1::DaemonStatus();
+  }
+
+  std::unique_ptr<TestDaemon> daemon_;
+  std::unique_ptr<Client> grpc_;  // fast path off
+};
+
+TEST_F(FastPathTest, CallsTakeTheMailbox) {
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("p", 8);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  EXPECT_TRUE(client().fast_path_open());
+  EXPECT_EQ(client().fast_path_calls(), 1u);
+  EXPECT_EQ(Status().fast_path_connections(), 1u);
+  EXPECT_EQ(Status().fast_path_max_connections(), 128u);
+  absl::StatusOr<uint64_t> freed = client().Free("p", *slots);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, 8u);
+  EXPECT_EQ(client().fast_path_calls(), 2u);
+  // The gRPC-only client opens none.
+  ASSERT_TRUE(grpc_->Alloc("p", 4).ok());
+  EXPECT_FALSE(grpc_->fast_path_open());
+  EXPECT_EQ(Status().fast_path_connections(), 1u);
+}
+
+TEST_F(FastPathTest, AllocBatchOnBothPaths) {
+  for (Client* c : {&client(), grpc_.get()}) {
+    const uint64_t before = Available();
+    const std::vector<uint64_t> wanted = {4, 12, 8};
+    absl::StatusOr<std::vector<std::vector<int64_t>>> runs = c->AllocBatch("p", wanted);
+    ASSERT_TRUE(runs.ok()) << runs.status();
+    ASSERT_EQ(runs->size(), 3u);
+    std::set<int64_t> all;
+    for (size_t i = 0; i < runs->size(); ++i) {
+      EXPECT_EQ((*runs)[i].size(), wanted[i]);
+      all.insert((*runs)[i].begin(), (*runs)[i].end());
+    }
+    EXPECT_EQ(all.size(), 24u) << "no slot twice";
+    EXPECT_EQ(Available(), before - 24);
+    // All or nothing: the third allocation does not fit, the first two go back.
+    EXPECT_ERROR(c->AllocBatch("p", std::vector<uint64_t>{4, 8, 1024}), kResourceExhausted,
+                 "AllocBatch allocation 2 of 3");
+    EXPECT_EQ(Available(), before - 24);
+    for (const std::vector<int64_t>& run : *runs) ASSERT_TRUE(c->Free("p", run).ok());
+    EXPECT_EQ(Available(), before);
+  }
+  EXPECT_GE(client().fast_path_calls(), 2u);
+}
+
+// Every refusal the fast path gives is gRPC's, to the byte, and leaves the
+// pool as it was.
+TEST_F(FastPathTest, ErrorsMatchGrpc) {
+  std::unique_ptr<Client> owner = Connect(true, "owner-secret");
+  ASSERT_TRUE(owner->CreatePool("owned", MakeSpec(v1::MHA, v1::LAYER_FIRST, 4, 64)).ok());
+  absl::StatusOr<std::vector<int64_t>> held = client().Alloc("p", 8);
+  ASSERT_TRUE(held.ok());
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
+      ShmDevicePool::Create(*client().GetPool("p"), 16, daemon_->shm_dir());
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  // Made without a session, so that both clients may use it.
+  absl::StatusOr<v1::Attachment> att = grpc_->AttachDevice((*dev)->MakeAttachRequest("p"));
+  ASSERT_TRUE(att.ok()) << att.status();
+  const std::string id = att->id();
+
+  using Call = std::function<absl::Status(Client&)>;
+  const std::vector<std::pair<std::string, Call>> calls = {
+      {"Alloc unknown pool", [](Client& c) { return StatusOf(c.Alloc("nope", 4)); }},
+      {"Alloc 0", [](Client& c) { return StatusOf(c.Alloc("p", 0)); }},
+      {"Alloc not whole pages", [](Client& c) { return StatusOf(c.Alloc("p", 6)); }},
+      {"Alloc too many", [](Client& c) { return StatusOf(c.Alloc("p", 512)); }},
+      {"Alloc wrong owner", [](Client& c) { return StatusOf(c.Alloc("owned", 4)); }},
+      {"Free unallocated",
+       [](Client& c) {
+         return StatusOf(c.Free("p", std::vector<int64_t>{200, 201, 202, 203}));
+       }},
+      {"Free page twice",
+       [&](Client& c) {
+         std::vector<int64_t> twice(held->begin(), held->begin() + 4);
+         twice.insert(twice.end(), held->begin(), held->begin() + 4);
+         return StatusOf(c.Free("p", twice));
+       }},
+      {"Free misaligned",
+       [](Client& c) {
+         return StatusOf(c.Free("p", std::vector<int64_t>{1, 2, 3, 4}));
+       }},
+      {"Free out of range",
+       [](Client& c) {
+         return StatusOf(c.Free("p", std::vector<int64_t>{-4, -3, -2, -1}));
+       }},
+      {"AllocBatch empty",
+       [](Client& c) { return StatusOf(c.AllocBatch("p", std::vector<uint64_t>{})); }},
+      {"AllocBatch bad entry",
+       [](Client& c) {
+         return StatusOf(c.AllocBatch("p", std::vector<uint64_t>{4, 3}));
+       }},
+      {"Backup unknown attachment",
+       [](Client& c) {
+         return StatusOf(c.Backup("att-nope", std::vector<int64_t>{0}, std::vector<int64_t>{0}));
+       }},
+      {"Backup lengths differ",
+       [&](Client& c) {
+         return StatusOf(c.Backup(id, std::vector<int64_t>(held->begin(), held->begin() + 4),
+                                  std::vector<int64_t>{0, 1}));
+       }},
+      {"Backup unallocated host slots",
+       [&](Client& c) {
+         return StatusOf(c.Backup(id, std::vector<int64_t>{100, 101, 102, 103},
+                                  std::vector<int64_t>{0, 1, 2, 3}));
+       }},
+      {"Load device row out of range",
+       [&](Client& c) {
+         return StatusOf(c.Load(id, std::vector<int64_t>(held->begin(), held->begin() + 4),
+                                std::vector<int64_t>{0, 1, 2, 99}));
+       }},
+      {"AllocBackup with host_indices",
+       [&](Client& c) {
+         v1::AllocBackupRequest r;
+         r.mutable_backup()->set_attachment_id(id);
+         r.mutable_backup()->add_host_indices(0);
+         r.mutable_backup()->add_device_indices(0);
+         return StatusOf(c.AllocBackup(r));
+       }},
+      {"AllocBackup unknown attachment",
+       [](Client& c) {
+         v1::AllocBackupRequest r;
+         r.mutable_backup()->set_attachment_id("att-nope");
+         for (int i = 0; i < 4; ++i) r.mutable_backup()->add_device_indices(i);
+         return StatusOf(c.AllocBackup(r));
+       }},
+      {"AllocBackup device row out of range",
+       [&](Client& c) {
+         v1::AllocBackupRequest r;
+         r.mutable_backup()->set_attachment_id(id);
+         for (int i = 0; i < 4; ++i) r.mutable_backup()->add_device_indices(14 + i);
+         return StatusOf(c.AllocBackup(r));
+       }},
+      {"WaitTransfer unknown ticket",
+       [](Client& c) { return StatusOf(c.WaitTransfer(12345, absl::Seconds(1))); }},
+      {"PollTransfer unknown ticket", [](Client& c) { return StatusOf(c.PollTransfer(12345)); }},
+  };
+  for (const auto& [what, call] : calls) {
+    SCOPED_TRACE(what);
+    const uint64_t before = Available();
+    const uint64_t fast_before = client().fast_path_calls();
+    const absl::Status fast = call(client());
+    EXPECT_EQ(client().fast_path_calls(), fast_before + 1) << "went over gRPC";
+    const absl::Status slow = call(*grpc_);
+    EXPECT_FALSE(fast.ok());
+    EXPECT_EQ(fast, slow);
+    EXPECT_EQ(Available(), before) << "a failed call changed the pool";
+  }
+}
+
+TEST_F(FastPathTest, AllocBackupRoundTripsByteExact) {
+  absl::StatusOr<v1::Pool> pool = client().GetPool("p");
+  ASSERT_TRUE(pool.ok());
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> made =
+      ShmDevicePool::Create(*pool, 32, daemon_->shm_dir());
+  ASSERT_TRUE(made.ok()) << made.status();
+  ShmDevicePool& dev = **made;
+  std::mt19937 rng(11);
+  ::kvhost::testing::FillRandomNonZero(dev.layer(0, 0), dev.bytes(), rng);
+  absl::StatusOr<v1::Attachment> att = grpc_->AttachDevice(dev.MakeAttachRequest("p"));
+  ASSERT_TRUE(att.ok()) << att.status();
+  for (Client* c : {&client(), grpc_.get()}) {
+    const uint64_t before = Available();
+    v1::AllocBackupRequest request;
+    request.mutable_backup()->set_attachment_id(att->id());
+    const std::vector<int64_t> rows = {3, 7, 1, 30, 12, 5, 9, 0};
+    request.mutable_backup()->mutable_device_indices()->Add(rows.begin(), rows.end());
+    absl::StatusOr<v1::AllocBackupResponse> done = c->AllocBackup(request);
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_EQ(done->host_indices_size(), 8);
+    EXPECT_EQ(done->available_tokens(), before - 8);
+    ASSERT_TRUE(c->WaitTransfer(done->ticket().id(), absl::Seconds(30)).ok());
+    // Back into other rows, then compare every component and layer.
+    const std::vector<int64_t> host(done->host_indices().begin(), done->host_indices().end());
+    const std::vector<int64_t> into = {16, 17, 18, 19, 20, 21, 22, 23};
+    absl::StatusOr<uint64_t> load = c->Load(att->id(), host, into);
+    ASSERT_TRUE(load.ok()) << load.status();
+    ASSERT_TRUE(c->WaitTransfer(*load, absl::Seconds(30)).ok());
+    for (uint32_t comp = 0; comp < dev.components(); ++comp) {
+      for (uint32_t l = 0; l < dev.layers(); ++l) {
+        for (size_t i = 0; i < rows.size(); ++i) {
+          ASSERT_EQ(
+              std::memcmp(dev.row(comp, l, static_cast<uint64_t>(rows[i])),
+                          dev.row(comp, l, static_cast<uint64_t>(into[i])), dev.row_bytes(comp)),
+              0)
+              << "component " << comp << " layer " << l << " row " << rows[i];
+        }
+      }
+    }
+    ASSERT_TRUE(c->Free("p", host).ok());
+    std::memset(dev.row(0, 0, 16), 0, 8 * dev.row_bytes(0));  // changed again by the next load
+  }
+  EXPECT_GE(client().fast_path_calls(), 4u);
+}
+
+TEST_F(FastPathTest, KilledClientLeavesPoolsConsistent) {
+  for (int round = 0; round < 3; ++round) {
+    int out[2];
+    ASSERT_EQ(::pipe(out), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::dup2(out[1], 1);
+      ::setenv("KVHOST_FAST_PATH_CHILD", daemon_->address().c_str(), 1);
+      ::execl("/proc/self/exe", "fast_path_child", static_cast<char*>(nullptr));
+      std::_Exit(5);
+    }
+    ::close(out[1]);
+    char line[16] = {};
+    const ssize_t n = ::read(out[0], line, sizeof(line) - 1);
+    ::close(out[0]);
+    ASSERT_GT(n, 0) << "the child never served (exit status below)";
+    // Mid-request, most likely: it calls back to back.
+    absl::SleepFor(absl::Milliseconds(20 + 30 * round));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
+    // Its mailbox closes within the idle check (100 ms).
+    uint32_t open = 1;
+    for (int i = 0; i < 100 && open > 0; ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+      open = Status().fast_path_connections() - (client().fast_path_open() ? 1 : 0);
+    }
+    EXPECT_EQ(open, 0u);
+  }
+  // Consistent: whatever the children held stays allocated, everything
+  // else can be allocated once, no slot twice, and goes back.
+  const uint64_t available = Available();
+  absl::StatusOr<std::vector<int64_t>> rest = client().Alloc("p", available);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(std::set<int64_t>(rest->begin(), rest->end()).size(), available);
+  EXPECT_ERROR(client().Alloc("p", 4), kResourceExhausted, "p");
+  absl::StatusOr<uint64_t> freed = client().Free("p", *rest);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, available);
+}
+
+TEST_F(FastPathTest, MixedClientsNeverShareASlot) {
+  std::mutex mu;
+  std::set<int64_t> taken;
+  std::atomic<int> twice{0}, failed{0};
+  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int t = 0; t < 4; ++t) clients.push_back(Connect(t % 2 == 0));
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, c = clients[t].get(), t] {
+      std::mt19937 rng(t);
+      std::vector<int64_t> held;
+      for (int i = 0; i < 400; ++i) {
+        absl::StatusOr<std::vector<int64_t>> slots = c->Alloc("p", 4);
+        if (slots.ok()) {
+          std::lock_guard<std::mutex> lock(mu);
+          for (int64_t s : *slots) twice += taken.insert(s).second ? 0 : 1;
+          held.insert(held.end(), slots->begin(), slots->end());
+        } else if (slots.status().code() != absl::StatusCode::kResourceExhausted) {
+          ++failed;
+        }
+        if (held.size() >= 32 || (rng() % 4 == 0 && !held.empty())) {
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            for (int64_t s : held) taken.erase(s);
+          }
+          if (!c->Free("p", held).ok()) ++failed;
+          held.clear();
+        }
+      }
+      if (!held.empty()) {
+        std::lock_guard<std::mutex> lock(mu);
+        for (int64_t s : held) taken.erase(s);
+      }
+      if (!held.empty() && !c->Free("p", held).ok()) ++failed;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(twice.load(), 0);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(Available(), 256u);
+  EXPECT_TRUE(clients[0]->fast_path_open());
+  EXPECT_GT(clients[0]->fast_path_calls(), 0u);
+  EXPECT_FALSE(clients[1]->fast_path_open());
+}
+
+// A client that ignores the protocol reaches nothing but its own replies.
+TEST_F(FastPathTest, TheMailboxRefusesWhatAHostileClientWrites) {
+  const std::string socket = Status().handoff_socket();
+  v1::HandoffRequest ask;
+  ask.set_kind(v1::HANDOFF_KIND_FAST_PATH);
+  absl::StatusOr<Handoff> handoff = FetchHandoff(socket, ask, absl::Seconds(5));
+  ASSERT_TRUE(handoff.ok()) << handoff.status();
+  ASSERT_GE(handoff->connection, 0);
+  // Sealed: it cannot shrink under the daemon's mapping.
+  EXPECT_NE(::ftruncate(handoff->fd, 4096), 0);
+  EXPECT_EQ(errno, EPERM);
+  void* mapped =
+      ::mmap(nullptr, handoff->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, handoff->fd, 0);
+  ASSERT_NE(mapped, MAP_FAILED);
+  const uint32_t capacity = static_cast<uint32_t>((handoff->bytes - kFastPathHeaderBytes) / 2);
+  FastPathMailbox box = FastPathMailbox::Over(mapped, capacity);
+  EXPECT_EQ(box.header->version, kFastPathVersion);
+  EXPECT_EQ(box.header->capacity, capacity);
+  uint32_t seq = box.header->request_seq.load();
+  // Writes `bytes` with length `length` and returns the reply.
+  auto ask_raw = [&](const std::string& bytes, uint32_t length) {
+    std::memcpy(box.request, bytes.data(), std::min<size_t>(bytes.size(), capacity));
+    box.header->request_bytes.store(length);
+    box.header->request_seq.store(++seq);
+    FutexWake(&box.header->request_seq);
+    for (int i = 0; i < 5000 && box.header->reply_seq.load() != seq; ++i) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    v1::FastPathReply reply;
+    EXPECT_EQ(box.header->reply_seq.load(), seq) << "no reply";
+    EXPECT_TRUE(reply.ParseFromArray(box.reply, static_cast<int>(box.header->reply_bytes.load())));
+    return reply;
+  };
+  v1::FastPathReply r = ask_raw("", capacity + 1);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(r.message().find("over the mailbox"), std::string::npos) << r.message();
+  r = ask_raw(std::string(64, '\xff'), 64);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(r.message().find("not a kvhost.v1.FastPathRequest"), std::string::npos) << r.message();
+  v1::FastPathRequest unknown;
+  unknown.set_method(static_cast<v1::FastPathMethod>(99));
+  std::string bytes = unknown.SerializeAsString();
+  r = ask_raw(bytes, static_cast<uint32_t>(bytes.size()));
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(r.message().find("method 99"), std::string::npos) << r.message();
+  v1::FastPathRequest bad_body;
+  bad_body.set_method(v1::FAST_PATH_METHOD_ALLOC);
+  bad_body.set_body(std::string(8, '\xff'));
+  bytes = bad_body.SerializeAsString();
+  r = ask_raw(bytes, static_cast<uint32_t>(bytes.size()));
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(r.message().find("kvhost.v1.AllocRequest"), std::string::npos) << r.message();
+  v1::FastPathRequest wait;
+  wait.set_method(v1::FAST_PATH_METHOD_WAIT_TRANSFER);
+  wait.set_timeout_ms(60001);
+  bytes = wait.SerializeAsString();
+  r = ask_raw(bytes, static_cast<uint32_t>(bytes.size()));
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  // Still serving, and the pool untouched.
+  v1::FastPathRequest alloc;
+  alloc.set_method(v1::FAST_PATH_METHOD_ALLOC);
+  v1::AllocRequest a;
+  a.set_pool("p");
+  a.set_num_tokens(4);
+  alloc.set_body(a.SerializeAsString());
+  bytes = alloc.SerializeAsString();
+  r = ask_raw(bytes, static_cast<uint32_t>(bytes.size()));
+  EXPECT_EQ(r.code(), 0) << r.message();
+  EXPECT_EQ(Available(), 252u);
+  ::munmap(mapped, handoff->bytes);
+  ::close(handoff->fd);
+  ::close(handoff->connection);
+}
+
+TEST_F(FastPathTest, LargeCallsGoOverGrpc) {
+  // An Alloc whose reply could outgrow the mailbox (about 1 MiB), and a
+  // Free list over its capacity, go over gRPC; a small one then takes it.
+  ASSERT_TRUE(client().CreatePool("big", MakeSpec(v1::MLA, v1::LAYER_FIRST, 1, 500000)).ok());
+  absl::StatusOr<std::vector<int64_t>> many = client().Alloc("big", 400000);
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ(client().fast_path_calls(), 0u);
+  absl::StatusOr<uint64_t> freed = client().Free("big", *many);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, 400000u);
+  EXPECT_EQ(client().fast_path_calls(), 0u);
+  ASSERT_TRUE(client().Alloc("big", 16).ok());
+  EXPECT_EQ(client().fast_path_calls(), 1u);
+}
+
+TEST_F(FastPathTest, AStoppedDaemonEndsCallsPromptly) {
+  ASSERT_TRUE(client().Alloc("p", 4).ok());
+  ASSERT_TRUE(client().fast_path_open());
+  daemon_->Stop();
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::vector<int64_t>> after = client().Alloc("p", 4);
+  EXPECT_FALSE(after.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_FALSE(client().fast_path_open());
+}
+
+TEST(FastPathLimitTest, MailboxesOverTheLimitAreRefusedAndClientsUseGrpc) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> d =
+      TestDaemon::Start(KVHOSTD_PATH, {"--fast-path-connections=1"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  Client& first = (*d)->client();
+  ASSERT_TRUE(first.CreatePool("p", MakeSpec(v1::MLA, v1::LAYER_FIRST, 1, 64)).ok());
+  ASSERT_TRUE(first.Alloc("p", 1).ok());
+  EXPECT_TRUE(first.fast_path_open());
+  v1::HandoffRequest ask;
+  ask.set_kind(v1::HANDOFF_KIND_FAST_PATH);
+  absl::StatusOr<v1::DaemonStatus> status = first.GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_ERROR(FetchHandoff(status->handoff_socket(), ask, absl::Seconds(5)), kResourceExhausted,
+               "--fast-path-connections 1");
+  ClientOptions options;
+  options.address = (*d)->address();
+  absl::StatusOr<std::unique_ptr<Client>> second = Client::Connect(options);
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE((*second)->Alloc("p", 1).ok());
+  EXPECT_FALSE((*second)->fast_path_open());
+}
+
+TEST(FastPathLimitTest, OffMeansGrpcOnly) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> d =
+      TestDaemon::Start(KVHOSTD_PATH, {"--fast-path-connections=0"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  Client& c = (*d)->client();
+  ASSERT_TRUE(c.CreatePool("p", MakeSpec(v1::MLA, v1::LAYER_FIRST, 1, 64)).ok());
+  ASSERT_TRUE(c.Alloc("p", 1).ok());
+  EXPECT_FALSE(c.fast_path_open());
+  absl::StatusOr<v1::DaemonStatus> status = c.GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->fast_path_max_connections(), 0u);
+  v1::HandoffRequest ask;
+  ask.set_kind(v1::HANDOFF_KIND_FAST_PATH);
+  EXPECT_ERROR(FetchHandoff(status->handoff_socket(), ask, absl::Seconds(5)), kFailedPrecondition,
+               "--fast-path-connections 0");
+}
+
+}  // namespace
+}  // namespace kvhost
