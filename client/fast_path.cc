@@ -115,6 +115,15 @@ bool Client::TryFastPath(int method, const google::protobuf::MessageLite& reques
       fp.open.store(false);
       fp.retry_after = absl::InfinitePast();
     }
+    // The mailbox closed without a reply: kvhostd's thread answers every
+    // request it takes before it lets go of the connection, so this one was
+    // never run (or died with its daemon). gRPC makes it, against whatever
+    // daemon serves now. A deadline, by contrast, may have passed while it
+    // ran: that is the call's answer, as gRPC's would be.
+    if (sent.code() == absl::StatusCode::kUnavailable ||
+        sent.code() == absl::StatusCode::kInvalidArgument) {
+      return false;
+    }
     *status = sent;
     return true;
   }

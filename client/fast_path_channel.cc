@@ -16,9 +16,10 @@
 namespace kvhost {
 namespace {
 
-// Loads of the reply word before the caller sleeps: the daemon answers an
-// Alloc in a few microseconds when its thread is awake on another core.
-constexpr int kClientSpins = 4000;
+// How long a caller watches the reply word before it sleeps: the daemon
+// answers an Alloc in a few microseconds when its thread is awake on
+// another core.
+constexpr int64_t kClientSpinNs = 50'000;
 // How often a sleeping caller checks that the daemon's end is still there.
 constexpr int64_t kClientSliceNs = 20'000'000;
 // Capacities a daemon may offer: from a page to a gigabyte.
@@ -93,12 +94,16 @@ absl::Status FastPathChannel::Call(const v1::FastPathRequest& request, v1::FastP
   mailbox_.header->request_bytes.store(static_cast<uint32_t>(length), std::memory_order_relaxed);
   const uint32_t seq = ++seq_;
   const uint32_t before = mailbox_.header->reply_seq.load(std::memory_order_acquire);
+  const uint32_t cpu = CpuHint();
+  mailbox_.header->client_cpu.store(cpu, std::memory_order_relaxed);
+  const int64_t spin_ns =
+      SpinFor(mailbox_.header->server_cpu.load(std::memory_order_relaxed), cpu) ? kClientSpinNs : 0;
   mailbox_.header->request_seq.store(seq, std::memory_order_release);
   FutexWake(&mailbox_.header->request_seq);
   absl::Status failure;
   uint32_t now = before;
   while (now != seq) {
-    now = WaitForChange(&mailbox_.header->reply_seq, now, kClientSpins, kClientSliceNs, [&] {
+    now = WaitForChange(&mailbox_.header->reply_seq, now, spin_ns, kClientSliceNs, [&] {
       if (HungUp(connection_)) {
         failure = absl::UnavailableError("kvhostd closed the fast-path mailbox (it stopped?)");
       } else if (absl::Now() >= deadline) {

@@ -14,6 +14,7 @@
 #define KVHOST_COMMON_FAST_PATH_MAILBOX_H_
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,16 +38,23 @@ inline constexpr uint32_t kFastPathDefaultCapacity = 1u << 20;
 struct FastPathHeader {
   std::atomic<uint32_t> request_seq;
   std::atomic<uint32_t> request_bytes;
-  char pad0[56];
+  // Where each side last ran (a hint, CPU number + 1; 0: unknown): a side
+  // spins for the other only when they are on different CPUs, since on one
+  // CPU the spin only delays the peer.
+  std::atomic<uint32_t> client_cpu;
+  char pad0[52];
   std::atomic<uint32_t> reply_seq;
   std::atomic<uint32_t> reply_bytes;
-  char pad1[56];
+  std::atomic<uint32_t> server_cpu;
+  char pad1[52];
   uint32_t version;
   uint32_t capacity;
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be lock-free");
 static_assert(sizeof(std::atomic<uint32_t>) == 4, "a futex word is 4 bytes");
 static_assert(offsetof(FastPathHeader, request_bytes) == 4);
+static_assert(offsetof(FastPathHeader, client_cpu) == 8);
+static_assert(offsetof(FastPathHeader, server_cpu) == 72);
 static_assert(offsetof(FastPathHeader, reply_seq) == 64);
 static_assert(offsetof(FastPathHeader, reply_bytes) == 68);
 static_assert(offsetof(FastPathHeader, version) == 128);
@@ -99,21 +107,40 @@ inline void FutexWake(std::atomic<uint32_t>* word) {
             0);
 }
 
-// Waits until `*word` differs from `old`: spins `spins` loads first (a reply
-// on another core comes within microseconds, sooner than a sleep and a
-// wake-up), then sleeps on the futex in slices of `slice_ns`, calling
-// `keep_waiting()` after each slice and each wake-up that changed nothing
-// (false: give up). Returns the new value, or `old` when keep_waiting gave
-// up.
+// This thread's CPU as a header hint (CPU number + 1).
+inline uint32_t CpuHint() {
+  const int cpu = ::sched_getcpu();
+  return cpu < 0 ? 0 : static_cast<uint32_t>(cpu) + 1;
+}
+
+// Whether to spin for a peer whose hint is `peer`: only when both are
+// known and differ.
+inline bool SpinFor(uint32_t peer, uint32_t self) { return peer != 0 && self != 0 && peer != self; }
+
+// Waits until `*word` differs from `old`: first loads it for up to
+// `spin_ns` (a reply from a thread on another CPU comes within
+// microseconds, sooner than a sleep and a wake-up; 0: no spin), then
+// sleeps on the futex in slices of `slice_ns`, calling `keep_waiting()`
+// after each slice and each wake-up that changed nothing (false: give up).
+// Returns the new value, or `old` when keep_waiting gave up.
 template <typename KeepWaiting>
-uint32_t WaitForChange(std::atomic<uint32_t>* word, uint32_t old, int spins, int64_t slice_ns,
+uint32_t WaitForChange(std::atomic<uint32_t>* word, uint32_t old, int64_t spin_ns, int64_t slice_ns,
                        KeepWaiting&& keep_waiting) {
-  for (int i = 0; i < spins; ++i) {
-    const uint32_t now = word->load(std::memory_order_acquire);
-    if (now != old) return now;
+  if (spin_ns > 0) {
+    timespec start{};
+    ::clock_gettime(CLOCK_MONOTONIC, &start);
+    while (true) {
+      for (int i = 0; i < 16; ++i) {
+        const uint32_t now = word->load(std::memory_order_acquire);
+        if (now != old) return now;
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
+        __builtin_ia32_pause();
 #endif
+      }
+      timespec t{};
+      ::clock_gettime(CLOCK_MONOTONIC, &t);
+      if ((t.tv_sec - start.tv_sec) * 1000000000 + (t.tv_nsec - start.tv_nsec) >= spin_ns) break;
+    }
   }
   while (true) {
     const uint32_t now = word->load(std::memory_order_acquire);

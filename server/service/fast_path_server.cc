@@ -16,10 +16,10 @@
 namespace kvhost {
 namespace {
 
-// Loads of the doorbell before a mailbox thread sleeps on it: a client's
-// next call often follows its last reply within microseconds (Alloc, then
-// Free), sooner than a wake-up from sleep.
-constexpr int kServerSpins = 2000;
+// How long a mailbox thread watches its doorbell before it sleeps on it: a
+// client's next call often follows its last reply within microseconds
+// (Alloc, then Free), sooner than a wake-up from sleep.
+constexpr int64_t kServerSpinNs = 50'000;
 
 // Whether the client's end of `connection` is gone.
 bool HungUp(int connection) {
@@ -116,8 +116,11 @@ void FastPathServer::Loop(FastPathOffer offer, UniqueFd connection, std::string 
   const int64_t slice_ns = absl::ToInt64Nanoseconds(kFastPathIdleCheck);
   while (true) {
     bool hung_up = false;
+    const uint32_t cpu = CpuHint();
+    mailbox.header->server_cpu.store(cpu, std::memory_order_relaxed);
+    const bool spin = SpinFor(mailbox.header->client_cpu.load(std::memory_order_relaxed), cpu);
     const uint32_t seq =
-        WaitForChange(&mailbox.header->request_seq, seen, kServerSpins, slice_ns, [&] {
+        WaitForChange(&mailbox.header->request_seq, seen, spin ? kServerSpinNs : 0, slice_ns, [&] {
           hung_up = HungUp(connection.get());
           return !hung_up && !stopping_.load();
         });
