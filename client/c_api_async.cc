@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "c_api_internal.h"
 #include "kvhost/async_client.h"
 
@@ -151,7 +152,7 @@ struct kvhost_async {
       auto it = requests.find(id);
       return it == requests.end() || it->second.done;
     };
-    if (!mu.AwaitWithTimeout(absl::Condition(&finished), timeout)) {
+    if (!mu.AwaitWithDeadline(absl::Condition(&finished), absl::Now() + timeout)) {
       return absl::DeadlineExceededError(
           absl::StrCat("request ", id, " did not complete within ", absl::FormatDuration(timeout),
                        " (", calls.completed(), " of ", calls.submitted(), " requests completed)"));
@@ -179,6 +180,41 @@ struct kvhost_async {
                                                            : "kvhost_async_take_value"));
     }
     return &request;
+  }
+
+  // kvhost_async_take_indices: the alloc's indices into the caller's buffer.
+  absl::Status TakeIndices(uint64_t id, int64_t* indices, size_t capacity, size_t* count) {
+    absl::MutexLock lock(&mu);
+    absl::StatusOr<Request*> r = Finished(id, /*alloc=*/true);
+    if (!r.ok()) return r.status();
+    const Outcome& outcome = (*r)->outcome;
+    if (!outcome.status.ok()) {
+      absl::Status status = outcome.status;
+      requests.erase(id);
+      return status;
+    }
+    const size_t n = outcome.indices.size();
+    if (count != nullptr) *count = n;
+    if (n > 0 && (indices == nullptr || capacity < n)) {
+      return absl::OutOfRangeError(absl::StrCat("request ", id, " allocated ", n,
+                                                " slots; the buffer has room for ",
+                                                indices == nullptr ? 0 : capacity));
+    }
+    std::copy(outcome.indices.begin(), outcome.indices.end(), indices);
+    requests.erase(id);
+    return absl::OkStatus();
+  }
+
+  // kvhost_async_take_value: the value (when there is one) and the status.
+  absl::Status TakeValue(uint64_t id, uint64_t* value) {
+    absl::MutexLock lock(&mu);
+    absl::StatusOr<Request*> r = Finished(id, /*alloc=*/false);
+    if (!r.ok()) return r.status();
+    const Outcome& outcome = (*r)->outcome;
+    if (value != nullptr && outcome.has_value) *value = outcome.value;
+    absl::Status status = outcome.status;
+    requests.erase(id);
+    return status;
   }
 
   mutable absl::Mutex mu;
@@ -410,25 +446,7 @@ int kvhost_async_take_indices(kvhost_async* async, uint64_t request_id, int64_t*
   return Run(err, err_len, [&]() -> absl::Status {
     absl::StatusOr<kvhost_async*> a = AsyncOf(async);
     if (!a.ok()) return a.status();
-    absl::MutexLock lock(&(*a)->mu);
-    absl::StatusOr<kvhost::c_api::Request*> r = (*a)->Finished(request_id, /*alloc=*/true);
-    if (!r.ok()) return r.status();
-    const Outcome& outcome = (*r)->outcome;
-    if (!outcome.status.ok()) {
-      absl::Status status = outcome.status;
-      (*a)->requests.erase(request_id);
-      return status;
-    }
-    const size_t n = outcome.indices.size();
-    if (count != nullptr) *count = n;
-    if (n > 0 && (indices == nullptr || capacity < n)) {
-      return absl::OutOfRangeError(absl::StrCat("request ", request_id, " allocated ", n,
-                                                " slots; the buffer has room for ",
-                                                indices == nullptr ? 0 : capacity));
-    }
-    std::copy(outcome.indices.begin(), outcome.indices.end(), indices);
-    (*a)->requests.erase(request_id);
-    return absl::OkStatus();
+    return (*a)->TakeIndices(request_id, indices, capacity, count);
   });
 }
 
@@ -437,14 +455,7 @@ int kvhost_async_take_value(kvhost_async* async, uint64_t request_id, uint64_t* 
   return Run(err, err_len, [&]() -> absl::Status {
     absl::StatusOr<kvhost_async*> a = AsyncOf(async);
     if (!a.ok()) return a.status();
-    absl::MutexLock lock(&(*a)->mu);
-    absl::StatusOr<kvhost::c_api::Request*> r = (*a)->Finished(request_id, /*alloc=*/false);
-    if (!r.ok()) return r.status();
-    const Outcome& outcome = (*r)->outcome;
-    if (value != nullptr && outcome.has_value) *value = outcome.value;
-    absl::Status status = outcome.status;
-    (*a)->requests.erase(request_id);
-    return status;
+    return (*a)->TakeValue(request_id, value);
   });
 }
 
