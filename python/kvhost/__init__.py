@@ -8,12 +8,16 @@ attaches its device KV buffers and moves rows between them and the slots::
     with kvhost.Client("unix:///run/kvhost/kvhost.sock") as c:
         c.create_pool("p", {"kind": "MHA", "layout": "PAGE_FIRST", ...})
         slots = c.alloc("p", 64)
+        with c.async_calls() as calls:          # without blocking: Futures
+            freed = calls.free("p", slots)      # returns at once
+        print(freed.result())                   # the block waited for it
 
 The library is loaded on first use, so importing works without it; the
 first call raises :class:`LibraryError` naming where it looked.
 """
 
 from ._lib import ABI_VERSION, CUDA_EVENT_HANDLE_BYTES, candidates, code_name, library_path
+from .async_calls import AsyncCalls
 from .client import DEFAULT_ADDRESS, Client, SessionLosses, SessionState, connect
 from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,
                      FailedPrecondition, Internal, InvalidArgument, KvhostError, LibraryError,
@@ -41,7 +45,7 @@ def built_with_cuda() -> bool:
 
 __all__ = [
     "ABI_VERSION", "CUDA_EVENT_HANDLE_BYTES", "DEFAULT_ADDRESS", "Aborted", "AlreadyExists",
-    "Attachment", "Cancelled", "Client", "Component", "CudaGroupEntry", "DataLoss",
+    "AsyncCalls", "Attachment", "Cancelled", "Client", "Component", "CudaGroupEntry", "DataLoss",
     "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument", "KvhostError",
     "LibraryError", "LoadTicket", "NotFound", "OutOfRange", "PermissionDenied", "Pool",
     "ResourceExhausted", "SessionLosses", "SessionState", "ShmDevicePool", "StatusCode", "Ticket",

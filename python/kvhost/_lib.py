@@ -86,6 +86,9 @@ class CudaGroupEntryStruct(C.Structure):
     ]
 
 
+#: kvhost_async_callback: void (*)(uint64_t request_id, int code, void* user).
+ASYNC_CALLBACK = C.CFUNCTYPE(None, C.c_uint64, C.c_int, C.c_void_p)
+
 _vp, _cp, _sz, _int = C.c_void_p, C.c_char_p, C.c_size_t, C.c_int
 _u32, _u64, _i32, _i64 = C.c_uint32, C.c_uint64, C.c_int32, C.c_int64
 _pvp, _psz = C.POINTER(C.c_void_p), C.POINTER(C.c_size_t)
@@ -169,6 +172,18 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_worker_copy_wait_layer": ([_vp, _vp, _u32, _vp] + _ERR, _int),
     "kvhost_worker_copy_wait": ([_vp, _vp, _i64] + _ERR, _int),
     "kvhost_worker_ticket_destroy": ([_vp], None),
+    "kvhost_async_create": ([_vp, _pvp] + _ERR, _int),
+    "kvhost_async_destroy": ([_vp], None),
+    "kvhost_async_set_callback": ([_vp, ASYNC_CALLBACK, _vp] + _ERR, _int),
+    "kvhost_async_alloc": ([_vp, _cp, _u64, _pu64] + _ERR, _int),
+    "kvhost_async_free": ([_vp, _cp, _pi64, _sz, _pu64] + _ERR, _int),
+    "kvhost_async_backup":
+        ([_vp, _vp, _pi64, _sz, _pi64, _sz, _vp, _sz, _u32, _i64, _pu64] + _ERR, _int),
+    "kvhost_async_load": ([_vp, _vp, _pi64, _sz, _pi64, _sz, _u32, _i64, _pu64] + _ERR, _int),
+    "kvhost_async_completed": ([_vp], _u64),
+    "kvhost_async_wait": ([_vp, _u64, _i64] + _ERR, _int),
+    "kvhost_async_take_indices": ([_vp, _u64, _pi64, _sz, _psz] + _ERR, _int),
+    "kvhost_async_take_value": ([_vp, _u64, _pu64] + _ERR, _int),
 }
 
 _lock = threading.Lock()

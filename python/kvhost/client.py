@@ -20,12 +20,15 @@ session (``session=False``) live on in the daemon until detached.
 from __future__ import annotations
 
 import ctypes as C
-from typing import Any, Dict, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Union
 
 from . import _json, _lib
 from ._handles import Registry
 from .pools import PoolCalls
 from .transfer import AttachCalls
+
+if TYPE_CHECKING:
+    from .async_calls import AsyncCalls
 
 #: kvhost::kDefaultAddress: the daemon's socket on a node.
 DEFAULT_ADDRESS = "unix:///run/kvhost/kvhost.sock"
@@ -191,6 +194,14 @@ class Client(Registry, PoolCalls, AttachCalls):
         session_id = _lib.call_out(_lib.lib().kvhost_client_session_state, self._handle(),
                                    C.byref(is_open), C.byref(reconnects), guess=256)
         return SessionState(bool(is_open.value), int(reconnects.value), session_id)
+
+    def async_calls(self) -> "AsyncCalls":
+        """An AsyncCalls of this client: alloc, free, backup and load
+        submitted to an executor thread, each returning a
+        concurrent.futures.Future at once (kvhost.async_calls). Close it (or
+        use it as a context manager); the client closes it otherwise."""
+        from .async_calls import AsyncCalls  # noqa: PLC0415 (imports transfer)
+        return AsyncCalls(self)
 
     def session_losses(self) -> SessionLosses:
         """Session losses since the client was made, and the last one's words.

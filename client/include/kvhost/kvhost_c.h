@@ -8,8 +8,8 @@
  *  - Every call returns an int status code, the gRPC / absl canonical code
  *    (KVHOST_OK, KVHOST_NOT_FOUND, ...; the daemon's code passes through
  *    unchanged), except kvhost_abi_version, kvhost_built_with_cuda,
- *    kvhost_code_name and the *_destroy / kvhost_client_close calls, which
- *    cannot fail and accept NULL.
+ *    kvhost_code_name, kvhost_async_completed and the *_destroy /
+ *    kvhost_client_close calls, which cannot fail and accept NULL.
  *  - The last two parameters of every such call are an optional error
  *    buffer: `err` (may be NULL) of `err_len` bytes receives the message,
  *    truncated to fit and always NUL-terminated; "" on KVHOST_OK.
@@ -33,14 +33,14 @@
  * must release with the matching *_destroy / kvhost_client_close; nothing
  * else owns it. A handle must outlive the calls using it, and the client
  * every handle made through it (attachments, device pools, load events,
- * worker copiers).
+ * worker copiers, async handles).
  *
  * Thread safety: a kvhost_client may be used from any number of threads at
  * once, and so may attachments, load events and worker copiers after they
- * are made (they are only read). Options objects and shm device pools are
- * not synchronised; their bytes are the caller's to order against
- * transfers (wait for the ticket). No handle may be destroyed while another
- * thread uses it.
+ * are made (they are only read), and async handles (they lock). Options
+ * objects and shm device pools are not synchronised; their bytes are the
+ * caller's to order against transfers (wait for the ticket). No handle may
+ * be destroyed while another thread uses it.
  *
  * CUDA: the calls marked "CUDA" need a library built with CUDA
  * (kvhost_built_with_cuda() == 1; else KVHOST_UNIMPLEMENTED) and a usable
@@ -103,6 +103,7 @@ typedef struct kvhost_attachment kvhost_attachment;
 typedef struct kvhost_load_events kvhost_load_events;
 typedef struct kvhost_worker_copier kvhost_worker_copier;
 typedef struct kvhost_worker_ticket kvhost_worker_ticket;
+typedef struct kvhost_async kvhost_async;
 
 /* A load's ticket (kvhost::LoadTicket): event_set -1 when there is nothing
  * to wait on per layer. */
@@ -528,6 +529,121 @@ KVHOST_C_API int kvhost_worker_copy_wait(const kvhost_worker_copier* copier,
                                          const kvhost_worker_ticket* ticket, int64_t timeout_ms,
                                          char* err, size_t err_len);
 KVHOST_C_API void kvhost_worker_ticket_destroy(kvhost_worker_ticket* ticket);
+
+/* --- Asynchronous calls ------------------------------------------------------ */
+
+/* A kvhost_async (kvhost::AsyncClient) submits calls of a client without
+ * blocking the caller: one executor thread of its own runs them one at a
+ * time in the order submitted (FIFO: an alloc reaches the daemon before a
+ * backup submitted after it). Each submit returns at once with a request
+ * id: 1 for the handle's first request, then 2, 3, ... with no gaps (a
+ * refused submit takes none). Completion is FIFO too, so request k is done
+ * exactly when kvhost_async_completed() >= k: a scheduler polls that one
+ * number (what sglang's ack queues do), or waits for one request
+ * (kvhost_async_wait), or is called back (kvhost_async_set_callback).
+ *
+ * A request's result (its code and message, and the indices of an alloc or
+ * the value of the others) is held by the handle until taken
+ * (kvhost_async_take_indices / kvhost_async_take_value) or until the handle
+ * is destroyed. At most KVHOST_ASYNC_MAX_REQUESTS requests are queued,
+ * running or held at once; a submit beyond that is
+ * KVHOST_RESOURCE_EXHAUSTED naming the bound, and is not queued.
+ *
+ * A submit checks its arguments (NULL pointers, flags, timeouts) and
+ * copies everything it is given (pool name, indices, the attachment's id,
+ * the event handle) before it returns; those errors are the submit's own
+ * code, and no request is made. The call's own errors (the daemon's code
+ * and message, e.g. KVHOST_NOT_FOUND naming an unknown pool) are the
+ * request's: kvhost_async_wait and the take calls return them.
+ *
+ * Thread safety: any thread may call any of these at once, except that
+ * kvhost_async_destroy must not run while another thread uses the handle,
+ * nor from its callback. The client must outlive the handle. */
+
+/* Requests a kvhost_async holds at once: queued, running, or finished and
+ * not yet taken. */
+#define KVHOST_ASYNC_MAX_REQUESTS 65536
+
+/* Called on the handle's executor thread once request_id finished, with its
+ * code (KVHOST_CANCELLED for one cancelled by kvhost_async_destroy), after
+ * its result is held and before kvhost_async_completed() counts it: the
+ * take calls work inside it. It must return quickly (every request behind
+ * it waits) and must not wait on a later request of the same handle nor
+ * destroy the handle; it may submit and take. */
+typedef void (*kvhost_async_callback)(uint64_t request_id, int code, void* user);
+
+/* Makes the handle and starts its executor thread. */
+KVHOST_C_API int kvhost_async_create(kvhost_client* client, kvhost_async** out, char* err,
+                                     size_t err_len);
+/* Lets the running request finish, completes every queued one with
+ * KVHOST_CANCELLED (each called back, on the executor thread), joins the
+ * thread and frees the results not taken. To have the queued requests run
+ * instead, kvhost_async_wait for the last one first. */
+KVHOST_C_API void kvhost_async_destroy(kvhost_async* async);
+/* Sets (NULL: clears) the completion callback. Once it returns, the
+ * previous callback is not running and will not be called again (called
+ * from inside a callback, only the latter). Set it before submitting to
+ * be called for every request. */
+KVHOST_C_API int kvhost_async_set_callback(kvhost_async* async, kvhost_async_callback callback,
+                                           void* user, char* err, size_t err_len);
+
+/* Submits kvhost_alloc: num_tokens slots of `pool` (a group's name: its
+ * anchor's). *request_id (may be NULL) gets the request; its indices are
+ * taken with kvhost_async_take_indices. */
+KVHOST_C_API int kvhost_async_alloc(kvhost_async* async, const char* pool, uint64_t num_tokens,
+                                    uint64_t* request_id, char* err, size_t err_len);
+/* Submits kvhost_free of indices[0, num_indices) (copied). Its value is the
+ * slots freed. */
+KVHOST_C_API int kvhost_async_free(kvhost_async* async, const char* pool, const int64_t* indices,
+                                   size_t num_indices, uint64_t* request_id, char* err,
+                                   size_t err_len);
+/* Submits kvhost_backup, with its arguments (the attachment's id is copied;
+ * the handle may go once this returns). Its value is the ticket id. The
+ * request completes once the daemon accepted the backup; with
+ * KVHOST_TRANSFER_WAIT, once the transfer finished (its error the
+ * request's, the ticket id its value still), holding up the requests
+ * behind it as long. */
+KVHOST_C_API int kvhost_async_backup(kvhost_async* async, const kvhost_attachment* attachment,
+                                     const int64_t* host_indices, size_t num_host,
+                                     const int64_t* device_indices, size_t num_device,
+                                     const void* wait_event_handle, size_t wait_event_handle_len,
+                                     uint32_t flags, int64_t wait_timeout_ms, uint64_t* request_id,
+                                     char* err, size_t err_len);
+/* Submits kvhost_load; as kvhost_async_backup. */
+KVHOST_C_API int kvhost_async_load(kvhost_async* async, const kvhost_attachment* attachment,
+                                   const int64_t* host_indices, size_t num_host,
+                                   const int64_t* device_indices, size_t num_device, uint32_t flags,
+                                   int64_t wait_timeout_ms, uint64_t* request_id, char* err,
+                                   size_t err_len);
+
+/* Requests completed so far (failed and cancelled ones included): request
+ * k is done exactly when this is >= k. 0 for NULL. Monotonic; lock-free. */
+KVHOST_C_API uint64_t kvhost_async_completed(const kvhost_async* async);
+/* Blocks until request_id completed or timeout_ms (0: 10 min) passed, then
+ * returns the request's own code and message (its result stays held).
+ * KVHOST_DEADLINE_EXCEEDED when it did not complete in time (a request
+ * that itself failed so is told apart by kvhost_async_completed() >=
+ * request_id); KVHOST_NOT_FOUND for a request this handle does not hold
+ * (never submitted, or taken), the message saying which. */
+KVHOST_C_API int kvhost_async_wait(kvhost_async* async, uint64_t request_id, int64_t timeout_ms,
+                                   char* err, size_t err_len);
+/* Takes a finished alloc's result: its indices into indices[0, capacity)
+ * and their number into *count (may be NULL only when the buffer is big
+ * enough), then releases it. A buffer too small is KVHOST_OUT_OF_RANGE,
+ * writes nothing, sets *count, and keeps the result. A request that failed
+ * is taken by either take call, which returns its code and message and
+ * releases it. KVHOST_FAILED_PRECONDITION while the request has not
+ * completed (nothing taken); KVHOST_INVALID_ARGUMENT for a request that is
+ * not an alloc; KVHOST_NOT_FOUND as kvhost_async_wait. */
+KVHOST_C_API int kvhost_async_take_indices(kvhost_async* async, uint64_t request_id,
+                                           int64_t* indices, size_t capacity, size_t* count,
+                                           char* err, size_t err_len);
+/* Takes a finished free's, backup's or load's result: *value (may be NULL)
+ * the slots freed or the ticket id (set also for a waited transfer that
+ * failed), then releases it. Otherwise as kvhost_async_take_indices
+ * (KVHOST_INVALID_ARGUMENT for an alloc that succeeded). */
+KVHOST_C_API int kvhost_async_take_value(kvhost_async* async, uint64_t request_id, uint64_t* value,
+                                         char* err, size_t err_len);
 
 #ifdef __cplusplus
 } /* extern "C" */
