@@ -131,8 +131,11 @@ def cxx_run(a: argparse.Namespace, address: str, json_path: str,
             log_path: str) -> Dict[str, Any]:
     argv = [a.cxx_bench, f"--server={address}", f"--clients={a.clients}",
             f"--seconds={a.seconds}", f"--warmup-seconds={a.warmup_seconds}",
-            f"--page-size={a.page_size}", f"--json-out={json_path}"]
-    limit = (a.seconds + a.warmup_seconds + 1) * (len(a.client_counts) + 1) + CXX_SLACK_S
+            f"--page-size={a.page_size}", f"--json-out={json_path}",
+            # Python's client takes the fast path, unpinned: so does this run.
+            "--paths=fast", "--placements=none"]
+    # Three floors, then Alloc + Free per client count, AllocBatch, two submits.
+    limit = (a.seconds + a.warmup_seconds + 1) * (len(a.client_counts) + 6) + CXX_SLACK_S
     code, doc, why = common.run_cxx(argv, log_path, limit)
     run = {"argv": argv, "exit_code": code, "log": log_path}
     if code != 0 or doc is None:
@@ -153,7 +156,7 @@ def report(py: List[Dict[str, Any]], cxx: Optional[Dict[str, Any]]) -> str:
                          "-"])
     for r in py:
         k = next((c for c in cxx_cases
-                  if c["case"] == r["case"] and c["clients"] == r["clients"]), None)
+                  if c["case"] == "fast: " + r["case"] and c["clients"] == r["clients"]), None)
         kp50 = k["p50_us"] if k else None
         rows.append([r["case"], str(r["clients"]), common.fmt(kp50), common.fmt(r["p50_us"]),
                      common.fmt(common.ratio(r["p50_us"], kp50), 2),
