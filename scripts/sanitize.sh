@@ -42,8 +42,11 @@ case "$mode" in
     # kvhost_client; built here it carries ASan calls the consumer's
     # un-sanitized link cannot resolve. It checks packaging, not memory.
     exclude='^package_consumer$'
+    # The fuzz targets are listed once, in fuzz.sh.
+    read -r -a fuzzers < <(sed -n 's/^ALL_TARGETS=(\(.*\))$/\1/p' scripts/fuzz.sh)
+    ((${#fuzzers[@]})) || { echo "sanitize.sh: no ALL_TARGETS in scripts/fuzz.sh" >&2; exit 2; }
     targets=(kvhostd kvhostctl kvhost_tests_unit kvhost_tests_integration kvhost_tests_concurrency
-             spec_fuzz allocator_fuzz layout_fuzz service_fuzz transfer_fuzz handoff_fuzz)
+             "${fuzzers[@]}")
     # libFuzzer comes with clang only; the fuzz targets need it, and one
     # compiler for the tests and the fuzzers makes this a single build.
     compilers=(CC=clang CXX=clang++)
