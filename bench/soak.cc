@@ -351,6 +351,7 @@ class Scheduler {
     }
   }
 
+  uint64_t fast_path_calls() const { return client_->fast_path_calls(); }
   const std::array<std::atomic<uint64_t>, kInvalidKinds>& invalid_kinds() const {
     return invalid_kinds_;
   }
@@ -724,6 +725,7 @@ bool AppendAll(int fd, const std::string& text) {
 struct WorkerStats {
   uint64_t requests = 0, invalid = 0, backups = 0, loads = 0, verified_bytes = 0;
   uint64_t recovered_slots = 0, recovered_bytes = 0, failures = 0;
+  uint64_t fast_path_calls = 0;  // the worker's calls through the fast path
   // attach_through_swapped_symlink attempts that caught the real directory.
   uint64_t swap_attached = 0;
   bool ready = false;
@@ -731,11 +733,11 @@ struct WorkerStats {
   std::array<uint64_t, kWorkerInvalidKinds> invalid_kinds{};
 
   std::string Format() const {
-    std::string out =
-        absl::StrCat("requests ", requests, "\ninvalid ", invalid, "\nbackups ", backups,
-                     "\nloads ", loads, "\nverified_bytes ", verified_bytes, "\nrecovered_slots ",
-                     recovered_slots, "\nrecovered_bytes ", recovered_bytes, "\nfailures ",
-                     failures, "\nswap_attached ", swap_attached, "\nready ", ready ? 1 : 0, "\n");
+    std::string out = absl::StrCat(
+        "requests ", requests, "\ninvalid ", invalid, "\nbackups ", backups, "\nloads ", loads,
+        "\nverified_bytes ", verified_bytes, "\nrecovered_slots ", recovered_slots,
+        "\nrecovered_bytes ", recovered_bytes, "\nfailures ", failures, "\nfast_path_calls ",
+        fast_path_calls, "\nswap_attached ", swap_attached, "\nready ", ready ? 1 : 0, "\n");
     for (int c = 0; c < kCodes; ++c) absl::StrAppend(&out, "code", c, " ", codes[c], "\n");
     for (int k = 0; k < kWorkerInvalidKinds; ++k) {
       absl::StrAppend(&out, "kind", k, " ", invalid_kinds[k], "\n");
@@ -759,6 +761,7 @@ struct WorkerStats {
       if (k == "recovered_bytes") s.recovered_bytes = v;
       if (k == "failures") s.failures = v;
       if (k == "swap_attached") s.swap_attached = v;
+      if (k == "fast_path_calls") s.fast_path_calls = v;
       if (k == "ready") s.ready = v != 0;
       int i = 0;
       if (absl::StartsWith(k, "code") && absl::SimpleAtoi(k.substr(4), &i) && i >= 0 &&
@@ -838,23 +841,29 @@ class Worker {
 
     if (absl::Status s = Recover(); !s.ok()) return Finish(s);
     stats_.ready = true;
-    (void)WriteAtomically(stats_path_, stats_.Format());
+    WriteStats();
     while (!g_stop) {
       if (absl::Status s = Step(); !s.ok()) return Finish(s);
-      (void)WriteAtomically(stats_path_, stats_.Format());
+      WriteStats();
     }
     (void)client_->DetachDevice(attachment_);
     return Finish(absl::OkStatus());
   }
 
  private:
+  void WriteStats() {
+    stats_.fast_path_calls =
+        (client_ ? client_->fast_path_calls() : 0) + (thief_ ? thief_->fast_path_calls() : 0);
+    (void)WriteAtomically(stats_path_, stats_.Format());
+  }
+
   absl::Status Finish(absl::Status s) {
     if (!s.ok()) {
       ++stats_.failures;
       absl::FPrintF(stderr, "FAILURE worker %d.%d (pid %d): %s\n", index_, incarnation_, ::getpid(),
                     StatusText(s));
     }
-    (void)WriteAtomically(stats_path_, stats_.Format());
+    WriteStats();
     return s;
   }
 
@@ -1574,6 +1583,7 @@ class Driver {
         sum.recovered_bytes += s.recovered_bytes;
         sum.failures += s.failures;
         sum.swap_attached += s.swap_attached;
+        sum.fast_path_calls += s.fast_path_calls;
         for (int c = 0; c < kCodes; ++c) sum.codes[c] += s.codes[c];
         for (int k = 0; k < kWorkerInvalidKinds; ++k) sum.invalid_kinds[k] += s.invalid_kinds[k];
       }
@@ -1699,6 +1709,14 @@ class Driver {
     }
     for (int k = 0; k < kWorkerInvalidKinds; ++k)
       kinds.Uint(kWorkerInvalidNames[k], ws.invalid_kinds[k]);
+    // The schedulers' and the workers' calls through the fast path: on a
+    // unix socket it is the clients' default, so the checks above held for
+    // it; none at all means it never opened.
+    uint64_t fast_path_calls = ws.fast_path_calls;
+    for (const auto& s : schedulers_) fast_path_calls += s->fast_path_calls();
+    if (absl::StartsWith(address_, "unix:") && fast_path_calls == 0) {
+      shared_.failures.Add("no call went through the fast path on a unix socket");
+    }
     std::vector<std::string> failures;
     for (const std::string& f : shared_.failures.first()) {
       failures.push_back(kvhost::cli::JsonQuote(f));
@@ -1730,6 +1748,7 @@ class Driver {
             .Uint("bytes_verified_after_restart", ws.recovered_bytes)
             .Uint("bytes_verified", shared_.counters.verified_bytes.load() + ws.verified_bytes)
             .Uint("conservation_checks", shared_.counters.conservation_checks.load())
+            .Uint("fast_path_calls", fast_path_calls)
             .Uint("failures", shared_.failures.count())
             .Raw("first_failures", bench::JsonArray(failures))
             .str();
