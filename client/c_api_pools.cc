@@ -165,6 +165,57 @@ int kvhost_alloc(kvhost_client* client, const char* pool, uint64_t num_tokens, i
   });
 }
 
+int kvhost_alloc_batch(kvhost_client* client, const char* pool, const uint64_t* num_tokens,
+                       size_t num_runs, int64_t* indices, size_t capacity, size_t* count, char* err,
+                       size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    if (num_tokens == nullptr && num_runs > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("num_tokens is NULL with ", num_runs, " runs"));
+    }
+    // The sum, checked against the buffer before the call, so a short
+    // buffer allocates nothing; a sum that wraps is no count of slots.
+    uint64_t total = 0;
+    for (size_t i = 0; i < num_runs; ++i) {
+      if (num_tokens[i] > std::numeric_limits<uint64_t>::max() - total) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("num_tokens[", i, "] = ", num_tokens[i], " overflows the runs' sum"));
+      }
+      total += num_tokens[i];
+    }
+    if (count != nullptr) *count = total;
+    if (capacity < total || (indices == nullptr && total > 0)) {
+      return absl::OutOfRangeError(
+          absl::StrCat("AllocBatch of ", total, " slots of pool '", *p, "' needs room for ", total,
+                       " indices; the buffer has ", indices == nullptr ? 0 : capacity));
+    }
+    absl::StatusOr<std::vector<std::vector<int64_t>>> runs =
+        (*c)->AllocBatch(*p, std::vector<uint64_t>(num_tokens, num_tokens + num_runs));
+    if (!runs.ok()) return runs.status();
+    std::vector<int64_t> all;
+    all.reserve(total);
+    bool as_asked = runs->size() == num_runs;
+    for (size_t i = 0; i < runs->size(); ++i) {
+      as_asked = as_asked && (*runs)[i].size() == num_tokens[i];
+      all.insert(all.end(), (*runs)[i].begin(), (*runs)[i].end());
+    }
+    if (!as_asked) {
+      // The daemon answered other runs than it was asked: give them back
+      // rather than leave slots the caller cannot place.
+      (void)(*c)->Free(*p, all);
+      return absl::InternalError(absl::StrCat("AllocBatch of ", num_runs, " runs of pool '", *p,
+                                              "' returned ", runs->size(),
+                                              " runs of other sizes (freed again)"));
+    }
+    std::copy(all.begin(), all.end(), indices);
+    return absl::OkStatus();
+  });
+}
+
 int kvhost_free(kvhost_client* client, const char* pool, const int64_t* indices, size_t num_indices,
                 uint64_t* freed, char* err, size_t err_len) {
   return Run(err, err_len, [&]() -> absl::Status {

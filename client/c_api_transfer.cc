@@ -3,6 +3,7 @@
 // Backup / Load (with a group's pool_transfers) and their
 // tickets, and the per-layer waits of a load (layer counters here; the
 // load events' half is in c_api_cuda.cc).
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,6 +80,15 @@ absl::Status WriteTransferStatus(const v1::TransferStatus& status, char* out, si
                                  size_t* needed) {
   if (out == nullptr && out_len == 0 && needed == nullptr) return absl::OkStatus();
   return WriteJson(status, out, out_len, needed, "the transfer status");
+}
+
+// The worker's event handle bytes of a backup (none: empty).
+absl::StatusOr<std::string> EventHandle(const void* handle, size_t len) {
+  if (handle == nullptr && len != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wait_event_handle is NULL with a length of ", len));
+  }
+  return handle == nullptr ? std::string() : std::string(static_cast<const char*>(handle), len);
 }
 
 // Backup or Load, then the wait that KVHOST_TRANSFER_WAIT asks for.
@@ -339,14 +349,9 @@ int kvhost_backup_group(kvhost_client* client, const kvhost_attachment* attachme
                         size_t wait_event_handle_len, uint32_t flags, int64_t wait_timeout_ms,
                         uint64_t* ticket_id, char* err, size_t err_len) {
   return Run(err, err_len, [&]() -> absl::Status {
-    if (wait_event_handle == nullptr && wait_event_handle_len != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("wait_event_handle is NULL with a length of ", wait_event_handle_len));
-    }
-    const std::string handle =
-        wait_event_handle == nullptr
-            ? std::string()
-            : std::string(static_cast<const char*>(wait_event_handle), wait_event_handle_len);
+    absl::StatusOr<std::string> handle =
+        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len);
+    if (!handle.ok()) return handle.status();
     absl::StatusOr<std::vector<kvhost::v1::PoolTransfer>> transfers =
         kvhost::c_api::PoolTransfers(pool_transfers, num_pool_transfers);
     if (!transfers.ok()) return transfers.status();
@@ -354,7 +359,58 @@ int kvhost_backup_group(kvhost_client* client, const kvhost_attachment* attachme
         client, attachment, host_indices, num_host, device_indices, num_device, flags,
         wait_timeout_ms, ticket_id,
         [&](kvhost::Client& c, const std::string& id, absl::Span<const int64_t> host,
-            absl::Span<const int64_t> dev) { return c.Backup(id, host, dev, *transfers, handle); });
+            absl::Span<const int64_t> dev) {
+          return c.Backup(id, host, dev, *transfers, *handle);
+        });
+  });
+}
+
+int kvhost_alloc_backup(kvhost_client* client, const kvhost_attachment* attachment,
+                        const int64_t* device_indices, size_t num_device, int64_t* host_indices,
+                        size_t host_capacity, size_t* count, const void* wait_event_handle,
+                        size_t wait_event_handle_len, uint32_t flags, int64_t wait_timeout_ms,
+                        uint64_t* ticket_id, char* err, size_t err_len) {
+  using kvhost::c_api::Indices;
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = kvhost::c_api::ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<const kvhost::v1::Attachment*> a = kvhost::c_api::AttachmentOf(attachment);
+    if (!a.ok()) return a.status();
+    absl::StatusOr<absl::Span<const int64_t>> dev =
+        Indices(device_indices, num_device, "device_indices");
+    if (!dev.ok()) return dev.status();
+    absl::StatusOr<std::string> handle =
+        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len);
+    if (!handle.ok()) return handle.status();
+    if ((flags & ~KVHOST_TRANSFER_WAIT) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown transfer flags 0x", absl::Hex(flags & ~KVHOST_TRANSFER_WAIT)));
+    }
+    absl::StatusOr<absl::Duration> timeout =
+        kvhost::c_api::Timeout(wait_timeout_ms, absl::Minutes(10), "wait_timeout");
+    if (!timeout.ok()) return timeout.status();
+    // Checked before the call, so a short buffer allocates nothing.
+    if (count != nullptr) *count = num_device;
+    if (host_capacity < num_device || (host_indices == nullptr && num_device > 0)) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "AllocBackup of ", num_device, " rows needs room for ", num_device,
+          " host indices; the buffer has ", host_indices == nullptr ? 0 : host_capacity));
+    }
+    kvhost::v1::AllocBackupRequest request;
+    kvhost::v1::BackupRequest* backup = request.mutable_backup();
+    backup->set_attachment_id((*a)->id());
+    backup->mutable_device_indices()->Add(dev->begin(), dev->end());
+    backup->set_wait_event_handle(*std::move(handle));
+    absl::StatusOr<kvhost::v1::AllocBackupResponse> done = (*c)->AllocBackup(request);
+    if (!done.ok()) return done.status();
+    if (static_cast<size_t>(done->host_indices_size()) != num_device) {
+      return absl::InternalError(absl::StrCat("AllocBackup of ", num_device, " rows returned ",
+                                              done->host_indices_size(), " host slots"));
+    }
+    std::copy(done->host_indices().begin(), done->host_indices().end(), host_indices);
+    if (ticket_id != nullptr) *ticket_id = done->ticket().id();
+    if ((flags & KVHOST_TRANSFER_WAIT) == 0) return absl::OkStatus();
+    return (*c)->WaitTransfer(done->ticket().id(), *timeout).status();
   });
 }
 

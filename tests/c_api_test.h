@@ -33,6 +33,9 @@ int c_api_test_group_backup_load(const c_api_test_env* env, char* why, size_t wh
 int c_api_test_group_cuda_calls(const c_api_test_env* env, char* why, size_t why_len);
 /* ReadPages / WritePages streams (c_api_pages_test.c). */
 int c_api_test_page_streams(const c_api_test_env* env, char* why, size_t why_len);
+/* The batched calls (c_api_batch_test.c). */
+int c_api_test_alloc_batch(const c_api_test_env* env, char* why, size_t why_len);
+int c_api_test_alloc_backup(const c_api_test_env* env, char* why, size_t why_len);
 /* Asynchronous calls (c_api_async_test.c). */
 int c_api_test_async_calls(const c_api_test_env* env, char* why, size_t why_len);
 int c_api_test_async_shm_backup_load(const c_api_test_env* env, char* why, size_t why_len);

@@ -80,6 +80,8 @@ TEST_F(CApiTest, Groups) { Check(c_api_test_groups); }
 TEST_F(CApiTest, ShmBackupAndLoadAreByteExact) { Check(c_api_test_shm_backup_load); }
 TEST_F(CApiTest, GroupBackupAndLoadAreByteExact) { Check(c_api_test_group_backup_load); }
 TEST_F(CApiTest, PageStreamsIntoCallerBuffers) { Check(c_api_test_page_streams); }
+TEST_F(CApiTest, AllocBatchIntoCallerBuffers) { Check(c_api_test_alloc_batch); }
+TEST_F(CApiTest, AllocBackupIsByteExactAndRefusalsFreeAll) { Check(c_api_test_alloc_backup); }
 TEST_F(CApiTest, PerLayerWaitsOnTheLayerCounters) { Check(c_api_test_layer_waits); }
 TEST_F(CApiTest, CudaCallsAnswerClearlyWithoutAGpu) { Check(c_api_test_cuda_calls); }
 TEST_F(CApiTest, GroupCudaAttachAnswersClearlyWithoutAGpu) { Check(c_api_test_group_cuda_calls); }

@@ -91,13 +91,13 @@ def int64_arg(indices: Any, what: str = "indices") -> Int64Arg:
     return C.cast(arr, _P_I64), len(values), arr
 
 
-def int64_result(arr: "C.Array[C.c_int64]", count: int,
-                 as_numpy: bool) -> Union[List[int], Any]:
-    """The first `count` int64s of a ctypes array, as a list or a numpy copy."""
+def int64_result(arr: "C.Array[C.c_int64]", count: int, as_numpy: bool,
+                 start: int = 0) -> Union[List[int], Any]:
+    """`count` int64s of a ctypes array from `start`, as a list or a numpy copy."""
     if as_numpy:
         np = numpy()
-        return np.ctypeslib.as_array(arr)[:count].copy()
-    return list(arr[:count])
+        return np.ctypeslib.as_array(arr)[start:start + count].copy()
+    return list(arr[start:start + count])
 
 
 def readable(data: Any, what: str = "data") -> Tuple[Any, int, Any]:

@@ -123,6 +123,7 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_group_get_json": ([_vp, _cp] + _OUT + _ERR, _int),
     "kvhost_group_delete": ([_vp, _cp] + _ERR, _int),
     "kvhost_alloc": ([_vp, _cp, _u64, _pi64, _sz, _psz] + _ERR, _int),
+    "kvhost_alloc_batch": ([_vp, _cp, _pu64, _sz, _pi64, _sz, _psz] + _ERR, _int),
     "kvhost_free": ([_vp, _cp, _pi64, _sz, _pu64] + _ERR, _int),
     "kvhost_page_buffer_meta_json": ([_vp, _cp, _pi64, _sz] + _OUT + _ERR, _int),
     "kvhost_get_data_page": ([_vp, _cp, _i64, _vp, _sz, _psz] + _ERR, _int),
@@ -147,6 +148,8 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_attachment_destroy": ([_vp], None),
     "kvhost_backup":
         ([_vp, _vp, _pi64, _sz, _pi64, _sz, _vp, _sz, _u32, _i64, _pu64] + _ERR, _int),
+    "kvhost_alloc_backup":
+        ([_vp, _vp, _pi64, _sz, _pi64, _sz, _psz, _vp, _sz, _u32, _i64, _pu64] + _ERR, _int),
     "kvhost_load": ([_vp, _vp, _pi64, _sz, _pi64, _sz, _u32, _i64, _pu64] + _ERR, _int),
     "kvhost_load_with_events":
         ([_vp, _vp, _pi64, _sz, _pi64, _sz, C.POINTER(LoadTicketStruct)] + _ERR, _int),

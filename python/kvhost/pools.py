@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ctypes as C
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _arrays, _json, _lib
 
@@ -137,6 +137,33 @@ class PoolCalls:
         _lib.call(_lib.lib().kvhost_alloc, self._handle(), _name(pool), n, out, n,
                   C.byref(count))
         return _arrays.int64_result(out, int(count.value), as_numpy)
+
+    def alloc_batch(self, pool: str, num_tokens: Sequence[int], *,
+                    numpy: Optional[bool] = None) -> List[Indices]:
+        """Allocates several runs of `pool` in one call, all or nothing: run i
+        is num_tokens[i] slots (whole pages), as a scheduler does for many
+        requests at once. Returns one Indices per run (as alloc's); a single
+        free of them all gives them back. Raises InvalidArgument for a count
+        that is not whole pages, ResourceExhausted when the pool has fewer
+        free slots than the sum (then nothing is allocated).
+        """
+        as_numpy = _arrays.want_numpy(numpy)
+        sizes = [int(n) for n in num_tokens]
+        for i, n in enumerate(sizes):
+            if n < 0:
+                raise ValueError(f"num_tokens[{i}] = {n} is negative")
+        total = sum(sizes)
+        wanted = (C.c_uint64 * max(len(sizes), 1))(*sizes)
+        out = (C.c_int64 * max(total, 1))()
+        count = C.c_size_t(0)
+        _lib.call(_lib.lib().kvhost_alloc_batch, self._handle(), _name(pool), wanted,
+                  len(sizes), out, total, C.byref(count))
+        runs: List[Indices] = []
+        start = 0
+        for n in sizes:
+            runs.append(_arrays.int64_result(out, n, as_numpy, start=start))
+            start += n
+        return runs
 
     def free(self, pool: str, indices: Indices) -> int:
         """Frees whole pages of slots, all or nothing; returns the slots freed.
@@ -320,6 +347,11 @@ class Pool:
     def alloc(self, num_tokens: int, *, numpy: Optional[bool] = None) -> Indices:
         """Allocates whole pages of slots (Client.alloc)."""
         return self.client.alloc(self.name, num_tokens, numpy=numpy)
+
+    def alloc_batch(self, num_tokens: Sequence[int], *,
+                    numpy: Optional[bool] = None) -> List[Indices]:
+        """Several runs in one call, all or nothing (Client.alloc_batch)."""
+        return self.client.alloc_batch(self.name, num_tokens, numpy=numpy)
 
     def free(self, indices: Indices) -> int:
         """Frees whole pages of slots; the slots freed."""

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 
 from . import _arrays, _json, _lib
 from ._handles import Handle
-from .errors import DeadlineExceeded, NotFound
+from .errors import DeadlineExceeded, KvhostError, NotFound
 
 #: Room for a TransferStatus; a bigger one costs one retry of the same read.
 _STATUS_GUESS = 4096
@@ -328,6 +328,39 @@ class Attachment(Handle):
                       C.byref(ticket))
         del keep_h, keep_d
         return Ticket(self._client, ticket.value, done=wait)
+
+    def alloc_backup(self, device_indices: Any, *, wait: bool = False,
+                     timeout: Optional[float] = None, event: Any = None,
+                     numpy: Optional[bool] = None) -> Tuple[Any, Ticket]:
+        """Allocates host slots of the attachment's pool and backs the device
+        rows up into them, in one call: returns (host slots, ticket).
+
+        A plain pool's attachment (a group's: alloc, then backup with
+        pool_transfers). len(device_indices) must be whole pages. A refused
+        backup leaves nothing allocated; `event`, `wait` and `timeout` are
+        backup's. With wait=True a failed or timed-out transfer raises, its
+        slots still allocated and on the error as `host_indices` (free them
+        once the ticket is done).
+        """
+        as_numpy = _arrays.want_numpy(numpy)
+        dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
+        handle = _event_bytes(event)
+        out = (C.c_int64 * max(nd, 1))()
+        count = C.c_size_t(0)
+        ticket = C.c_uint64(0)
+        _lib.call(_lib.lib().kvhost_alloc_backup, self._client_handle(), self._p(), dev, nd, out,
+                  nd, C.byref(count), handle, 0 if handle is None else len(handle), 0,
+                  _lib.ms(timeout), C.byref(ticket))
+        del keep_d
+        host = _arrays.int64_result(out, int(count.value), as_numpy)
+        done = Ticket(self._client, ticket.value)
+        if wait:
+            try:
+                done.wait(timeout)
+            except KvhostError as e:
+                e.host_indices = host  # type: ignore[attr-defined]
+                raise
+        return host, done
 
     def load(self, host_indices: Any, device_indices: Any, *, wait: bool = False,
              timeout: Optional[float] = None, per_layer: bool = False,

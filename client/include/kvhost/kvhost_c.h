@@ -258,6 +258,15 @@ KVHOST_C_API int kvhost_group_delete(kvhost_client* client, const char* name, ch
 KVHOST_C_API int kvhost_alloc(kvhost_client* client, const char* pool, uint64_t num_tokens,
                               int64_t* indices, size_t capacity, size_t* count, char* err,
                               size_t err_len);
+/* Allocates num_runs runs at once, all or nothing (PoolService.AllocBatch,
+ * what a scheduler does for many requests): run i is num_tokens[i] slots
+ * (whole pages). The slots go into indices back to back, run 0 first, so
+ * run i starts after num_tokens[0] + ... + num_tokens[i-1] of them; *count
+ * gets their sum. A capacity below the sum is KVHOST_OUT_OF_RANGE with
+ * *count = the sum, and allocates nothing. One kvhost_free gives them back. */
+KVHOST_C_API int kvhost_alloc_batch(kvhost_client* client, const char* pool,
+                                    const uint64_t* num_tokens, size_t num_runs, int64_t* indices,
+                                    size_t capacity, size_t* count, char* err, size_t err_len);
 /* Frees whole pages, all or nothing; *freed (may be NULL) the slots freed. */
 KVHOST_C_API int kvhost_free(kvhost_client* client, const char* pool, const int64_t* indices,
                              size_t num_indices, uint64_t* freed, char* err, size_t err_len);
@@ -412,6 +421,20 @@ KVHOST_C_API int kvhost_backup(kvhost_client* client, const kvhost_attachment* a
                                const void* wait_event_handle, size_t wait_event_handle_len,
                                uint32_t flags, int64_t wait_timeout_ms, uint64_t* ticket_id,
                                char* err, size_t err_len);
+/* Allocates num_device host slots of the attachment's pool and backs the
+ * device rows up into them, in one call (TransferService.AllocBackup; a
+ * plain pool's attachment, not a group's): host_indices[0, num_device) get
+ * the slots, *count (may be NULL) num_device, *ticket_id (may be NULL) the
+ * ticket. A host_capacity below num_device is KVHOST_OUT_OF_RANGE and
+ * allocates nothing; a refused backup leaves nothing allocated. The event,
+ * flags and wait are kvhost_backup's; after a failed wait the slots stay
+ * allocated and are in host_indices (free them, or load from them). */
+KVHOST_C_API int kvhost_alloc_backup(kvhost_client* client, const kvhost_attachment* attachment,
+                                     const int64_t* device_indices, size_t num_device,
+                                     int64_t* host_indices, size_t host_capacity, size_t* count,
+                                     const void* wait_event_handle, size_t wait_event_handle_len,
+                                     uint32_t flags, int64_t wait_timeout_ms, uint64_t* ticket_id,
+                                     char* err, size_t err_len);
 /* Host slots -> device rows; as kvhost_backup. */
 KVHOST_C_API int kvhost_load(kvhost_client* client, const kvhost_attachment* attachment,
                              const int64_t* host_indices, size_t num_host,
