@@ -138,7 +138,7 @@ TEST_F(StorageTest, RecordRoundTripInOnePartAndInMany) {
   }
 }
 
-TEST_F(StorageTest, TornAndCorruptedPagesAreRefusedWholly) {
+TEST_F(StorageTest, TornAndCorruptedPagesNeverPass) {
   std::vector<int64_t> slots;
   std::shared_ptr<Pool> a = MakePool("a", Mha(LayoutKind::kLayerFirst), 2, &slots);
   ASSERT_TRUE(a);
@@ -151,7 +151,7 @@ TEST_F(StorageTest, TornAndCorruptedPagesAreRefusedWholly) {
   std::vector<std::optional<std::string>> parts = Optional(first);
   parts[2].reset();  // evicted
   PageResult r = CheckPage(tag, parts);
-  EXPECT_EQ(r.outcome, PageOutcome::kCorrupt);
+  EXPECT_EQ(r.outcome, PageOutcome::kMiss);
   EXPECT_TRUE(absl::StrContains(r.detail, "part 2 of 4 is missing")) << r.detail;
 
   parts = Optional(first);
@@ -301,7 +301,9 @@ TEST_F(TierTest, TornCorruptAndForeignPagesNeverReachThePool) {
   Results fetched;
   ASSERT_TRUE(tier_->Fetch(b, {"t0", "t1", "t2", "m0"}, dst, fetched.Callback()).ok());
   EXPECT_EQ(fetched.Outcomes(),
-            (std::vector<O>{O::kCorrupt, O::kCorrupt, O::kCorrupt, O::kShapeMismatch}));
+            (std::vector<O>{O::kMiss, O::kCorrupt, O::kCorrupt, O::kShapeMismatch}));
+  EXPECT_TRUE(absl::StrContains(fetched.pages[0].detail, "part 2 of 3 is missing"))
+      << fetched.pages[0].detail;
   EXPECT_TRUE(absl::StrContains(fetched.pages[3].detail, "MLA/PAGE_FIRST"))
       << fetched.pages[3].detail;
   for (size_t i = 0; i < dst.size(); ++i) EXPECT_EQ(Page(*b, dst[i]), before[i]) << i;

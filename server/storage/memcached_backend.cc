@@ -2,6 +2,7 @@
 
 #include <libmemcached/memcached.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -14,6 +15,8 @@ namespace kvhost {
 namespace {
 
 uint64_t Millis(absl::Duration d) { return static_cast<uint64_t>(absl::ToInt64Milliseconds(d)); }
+// libmemcached counts retry and dead timeouts in whole seconds.
+uint64_t Seconds(absl::Duration d) { return std::max<uint64_t>(1, Millis(d) / 1000); }
 
 // "host:port" of the server `key` hashes to, for messages.
 std::string ServerOf(memcached_st* mc, const std::string& key) {
@@ -96,9 +99,10 @@ absl::StatusOr<std::unique_ptr<MemcachedBackend>> MemcachedBackend::Create(
       {MEMCACHED_BEHAVIOR_NUMBER_OF_REPLICAS, options.replicas},
       // A server that fails once leaves the ring for retry_timeout.
       {MEMCACHED_BEHAVIOR_SERVER_FAILURE_LIMIT, 1},
+      {MEMCACHED_BEHAVIOR_AUTO_EJECT_HOSTS, 1},
       {MEMCACHED_BEHAVIOR_REMOVE_FAILED_SERVERS, 1},
-      {MEMCACHED_BEHAVIOR_RETRY_TIMEOUT,
-       std::max<uint64_t>(1, Millis(options.retry_timeout) / 1000)},
+      {MEMCACHED_BEHAVIOR_RETRY_TIMEOUT, Seconds(options.retry_timeout)},
+      {MEMCACHED_BEHAVIOR_DEAD_TIMEOUT, Seconds(options.retry_timeout)},
   };
   for (const auto& [behavior, value] : behaviors) {
     if (memcached_return_t rc = memcached_behavior_set(mc, behavior, value);
@@ -142,8 +146,13 @@ std::vector<absl::Status> MemcachedBackend::Set(absl::Span<const StorageItem> it
       out.push_back(absl::ResourceExhaustedError("memcached_clone failed"));
       continue;
     }
-    const memcached_return_t rc = memcached_set(mc, item.key.data(), item.key.size(),
-                                                item.value.data(), item.value.size(), 0, 0);
+    memcached_return_t rc = MEMCACHED_FAILURE;
+    // As in Get: a server that just failed is out of the ring on the retry.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      rc = memcached_set(mc, item.key.data(), item.key.size(), item.value.data(), item.value.size(),
+                         0, 0);
+      if (rc == MEMCACHED_SUCCESS || rc == MEMCACHED_E2BIG) break;
+    }
     if (rc == MEMCACHED_SUCCESS) {
       out.push_back(absl::OkStatus());
     } else if (rc == MEMCACHED_E2BIG) {
@@ -167,39 +176,65 @@ std::vector<FetchedItem> MemcachedBackend::Get(absl::Span<const std::string> key
     for (FetchedItem& f : out) f.error = "memcached_clone failed";
     return out;
   }
+  std::vector<size_t> wanted(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) wanted[i] = i;
+  // A failed server fails the whole batch the first time; by then it is
+  // out of the ring, so the keys not found are asked once more.
+  for (int attempt = 0; attempt < 2 && !wanted.empty(); ++attempt) {
+    const std::string error = GetOnce(mc, keys, wanted, &out);
+    if (error.empty()) break;
+    std::vector<size_t> missing;
+    for (const size_t i : wanted) {
+      if (out[i].found) continue;
+      out[i].error = absl::StrCat("server ", ServerOf(mc, keys[i]), ": ", error);
+      missing.push_back(i);
+    }
+    wanted = std::move(missing);
+  }
+  return out;
+}
+
+std::string MemcachedBackend::GetOnce(memcached_st* mc, absl::Span<const std::string> keys,
+                                      const std::vector<size_t>& wanted,
+                                      std::vector<FetchedItem>* out) const {
+  const size_t servers = options_.servers.size();
   std::vector<const char*> ptrs;
   std::vector<size_t> lengths;
   std::map<std::string, std::vector<size_t>> where;  // a key may be asked twice
-  for (size_t i = 0; i < keys.size(); ++i) {
+  for (const size_t i : wanted) {
     ptrs.push_back(keys[i].data());
     lengths.push_back(keys[i].size());
     where[keys[i]].push_back(i);
   }
-  memcached_return_t rc = memcached_mget(mc, ptrs.data(), lengths.data(), keys.size());
+  const memcached_return_t rc = memcached_mget(mc, ptrs.data(), lengths.data(), ptrs.size());
   std::string error;
   if (rc != MEMCACHED_SUCCESS) error = memcached_last_error_message(mc);
-  if (rc == MEMCACHED_SUCCESS || rc == MEMCACHED_SOME_ERRORS) {
-    memcached_result_st result;
-    memcached_result_create(mc, &result);
-    memcached_return_t fetch_rc;
-    while (memcached_fetch_result(mc, &result, &fetch_rc) != nullptr) {
-      const std::string key(memcached_result_key_value(&result),
-                            memcached_result_key_length(&result));
-      auto it = where.find(key);
-      if (it == where.end()) continue;
-      for (const size_t i : it->second) {
-        out[i].found = true;
-        out[i].value.assign(memcached_result_value(&result), memcached_result_length(&result));
-      }
+  if (rc != MEMCACHED_SUCCESS && rc != MEMCACHED_SOME_ERRORS) return error;
+  memcached_result_st result;
+  memcached_result_create(mc, &result);
+  // A server failing mid-batch ends one fetch with its error; the other
+  // servers' answers are still to be read, so fetching goes on (at most
+  // one error per server) until END.
+  size_t errors = 0;
+  for (;;) {
+    memcached_return_t fetch_rc = MEMCACHED_SUCCESS;
+    if (memcached_fetch_result(mc, &result, &fetch_rc) == nullptr) {
+      if (fetch_rc == MEMCACHED_END || fetch_rc == MEMCACHED_NOTFOUND) break;
+      if (error.empty()) error = memcached_last_error_message(mc);
+      if (++errors > servers) break;
+      continue;
     }
-    memcached_result_free(&result);
-  }
-  if (!error.empty()) {
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (!out[i].found) out[i].error = absl::StrCat("server ", ServerOf(mc, keys[i]), ": ", error);
+    const std::string key(memcached_result_key_value(&result),
+                          memcached_result_key_length(&result));
+    auto it = where.find(key);
+    if (it == where.end()) continue;
+    for (const size_t i : it->second) {
+      (*out)[i].found = true;
+      (*out)[i].value.assign(memcached_result_value(&result), memcached_result_length(&result));
     }
   }
-  return out;
+  memcached_result_free(&result);
+  return error;
 }
 
 std::vector<bool> MemcachedBackend::ExistPrefix(absl::Span<const std::string> keys) {

@@ -65,6 +65,9 @@ class MemcachedBackend final : public StorageBackend {
   // A handle of this caller's own, returned on destruction.
   class Handle;
   memcached_st* Borrow();
+  // One memcached_mget of keys[wanted] into `out`; "" or the error seen.
+  std::string GetOnce(memcached_st* mc, absl::Span<const std::string> keys,
+                      const std::vector<size_t>& wanted, std::vector<FetchedItem>* out) const;
   void Return(memcached_st* mc);
 
   const MemcachedOptions options_;

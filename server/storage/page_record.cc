@@ -243,7 +243,11 @@ PageResult CheckPage(const PageShapeTag& want, absl::Span<const std::optional<st
   uint32_t page_crc = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     const std::string where = absl::StrCat("part ", i, " of ", parts.size());
-    if (!parts[i].has_value()) return Corrupt(absl::StrCat(where, " is missing (torn page)"));
+    if (!parts[i].has_value()) {
+      // Evicted, or on a server that died or was restarted: lost, as a page
+      // whose part 0 is gone is, so a miss rather than bad bytes.
+      return {PageOutcome::kMiss, absl::StrCat(where, " is missing (torn page)")};
+    }
     absl::StatusOr<PartHeader> h = DecodePartHeader(*parts[i]);
     if (!h.ok()) return Corrupt(absl::StrCat(where, ": ", h.status().message()));
     if (h->store_id != first->store_id || h->index != i || h->count != first->count ||

@@ -112,9 +112,11 @@ absl::StatusOr<PartHeader> DecodePartHeader(absl::string_view item);
 
 // Checks a fetched page against `want`: `parts` are the items fetched
 // under PartKey(key, 0 .. n) (nullopt: not found), n = part 0's count.
-// kHit when the page is whole and of `want`'s shape, else kMiss (no part 0),
-// kShapeMismatch (detail names both shapes) or kCorrupt (detail says which
-// part and what is wrong).
+// kHit when the page is whole and of `want`'s shape, else kMiss (part 0 or
+// a later part not found: evicted, or its server died), kShapeMismatch
+// (detail names both shapes) or kCorrupt (a part of another store of the
+// key, a checksum that fails, a header that lies; detail says which part
+// and what is wrong).
 PageResult CheckPage(const PageShapeTag& want, absl::Span<const std::optional<std::string>> parts);
 
 // Writes a page that CheckPage found kHit into the page at `first_slot`.
