@@ -43,15 +43,17 @@ absl::Status ParseServer(const std::string& server, std::string* host, in_port_t
 
 class MemcachedBackend::Handle {
  public:
-  explicit Handle(MemcachedBackend* owner) : owner_(owner), mc_(owner->Borrow()) {}
-  ~Handle() { owner_->Return(mc_); }
+  explicit Handle(MemcachedBackend* owner) : owner_(owner), c_(owner->Borrow()) {}
+  ~Handle() { owner_->Return(c_); }
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
-  memcached_st* get() const { return mc_; }
+  // Null when a handle could not be made.
+  memcached_st* get() const { return c_.mc; }
+  const Connection& connection() const { return c_; }
 
  private:
   MemcachedBackend* owner_;
-  memcached_st* mc_;
+  Connection c_;
 };
 
 absl::StatusOr<std::unique_ptr<MemcachedBackend>> MemcachedBackend::Create(
@@ -116,24 +118,41 @@ absl::StatusOr<std::unique_ptr<MemcachedBackend>> MemcachedBackend::Create(
 
 MemcachedBackend::~MemcachedBackend() {
   absl::MutexLock lock(&mu_);
-  for (memcached_st* mc : free_) memcached_free(mc);
+  for (const Connection& c : free_) {
+    memcached_result_free(c.result);  // its buffer; the struct is ours
+    delete c.result;
+    memcached_free(c.mc);
+  }
   if (prototype_ != nullptr) memcached_free(prototype_);
 }
 
-memcached_st* MemcachedBackend::Borrow() {
-  absl::MutexLock lock(&mu_);
-  if (!free_.empty()) {
-    memcached_st* mc = free_.back();
-    free_.pop_back();
-    return mc;
+MemcachedBackend::Connection MemcachedBackend::Borrow() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_.empty()) {
+      Connection c = free_.back();
+      free_.pop_back();
+      return c;
+    }
   }
-  return memcached_clone(nullptr, prototype_);
+  Connection c;
+  c.mc = memcached_clone(nullptr, prototype_);
+  if (c.mc == nullptr) return c;
+  // Our own storage, not libmemcached's: memcached_fetch_result frees a
+  // result it allocated at the end of every batch.
+  c.result = new memcached_result_st;
+  if (memcached_result_create(c.mc, c.result) == nullptr) {
+    delete c.result;
+    memcached_free(c.mc);
+    c.mc = nullptr;
+  }
+  return c;
 }
 
-void MemcachedBackend::Return(memcached_st* mc) {
-  if (mc == nullptr) return;
+void MemcachedBackend::Return(Connection c) {
+  if (c.mc == nullptr) return;
   absl::MutexLock lock(&mu_);
-  free_.push_back(mc);
+  free_.push_back(c);
 }
 
 std::vector<absl::Status> MemcachedBackend::Set(absl::Span<const StorageItem> items) {
@@ -181,7 +200,7 @@ std::vector<FetchedItem> MemcachedBackend::Get(absl::Span<const std::string> key
   // A failed server fails the whole batch the first time; by then it is
   // out of the ring, so the keys not found are asked once more.
   for (int attempt = 0; attempt < 2 && !wanted.empty(); ++attempt) {
-    const std::string error = GetOnce(mc, keys, wanted, &out);
+    const std::string error = GetOnce(handle.connection(), keys, wanted, &out);
     if (error.empty()) break;
     std::vector<size_t> missing;
     for (const size_t i : wanted) {
@@ -194,9 +213,11 @@ std::vector<FetchedItem> MemcachedBackend::Get(absl::Span<const std::string> key
   return out;
 }
 
-std::string MemcachedBackend::GetOnce(memcached_st* mc, absl::Span<const std::string> keys,
+std::string MemcachedBackend::GetOnce(const Connection& c, absl::Span<const std::string> keys,
                                       const std::vector<size_t>& wanted,
                                       std::vector<FetchedItem>* out) const {
+  memcached_st* mc = c.mc;
+  memcached_result_st* result = c.result;
   const size_t servers = options_.servers.size();
   std::vector<const char*> ptrs;
   std::vector<size_t> lengths;
@@ -210,30 +231,26 @@ std::string MemcachedBackend::GetOnce(memcached_st* mc, absl::Span<const std::st
   std::string error;
   if (rc != MEMCACHED_SUCCESS) error = memcached_last_error_message(mc);
   if (rc != MEMCACHED_SUCCESS && rc != MEMCACHED_SOME_ERRORS) return error;
-  memcached_result_st result;
-  memcached_result_create(mc, &result);
   // A server failing mid-batch ends one fetch with its error; the other
   // servers' answers are still to be read, so fetching goes on (at most
   // one error per server) until END.
   size_t errors = 0;
   for (;;) {
     memcached_return_t fetch_rc = MEMCACHED_SUCCESS;
-    if (memcached_fetch_result(mc, &result, &fetch_rc) == nullptr) {
+    if (memcached_fetch_result(mc, result, &fetch_rc) == nullptr) {
       if (fetch_rc == MEMCACHED_END || fetch_rc == MEMCACHED_NOTFOUND) break;
       if (error.empty()) error = memcached_last_error_message(mc);
       if (++errors > servers) break;
       continue;
     }
-    const std::string key(memcached_result_key_value(&result),
-                          memcached_result_key_length(&result));
+    const std::string key(memcached_result_key_value(result), memcached_result_key_length(result));
     auto it = where.find(key);
     if (it == where.end()) continue;
     for (const size_t i : it->second) {
       (*out)[i].found = true;
-      (*out)[i].value.assign(memcached_result_value(&result), memcached_result_length(&result));
+      (*out)[i].value.assign(memcached_result_value(result), memcached_result_length(result));
     }
   }
-  memcached_result_free(&result);
   return error;
 }
 

@@ -28,6 +28,7 @@
 #include "server/storage/backend.h"
 
 struct memcached_st;
+struct memcached_result_st;
 
 namespace kvhost {
 
@@ -62,18 +63,25 @@ class MemcachedBackend final : public StorageBackend {
  private:
   explicit MemcachedBackend(const MemcachedOptions& options) : options_(options) {}
 
-  // A handle of this caller's own, returned on destruction.
+  // One libmemcached handle and the result it reads values into. The
+  // result lives as long as the handle: a fresh one grows its buffer for
+  // each value, which made a 256 KiB get ~8x slower (docs/PERF.md, run L3-1).
+  struct Connection {
+    memcached_st* mc = nullptr;
+    memcached_result_st* result = nullptr;
+  };
+  // A connection of this caller's own, returned on destruction.
   class Handle;
-  memcached_st* Borrow();
+  Connection Borrow();
+  void Return(Connection c);
   // One memcached_mget of keys[wanted] into `out`; "" or the error seen.
-  std::string GetOnce(memcached_st* mc, absl::Span<const std::string> keys,
+  std::string GetOnce(const Connection& c, absl::Span<const std::string> keys,
                       const std::vector<size_t>& wanted, std::vector<FetchedItem>* out) const;
-  void Return(memcached_st* mc);
 
   const MemcachedOptions options_;
   memcached_st* prototype_ = nullptr;
   absl::Mutex mu_;
-  std::vector<memcached_st*> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<Connection> free_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvhost
