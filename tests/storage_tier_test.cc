@@ -241,7 +241,7 @@ class TierTest : public StorageTest {
     fake_ = fake.get();
     StorageTierOptions options;
     options.threads = 3;
-    options.pages_per_job = 2;
+    options.job_bytes = 1;  // a page per job: a call's pages on several threads
     options.max_pages_in_flight = 8;
     tier_ = std::make_unique<StorageTier>(std::move(fake), options);
   }

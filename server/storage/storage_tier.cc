@@ -176,7 +176,9 @@ void StorageTier::Launch(std::shared_ptr<Call> call) {
     });
     return;
   }
-  const size_t per_job = std::max<uint32_t>(1, options_.pages_per_job);
+  const uint64_t page_bytes = std::max<uint64_t>(1, call->tag.page_bytes);
+  const size_t per_job = static_cast<size_t>(std::clamp<uint64_t>(
+      options_.job_bytes / page_bytes, 1, std::max<uint32_t>(1, options_.max_pages_per_job)));
   const size_t jobs = (n + per_job - 1) / per_job;
   if (jobs == 0) {
     call->jobs_left = 1;

@@ -4,8 +4,8 @@
 // does (batch_set / batch_get / batch_exists).
 //
 // Store / Fetch / Exist validate at once (a refused call runs nothing), then
-// run on the tier's own threads (WorkQueue), a call cut into jobs of
-// pages_per_job pages so that its pages travel to several servers at once;
+// run on the tier's own threads (WorkQueue), a call cut into jobs of about
+// job_bytes of pages so that its pages travel to several servers at once;
 // `done` runs once, on a tier thread, with one result per page. A page is
 // read from the pool as it is when its job runs (the caller keeps it
 // allocated and unchanged meanwhile); a fetched page is written to the pool
@@ -38,10 +38,14 @@ namespace kvhost {
 struct StorageTierOptions {
   int threads = 4;
   uint64_t max_pages_in_flight = 4096;
-  // Pages per job: small enough that one call's pages spread over the
+  // A job takes pages up to job_bytes of them (at least one page, at most
+  // max_pages_per_job): small enough that one call's pages spread over the
   // threads (and so over servers), large enough that a batch get of small
-  // pages is one round trip.
-  uint32_t pages_per_job = 8;
+  // pages is one round trip. 512 KiB: on the 2-core dev VM, 256 KiB pages
+  // moved at 1.4 GB/s two to a job and 0.4 GB/s eight to a job (PERF.md,
+  // run L3-1).
+  uint64_t job_bytes = uint64_t{512} << 10;
+  uint32_t max_pages_per_job = 8;
 };
 
 class StorageTier {
