@@ -259,6 +259,46 @@ TEST_F(L3Test, ServerKilledMidRunThenRestartedEmpty) {
   EXPECT_EQ(hits, 30u) << "pages not served again after the server came back";
 }
 
+// --l3-replicas=1: every item is on two servers, so killing one loses
+// nothing; the dead server stays in the ring (its keys are read from their
+// replicas), and a store whose first server is the dead one may be
+// UNAVAILABLE, never a failed call.
+TEST_F(L3Test, ReplicasKeepPagesOfAKilledServer) {
+  first_ = StartDaemon({"--l3-item-bytes=1044480", "--l3-replicas=1"});
+  second_ = StartDaemon({"--l3-item-bytes=1044480", "--l3-replicas=1"});
+  ASSERT_TRUE(first_ && second_);
+  const v1::PoolSpec spec = MakeSpec(v1::MHA, v1::PAGE_FIRST, 16, 1024);
+  ASSERT_TRUE(first_->client().CreatePool("p", spec).ok());
+  ASSERT_TRUE(second_->client().CreatePool("p", spec).ok());
+  std::vector<std::string> bytes;
+  const std::vector<int64_t> src = FilledPages(first_->client(), "p", 16, 30, rng_, &bytes);
+  const std::vector<std::string> keys = Keys("replicas", 30);
+  absl::StatusOr<v1::StorePagesResponse> stored = first_->client().StorePages("p", src, keys);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->stored_pages(), 30u);
+  const std::vector<int64_t> dst = AllocFirsts(second_->client(), "p", 16, 30);
+  cluster_->Kill(0);
+  size_t hits = 0;
+  for (int attempt = 0; attempt < 3 && hits < 30; ++attempt) {
+    hits = Count(FetchHits(second_->client(), keys, dst, bytes));
+  }
+  EXPECT_EQ(hits, 30u);
+  std::vector<std::string> more_bytes;
+  const std::vector<int64_t> more = FilledPages(first_->client(), "p", 16, 10, rng_, &more_bytes);
+  const std::vector<std::string> more_keys = Keys("replicas-after", 10);
+  stored = first_->client().StorePages("p", more, more_keys);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  const std::vector<int64_t> more_dst = AllocFirsts(second_->client(), "p", 16, 10);
+  const std::vector<bool> more_hits = FetchHits(second_->client(), more_keys, more_dst, more_bytes);
+  for (int i = 0; i < 10; ++i) {
+    const v1::PageOutcome o = stored->pages(i).outcome();
+    EXPECT_TRUE(o == v1::PAGE_STORED || o == v1::PAGE_UNAVAILABLE) << v1::PageOutcome_Name(o);
+    if (o == v1::PAGE_STORED) {
+      EXPECT_TRUE(more_hits[i]) << i;
+    }
+  }
+}
+
 TEST_F(L3Test, PagesOfAnotherShapeAreRefused) {
   first_ = StartDaemon();
   ASSERT_TRUE(first_);

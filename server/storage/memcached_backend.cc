@@ -99,10 +99,11 @@ absl::StatusOr<std::unique_ptr<MemcachedBackend>> MemcachedBackend::Create(
       {MEMCACHED_BEHAVIOR_SND_TIMEOUT, Millis(options.io_timeout) * 1000},
       {MEMCACHED_BEHAVIOR_RCV_TIMEOUT, Millis(options.io_timeout) * 1000},
       {MEMCACHED_BEHAVIOR_NUMBER_OF_REPLICAS, options.replicas},
-      // A server that fails once leaves the ring for retry_timeout.
+      // A server that fails once leaves the ring for retry_timeout, unless
+      // replicas hold its keys (they are found from its place in the ring).
       {MEMCACHED_BEHAVIOR_SERVER_FAILURE_LIMIT, 1},
-      {MEMCACHED_BEHAVIOR_AUTO_EJECT_HOSTS, 1},
-      {MEMCACHED_BEHAVIOR_REMOVE_FAILED_SERVERS, 1},
+      {MEMCACHED_BEHAVIOR_AUTO_EJECT_HOSTS, options.replicas == 0 ? 1u : 0u},
+      {MEMCACHED_BEHAVIOR_REMOVE_FAILED_SERVERS, options.replicas == 0 ? 1u : 0u},
       {MEMCACHED_BEHAVIOR_RETRY_TIMEOUT, Seconds(options.retry_timeout)},
       {MEMCACHED_BEHAVIOR_DEAD_TIMEOUT, Seconds(options.retry_timeout)},
   };
@@ -183,6 +184,10 @@ std::vector<absl::Status> MemcachedBackend::Set(absl::Span<const StorageItem> it
           absl::StrCat("server ", ServerOf(mc, item.key), ": ", memcached_last_error_message(mc))));
     }
   }
+  // libmemcached sends replicas' copies without waiting for an answer and
+  // leaves them in its buffers until the connection's next request: send
+  // them now, or a server that dies before then loses the only copy.
+  if (mc != nullptr && options_.replicas > 0) (void)memcached_flush_buffers(mc);
   return out;
 }
 

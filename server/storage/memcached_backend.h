@@ -7,8 +7,10 @@
 // `retry_timeout` and tried again after: its keys are misses meanwhile and
 // new stores go to the other servers; a server restarted empty returns
 // misses until its pages are stored again. With `replicas` > 0 every item
-// is also written to that many further servers of the ring, and a get whose
-// server failed is served by a replica.
+// is also written to that many further servers, and a failed server stays
+// in the ring (taking it out would move its keys away from their
+// replicas): a get whose server failed is served by a replica, a set whose
+// first server failed is refused until it returns.
 //
 // Thread safety: all methods may be called concurrently. libmemcached's
 // handles are not thread-safe, so each call borrows one from a free list
