@@ -3,8 +3,9 @@
 // kvhost.v1.StorageService. A first kvhostd stores pages, a second one
 // fetches them byte-exact, for every pool kind x layout, with pages split
 // into parts; a server killed mid-run (its pages become misses, nothing else
-// fails, the daemon stays up) and restarted empty; pages of another shape
-// refused; the calls' refusals (codes and messages, nothing changed);
+// fails, the daemon stays up) and restarted empty; with --l3-replicas=1 a
+// killed server losing nothing; pages of another shape refused; the calls'
+// refusals (codes and messages, nothing changed); the kvhost_l3_* metrics;
 // several clients storing and fetching at once.
 //
 // Skipped, saying why, where no memcached binary exists (CI installs it).
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "api_test_util.h"
 #include "memcached_cluster.h"
+#include "metrics_test_util.h"
 
 namespace kvhost::testing {
 namespace {
@@ -296,6 +298,38 @@ TEST_F(L3Test, ReplicasKeepPagesOfAKilledServer) {
     if (o == v1::PAGE_STORED) {
       EXPECT_TRUE(more_hits[i]) << i;
     }
+  }
+}
+
+TEST_F(L3Test, MetricsCountPagesBytesAndCalls) {
+  first_ = StartDaemon({"--metrics-listen=127.0.0.1:0"});
+  ASSERT_TRUE(first_);
+  const int port = MetricsPort(*first_);
+  ASSERT_GT(port, 0);
+  Client& client = first_->client();
+  ASSERT_TRUE(client.CreatePool("p", MakeSpec(v1::MLA, v1::LAYER_FIRST, 16, 256)).ok());
+  std::vector<std::string> bytes;
+  const std::vector<int64_t> src = FilledPages(client, "p", 16, 3, rng_, &bytes);
+  const std::vector<std::string> keys = Keys("metrics", 3);
+  ASSERT_EQ(client.StorePages("p", src, keys)->stored_pages(), 3u);
+  std::vector<std::string> fetch_keys = keys;
+  fetch_keys.push_back("never-stored");
+  const std::vector<int64_t> dst = AllocFirsts(client, "p", 16, 4);
+  ASSERT_EQ(client.FetchPages("p", fetch_keys, dst)->hit_pages(), 3u);
+  ASSERT_EQ(*client.ExistPages({keys[0], keys[1], "never-stored", keys[2]}), 2u);
+  const Scrape m = ScrapeMetrics(port);
+  const double page = static_cast<double>(bytes[0].size());
+  EXPECT_EQ(SeriesValue(m, R"(kvhost_l3_pages_total{op="store",outcome="stored"})"), 3);
+  EXPECT_EQ(SeriesValue(m, R"(kvhost_l3_pages_total{op="fetch",outcome="hit"})"), 3);
+  EXPECT_EQ(SeriesValue(m, R"(kvhost_l3_pages_total{op="fetch",outcome="miss"})"), 1);
+  EXPECT_EQ(SeriesValue(m, R"(kvhost_l3_pages_total{op="exist",outcome="hit"})"), 2);
+  EXPECT_EQ(SeriesValue(m, R"(kvhost_l3_pages_total{op="exist",outcome="miss"})"), 1);
+  EXPECT_EQ(SeriesValue(m, R"(kvhost_l3_bytes_total{op="store"})"), 3 * page);
+  EXPECT_EQ(SeriesValue(m, R"(kvhost_l3_bytes_total{op="fetch"})"), 3 * page);
+  for (const char* op : {"store", "fetch", "exist"}) {
+    EXPECT_EQ(
+        SeriesValue(m, absl::StrCat("kvhost_l3_call_duration_seconds_count{op=\"", op, "\"}")), 1)
+        << op;
   }
 }
 
