@@ -414,6 +414,41 @@ absl::StatusOr<v1::PageShape> Client::GetPageShape(const std::string& pool) {
   return response;
 }
 
+absl::StatusOr<v1::StorePagesResponse> Client::StorePages(const std::string& pool,
+                                                          absl::Span<const int64_t> indices,
+                                                          const std::vector<std::string>& keys) {
+  v1::StorePagesRequest request;
+  request.set_pool(pool);
+  Fill(request.mutable_indices(), indices);
+  for (const std::string& key : keys) request.add_keys(key);
+  v1::StorePagesResponse response;
+  absl::Status s = KVHOST_CALL(storage_, StorePages, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::FetchPagesResponse> Client::FetchPages(const std::string& pool,
+                                                          const std::vector<std::string>& keys,
+                                                          absl::Span<const int64_t> indices) {
+  v1::FetchPagesRequest request;
+  request.set_pool(pool);
+  for (const std::string& key : keys) request.add_keys(key);
+  Fill(request.mutable_indices(), indices);
+  v1::FetchPagesResponse response;
+  absl::Status s = KVHOST_CALL(storage_, FetchPages, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<uint64_t> Client::ExistPages(const std::vector<std::string>& keys) {
+  v1::ExistPagesRequest request;
+  for (const std::string& key : keys) request.add_keys(key);
+  v1::ExistPagesResponse response;
+  absl::Status s = KVHOST_CALL(storage_, ExistPages, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response.prefix_pages();
+}
+
 absl::StatusOr<v1::PageBufferMeta> Client::GetSplitHeadsPageBufferMeta(
     const std::string& pool, absl::Span<const int64_t> indices, uint32_t split_factor) {
   v1::SplitHeadsMetaRequest request;

@@ -248,6 +248,7 @@ Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
       daemon_(v1::DaemonService::NewStub(channel_)),
       pools_(v1::PoolService::NewStub(channel_)),
       transfers_(v1::TransferService::NewStub(channel_)),
+      storage_(v1::StorageService::NewStub(channel_)),
       session_(new SessionKeeper(this)),
       fast_path_(std::make_unique<FastPath>()) {}
 

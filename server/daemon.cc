@@ -31,6 +31,7 @@
 #include "server/pool/host_memory.h"
 #include "server/service/daemon_service.h"
 #include "server/service/pool_service.h"
+#include "server/service/storage_service.h"
 #include "server/service/transfer_service.h"
 #include "server/transfer/host_engine.h"
 #ifdef KVHOST_HAVE_CUDA_ENGINE
@@ -423,6 +424,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->StartRegistry(*registry);
   absl::StatusOr<Backend> backend = daemon->StartTransfers(options, registry->region_inodes);
   if (!backend.ok()) return backend.status();
+  if (absl::Status s = daemon->StartStorage(options); !s.ok()) return s;
   if (absl::Status s = daemon->CreateDeclaredPools(options); !s.ok()) return s;
   const std::string instance_id = RandomHex();
   if (absl::Status s = daemon->StartServer(options, *listeners, backend->detail, instance_id);
@@ -458,6 +460,19 @@ absl::StatusOr<Daemon::Backend> Daemon::StartTransfers(
                  backend.name == "host" ? ", but the host backend refuses them" : "");
   }
   return backend;
+}
+
+absl::Status Daemon::StartStorage(const DaemonOptions& options) {
+  if (options.l3.servers.empty()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<MemcachedBackend>> backend = MemcachedBackend::Create(options.l3);
+  if (!backend.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--l3-memcached: ", backend.status().message()));
+  }
+  const std::string described = (*backend)->Describe();
+  storage_ = std::make_unique<StorageTier>(*std::move(backend), options.l3_tier, metrics_.get());
+  spdlog::info("L3 tier on {}: {} threads, at most {} pages in flight", described,
+               options.l3_tier.threads, options.l3_tier.max_pages_in_flight);
+  return absl::OkStatus();
 }
 
 absl::Status Daemon::CreateDeclaredPools(const DaemonOptions& options) {
@@ -603,12 +618,16 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   auto status = std::make_unique<DaemonServiceImpl>(registry_.get(), transfers_.get(), identity);
   daemon_service_ = status.get();
   drain_timeout_ = options.drain_timeout;
+  auto storage = std::make_unique<StorageServiceImpl>(registry_.get(), storage_.get(),
+                                                      options.max_indices_per_call);
   builder->RegisterService(pools.get());
   builder->RegisterService(transfers.get());
   builder->RegisterService(status.get());
+  builder->RegisterService(storage.get());
   services_.push_back(std::move(pools));
   services_.push_back(std::move(transfers));
   services_.push_back(std::move(status));
+  services_.push_back(std::move(storage));
 }
 
 absl::Status Daemon::StartMetrics(const DaemonOptions& options, const std::string& backend,

@@ -30,6 +30,8 @@
 #include "server/service/fast_path_calls.h"
 #include "server/service/fast_path_server.h"
 #include "server/service/handoff_server.h"
+#include "server/storage/memcached_backend.h"
+#include "server/storage/storage_tier.h"
 #include "server/transfer/transfer_manager.h"
 
 namespace grpc {
@@ -97,12 +99,18 @@ struct DaemonOptions {
   // Fast-path mailboxes served at once (server/service/fast_path_server.h),
   // through the handoff socket; 0 = the fast path is off.
   uint32_t fast_path_connections = kDefaultFastPathConnections;
+  // The L3 tier (server/storage/storage_tier.h, kvhost.v1.StorageService):
+  // on when l3.servers is not empty (--l3-memcached), else its calls are
+  // FAILED_PRECONDITION.
+  MemcachedOptions l3;
+  StorageTierOptions l3_tier;
 };
 
 // The services kvhostd serves, by their full names, each with its own
 // grpc.health.v1 status besides the overall one ("").
 inline constexpr const char* kServedServices[] = {
-    "kvhost.v1.PoolService", "kvhost.v1.TransferService", "kvhost.v1.DaemonService"};
+    "kvhost.v1.PoolService", "kvhost.v1.TransferService", "kvhost.v1.DaemonService",
+    "kvhost.v1.StorageService"};
 
 class Daemon {
  public:
@@ -138,6 +146,8 @@ class Daemon {
   // The engine (MakeEngine), metrics_ (with --metrics-listen) and transfers_.
   absl::StatusOr<Backend> StartTransfers(const DaemonOptions& options,
                                          std::shared_ptr<const RegionInodes> region_inodes);
+  // storage_, with --l3-memcached (a bad server list fails the start).
+  absl::Status StartStorage(const DaemonOptions& options);
   // Admits every declared pool (they fill in the background); the first
   // refused fails the start.
   absl::Status CreateDeclaredPools(const DaemonOptions& options);
@@ -158,6 +168,9 @@ class Daemon {
   std::unique_ptr<KvhostMetrics> metrics_;
   std::unique_ptr<PoolRegistry> registry_;
   std::unique_ptr<TransferManager> transfers_;
+  // Before the services and the server, so that it goes after them: its
+  // threads finish the StorageService calls still open.
+  std::unique_ptr<StorageTier> storage_;  // null: no L3 tier
   // After transfers_, so that it stops first: its source reads them.
   std::string handoff_path_;  // "" = none
   // Before handoff_ and the services, which use it.

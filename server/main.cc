@@ -142,6 +142,27 @@ ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA bundle: TCP clients must present a certificate it signed (mutual TLS).");
 ABSL_FLAG(bool, insecure_tcp, false,
           "Allow plaintext TCP listeners (no TLS): anyone who reaches the port may use kvhostd.");
+ABSL_FLAG(std::vector<std::string>, l3_memcached, {},
+          "The L3 tier: memcached servers 'host:port,host:port,...' that pages are stored in and "
+          "fetched from (kvhost.v1.StorageService), keys spread by consistent hashing. Empty = "
+          "no L3 tier. See docs/OPERATIONS.md.");
+ABSL_FLAG(absl::Duration, l3_connect_timeout, absl::Milliseconds(200),
+          "L3: how long a connection to a memcached server may take.");
+ABSL_FLAG(absl::Duration, l3_io_timeout, absl::Seconds(1),
+          "L3: how long one memcached request may wait for its server.");
+ABSL_FLAG(absl::Duration, l3_retry_timeout, absl::Seconds(2),
+          "L3: a server that failed leaves the hash ring for this long (its pages are misses, "
+          "new stores go to the others), then is tried again.");
+ABSL_FLAG(uint32_t, l3_replicas, 0,
+          "L3: further servers each page is also written to (libmemcached replication); fewer "
+          "than the servers.");
+ABSL_FLAG(std::string, l3_item_bytes, "1044480",
+          "L3: largest memcached item (value) written; larger pages are split into parts. "
+          "Keep it under the servers' -I (1m by default) minus 4K.");
+ABSL_FLAG(uint64_t, l3_max_pages_in_flight, 4096,
+          "L3: most pages (keys, for ExistPages) accepted and not yet done over all calls; a call "
+          "that would pass it is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, l3_threads, 4, "L3: threads that talk to the cache (the tier's own).");
 
 namespace {
 
@@ -210,6 +231,27 @@ absl::Status RefuseRemovedFlags() {
   return absl::OkStatus();
 }
 
+// The L3 tier's options (--l3-*); INVALID_ARGUMENT naming a bad value.
+absl::Status L3OptionsFromFlags(kvhost::DaemonOptions* options) {
+  options->l3.servers = absl::GetFlag(FLAGS_l3_memcached);
+  options->l3.connect_timeout = absl::GetFlag(FLAGS_l3_connect_timeout);
+  options->l3.io_timeout = absl::GetFlag(FLAGS_l3_io_timeout);
+  options->l3.retry_timeout = absl::GetFlag(FLAGS_l3_retry_timeout);
+  options->l3.replicas = absl::GetFlag(FLAGS_l3_replicas);
+  absl::StatusOr<uint64_t> item = kvhost::ParseByteSize(absl::GetFlag(FLAGS_l3_item_bytes));
+  if (!item.ok()) return Invalid(absl::StrCat("--l3-item-bytes: ", item.status().message()));
+  options->l3.item_bytes = *item;
+  options->l3_tier.max_pages_in_flight = absl::GetFlag(FLAGS_l3_max_pages_in_flight);
+  if (options->l3_tier.max_pages_in_flight == 0) {
+    return Invalid("--l3-max-pages-in-flight must be >= 1");
+  }
+  options->l3_tier.threads = absl::GetFlag(FLAGS_l3_threads);
+  if (options->l3_tier.threads < 1 || options->l3_tier.threads > 256) {
+    return Invalid(absl::StrCat("--l3-threads ", options->l3_tier.threads, " is not in [1, 256]"));
+  }
+  return absl::OkStatus();
+}
+
 // The daemon's options from the flags and the config file's pools; a bad
 // flag value is INVALID_ARGUMENT with the message Fail logs.
 absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
@@ -274,6 +316,7 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
     }
     options.memory_reserve = *reserve;
   }
+  if (absl::Status s = L3OptionsFromFlags(&options); !s.ok()) return s;
   return options;
 }
 

@@ -138,9 +138,9 @@ TEST_F(ReflectionTest, ListServices) {
   for (const auto& service : response.list_services_response().service()) {
     names.insert(service.name());
   }
-  for (const char* want :
-       {"kvhost.v1.PoolService", "kvhost.v1.TransferService", "kvhost.v1.DaemonService",
-        "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}) {
+  for (const char* want : {"kvhost.v1.PoolService", "kvhost.v1.TransferService",
+                           "kvhost.v1.DaemonService", "kvhost.v1.StorageService",
+                           "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}) {
     EXPECT_TRUE(names.count(want)) << want << " not listed; got: " << absl::StrJoin(names, ", ");
   }
   EXPECT_TRUE(stream.Close().ok());
@@ -325,8 +325,8 @@ TEST_F(ReflectionTest, HealthCheckIsServing) {
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
   }
-  for (const char* service :
-       {"kvhost.v1.PoolService", "kvhost.v1.TransferService", "kvhost.v1.DaemonService"}) {
+  for (const char* service : {"kvhost.v1.PoolService", "kvhost.v1.TransferService",
+                              "kvhost.v1.DaemonService", "kvhost.v1.StorageService"}) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     request.set_service(service);

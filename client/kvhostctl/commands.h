@@ -69,6 +69,10 @@ absl::Status RunPageShape(Context& ctx, const Args& args);
 absl::Status RunSplitMeta(Context& ctx, const Args& args);
 absl::Status RunStride(Context& ctx, const Args& args);
 absl::Status RunBufInfo(Context& ctx, const Args& args);
+// storage_commands.cc
+absl::Status RunL3Store(Context& ctx, const Args& args);
+absl::Status RunL3Fetch(Context& ctx, const Args& args);
+absl::Status RunL3Exist(Context& ctx, const Args& args);
 // watch.cc
 absl::Status RunWatch(Context& ctx, const Args& args);
 // demo.cc
@@ -147,6 +151,16 @@ inline constexpr Command kCommands[] = {
      RunStride},
     {"bufinfo", "POOL", 1, 1, "contiguous range per component and layer (LAYER_FIRST pools)",
      RunBufInfo},
+    {"l3-store", "POOL INDEX=KEY...", 2, kAnyNumber,
+     "store pages (INDEX: a page's first slot) in the L3 tier under\n"
+     "their keys (kvhostd --l3-memcached); prints each page's outcome",
+     RunL3Store},
+    {"l3-fetch", "POOL INDEX=KEY...", 2, kAnyNumber,
+     "fetch the pages stored under the keys into the pages at the\n"
+     "indices; each page: PAGE_HIT, or why not (a miss is no error)",
+     RunL3Fetch},
+    {"l3-exist", "KEY...", 1, kAnyNumber, "how many of the keys, from the first, are stored in L3",
+     RunL3Exist},
     {"watch", "", 0, 0,
      "a live view of pools, tickets and GB/s per direction,\n"
      "refreshed every --interval; --count=N stops after N frames\n"

@@ -39,6 +39,15 @@ KvhostMetrics::KvhostMetrics()
       fast_path_seconds(registry.AddHistogram(
           "kvhost_fast_path_duration_seconds",
           "Time from a fast-path request's arrival in its mailbox to its reply being written.",
-          {"method"}, kFastPathSecondsBuckets)) {}
+          {"method"}, kFastPathSecondsBuckets)),
+      l3_pages(registry.AddCounter("kvhost_l3_pages_total",
+                                   "L3 tier pages by operation and outcome.", {"op", "outcome"})),
+      l3_bytes(registry.AddCounter("kvhost_l3_bytes_total",
+                                   "Page bytes stored to / fetched whole from the L3 tier.",
+                                   {"op"})),
+      l3_seconds(
+          registry.AddHistogram("kvhost_l3_call_duration_seconds",
+                                "Time from an L3 call's acceptance to the end of its last page.",
+                                {"op"}, kStorageSecondsBuckets)) {}
 
 }  // namespace kvhost

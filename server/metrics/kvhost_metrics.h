@@ -34,6 +34,11 @@ inline const std::vector<double> kRpcSecondsBuckets = {
 inline const std::vector<double> kFastPathSecondsBuckets = {
     0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.01, 0.1, 1, 10, 60};
 
+// L3 tier calls (StorePages / FetchPages / ExistPages): a few pages on the
+// loopback take ~100 us, a batch of large pages over a network seconds.
+inline const std::vector<double> kStorageSecondsBuckets = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10};
+
 struct KvhostMetrics {
   KvhostMetrics();
 
@@ -60,6 +65,15 @@ struct KvhostMetrics {
   // {method, code} and {method}, method as the gRPC method it mirrors.
   CounterFamily* const fast_path_calls;
   HistogramFamily* const fast_path_seconds;
+
+  // The L3 tier (server/storage/storage_tier.h), op = store | fetch | exist:
+  // pages by outcome (stored, hit, miss, corrupt, shape_mismatch,
+  // unavailable; exist counts its prefix as hits and the key that ended it
+  // as a miss), page bytes stored / fetched whole, and each call's time from
+  // acceptance to its last page.
+  CounterFamily* const l3_pages;      // {op, outcome}
+  CounterFamily* const l3_bytes;      // {op}
+  HistogramFamily* const l3_seconds;  // {op}
 };
 
 }  // namespace kvhost

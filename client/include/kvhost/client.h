@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "kvhost/v1/daemon.grpc.pb.h"
 #include "kvhost/v1/pool.grpc.pb.h"
+#include "kvhost/v1/storage.grpc.pb.h"
 #include "kvhost/v1/transfer.grpc.pb.h"
 
 namespace grpc {
@@ -206,6 +207,18 @@ class Client {
   absl::StatusOr<std::vector<v1::PoolGroup>> ListPoolGroups();
   absl::Status DeletePoolGroup(const std::string& name);
 
+  // StorageService: the L3 tier (kvhostd --l3-memcached). Pages of a pool
+  // stored under keys (one per index), fetched back into allocated pages
+  // with a result per page (a miss is a result, not an error), and the
+  // longest stored prefix of a key list.
+  absl::StatusOr<v1::StorePagesResponse> StorePages(const std::string& pool,
+                                                    absl::Span<const int64_t> indices,
+                                                    const std::vector<std::string>& keys);
+  absl::StatusOr<v1::FetchPagesResponse> FetchPages(const std::string& pool,
+                                                    const std::vector<std::string>& keys,
+                                                    absl::Span<const int64_t> indices);
+  absl::StatusOr<uint64_t> ExistPages(const std::vector<std::string>& keys);
+
   // TransferService.
   absl::StatusOr<v1::Attachment> AttachDevice(const v1::AttachDeviceRequest& request);
   absl::Status DetachDevice(const std::string& attachment_id);
@@ -321,6 +334,7 @@ class Client {
   std::unique_ptr<v1::DaemonService::Stub> daemon_;
   std::unique_ptr<v1::PoolService::Stub> pools_;
   std::unique_ptr<v1::TransferService::Stub> transfers_;
+  std::unique_ptr<v1::StorageService::Stub> storage_;
   std::unique_ptr<SessionKeeper> session_;
   std::unique_ptr<FastPath> fast_path_;
 };

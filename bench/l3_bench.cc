@@ -1,0 +1,336 @@
+// kvhost_l3_bench: the L3 tier (kvhost.v1.StorageService) against a local
+// memcached cluster it starts (three servers on 127.0.0.1, as the
+// integration tests do) and two kvhostds it starts on it, as two nodes.
+//
+//   1. Store: node A stores --pages pages in calls of --batch; GB/s of page
+//      bytes and the time per page (call time / pages in the call), then
+//      single-page calls: median and p99 latency. Twice: into fresh servers
+//      (memcached takes memory for each new item), then the same keys again
+//      (memory reused, as in a full cache that evicts).
+//   2. Fetch: node B fetches them back (every page must be a hit, and is
+//      compared byte for byte with what A stored); the same figures.
+//   3. Prefix workload: --requests requests, each --shared-pages pages of
+//      one of --prefixes shared prefixes then --own-pages pages of its own,
+//      sent to the nodes in turn. A node serves the pages it holds locally
+//      (its host pool), asks L3 for the longest stored prefix of the rest
+//      (ExistPages), fetches it (FetchPages), computes the others and stores
+//      them (StorePages). Reported: the L3 hit rate (pages fetched / pages
+//      not held locally) and how many of node B's fetches A had stored.
+//
+// Figures are of this machine's loopback and memcached, not a network.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "bench/bench_util.h"
+#include "common/cli_flags.h"
+#include "kvhost/client.h"
+#include "tests/daemon_fixture.h"
+#include "tests/memcached_cluster.h"
+
+ABSL_FLAG(std::string, kvhostd, KVHOSTD_PATH, "kvhostd binary to start (twice).");
+ABSL_FLAG(uint32_t, layers, 4, "Layers of the MHA pool (8 heads x 128 dims, bf16, PAGE_FIRST).");
+ABSL_FLAG(uint32_t, page_size, 16, "Tokens per page.");
+ABSL_FLAG(uint64_t, pages, 256, "Pages stored and fetched in the bandwidth cases.");
+ABSL_FLAG(uint64_t, batch, 32, "Pages per StorePages / FetchPages call in the bandwidth cases.");
+ABSL_FLAG(uint64_t, single_calls, 100, "Single-page calls timed for the latency figures.");
+ABSL_FLAG(uint64_t, requests, 200, "Requests of the prefix workload.");
+ABSL_FLAG(uint64_t, prefixes, 8, "Distinct shared prefixes in the prefix workload.");
+ABSL_FLAG(uint64_t, shared_pages, 8, "Pages of each shared prefix.");
+ABSL_FLAG(uint64_t, own_pages, 2, "Pages of each request's own suffix.");
+ABSL_FLAG(int, memcached_mb, 1024, "Memory of each memcached server (-m), MiB.");
+ABSL_FLAG(int, l3_threads, 4, "kvhostd --l3-threads.");
+ABSL_FLAG(bool, quick, false, "A few seconds in all (CI smoke run): small pages, few requests.");
+
+namespace kvhost::bench {
+namespace {
+
+struct Options {
+  uint32_t layers, page_size;
+  uint64_t pages, batch, single_calls, requests, prefixes, shared_pages, own_pages;
+  int memcached_mb, l3_threads;
+};
+
+absl::StatusOr<Options> OptionsFromFlags() {
+  Options o{absl::GetFlag(FLAGS_layers),       absl::GetFlag(FLAGS_page_size),
+            absl::GetFlag(FLAGS_pages),        absl::GetFlag(FLAGS_batch),
+            absl::GetFlag(FLAGS_single_calls), absl::GetFlag(FLAGS_requests),
+            absl::GetFlag(FLAGS_prefixes),     absl::GetFlag(FLAGS_shared_pages),
+            absl::GetFlag(FLAGS_own_pages),    absl::GetFlag(FLAGS_memcached_mb),
+            absl::GetFlag(FLAGS_l3_threads)};
+  if (absl::GetFlag(FLAGS_quick)) {
+    o.layers = 1, o.pages = 32, o.batch = 8, o.single_calls = 10, o.requests = 20;
+    o.prefixes = 3, o.shared_pages = 4, o.memcached_mb = 64;
+  }
+  if (o.layers == 0 || o.page_size == 0 || o.pages == 0 || o.batch == 0 || o.prefixes == 0) {
+    return absl::InvalidArgumentError("--layers, --page-size, --pages, --batch, --prefixes >= 1");
+  }
+  return o;
+}
+
+v1::PoolSpec Spec(const Options& o, uint64_t pages) {
+  v1::PoolSpec spec;
+  spec.set_kind(v1::MHA);
+  spec.set_layout(v1::PAGE_FIRST);
+  spec.set_dtype(v1::BF16);
+  spec.set_page_size(o.page_size);
+  spec.set_layer_num(o.layers);
+  spec.set_head_num(8);
+  spec.set_head_dim(128);
+  spec.set_size_tokens(pages * o.page_size);
+  return spec;
+}
+
+std::vector<int64_t> PageStarts(Client& client, uint64_t pages, uint32_t ps) {
+  absl::StatusOr<std::vector<int64_t>> slots = client.Alloc("p", pages * ps);
+  std::vector<int64_t> out;
+  for (size_t i = 0; slots.ok() && i < slots->size(); i += ps) out.push_back((*slots)[i]);
+  return out;
+}
+
+struct Phase {
+  double gbps = 0;
+  double us_per_page = 0;  // batched calls
+  double single_p50_us = 0, single_p99_us = 0;
+};
+
+// Times `call(first, n)` over all pages in batches, then single pages.
+template <typename Call>
+absl::StatusOr<Phase> Measure(const Options& o, uint64_t page_bytes, Call call) {
+  Phase phase;
+  const absl::Time start = absl::Now();
+  for (uint64_t first = 0; first < o.pages; first += o.batch) {
+    if (absl::Status s = call(first, std::min(o.batch, o.pages - first)); !s.ok()) return s;
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  phase.gbps = static_cast<double>(o.pages * page_bytes) / seconds / 1e9;
+  phase.us_per_page = seconds * 1e6 / static_cast<double>(o.pages);
+  std::vector<double> single;
+  for (uint64_t i = 0; i < o.single_calls; ++i) {
+    const absl::Time t = absl::Now();
+    if (absl::Status s = call(i % o.pages, 1); !s.ok()) return s;
+    single.push_back(absl::ToDoubleMicroseconds(absl::Now() - t));
+  }
+  std::sort(single.begin(), single.end());
+  phase.single_p50_us = Percentile(single, 0.5);
+  phase.single_p99_us = Percentile(single, 0.99);
+  return phase;
+}
+
+template <typename T>
+std::vector<T> Slice(const std::vector<T>& v, uint64_t first, uint64_t n) {
+  return std::vector<T>(v.begin() + static_cast<std::ptrdiff_t>(first),
+                        v.begin() + static_cast<std::ptrdiff_t>(first + n));
+}
+
+struct Workload {
+  uint64_t pages = 0, local = 0, l3_hits = 0, computed = 0;
+  // Pages of shared prefixes a node did not hold, and those L3 served.
+  uint64_t shared_missing = 0, shared_hits = 0;
+  uint64_t cross_hits = 0;  // L3 hits on pages the other node stored
+};
+
+// One request at a node: local pages, then L3's longest prefix, then the rest
+// computed and stored.
+absl::Status Serve(Client& node, std::set<std::string>* local, std::map<std::string, int>* owner,
+                   int node_id, const std::vector<std::string>& keys, uint64_t shared, uint32_t ps,
+                   Workload* w) {
+  size_t k = 0;
+  while (k < keys.size() && local->count(keys[k])) ++k;
+  w->pages += keys.size();
+  w->local += k;
+  std::vector<std::string> rest(keys.begin() + static_cast<std::ptrdiff_t>(k), keys.end());
+  if (rest.empty()) return absl::OkStatus();
+  absl::StatusOr<uint64_t> prefix = node.ExistPages(rest);
+  if (!prefix.ok()) return prefix.status();
+  std::vector<int64_t> slots = PageStarts(node, rest.size(), ps);
+  if (slots.size() != rest.size()) return absl::ResourceExhaustedError("pool full; raise --pages");
+  uint64_t hits = 0;
+  if (*prefix > 0) {
+    absl::StatusOr<v1::FetchPagesResponse> got =
+        node.FetchPages("p", Slice(rest, 0, *prefix), Slice(slots, 0, *prefix));
+    if (!got.ok()) return got.status();
+    while (hits < *prefix && got->pages(static_cast<int>(hits)).outcome() == v1::PAGE_HIT) ++hits;
+    for (uint64_t i = 0; i < hits; ++i) {
+      if ((*owner)[rest[i]] != node_id) ++w->cross_hits;
+    }
+  }
+  w->l3_hits += hits;
+  const uint64_t shared_rest = shared > k ? shared - k : 0;
+  w->shared_missing += shared_rest;
+  w->shared_hits += std::min<uint64_t>(hits, shared_rest);
+  const uint64_t compute = rest.size() - hits;
+  w->computed += compute;
+  if (compute > 0) {
+    absl::StatusOr<v1::StorePagesResponse> stored =
+        node.StorePages("p", Slice(slots, hits, compute), Slice(rest, hits, compute));
+    if (!stored.ok()) return stored.status();
+    for (uint64_t i = hits; i < rest.size(); ++i) owner->emplace(rest[i], node_id);
+  }
+  for (const std::string& key : rest) local->insert(key);
+  return node
+      .Free("p",
+            [&] {
+              std::vector<int64_t> all;
+              for (int64_t s : slots) {
+                for (uint32_t t = 0; t < ps; ++t) all.push_back(s + t);
+              }
+              return all;
+            }())
+      .status();
+}
+
+absl::StatusOr<Workload> PrefixWorkload(const Options& o, Client* nodes[2]) {
+  std::mt19937_64 rng(7);
+  const std::string run = absl::StrCat(rng());
+  Workload w;
+  std::set<std::string> local[2];
+  std::map<std::string, int> owner;
+  for (uint64_t r = 0; r < o.requests; ++r) {
+    const uint64_t prefix = rng() % o.prefixes;
+    std::vector<std::string> keys;
+    for (uint64_t i = 0; i < o.shared_pages; ++i) {
+      keys.push_back(absl::StrCat(run, "/prefix", prefix, "/", i));
+    }
+    for (uint64_t i = 0; i < o.own_pages; ++i) keys.push_back(absl::StrCat(run, "/req", r, "/", i));
+    const int node = static_cast<int>(r % 2);
+    if (absl::Status s =
+            Serve(*nodes[node], &local[node], &owner, node, keys, o.shared_pages, o.page_size, &w);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return w;
+}
+
+absl::Status Run(const Options& o) {
+  absl::StatusOr<std::unique_ptr<testing::MemcachedCluster>> cluster =
+      testing::MemcachedCluster::Start(3, o.memcached_mb);
+  if (!cluster.ok()) return cluster.status();
+  const std::vector<std::string> flags = {"--log-level=warn",
+                                          absl::StrCat("--l3-memcached=", (*cluster)->Servers()),
+                                          absl::StrCat("--l3-threads=", o.l3_threads)};
+  std::unique_ptr<testing::TestDaemon> node[2];
+  Client* clients[2];
+  const uint64_t pool_pages = o.pages + o.shared_pages + o.own_pages + 8;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<std::unique_ptr<testing::TestDaemon>> d =
+        testing::TestDaemon::Start(absl::GetFlag(FLAGS_kvhostd), flags);
+    if (!d.ok()) return d.status();
+    node[i] = *std::move(d);
+    clients[i] = &node[i]->client();
+    if (absl::StatusOr<v1::Pool> p = clients[i]->CreatePool("p", Spec(o, pool_pages)); !p.ok()) {
+      return p.status();
+    }
+  }
+  const std::vector<int64_t> src = PageStarts(*clients[0], o.pages, o.page_size);
+  const std::vector<int64_t> dst = PageStarts(*clients[1], o.pages, o.page_size);
+  absl::StatusOr<std::string> first = clients[0]->GetDataPage("p", src.at(0));
+  if (!first.ok()) return first.status();
+  const uint64_t page_bytes = first->size();
+  std::mt19937 rng(1);
+  std::vector<std::string> keys;
+  std::vector<std::string> bytes;
+  for (uint64_t i = 0; i < o.pages; ++i) {
+    keys.push_back(absl::StrCat("bench/", rng(), "/", i));
+    std::string data(page_bytes, '\0');
+    for (char& c : data) c = static_cast<char>(rng());
+    if (absl::Status s = clients[0]->SetFromFlatDataPage("p", src[i], data); !s.ok()) return s;
+    bytes.push_back(std::move(data));
+  }
+  absl::PrintF(
+      "kvhost_l3_bench: 3 memcached servers (%d MiB each) on 127.0.0.1, two kvhostds; "
+      "pages of %d bytes (MHA PAGE_FIRST bf16, %u layers x 8 heads x 128 x %u tokens)\n",
+      o.memcached_mb, page_bytes, o.layers, o.page_size);
+  auto store_call = [&](uint64_t f, uint64_t n) {
+    absl::StatusOr<v1::StorePagesResponse> r =
+        clients[0]->StorePages("p", Slice(src, f, n), Slice(keys, f, n));
+    if (!r.ok()) return r.status();
+    return r->stored_pages() == n
+               ? absl::OkStatus()
+               : absl::DataLossError(absl::StrCat("stored ", r->stored_pages(), " of ", n,
+                                                  " pages: ", r->pages(0).detail()));
+  };
+  // Fresh servers first take memory for every new item (memcached touches
+  // its slab pages then); storing the same keys again reuses it, as a full
+  // cache that evicts does.
+  absl::StatusOr<Phase> cold = Measure(o, page_bytes, store_call);
+  if (!cold.ok()) return cold.status();
+  absl::StatusOr<Phase> store = Measure(o, page_bytes, store_call);
+  if (!store.ok()) return store.status();
+  auto fetch_call = [&](uint64_t f, uint64_t n) {
+    absl::StatusOr<v1::FetchPagesResponse> r =
+        clients[1]->FetchPages("p", Slice(keys, f, n), Slice(dst, f, n));
+    if (!r.ok()) return r.status();
+    if (r->hit_pages() != n) {
+      return absl::DataLossError(absl::StrCat("fetched ", r->hit_pages(), " of ", n, " pages"));
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<Phase> fetch = Measure(o, page_bytes, fetch_call);
+  if (!fetch.ok()) return fetch.status();
+  absl::StatusOr<Phase> refetch = Measure(o, page_bytes, fetch_call);
+  if (!refetch.ok()) return refetch.status();
+  for (uint64_t i = 0; i < o.pages; ++i) {
+    absl::StatusOr<std::string> got = clients[1]->GetDataPage("p", dst[i]);
+    if (!got.ok() || *got != bytes[i]) {
+      return absl::DataLossError(absl::StrCat("page ", i, " fetched by node B differs"));
+    }
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"op", "GB/s", "us/page (batch)", "p50 us (1 page)", "p99 us (1 page)"}};
+  for (const auto& [name, p] : {std::pair{"store, fresh servers (node A)", *cold},
+                                {"store again (node A)", *store},
+                                {"fetch (node B)", *fetch},
+                                {"fetch again (node B)", *refetch}}) {
+    rows.push_back({name, absl::StrFormat("%.3f", p.gbps), absl::StrFormat("%.0f", p.us_per_page),
+                    absl::StrFormat("%.0f", p.single_p50_us),
+                    absl::StrFormat("%.0f", p.single_p99_us)});
+  }
+  absl::PrintF("%d pages in calls of %d, byte-exact on node B:\n", o.pages, o.batch);
+  PrintTable(rows, "lrrrr", "  ");
+
+  absl::StatusOr<Workload> w = PrefixWorkload(o, clients);
+  if (!w.ok()) return w.status();
+  const uint64_t not_local = w->pages - w->local;
+  auto percent = [](uint64_t a, uint64_t b) {
+    return b ? 100.0 * static_cast<double>(a) / static_cast<double>(b) : 0.0;
+  };
+  absl::PrintF(
+      "prefix workload: %d requests over 2 nodes in turn, %d prefixes of %d pages + %d own pages "
+      "each\n  pages %d: held locally %d, from L3 %d, computed %d\n"
+      "  L3 hit rate: %.1f%% of the pages a node did not hold; %.1f%% of the shared-prefix pages "
+      "it did not hold (%d of %d); %d hits on pages the other node stored\n",
+      o.requests, o.prefixes, o.shared_pages, o.own_pages, w->pages, w->local, w->l3_hits,
+      w->computed, percent(w->l3_hits, not_local), percent(w->shared_hits, w->shared_missing),
+      w->shared_hits, w->shared_missing, w->cross_hits);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace kvhost::bench
+
+int main(int argc, char** argv) {
+  kvhost::ParseFlags(argc, argv,
+                     "kvhost_l3_bench: the L3 tier's store / fetch GB/s and latency against a "
+                     "local 3-server memcached cluster, and a two-node prefix workload's hit "
+                     "rate.\nUsage: kvhost_l3_bench [--pages=256] [--batch=32] [--layers=4] "
+                     "[--requests=200] [--quick]",
+                     "bench/l3_bench.cc");
+  if (kvhost::testing::MemcachedBinary().empty()) {  // ctest reads 77 as skipped
+    absl::FPrintF(stderr, "SKIP: %s\n", kvhost::testing::kNoMemcached);
+    return 77;
+  }
+  return kvhost::bench::Finish(kvhost::bench::OptionsFromFlags(), kvhost::bench::Run);
+}

@@ -1,0 +1,58 @@
+// StorageServiceImpl: kvhost.v1.StorageService (proto/kvhost/v1/storage.proto)
+// over the L3 tier. Translates and validates: StorePages and FetchPages read
+// or write a pool's data, so they check its owner token first
+// (PoolRegistry::CheckOwner, as the page RPCs of PoolService do) and accept
+// a pool group's name for its anchor pool; ExistPages names no pool. The
+// tier validates the pages and runs the work on its own threads; each call
+// is a reactor finished from there, so no gRPC thread waits on the cache.
+//
+// Thread safety: handlers run concurrently on gRPC's threads; the tier and
+// the registry synchronise themselves.
+#ifndef KVHOST_SERVER_SERVICE_STORAGE_SERVICE_H_
+#define KVHOST_SERVER_SERVICE_STORAGE_SERVICE_H_
+
+#include <cstdint>
+
+#include "kvhost/v1/storage.grpc.pb.h"
+#include "server/pool/registry.h"
+#include "server/storage/storage_tier.h"
+
+namespace kvhost {
+
+class StorageServiceImpl final : public v1::StorageService::CallbackService {
+ public:
+  // `tier` null: kvhostd runs without an L3 tier and every call is
+  // FAILED_PRECONDITION saying so. `max_indices_per_call` bounds each list
+  // (INVALID_ARGUMENT above it). Both must outlive this.
+  StorageServiceImpl(PoolRegistry* registry, StorageTier* tier, uint64_t max_indices_per_call)
+      : registry_(registry), tier_(tier), max_indices_(max_indices_per_call) {}
+
+  grpc::ServerUnaryReactor* StorePages(grpc::CallbackServerContext* context,
+                                       const v1::StorePagesRequest* request,
+                                       v1::StorePagesResponse* response) override;
+  grpc::ServerUnaryReactor* FetchPages(grpc::CallbackServerContext* context,
+                                       const v1::FetchPagesRequest* request,
+                                       v1::FetchPagesResponse* response) override;
+  grpc::ServerUnaryReactor* ExistPages(grpc::CallbackServerContext* context,
+                                       const v1::ExistPagesRequest* request,
+                                       v1::ExistPagesResponse* response) override;
+
+  // A PageResult's detail is cut to this many bytes in a reply, so a reply
+  // stays within pages x (this + a few bytes).
+  static constexpr size_t kMaxDetailBytes = 240;
+
+ private:
+  // The checks StorePages and FetchPages share: the tier exists, the list
+  // sizes, the owner token; then the pool (or a group's anchor).
+  absl::StatusOr<std::shared_ptr<Pool>> PagesPool(const grpc::CallbackServerContext& context,
+                                                  const std::string& pool, int indices,
+                                                  int keys) const;
+
+  PoolRegistry* const registry_;
+  StorageTier* const tier_;
+  const uint64_t max_indices_;
+};
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_SERVICE_STORAGE_SERVICE_H_

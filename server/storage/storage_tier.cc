@@ -1,0 +1,320 @@
+#include "server/storage/storage_tier.h"
+
+#include <algorithm>
+#include <random>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace kvhost {
+namespace {
+
+enum class StorageOp { kStore, kFetch, kExist };
+
+const char* OpName(StorageOp op) {
+  switch (op) {
+    case StorageOp::kStore:
+      return "store";
+    case StorageOp::kFetch:
+      return "fetch";
+    case StorageOp::kExist:
+      return "exist";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+// One accepted call: its pages, their results, and the jobs still running.
+struct StorageTier::Call {
+  StorageOp op = StorageOp::kStore;
+  std::shared_ptr<Pool> pool;  // null for Exist
+  PageShapeTag tag;
+  std::vector<int64_t> indices;
+  std::vector<std::string> keys;
+  std::vector<PageResult> results;
+  uint64_t prefix = 0;  // Exist
+  PagesDone pages_done;
+  PrefixDone prefix_done;
+  std::atomic<size_t> jobs_left{0};
+  absl::Time start;
+};
+
+namespace {
+
+// Random per store, so that parts of two stores of one key differ.
+uint64_t NewStoreId() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return rng();
+}
+
+PageResult Unavailable(std::string detail) {
+  return {PageOutcome::kUnavailable, std::move(detail)};
+}
+
+}  // namespace
+
+StorageTier::StorageTier(std::unique_ptr<StorageBackend> backend, const StorageTierOptions& options,
+                         KvhostMetrics* metrics)
+    : backend_(std::move(backend)),
+      options_(options),
+      metrics_(metrics),
+      queue_(std::max(1, options.threads)) {}
+
+StorageTier::~StorageTier() = default;
+
+absl::Status StorageTier::Reserve(uint64_t n) {
+  const uint64_t max = options_.max_pages_in_flight;
+  if (n > max) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a call of ", n, " pages, over the bound of ", max,
+                     " pages in flight (--l3-max-pages-in-flight); split it"));
+  }
+  uint64_t now = in_flight_.load();
+  do {
+    if (now + n > max) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(n, " pages asked with ", now, " in flight, over the bound of ", max,
+                       " pages in flight (--l3-max-pages-in-flight); retry when calls finish"));
+    }
+  } while (!in_flight_.compare_exchange_weak(now, now + n));
+  return absl::OkStatus();
+}
+
+absl::Status StorageTier::CheckPages(const Pool& pool, absl::Span<const int64_t> indices,
+                                     absl::Span<const std::string> keys, PageShapeTag* tag) const {
+  if (keys.size() != indices.size()) {
+    return WithPool(pool.name(), absl::InvalidArgumentError(
+                                     absl::StrCat(keys.size(), " keys for ", indices.size(),
+                                                  " indices; give one key per page")));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status s = CheckStorageKey(keys[i], absl::StrCat("keys[", i, "]")); !s.ok()) {
+      return s;
+    }
+  }
+  absl::StatusOr<PageShapeTag> shape = ShapeTagOf(pool);
+  if (!shape.ok()) return shape.status();
+  *tag = *shape;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (absl::Status s = pool.CheckPage(indices[i]); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("indices[", i, "]: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StorageTier::Store(std::shared_ptr<Pool> pool, std::vector<int64_t> indices,
+                                std::vector<std::string> keys, PagesDone done) {
+  auto call = std::make_shared<Call>();
+  if (absl::Status s = CheckPages(*pool, indices, keys, &call->tag); !s.ok()) return s;
+  if (absl::Status s = Reserve(indices.size()); !s.ok()) return s;
+  call->op = StorageOp::kStore;
+  call->pool = std::move(pool);
+  call->indices = std::move(indices);
+  call->keys = std::move(keys);
+  call->pages_done = std::move(done);
+  Launch(std::move(call));
+  return absl::OkStatus();
+}
+
+absl::Status StorageTier::Fetch(std::shared_ptr<Pool> pool, std::vector<std::string> keys,
+                                std::vector<int64_t> indices, PagesDone done) {
+  auto call = std::make_shared<Call>();
+  if (absl::Status s = CheckPages(*pool, indices, keys, &call->tag); !s.ok()) return s;
+  std::set<int64_t> seen;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (!seen.insert(indices[i]).second) {
+      return WithPool(pool->name(),
+                      absl::InvalidArgumentError(absl::StrCat("indices[", i, "] = ", indices[i],
+                                                              " is given twice; a page is "
+                                                              "filled from one key")));
+    }
+  }
+  if (absl::Status s = Reserve(indices.size()); !s.ok()) return s;
+  call->op = StorageOp::kFetch;
+  call->pool = std::move(pool);
+  call->indices = std::move(indices);
+  call->keys = std::move(keys);
+  call->pages_done = std::move(done);
+  Launch(std::move(call));
+  return absl::OkStatus();
+}
+
+absl::Status StorageTier::Exist(std::vector<std::string> keys, PrefixDone done) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status s = CheckStorageKey(keys[i], absl::StrCat("keys[", i, "]")); !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s = Reserve(keys.size()); !s.ok()) return s;
+  auto call = std::make_shared<Call>();
+  call->op = StorageOp::kExist;
+  call->keys = std::move(keys);
+  call->prefix_done = std::move(done);
+  Launch(std::move(call));
+  return absl::OkStatus();
+}
+
+void StorageTier::Launch(std::shared_ptr<Call> call) {
+  call->start = absl::Now();
+  const size_t n = call->keys.size();
+  call->results.resize(call->op == StorageOp::kExist ? 0 : n);
+  if (call->op == StorageOp::kExist) {
+    // One job: the keys after the first miss are not looked up.
+    call->jobs_left = 1;
+    queue_.Post([this, call] {
+      std::vector<std::string> keys;
+      keys.reserve(call->keys.size());
+      for (const std::string& k : call->keys) keys.push_back(PartKey(k, 0));
+      const std::vector<bool> present = backend_->ExistPrefix(keys);
+      call->prefix =
+          static_cast<uint64_t>(std::find(present.begin(), present.end(), false) - present.begin());
+      JobDone(call);
+    });
+    return;
+  }
+  const uint64_t page_bytes = std::max<uint64_t>(1, call->tag.page_bytes);
+  const size_t per_job = static_cast<size_t>(std::clamp<uint64_t>(
+      options_.job_bytes / page_bytes, 1, std::max<uint32_t>(1, options_.max_pages_per_job)));
+  const size_t jobs = (n + per_job - 1) / per_job;
+  if (jobs == 0) {
+    call->jobs_left = 1;
+    JobDone(call);
+    return;
+  }
+  call->jobs_left = jobs;
+  for (size_t begin = 0; begin < n; begin += per_job) {
+    const size_t end = std::min(n, begin + per_job);
+    queue_.Post([this, call, begin, end] {
+      if (call->op == StorageOp::kStore) {
+        StoreJob(*call, begin, end);
+      } else {
+        FetchJob(*call, begin, end);
+      }
+      JobDone(call);
+    });
+  }
+}
+
+void StorageTier::StoreJob(Call& call, size_t begin, size_t end) {
+  const uint64_t item_bytes = backend_->max_item_bytes();
+  // Parts 1.. of every page first, then the part 0s of the pages whose other
+  // parts are all stored: Exist counts a page by its part 0.
+  std::vector<std::vector<std::string>> pages(end - begin);
+  std::vector<StorageItem> rest;
+  std::vector<size_t> rest_page;
+  for (size_t i = begin; i < end; ++i) {
+    absl::StatusOr<std::vector<std::string>> items =
+        EncodePage(*call.pool, call.indices[i], call.tag, NewStoreId(), item_bytes);
+    if (!items.ok()) {
+      call.results[i] = Unavailable(absl::StrCat("reading the page: ", items.status().message()));
+      continue;
+    }
+    pages[i - begin] = *std::move(items);
+    for (size_t p = 1; p < pages[i - begin].size(); ++p) {
+      rest.push_back(
+          {PartKey(call.keys[i], static_cast<uint32_t>(p)), std::move(pages[i - begin][p])});
+      rest_page.push_back(i);
+    }
+    call.results[i].outcome = PageOutcome::kStored;
+  }
+  const std::vector<absl::Status> rest_status = backend_->Set(rest);
+  for (size_t r = 0; r < rest.size(); ++r) {
+    PageResult& result = call.results[rest_page[r]];
+    if (!rest_status[r].ok() && result.outcome == PageOutcome::kStored) {
+      result = Unavailable(absl::StrCat(rest.at(r).key, ": ", rest_status[r].message()));
+    }
+  }
+  std::vector<StorageItem> firsts;
+  std::vector<size_t> first_page;
+  for (size_t i = begin; i < end; ++i) {
+    if (call.results[i].outcome != PageOutcome::kStored) continue;
+    firsts.push_back({PartKey(call.keys[i], 0), std::move(pages[i - begin][0])});
+    first_page.push_back(i);
+  }
+  const std::vector<absl::Status> first_status = backend_->Set(firsts);
+  for (size_t f = 0; f < firsts.size(); ++f) {
+    if (!first_status[f].ok()) {
+      call.results[first_page[f]] =
+          Unavailable(absl::StrCat(firsts[f].key, ": ", first_status[f].message()));
+    }
+  }
+}
+
+void StorageTier::FetchJob(Call& call, size_t begin, size_t end) {
+  // Round 1: every page's part 0, whose header says how many parts follow.
+  std::vector<std::string> keys;
+  for (size_t i = begin; i < end; ++i) keys.push_back(PartKey(call.keys[i], 0));
+  std::vector<FetchedItem> firsts = backend_->Get(keys);
+  std::vector<std::vector<std::optional<std::string>>> parts(end - begin);
+  std::vector<std::string> more;
+  std::vector<std::pair<size_t, uint32_t>> more_at;  // (page in job, part)
+  for (size_t j = 0; j < firsts.size(); ++j) {
+    if (!firsts[j].found) {
+      call.results[begin + j] = {PageOutcome::kMiss,
+                                 firsts[j].error.empty() ? "not stored" : firsts[j].error};
+      continue;
+    }
+    parts[j].push_back(std::move(firsts[j].value));
+    absl::StatusOr<PartHeader> h = DecodePartHeader(*parts[j][0]);
+    // A count no page of this pool could have is left for CheckPage to
+    // refuse, without asking for its parts.
+    if (!h.ok() || h->fingerprint != call.tag.fingerprint || h->count < 1 ||
+        h->count > call.tag.page_bytes + 1) {
+      continue;
+    }
+    parts[j].resize(h->count);
+    for (uint32_t p = 1; p < h->count; ++p) {
+      more.push_back(PartKey(call.keys[begin + j], p));
+      more_at.emplace_back(j, p);
+    }
+  }
+  // Round 2: the other parts of multi-part pages.
+  std::vector<FetchedItem> rest = backend_->Get(more);
+  for (size_t r = 0; r < rest.size(); ++r) {
+    if (rest[r].found) parts[more_at[r].first][more_at[r].second] = std::move(rest[r].value);
+  }
+  for (size_t j = 0; j < parts.size(); ++j) {
+    if (parts[j].empty()) continue;  // a miss, set above
+    PageResult result = CheckPage(call.tag, parts[j]);
+    if (result.outcome == PageOutcome::kHit) {
+      absl::Status s = WriteCheckedPage(*call.pool, call.indices[begin + j], parts[j]);
+      if (!s.ok()) result = Unavailable(absl::StrCat("writing the page: ", s.message()));
+    }
+    call.results[begin + j] = std::move(result);
+  }
+}
+
+void StorageTier::JobDone(const std::shared_ptr<Call>& call) {
+  if (call->jobs_left.fetch_sub(1) != 1) return;
+  const uint64_t n = call->keys.size();
+  if (metrics_ != nullptr) {
+    const char* op = OpName(call->op);
+    metrics_->l3_seconds->WithLabels({op})->Observe(
+        absl::ToDoubleSeconds(absl::Now() - call->start));
+    uint64_t good = 0;
+    for (const PageResult& r : call->results) {
+      metrics_->l3_pages->WithLabels({op, PageOutcomeName(r.outcome)})->Increment();
+      if (r.outcome == PageOutcome::kStored || r.outcome == PageOutcome::kHit) ++good;
+    }
+    if (call->op == StorageOp::kExist) {
+      metrics_->l3_pages->WithLabels({op, "hit"})->Increment(call->prefix);
+      if (call->prefix < n) metrics_->l3_pages->WithLabels({op, "miss"})->Increment();
+    } else {
+      metrics_->l3_bytes->WithLabels({op})->Increment(good * call->tag.page_bytes);
+    }
+  }
+  // The bound is released before `done` runs, so a caller that is told its
+  // call finished may start the next one at once.
+  in_flight_.fetch_sub(n);
+  if (call->op == StorageOp::kExist) {
+    call->prefix_done(call->prefix);
+  } else {
+    call->pages_done(std::move(call->results));
+  }
+}
+
+}  // namespace kvhost
