@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Alloc + Free round trips from Python, next to kvhost_rpc_bench's (C++).
+"""A scheduler's calls from Python, next to kvhost_rpc_bench's (C++).
 
-One round trip is what a scheduler does per request: Alloc(page_size
-tokens) of a pool, then Free of the slots it returned, here through the
-Python package (kvhost.Client.alloc / free: ctypes -> libkvhost_c.so -> the
-C++ client -> gRPC). Each case runs N client threads at once (--clients),
-each with its own kvhost.Client (the ABI's calls release the GIL while they
-wait); after --warmup-seconds each thread times its round trips for
---seconds. The pool is bench/rpc_bench.cc's: MHA LAYER_FIRST UINT8, one
-layer, one head of one byte, 4096 pages.
+The cases are the C++ benchmark's, through the Python package
+(kvhost.Client: ctypes -> libkvhost_c.so -> the C++ client, which takes
+the fast path on a unix socket): Alloc(page_size tokens) then Free of the
+slots it returned, with N client threads at once (--clients), each with its
+own kvhost.Client (the ABI's calls release the GIL while they wait); then
+with one client an AllocBatch of 64 runs of a page and one Free of them
+all, and Backup / Load submits of 4096 tokens from an shm device pool (the
+call alone; the ticket is waited for untimed). After --warmup-seconds each
+thread times its round trips for --seconds. The pools are
+bench/rpc_bench.cc's: MHA LAYER_FIRST UINT8, one layer, one head of one
+byte, 4096 pages; for the submits page 1 and 8-byte rows.
 
 With --cxx-bench=PATH (bench/rpc_bench.cc's kvhost_rpc_bench) the C++
 figures come from the same daemon in the same invocation
@@ -24,12 +27,14 @@ Exit codes: 0 done, 1 a call or the C++ benchmark failed, 2 bad flags.
 from __future__ import annotations
 
 import argparse
+import array
+import contextlib
 import os
 import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pybench_common as common  # noqa: E402
@@ -81,34 +86,95 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     return a
 
 
-def round_trips(kvhost: Any, address: str, pool: str, tokens: int, start: float, end: float,
+#: bench/rpc_bench.cc's kTransferTokens and kBatchRuns.
+TRANSFER_TOKENS = 4096
+BATCH_RUNS = 64
+
+#: One client's case: given its kvhost.Client and an ExitStack for what it
+#: sets up, returns (timed, after): `timed` is one measured round trip,
+#: `after` (or None) what follows it untimed (waiting for a ticket).
+Setup = Callable[[Any, contextlib.ExitStack], Tuple[Callable[[], None],
+                                                    Optional[Callable[[], None]]]]
+
+
+def flatten(runs: List[Any]) -> Any:
+    """AllocBatch's runs as one index array, for the one Free of them all."""
+    if runs and not isinstance(runs[0], list):
+        import numpy  # noqa: PLC0415 (alloc_batch returned numpy arrays)
+        return numpy.concatenate(runs)
+    return [s for r in runs for s in r]
+
+
+def alloc_free(pool: str, tokens: int) -> Setup:
+    def setup(c: Any, _stack: contextlib.ExitStack) -> Tuple[Callable[[], None], None]:
+        return (lambda: c.free(pool, c.alloc(pool, tokens))), None
+    return setup
+
+
+def batch_alloc_free(pool: str, tokens: int, runs: int) -> Setup:
+    wanted = [tokens] * runs
+
+    def setup(c: Any, _stack: contextlib.ExitStack) -> Tuple[Callable[[], None], None]:
+        return (lambda: c.free(pool, flatten(c.alloc_batch(pool, wanted)))), None
+    return setup
+
+
+def submit(pool: str, backup: bool) -> Setup:
+    """A Backup or Load submit of all TRANSFER_TOKENS slots of `pool` from an
+    shm device pool of as many rows; the ticket is waited for untimed."""
+    def setup(c: Any, stack: contextlib.ExitStack) -> Tuple[Callable[[], None],
+                                                            Callable[[], None]]:
+        # int64 arrays, as a scheduler keeps its indices (numpy or torch; the
+        # stdlib's array here, which needs no numpy): a list of 4096 ints
+        # would be converted on every call (~0.6 ms each way).
+        host = array.array("q", c.alloc(pool, TRANSFER_TOKENS))
+        stack.callback(c.free, pool, host)
+        dev = stack.enter_context(c.shm_device_pool(pool, TRANSFER_TOKENS))
+        att = stack.enter_context(c.attach_shm(pool, dev))
+        rows = array.array("q", range(TRANSFER_TOKENS))
+        last: Dict[str, Any] = {}
+
+        def timed() -> None:
+            last["t"] = att.backup(host, rows) if backup else att.load(host, rows)
+
+        return timed, lambda: last["t"].wait(30)
+    return setup
+
+
+def round_trips(kvhost: Any, address: str, setup: Setup, start: float, end: float,
                 out: Dict[str, Any]) -> None:
-    """One client thread: Alloc + Free until `end`, timing those after `start`."""
+    """One client thread: the case's round trips until `end`, timing those
+    after `start`."""
     try:
-        with kvhost.Client(address, timeout=30, session=False, wait_ready=10) as c:
+        with kvhost.Client(address, timeout=30, session=False, wait_ready=10) as c, \
+                contextlib.ExitStack() as stack:
+            timed, after = setup(c, stack)
             times: List[float] = []
             while True:
                 t0 = time.perf_counter()
                 if t0 >= end:
                     break
-                slots = c.alloc(pool, tokens)
-                c.free(pool, slots)
+                timed()
+                t1 = time.perf_counter()
+                if after is not None:
+                    after()
                 if t0 >= start:
-                    times.append(time.perf_counter() - t0)
+                    times.append(t1 - t0)
             out["times"] = times
             out["end"] = time.perf_counter()
     except Exception as e:  # reported by the case
         out["error"] = e
 
 
-def python_case(kvhost: Any, address: str, pool: str, a: argparse.Namespace,
+def python_case(kvhost: Any, address: str, name: str, setup: Setup, a: argparse.Namespace,
                 threads: int) -> Dict[str, Any]:
-    # The margin lets every thread connect before the measured part begins.
-    start = time.perf_counter() + 0.2 + a.warmup_seconds
+    # The margin lets every thread connect (and set up) before the measured
+    # part begins.
+    start = time.perf_counter() + 0.5 + a.warmup_seconds
     end = start + a.seconds
     outs: List[Dict[str, Any]] = [{} for _ in range(threads)]
     workers = [threading.Thread(target=round_trips,
-                                args=(kvhost, address, pool, a.page_size, start, end, outs[i]))
+                                args=(kvhost, address, setup, start, end, outs[i]))
                for i in range(threads)]
     for w in workers:
         w.start()
@@ -119,12 +185,26 @@ def python_case(kvhost: Any, address: str, pool: str, a: argparse.Namespace,
             raise o["error"]
     times = [t for o in outs for t in o["times"]]
     seconds = max(o["end"] for o in outs) - start
-    r = {"case": f"Alloc({a.page_size}) + Free", "clients": threads, "round_trips": len(times),
+    r = {"case": name, "clients": threads, "round_trips": len(times),
          "seconds": round(seconds, 3),
          "ops_per_s": round(len(times) / seconds, 1) if seconds > 0 else 0.0}
     r.update(common.summary_us(times))
     r.pop("samples")
     return r
+
+
+def plan(a: argparse.Namespace, pool: str, xfer: str) -> List[Tuple[str, Setup, int]]:
+    """The cases, as kvhost_rpc_bench names them (less its "fast: "): Alloc +
+    Free per client count, then with one client AllocBatch + Free and the
+    two submits."""
+    cases: List[Tuple[str, Setup, int]] = [
+        (f"Alloc({a.page_size}) + Free", alloc_free(pool, a.page_size), n)
+        for n in a.client_counts]
+    cases.append((f"AllocBatch({BATCH_RUNS} x {a.page_size}) + Free",
+                  batch_alloc_free(pool, a.page_size, BATCH_RUNS), 1))
+    cases.append((f"Backup submit, {TRANSFER_TOKENS} tokens", submit(xfer, True), 1))
+    cases.append((f"Load submit, {TRANSFER_TOKENS} tokens", submit(xfer, False), 1))
+    return cases
 
 
 def cxx_run(a: argparse.Namespace, address: str, json_path: str,
@@ -186,20 +266,27 @@ def main(argv: List[str]) -> int:
         print(f"rpc_bench.py: kvhostd at {address}{' (started for this run)' if daemon else ''}"
               f", libkvhost_c {doc['library']}", flush=True)
         pool = f"py-rpc-bench-{os.getpid()}"
+        xfer = f"py-rpc-bench-xfer-{os.getpid()}"
         spec = {"kind": "MHA", "layout": "LAYER_FIRST", "dtype": "UINT8",
                 "page_size": a.page_size, "layer_num": 1, "head_num": 1, "head_dim": 1,
                 "size_tokens": POOL_PAGES * a.page_size}
+        # The transfer cases' pool, as the C++ benchmark's: page 1, one layer
+        # of 8-byte rows.
+        xfer_spec = dict(spec, page_size=1, head_dim=8, size_tokens=TRANSFER_TOKENS)
         with kvhost.Client(address, timeout=30, session=False, wait_ready=20) as admin:
             admin.create_pool(pool, spec)
+            admin.create_pool(xfer, xfer_spec)
             try:
-                for i, n in enumerate(a.client_counts):
-                    r = python_case(kvhost, address, pool, a, n)
+                cases = plan(a, pool, xfer)
+                for i, (name, setup, n) in enumerate(cases):
+                    r = python_case(kvhost, address, name, setup, a, n)
                     doc["python"].append(r)
-                    print(f"[{i + 1}/{len(a.client_counts)}] Python, {n} client(s): "
+                    print(f"[{i + 1}/{len(cases)}] Python, {name}, {n} client(s): "
                           f"{r['ops_per_s']:.0f} round trips/s, p50 {r['p50_us']:.1f} us, "
                           f"p99 {r['p99_us']:.1f} us ({r['round_trips']} in "
                           f"{r['seconds']:.2f} s)", flush=True)
             finally:
+                admin.delete_pool(xfer)
                 admin.delete_pool(pool)
         if a.cxx_bench:
             folder = os.path.dirname(os.path.abspath(a.json_out)) if a.json_out else \
@@ -214,8 +301,9 @@ def main(argv: List[str]) -> int:
                 print(f"C++ benchmark failed: {doc['cxx']['error']}", file=sys.stderr)
         print()
         print(report(doc["python"], doc["cxx"]))
-        print("(a round trip is Alloc of one page then Free of it; Python: kvhost.Client over "
-              "libkvhost_c.so; ops/s counts round trips of all clients)")
+        print("(Alloc + Free: Alloc of one page then Free of it; a submit is the call alone, "
+              "its ticket waited for untimed; Python: kvhost.Client over libkvhost_c.so; ops/s "
+              "counts round trips of all clients)")
         doc["complete"] = status == 0
     except Exception as e:
         status = 1

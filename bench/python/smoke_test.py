@@ -5,7 +5,8 @@ Seconds each, to prove they still work end to end; the numbers mean
 nothing at this size. No GPU, torch or numpy needed:
   1. transfer_bench.py and rpc_bench.py answer --help without importing
      torch (and never import it when the backend is host);
-  2. rpc_bench.py: Alloc + Free round trips from Python for ~2 s against a
+  2. rpc_bench.py: its cases from Python (Alloc + Free with 1 and 2 clients,
+     AllocBatch + Free, Backup and Load submits), ~2 s each, against a
      host-backend kvhostd, and kvhost_rpc_bench's against the same daemon
      when RPC_BENCH is given; both appear in the JSON;
   3. transfer_bench.py --backend=host: one tiny case (MHA LAYER_FIRST page
@@ -59,7 +60,9 @@ def check_rpc_bench(kvhostd, lib, rpc_bench, tmp):
         doc = json.load(f)
     assert doc["complete"] and doc["error"] == "", doc["error"]
     py = doc["python"]
-    assert [r["clients"] for r in py] == [1, 2], py
+    assert [(r["case"], r["clients"]) for r in py] == [
+        ("Alloc(16) + Free", 1), ("Alloc(16) + Free", 2), ("AllocBatch(64 x 16) + Free", 1),
+        ("Backup submit, 4096 tokens", 1), ("Load submit, 4096 tokens", 1)], py
     assert all(r["round_trips"] > 0 and 0 < r["p50_us"] <= r["p99_us"] for r in py), py
     assert "Alloc(16) + Free" in text
     if rpc_bench:
