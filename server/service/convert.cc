@@ -5,6 +5,13 @@
 
 namespace kvhost {
 
+grpc::ServerUnaryReactor* FinishCall(grpc::CallbackServerContext* context,
+                                     const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   // Messages echo what the client sent; raw, a long one would not fit in

@@ -7,6 +7,7 @@
 #define KVHOST_SERVER_SERVICE_CONVERT_H_
 
 #include <grpcpp/server_context.h>
+#include <grpcpp/support/server_callback.h>
 #include <grpcpp/support/status.h>
 
 #include <cstdint>
@@ -29,6 +30,17 @@ namespace kvhost {
 
 // Canonical codes line up one to one.
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// A unary reactor finished from another thread once the work is done;
+// gRPC calls OnDone after Finish, and it deletes itself.
+class OwnedUnaryReactor final : public grpc::ServerUnaryReactor {
+ public:
+  void OnDone() override { delete this; }
+};
+
+// A callback call finished at once with `status` (its default reactor).
+grpc::ServerUnaryReactor* FinishCall(grpc::CallbackServerContext* context,
+                                     const absl::Status& status);
 
 // INVALID_ARGUMENT naming the field for an enum value outside the domain.
 absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& spec);

@@ -21,19 +21,6 @@
 namespace kvhost {
 namespace {
 
-// A unary reactor finished from another thread once the work is done;
-// gRPC calls OnDone after Finish, and it deletes itself.
-class OwnedUnaryReactor final : public grpc::ServerUnaryReactor {
- public:
-  void OnDone() override { delete this; }
-};
-
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 // The owner check of a call on `names` (PoolRegistry::CheckOwner) with the
 // call's kvhost-token metadata.
 absl::Status Authorize(const PoolRegistry& registry, const grpc::CallbackServerContext& context,
@@ -210,7 +197,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePool(grpc::CallbackServerContex
                                                       v1::Pool* response) {
   absl::StatusOr<PoolSpec> spec = FromProto(request->spec());
   if (!spec.ok()) {
-    return Finish(context, WithPool(request->name(), spec.status()));
+    return FinishCall(context, WithPool(request->name(), spec.status()));
   }
   // The token also opens a protected pool this one follows.
   std::optional<std::string> token = OwnerToken(*context);
@@ -246,7 +233,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPool(grpc::CallbackServerContext* 
                                                    v1::Pool* response) {
   if (std::optional<CreatingPool> creating = registry_->GetCreating(request->name())) {
     ToProto(*creating, backend_, response);
-    return Finish(context, absl::OkStatus());
+    return FinishCall(context, absl::OkStatus());
   }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(request->name());
   if (pool.ok()) {
@@ -255,7 +242,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPool(grpc::CallbackServerContext* 
     ToProto(**pool, backend_, response,
             /*region_paths=*/CheckPoolOwner(**pool, token ? &*token : nullptr).ok());
   }
-  return Finish(context, pool.status());
+  return FinishCall(context, pool.status());
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext* context,
@@ -277,7 +264,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext
             /*region_paths=*/CheckPoolOwner(*pool, token ? &*token : nullptr).ok());
     if (!fits(*out)) {
       response->Clear();
-      return Finish(context, too_big);
+      return FinishCall(context, too_big);
     }
   }
   // Then the pools still being created (state CREATING).
@@ -286,24 +273,24 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext
     ToProto(creating, backend_, out);
     if (!fits(*out)) {
       response->Clear();
-      return Finish(context, too_big);
+      return FinishCall(context, too_big);
     }
   }
-  return Finish(context, absl::OkStatus());
+  return FinishCall(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::DeletePool(grpc::CallbackServerContext* context,
                                                       const v1::DeletePoolRequest* request,
                                                       v1::DeletePoolResponse* response) {
   if (absl::Status s = Authorize(*registry_, *context, {request->name()}); !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   absl::StatusOr<uint64_t> bytes = registry_->Delete(request->name());
   if (bytes.ok()) {
     response->set_bytes_released(*bytes);
     spdlog::info("deleted pool '{}' ({})", request->name(), FormatBytesExact(*bytes));
   }
-  return Finish(context, bytes.status());
+  return FinishCall(context, bytes.status());
 }
 
 namespace {
@@ -458,19 +445,20 @@ absl::Status PoolServiceImpl::DoFree(const Caller& caller, const v1::FreeRequest
 grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* context,
                                                  const v1::AllocRequest* request,
                                                  v1::AllocResponse* response) {
-  return Finish(context, DoAlloc(CallerOf(*context), *request, response, max_message_bytes_));
+  return FinishCall(context, DoAlloc(CallerOf(*context), *request, response, max_message_bytes_));
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::AllocBatch(grpc::CallbackServerContext* context,
                                                       const v1::AllocBatchRequest* request,
                                                       v1::AllocBatchResponse* response) {
-  return Finish(context, DoAllocBatch(CallerOf(*context), *request, response, max_message_bytes_));
+  return FinishCall(context,
+                    DoAllocBatch(CallerOf(*context), *request, response, max_message_bytes_));
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::Free(grpc::CallbackServerContext* context,
                                                 const v1::FreeRequest* request,
                                                 v1::FreeResponse* response) {
-  return Finish(context, DoFree(CallerOf(*context), *request, response));
+  return FinishCall(context, DoFree(CallerOf(*context), *request, response));
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
@@ -478,15 +466,15 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
     v1::PageBufferMeta* response) {
   // Region files and offsets are the pool's data's address.
   if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   if (absl::Status s =
           CheckIndexCount("GetPageBufferMeta indices", request->indices_size(), max_indices_);
       !s.ok()) {
-    return Finish(context, WithPool(request->pool(), s));
+    return FinishCall(context, WithPool(request->pool(), s));
   }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
-  if (!pool.ok()) return Finish(context, pool.status());
+  if (!pool.ok()) return FinishCall(context, pool.status());
   const Pool& p = **pool;
   const uint64_t fixed = RegionPathsBytes(p) + kReplyOverheadBytes;
   const uint64_t per_page = p.PageBufferMetaEntries(p.page_size());
@@ -501,48 +489,49 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
               UnitsThatFit(per_page, MaxRangeBytes(), fixed, max_message_bytes_) * p.page_size(),
               " indices per call"));
       !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   absl::StatusOr<std::vector<RegionRange>> ranges =
       (*pool)->PageBufferMeta(Indices(request->indices()));
-  if (!ranges.ok()) return Finish(context, ranges.status());
+  if (!ranges.ok()) return FinishCall(context, ranges.status());
   ToProto(*ranges, **pool, response);
-  return Finish(context, absl::OkStatus());
+  return FinishCall(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerContext* context,
                                                        const v1::PageRequest* request,
                                                        v1::PageData* response) {
   if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
-  if (!pool.ok()) return Finish(context, pool.status());
-  if (absl::Status s = (*pool)->CheckPage(request->index()); !s.ok()) return Finish(context, s);
+  if (!pool.ok()) return FinishCall(context, pool.status());
+  if (absl::Status s = (*pool)->CheckPage(request->index()); !s.ok()) return FinishCall(context, s);
   const uint64_t bytes = (*pool)->flat_page_bytes();
   if (bytes + kMessageOverheadBytes > static_cast<uint64_t>(max_message_bytes_)) {
-    return Finish(context, WithPool((*pool)->name(), absl::ResourceExhaustedError(absl::StrCat(
-                                                         "a page has ", bytes, " bytes, over the ",
-                                                         max_message_bytes_,
-                                                         "-byte message limit; use ReadPages"))));
+    return FinishCall(
+        context,
+        WithPool((*pool)->name(), absl::ResourceExhaustedError(absl::StrCat(
+                                      "a page has ", bytes, " bytes, over the ", max_message_bytes_,
+                                      "-byte message limit; use ReadPages"))));
   }
   response->set_index(request->index());
   response->set_page_bytes(bytes);
   std::string* data = response->mutable_data();
   data->resize(bytes);
-  return Finish(context, (*pool)->ReadPage(request->index(), Bytes(data)));
+  return FinishCall(context, (*pool)->ReadPage(request->index(), Bytes(data)));
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::SetFromFlatDataPage(grpc::CallbackServerContext* context,
                                                                const v1::SetPageRequest* request,
                                                                v1::SetPageResponse* response) {
   if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
-  if (!pool.ok()) return Finish(context, pool.status());
+  if (!pool.ok()) return FinishCall(context, pool.status());
   // WritePage checks the page and the data's size first.
-  return Finish(context, (*pool)->WritePage(request->index(), Bytes(request->data())));
+  return FinishCall(context, (*pool)->WritePage(request->index(), Bytes(request->data())));
 }
 
 grpc::ServerWriteReactor<v1::PageData>* PoolServiceImpl::ReadPages(
@@ -569,16 +558,16 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerCont
                                                         const v1::GetPageShapeRequest* request,
                                                         v1::PageShape* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
-  if (!pool.ok()) return Finish(context, pool.status());
+  if (!pool.ok()) return FinishCall(context, pool.status());
   if (absl::Status s =
           CheckReplySize((*pool)->name(), "GetPageShape: the page's parts",
                          (*pool)->components().size(), MaxPagePartBytes(**pool),
                          kReplyOverheadBytes, max_message_bytes_, "raise --max-message-bytes");
       !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   absl::StatusOr<std::vector<PagePart>> parts = (*pool)->PageShape();
-  if (!parts.ok()) return Finish(context, parts.status());
+  if (!parts.ok()) return FinishCall(context, parts.status());
   uint64_t bytes = 0;
   for (const PagePart& part : *parts) {
     v1::PageShape::Part* out = response->add_parts();
@@ -589,22 +578,22 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerCont
     bytes += part.bytes;
   }
   response->set_bytes(bytes);
-  return Finish(context, absl::OkStatus());
+  return FinishCall(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetSplitHeadsPageBufferMeta(
     grpc::CallbackServerContext* context, const v1::SplitHeadsMetaRequest* request,
     v1::PageBufferMeta* response) {
   if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   if (absl::Status s = CheckIndexCount("GetSplitHeadsPageBufferMeta indices",
                                        request->indices_size(), max_indices_);
       !s.ok()) {
-    return Finish(context, WithPool(request->pool(), s));
+    return FinishCall(context, WithPool(request->pool(), s));
   }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
-  if (!pool.ok()) return Finish(context, pool.status());
+  if (!pool.ok()) return FinishCall(context, pool.status());
   const Pool& p = **pool;
   const uint64_t fixed = RegionPathsBytes(p) + kReplyOverheadBytes;
   const uint64_t per_page = p.SplitHeadsMetaEntries(p.page_size(), request->split_factor());
@@ -619,35 +608,35 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetSplitHeadsPageBufferMeta(
               UnitsThatFit(per_page, MaxRangeBytes(), fixed, max_message_bytes_) * p.page_size(),
               " indices per call"));
       !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   absl::StatusOr<std::vector<RegionRange>> ranges =
       (*pool)->SplitHeadsMeta(Indices(request->indices()), request->split_factor());
-  if (!ranges.ok()) return Finish(context, ranges.status());
+  if (!ranges.ok()) return FinishCall(context, ranges.status());
   ToProto(*ranges, **pool, response);
-  return Finish(context, absl::OkStatus());
+  return FinishCall(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::IsStridePageAligned(
     grpc::CallbackServerContext* context, const v1::StrideAlignmentRequest* request,
     v1::StrideAlignment* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
-  if (!pool.ok()) return Finish(context, pool.status());
+  if (!pool.ok()) return FinishCall(context, pool.status());
   absl::StatusOr<StrideCheck> check = (*pool)->StrideAlignment(request->alignment());
-  if (!check.ok()) return Finish(context, check.status());
+  if (!check.ok()) return FinishCall(context, check.status());
   response->set_aligned(check->aligned);
   for (uint64_t stride : check->page_strides) response->add_page_strides(stride);
-  return Finish(context, absl::OkStatus());
+  return FinishCall(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
     grpc::CallbackServerContext* context, const v1::ContiguousBufferInfosRequest* request,
     v1::ContiguousBufferInfos* response) {
   if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
-  if (!pool.ok()) return Finish(context, pool.status());
+  if (!pool.ok()) return FinishCall(context, pool.status());
   if (absl::Status s =
           CheckReplySize((*pool)->name(),
                          absl::StrCat("GetContiguousBufferInfos: ", (*pool)->spec().layer_num,
@@ -656,10 +645,10 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
                          RegionPathsBytes(**pool) + kReplyOverheadBytes, max_message_bytes_,
                          "the call cannot be split; raise --max-message-bytes");
       !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   absl::StatusOr<std::vector<BufferInfo>> infos = (*pool)->ContiguousBufferInfos();
-  if (!infos.ok()) return Finish(context, infos.status());
+  if (!infos.ok()) return FinishCall(context, infos.status());
   for (const std::string& path : (*pool)->region_paths()) response->add_region_paths(path);
   for (const BufferInfo& info : *infos) {
     v1::ContiguousBufferInfo* out = response->add_infos();
@@ -670,7 +659,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
     out->set_length(info.range.length);
     out->set_item_bytes(info.item_bytes);
   }
-  return Finish(context, absl::OkStatus());
+  return FinishCall(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
@@ -679,7 +668,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
   std::vector<std::string> pools;
   for (const v1::PoolEntry& entry : request->entries()) pools.push_back(entry.pool());
   if (absl::Status s = Authorize(*registry_, *context, std::move(pools)); !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   // A group whose replies (its layer maps spelled out) could not be sent is
   // never created.
@@ -695,7 +684,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
   if (!group.ok()) {
     spdlog::warn("CreatePoolGroup '{}' refused: {}", SafeText(request->name()),
                  SafeText(group.status().ToString(), kMaxStatusMessageBytes));
-    return Finish(context, group.status());
+    return FinishCall(context, group.status());
   }
   ToProto(**group, response);
   std::vector<std::string> entries;
@@ -704,25 +693,25 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
   }
   spdlog::info("created pool group '{}': {} model layers, entries {}, anchor '{}'", request->name(),
                request->layer_num(), absl::StrJoin(entries, ", "), (*group)->anchor().name);
-  return Finish(context, absl::OkStatus());
+  return FinishCall(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPoolGroup(grpc::CallbackServerContext* context,
                                                         const v1::GetPoolGroupRequest* request,
                                                         v1::PoolGroup* response) {
   absl::StatusOr<std::shared_ptr<PoolGroup>> group = registry_->GetGroup(request->name());
-  if (!group.ok()) return Finish(context, group.status());
+  if (!group.ok()) return FinishCall(context, group.status());
   // CreatePoolGroup admits only groups that fit; this holds the line should
   // the limit differ (a daemon restarted with a smaller one keeps no groups).
   const uint64_t bytes = GroupReplyBytes(**group) + kReplyOverheadBytes;
   if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
-    return Finish(context, absl::ResourceExhaustedError(
-                               absl::StrCat("group '", request->name(), "': its reply needs up to ",
-                                            bytes, " bytes, over the ", max_message_bytes_,
-                                            "-byte message limit (--max-message-bytes)")));
+    return FinishCall(context, absl::ResourceExhaustedError(absl::StrCat(
+                                   "group '", request->name(), "': its reply needs up to ", bytes,
+                                   " bytes, over the ", max_message_bytes_,
+                                   "-byte message limit (--max-message-bytes)")));
   }
   ToProto(**group, response);
-  return Finish(context, absl::OkStatus());
+  return FinishCall(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::ListPoolGroups(grpc::CallbackServerContext* context,
@@ -735,25 +724,26 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPoolGroups(grpc::CallbackServerCo
     bytes += 1 + CodedOutputStream::VarintSize64(one) + one;
   }
   if (bytes > static_cast<uint64_t>(max_message_bytes_)) {
-    return Finish(context, absl::ResourceExhaustedError(absl::StrCat(
-                               "ListPoolGroups: ", groups.size(), " groups need a reply of up to ",
-                               bytes, " bytes, over the ", max_message_bytes_,
-                               "-byte message limit (--max-message-bytes); use GetPoolGroup "
-                               "per name")));
+    return FinishCall(
+        context, absl::ResourceExhaustedError(absl::StrCat(
+                     "ListPoolGroups: ", groups.size(), " groups need a reply of up to ", bytes,
+                     " bytes, over the ", max_message_bytes_,
+                     "-byte message limit (--max-message-bytes); use GetPoolGroup "
+                     "per name")));
   }
   for (const std::shared_ptr<PoolGroup>& group : groups) ToProto(*group, response->add_groups());
-  return Finish(context, absl::OkStatus());
+  return FinishCall(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::DeletePoolGroup(
     grpc::CallbackServerContext* context, const v1::DeletePoolGroupRequest* request,
     v1::DeletePoolGroupResponse* response) {
   if (absl::Status s = Authorize(*registry_, *context, {request->name()}); !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   absl::Status status = registry_->DeleteGroup(request->name());
   if (status.ok()) spdlog::info("deleted pool group '{}'", request->name());
-  return Finish(context, status);
+  return FinishCall(context, status);
 }
 
 }  // namespace kvhost

@@ -11,19 +11,6 @@
 namespace kvhost {
 namespace {
 
-// A unary reactor finished from a tier thread once the work is done; gRPC
-// calls OnDone after Finish, and it deletes itself.
-class OwnedUnaryReactor final : public grpc::ServerUnaryReactor {
- public:
-  void OnDone() override { delete this; }
-};
-
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 absl::Status NoTier() {
   return absl::FailedPreconditionError(
       "this kvhostd has no L3 tier: start it with --l3-memcached=host:port,...");
@@ -77,7 +64,7 @@ grpc::ServerUnaryReactor* StorageServiceImpl::StorePages(grpc::CallbackServerCon
                                                          v1::StorePagesResponse* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool =
       PagesPool(*context, request->pool(), request->indices_size(), request->keys_size());
-  if (!pool.ok()) return Finish(context, pool.status());
+  if (!pool.ok()) return FinishCall(context, pool.status());
   auto* reactor = new OwnedUnaryReactor();
   const uint64_t page_bytes = (*pool)->flat_page_bytes();
   absl::Status accepted = tier_->Store(
@@ -97,7 +84,7 @@ grpc::ServerUnaryReactor* StorageServiceImpl::FetchPages(grpc::CallbackServerCon
                                                          v1::FetchPagesResponse* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool =
       PagesPool(*context, request->pool(), request->indices_size(), request->keys_size());
-  if (!pool.ok()) return Finish(context, pool.status());
+  if (!pool.ok()) return FinishCall(context, pool.status());
   auto* reactor = new OwnedUnaryReactor();
   const uint64_t page_bytes = (*pool)->flat_page_bytes();
   absl::Status accepted = tier_->Fetch(
@@ -115,11 +102,11 @@ grpc::ServerUnaryReactor* StorageServiceImpl::FetchPages(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* StorageServiceImpl::ExistPages(grpc::CallbackServerContext* context,
                                                          const v1::ExistPagesRequest* request,
                                                          v1::ExistPagesResponse* response) {
-  if (tier_ == nullptr) return Finish(context, NoTier());
+  if (tier_ == nullptr) return FinishCall(context, NoTier());
   if (absl::Status s =
           CheckIndexCount("keys", static_cast<uint64_t>(request->keys_size()), max_indices_);
       !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   auto* reactor = new OwnedUnaryReactor();
   absl::Status accepted = tier_->Exist(Keys(request->keys()), [reactor, response](uint64_t prefix) {

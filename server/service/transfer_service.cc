@@ -17,12 +17,6 @@
 namespace kvhost {
 namespace {
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 // Holds a WaitTransfer call open until its ticket finishes or the call is
 // cancelled. Whichever comes first finishes the call; the other finds the
 // flag taken and leaves the reactor alone (it may already be deleted, which
@@ -66,28 +60,30 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   const std::optional<std::string> token = OwnerToken(*context);
   if (absl::Status s = registry_->CheckOwner({request->pool()}, token ? &*token : nullptr);
       !s.ok()) {
-    return Finish(context, s);
+    return FinishCall(context, s);
   }
   absl::StatusOr<AttachRequest> attach = FromProto(*request);
-  if (!attach.ok()) return Finish(context, attach.status());
+  if (!attach.ok()) return FinishCall(context, attach.status());
   if (attach->layer_progress && handoff_socket_.empty()) {
-    return Finish(context, absl::FailedPreconditionError(
-                               "layer_progress needs kvhostd's handoff socket, and this kvhostd "
-                               "has none (--handoff-socket='', or only TCP listeners)"));
+    return FinishCall(context,
+                      absl::FailedPreconditionError(
+                          "layer_progress needs kvhostd's handoff socket, and this kvhostd "
+                          "has none (--handoff-socket='', or only TCP listeners)"));
   }
   // cuMem buffers: their descriptors, deposited on the handoff socket, are
   // lent for this call and used up if it succeeds.
   if (deposits_ == nullptr && NamesDeposits(*attach)) {
-    return Finish(context, absl::FailedPreconditionError(
-                               "cuda_fd buffers need kvhostd's handoff socket to deposit their "
-                               "descriptors, and this kvhostd has none (--handoff-socket='', or "
-                               "only TCP listeners)"));
+    return FinishCall(context,
+                      absl::FailedPreconditionError(
+                          "cuda_fd buffers need kvhostd's handoff socket to deposit their "
+                          "descriptors, and this kvhostd has none (--handoff-socket='', or "
+                          "only TCP listeners)"));
   }
   absl::StatusOr<Deposits::Lent> lent =
       deposits_ != nullptr ? deposits_->Lend(&*attach) : Deposits::Lent{};
-  if (!lent.ok()) return Finish(context, lent.status());
+  if (!lent.ok()) return FinishCall(context, lent.status());
   absl::StatusOr<AttachmentInfo> info = manager_->Attach(request->pool(), *attach);
-  if (!info.ok()) return Finish(context, info.status());
+  if (!info.ok()) return FinishCall(context, info.status());
   if (deposits_ != nullptr) deposits_->UseUp(*lent);
   response->set_id(info->id);
   response->set_pool(info->pool);
@@ -106,13 +102,13 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   if (info->layer_progress || manager_->ServesWorkerCopy(*info)) {
     response->set_handoff_socket(handoff_socket_);
   }
-  return Finish(context, absl::OkStatus());
+  return FinishCall(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::DetachDevice(grpc::CallbackServerContext* context,
                                                             const v1::DetachDeviceRequest* request,
                                                             v1::DetachDeviceResponse* response) {
-  return Finish(context, manager_->Detach(CallerOf(*context), request->attachment_id()));
+  return FinishCall(context, manager_->Detach(CallerOf(*context), request->attachment_id()));
 }
 
 absl::Status TransferServiceImpl::Submit(
@@ -301,19 +297,20 @@ absl::Status TransferServiceImpl::SubmitWorkerCopy(
 grpc::ServerUnaryReactor* TransferServiceImpl::Backup(grpc::CallbackServerContext* context,
                                                       const v1::BackupRequest* request,
                                                       v1::TransferTicket* response) {
-  return Finish(context, DoBackup(CallerOf(*context), *request, response, max_reply_bytes_));
+  return FinishCall(context, DoBackup(CallerOf(*context), *request, response, max_reply_bytes_));
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::Load(grpc::CallbackServerContext* context,
                                                     const v1::LoadRequest* request,
                                                     v1::TransferTicket* response) {
-  return Finish(context, DoLoad(CallerOf(*context), *request, response, max_reply_bytes_));
+  return FinishCall(context, DoLoad(CallerOf(*context), *request, response, max_reply_bytes_));
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::AllocBackup(grpc::CallbackServerContext* context,
                                                            const v1::AllocBackupRequest* request,
                                                            v1::AllocBackupResponse* response) {
-  return Finish(context, DoAllocBackup(CallerOf(*context), *request, response, max_reply_bytes_));
+  return FinishCall(context,
+                    DoAllocBackup(CallerOf(*context), *request, response, max_reply_bytes_));
 }
 
 grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(grpc::CallbackServerContext* context,
@@ -321,12 +318,12 @@ grpc::ServerUnaryReactor* TransferServiceImpl::WaitTransfer(grpc::CallbackServer
                                                             v1::TransferStatus* response) {
   absl::StatusOr<std::shared_ptr<Ticket>> ticket =
       manager_->FindTicket(CallerOf(*context), request->ticket_id());
-  if (!ticket.ok()) return Finish(context, ticket.status());
+  if (!ticket.ok()) return FinishCall(context, ticket.status());
   const TicketStatus now = (*ticket)->Snapshot();
   if (now.done || request->poll()) {
-    if (now.done && !now.status.ok()) return Finish(context, now.status);
+    if (now.done && !now.status.ok()) return FinishCall(context, now.status);
     ToProto(now, response);
-    return Finish(context, absl::OkStatus());
+    return FinishCall(context, absl::OkStatus());
   }
   auto* reactor = new WaitReactor(*std::move(ticket), response);
   reactor->Start();
@@ -338,11 +335,11 @@ grpc::ServerUnaryReactor* TransferServiceImpl::FinishWorkerCopy(
     v1::FinishWorkerCopyResponse* response) {
   // The worker's text ends in the ticket's status, which WaitTransfer sends
   // as a status message: escaped and bounded.
-  return Finish(context,
-                manager_->FinishWorkerCopy(CallerOf(*context), request->ticket_id(),
-                                           request->error().empty()
-                                               ? std::string()
-                                               : SafeText(request->error(), kMaxEchoedBytes * 4)));
+  return FinishCall(
+      context, manager_->FinishWorkerCopy(CallerOf(*context), request->ticket_id(),
+                                          request->error().empty()
+                                              ? std::string()
+                                              : SafeText(request->error(), kMaxEchoedBytes * 4)));
 }
 
 }  // namespace kvhost
