@@ -35,6 +35,9 @@ pids+=($!)
 pids+=($!)
 for _ in $(seq 200); do [ -S "$dir/s.sock" ] && [ -S "$dir/plain.sock" ] && break; sleep 0.05; done
 ctl() { "$kvhostctl" --server="unix://$dir/s.sock" --timeout=10 "$@"; }
+# A socket file exists from bind on; on a loaded machine (CI's sanitizer
+# run) serving may come seconds later.
+for _ in $(seq 60); do ctl health >/dev/null 2>&1 && break; sleep 0.5; done
 
 ctl create-pool p --kind=mha --layout=page_first --layers=2 --heads=2 --head-dim=8 \
   --page-size=4 --size-tokens=64 >"$dir/out" || fail "create-pool"

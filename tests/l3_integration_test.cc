@@ -176,8 +176,8 @@ INSTANTIATE_TEST_SUITE_P(AllCombos, L3ComboTest, ::testing::ValuesIn(kCombos),
 // Outcomes of fetching `keys` into `dst`, checking every hit byte-exact
 // against `bytes` and that nothing else came back but a miss.
 std::vector<bool> FetchHits(Client& client, const std::vector<std::string>& keys,
-                            const std::vector<int64_t>& dst,
-                            const std::vector<std::string>& bytes) {
+                            const std::vector<int64_t>& dst, const std::vector<std::string>& bytes,
+                            std::vector<std::string>* details = nullptr) {
   absl::StatusOr<v1::FetchPagesResponse> fetched = client.FetchPages("p", keys, dst);
   EXPECT_TRUE(fetched.ok()) << fetched.status();
   std::vector<bool> hits(keys.size(), false);
@@ -186,6 +186,7 @@ std::vector<bool> FetchHits(Client& client, const std::vector<std::string>& keys
     EXPECT_TRUE(r.outcome() == v1::PAGE_HIT || r.outcome() == v1::PAGE_MISS)
         << i << ": " << v1::PageOutcome_Name(r.outcome()) << " " << r.detail();
     hits[i] = r.outcome() == v1::PAGE_HIT;
+    if (details != nullptr) details->push_back(r.detail());
     if (hits[i]) {
       EXPECT_EQ(PageAt(client, "p", dst[i]), bytes[i]) << "page " << i;
     }
@@ -236,10 +237,12 @@ TEST_F(L3Test, ServerKilledMidRunThenRestartedEmpty) {
         << v1::PageOutcome_Name(r.outcome());
   }
   const std::vector<int64_t> more_dst = AllocFirsts(first_->client(), "p", 16, 10);
-  const std::vector<bool> more_hits = FetchHits(first_->client(), more_keys, more_dst, more_bytes);
+  std::vector<std::string> details;
+  const std::vector<bool> more_hits =
+      FetchHits(first_->client(), more_keys, more_dst, more_bytes, &details);
   for (int i = 0; i < 10; ++i) {
     if (stored->pages(i).outcome() == v1::PAGE_STORED) {
-      EXPECT_TRUE(more_hits[i]) << i;
+      EXPECT_TRUE(more_hits[i]) << i << ": " << details[i];
     }
   }
   ASSERT_TRUE(first_->client().Health().ok());

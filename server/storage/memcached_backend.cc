@@ -39,6 +39,12 @@ absl::Status ParseServer(const std::string& server, std::string* host, in_port_t
   return absl::OkStatus();
 }
 
+// How often a call is tried against a failing server before its keys are
+// given up on. A server that dies shows first as a broken connection
+// (EPIPE or a reset on the socket kept open), then as a refused reconnect,
+// which takes it out of the ring; the third try hashes to the servers left.
+constexpr int kAttempts = 3;
+
 }  // namespace
 
 class MemcachedBackend::Handle {
@@ -167,8 +173,8 @@ std::vector<absl::Status> MemcachedBackend::Set(absl::Span<const StorageItem> it
       continue;
     }
     memcached_return_t rc = MEMCACHED_FAILURE;
-    // As in Get: a server that just failed is out of the ring on the retry.
-    for (int attempt = 0; attempt < 2; ++attempt) {
+    // As in Get: a server that just failed is out of the ring by the last try.
+    for (int attempt = 0; attempt < kAttempts; ++attempt) {
       rc = memcached_set(mc, item.key.data(), item.key.size(), item.value.data(), item.value.size(),
                          0, 0);
       if (rc == MEMCACHED_SUCCESS || rc == MEMCACHED_E2BIG) break;
@@ -202,9 +208,9 @@ std::vector<FetchedItem> MemcachedBackend::Get(absl::Span<const std::string> key
   }
   std::vector<size_t> wanted(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) wanted[i] = i;
-  // A failed server fails the whole batch the first time; by then it is
-  // out of the ring, so the keys not found are asked once more.
-  for (int attempt = 0; attempt < 2 && !wanted.empty(); ++attempt) {
+  // A failing server fails the batch's keys on it (see kAttempts); the keys
+  // not found are asked again while an error was seen.
+  for (int attempt = 0; attempt < kAttempts && !wanted.empty(); ++attempt) {
     const std::string error = GetOnce(handle.connection(), keys, wanted, &out);
     if (error.empty()) break;
     std::vector<size_t> missing;
@@ -265,8 +271,12 @@ std::vector<bool> MemcachedBackend::ExistPrefix(absl::Span<const std::string> ke
   Handle handle(this);
   memcached_st* mc = handle.get();
   for (const std::string& key : keys) {
-    out.push_back(mc != nullptr &&
-                  memcached_exist(mc, key.data(), key.size()) == MEMCACHED_SUCCESS);
+    memcached_return_t rc = MEMCACHED_FAILURE;
+    for (int attempt = 0; mc != nullptr && attempt < kAttempts; ++attempt) {
+      rc = memcached_exist(mc, key.data(), key.size());
+      if (rc == MEMCACHED_SUCCESS || rc == MEMCACHED_NOTFOUND) break;
+    }
+    out.push_back(rc == MEMCACHED_SUCCESS);
     if (!out.back()) break;
   }
   return out;
