@@ -414,15 +414,36 @@ absl::StatusOr<v1::PageShape> Client::GetPageShape(const std::string& pool) {
   return response;
 }
 
-absl::StatusOr<v1::StorePagesResponse> Client::StorePages(const std::string& pool,
-                                                          absl::Span<const int64_t> indices,
-                                                          const std::vector<std::string>& keys) {
+namespace {
+
+v1::StorePagesRequest StoreRequest(const std::string& pool, absl::Span<const int64_t> indices,
+                                   const std::vector<std::string>& keys, bool detach) {
   v1::StorePagesRequest request;
   request.set_pool(pool);
   Fill(request.mutable_indices(), indices);
   for (const std::string& key : keys) request.add_keys(key);
+  request.set_detach(detach);
+  return request;
+}
+
+v1::FetchPagesRequest FetchRequest(const std::string& pool, const std::vector<std::string>& keys,
+                                   absl::Span<const int64_t> indices, bool detach) {
+  v1::FetchPagesRequest request;
+  request.set_pool(pool);
+  for (const std::string& key : keys) request.add_keys(key);
+  Fill(request.mutable_indices(), indices);
+  request.set_detach(detach);
+  return request;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::StorePagesResponse> Client::StorePages(const std::string& pool,
+                                                          absl::Span<const int64_t> indices,
+                                                          const std::vector<std::string>& keys) {
   v1::StorePagesResponse response;
-  absl::Status s = KVHOST_CALL(storage_, StorePages, request, &response, options_.timeout);
+  absl::Status s = KVHOST_CALL(storage_, StorePages, StoreRequest(pool, indices, keys, false),
+                               &response, options_.timeout);
   if (!s.ok()) return s;
   return response;
 }
@@ -430,12 +451,41 @@ absl::StatusOr<v1::StorePagesResponse> Client::StorePages(const std::string& poo
 absl::StatusOr<v1::FetchPagesResponse> Client::FetchPages(const std::string& pool,
                                                           const std::vector<std::string>& keys,
                                                           absl::Span<const int64_t> indices) {
-  v1::FetchPagesRequest request;
-  request.set_pool(pool);
-  for (const std::string& key : keys) request.add_keys(key);
-  Fill(request.mutable_indices(), indices);
   v1::FetchPagesResponse response;
-  absl::Status s = KVHOST_CALL(storage_, FetchPages, request, &response, options_.timeout);
+  absl::Status s = KVHOST_CALL(storage_, FetchPages, FetchRequest(pool, keys, indices, false),
+                               &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<uint64_t> Client::StartStorePages(const std::string& pool,
+                                                 absl::Span<const int64_t> indices,
+                                                 const std::vector<std::string>& keys) {
+  v1::StorePagesResponse response;
+  absl::Status s = KVHOST_CALL(storage_, StorePages, StoreRequest(pool, indices, keys, true),
+                               &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response.ticket_id();
+}
+
+absl::StatusOr<uint64_t> Client::StartFetchPages(const std::string& pool,
+                                                 const std::vector<std::string>& keys,
+                                                 absl::Span<const int64_t> indices) {
+  v1::FetchPagesResponse response;
+  absl::Status s = KVHOST_CALL(storage_, FetchPages, FetchRequest(pool, keys, indices, true),
+                               &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response.ticket_id();
+}
+
+absl::StatusOr<v1::StorageTicketStatus> Client::WaitStorage(const std::string& pool,
+                                                            uint64_t ticket, bool poll) {
+  v1::WaitStorageRequest request;
+  request.set_pool(pool);
+  request.set_ticket_id(ticket);
+  request.set_poll(poll);
+  v1::StorageTicketStatus response;
+  absl::Status s = KVHOST_CALL(storage_, WaitStorage, request, &response, options_.timeout);
   if (!s.ok()) return s;
   return response;
 }

@@ -408,6 +408,94 @@ TEST_F(L3Test, RefusalsNameTheValueAndChangeNothing) {
       << bad.status();
 }
 
+// Detached StorePages / FetchPages: a ticket at once, collected once by
+// WaitStorage (waiting or polling) with the results the call would have
+// returned; the ticket is the pool's (its owner token, not another pool's
+// name, and gone with the pool); a refused detached call leaves no ticket.
+TEST_F(L3Test, DetachedCallsReturnTicketsThatWaitStorageCollects) {
+  first_ = StartDaemon();
+  ASSERT_TRUE(first_);
+  ClientOptions options;
+  options.address = first_->address();
+  options.owner_token = "ticket-owner";
+  absl::StatusOr<std::unique_ptr<Client>> connected = Client::Connect(options);
+  ASSERT_TRUE(connected.ok());
+  Client& owner = **connected;
+  Client& stranger = first_->client();
+  const v1::PoolSpec spec = MakeSpec(v1::MHA, v1::LAYER_FIRST, 16, 512);
+  ASSERT_TRUE(owner.CreatePool("p", spec).ok());
+  ASSERT_TRUE(owner.CreatePool("q", spec).ok());
+  std::vector<std::string> bytes;
+  const std::vector<int64_t> src = FilledPages(owner, "p", 16, 6, rng_, &bytes);
+  const std::vector<std::string> keys = Keys("detached", 6);
+
+  absl::StatusOr<uint64_t> store = owner.StartStorePages("p", src, keys);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_NE(*store, 0u);
+  EXPECT_ERROR(stranger.WaitStorage("p", *store), kPermissionDenied, "'p'");
+  EXPECT_ERROR(owner.WaitStorage("q", *store), kNotFound, std::to_string(*store), "'q'");
+  EXPECT_ERROR(owner.WaitStorage("nope", *store), kNotFound, "nope");
+  absl::StatusOr<v1::StorageTicketStatus> stored = owner.WaitStorage("p", *store);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_TRUE(stored->done());
+  EXPECT_EQ(stored->ticket_id(), *store);
+  ASSERT_TRUE(stored->has_store());
+  EXPECT_EQ(stored->store().ticket_id(), *store);
+  EXPECT_EQ(Outcomes(stored->store()), std::vector<v1::PageOutcome>(6, v1::PAGE_STORED));
+  EXPECT_EQ(stored->store().stored_pages(), 6u);
+  EXPECT_EQ(stored->store().stored_bytes(), 6 * bytes[0].size());
+  EXPECT_ERROR(owner.WaitStorage("p", *store), kNotFound, std::to_string(*store),
+               "already collected");
+
+  // A refused detached call: the ticket it would have had is never found.
+  EXPECT_ERROR(owner.StartFetchPages("p", {"a"}, {src[0], src[1]}), kInvalidArgument,
+               "1 keys for 2 indices");
+  const std::vector<int64_t> dst = AllocFirsts(owner, "p", 16, 6);
+  absl::StatusOr<uint64_t> fetch = owner.StartFetchPages("p", keys, dst);
+  ASSERT_TRUE(fetch.ok()) << fetch.status();
+  EXPECT_ERROR(owner.WaitStorage("p", *fetch - 1), kNotFound, std::to_string(*fetch - 1));
+  absl::StatusOr<v1::StorageTicketStatus> fetched;
+  for (int i = 0; i < 2000; ++i) {
+    fetched = owner.WaitStorage("p", *fetch, /*poll=*/true);
+    ASSERT_TRUE(fetched.ok()) << fetched.status();
+    EXPECT_EQ(fetched->ticket_id(), *fetch);
+    if (fetched->done()) break;
+    EXPECT_FALSE(fetched->has_fetch());
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(fetched->done());
+  ASSERT_TRUE(fetched->has_fetch());
+  EXPECT_EQ(fetched->fetch().hit_pages(), 6u);
+  for (size_t i = 0; i < dst.size(); ++i) {
+    EXPECT_EQ(PageAt(owner, "p", dst[i]), bytes[i]) << "page " << i;
+  }
+  EXPECT_ERROR(owner.WaitStorage("p", *fetch, true), kNotFound, "already collected");
+
+  // A WaitStorage that gives up (its deadline) leaves the ticket to be
+  // collected: the servers hang, so the fetch lasts its I/O timeouts.
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->Pause(i);
+  absl::StatusOr<uint64_t> slow = owner.StartFetchPages("p", keys, dst);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  ClientOptions impatient = options;
+  impatient.timeout = absl::Milliseconds(100);
+  absl::StatusOr<std::unique_ptr<Client>> hurried = Client::Connect(impatient);
+  ASSERT_TRUE(hurried.ok());
+  EXPECT_EQ((*hurried)->WaitStorage("p", *slow).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->Resume(i);
+  absl::StatusOr<v1::StorageTicketStatus> late = owner.WaitStorage("p", *slow);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_TRUE(late->done());
+  EXPECT_EQ(late->fetch().pages_size(), 6);
+
+  // An uncollected ticket goes with its pool.
+  absl::StatusOr<uint64_t> left = owner.StartStorePages("p", src, keys);
+  ASSERT_TRUE(left.ok()) << left.status();
+  ASSERT_TRUE(owner.DeletePool("p").ok());
+  ASSERT_TRUE(owner.CreatePool("p", spec).ok());
+  EXPECT_ERROR(owner.WaitStorage("p", *left), kNotFound, std::to_string(*left));
+}
+
 TEST_F(L3Test, ConcurrentClientsStoreAndFetch) {
   first_ = StartDaemon();
   ASSERT_TRUE(first_);

@@ -114,6 +114,15 @@ class MemcachedCluster {
     pids_[i] = -1;
   }
 
+  // SIGSTOP / SIGCONT to server i: a server that hangs (its port still
+  // accepts, nothing answers) and comes back.
+  void Pause(int i) {
+    if (pids_[i] > 0) ::kill(pids_[i], SIGSTOP);
+  }
+  void Resume(int i) {
+    if (pids_[i] > 0) ::kill(pids_[i], SIGCONT);
+  }
+
   // Starts server i again on its port, empty; waits until it accepts.
   absl::Status Restart(int i) {
     Kill(i);

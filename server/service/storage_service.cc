@@ -1,5 +1,6 @@
 #include "server/service/storage_service.h"
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -38,6 +39,67 @@ uint64_t ToProto(const std::vector<PageResult>& results, PageOutcome good,
   return count;
 }
 
+void FillStore(const std::vector<PageResult>& results, uint64_t page_bytes,
+               v1::StorePagesResponse* response) {
+  const uint64_t stored = ToProto(results, PageOutcome::kStored, response->mutable_pages());
+  response->set_stored_pages(stored);
+  response->set_stored_bytes(stored * page_bytes);
+}
+
+void FillFetch(const std::vector<PageResult>& results, uint64_t page_bytes,
+               v1::FetchPagesResponse* response) {
+  const uint64_t hits = ToProto(results, PageOutcome::kHit, response->mutable_pages());
+  response->set_hit_pages(hits);
+  response->set_hit_bytes(hits * page_bytes);
+}
+
+// Holds a WaitStorage call open until its ticket is done or the call is
+// cancelled; whichever comes first finishes it (the flag, shared with the
+// waiter, says which), as TransferService's WaitTransfer does. A waiter
+// that lost to a cancel says so, and the ticket stays to be collected.
+class StorageWaitReactor final : public grpc::ServerUnaryReactor {
+ public:
+  StorageWaitReactor(std::shared_ptr<StorageTickets> tickets, v1::StorageTicketStatus* response)
+      : tickets_(std::move(tickets)), response_(response), shared_(std::make_shared<Shared>()) {}
+
+  // Touches nothing of `this` after Wait: the waiter may have finished the
+  // call, and gRPC deleted it, by then.
+  void Start(const std::shared_ptr<Pool>& pool, uint64_t id, bool poll) {
+    std::shared_ptr<Shared> shared = shared_;
+    shared->id = id;
+    absl::StatusOr<uint64_t> waiter =
+        tickets_->Wait(pool, id, poll, [this, shared](const v1::StorageTicketStatus& status) {
+          if (shared->taken.exchange(true)) return false;
+          *response_ = status;
+          Finish(grpc::Status::OK);
+          return true;
+        });
+    if (!waiter.ok()) {
+      if (!shared->taken.exchange(true)) Finish(ToGrpcStatus(waiter.status()));
+      return;
+    }
+    shared->waiter.store(*waiter);
+  }
+
+  void OnCancel() override {
+    if (shared_->taken.exchange(true)) return;
+    tickets_->Unwait(shared_->id, shared_->waiter.load());
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                        "WaitStorage cancelled before the ticket was done"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  struct Shared {
+    std::atomic<bool> taken{false};
+    uint64_t id = 0;
+    std::atomic<uint64_t> waiter{0};  // 0 until Wait returned
+  };
+  const std::shared_ptr<StorageTickets> tickets_;
+  v1::StorageTicketStatus* const response_;
+  const std::shared_ptr<Shared> shared_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Pool>> StorageServiceImpl::PagesPool(
@@ -65,16 +127,32 @@ grpc::ServerUnaryReactor* StorageServiceImpl::StorePages(grpc::CallbackServerCon
   absl::StatusOr<std::shared_ptr<Pool>> pool =
       PagesPool(*context, request->pool(), request->indices_size(), request->keys_size());
   if (!pool.ok()) return FinishCall(context, pool.status());
-  auto* reactor = new OwnedUnaryReactor();
   const uint64_t page_bytes = (*pool)->flat_page_bytes();
-  absl::Status accepted = tier_->Store(
-      *pool, Indices(request->indices()), Keys(request->keys()),
-      [reactor, response, page_bytes](std::vector<PageResult> results) {
-        const uint64_t stored = ToProto(results, PageOutcome::kStored, response->mutable_pages());
-        response->set_stored_pages(stored);
-        response->set_stored_bytes(stored * page_bytes);
-        reactor->Finish(grpc::Status::OK);
-      });
+  const uint64_t pages = static_cast<uint64_t>(request->indices_size());
+  if (request->detach()) {
+    const uint64_t id = tickets_->Open(*pool);
+    absl::Status accepted =
+        tier_->Store(*pool, Indices(request->indices()), Keys(request->keys()),
+                     [tickets = tickets_, id, page_bytes, pages](std::vector<PageResult> results) {
+                       v1::StorageTicketStatus status;
+                       FillStore(results, page_bytes, status.mutable_store());
+                       status.mutable_store()->set_ticket_id(id);
+                       tickets->Finish(id, std::move(status), pages);
+                     });
+    if (!accepted.ok()) {
+      tickets_->Discard(id);
+      return FinishCall(context, accepted);
+    }
+    response->set_ticket_id(id);
+    return FinishCall(context, absl::OkStatus());
+  }
+  auto* reactor = new OwnedUnaryReactor();
+  absl::Status accepted =
+      tier_->Store(*pool, Indices(request->indices()), Keys(request->keys()),
+                   [reactor, response, page_bytes](std::vector<PageResult> results) {
+                     FillStore(results, page_bytes, response);
+                     reactor->Finish(grpc::Status::OK);
+                   });
   if (!accepted.ok()) reactor->Finish(ToGrpcStatus(accepted));
   return reactor;
 }
@@ -85,16 +163,32 @@ grpc::ServerUnaryReactor* StorageServiceImpl::FetchPages(grpc::CallbackServerCon
   absl::StatusOr<std::shared_ptr<Pool>> pool =
       PagesPool(*context, request->pool(), request->indices_size(), request->keys_size());
   if (!pool.ok()) return FinishCall(context, pool.status());
-  auto* reactor = new OwnedUnaryReactor();
   const uint64_t page_bytes = (*pool)->flat_page_bytes();
-  absl::Status accepted = tier_->Fetch(
-      *pool, Keys(request->keys()), Indices(request->indices()),
-      [reactor, response, page_bytes](std::vector<PageResult> results) {
-        const uint64_t hits = ToProto(results, PageOutcome::kHit, response->mutable_pages());
-        response->set_hit_pages(hits);
-        response->set_hit_bytes(hits * page_bytes);
-        reactor->Finish(grpc::Status::OK);
-      });
+  const uint64_t pages = static_cast<uint64_t>(request->indices_size());
+  if (request->detach()) {
+    const uint64_t id = tickets_->Open(*pool);
+    absl::Status accepted =
+        tier_->Fetch(*pool, Keys(request->keys()), Indices(request->indices()),
+                     [tickets = tickets_, id, page_bytes, pages](std::vector<PageResult> results) {
+                       v1::StorageTicketStatus status;
+                       FillFetch(results, page_bytes, status.mutable_fetch());
+                       status.mutable_fetch()->set_ticket_id(id);
+                       tickets->Finish(id, std::move(status), pages);
+                     });
+    if (!accepted.ok()) {
+      tickets_->Discard(id);
+      return FinishCall(context, accepted);
+    }
+    response->set_ticket_id(id);
+    return FinishCall(context, absl::OkStatus());
+  }
+  auto* reactor = new OwnedUnaryReactor();
+  absl::Status accepted =
+      tier_->Fetch(*pool, Keys(request->keys()), Indices(request->indices()),
+                   [reactor, response, page_bytes](std::vector<PageResult> results) {
+                     FillFetch(results, page_bytes, response);
+                     reactor->Finish(grpc::Status::OK);
+                   });
   if (!accepted.ok()) reactor->Finish(ToGrpcStatus(accepted));
   return reactor;
 }
@@ -114,6 +208,16 @@ grpc::ServerUnaryReactor* StorageServiceImpl::ExistPages(grpc::CallbackServerCon
     reactor->Finish(grpc::Status::OK);
   });
   if (!accepted.ok()) reactor->Finish(ToGrpcStatus(accepted));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StorageServiceImpl::WaitStorage(grpc::CallbackServerContext* context,
+                                                          const v1::WaitStorageRequest* request,
+                                                          v1::StorageTicketStatus* response) {
+  absl::StatusOr<std::shared_ptr<Pool>> pool = PagesPool(*context, request->pool(), 0, 0);
+  if (!pool.ok()) return FinishCall(context, pool.status());
+  auto* reactor = new StorageWaitReactor(tickets_, response);
+  reactor->Start(*pool, request->ticket_id(), request->poll());
   return reactor;
 }
 

@@ -5,6 +5,8 @@
 // a pool group's name for its anchor pool; ExistPages names no pool. The
 // tier validates the pages and runs the work on its own threads; each call
 // is a reactor finished from there, so no gRPC thread waits on the cache.
+// A detached call returns at once with a ticket (StorageTickets) that
+// WaitStorage, under the same pool checks, collects.
 //
 // Thread safety: handlers run concurrently on gRPC's threads; the tier and
 // the registry synchronise themselves.
@@ -12,9 +14,12 @@
 #define KVHOST_SERVER_SERVICE_STORAGE_SERVICE_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "kvhost/v1/storage.grpc.pb.h"
 #include "server/pool/registry.h"
+#include "server/service/storage_tickets.h"
 #include "server/storage/storage_tier.h"
 
 namespace kvhost {
@@ -24,8 +29,12 @@ class StorageServiceImpl final : public v1::StorageService::CallbackService {
   // `tier` null: kvhostd runs without an L3 tier and every call is
   // FAILED_PRECONDITION saying so. `max_indices_per_call` bounds each list
   // (INVALID_ARGUMENT above it). Both must outlive this.
-  StorageServiceImpl(PoolRegistry* registry, StorageTier* tier, uint64_t max_indices_per_call)
-      : registry_(registry), tier_(tier), max_indices_(max_indices_per_call) {}
+  StorageServiceImpl(PoolRegistry* registry, StorageTier* tier, uint64_t max_indices_per_call,
+                     const StorageTickets::Limits& ticket_limits = {})
+      : registry_(registry),
+        tier_(tier),
+        max_indices_(max_indices_per_call),
+        tickets_(std::make_shared<StorageTickets>(ticket_limits)) {}
 
   grpc::ServerUnaryReactor* StorePages(grpc::CallbackServerContext* context,
                                        const v1::StorePagesRequest* request,
@@ -36,6 +45,9 @@ class StorageServiceImpl final : public v1::StorageService::CallbackService {
   grpc::ServerUnaryReactor* ExistPages(grpc::CallbackServerContext* context,
                                        const v1::ExistPagesRequest* request,
                                        v1::ExistPagesResponse* response) override;
+  grpc::ServerUnaryReactor* WaitStorage(grpc::CallbackServerContext* context,
+                                        const v1::WaitStorageRequest* request,
+                                        v1::StorageTicketStatus* response) override;
 
   // A PageResult's detail is cut to this many bytes in a reply, so a reply
   // stays within pages x (this + a few bytes).
@@ -51,6 +63,9 @@ class StorageServiceImpl final : public v1::StorageService::CallbackService {
   PoolRegistry* const registry_;
   StorageTier* const tier_;
   const uint64_t max_indices_;
+  // Shared with the detached calls' callbacks, which the tier may run after
+  // this service is gone (daemon shutdown).
+  const std::shared_ptr<StorageTickets> tickets_;
 };
 
 }  // namespace kvhost

@@ -218,6 +218,18 @@ class Client {
                                                     const std::vector<std::string>& keys,
                                                     absl::Span<const int64_t> indices);
   absl::StatusOr<uint64_t> ExistPages(const std::vector<std::string>& keys);
+  // Detached StorePages / FetchPages: return the ticket at once;
+  // WaitStorage(pool, ticket) collects the results (StorageTicketStatus's
+  // store or fetch), once; with `poll` it returns done = false while the
+  // pages are in flight.
+  absl::StatusOr<uint64_t> StartStorePages(const std::string& pool,
+                                           absl::Span<const int64_t> indices,
+                                           const std::vector<std::string>& keys);
+  absl::StatusOr<uint64_t> StartFetchPages(const std::string& pool,
+                                           const std::vector<std::string>& keys,
+                                           absl::Span<const int64_t> indices);
+  absl::StatusOr<v1::StorageTicketStatus> WaitStorage(const std::string& pool, uint64_t ticket,
+                                                      bool poll = false);
 
   // TransferService.
   absl::StatusOr<v1::Attachment> AttachDevice(const v1::AttachDeviceRequest& request);

@@ -1,0 +1,110 @@
+// StorageTickets: the tickets of detached StorageService calls
+// (StorePages / FetchPages with `detach`), from the call's acceptance until
+// WaitStorage collects its results (proto/kvhost/v1/storage.proto).
+//
+// A ticket belongs to the Pool object its call named: Wait finds it only
+// for that object, so a ticket is never shown through another pool, nor
+// through a pool made again under the same name. Results wait uncollected
+// within per-pool limits (a pool's oldest finished ticket is dropped past
+// them; a pool's flood drops only its own tickets); a deleted pool's
+// tickets go once its object is gone.
+//
+// Thread safety: all methods may be called concurrently. Callbacks run
+// outside the lock, on the thread of Finish (a tier thread) or of Wait.
+#ifndef KVHOST_SERVER_SERVICE_STORAGE_TICKETS_H_
+#define KVHOST_SERVER_SERVICE_STORAGE_TICKETS_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kvhost/v1/storage.pb.h"
+#include "server/pool/pool.h"
+
+namespace kvhost {
+
+class StorageTickets {
+ public:
+  struct Limits {
+    // Finished, uncollected tickets a pool keeps, and their pages.
+    size_t finished_per_pool = 256;
+    uint64_t pages_per_pool = 65536;
+  };
+  // Called once with the ticket's status: done with its result, or (a
+  // poll of a running ticket) not done. Returns whether it delivered the
+  // status (false: its call was cancelled meanwhile); a done ticket no
+  // waiter delivered stays to be collected.
+  using Waiter = std::function<bool(const v1::StorageTicketStatus&)>;
+
+  StorageTickets() = default;
+  explicit StorageTickets(const Limits& limits) : limits_(limits) {}
+  StorageTickets(const StorageTickets&) = delete;
+  StorageTickets& operator=(const StorageTickets&) = delete;
+
+  // A new running ticket of `pool`; its id (never 0, never reused).
+  uint64_t Open(const std::shared_ptr<Pool>& pool);
+  // Forgets a ticket whose call was refused (never shown to anyone).
+  void Discard(uint64_t id);
+  // The ticket's call is done with `status` (its store or fetch result set;
+  // ticket_id and done are set here), covering `pages` pages. Its waiters
+  // get it and the ticket is collected; with none that delivered it, it is
+  // kept for Wait.
+  void Finish(uint64_t id, v1::StorageTicketStatus status, uint64_t pages);
+  // Has `waiter` called with ticket `id` of `pool` once it is done (at once
+  // when it is, or with `poll`), collecting it. NOT_FOUND naming the id when
+  // `pool` has no such ticket. Else returns a number for Unwait.
+  absl::StatusOr<uint64_t> Wait(const std::shared_ptr<Pool>& pool, uint64_t id, bool poll,
+                                Waiter waiter);
+  // Forgets a waiter Wait registered (its call was cancelled); a no-op when
+  // it ran or the ticket is gone.
+  void Unwait(uint64_t id, uint64_t waiter);
+
+  // Tickets held now, running or finished.
+  size_t size() const;
+  // Finished tickets dropped uncollected so far.
+  uint64_t dropped() const;
+
+ private:
+  struct Ticket {
+    std::weak_ptr<Pool> pool;
+    bool done = false;
+    bool kept = false;  // in kept_
+    uint64_t pages = 0;
+    v1::StorageTicketStatus status;
+    std::vector<std::pair<uint64_t, Waiter>> waiters;
+  };
+  // A pool's finished tickets, oldest first, and their pages.
+  struct Kept {
+    std::deque<uint64_t> ids;
+    uint64_t pages = 0;
+  };
+  using KeptByPool = std::map<std::weak_ptr<Pool>, Kept, std::owner_less<std::weak_ptr<Pool>>>;
+
+  // Puts a done ticket on its pool's kept list, dropping the pool's oldest
+  // past the limits.
+  void Keep(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases a done ticket (collected), off its pool's kept list.
+  void Collect(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the kept tickets of pools whose object is gone.
+  void SweepGonePools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Limits limits_;
+  mutable absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, Ticket> tickets_ ABSL_GUARDED_BY(mu_);
+  KeptByPool kept_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_SERVICE_STORAGE_TICKETS_H_

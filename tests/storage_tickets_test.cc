@@ -1,0 +1,222 @@
+// Tests of StorageTickets (server/service/storage_tickets.h), the tickets of
+// detached StorageService calls: collected once, by waiters or by a later
+// Wait; a poll of a running ticket; found only through the pool object that
+// made it; per-pool limits that drop a pool's own oldest finished ticket;
+// a cancelled waiter that leaves the ticket to be collected; a deleted
+// pool's tickets gone; concurrent finishes and waits.
+#include "server/service/storage_tickets.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "pool_test_util.h"
+
+namespace kvhost {
+namespace {
+
+PoolSpec Spec() {
+  PoolSpec s;
+  s.kind = PoolKind::kMha;
+  s.layout = LayoutKind::kPageFirst;
+  s.dtype = DType::kBf16;
+  s.page_size = 4;
+  s.layer_num = 1;
+  s.head_num = 1;
+  s.head_dim = 8;
+  return s;
+}
+
+v1::StorageTicketStatus Stored(uint64_t pages) {
+  v1::StorageTicketStatus s;
+  s.mutable_store()->set_stored_pages(pages);
+  return s;
+}
+
+class StorageTicketsTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<Pool> MakePool(const std::string& name) {
+    absl::StatusOr<std::shared_ptr<Pool>> pool =
+        Pool::Create(name, Spec(), 64, absl::StrCat(dir_.path(), "/", ++made_, "."));
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return pool.ok() ? *pool : nullptr;
+  }
+  // Wait that records what its waiter got.
+  struct Got {
+    int calls = 0;
+    v1::StorageTicketStatus status;
+  };
+  absl::StatusOr<uint64_t> WaitInto(StorageTickets& tickets, const std::shared_ptr<Pool>& pool,
+                                    uint64_t id, bool poll, Got* got, bool accept = true) {
+    return tickets.Wait(pool, id, poll, [got, accept](const v1::StorageTicketStatus& s) {
+      ++got->calls;
+      got->status = s;
+      return accept;
+    });
+  }
+
+  ::kvhost::testing::PoolShmDir dir_;
+  int made_ = 0;
+};
+
+TEST_F(StorageTicketsTest, FinishedTicketIsCollectedOnce) {
+  StorageTickets tickets;
+  std::shared_ptr<Pool> pool = MakePool("a");
+  const uint64_t id = tickets.Open(pool);
+  EXPECT_NE(id, 0u);
+  tickets.Finish(id, Stored(3), 3);
+  Got got;
+  ASSERT_TRUE(WaitInto(tickets, pool, id, false, &got).ok());
+  EXPECT_EQ(got.calls, 1);
+  EXPECT_TRUE(got.status.done());
+  EXPECT_EQ(got.status.ticket_id(), id);
+  EXPECT_EQ(got.status.store().stored_pages(), 3u);
+  EXPECT_EQ(tickets.size(), 0u);
+  Got again;
+  absl::StatusOr<uint64_t> second = WaitInto(tickets, pool, id, false, &again);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(second.status().message().find(std::to_string(id)), std::string::npos)
+      << second.status();
+  EXPECT_EQ(again.calls, 0);
+}
+
+TEST_F(StorageTicketsTest, WaiterGetsTheTicketWhenItFinishes) {
+  StorageTickets tickets;
+  std::shared_ptr<Pool> pool = MakePool("a");
+  const uint64_t id = tickets.Open(pool);
+  Got polled;
+  ASSERT_TRUE(WaitInto(tickets, pool, id, true, &polled).ok());
+  EXPECT_EQ(polled.calls, 1);
+  EXPECT_FALSE(polled.status.done());
+  EXPECT_EQ(polled.status.ticket_id(), id);
+  Got waited;
+  ASSERT_TRUE(WaitInto(tickets, pool, id, false, &waited).ok());
+  EXPECT_EQ(waited.calls, 0);
+  tickets.Finish(id, Stored(2), 2);
+  EXPECT_EQ(waited.calls, 1);
+  EXPECT_TRUE(waited.status.done());
+  EXPECT_EQ(waited.status.store().stored_pages(), 2u);
+  EXPECT_EQ(tickets.size(), 0u) << "a delivered ticket is collected";
+}
+
+TEST_F(StorageTicketsTest, CancelledWaiterLeavesTheTicketToCollect) {
+  StorageTickets tickets;
+  std::shared_ptr<Pool> pool = MakePool("a");
+  const uint64_t id = tickets.Open(pool);
+  // One waiter forgotten through Unwait, one that lost to its cancel.
+  Got forgotten, cancelled;
+  absl::StatusOr<uint64_t> w1 = WaitInto(tickets, pool, id, false, &forgotten);
+  ASSERT_TRUE(w1.ok());
+  tickets.Unwait(id, *w1);
+  ASSERT_TRUE(WaitInto(tickets, pool, id, false, &cancelled, /*accept=*/false).ok());
+  tickets.Finish(id, Stored(1), 1);
+  EXPECT_EQ(forgotten.calls, 0);
+  EXPECT_EQ(cancelled.calls, 1);
+  EXPECT_EQ(tickets.size(), 1u);
+  Got got;
+  ASSERT_TRUE(WaitInto(tickets, pool, id, false, &got).ok());
+  EXPECT_EQ(got.status.store().stored_pages(), 1u);
+  EXPECT_EQ(tickets.size(), 0u);
+}
+
+TEST_F(StorageTicketsTest, OnlyThePoolObjectThatMadeItFindsIt) {
+  StorageTickets tickets;
+  std::shared_ptr<Pool> a = MakePool("a");
+  std::shared_ptr<Pool> b = MakePool("b");
+  const uint64_t id = tickets.Open(a);
+  tickets.Finish(id, Stored(1), 1);
+  Got got;
+  EXPECT_EQ(WaitInto(tickets, b, id, false, &got).status().code(), absl::StatusCode::kNotFound);
+  // A pool made again under the same name is another pool.
+  std::shared_ptr<Pool> a_again = MakePool("a");
+  EXPECT_EQ(WaitInto(tickets, a_again, id, true, &got).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(got.calls, 0);
+  EXPECT_EQ(WaitInto(tickets, a, 0, false, &got).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(WaitInto(tickets, a, id + 1, false, &got).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(WaitInto(tickets, a, id, false, &got).ok());
+  EXPECT_EQ(got.calls, 1);
+}
+
+TEST_F(StorageTicketsTest, APoolKeepsItsNewestFinishedTicketsWithinTheLimits) {
+  StorageTickets tickets({/*finished_per_pool=*/3, /*pages_per_pool=*/10});
+  std::shared_ptr<Pool> a = MakePool("a");
+  std::shared_ptr<Pool> b = MakePool("b");
+  const uint64_t b_id = tickets.Open(b);
+  tickets.Finish(b_id, Stored(1), 1);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 5; ++i) {
+    ids.push_back(tickets.Open(a));
+    tickets.Finish(ids.back(), Stored(1), 1);
+  }
+  EXPECT_EQ(tickets.dropped(), 2u);
+  Got got;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(WaitInto(tickets, a, ids[i], true, &got).status().code(), absl::StatusCode::kNotFound)
+        << i;
+  }
+  for (int i = 2; i < 5; ++i) EXPECT_TRUE(WaitInto(tickets, a, ids[i], true, &got).ok()) << i;
+  // Pages: 6 + 6 > 10 drops the first; one over the limit alone stays.
+  const uint64_t six = tickets.Open(a);
+  tickets.Finish(six, Stored(6), 6);
+  const uint64_t six_more = tickets.Open(a);
+  tickets.Finish(six_more, Stored(6), 6);
+  EXPECT_EQ(WaitInto(tickets, a, six, true, &got).status().code(), absl::StatusCode::kNotFound);
+  const uint64_t big = tickets.Open(a);
+  tickets.Finish(big, Stored(20), 20);
+  EXPECT_TRUE(WaitInto(tickets, a, big, true, &got).ok());
+  // Pool a's flood dropped none of b's.
+  EXPECT_TRUE(WaitInto(tickets, b, b_id, true, &got).ok());
+}
+
+TEST_F(StorageTicketsTest, ADeletedPoolsTicketsGo) {
+  StorageTickets tickets;
+  std::shared_ptr<Pool> a = MakePool("a");
+  const uint64_t id = tickets.Open(a);
+  tickets.Finish(id, Stored(1), 1);
+  EXPECT_EQ(tickets.size(), 1u);
+  a.reset();
+  std::shared_ptr<Pool> b = MakePool("b");
+  const uint64_t other = tickets.Open(b);  // sweeps
+  EXPECT_EQ(tickets.size(), 1u);
+  tickets.Discard(other);
+  EXPECT_EQ(tickets.size(), 0u);
+}
+
+TEST_F(StorageTicketsTest, ConcurrentFinishesAndWaitsDeliverEachTicketOnce) {
+  constexpr int kTickets = 2000;
+  StorageTickets tickets({/*finished_per_pool=*/kTickets, /*pages_per_pool=*/kTickets});
+  std::shared_ptr<Pool> pool = MakePool("a");
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < kTickets; ++i) ids.push_back(tickets.Open(pool));
+  std::atomic<int> delivered{0};
+  std::thread finisher([&] {
+    for (int i = 0; i < kTickets; ++i) tickets.Finish(ids[i], Stored(i), 1);
+  });
+  std::vector<std::thread> waiters;
+  for (int t = 0; t < 2; ++t) {
+    waiters.emplace_back([&, t] {
+      for (int i = t; i < kTickets; i += 2) {
+        absl::StatusOr<uint64_t> w =
+            tickets.Wait(pool, ids[i], false, [&, i](const v1::StorageTicketStatus& s) {
+              EXPECT_EQ(s.store().stored_pages(), static_cast<uint64_t>(i));
+              delivered.fetch_add(1);
+              return true;
+            });
+        EXPECT_TRUE(w.ok()) << w.status();
+      }
+    });
+  }
+  finisher.join();
+  for (std::thread& w : waiters) w.join();
+  EXPECT_EQ(delivered.load(), kTickets);
+  EXPECT_EQ(tickets.size(), 0u);
+}
+
+}  // namespace
+}  // namespace kvhost
