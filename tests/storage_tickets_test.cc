@@ -104,6 +104,32 @@ TEST_F(StorageTicketsTest, WaiterGetsTheTicketWhenItFinishes) {
   EXPECT_EQ(tickets.size(), 0u) << "a delivered ticket is collected";
 }
 
+// The client whose wait just returned asks again at once: the ticket is
+// gone already (a Wait from inside the waiter is that moment, made certain).
+TEST_F(StorageTicketsTest, ATicketIsGoneOnceAWaiterHasIt) {
+  StorageTickets tickets;
+  std::shared_ptr<Pool> pool = MakePool("a");
+  for (const bool finish_first : {false, true}) {
+    const uint64_t id = tickets.Open(pool);
+    if (finish_first) tickets.Finish(id, Stored(1), 1);
+    int calls = 0;
+    absl::Status again;
+    ASSERT_TRUE(tickets
+                    .Wait(pool, id, false,
+                          [&](const v1::StorageTicketStatus&) {
+                            ++calls;
+                            Got got;
+                            again = WaitInto(tickets, pool, id, false, &got).status();
+                            return true;
+                          })
+                    .ok());
+    if (!finish_first) tickets.Finish(id, Stored(1), 1);
+    EXPECT_EQ(calls, 1) << finish_first;
+    EXPECT_EQ(again.code(), absl::StatusCode::kNotFound) << finish_first << " " << again;
+    EXPECT_EQ(tickets.size(), 0u);
+  }
+}
+
 TEST_F(StorageTicketsTest, CancelledWaiterLeavesTheTicketToCollect) {
   StorageTickets tickets;
   std::shared_ptr<Pool> pool = MakePool("a");

@@ -24,7 +24,7 @@ void StorageTickets::Discard(uint64_t id) {
 void StorageTickets::Finish(uint64_t id, v1::StorageTicketStatus status, uint64_t pages) {
   status.set_ticket_id(id);
   status.set_done(true);
-  std::vector<std::pair<uint64_t, Waiter>> waiters;
+  Ticket taken;
   {
     absl::MutexLock lock(&mu_);
     auto it = tickets_.find(id);
@@ -33,27 +33,24 @@ void StorageTickets::Finish(uint64_t id, v1::StorageTicketStatus status, uint64_
     ticket.done = true;
     ticket.pages = pages;
     ticket.status = status;
-    waiters = std::move(ticket.waiters);
-    ticket.waiters.clear();
-    if (waiters.empty()) {
+    if (ticket.waiters.empty()) {
       Keep(id);
       return;
     }
+    // Out of the table while its waiters run, so that no Wait meanwhile
+    // delivers it a second time.
+    taken = std::move(ticket);
+    tickets_.erase(it);
   }
   bool delivered = false;
-  for (auto& [unused, waiter] : waiters) delivered = waiter(status) || delivered;
-  absl::MutexLock lock(&mu_);
-  if (delivered) {
-    Collect(id);
-  } else {
-    Keep(id);
-  }
+  for (auto& [unused, waiter] : taken.waiters) delivered = waiter(status) || delivered;
+  if (!delivered) Restore(id, std::move(taken));
 }
 
 absl::StatusOr<uint64_t> StorageTickets::Wait(const std::shared_ptr<Pool>& pool, uint64_t id,
                                               bool poll, Waiter waiter) {
   v1::StorageTicketStatus now;
-  bool done = false;
+  Ticket taken;
   {
     absl::MutexLock lock(&mu_);
     auto it = tickets_.find(id);
@@ -63,23 +60,30 @@ absl::StatusOr<uint64_t> StorageTickets::Wait(const std::shared_ptr<Pool>& pool,
           "' (never issued, already collected, dropped uncollected, or of another pool)"));
     }
     Ticket& ticket = it->second;
-    done = ticket.done;
-    if (!done && !poll) {
-      const uint64_t number = next_waiter_++;
-      ticket.waiters.emplace_back(number, std::move(waiter));
-      return number;
-    }
-    if (done) {
-      now = ticket.status;
-    } else {
+    if (!ticket.done) {
+      if (!poll) {
+        const uint64_t number = next_waiter_++;
+        ticket.waiters.emplace_back(number, std::move(waiter));
+        return number;
+      }
       now.set_ticket_id(id);
+    } else {
+      now = ticket.status;
+      Unkeep(id);
+      taken = std::move(ticket);
+      tickets_.erase(it);
     }
   }
-  if (waiter(now) && done) {
-    absl::MutexLock lock(&mu_);
-    Collect(id);
-  }
+  if (!waiter(now) && now.done()) Restore(id, std::move(taken));
   return 0;
+}
+
+void StorageTickets::Restore(uint64_t id, Ticket ticket) {
+  absl::MutexLock lock(&mu_);
+  ticket.waiters.clear();
+  ticket.kept = false;
+  tickets_[id] = std::move(ticket);
+  Keep(id);
 }
 
 void StorageTickets::Unwait(uint64_t id, uint64_t waiter) {
@@ -120,19 +124,16 @@ void StorageTickets::Keep(uint64_t id) {
   }
 }
 
-void StorageTickets::Collect(uint64_t id) {
+void StorageTickets::Unkeep(uint64_t id) {
   auto it = tickets_.find(id);
-  if (it == tickets_.end()) return;
-  if (it->second.kept) {
-    auto kept = kept_.find(it->second.pool);
-    if (kept != kept_.end()) {
-      std::deque<uint64_t>& ids = kept->second.ids;
-      ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
-      kept->second.pages -= it->second.pages;
-      if (ids.empty()) kept_.erase(kept);
-    }
-  }
-  tickets_.erase(it);
+  if (it == tickets_.end() || !it->second.kept) return;
+  it->second.kept = false;
+  auto kept = kept_.find(it->second.pool);
+  if (kept == kept_.end()) return;
+  std::deque<uint64_t>& ids = kept->second.ids;
+  ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+  kept->second.pages -= it->second.pages;
+  if (ids.empty()) kept_.erase(kept);
 }
 
 void StorageTickets::SweepGonePools() {

@@ -41,10 +41,12 @@ class StorageTickets {
   // Called once with the ticket's status: done with its result, or (a
   // poll of a running ticket) not done. Returns whether it delivered the
   // status (false: its call was cancelled meanwhile); a done ticket no
-  // waiter delivered stays to be collected.
+  // waiter delivered stays to be collected. While waiters run, their
+  // ticket is out of the table (a Wait meanwhile finds none): a ticket's
+  // results are delivered once.
   using Waiter = std::function<bool(const v1::StorageTicketStatus&)>;
 
-  StorageTickets() = default;
+  StorageTickets() : StorageTickets(Limits{}) {}
   explicit StorageTickets(const Limits& limits) : limits_(limits) {}
   StorageTickets(const StorageTickets&) = delete;
   StorageTickets& operator=(const StorageTickets&) = delete;
@@ -91,8 +93,10 @@ class StorageTickets {
   // Puts a done ticket on its pool's kept list, dropping the pool's oldest
   // past the limits.
   void Keep(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Erases a done ticket (collected), off its pool's kept list.
-  void Collect(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a done ticket off its pool's kept list (it is being delivered).
+  void Unkeep(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts back a done ticket that no waiter delivered, to be collected.
+  void Restore(uint64_t id, Ticket ticket) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the kept tickets of pools whose object is gone.
   void SweepGonePools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

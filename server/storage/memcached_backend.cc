@@ -40,10 +40,12 @@ absl::Status ParseServer(const std::string& server, std::string* host, in_port_t
 }
 
 // How often a call is tried against a failing server before its keys are
-// given up on. A server that dies shows first as a broken connection
-// (EPIPE or a reset on the socket kept open), then as a refused reconnect,
-// which takes it out of the ring; the third try hashes to the servers left.
-constexpr int kAttempts = 3;
+// given up on. Each of a handle's connections finds a dead server on its
+// own, in up to three failed tries: a broken connection (EPIPE or a reset on
+// the socket kept open), a refused reconnect (counted as its failure), and
+// the next connect, which takes it out of the ring; the fourth try hashes to
+// the servers left.
+constexpr int kAttempts = 4;
 
 }  // namespace
 
@@ -174,7 +176,9 @@ std::vector<absl::Status> MemcachedBackend::Set(absl::Span<const StorageItem> it
     }
     memcached_return_t rc = MEMCACHED_FAILURE;
     // As in Get: a server that just failed is out of the ring by the last try.
-    for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    int tries = 0;
+    while (tries < kAttempts) {
+      ++tries;
       rc = memcached_set(mc, item.key.data(), item.key.size(), item.value.data(), item.value.size(),
                          0, 0);
       if (rc == MEMCACHED_SUCCESS || rc == MEMCACHED_E2BIG) break;
@@ -186,8 +190,9 @@ std::vector<absl::Status> MemcachedBackend::Set(absl::Span<const StorageItem> it
           "server ", ServerOf(mc, item.key), " refused an item of ", item.value.size(),
           " bytes as too large; start memcached with a larger -I or lower --l3-item-bytes")));
     } else {
-      out.push_back(absl::UnavailableError(
-          absl::StrCat("server ", ServerOf(mc, item.key), ": ", memcached_last_error_message(mc))));
+      out.push_back(absl::UnavailableError(absl::StrCat("server ", ServerOf(mc, item.key), ": ",
+                                                        memcached_last_error_message(mc), " (",
+                                                        tries, " tries)")));
     }
   }
   // libmemcached sends replicas' copies without waiting for an answer and
@@ -216,7 +221,8 @@ std::vector<FetchedItem> MemcachedBackend::Get(absl::Span<const std::string> key
     std::vector<size_t> missing;
     for (const size_t i : wanted) {
       if (out[i].found) continue;
-      out[i].error = absl::StrCat("server ", ServerOf(mc, keys[i]), ": ", error);
+      out[i].error =
+          absl::StrCat("server ", ServerOf(mc, keys[i]), ": ", error, " (try ", attempt + 1, ")");
       missing.push_back(i);
     }
     wanted = std::move(missing);
