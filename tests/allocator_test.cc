@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "tests/allocator_models.h"
+#include "tests/time_scale.h"
 
 namespace kvhost {
 namespace {
@@ -561,7 +562,8 @@ TEST(AllocatorConcurrencyTest, EightThreadsConserveAndNeverShare) {
 // ---------------------------------------------------------------- cost
 
 // Alloc and free cost O(pages), not O(tokens) and not quadratic. The bounds
-// are loose (seconds) so a slow, loaded or sanitized build passes; they are
+// are loose (seconds, kTimeScale times more when sanitized) so a slow,
+// loaded or sanitized build passes; they are
 // still far below what a per-call cost linear in the pool would take for the
 // 1M-page churn (~10^12 steps).
 TEST(AllocatorCostTest, LargePoolsAreLinear) {
@@ -574,7 +576,7 @@ TEST(AllocatorCostTest, LargePoolsAreLinear) {
     ASSERT_TRUE(a.Alloc(1 << 20, &pages).ok());
     EXPECT_EQ(pages.size(), 16384u);
     ASSERT_TRUE(a.FreePages(pages).ok());
-    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5 * ::kvhost::testing::kTimeScale));
   }
   {
     // A 16M-token pool with page 256, all in one call, then page by page.
@@ -584,7 +586,7 @@ TEST(AllocatorCostTest, LargePoolsAreLinear) {
     ASSERT_TRUE(a.Alloc(uint64_t{1} << 24, &pages).ok());
     EXPECT_EQ(a.free_pages(), 0u);
     ASSERT_TRUE(a.FreePages(pages).ok());
-    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5 * ::kvhost::testing::kTimeScale));
   }
   {
     // 1M pages taken one call at a time, then returned one at a time.
@@ -597,7 +599,7 @@ TEST(AllocatorCostTest, LargePoolsAreLinear) {
     EXPECT_EQ(one.back(), kPages - 1);
     for (uint64_t p : one) ASSERT_TRUE(a.FreePages({p}).ok());
     EXPECT_EQ(a.free_pages(), kPages);
-    EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(15 * ::kvhost::testing::kTimeScale));
   }
 }
 
@@ -625,7 +627,7 @@ TEST(AllocatorCostTest, ManyExtentsStayLogarithmic) {
     ASSERT_EQ(alloc_model::RunLengths(many).size(), 4096u);
     ASSERT_TRUE(a.FreePages(many).ok());
   }
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10 * ::kvhost::testing::kTimeScale));
   EXPECT_EQ(a.free_pages(), kPages / 2);
 }
 

@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "kvhost/client.h"
 #include "kvhost/v1/pool.grpc.pb.h"
+#include "time_scale.h"
 
 namespace kvhost {
 namespace {
@@ -69,7 +70,8 @@ std::unique_ptr<v1::PoolService::Stub> Stub(const TestDaemon& d) {
 }
 
 // Health/Check every 50 ms, each on a connection of its own (a local
-// subchannel pool: no connection is shared), deadline 1 s.
+// subchannel pool: no connection is shared), deadline 1 s (kTimeScale s
+// sanitized).
 class Prober {
  public:
   explicit Prober(std::string address) : address_(std::move(address)) {
@@ -97,7 +99,8 @@ class Prober {
       auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
       auto stub = grpc::health::v1::Health::NewStub(channel);
       grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(1 * testing::kTimeScale));
       context.set_wait_for_ready(true);
       grpc::health::v1::HealthCheckRequest request;
       grpc::health::v1::HealthCheckResponse response;
@@ -253,7 +256,7 @@ TEST(PoolLifecycleTest, BigCreateAndDeleteNeverStallNewConnections) {
       create_probe.probes(), create_probe.failures(), create_probe.slowest_s(),
       delete_probe.probes(), delete_probe.failures(), delete_probe.slowest_s());
   EXPECT_GE(released_s, 0) << "the deleted pool's bytes were never released";
-  EXPECT_LT(delete_call_s, 1.0);
+  EXPECT_LT(delete_call_s, 1.0 * testing::kTimeScale);
   EXPECT_GT(create_probe.probes(), 5);
   EXPECT_EQ(create_probe.failures(), 0) << create_probe.first_failure();
   EXPECT_GT(delete_probe.probes(), 3);
