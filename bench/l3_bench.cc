@@ -9,7 +9,12 @@
 //      (memory reused, as in a full cache that evicts).
 //   2. Fetch: node B fetches them back (every page must be a hit, and is
 //      compared byte for byte with what A stored); the same figures.
-//   3. Prefix workload: --requests requests, each --shared-pages pages of
+//   3. The ceiling, in the same run: libmemcached alone (no kvhostd, no
+//      gRPC, no checksums), the same value sizes (page + record header),
+//      batches and parallelism (--l3-threads handles, each a share of a
+//      batch): memcached_set of keys that exist, memcached_mget. The store
+//      again / fetch again rows are given as a ratio to it.
+//   4. Prefix workload: --requests requests, each --shared-pages pages of
 //      one of --prefixes shared prefixes then --own-pages pages of its own,
 //      sent to the nodes in turn. A node serves the pages it holds locally
 //      (its host pool), asks L3 for the longest stored prefix of the rest
@@ -18,6 +23,8 @@
 //      not held locally) and how many of node B's fetches A had stored.
 //
 // Figures are of this machine's loopback and memcached, not a network.
+#include <libmemcached/memcached.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -25,6 +32,8 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -36,6 +45,8 @@
 #include "bench/bench_util.h"
 #include "common/cli_flags.h"
 #include "kvhost/client.h"
+#include "server/storage/memcached_backend.h"
+#include "server/storage/page_record.h"
 #include "tests/daemon_fixture.h"
 #include "tests/memcached_cluster.h"
 
@@ -133,6 +144,80 @@ std::vector<T> Slice(const std::vector<T>& v, uint64_t first, uint64_t n) {
   return std::vector<T>(v.begin() + static_cast<std::ptrdiff_t>(first),
                         v.begin() + static_cast<std::ptrdiff_t>(first + n));
 }
+
+// One libmemcached handle on the cluster, set up as kvhostd's (ketama,
+// binary protocol, no delay).
+memcached_st* RawHandle(const testing::MemcachedCluster& cluster) {
+  memcached_st* mc = memcached_create(nullptr);
+  for (int i = 0; i < cluster.size(); ++i) {
+    memcached_server_add(mc, "127.0.0.1", static_cast<in_port_t>(cluster.port(i)));
+  }
+  memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_BINARY_PROTOCOL, 1);
+  memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_DISTRIBUTION,
+                         MEMCACHED_DISTRIBUTION_CONSISTENT_KETAMA);
+  memcached_behavior_set(mc, MEMCACHED_BEHAVIOR_TCP_NODELAY, 1);
+  return mc;
+}
+
+// The ceiling's store and fetch: `threads` handles, each taking an equal
+// share of every batch, as the tier's jobs do.
+struct RawCluster {
+  std::vector<memcached_st*> handles;
+  std::vector<std::string> keys;  // `parts` per page, in page order
+  uint64_t parts = 1;
+  std::string value;  // one part
+  ~RawCluster() {
+    for (memcached_st* mc : handles) memcached_free(mc);
+  }
+  // Runs `op(handle, first, n)` on each handle's share of [first, first+n).
+  template <typename Op>
+  absl::Status Split(uint64_t first, uint64_t n, Op op) {
+    const uint64_t t = std::min<uint64_t>(handles.size(), n);
+    std::vector<absl::Status> status(t);
+    std::vector<std::thread> threads;
+    for (uint64_t i = 0; i < t; ++i) {
+      const uint64_t begin = first + n * i / t, end = first + n * (i + 1) / t;
+      threads.emplace_back([&, i, begin, end] { status[i] = op(handles[i], begin, end - begin); });
+    }
+    for (std::thread& th : threads) th.join();
+    for (const absl::Status& s : status) {
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Set(memcached_st* mc, uint64_t first, uint64_t n) {
+    for (uint64_t i = first * parts; i < (first + n) * parts; ++i) {
+      const memcached_return_t rc =
+          memcached_set(mc, keys[i].data(), keys[i].size(), value.data(), value.size(), 0, 0);
+      if (rc != MEMCACHED_SUCCESS) {
+        return absl::UnavailableError(absl::StrCat("set: ", memcached_strerror(mc, rc)));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Get(memcached_st* mc, uint64_t first, uint64_t n) {
+    std::vector<const char*> ptrs;
+    std::vector<size_t> lengths;
+    for (uint64_t i = first * parts; i < (first + n) * parts; ++i) {
+      ptrs.push_back(keys[i].data());
+      lengths.push_back(keys[i].size());
+    }
+    memcached_return_t rc = memcached_mget(mc, ptrs.data(), lengths.data(), ptrs.size());
+    if (rc != MEMCACHED_SUCCESS) {
+      return absl::UnavailableError(absl::StrCat("mget: ", memcached_strerror(mc, rc)));
+    }
+    uint64_t got = 0;
+    memcached_result_st result;
+    memcached_result_create(mc, &result);
+    while (memcached_fetch_result(mc, &result, &rc) != nullptr) {
+      if (memcached_result_length(&result) == value.size()) ++got;
+    }
+    memcached_result_free(&result);
+    return got == n * parts
+               ? absl::OkStatus()
+               : absl::DataLossError(absl::StrCat("mget got ", got, " of ", n * parts, " values"));
+  }
+};
 
 struct Workload {
   uint64_t pages = 0, local = 0, l3_hits = 0, computed = 0;
@@ -288,18 +373,54 @@ absl::Status Run(const Options& o) {
       return absl::DataLossError(absl::StrCat("page ", i, " fetched by node B differs"));
     }
   }
+  // The ceiling: the same items through libmemcached alone. A page is split
+  // as kvhostd splits it (items of up to the default --l3-item-bytes, each a
+  // part behind the record header); the keys are new, set once untimed so
+  // that the timed sets, like "store again", find them.
+  RawCluster raw;
+  const uint64_t room = kDefaultMemcachedItemBytes - kPartHeaderBytes;
+  raw.parts = (page_bytes + room - 1) / room;
+  raw.value.assign((page_bytes + raw.parts - 1) / raw.parts + kPartHeaderBytes, 'x');
+  for (uint64_t i = 0; i < o.pages; ++i) {
+    for (uint64_t p = 0; p < raw.parts; ++p) {
+      raw.keys.push_back(absl::StrCat("ceiling/", keys[i], ".", p));
+    }
+  }
+  for (int i = 0; i < o.l3_threads; ++i) raw.handles.push_back(RawHandle(**cluster));
+  auto raw_set = [&](uint64_t f, uint64_t n) {
+    return raw.Split(f, n,
+                     [&](memcached_st* mc, uint64_t b, uint64_t m) { return raw.Set(mc, b, m); });
+  };
+  auto raw_get = [&](uint64_t f, uint64_t n) {
+    return raw.Split(f, n,
+                     [&](memcached_st* mc, uint64_t b, uint64_t m) { return raw.Get(mc, b, m); });
+  };
+  if (absl::Status s = raw_set(0, o.pages); !s.ok()) return s;
+  absl::StatusOr<Phase> raw_store = Measure(o, page_bytes, raw_set);
+  if (!raw_store.ok()) return raw_store.status();
+  absl::StatusOr<Phase> raw_fetch = Measure(o, page_bytes, raw_get);
+  if (!raw_fetch.ok()) return raw_fetch.status();
+
   std::vector<std::vector<std::string>> rows = {
-      {"op", "GB/s", "us/page (batch)", "p50 us (1 page)", "p99 us (1 page)"}};
-  for (const auto& [name, p] : {std::pair{"store, fresh servers (node A)", *cold},
-                                {"store again (node A)", *store},
-                                {"fetch (node B)", *fetch},
-                                {"fetch again (node B)", *refetch}}) {
-    rows.push_back({name, absl::StrFormat("%.3f", p.gbps), absl::StrFormat("%.0f", p.us_per_page),
+      {"op", "GB/s", "of ceiling", "us/page (batch)", "p50 us (1 page)", "p99 us (1 page)"}};
+  const double store_ceiling = raw_store->gbps, fetch_ceiling = raw_fetch->gbps;
+  for (const auto& [name, p, ceiling] : {std::tuple{"store, fresh servers (node A)", *cold, 0.0},
+                                         {"store again (node A)", *store, store_ceiling},
+                                         {"fetch (node B)", *fetch, 0.0},
+                                         {"fetch again (node B)", *refetch, fetch_ceiling},
+                                         {"ceiling: libmemcached set, keys exist", *raw_store, 0.0},
+                                         {"ceiling: libmemcached mget", *raw_fetch, 0.0}}) {
+    rows.push_back({name, absl::StrFormat("%.3f", p.gbps),
+                    ceiling > 0 ? absl::StrFormat("%.2f", p.gbps / ceiling) : "",
+                    absl::StrFormat("%.0f", p.us_per_page),
                     absl::StrFormat("%.0f", p.single_p50_us),
                     absl::StrFormat("%.0f", p.single_p99_us)});
   }
-  absl::PrintF("%d pages in calls of %d, byte-exact on node B:\n", o.pages, o.batch);
-  PrintTable(rows, "lrrrr", "  ");
+  absl::PrintF(
+      "%d pages in calls of %d, byte-exact on node B; the ceiling (same run, same values, "
+      "batches and %d handles) without kvhostd:\n",
+      o.pages, o.batch, o.l3_threads);
+  PrintTable(rows, "lrrrrr", "  ");
 
   absl::StatusOr<Workload> w = PrefixWorkload(o, clients);
   if (!w.ok()) return w.status();
