@@ -35,8 +35,9 @@ kvhost = None  # imported in main(), from SOURCE_DIR/python
 class Daemon:
     """A kvhostd on a private socket and shm dir; restart() keeps both."""
 
-    def __init__(self, binary):
+    def __init__(self, binary, extra=()):
         self.binary = binary
+        self.extra = list(extra)  # more kvhostd flags
         self.dir = tempfile.mkdtemp(prefix="kvhost-py-")
         self.shm = tempfile.mkdtemp(prefix="kvhost-py-", dir="/dev/shm")
         self.socket = os.path.join(self.dir, "kvhost.sock")
@@ -50,7 +51,8 @@ class Daemon:
             os.unlink(self.socket)
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen([self.binary, f"--listen={self.address}",
-                                      f"--shm-dir={self.shm}", "--backend=host"],
+                                      f"--shm-dir={self.shm}", "--backend=host",
+                                      *self.extra],
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + 20

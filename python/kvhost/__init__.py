@@ -25,6 +25,7 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceed
                      Unauthenticated, Unavailable, Unimplemented, Unknown)
 from .pools import Pool
 from .shm import Component, ShmDevicePool
+from .storage import PageOutcome, PagesResult
 from .transfer import Attachment, CudaGroupEntry, LoadTicket, Ticket, cuda_export_event
 from .worker import WorkerCopier, WorkerTicket
 
@@ -47,7 +48,8 @@ __all__ = [
     "ABI_VERSION", "CUDA_EVENT_HANDLE_BYTES", "DEFAULT_ADDRESS", "Aborted", "AlreadyExists",
     "AsyncCalls", "Attachment", "Cancelled", "Client", "Component", "CudaGroupEntry", "DataLoss",
     "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument", "KvhostError",
-    "LibraryError", "LoadTicket", "NotFound", "OutOfRange", "PermissionDenied", "Pool",
+    "LibraryError", "LoadTicket", "NotFound", "OutOfRange", "PageOutcome", "PagesResult",
+    "PermissionDenied", "Pool",
     "ResourceExhausted", "SessionLosses", "SessionState", "ShmDevicePool", "StatusCode", "Ticket",
     "Unauthenticated", "Unavailable", "Unimplemented", "Unknown", "WorkerCopier", "WorkerTicket",
     "abi_version", "built_with_cuda", "candidates", "code_name", "connect", "cuda_export_event",

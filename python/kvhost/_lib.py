@@ -187,6 +187,13 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_async_wait": ([_vp, _u64, _i64] + _ERR, _int),
     "kvhost_async_take_indices": ([_vp, _u64, _pi64, _sz, _psz] + _ERR, _int),
     "kvhost_async_take_value": ([_vp, _u64, _pu64] + _ERR, _int),
+    "kvhost_l3_store": ([_vp, _cp, _pi64, _pvp, _psz, _sz, _pi32, _pu64] + _ERR, _int),
+    "kvhost_l3_fetch": ([_vp, _cp, _pvp, _psz, _pi64, _sz, _pi32, _pu64] + _ERR, _int),
+    "kvhost_l3_exist": ([_vp, _pvp, _psz, _sz, _pu64] + _ERR, _int),
+    "kvhost_l3_start_store": ([_vp, _cp, _pi64, _pvp, _psz, _sz, _pu64] + _ERR, _int),
+    "kvhost_l3_start_fetch": ([_vp, _cp, _pvp, _psz, _pi64, _sz, _pu64] + _ERR, _int),
+    "kvhost_l3_wait":
+        ([_vp, _cp, _u64, _int, _pi32, _pi32, _sz, _psz, _pu64] + _ERR, _int),
 }
 
 _lock = threading.Lock()

@@ -4,7 +4,8 @@ A :class:`Client` wraps one ``kvhost_client`` of the C ABI, which wraps the
 C++ ``kvhost::Client``: one gRPC channel (it connects on the first call) and,
 for a worker, one session that a background thread keeps open and reopens
 after a daemon restart. The calls on pools and slots come from
-:class:`~kvhost.pools.PoolCalls`, the ones that attach device buffers from
+:class:`~kvhost.pools.PoolCalls`, the L3 tier's from
+:class:`~kvhost.storage.StorageCalls`, the ones that attach device buffers from
 :class:`~kvhost.transfer.AttachCalls`.
 
 Thread safety: a Client may be used from any number of threads at once
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Union
 from . import _json, _lib
 from ._handles import Registry
 from .pools import PoolCalls
+from .storage import StorageCalls
 from .transfer import AttachCalls
 
 if TYPE_CHECKING:
@@ -63,7 +65,7 @@ def _flag(value: bool) -> str:
     return "1" if value else "0"
 
 
-class Client(Registry, PoolCalls, AttachCalls):
+class Client(Registry, PoolCalls, StorageCalls, AttachCalls):
     """A connection to kvhostd. Use as a context manager, or call close().
 
     Args:

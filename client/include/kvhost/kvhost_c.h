@@ -668,6 +668,64 @@ KVHOST_C_API int kvhost_async_take_indices(kvhost_async* async, uint64_t request
 KVHOST_C_API int kvhost_async_take_value(kvhost_async* async, uint64_t request_id, uint64_t* value,
                                          char* err, size_t err_len);
 
+/* ---- The L3 tier (kvhost.v1.StorageService; kvhostd --l3-memcached) ----
+ * Pages of a pool stored in and fetched from a cache shared by many nodes,
+ * by the scheduler's page keys (docs/OPERATIONS.md, "L3 tier"). A key is
+ * opaque bytes, 1 to 112 of them: keys[i] is key_lens[i] bytes. Per-page
+ * outcomes are results, not errors: outcomes (NULL: not wanted) gets one
+ * KVHOST_PAGE_* per page, in order. Without an L3 tier every call is
+ * KVHOST_FAILED_PRECONDITION saying so. */
+#define KVHOST_PAGE_STORED 1         /* store: every part of the page is in the cache */
+#define KVHOST_PAGE_HIT 2            /* fetch: found whole and written to the pool */
+#define KVHOST_PAGE_MISS 3           /* fetch: not stored, evicted, or a part lost */
+#define KVHOST_PAGE_CORRUPT 4        /* fetch: parts of other stores, or a bad checksum */
+#define KVHOST_PAGE_SHAPE_MISMATCH 5 /* fetch: stored from a pool of another shape */
+#define KVHOST_PAGE_UNAVAILABLE 6    /* the cache refused or could not be reached */
+
+/* Writes the pages whose first slots are indices[0, num_pages) to the
+ * cache under keys (StorePages); *stored_pages (may be NULL) the pages
+ * stored. A refused call (a bad key or index, a page not allocated, over
+ * the daemon's pages-in-flight bound) stores nothing. */
+KVHOST_C_API int kvhost_l3_store(kvhost_client* client, const char* pool, const int64_t* indices,
+                                 const void* const* keys, const size_t* key_lens, size_t num_pages,
+                                 int32_t* outcomes, uint64_t* stored_pages, char* err,
+                                 size_t err_len);
+/* Reads the pages stored under keys into the pages whose first slots are
+ * indices (FetchPages; allocated, none twice); *hit_pages (may be NULL)
+ * the pages written. A page is written only when found whole, of the
+ * pool's shape, its checksums right; otherwise it is left as it was. */
+KVHOST_C_API int kvhost_l3_fetch(kvhost_client* client, const char* pool, const void* const* keys,
+                                 const size_t* key_lens, const int64_t* indices, size_t num_pages,
+                                 int32_t* outcomes, uint64_t* hit_pages, char* err, size_t err_len);
+/* *prefix_pages: how many of keys, from the first, are stored (ExistPages,
+ * as sglang's batch_exists is used). */
+KVHOST_C_API int kvhost_l3_exist(kvhost_client* client, const void* const* keys,
+                                 const size_t* key_lens, size_t num_keys, uint64_t* prefix_pages,
+                                 char* err, size_t err_len);
+/* kvhost_l3_store / kvhost_l3_fetch detached: *ticket gets the call's
+ * ticket at once, and kvhost_l3_wait collects its results. */
+KVHOST_C_API int kvhost_l3_start_store(kvhost_client* client, const char* pool,
+                                       const int64_t* indices, const void* const* keys,
+                                       const size_t* key_lens, size_t num_pages, uint64_t* ticket,
+                                       char* err, size_t err_len);
+KVHOST_C_API int kvhost_l3_start_fetch(kvhost_client* client, const char* pool,
+                                       const void* const* keys, const size_t* key_lens,
+                                       const int64_t* indices, size_t num_pages, uint64_t* ticket,
+                                       char* err, size_t err_len);
+/* A detached call's results (WaitStorage): blocks until its pages are done
+ * (or the client's timeout), or with poll returns at once. *done (may be
+ * NULL) 1 when done, 0 for a poll of a running ticket (nothing else set).
+ * Once done the ticket is collected: *num_pages (may be NULL) the pages of
+ * the call, outcomes[0, capacity) their outcomes, *good_pages (may be
+ * NULL) those stored or hit. Size outcomes for the pages the call was
+ * given: the ticket is gone after this call, so a capacity below them is
+ * KVHOST_OUT_OF_RANGE with the first `capacity` outcomes written and the
+ * rest lost. KVHOST_NOT_FOUND for a ticket not of this pool, or collected;
+ * KVHOST_PERMISSION_DENIED without the pool's owner token. */
+KVHOST_C_API int kvhost_l3_wait(kvhost_client* client, const char* pool, uint64_t ticket, int poll,
+                                int* done, int32_t* outcomes, size_t capacity, size_t* num_pages,
+                                uint64_t* good_pages, char* err, size_t err_len);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
