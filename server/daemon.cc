@@ -619,7 +619,7 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   daemon_service_ = status.get();
   drain_timeout_ = options.drain_timeout;
   auto storage = std::make_unique<StorageServiceImpl>(registry_.get(), storage_.get(),
-                                                      options.max_indices_per_call);
+                                                      options.max_indices_per_call, metrics_.get());
   builder->RegisterService(pools.get());
   builder->RegisterService(transfers.get());
   builder->RegisterService(status.get());

@@ -170,7 +170,8 @@ TEST_F(StorageTicketsTest, OnlyThePoolObjectThatMadeItFindsIt) {
 }
 
 TEST_F(StorageTicketsTest, APoolKeepsItsNewestFinishedTicketsWithinTheLimits) {
-  StorageTickets tickets({/*finished_per_pool=*/3, /*pages_per_pool=*/10});
+  KvhostMetrics metrics;
+  StorageTickets tickets({/*finished_per_pool=*/3, /*pages_per_pool=*/10}, &metrics);
   std::shared_ptr<Pool> a = MakePool("a");
   std::shared_ptr<Pool> b = MakePool("b");
   const uint64_t b_id = tickets.Open(b);
@@ -181,6 +182,7 @@ TEST_F(StorageTicketsTest, APoolKeepsItsNewestFinishedTicketsWithinTheLimits) {
     tickets.Finish(ids.back(), Stored(1), 1);
   }
   EXPECT_EQ(tickets.dropped(), 2u);
+  EXPECT_EQ(metrics.l3_tickets_dropped->WithLabels({})->value(), 2u);
   Got got;
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(WaitInto(tickets, a, ids[i], true, &got).status().code(), absl::StatusCode::kNotFound)

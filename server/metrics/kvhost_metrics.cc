@@ -48,6 +48,10 @@ KvhostMetrics::KvhostMetrics()
       l3_seconds(
           registry.AddHistogram("kvhost_l3_call_duration_seconds",
                                 "Time from an L3 call's acceptance to the end of its last page.",
-                                {"op"}, kStorageSecondsBuckets)) {}
+                                {"op"}, kStorageSecondsBuckets)),
+      l3_tickets_dropped(registry.AddCounter(
+          "kvhost_l3_tickets_dropped_total",
+          "Detached L3 calls whose results were dropped uncollected (a pool's kept-ticket limits).",
+          {})) {}
 
 }  // namespace kvhost

@@ -74,6 +74,9 @@ struct KvhostMetrics {
   CounterFamily* const l3_pages;      // {op, outcome}
   CounterFamily* const l3_bytes;      // {op}
   HistogramFamily* const l3_seconds;  // {op}
+  // Finished detached calls whose results were dropped uncollected (a
+  // pool's limits on kept tickets; server/service/storage_tickets.h).
+  CounterFamily* const l3_tickets_dropped;  // {}
 };
 
 }  // namespace kvhost

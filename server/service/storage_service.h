@@ -29,12 +29,14 @@ class StorageServiceImpl final : public v1::StorageService::CallbackService {
   // `tier` null: kvhostd runs without an L3 tier and every call is
   // FAILED_PRECONDITION saying so. `max_indices_per_call` bounds each list
   // (INVALID_ARGUMENT above it). Both must outlive this.
+  // `metrics` (null: none) too.
   StorageServiceImpl(PoolRegistry* registry, StorageTier* tier, uint64_t max_indices_per_call,
+                     KvhostMetrics* metrics = nullptr,
                      const StorageTickets::Limits& ticket_limits = {})
       : registry_(registry),
         tier_(tier),
         max_indices_(max_indices_per_call),
-        tickets_(std::make_shared<StorageTickets>(ticket_limits)) {}
+        tickets_(std::make_shared<StorageTickets>(ticket_limits, metrics)) {}
 
   grpc::ServerUnaryReactor* StorePages(grpc::CallbackServerContext* context,
                                        const v1::StorePagesRequest* request,

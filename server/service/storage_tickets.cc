@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace kvhost {
 
@@ -114,13 +115,26 @@ void StorageTickets::Keep(uint64_t id) {
   kept.ids.push_back(id);
   kept.pages += it->second.pages;
   // The newest stays even alone over the page limit.
+  const std::weak_ptr<Pool> pool = it->second.pool;
   while (kept.ids.size() > 1 &&
          (kept.ids.size() > limits_.finished_per_pool || kept.pages > limits_.pages_per_pool)) {
-    auto oldest = tickets_.find(kept.ids.front());
+    const uint64_t gone = kept.ids.front();
+    auto oldest = tickets_.find(gone);
     kept.pages -= oldest->second.pages;
     tickets_.erase(oldest);
     kept.ids.pop_front();
     ++dropped_;
+    if (metrics_ != nullptr) metrics_->l3_tickets_dropped->WithLabels({})->Increment();
+    // The 1st, 2nd, 4th, 8th ... drop: a flood says so without flooding the log.
+    if ((dropped_ & (dropped_ - 1)) == 0) {
+      const std::shared_ptr<Pool> p = pool.lock();
+      spdlog::warn(
+          "L3: dropped the results of detached call {} of pool '{}' uncollected ({} dropped so "
+          "far; a pool keeps at most {} finished tickets and {} of their pages): collect them "
+          "with WaitStorage",
+          gone, p != nullptr ? p->name() : "(deleted)", dropped_, limits_.finished_per_pool,
+          limits_.pages_per_pool);
+    }
   }
 }
 

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "kvhost/v1/storage.pb.h"
+#include "server/metrics/kvhost_metrics.h"
 #include "server/pool/pool.h"
 
 namespace kvhost {
@@ -47,7 +48,9 @@ class StorageTickets {
   using Waiter = std::function<bool(const v1::StorageTicketStatus&)>;
 
   StorageTickets() : StorageTickets(Limits{}) {}
-  explicit StorageTickets(const Limits& limits) : limits_(limits) {}
+  // `metrics` (null: none) must outlive this.
+  explicit StorageTickets(const Limits& limits, KvhostMetrics* metrics = nullptr)
+      : limits_(limits), metrics_(metrics) {}
   StorageTickets(const StorageTickets&) = delete;
   StorageTickets& operator=(const StorageTickets&) = delete;
 
@@ -101,6 +104,7 @@ class StorageTickets {
   void SweepGonePools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Limits limits_;
+  KvhostMetrics* const metrics_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
