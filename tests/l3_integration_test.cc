@@ -413,11 +413,12 @@ TEST_F(L3Test, RefusalsNameTheValueAndChangeNothing) {
       << bad.status();
 }
 
-// Detached StorePages / FetchPages: a ticket at once, collected once by
-// WaitStorage (waiting or polling) with the results the call would have
-// returned; the ticket is the pool's (its owner token, not another pool's
+// Detached StorePages / FetchPages: a ticket at once, returned by
+// WaitStorage (waiting or polling, as often as asked) with the results the
+// call would have returned; a wait that gives up (its deadline) loses
+// nothing; the ticket is the pool's (its owner token, not another pool's
 // name, and gone with the pool); a refused detached call leaves no ticket.
-TEST_F(L3Test, DetachedCallsReturnTicketsThatWaitStorageCollects) {
+TEST_F(L3Test, DetachedCallsReturnTicketsForWaitStorage) {
   first_ = StartDaemon();
   ASSERT_TRUE(first_);
   ClientOptions options;
@@ -449,8 +450,10 @@ TEST_F(L3Test, DetachedCallsReturnTicketsThatWaitStorageCollects) {
   EXPECT_EQ(Outcomes(stored->store()), std::vector<v1::PageOutcome>(6, v1::PAGE_STORED));
   EXPECT_EQ(stored->store().stored_pages(), 6u);
   EXPECT_EQ(stored->store().stored_bytes(), 6 * bytes[0].size());
-  EXPECT_ERROR(owner.WaitStorage("p", *store), kNotFound, std::to_string(*store),
-               "already collected");
+  // Asked again (a client whose reply was lost): the same results.
+  absl::StatusOr<v1::StorageTicketStatus> again = owner.WaitStorage("p", *store);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), stored->SerializeAsString());
 
   // A refused detached call: the ticket it would have had is never found.
   EXPECT_ERROR(owner.StartFetchPages("p", {"a"}, {src[0], src[1]}), kInvalidArgument,
@@ -474,10 +477,13 @@ TEST_F(L3Test, DetachedCallsReturnTicketsThatWaitStorageCollects) {
   for (size_t i = 0; i < dst.size(); ++i) {
     EXPECT_EQ(PageAt(owner, "p", dst[i]), bytes[i]) << "page " << i;
   }
-  EXPECT_ERROR(owner.WaitStorage("p", *fetch, true), kNotFound, "already collected");
+  absl::StatusOr<v1::StorageTicketStatus> polled = owner.WaitStorage("p", *fetch, true);
+  ASSERT_TRUE(polled.ok()) << polled.status();
+  EXPECT_EQ(polled->fetch().hit_pages(), 6u);
 
-  // A WaitStorage that gives up (its deadline) leaves the ticket to be
-  // collected: the servers hang, so the fetch lasts its I/O timeouts.
+  // A WaitStorage that gives up (its deadline) loses nothing, even when the
+  // pages finish as it gives up: the servers hang, so the fetch lasts its
+  // I/O timeouts.
   for (int i = 0; i < cluster_->size(); ++i) cluster_->Pause(i);
   absl::StatusOr<uint64_t> slow = owner.StartFetchPages("p", keys, dst);
   ASSERT_TRUE(slow.ok()) << slow.status();
@@ -493,7 +499,7 @@ TEST_F(L3Test, DetachedCallsReturnTicketsThatWaitStorageCollects) {
   EXPECT_TRUE(late->done());
   EXPECT_EQ(late->fetch().pages_size(), 6);
 
-  // An uncollected ticket goes with its pool.
+  // A ticket goes with its pool.
   absl::StatusOr<uint64_t> left = owner.StartStorePages("p", src, keys);
   ASSERT_TRUE(left.ok()) << left.status();
   ASSERT_TRUE(owner.DeletePool("p").ok());

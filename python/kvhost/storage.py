@@ -8,7 +8,7 @@ or str (UTF-8), 1 to 112 bytes each. A store or fetch returns a
 :class:`PagesResult`: one :class:`PageOutcome` per page, in order, and the
 count stored or hit; a miss is an outcome, never an exception. The
 ``start_*`` calls return a ticket at once, and :meth:`StorageCalls.l3_wait`
-collects it (once).
+returns its results (again when asked again).
 
 Errors are the daemon's: FailedPrecondition without an L3 tier (or for a
 page not allocated), InvalidArgument for a bad key or index, NotFound for a
@@ -117,7 +117,7 @@ class StorageCalls:
         return ticket
 
     def l3_start_store(self, pool: str, indices: Any, keys: Sequence[Key]) -> int:
-        """l3_store detached: its ticket, at once (collect with l3_wait)."""
+        """l3_store detached: its ticket, at once (results from l3_wait)."""
         ptr, kptrs, klens, n, keep = self._page_args(indices, keys)
         ticket = C.c_uint64(0)
         _lib.call(_lib.lib().kvhost_l3_start_store, self._handle(), _pool(pool), ptr, kptrs,
@@ -126,7 +126,7 @@ class StorageCalls:
         return self._started(int(ticket.value), n)
 
     def l3_start_fetch(self, pool: str, keys: Sequence[Key], indices: Any) -> int:
-        """l3_fetch detached: its ticket, at once (collect with l3_wait)."""
+        """l3_fetch detached: its ticket, at once (results from l3_wait)."""
         ptr, kptrs, klens, n, keep = self._page_args(indices, keys)
         ticket = C.c_uint64(0)
         _lib.call(_lib.lib().kvhost_l3_start_fetch, self._handle(), _pool(pool), kptrs, klens,
@@ -138,9 +138,9 @@ class StorageCalls:
                 pages: Optional[int] = None) -> Optional[PagesResult]:
         """A detached call's results: blocks until its pages are done (the
         client's timeout), or with `poll` returns None while they are not.
-        Collects the ticket: a second wait is NotFound. `pages`: room for
+        The ticket stays: a second wait returns the same. `pages`: room for
         that many outcomes; by default the count this client started the
-        ticket with (65536 for a ticket started elsewhere)."""
+        ticket with (65536 otherwise)."""
         started = self.__dict__.get("_l3_ticket_pages", {})
         room = pages if pages is not None else started.get(int(ticket), 1 << 16)
         out = (C.c_int32 * max(room, 1))()

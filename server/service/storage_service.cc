@@ -56,7 +56,7 @@ void FillFetch(const std::vector<PageResult>& results, uint64_t page_bytes,
 // Holds a WaitStorage call open until its ticket is done or the call is
 // cancelled; whichever comes first finishes it (the flag, shared with the
 // waiter, says which), as TransferService's WaitTransfer does. A waiter
-// that lost to a cancel says so, and the ticket stays to be collected.
+// that lost to a cancel says so (the ticket stays either way).
 class StorageWaitReactor final : public grpc::ServerUnaryReactor {
  public:
   StorageWaitReactor(std::shared_ptr<StorageTickets> tickets, v1::StorageTicketStatus* response)

@@ -6,7 +6,7 @@
 // tier validates the pages and runs the work on its own threads; each call
 // is a reactor finished from there, so no gRPC thread waits on the cache.
 // A detached call returns at once with a ticket (StorageTickets) that
-// WaitStorage, under the same pool checks, collects.
+// WaitStorage, under the same pool checks, answers.
 //
 // Thread safety: handlers run concurrently on gRPC's threads; the tier and
 // the registry synchronise themselves.

@@ -25,7 +25,7 @@ void StorageTickets::Discard(uint64_t id) {
 void StorageTickets::Finish(uint64_t id, v1::StorageTicketStatus status, uint64_t pages) {
   status.set_ticket_id(id);
   status.set_done(true);
-  Ticket taken;
+  std::vector<std::pair<uint64_t, Waiter>> waiters;
   {
     absl::MutexLock lock(&mu_);
     auto it = tickets_.find(id);
@@ -34,57 +34,46 @@ void StorageTickets::Finish(uint64_t id, v1::StorageTicketStatus status, uint64_
     ticket.done = true;
     ticket.pages = pages;
     ticket.status = status;
-    if (ticket.waiters.empty()) {
-      Keep(id);
-      return;
-    }
-    // Out of the table while its waiters run, so that no Wait meanwhile
-    // delivers it a second time.
-    taken = std::move(ticket);
-    tickets_.erase(it);
+    waiters = std::move(ticket.waiters);
+    ticket.waiters.clear();
+    Keep(id);
   }
   bool delivered = false;
-  for (auto& [unused, waiter] : taken.waiters) delivered = waiter(status) || delivered;
-  if (!delivered) Restore(id, std::move(taken));
+  for (auto& [unused, waiter] : waiters) delivered = waiter(status) || delivered;
+  if (delivered) Delivered(id);
 }
 
 absl::StatusOr<uint64_t> StorageTickets::Wait(const std::shared_ptr<Pool>& pool, uint64_t id,
                                               bool poll, Waiter waiter) {
   v1::StorageTicketStatus now;
-  Ticket taken;
   {
     absl::MutexLock lock(&mu_);
     auto it = tickets_.find(id);
     if (it == tickets_.end() || it->second.pool.lock() != pool) {
-      return absl::NotFoundError(absl::StrCat(
-          "no storage ticket ", id, " of pool '", pool->name(),
-          "' (never issued, already collected, dropped uncollected, or of another pool)"));
+      return absl::NotFoundError(
+          absl::StrCat("no storage ticket ", id, " of pool '", pool->name(),
+                       "' (never issued, dropped by the pool's limits on finished tickets, "
+                       "or of another pool)"));
     }
     Ticket& ticket = it->second;
-    if (!ticket.done) {
-      if (!poll) {
-        const uint64_t number = next_waiter_++;
-        ticket.waiters.emplace_back(number, std::move(waiter));
-        return number;
-      }
+    if (ticket.done) {
+      now = ticket.status;
+    } else if (poll) {
       now.set_ticket_id(id);
     } else {
-      now = ticket.status;
-      Unkeep(id);
-      taken = std::move(ticket);
-      tickets_.erase(it);
+      const uint64_t number = next_waiter_++;
+      ticket.waiters.emplace_back(number, std::move(waiter));
+      return number;
     }
   }
-  if (!waiter(now) && now.done()) Restore(id, std::move(taken));
+  if (waiter(now) && now.done()) Delivered(id);
   return 0;
 }
 
-void StorageTickets::Restore(uint64_t id, Ticket ticket) {
+void StorageTickets::Delivered(uint64_t id) {
   absl::MutexLock lock(&mu_);
-  ticket.waiters.clear();
-  ticket.kept = false;
-  tickets_[id] = std::move(ticket);
-  Keep(id);
+  auto it = tickets_.find(id);
+  if (it != tickets_.end()) it->second.delivered = true;
 }
 
 void StorageTickets::Unwait(uint64_t id, uint64_t waiter) {
@@ -109,8 +98,7 @@ uint64_t StorageTickets::dropped() const {
 
 void StorageTickets::Keep(uint64_t id) {
   auto it = tickets_.find(id);
-  if (it == tickets_.end() || it->second.kept) return;
-  it->second.kept = true;
+  if (it == tickets_.end()) return;
   Kept& kept = kept_[it->second.pool];
   kept.ids.push_back(id);
   kept.pages += it->second.pages;
@@ -121,33 +109,22 @@ void StorageTickets::Keep(uint64_t id) {
     const uint64_t gone = kept.ids.front();
     auto oldest = tickets_.find(gone);
     kept.pages -= oldest->second.pages;
+    const bool delivered = oldest->second.delivered;
     tickets_.erase(oldest);
     kept.ids.pop_front();
+    if (delivered) continue;
     ++dropped_;
     if (metrics_ != nullptr) metrics_->l3_tickets_dropped->WithLabels({})->Increment();
     // The 1st, 2nd, 4th, 8th ... drop: a flood says so without flooding the log.
     if ((dropped_ & (dropped_ - 1)) == 0) {
       const std::shared_ptr<Pool> p = pool.lock();
       spdlog::warn(
-          "L3: dropped the results of detached call {} of pool '{}' uncollected ({} dropped so "
-          "far; a pool keeps at most {} finished tickets and {} of their pages): collect them "
-          "with WaitStorage",
+          "L3: dropped the results of detached call {} of pool '{}' before any wait returned "
+          "them ({} so far; a pool keeps its newest {} finished tickets and {} of their pages)",
           gone, p != nullptr ? p->name() : "(deleted)", dropped_, limits_.finished_per_pool,
           limits_.pages_per_pool);
     }
   }
-}
-
-void StorageTickets::Unkeep(uint64_t id) {
-  auto it = tickets_.find(id);
-  if (it == tickets_.end() || !it->second.kept) return;
-  it->second.kept = false;
-  auto kept = kept_.find(it->second.pool);
-  if (kept == kept_.end()) return;
-  std::deque<uint64_t>& ids = kept->second.ids;
-  ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
-  kept->second.pages -= it->second.pages;
-  if (ids.empty()) kept_.erase(kept);
 }
 
 void StorageTickets::SweepGonePools() {

@@ -1,15 +1,17 @@
 // StorageTickets: the tickets of detached StorageService calls
 // (StorePages / FetchPages with `detach`), from the call's acceptance until
-// WaitStorage collects its results (proto/kvhost/v1/storage.proto).
+// the pool's limits push them out (proto/kvhost/v1/storage.proto).
 //
-// A ticket belongs to the Pool object its call named: Wait finds it only
-// for that object, so a ticket is never shown through another pool, nor
-// through a pool made again under the same name. Results wait uncollected
-// within per-pool limits (a pool's oldest finished ticket is dropped past
-// them; a pool's flood drops only its own tickets); a deleted pool's
-// tickets go once its object is gone.
+// A done ticket stays: WaitStorage may return it any number of times, so a
+// client whose wait reply was lost (its deadline passed as the pages
+// finished) asks again and gets it. A pool keeps its newest finished
+// tickets within per-pool limits (its oldest dropped past them; a pool's
+// flood drops only its own); a deleted pool's tickets go once its object is
+// gone. A ticket belongs to the Pool object its call named: Wait finds it
+// only for that object, never through another pool nor a pool made again
+// under the same name.
 //
-// Thread safety: all methods may be called concurrently. Callbacks run
+// Thread safety: all methods may be called concurrently. Waiters run
 // outside the lock, on the thread of Finish (a tier thread) or of Wait.
 #ifndef KVHOST_SERVER_SERVICE_STORAGE_TICKETS_H_
 #define KVHOST_SERVER_SERVICE_STORAGE_TICKETS_H_
@@ -35,16 +37,13 @@ namespace kvhost {
 class StorageTickets {
  public:
   struct Limits {
-    // Finished, uncollected tickets a pool keeps, and their pages.
+    // Finished tickets a pool keeps, and their pages.
     size_t finished_per_pool = 256;
     uint64_t pages_per_pool = 65536;
   };
   // Called once with the ticket's status: done with its result, or (a
   // poll of a running ticket) not done. Returns whether it delivered the
-  // status (false: its call was cancelled meanwhile); a done ticket no
-  // waiter delivered stays to be collected. While waiters run, their
-  // ticket is out of the table (a Wait meanwhile finds none): a ticket's
-  // results are delivered once.
+  // status to its caller (false: its call was cancelled meanwhile).
   using Waiter = std::function<bool(const v1::StorageTicketStatus&)>;
 
   StorageTickets() : StorageTickets(Limits{}) {}
@@ -59,13 +58,12 @@ class StorageTickets {
   // Forgets a ticket whose call was refused (never shown to anyone).
   void Discard(uint64_t id);
   // The ticket's call is done with `status` (its store or fetch result set;
-  // ticket_id and done are set here), covering `pages` pages. Its waiters
-  // get it and the ticket is collected; with none that delivered it, it is
-  // kept for Wait.
+  // ticket_id and done are set here), covering `pages` pages: kept (within
+  // the pool's limits), and given to its waiters.
   void Finish(uint64_t id, v1::StorageTicketStatus status, uint64_t pages);
   // Has `waiter` called with ticket `id` of `pool` once it is done (at once
-  // when it is, or with `poll`), collecting it. NOT_FOUND naming the id when
-  // `pool` has no such ticket. Else returns a number for Unwait.
+  // when it is, or with `poll`). NOT_FOUND naming the id when `pool` has no
+  // such ticket. Else returns a number for Unwait.
   absl::StatusOr<uint64_t> Wait(const std::shared_ptr<Pool>& pool, uint64_t id, bool poll,
                                 Waiter waiter);
   // Forgets a waiter Wait registered (its call was cancelled); a no-op when
@@ -74,14 +72,14 @@ class StorageTickets {
 
   // Tickets held now, running or finished.
   size_t size() const;
-  // Finished tickets dropped uncollected so far.
+  // Finished tickets dropped by the limits before any wait delivered them.
   uint64_t dropped() const;
 
  private:
   struct Ticket {
     std::weak_ptr<Pool> pool;
     bool done = false;
-    bool kept = false;  // in kept_
+    bool delivered = false;  // a waiter returned it
     uint64_t pages = 0;
     v1::StorageTicketStatus status;
     std::vector<std::pair<uint64_t, Waiter>> waiters;
@@ -96,10 +94,8 @@ class StorageTickets {
   // Puts a done ticket on its pool's kept list, dropping the pool's oldest
   // past the limits.
   void Keep(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes a done ticket off its pool's kept list (it is being delivered).
-  void Unkeep(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts back a done ticket that no waiter delivered, to be collected.
-  void Restore(uint64_t id, Ticket ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // Marks a ticket delivered (a waiter returned it), if it is still held.
+  void Delivered(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the kept tickets of pools whose object is gone.
   void SweepGonePools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -219,9 +219,9 @@ class Client {
                                                     absl::Span<const int64_t> indices);
   absl::StatusOr<uint64_t> ExistPages(const std::vector<std::string>& keys);
   // Detached StorePages / FetchPages: return the ticket at once;
-  // WaitStorage(pool, ticket) collects the results (StorageTicketStatus's
-  // store or fetch), once; with `poll` it returns done = false while the
-  // pages are in flight.
+  // WaitStorage(pool, ticket) returns the results (StorageTicketStatus's
+  // store or fetch), again if asked again; with `poll` it returns
+  // done = false while the pages are in flight.
   absl::StatusOr<uint64_t> StartStorePages(const std::string& pool,
                                            absl::Span<const int64_t> indices,
                                            const std::vector<std::string>& keys);

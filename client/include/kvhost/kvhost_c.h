@@ -703,7 +703,7 @@ KVHOST_C_API int kvhost_l3_exist(kvhost_client* client, const void* const* keys,
                                  const size_t* key_lens, size_t num_keys, uint64_t* prefix_pages,
                                  char* err, size_t err_len);
 /* kvhost_l3_store / kvhost_l3_fetch detached: *ticket gets the call's
- * ticket at once, and kvhost_l3_wait collects its results. */
+ * ticket at once, and kvhost_l3_wait returns its results. */
 KVHOST_C_API int kvhost_l3_start_store(kvhost_client* client, const char* pool,
                                        const int64_t* indices, const void* const* keys,
                                        const size_t* key_lens, size_t num_pages, uint64_t* ticket,
@@ -715,12 +715,12 @@ KVHOST_C_API int kvhost_l3_start_fetch(kvhost_client* client, const char* pool,
 /* A detached call's results (WaitStorage): blocks until its pages are done
  * (or the client's timeout), or with poll returns at once. *done (may be
  * NULL) 1 when done, 0 for a poll of a running ticket (nothing else set).
- * Once done the ticket is collected: *num_pages (may be NULL) the pages of
- * the call, outcomes[0, capacity) their outcomes, *good_pages (may be
- * NULL) those stored or hit. Size outcomes for the pages the call was
- * given: the ticket is gone after this call, so a capacity below them is
- * KVHOST_OUT_OF_RANGE with the first `capacity` outcomes written and the
- * rest lost. KVHOST_NOT_FOUND for a ticket not of this pool, or collected;
+ * Once done: *num_pages (may be NULL) the pages of the call,
+ * outcomes[0, capacity) their outcomes, *good_pages (may be NULL) those
+ * stored or hit. A capacity below the pages is KVHOST_OUT_OF_RANGE with the
+ * first `capacity` outcomes and *num_pages written; the ticket stays, so
+ * ask again with room. KVHOST_NOT_FOUND for a ticket not of this pool, or
+ * dropped by the pool's limits on finished tickets (256, 65536 pages);
  * KVHOST_PERMISSION_DENIED without the pool's owner token. */
 KVHOST_C_API int kvhost_l3_wait(kvhost_client* client, const char* pool, uint64_t ticket, int poll,
                                 int* done, int32_t* outcomes, size_t capacity, size_t* num_pages,
