@@ -24,7 +24,7 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // Layer buffers per cudaMalloc allocation: a worker's buffers share
 // allocations, so kvhostd opens one IPC handle for several layers.
 constexpr uint32_t kLayersPerAllocation = 8;
-// The FMA kernel's length: the DESIGN.md measurement ran 60 kernels in 325 ms.
+// The FMA kernel's length: the docs/DESIGN.md measurement ran 60 kernels in 325 ms.
 constexpr double kFmaKernelMs = 5.0;
 // Units that must complete inside a cost window before it may close, and
 // how far past its least length it may stretch to get them.

@@ -21,7 +21,7 @@
 // driver in the calling process; the functions change no device state (the
 // calling thread's current device is left as it was). Thread-safe.
 //
-// Synchronisation (DESIGN.md): LoadEvents opens an attachment's per-layer
+// Synchronisation (docs/DESIGN.md): LoadEvents opens an attachment's per-layer
 // load events so the worker's stream can wait for one layer of a load right
 // before using it; ExportEvent turns the worker's own interprocess event into
 // the bytes a Backup waits on.

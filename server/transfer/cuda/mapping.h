@@ -5,7 +5,7 @@
 // pool group's mapping has no buffers of its own: its jobs copy through their
 // parts' mappings, which it keeps open, and it holds the group's load events.
 //
-// Synchronisation with the worker (DESIGN.md): at attach the mapping creates
+// Synchronisation with the worker (docs/DESIGN.md): at attach the mapping creates
 // load_event_sets x layers interprocess events and exports their handles; a
 // load takes the next free set (AcquireSet; RESOURCE_EXHAUSTED, not a wait,
 // when all are busy) and frees it when its last layer has completed. The

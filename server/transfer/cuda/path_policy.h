@@ -43,7 +43,7 @@
 
 namespace kvhost {
 
-// How a job's bytes move (DESIGN.md, "Transfer engines"):
+// How a job's bytes move (docs/DESIGN.md, "Transfer paths"):
 //   kCopyEngine  cudaMemcpyBatchAsync of the layout-contiguous pieces; costs
 //                the worker nothing, fast only for large pieces;
 //   kStaged      through a device staging buffer: a device-to-device gather
