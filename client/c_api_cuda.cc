@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -56,6 +57,10 @@ absl::StatusOr<std::vector<kvhost_cuda_component>> Components(
     return absl::InvalidArgumentError(
         absl::StrCat(what, "layer_ptrs is NULL with ", num_layers, " layers"));
   }
+  if (num_layers > 0 && num_components > std::numeric_limits<size_t>::max() / num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(what, num_components, " components x ",
+                                                   num_layers, " layers overflow layer_ptrs"));
+  }
   out.reserve(num_components);
   for (size_t i = 0; i < num_components; ++i) {
     if (component_names[i] == nullptr) {
@@ -88,7 +93,13 @@ absl::Status CheckLayerBytes(const v1::Pool& pool,
           absl::StrCat(where, "pool '", pool.name(), "' has no component '", component.name, "'"));
     }
     const uint64_t row_tokens = std::max<uint64_t>(1, found->row_tokens());
-    const uint64_t need = device_size_tokens / row_tokens * found->row_bytes();
+    uint64_t need = 0;
+    if (__builtin_mul_overflow(device_size_tokens / row_tokens, found->row_bytes(), &need)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "component '", component.name, "': device_size_tokens ",
+                       device_size_tokens, " makes ", device_size_tokens / row_tokens, " rows of ",
+                       found->row_bytes(), " bytes, more than 2^64 bytes"));
+    }
     if (component.layer_bytes < need) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, "component '", component.name, "' layer buffers of ", component.layer_bytes,

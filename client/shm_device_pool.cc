@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -88,8 +89,20 @@ absl::StatusOr<std::unique_ptr<ShmDevicePool>> ShmDevicePool::Create(const v1::P
   }
   const uint64_t layers = dev->layers();
   for (Buffer& b : buffers) {
-    b.offset = dev->bytes_;
-    dev->bytes_ += layers * b.rows * b.row_bytes;
+    // Checked: device_size_tokens is the caller's, and a wrapped size would
+    // map a small file that layer() then addresses far past its end.
+    uint64_t layer_bytes = 0;
+    uint64_t bytes = 0;
+    if (__builtin_mul_overflow(b.rows, b.row_bytes, &layer_bytes) ||
+        __builtin_mul_overflow(layers, layer_bytes, &bytes) ||
+        __builtin_add_overflow(dev->bytes_, bytes, &dev->bytes_) ||
+        dev->bytes_ > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device_size_tokens ", device_size_tokens, ": component '", b.name, "''s ",
+                       layers, " layers x ", b.rows, " rows x ", b.row_bytes,
+                       " bytes (with the components before it) do not fit a file size"));
+    }
+    b.offset = dev->bytes_ - bytes;
   }
   if (dev->bytes_ == 0) return dev;  // LOGICAL: nothing to hold
   static std::atomic<uint64_t> counter{0};

@@ -363,6 +363,17 @@ int c_api_test_shm_backup_load(const c_api_test_env* env, char* why, size_t why_
   CHECK(dev == NULL, "a refused create handed out a device pool");
   EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
               kvhost_shm_device_pool_create(cl, "p", 0, env->shm_dir, 0, 0, &dev, E));
+  /* Sizes whose layers x rows x row_bytes (summed over K and V) pass 2^64:
+   * refused by name, never a wrapped size and a pointer past the file. */
+  {
+    const uint64_t huge[] = {(uint64_t)1 << 57, (uint64_t)1 << 59, (uint64_t)1 << 62, UINT64_MAX};
+    for (i = 0; i < 4; ++i) {
+      EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+                  kvhost_shm_device_pool_create(cl, "p", huge[i], env->shm_dir, 0, 0, &dev, E));
+      CONTAINS(err, "device_size_tokens");
+      CHECK(dev == NULL, "an overflowing create handed out a device pool");
+    }
+  }
   OK(kvhost_shm_device_pool_create(cl, "p", 16, env->shm_dir, 0, 0, &dev, E));
   OK(kvhost_shm_device_pool_info(dev, &components, &layers, &bytes, E));
   CHECK(components == 2 && layers == 3 && bytes == 2u * 3u * 16u * 32u,

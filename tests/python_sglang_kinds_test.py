@@ -33,8 +33,9 @@ sglang = None
 PS, LAYERS, SIZE, ROWS, MOVED = 4, 2, 64, 16, 8
 
 
-def client(daemon):
-    return kvhost.Client(daemon.address, session=False, timeout=10, wait_ready=20)
+def client(daemon, owner_token=None):
+    return kvhost.Client(daemon.address, session=False, timeout=10, wait_ready=20,
+                         owner_token=owner_token)
 
 
 def raises(cls, fn, *args, naming=None, code=None, **kw):
@@ -246,7 +247,8 @@ def check_dsa_indexer(daemon):
 
 
 def check_mamba(daemon):
-    with client(daemon) as c:
+    # An owner token: the second scheduler below adopts the pool.
+    with client(daemon, "sched") as c:
         m = sglang.MambaPoolHost("mamba", num_mamba_layers=LAYERS, temporal_state_shape=(2, 3),
                                  conv_state_shapes=[(5,), (3, 2)], conv_dtype="bfloat16",
                                  temporal_dtype="float32", host_size_tokens=32, client=c,
@@ -339,7 +341,9 @@ def check_logical_and_v4(daemon):
 
 
 def check_groups(daemon):
-    with client(daemon) as c:
+    # An owner token: a group that exists is adopted only when its pools are
+    # this client's (kvhost.pools.adopt_group).
+    with client(daemon, "sched") as c:
         raises(ValueError, sglang.HostPoolGroup, [], naming="at least one")
         attn = sglang.MHATokenToKVPoolHost("attn", head_num=2, head_dim=8, page_size=PS,
                                            host_size_tokens=SIZE, **common(c, "page_first"))

@@ -196,17 +196,23 @@ def check_errors_and_sharing(daemon):
                      host_to_device_ratio=2.0, device_size=32)
         assert ratio.size == 64, ratio.size
         ratio.close()
-        # A second scheduler opens the same pool; a different shape is refused.
-        first = make("MHA", c, "shared", "page_first")
-        second = make("MHA", c, "shared", "page_first", host_size_tokens=8)
+        # A second scheduler (the same owner token) opens the same pool; a
+        # different shape is refused. Without the token, adoption is refused
+        # (tests/python_adoption_test.py).
+        owner = kvhost.Client(daemon.address, session=False, timeout=10, owner_token="sched")
+        first = make("MHA", owner, "shared", "page_first")
+        second = make("MHA", owner, "shared", "page_first", host_size_tokens=8)
         assert second.size == first.size == SIZE
         a = first.alloc(8)
         assert second.available_size() == SIZE - 8 and second.alloc(SIZE - 8) is not None
         assert first.alloc(PS) is None
-        raises(ValueError, make, "MHA", c, "shared", "layer_first", naming="layout")
+        raises(ValueError, make, "MHA", owner, "shared", "layer_first", naming="layout")
+        raises(kvhost.PermissionDenied, make, "MHA", c, "shared", "page_first",
+               naming="owner token")
         second.clear()
         first.free(a)
         assert first.available_size() == SIZE
+        owner.close()
         # Its own client when none is given; the daemon's code on a bad name.
         own = sglang.MLATokenToKVPoolHost("own", address=daemon.address, layout="layer_first",
                                           page_size=PS, layer_num=LAYERS, kv_lora_rank=LORA,

@@ -7,7 +7,8 @@
 // ticket's life: in flight until FinishWorkerCopy, the caller rules, twice,
 // a worker's error, the per-attachment limit, the reply bound, and the
 // ends nobody finishes (detach, session close, drain); every refusal
-// leaves no ticket.
+// leaves no ticket. And the regions handed to a worker: held for its
+// session (a deleted pool stays releasing until it ends), none without one.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -224,6 +225,15 @@ class WorkerTicketTest : public WorkerCopyFixture {
     EXPECT_TRUE(ticket->WaitUntil(absl::Now() + absl::Seconds(30)));
     return ticket->Snapshot();
   }
+  // Whether the registry's releasing bytes reach `bytes` within `timeout`.
+  bool ReleasingReaches(uint64_t bytes, absl::Duration timeout) const {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (registry_->releasing_bytes() != bytes) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return true;
+  }
 };
 
 TEST_F(WorkerTicketTest, InFlightUntilTheWorkerFinishesIt) {
@@ -334,6 +344,40 @@ TEST_F(WorkerTicketTest, TheRegionsAreThePoolsLaunchGroups) {
   EXPECT_EQ(regions->pool, pool_);
   ASSERT_EQ(regions->groups.size(), 1u);  // MHA's K and V: one group of two planes
   EXPECT_EQ(regions->groups[0].layout.planes, 2u);
+}
+
+// A worker's mapping of the regions outlives DetachDevice and DeletePool:
+// the deleted pool's bytes stay releasing (counted against --memory-limit)
+// until the worker's session ends, then they leave.
+TEST_F(WorkerTicketTest, HandedRegionsKeepADeletedPoolReleasingUntilTheSessionEnds) {
+  const uint64_t bytes = pool_->bytes();
+  ASSERT_TRUE(manager_->FindWorkerRegions(owner_, att_).ok());
+  ASSERT_TRUE(manager_->FindWorkerRegions(owner_, att_).ok());  // held once
+  ASSERT_TRUE(manager_->Detach(owner_, att_).ok());
+  pool_.reset();
+  absl::StatusOr<uint64_t> deleted = registry_->Delete("p");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  // Nothing else holds the pool: unheld, the releaser would unmap it now.
+  EXPECT_FALSE(ReleasingReaches(0, absl::Seconds(1)));
+  EXPECT_EQ(registry_->releasing_bytes(), bytes);
+  manager_->CloseSession(session_, "the worker exited", absl::Seconds(5));
+  EXPECT_TRUE(ReleasingReaches(0, absl::Seconds(30)));
+}
+
+// Descriptors nothing would ever take back: an attachment without a session
+// gets none.
+TEST_F(WorkerTicketTest, AnAttachmentWithoutASessionGetsNoRegions) {
+  absl::StatusOr<AttachmentInfo> att = manager_->Attach("p", dev_.Request(2));
+  ASSERT_TRUE(att.ok()) << att.status();
+  absl::Status s = manager_->FindWorkerRegions(Caller{}, att->id).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(Msg(s), HasSubstr("without a worker session"));
+  // The refusal held nothing: detached, the pool goes at once.
+  ASSERT_TRUE(manager_->Detach(Caller{}, att->id).ok());
+  ASSERT_TRUE(manager_->Detach(owner_, att_).ok());
+  pool_.reset();
+  ASSERT_TRUE(registry_->Delete("p").ok());
+  EXPECT_TRUE(ReleasingReaches(0, absl::Seconds(30)));
 }
 
 TEST_F(WorkerTicketTest, OneAttachmentHoldsABoundedNumber) {

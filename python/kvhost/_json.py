@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Union
 
+from . import _lib
+
 #: The kvhost.v1 fields of a 64-bit integer type, less any name that some
 #: other message gives a string, bytes or enum field (there: "id"), whose
 #: string values must stay strings.
@@ -62,7 +64,7 @@ def dumps(spec: Union[Mapping[str, Any], str, bytes], what: str) -> bytes:
     if isinstance(spec, bytes):
         return spec
     if isinstance(spec, str):
-        return spec.encode()
+        return _lib.text(spec, what)
     if isinstance(spec, Mapping):
         return json.dumps(dict(spec)).encode()
     raise TypeError(f"{what} must be a mapping or JSON text, not {type(spec).__name__}")

@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .errors import LibraryError, raise_for
+from .errors import InvalidArgument, LibraryError, StatusCode, raise_for
 
 #: The ABI this package speaks (KVHOST_ABI_VERSION of kvhost_c.h).
 ABI_VERSION = 1
@@ -336,6 +336,26 @@ def call_out(fn: Callable[..., int], *args: Any, guess: int = _FIRST_GUESS,
         raise_for(rc, msg)
     raise_for(_OUT_OF_RANGE, f"answer kept growing past {size} bytes")
     raise AssertionError("unreachable")
+
+
+def text(value: Any, what: str) -> bytes:
+    """`value` (a str) as the C ABI's NUL-terminated text; the one place the
+    package encodes a string for the ABI.
+
+    The ABI reads a ``const char*`` up to its first NUL, so a NUL inside
+    would cut the text and the call would act on another name
+    ("p\\x00q" on pool "p"): such a value is InvalidArgument naming it, and
+    nothing is sent. TypeError for anything but a str; `what` names the
+    argument ("pool name", "group name", ...).
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if "\0" in value:
+        raise InvalidArgument(StatusCode.INVALID_ARGUMENT,
+                              f"{what} {value!r} contains a NUL character (at index "
+                              f"{value.index(chr(0))}), which the C ABI would cut: refused, "
+                              f"nothing was sent")
+    return value.encode()
 
 
 def ms(seconds: Optional[float]) -> int:

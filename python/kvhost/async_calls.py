@@ -168,7 +168,8 @@ class AsyncCalls(Handle):
                       C.byref(count))
             return _arrays.int64_result(out, int(count.value), as_numpy)
 
-        return self._submit(_lib.lib().kvhost_async_alloc, (pool.encode(), n), finish)
+        name = _lib.text(pool, "pool name")
+        return self._submit(_lib.lib().kvhost_async_alloc, (name, n), finish)
 
     def free(self, pool: str, indices: Any) -> concurrent.futures.Future:
         """Client.free, submitted: a future of the slots freed. The indices
@@ -176,7 +177,8 @@ class AsyncCalls(Handle):
         if not isinstance(pool, str):
             raise TypeError(f"pool name must be a str, not {type(pool).__name__}")
         ptr, n, keep = _arrays.int64_arg(indices)
-        future = self._submit(_lib.lib().kvhost_async_free, (pool.encode(), ptr, n), _take_value)
+        name = _lib.text(pool, "pool name")
+        future = self._submit(_lib.lib().kvhost_async_free, (name, ptr, n), _take_value)
         del keep
         return future
 

@@ -21,6 +21,7 @@ session (``session=False``) live on in the daemon until detached.
 from __future__ import annotations
 
 import ctypes as C
+import os
 from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Union
 
 from . import _json, _lib
@@ -79,7 +80,9 @@ class Client(Registry, PoolCalls, StorageCalls, AttachCalls):
         is only allowed with ``session=False`` (where there is none).
       worker_name: the name in the daemon's logs (default "<host>:<pid>").
       owner_token: sent with every call; the owner of the pools this client
-        creates.
+        creates (default: $KVHOST_OWNER_TOKEN, if set). Pools shared by
+        several clients (kvhost.sglang's) need it: an existing pool is only
+        adopted when this token opens it.
       tls_ca_file, tls_cert_file, tls_key_file, tls_server_name, insecure:
         TCP addresses only (see docs/RELIABILITY.md).
       max_message_bytes: largest message either way (default 64 MiB).
@@ -106,6 +109,8 @@ class Client(Registry, PoolCalls, StorageCalls, AttachCalls):
         if reconnect is False and self.session:
             raise ValueError("reconnect=False needs session=False: the C ABI always reopens a "
                              "worker session after a daemon restart")
+        if owner_token is None:
+            owner_token = os.environ.get("KVHOST_OWNER_TOKEN") or None
         options: Dict[str, str] = {"address": address, "worker_session": _flag(session)}
         if timeout is not None:
             options["timeout_ms"] = str(_lib.ms(timeout))
@@ -131,7 +136,8 @@ class Client(Registry, PoolCalls, StorageCalls, AttachCalls):
         _lib.call(lib.kvhost_client_options_create, C.byref(opts))
         try:
             for key, value in options.items():
-                _lib.call(lib.kvhost_client_options_set, opts, key.encode(), value.encode())
+                _lib.call(lib.kvhost_client_options_set, opts, _lib.text(key, "option name"),
+                          _lib.text(value, f"option {key}"))
             client = C.c_void_p()
             _lib.call(lib.kvhost_client_connect, opts, C.byref(client))
             self._ptr = client

@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import ctypes as C
 import threading
+import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _arrays, _json, _lib
+from .errors import FailedPrecondition, PermissionDenied, StatusCode
 
 #: A spec: a mapping (sent as JSON) or JSON text.
 Spec = Union[Mapping[str, Any], str, bytes]
 #: Slot indices: a list or numpy array of int64 (see alloc).
 Indices = Any
+
+#: How long adopt_pool waits for a pool that another client is still
+#: creating (populating many GiB of host memory takes seconds to minutes).
+ADOPT_WAIT_S = 300.0
+_ADOPT_POLL_S = 0.05
 
 #: First guess for a page's bytes, before a pool's size is known; a bigger
 #: page costs one retry, and the size is remembered per pool after that.
@@ -36,9 +43,7 @@ _PAGE_GUESS = 64 << 10
 
 
 def _name(name: str, what: str = "pool") -> bytes:
-    if not isinstance(name, str):
-        raise TypeError(f"{what} name must be a str, not {type(name).__name__}")
-    return name.encode()
+    return _lib.text(name, f"{what} name")
 
 
 class PoolCalls:
@@ -379,3 +384,82 @@ class Pool:
 
     def __repr__(self) -> str:
         return f"kvhost.Pool({self.name!r})"
+
+
+# --- adopting a pool or group that exists ----------------------------------
+
+
+def _refuse(what: str, name: str, why: str) -> PermissionDenied:
+    return PermissionDenied(
+        StatusCode.PERMISSION_DENIED,
+        f"{what} '{name}' already exists and {why}: refusing to adopt it (another local user "
+        f"may have created it to read or write this client's KV; delete it, or give every "
+        f"client that shares it the same owner token: Client(owner_token=...) or "
+        f"KVHOST_OWNER_TOKEN)")
+
+
+def _ready_pool(client: PoolCalls, name: str, wait: float) -> Dict[str, Any]:
+    """GetPool of `name` once it is READY (another rank may be creating it)."""
+    deadline = time.monotonic() + wait
+    while True:
+        info = client.get_pool(name)
+        if info.get("state") != "CREATING":
+            return info
+        if time.monotonic() >= deadline:
+            raise FailedPrecondition(StatusCode.FAILED_PRECONDITION,
+                                     f"pool '{name}' is still being created after {wait:g} s: "
+                                     f"not adopted")
+        time.sleep(_ADOPT_POLL_S)
+
+
+def adopt_pool(client: PoolCalls, name: str, *, wait: float = ADOPT_WAIT_S) -> Dict[str, Any]:
+    """Pool `name`, which exists already (CreatePool said AlreadyExists), as
+    get_pool gives it, if this client may use it as its own: the one rule of
+    every helper that "creates or reuses" a pool (kvhost.sglang's pools).
+
+    A pool is adopted only when it is owner-protected and the client's
+    owner token opens it: a pool squatted under the name (no token, or
+    another one) would let its creator read and write every page put in it,
+    and delete or replace it at will. The proof is one GetPool reply, so no
+    pool can be swapped in between: owner_protected, and its region files
+    named (GetPool names a protected pool's files only to its token holder).
+    A pool with no region files (LOGICAL: slots only, no bytes) is proved
+    by a token-gated call that must succeed (GetPageBufferMeta of one page)
+    followed by a GetPool that still says protected. A pool still CREATING is waited for,
+    up to `wait` seconds. The token is only ever sent as the client's own.
+
+    Raises PermissionDenied naming the pool and the risk when the proof
+    fails, FailedPrecondition when it stays CREATING, NotFound when it went.
+    """
+    info = _ready_pool(client, name, wait)
+    if not info.get("owner_protected"):
+        raise _refuse("pool", name, "is not protected by an owner token")
+    if info.get("region_paths"):
+        return info
+    if info.get("spec", {}).get("kind") != "LOGICAL":
+        raise _refuse("pool", name, "is not protected by this client's owner token")
+    try:  # one page's slots (they need not be allocated): OK only with the token
+        client.get_page_buffer_meta(name, list(range(int(info["spec"]["page_size"]))))
+    except PermissionDenied:
+        raise _refuse("pool", name, "is not protected by this client's owner token") from None
+    info = _ready_pool(client, name, wait)
+    if not info.get("owner_protected"):
+        raise _refuse("pool", name, "is not protected by an owner token")
+    return info
+
+
+def adopt_group(client: PoolCalls, name: str, *, wait: float = ADOPT_WAIT_S) -> Dict[str, Any]:
+    """Group `name`, which exists already, as get_group gives it, if every
+    entry's pool passes adopt_pool: a group names its pools for life (a pool
+    in a group cannot be deleted) and creating one that names a protected
+    pool needs that pool's token, so a group of pools that are this
+    client's was made by a holder of its token. PermissionDenied otherwise.
+    """
+    info = client.get_group(name)
+    for entry in info.get("entries", []):
+        try:
+            adopt_pool(client, entry["pool"], wait=wait)
+        except PermissionDenied:
+            raise _refuse("group", name, f"its entry '{entry['name']}' (pool '{entry['pool']}') "
+                          f"is not protected by this client's owner token") from None
+    return info

@@ -14,7 +14,8 @@ What differs from sglang, on purpose:
 - Construction takes the pool's name and shape instead of a device pool:
   sizes are ``host_size`` (GB), ``host_size_tokens``, or
   ``host_to_device_ratio`` with ``device_size`` (tokens). A pool of that name
-  that exists already is opened, if its shape is the one asked for.
+  that exists already is opened, if its shape is the one asked for and it
+  is protected by the client's owner token (kvhost.pools.adopt_pool).
 - ``load_to_device_per_layer`` for layer 0 submits the load of every layer
   at once and then waits for layer 0; later layer ids wait for their layer of
   that load (sglang issues one copy per call). The daemon records per-layer
@@ -44,6 +45,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import _arrays
 from .client import DEFAULT_ADDRESS, Client
 from .errors import AlreadyExists, ResourceExhausted
+from .pools import adopt_pool
 from .shm import ShmDevicePool
 from .transfer import Attachment, LoadTicket
 
@@ -153,7 +155,7 @@ class HostKVCache:
             try:
                 info = self.client.create_pool(name, spec)
             except AlreadyExists:
-                info = self.client.get_pool(name)
+                info = adopt_pool(self.client, name)
                 self._check_same_shape(info["spec"], spec)
         except BaseException:
             if self._own_client:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .client import DEFAULT_ADDRESS, Client
 from .errors import AlreadyExists
+from .pools import adopt_group
 from .sglang import (_ITEMSIZE, HostKVCache, MHATokenToKVPoolHost, MLATokenToKVPoolHost,
                      dtype_enum)
 from .shm import ShmDevicePool
@@ -528,7 +529,8 @@ class HostPoolGroup:
     Args:
       entries: the PoolEntry list (ValueError when empty, as the seed's).
       name: the kvhostd group's name (default: the anchor pool's + ".group").
-        A group of that name that exists is used if its entries are these.
+        A group of that name that exists is used if its entries are these
+        and its pools the client's own (kvhost.pools.adopt_group).
       layer_num: model layers the layer mappers are asked about (default:
         the largest layer_num of the entries' pools).
 
@@ -559,7 +561,7 @@ class HostPoolGroup:
         try:
             self.info = self.client.create_group(self.name, spec)
         except AlreadyExists:
-            self.info = self.client.get_group(self.name)
+            self.info = adopt_group(self.client, self.name)
             have = [(e["name"], e["pool"], list(e["layer_map"])) for e in self.info["entries"]]
             want = [(e["name"], e["pool"], e["layer_map"]) for e in spec["entries"]]
             if have != want or self.info["anchor"] != self.anchor_entry.name:

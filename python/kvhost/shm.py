@@ -127,7 +127,8 @@ def create(client: Any, pool: str, device_size_tokens: int, shm_dir: Optional[st
         # The daemon's own, so that a worker needs no second copy of its flags.
         shm_dir = client.daemon_status().get("shm_dir") or None
     ptr = C.c_void_p()
-    _lib.call(_lib.lib().kvhost_shm_device_pool_create, client._handle(), pool.encode(),
-              int(device_size_tokens), None if shm_dir is None else str(shm_dir).encode(),
+    _lib.call(_lib.lib().kvhost_shm_device_pool_create, client._handle(),
+              _lib.text(pool, "pool name"), int(device_size_tokens),
+              None if shm_dir is None else _lib.text(str(shm_dir), "shm_dir"),
               int(start_layer), int(end_layer), C.byref(ptr))
     return ShmDevicePool(client, ptr, pool)

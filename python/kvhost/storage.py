@@ -62,9 +62,7 @@ def _outcomes(arr: "C.Array[C.c_int32]", n: int) -> List[PageOutcome]:
 
 
 def _pool(name: str) -> bytes:
-    if not isinstance(name, str):
-        raise TypeError(f"pool name must be a str, not {type(name).__name__}")
-    return name.encode()
+    return _lib.text(name, "pool name")
 
 
 class StorageCalls:

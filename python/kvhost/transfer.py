@@ -116,7 +116,7 @@ class _PoolTransferArgs:
                                 f"device_indices)")
             host, nh, keep_h = _arrays.int64_arg(rows[0], f"pool_transfers[{entry!r}] host")
             dev, nd, keep_d = _arrays.int64_arg(rows[1], f"pool_transfers[{entry!r}] device")
-            name = entry.encode()
+            name = _lib.text(entry, "pool_transfers entry name")
             self._keep += [name, keep_h, keep_d]
             self.array[i] = _lib.PoolTransferStruct(name, host, nh, dev, nd)
 
@@ -155,7 +155,8 @@ class _ComponentArrays:
                              ", ".join(f"{n}: {len(layers[n])}" for n in names))
         self.count = len(names)
         self.num_layers = counts.pop() if counts else 0
-        self.names = (C.c_char_p * max(len(names), 1))(*[n.encode() for n in names])
+        self.names = (C.c_char_p * max(len(names), 1))(
+            *[_lib.text(n, "component name") for n in names])
         self.ptrs = _arrays.pointer_list([p for n in names for p in layers[n]] or [0])
         self.sizes = None
         if layer_bytes is not None:
@@ -481,8 +482,8 @@ class AttachCalls:
         options = _options_json(layer_progress=layer_progress, load_only=load_only,
                                 tp_rank=tp_rank, load_event_sets=load_event_sets)
         ptr = C.c_void_p()
-        _lib.call(_lib.lib().kvhost_attach_shm, self._handle(), pool.encode(), device._p(),
-                  options, C.byref(ptr))
+        _lib.call(_lib.lib().kvhost_attach_shm, self._handle(), _lib.text(pool, "pool name"),
+                  device._p(), options, C.byref(ptr))
         return Attachment(self, ptr, pool, device)
 
     def attach_group_shm(self, group: str, devices: Mapping[str, Any], *,
@@ -501,13 +502,13 @@ class AttachCalls:
         items = list(devices.items())
         if not items:
             raise ValueError("devices needs at least one entry")
-        names = (C.c_char_p * len(items))(*[entry.encode() for entry, _ in items])
+        names = (C.c_char_p * len(items))(*[_lib.text(entry, "entry name") for entry, _ in items])
         ptrs = (C.c_void_p * len(items))(*[device._p() for _, device in items])
         options = _options_json(layer_progress=layer_progress, load_only=load_only,
                                 tp_rank=tp_rank, load_event_sets=load_event_sets)
         ptr = C.c_void_p()
-        _lib.call(_lib.lib().kvhost_attach_group_shm, self._handle(), group.encode(), len(items),
-                  names, ptrs, options, C.byref(ptr))
+        _lib.call(_lib.lib().kvhost_attach_group_shm, self._handle(),
+                  _lib.text(group, "group name"), len(items), names, ptrs, options, C.byref(ptr))
         att = Attachment(self, ptr, group, dict(devices))
         att.pool = att.info.get("pool", group)
         return att
@@ -538,8 +539,8 @@ class AttachCalls:
                                 tp_rank=tp_rank, load_event_sets=load_event_sets,
                                 start_layer=start_layer, end_layer=end_layer)
         ptr = C.c_void_p()
-        _lib.call(_lib.lib().kvhost_attach_cuda, self._handle(), pool.encode(), arrays.count,
-                  arrays.names, arrays.num_layers, arrays.ptrs, arrays.sizes,
+        _lib.call(_lib.lib().kvhost_attach_cuda, self._handle(), _lib.text(pool, "pool name"),
+                  arrays.count, arrays.names, arrays.num_layers, arrays.ptrs, arrays.sizes,
                   int(device_size_tokens), options, C.byref(ptr))
         del arrays
         return Attachment(self, ptr, pool, keep_alive)
@@ -573,7 +574,7 @@ class AttachCalls:
                                 f"{type(name).__name__}")
             entry = given if isinstance(given, CudaGroupEntry) else CudaGroupEntry(**given)
             arrays = _ComponentArrays(entry.layers, entry.layer_bytes, f"entry '{name}': ")
-            encoded = name.encode()
+            encoded = _lib.text(name, "entry name")
             keep += [arrays, encoded]
             structs[i] = _lib.CudaGroupEntryStruct(
                 encoded, arrays.count, arrays.names, arrays.ptrs, arrays.sizes,
@@ -582,8 +583,8 @@ class AttachCalls:
         options = _options_json(layer_progress=layer_progress, load_only=load_only,
                                 tp_rank=tp_rank, load_event_sets=load_event_sets)
         ptr = C.c_void_p()
-        _lib.call(_lib.lib().kvhost_attach_group_cuda, self._handle(), group.encode(),
-                  len(items), structs, options, C.byref(ptr))
+        _lib.call(_lib.lib().kvhost_attach_group_cuda, self._handle(),
+                  _lib.text(group, "group name"), len(items), structs, options, C.byref(ptr))
         del keep
         att = Attachment(self, ptr, group, keep_alive)
         att.pool = att.info.get("pool", group)

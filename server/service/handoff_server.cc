@@ -127,7 +127,7 @@ absl::StatusOr<HandoffItem> PoolRegionsItem(const WorkerRegions& regions) {
 
 }  // namespace
 
-HandoffSource TransferHandoffSource(const TransferManager* manager) {
+HandoffSource TransferHandoffSource(TransferManager* manager) {
   return [manager](const Caller& caller, const std::string& attachment_id,
                    v1::HandoffKind kind) -> absl::StatusOr<HandoffItem> {
     if (kind == v1::HANDOFF_KIND_POOL_REGIONS) {

@@ -87,7 +87,7 @@ using HandoffSource = std::function<absl::StatusOr<HandoffItem>(
 // TransferManager::FindWorkerRegions (a new read-write descriptor per
 // region, Pool::OpenRegion); other kinds INVALID_ARGUMENT.
 // `manager` must outlive the source.
-HandoffSource TransferHandoffSource(const TransferManager* manager);
+HandoffSource TransferHandoffSource(TransferManager* manager);
 
 // The request of one handoff connection, decoded and checked without a
 // socket: `received` the bytes that arrived (at most the first

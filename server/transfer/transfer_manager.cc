@@ -697,6 +697,7 @@ void TransferManager::CloseSession(const std::string& session_id, const std::str
   std::vector<std::shared_ptr<Ticket>> tickets;
   SessionSnapshot session;
   std::vector<TransferJob> worker_copies;
+  std::vector<std::shared_ptr<const Pool>> handed_regions;
   {
     absl::MutexLock lock(&mu_);
     std::optional<SessionSnapshot> open = sessions_.Close(session_id);
@@ -710,6 +711,10 @@ void TransferManager::CloseSession(const std::string& session_id, const std::str
     }
     tickets = tickets_.InFlightOn(session.attachments);
     worker_copies = TakeWorkerCopies(session.attachments);
+    if (auto held = worker_regions_.find(session_id); held != worker_regions_.end()) {
+      handed_regions = std::move(held->second);  // dropped below, outside mu_
+      worker_regions_.erase(held);
+    }
   }
   FailWorkerCopies(std::move(worker_copies),
                    absl::StrCat("worker session ", ShortId(session_id), " ended (", reason, ")"));

@@ -186,11 +186,15 @@ class TransferManager {
   // that is not a worker copy or has finished.
   absl::Status FinishWorkerCopy(const Caller& caller, uint64_t ticket_id, const std::string& error);
   // The pool a worker copies on `attachment_id` maps itself, for the
-  // handoff (HANDOFF_KIND_POOL_REGIONS). NOT_FOUND as Detach;
-  // FAILED_PRECONDITION where ServesWorkerCopy is false or the pool has no
-  // regions (LOGICAL).
+  // handoff (HANDOFF_KIND_POOL_REGIONS). The descriptors handed out outlive
+  // the attachment (a worker keeps its mapping), so the pool is held for
+  // the attachment's session until that session ends: deleted meanwhile,
+  // its bytes stay releasing (PoolRegistry::releasing_bytes). NOT_FOUND as
+  // Detach; FAILED_PRECONDITION where ServesWorkerCopy is false, for an
+  // attachment made without a session (nothing would end the hold), or
+  // when the pool has no regions (LOGICAL).
   absl::StatusOr<WorkerRegions> FindWorkerRegions(const Caller& caller,
-                                                  const std::string& attachment_id) const;
+                                                  const std::string& attachment_id);
 
   // Refuses new transfers from now on (UNAVAILABLE), then waits up to
   // `timeout` for the ones accepted to finish; cancels what is left then
@@ -335,6 +339,10 @@ class TransferManager {
     TransferJob job;
   };
   std::map<uint64_t, WorkerCopy> worker_copies_ ABSL_GUARDED_BY(mu_);
+  // Pools whose region descriptors a worker fetched (FindWorkerRegions), by
+  // its session: held until CloseSession, each pool once.
+  std::map<std::string, std::vector<std::shared_ptr<const Pool>>> worker_regions_
+      ABSL_GUARDED_BY(mu_);
   // Its own mutex, taken after mu_ (see the header's lock order).
   TicketTable tickets_;
 };

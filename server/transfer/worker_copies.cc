@@ -2,6 +2,7 @@
 // daemon validates and plans, the worker launches and says when it is done;
 // and the lookups of the handoff socket (layer counters, pool regions) and
 // of AllocBackup (an attachment's pool).
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -82,8 +83,8 @@ absl::StatusOr<std::shared_ptr<Pool>> TransferManager::FindAttachedPool(
   return it->second.pools[0].pool;
 }
 
-absl::StatusOr<WorkerRegions> TransferManager::FindWorkerRegions(
-    const Caller& caller, const std::string& attachment_id) const {
+absl::StatusOr<WorkerRegions> TransferManager::FindWorkerRegions(const Caller& caller,
+                                                                 const std::string& attachment_id) {
   absl::MutexLock lock(&mu_);
   auto it = attachments_.find(attachment_id);
   if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
@@ -101,6 +102,17 @@ absl::StatusOr<WorkerRegions> TransferManager::FindWorkerRegions(
     return absl::FailedPreconditionError(
         absl::StrCat("pool '", pool->name(), "' has no regions to map (a LOGICAL pool)"));
   }
+  if (attachment.info.session_id.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "attachment '", ShortId(attachment_id),
+        "' was made without a worker session: the pool's region descriptors stay with the "
+        "worker after it detaches, and only a session's end gives them back (attach within "
+        "a session)"));
+  }
+  // The worker keeps its mapping past DetachDevice and DeletePool: the pool
+  // stays held, its bytes counted, until the session ends.
+  std::vector<std::shared_ptr<const Pool>>& held = worker_regions_[attachment.info.session_id];
+  if (std::find(held.begin(), held.end(), pool) == held.end()) held.push_back(pool);
   WorkerRegions regions;
   regions.pool = pool;
   regions.groups = GroupComponents(pool->components());

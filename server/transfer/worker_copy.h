@@ -8,6 +8,14 @@
 // address math: the worker's kernel is kernels/copy_kernel.h's, addressing
 // through kernels/kvhost/copy_tile.h.
 //
+// The descriptors handed out are read-write, of every region of the
+// attached pool (a plain attachment covers all its components, and a region
+// file holds every layer: no narrower grain exists), and they outlive
+// DetachDevice and DeletePool. TransferManager::FindWorkerRegions therefore
+// serves only an attachment made within a session and holds the pool for
+// that session until it ends, so a deleted pool's bytes stay releasing
+// (counted against --memory-limit) while a worker may still map them.
+//
 // Why it exists and why it is off by default: docs/PERF.md run M measured
 // an in-worker zero-copy kernel at sglang's quota (2 blocks of 1024
 // threads) costing a GEMM worker +21 % (MHA) / +32 % (MLA) on back-to-back

@@ -7,7 +7,11 @@
 // this process's own mapping of the pool's regions. The regions come as
 // descriptors over kvhostd's handoff socket (SCM_RIGHTS, never a path;
 // HANDOFF_KIND_POOL_REGIONS), mapped MAP_SHARED read-write and registered
-// with cudaHostRegister(Mapped | Portable).
+// with cudaHostRegister(Mapped | Portable). They are the whole pool's and
+// outlive the attachment: the mapping stays until the copier is destroyed,
+// and kvhostd holds the pool (a deleted one's bytes stay releasing) until
+// the worker's session ends, so the attachment must be made within a
+// worker session (Open is FAILED_PRECONDITION otherwise).
 //
 // When: docs/PERF.md run M measured this kind of copy at sglang's quota
 // costing a GEMM worker +21 % (MHA) / +32 % (MLA) on back-to-back backups,
