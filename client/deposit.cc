@@ -1,6 +1,9 @@
 // Client::DepositDescriptors: a worker's cuMem descriptors handed to kvhostd
 // over its handoff socket (HANDOFF_KIND_DEPOSIT), in deposits of at most
 // kMaxDepositDescriptors, before the AttachDevice call that names them.
+// A worker's deposits name its session (opened first, as AttachDevice would
+// open it), so kvhostd counts them against the session's own share rather
+// than against everything its uid deposits.
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,11 +26,16 @@ absl::StatusOr<std::vector<std::string>> Client::DepositDescriptors(absl::Span<c
         "kvhostd has no handoff socket (--handoff-socket='', or TCP listeners only), so it "
         "cannot take cuMem memory; attach cudaMalloc memory, or run kvhostd with a unix socket");
   }
+  if (options_.worker_session) {
+    if (absl::Status s = OpenSession(options_.timeout); !s.ok()) return s;
+  }
+  const std::vector<std::string> sessions = SessionIds();
   std::vector<std::string> ids;
   for (size_t first = 0; first < fds.size(); first += kMaxDepositDescriptors) {
     const size_t n = std::min(kMaxDepositDescriptors, fds.size() - first);
     v1::HandoffRequest request;
     request.set_kind(v1::HANDOFF_KIND_DEPOSIT);
+    for (const std::string& id : sessions) request.add_session_ids(id);
     absl::StatusOr<Handoff> reply =
         FetchHandoff(socket, request, options_.timeout, fds.subspan(first, n));
     if (!reply.ok()) return reply.status();

@@ -542,7 +542,10 @@ absl::Status Daemon::StartServer(const DaemonOptions& options, const Listeners& 
         &ports[i]);
   }
   handoff_path_ = HandoffPath(options);
-  deposits_ = std::make_unique<Deposits>();
+  deposits_ = std::make_unique<Deposits>(DepositLimitsOfThisProcess(),
+                                         [transfers = transfers_.get()](const std::string& id) {
+                                           return transfers->IsSessionOpen(id);
+                                         });
   if (!handoff_path_.empty()) {
     if (absl::Status s = PrepareSocketPath(handoff_path_, "--handoff-socket"); !s.ok()) return s;
   }

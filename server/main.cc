@@ -341,7 +341,7 @@ int Serve(const kvhost::DaemonOptions& options, const sigset_t& signals) {
 }  // namespace
 
 // Deposited descriptors (a worker's cuMem allocations wait there for their
-// attach, up to kMaxDepositedDescriptors) and pool region files need more
+// attach, up to half of this limit: DepositLimitsFor) and pool region files need more
 // than the usual soft limit of 1024: raised to the hard limit, which
 // systemd sets high (524288).
 static void RaiseDescriptorLimit() {

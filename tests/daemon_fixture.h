@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -99,8 +100,11 @@ inline int StopKvhostd(pid_t pid) {
 class TestDaemon {
  public:
   // Starts `kvhostd` (path) with `extra_flags` added; waits until it serves.
+  // `descriptor_limit` > 0: its RLIMIT_NOFILE, soft and hard (so kvhostd
+  // cannot raise it).
   static absl::StatusOr<std::unique_ptr<TestDaemon>> Start(
-      const std::string& kvhostd, std::vector<std::string> extra_flags = {}) {
+      const std::string& kvhostd, std::vector<std::string> extra_flags = {},
+      rlim_t descriptor_limit = 0) {
     std::unique_ptr<TestDaemon> d(new TestDaemon());
     char dir_template[] = "/tmp/kvhost-test-XXXXXX";
     if (::mkdtemp(dir_template) == nullptr) return absl::InternalError("mkdtemp failed");
@@ -123,6 +127,11 @@ class TestDaemon {
       FILE* log = std::freopen(d->log_path_.c_str(), "w", stderr);
       (void)log;
       ::dup2(2, 1);
+      const rlimit limit{descriptor_limit, descriptor_limit};
+      if (descriptor_limit > 0 && ::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+        std::perror("setrlimit RLIMIT_NOFILE");
+        ::_exit(127);
+      }
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);

@@ -1,13 +1,31 @@
 #include "server/service/deposits.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/ids.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
 namespace {
+
+// Session ids of a deposit looked up at most: the client sends its open
+// session's and the few it held before.
+constexpr size_t kMaxSessionsLookedUp = 8;
+// Deposits hold at most this many descriptors, whatever the limit
+// (RLIM_INFINITY): far more than any node's workers attach at once.
+constexpr uint64_t kMaxDepositedDescriptors = uint64_t{1} << 22;
+
+// A client as the log and messages show it: a session id is a capability,
+// shown short.
+std::string Shown(const std::string& client) {
+  return absl::StartsWith(client, "session ") ? absl::StrCat("session ", ShortId(client.substr(8)))
+                                              : client;
+}
 
 // How often expired deposits are closed, at most: a small part of their
 // lifetime, so none outlives it by much.
@@ -51,8 +69,27 @@ bool NamesDeposits(const AttachRequest& request) {
   return names;
 }
 
-Deposits::Deposits(absl::Duration lifetime, size_t max_descriptors)
-    : lifetime_(lifetime), max_descriptors_(max_descriptors) {
+DepositLimits DepositLimitsFor(uint64_t nofile) {
+  DepositLimits limits;
+  limits.descriptors = static_cast<size_t>(std::min(nofile / 2, kMaxDepositedDescriptors));
+  limits.per_uid = limits.descriptors / 2;
+  limits.per_client = std::min(kMaxDepositDescriptorsPerClient, limits.per_uid / 2);
+  return limits;
+}
+
+DepositLimits DepositLimitsOfThisProcess() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = 1024;  // the usual soft limit
+  const DepositLimits limits = DepositLimitsFor(limit.rlim_cur);
+  spdlog::info(
+      "deposits: at most {} descriptors held (half of RLIMIT_NOFILE {}), {} per uid, {} per "
+      "client (session or uid)",
+      limits.descriptors, limit.rlim_cur, limits.per_uid, limits.per_client);
+  return limits;
+}
+
+Deposits::Deposits(DepositLimits limits, SessionCheck session_open)
+    : limits_(limits), session_open_(std::move(session_open)) {
   sweeper_ = std::thread([this] { SweepLoop(); });
 }
 
@@ -65,12 +102,25 @@ Deposits::~Deposits() {
 }
 
 void Deposits::SweepLoop() {
-  const absl::Duration period = SweepPeriod(lifetime_);
+  const absl::Duration period = SweepPeriod(limits_.lifetime);
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), period);
     Sweep(absl::Now());
   }
+}
+
+void Deposits::Erase(std::map<std::string, std::shared_ptr<const Deposit>>::iterator it) {
+  const Deposit& deposit = *it->second;
+  const size_t n = deposit.fds.size();
+  descriptors_ -= n;
+  if (auto c = by_client_.find(deposit.client); c != by_client_.end() && (c->second -= n) == 0) {
+    by_client_.erase(c);
+  }
+  if (auto u = by_uid_.find(deposit.uid); u != by_uid_.end() && (u->second -= n) == 0) {
+    by_uid_.erase(u);
+  }
+  held_.erase(it);
 }
 
 void Deposits::Sweep(absl::Time now) {
@@ -79,14 +129,54 @@ void Deposits::Sweep(absl::Time now) {
       ++it;
       continue;
     }
-    spdlog::info("deposit {} of {} descriptors expired unused after {}", ShortId(it->first),
-                 it->second->fds.size(), absl::FormatDuration(lifetime_));
-    descriptors_ -= it->second->fds.size();
-    it = held_.erase(it);
+    if (const uint64_t n = expiry_log_.Tick(now); n != 0) {
+      spdlog::info("deposit {} of {} descriptors of {} expired unused after {}{}",
+                   ShortId(it->first), it->second->fds.size(), Shown(it->second->client),
+                   absl::FormatDuration(limits_.lifetime), LogLimitNote(n));
+    }
+    Erase(it++);
   }
 }
 
-absl::StatusOr<std::string> Deposits::Put(std::vector<UniqueFd> fds) {
+std::string Deposits::ClientOf(const Depositor& depositor) const {
+  if (session_open_ != nullptr) {
+    const size_t n = std::min(depositor.sessions.size(), kMaxSessionsLookedUp);
+    for (size_t i = 0; i < n; ++i) {
+      if (session_open_(depositor.sessions[i]))
+        return absl::StrCat("session ", depositor.sessions[i]);
+    }
+  }
+  return absl::StrCat("uid ", depositor.uid);
+}
+
+absl::Status Deposits::CheckShares(size_t n, const std::string& client, uint32_t uid) const {
+  const std::string wait = absl::StrCat(
+      "; deposits wait at most ", absl::FormatDuration(limits_.lifetime), " for their attach");
+  auto held = [](const auto& map, const auto& key) -> size_t {
+    auto it = map.find(key);
+    return it == map.end() ? 0 : it->second;
+  };
+  const std::string who = Shown(client);
+  if (const size_t mine = held(by_client_, client); mine + n > limits_.per_client) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(who, " holds ", mine, " deposited descriptors; ", n,
+                     " more would pass a client's share of ", limits_.per_client,
+                     " (a worker's open session has a share of its own)", wait));
+  }
+  if (const size_t theirs = held(by_uid_, uid); theirs + n > limits_.per_uid) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("uid ", uid, " holds ", theirs, " deposited descriptors; ", n,
+                     " more would pass a uid's share of ", limits_.per_uid, wait));
+  }
+  if (descriptors_ + n > limits_.descriptors) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "kvhostd holds ", descriptors_, " deposited descriptors; ", n, " more would pass ",
+        "its limit of ", limits_.descriptors, " (half its RLIMIT_NOFILE)", wait));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Deposits::Put(std::vector<UniqueFd> fds, const Depositor& depositor) {
   if (fds.empty()) {
     return absl::InvalidArgumentError(
         "a deposit carries no descriptors (send them in the request's SCM_RIGHTS message)");
@@ -97,17 +187,17 @@ absl::StatusOr<std::string> Deposits::Put(std::vector<UniqueFd> fds) {
   }
   absl::MutexLock lock(&mu_);
   Sweep(absl::Now());
-  if (descriptors_ + fds.size() > max_descriptors_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "kvhostd holds ", descriptors_, " deposited descriptors; ", fds.size(), " more would pass ",
-        "its limit of ", max_descriptors_, " (deposits wait at most ",
-        absl::FormatDuration(lifetime_), " for their attach)"));
-  }
+  std::string client = ClientOf(depositor);
+  if (absl::Status s = CheckShares(fds.size(), client, depositor.uid); !s.ok()) return s;
   std::string id = CapabilityId("dep", ++serial_);
   auto deposit = std::make_shared<Deposit>();
-  deposit->expires = absl::Now() + lifetime_;
+  deposit->expires = absl::Now() + limits_.lifetime;
   descriptors_ += fds.size();
+  by_client_[client] += fds.size();
+  by_uid_[depositor.uid] += fds.size();
   deposit->fds = std::move(fds);
+  deposit->client = std::move(client);
+  deposit->uid = depositor.uid;
   held_.emplace(id, std::move(deposit));
   return id;
 }
@@ -128,7 +218,7 @@ absl::StatusOr<Deposits::Lent> Deposits::Lend(AttachRequest* request) const {
               return absl::NotFoundError(absl::StrCat(
                   where, ".chunks[", c, "]: deposit '", ShortId(chunk.deposit_id),
                   "' is not held: it was never made, an attachment used it up, or it expired (",
-                  absl::FormatDuration(lifetime_), " after it was made); deposit again"));
+                  absl::FormatDuration(limits_.lifetime), " after it was made); deposit again"));
             }
             it = found.emplace(held->first, held->second).first;
           }
@@ -155,8 +245,7 @@ void Deposits::UseUp(const Lent& lent) {
   for (const std::string& id : lent.ids) {
     auto it = held_.find(id);
     if (it == held_.end()) continue;  // expired meanwhile
-    descriptors_ -= it->second->fds.size();
-    held_.erase(it);
+    Erase(it);
   }
 }
 

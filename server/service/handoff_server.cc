@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -10,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -21,8 +24,8 @@
 namespace kvhost {
 namespace {
 
-// Connections waiting to be accepted; the rest are refused by the kernel
-// (a worker fetches once per attachment, so a burst is one per rank).
+// Connections waiting to be accepted (the kernel makes more connect calls
+// wait): the loop accepts as fast as they come, so this is a burst's depth.
 constexpr int kListenBacklog = 64;
 
 int ToMillis(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds(d)); }
@@ -42,18 +45,32 @@ const char* KindName(v1::HandoffKind kind) {
   }
 }
 
-// "pid 12, uid 1000, gid 1000" of the peer, for the log.
-std::string PeerOf(int connection) {
+// The connection just accepted, waiting for its request until `deadline`,
+// with its peer's SO_PEERCRED: the uid, and "pid 12, uid 1000, gid 1000"
+// for the log.
+WaitingConnection Waiting(int connection, absl::Time deadline) {
+  WaitingConnection waiting{connection, std::numeric_limits<uint32_t>::max(), deadline, ""};
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    return absl::StrCat("peer unknown (SO_PEERCRED: ", std::strerror(errno), ")");
+    waiting.peer = absl::StrCat("peer unknown (SO_PEERCRED: ", std::strerror(errno), ")");
+  } else {
+    waiting.uid = cred.uid;
+    waiting.peer = absl::StrCat("pid ", cred.pid, ", uid ", cred.uid, ", gid ", cred.gid);
   }
-  return absl::StrCat("pid ", cred.pid, ", uid ", cred.uid, ", gid ", cred.gid);
+  return waiting;
+}
+
+// Whether `connection`'s request has arrived.
+bool Readable(int connection) {
+  pollfd ready{connection, POLLIN, 0};
+  return ::poll(&ready, 1, 0) == 1 && ready.revents != 0;
 }
 
 // Sends `reply` (serialized: `bytes`), with `fds` attached (at most
-// kMaxWorkerCopyRegions). Returns errno's text on failure ("" on success).
+// kMaxWorkerCopyRegions), without waiting: the connection's buffer is
+// empty, so only a peer gone makes it fail. Returns errno's text on failure
+// ("" on success).
 std::string SendReply(int connection, std::string bytes, const std::vector<int>& fds) {
   iovec iov{bytes.data(), bytes.size()};
   msghdr msg{};
@@ -70,7 +87,7 @@ std::string SendReply(int connection, std::string bytes, const std::vector<int>&
     header->cmsg_len = CMSG_LEN(sizeof(int) * n);
     std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * n);
   }
-  if (::sendmsg(connection, &msg, MSG_NOSIGNAL) < 0) return std::strerror(errno);
+  if (::sendmsg(connection, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) return std::strerror(errno);
   return "";
 }
 
@@ -181,6 +198,7 @@ absl::StatusOr<std::unique_ptr<HandoffServer>> HandoffServer::Start(const std::s
   server->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (server->stop_fd_ < 0) return failed("eventfd");
   server->thread_ = std::thread([s = server.get()] { s->Loop(); });
+  ::pthread_setname_np(server->thread_.native_handle(), "kvhost-handoff");
   return server;
 }
 
@@ -199,25 +217,57 @@ void HandoffServer::Stop() {
   thread_.join();
 }
 
+HandoffWaiting::HandoffWaiting(size_t max_connections, size_t per_uid)
+    : max_connections_(max_connections), per_uid_(per_uid) {}
+
+std::optional<WaitingConnection> HandoffWaiting::Add(WaitingConnection connection) {
+  std::optional<WaitingConnection> out;
+  const uint32_t uid = connection.uid;
+  if (of_uid(uid) >= per_uid_) {
+    for (size_t i = 0; i < waiting_.size(); ++i) {
+      if (waiting_[i].uid == uid) {
+        out = Take(i);
+        break;
+      }
+    }
+  } else if (waiting_.size() >= max_connections_ && !waiting_.empty()) {
+    out = Take(0);
+  }
+  ++by_uid_[uid];
+  waiting_.push_back(std::move(connection));
+  return out;
+}
+
+WaitingConnection HandoffWaiting::Take(size_t i) {
+  WaitingConnection taken = std::move(waiting_[i]);
+  waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+  if (auto it = by_uid_.find(taken.uid); it != by_uid_.end() && --it->second == 0) {
+    by_uid_.erase(it);
+  }
+  return taken;
+}
+
+size_t HandoffWaiting::of_uid(uint32_t uid) const {
+  auto it = by_uid_.find(uid);
+  return it == by_uid_.end() ? 0 : it->second;
+}
+
 void HandoffServer::Loop() {
-  struct Waiting {
-    int fd;
-    absl::Time deadline;
-    std::string peer;
-  };
-  std::vector<Waiting> waiting;
+  HandoffWaiting waiting;
   std::vector<pollfd> fds;
   while (true) {
-    // The stop event; the listener only while there is room; then every
-    // connection waiting for its request.
-    const bool room = waiting.size() < kMaxHandoffConnections;
-    fds.assign({{stop_fd_, POLLIN, 0}, {room ? listen_fd_ : -1, POLLIN, 0}});
-    absl::Time first = absl::InfiniteFuture();
-    for (const Waiting& w : waiting) {
+    // The stop event; the listener unless accepting is backing off; then
+    // every connection waiting for its request.
+    const absl::Time before = absl::Now();
+    const bool accepting = before >= accept_after_;
+    fds.assign({{stop_fd_, POLLIN, 0}, {accepting ? listen_fd_ : -1, POLLIN, 0}});
+    absl::Time wake = accepting ? absl::InfiniteFuture() : accept_after_;
+    for (const WaitingConnection& w : waiting.connections()) {
       fds.push_back({w.fd, POLLIN, 0});
-      first = std::min(first, w.deadline);
+      wake = std::min(wake, w.deadline);
     }
-    const int timeout = waiting.empty() ? -1 : std::max(0, ToMillis(first - absl::Now()) + 1);
+    const int timeout =
+        wake == absl::InfiniteFuture() ? -1 : std::max(0, ToMillis(wake - before) + 1);
     if (::poll(fds.data(), fds.size(), timeout) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("handoff socket {}: poll: {}; no more handoffs", path_, std::strerror(errno));
@@ -225,27 +275,81 @@ void HandoffServer::Loop() {
     }
     if (fds[0].revents != 0) break;
     const absl::Time now = absl::Now();
-    for (size_t i = waiting.size(); i-- > 0;) {
+    // Requests that arrived (and the late) first: a connection pushed out
+    // by the next accept has had its chance.
+    for (size_t i = waiting.connections().size(); i-- > 0;) {
       const short revents = fds[2 + i].revents;
-      if (revents == 0 && now < waiting[i].deadline) continue;
-      Serve(waiting[i].fd, waiting[i].peer,
-            revents != 0
-                ? absl::OkStatus()
-                : absl::DeadlineExceededError(absl::StrCat(
-                      "no request within ", absl::FormatDuration(kHandoffRequestTimeout))));
-      ::close(waiting[i].fd);
-      waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(i));
+      if (revents == 0 && now < waiting.connections()[i].deadline) continue;
+      const WaitingConnection w = waiting.Take(i);
+      Serve(w, revents != 0
+                   ? absl::OkStatus()
+                   : absl::DeadlineExceededError(absl::StrCat(
+                         "no request within ", absl::FormatDuration(kHandoffRequestTimeout),
+                         " of the connection")));
+      ::close(w.fd);
     }
-    if ((fds[1].revents & POLLIN) == 0) continue;
-    const int connection = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (connection < 0) {
-      // The peer gave up before we accepted it, or fds ran out for a while.
-      spdlog::warn("handoff socket {}: accept: {}", path_, std::strerror(errno));
-      continue;
-    }
-    waiting.push_back({connection, now + kHandoffRequestTimeout, PeerOf(connection)});
+    if ((fds[1].revents & POLLIN) != 0) Accept(&waiting, now);
   }
-  for (const Waiting& w : waiting) ::close(w.fd);
+  for (const WaitingConnection& w : waiting.connections()) ::close(w.fd);
+}
+
+void HandoffServer::Accept(HandoffWaiting* waiting, absl::Time now) {
+  const int connection = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (connection < 0) {
+    const int error = errno;
+    // Else the peer gave up before we accepted it (ECONNABORTED), or a
+    // signal came: nothing to say.
+    if (error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM) {
+      BackOff(error, now);
+    }
+    return;
+  }
+  if (failed_accepts_ != 0) {
+    spdlog::info("handoff socket {}: accepting again, after {} failed accepts over {}", path_,
+                 failed_accepts_, absl::FormatDuration(now - failing_since_));
+    failed_accepts_ = 0;
+  }
+  std::optional<WaitingConnection> out =
+      waiting->Add(Waiting(connection, now + kHandoffRequestTimeout));
+  if (!out.has_value()) return;
+  // Its request may have come since the poll.
+  Serve(*out, Readable(out->fd)
+                  ? absl::OkStatus()
+                  : absl::ResourceExhaustedError(absl::StrCat(
+                        "no request yet, and a newer connection took its place (at most ",
+                        kMaxHandoffConnectionsPerUid, " of one uid and ", kMaxHandoffConnections,
+                        " in all wait for their request)")));
+  ::close(out->fd);
+}
+
+void HandoffServer::BackOff(int error, absl::Time now) {
+  backoff_ = failed_accepts_ == 0 ? kMinHandoffAcceptBackoff
+                                  : std::min(2 * backoff_, kMaxHandoffAcceptBackoff);
+  accept_after_ = now + backoff_;
+  if (failed_accepts_++ == 0) {
+    failing_since_ = now;
+    rlimit limit{};
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+    spdlog::warn(
+        "handoff socket {}: accept: {} (RLIMIT_NOFILE {}); accepting again in {}, then in pauses "
+        "doubling up to {} while it lasts",
+        path_, std::strerror(error), limit.rlim_cur, absl::FormatDuration(backoff_),
+        absl::FormatDuration(kMaxHandoffAcceptBackoff));
+  }
+}
+
+void HandoffServer::LogRefusal(const char* what, const std::string& peer,
+                               const absl::Status& status) {
+  if (const uint64_t n = refusal_log_.Tick(status.code()); n != 0) {
+    spdlog::info("{} {}: {}{}", what, peer, status.ToString(), LogLimitNote(n));
+  }
+}
+
+void HandoffServer::LogUnsent(const std::string& what, const std::string& peer,
+                              const std::string& error) {
+  if (const uint64_t n = unsent_log_.Tick(); n != 0) {
+    spdlog::warn("handoff: {} to {} not sent: {}{}", what, peer, error, LogLimitNote(n));
+  }
 }
 
 absl::Status DecodeHandoffRequest(absl::string_view received, size_t length,
@@ -312,15 +416,22 @@ absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* requ
                               length, request);
 }
 
-absl::Status HandoffServer::Deposit(std::vector<UniqueFd> received, const std::string& peer,
-                                    v1::HandoffReply* reply) {
+absl::Status HandoffServer::Deposit(std::vector<UniqueFd> received,
+                                    const WaitingConnection& connection,
+                                    const v1::HandoffRequest& request, v1::HandoffReply* reply) {
   if (deposits_ == nullptr) {
     return absl::FailedPreconditionError("this handoff socket takes no deposits");
   }
   const size_t n = received.size();
-  absl::StatusOr<std::string> id = deposits_->Put(std::move(received));
+  Depositor depositor;
+  depositor.uid = connection.uid;
+  depositor.sessions.assign(request.session_ids().begin(), request.session_ids().end());
+  absl::StatusOr<std::string> id = deposits_->Put(std::move(received), depositor);
   if (!id.ok()) return id.status();
-  spdlog::info("handoff: deposit {} of {} descriptors from {}", ShortId(*id), n, peer);
+  if (const uint64_t logged = deposit_log_.Tick(); logged != 0) {
+    spdlog::info("handoff: deposit {} of {} descriptors from {}{}", ShortId(*id), n,
+                 connection.peer, LogLimitNote(logged));
+  }
   reply->set_deposit_id(*id);
   reply->set_count(static_cast<uint32_t>(n));
   return absl::OkStatus();
@@ -353,32 +464,32 @@ void HandoffServer::OpenFastPath(int connection, const std::string& peer) {
       SendReply(connection, reply.SerializeAsString(),
                 offer.ok() ? std::vector<int>{offer->fd()} : std::vector<int>{});
   if (!offer.ok()) {
-    spdlog::info("handoff refused to {}: {}", peer, offer.status().ToString());
+    LogRefusal("handoff refused to", peer, offer.status());
   } else if (!sent.empty()) {
-    spdlog::warn("handoff: fast-path mailbox to {} not sent: {}", peer, sent);
+    LogUnsent("fast-path mailbox", peer, sent);
   } else {
     fast_path_->Serve(*std::move(offer), std::move(kept), peer);
   }
 }
 
-void HandoffServer::Serve(int connection, const std::string& peer, absl::Status refusal) {
-  const timeval send_timeout = absl::ToTimeval(kHandoffRequestTimeout);
-  ::setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+void HandoffServer::Serve(const WaitingConnection& waiting, absl::Status refusal) {
+  const int connection = waiting.fd;
+  const std::string& peer = waiting.peer;
   v1::HandoffRequest request;
   std::vector<UniqueFd> received;
   absl::Status status =
       refusal.ok() ? ReadRequest(connection, &request, &received) : std::move(refusal);
   if (status.ok() && request.kind() == v1::HANDOFF_KIND_DEPOSIT) {
     v1::HandoffReply reply;
-    status = Deposit(std::move(received), peer, &reply);
+    status = Deposit(std::move(received), waiting, request, &reply);
     if (!status.ok()) reply.Clear();
     reply.set_code(static_cast<int32_t>(status.code()));
     reply.set_message(std::string(status.message()));
     if (std::string sent = SendReply(connection, reply.SerializeAsString(), {}); !sent.empty()) {
       // The id never reached the depositor: the deposit expires unused.
-      spdlog::warn("handoff: deposit reply to {} not sent: {}", peer, sent);
+      LogUnsent("deposit reply", peer, sent);
     } else if (!status.ok()) {
-      spdlog::info("handoff deposit refused to {}: {}", peer, status.ToString());
+      LogRefusal("handoff deposit refused to", peer, status);
     }
     return;
   }
@@ -423,9 +534,9 @@ void HandoffServer::Serve(int connection, const std::string& peer, absl::Status 
   if (status.ok() && sent.empty()) {
     spdlog::info("handoff: {} to {}", what, peer);
   } else if (status.ok()) {
-    spdlog::warn("handoff: {} to {} not sent: {}", what, peer, sent);
+    LogUnsent(what, peer, sent);
   } else {
-    spdlog::info("handoff refused to {}: {}", peer, status.ToString());
+    LogRefusal("handoff refused to", peer, status);
   }
 }
 

@@ -11,20 +11,37 @@
 // at most kMaxHandoffReplyBytes, with the descriptors (SCM_RIGHTS, one
 // message) on OK; then the server closes it. A deposit
 // (HANDOFF_KIND_DEPOSIT, service/deposits.h) goes the other way: its
-// request carries the descriptors, its reply the deposit's id; descriptors
-// sent with any other request are closed and the request refused. The
-// request must come within kHandoffRequestTimeout of the connection (else
-// the reply is DEADLINE_EXCEEDED) and the reply goes out with the same
-// bound. Up to kMaxHandoffConnections wait for their request at once, so a
-// silent client delays no other; more wait in the listen backlog. Every fetch and refusal is logged
-// with the peer's SO_PEERCRED (pid, uid, gid); a capability is shown as a ShortId.
+// request carries the descriptors, its reply the deposit's id, counted
+// against the peer's share (its open session, else its uid); descriptors
+// sent with any other request are closed and the request refused.
 // A fast-path request (HANDOFF_KIND_FAST_PATH) is the one whose connection
 // stays open: its reply carries the mailbox and the connection goes to the
 // FastPathServer, whose mailbox lives as long as it.
 //
-// Thread safety: one thread of its own accepts connections and serves each
-// once its request is there, and never calls back into anything but the
-// source, which must be thread-safe and must not block. Stop (or the destructor) joins it.
+// Silent clients (a slowloris): the request must come within
+// kHandoffRequestTimeout of the accept (else the reply is
+// DEADLINE_EXCEEDED). Up to kMaxHandoffConnections wait for their request at
+// once, kMaxHandoffConnectionsPerUid of one uid (SO_PEERCRED); a new
+// connection past a share pushes out the oldest waiting one of its uid (or,
+// past the bound in all, of anyone), which is refused with
+// RESOURCE_EXHAUSTED. Connections are accepted as fast as they come, so a
+// flood of silent ones leaves no victim waiting in the listen backlog, and
+// a request that has arrived is served before the next accept, so a fresh
+// victim is not pushed out either. When descriptors run out (accept's EMFILE,
+// ENFILE) the server stops accepting for a backoff that doubles up to
+// kMaxHandoffAcceptBackoff, logging once per episode.
+//
+// Every fetch is logged with the peer's SO_PEERCRED (pid, uid, gid); a
+// capability is shown as a ShortId. Refusals (per status code), deposits and
+// unsent replies are logged through LogLimit (server/log_limit.h): the 1st,
+// 2nd, 4th ... of a run, so a flood of them cannot flood the log.
+//
+// Thread safety: one thread of its own ("kvhost-handoff") waits for all
+// connections at once (poll) and serves each once its request is there,
+// without blocking (the reply goes out with MSG_DONTWAIT, into an empty
+// socket buffer); it never calls back into anything but the source, the
+// deposits and the fast path, which must be thread-safe and must not block.
+// Stop (or the destructor) joins it.
 // Ownership: the server owns its listening socket; the socket file is the
 // caller's (the daemon gives it its mode and group and removes it).
 #ifndef KVHOST_SERVER_SERVICE_HANDOFF_SERVER_H_
@@ -32,7 +49,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +60,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kvhost/v1/transfer.pb.h"
+#include "server/log_limit.h"
 #include "server/pool/beneath.h"
 #include "server/service/deposits.h"
 #include "server/service/fast_path_server.h"
@@ -52,12 +72,19 @@ namespace kvhost {
 // A request carries an attachment id (~60 bytes), a few session ids of the
 // same size and an owner token: a page is far more than any honest one.
 inline constexpr size_t kMaxHandoffRequestBytes = 4096;
-// A local client sends its request right after connecting; a second covers
-// a loaded machine many times over and bounds what a silent one costs.
-inline constexpr absl::Duration kHandoffRequestTimeout = absl::Seconds(1);
-// Connections waiting for their request at once: a node's workers fetch
-// once per attachment each, a few dozen at most at start.
-inline constexpr size_t kMaxHandoffConnections = 64;
+// A local client sends its request right after connecting, in the next
+// system call: a tenth of a second is a scheduler's preemption many times
+// over, and bounds what a silent connection holds.
+inline constexpr absl::Duration kHandoffRequestTimeout = absl::Milliseconds(100);
+// Connections waiting for their request at once, and of one uid: a node's
+// workers fetch once per attachment each (and deposit a few times before
+// it), a few dozen at once at most at start.
+inline constexpr size_t kMaxHandoffConnections = 256;
+inline constexpr size_t kMaxHandoffConnectionsPerUid = 32;
+// After accept fails for want of descriptors: the first pause, and the
+// longest it doubles to while the shortage lasts.
+inline constexpr absl::Duration kMinHandoffAcceptBackoff = absl::Milliseconds(10);
+inline constexpr absl::Duration kMaxHandoffAcceptBackoff = absl::Seconds(1);
 
 // A reply carries a status message, two numbers and, for pool regions, a
 // few launch groups with their component names: far under a page per
@@ -104,6 +131,39 @@ absl::Status DecodeHandoffRequest(absl::string_view received, size_t length,
 // ids, and its owner token when it gives one.
 Caller HandoffCaller(const v1::HandoffRequest& request);
 
+// A connection accepted and waiting for its request.
+struct WaitingConnection {
+  int fd = -1;
+  uint32_t uid = 0;  // SO_PEERCRED's; UINT32_MAX when unknown
+  absl::Time deadline;
+  std::string peer;  // "pid 12, uid 1000, gid 1000", for the log
+};
+
+// The connections waiting for their request, oldest first, and which one a
+// new connection pushes out (the rule in the header's paragraph). Knows
+// nothing of sockets: the caller answers and closes what comes out.
+// Not thread-safe.
+class HandoffWaiting {
+ public:
+  explicit HandoffWaiting(size_t max_connections = kMaxHandoffConnections,
+                          size_t per_uid = kMaxHandoffConnectionsPerUid);
+  // Adds `connection`; returns the one it pushes out, if any: the oldest of
+  // its uid when that uid holds per_uid, else the oldest of all when
+  // max_connections wait.
+  std::optional<WaitingConnection> Add(WaitingConnection connection);
+  // Removes connection `i` (in connections()'s order) and returns it.
+  WaitingConnection Take(size_t i);
+  const std::vector<WaitingConnection>& connections() const { return waiting_; }
+  // Connections of `uid` waiting.
+  size_t of_uid(uint32_t uid) const;
+
+ private:
+  const size_t max_connections_;
+  const size_t per_uid_;
+  std::vector<WaitingConnection> waiting_;
+  std::map<uint32_t, size_t> by_uid_;
+};
+
 class HandoffServer {
  public:
   // Listens on the unix socket `path` and starts serving. REQUIRES: `path`
@@ -124,28 +184,38 @@ class HandoffServer {
   HandoffServer(const HandoffServer&) = delete;
   HandoffServer& operator=(const HandoffServer&) = delete;
 
-  // Stops accepting, finishes the connection being served, joins the
-  // thread. Idempotent.
+  // Stops accepting, finishes the connection being served, closes those
+  // waiting, joins the thread. Idempotent.
   void Stop();
   const std::string& path() const { return path_; }
 
  private:
   HandoffServer() = default;
   void Loop();
+  // Accepts one connection into `waiting`, answering the one it pushes out;
+  // after EMFILE or ENFILE, backs off instead.
+  void Accept(HandoffWaiting* waiting, absl::Time now);
+  // accept failed with `error` at `now`: no accept until accept_after_.
+  void BackOff(int error, absl::Time now);
   // One connection whose request is readable (or `refusal`, when not OK:
-  // it came too late): read, looked up, answered.
-  void Serve(int connection, const std::string& peer, absl::Status refusal);
+  // it came too late, or was pushed out): read, looked up, answered.
+  void Serve(const WaitingConnection& connection, absl::Status refusal);
   // The request of `connection` read without waiting and decoded into
   // `request` (DecodeHandoffRequest), with the descriptors it carried in
   // `received` (at most kMaxDepositDescriptors; all are closed when there
   // were more); INVALID_ARGUMENT naming why it cannot be.
   static absl::Status ReadRequest(int connection, v1::HandoffRequest* request,
                                   std::vector<UniqueFd>* received);
-  // A deposit's reply: `received` kept by deposits_ under a new id.
-  absl::Status Deposit(std::vector<UniqueFd> received, const std::string& peer,
-                       v1::HandoffReply* reply);
+  // A deposit's reply: `received` kept by deposits_ under a new id, counted
+  // against `connection`'s uid or the session `request` names.
+  absl::Status Deposit(std::vector<UniqueFd> received, const WaitingConnection& connection,
+                       const v1::HandoffRequest& request, v1::HandoffReply* reply);
   // A fast-path mailbox for `connection`: sent, then served on it.
   void OpenFastPath(int connection, const std::string& peer);
+  // Logs "`what` `peer`: `status`" unless LogLimit leaves it out.
+  void LogRefusal(const char* what, const std::string& peer, const absl::Status& status);
+  // Logs a reply that could not be sent unless LogLimit leaves it out.
+  void LogUnsent(const std::string& what, const std::string& peer, const std::string& error);
 
   std::string path_;
   HandoffSource source_;
@@ -154,6 +224,15 @@ class HandoffServer {
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd: readable once Stop was called
   std::thread thread_;
+  // The accept backoff (Loop's thread only): no accept before
+  // accept_after_; the pause now, and the failures of this episode.
+  absl::Time accept_after_ = absl::InfinitePast();
+  absl::Duration backoff_ = absl::ZeroDuration();
+  uint64_t failed_accepts_ = 0;
+  absl::Time failing_since_;
+  LogLimitByCode refusal_log_;
+  LogLimit deposit_log_;
+  LogLimit unsent_log_;
 };
 
 }  // namespace kvhost

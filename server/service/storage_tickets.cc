@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/log_limit.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -116,7 +117,7 @@ void StorageTickets::Keep(uint64_t id) {
     ++dropped_;
     if (metrics_ != nullptr) metrics_->l3_tickets_dropped->WithLabels({})->Increment();
     // The 1st, 2nd, 4th, 8th ... drop: a flood says so without flooding the log.
-    if ((dropped_ & (dropped_ - 1)) == 0) {
+    if (IsLoggedOccurrence(dropped_)) {
       const std::shared_ptr<Pool> p = pool.lock();
       spdlog::warn(
           "L3: dropped the results of detached call {} of pool '{}' before any wait returned "

@@ -781,6 +781,11 @@ void TransferManager::ReapSession(std::string session_id, std::string worker, st
   --reapers_;
 }
 
+bool TransferManager::IsSessionOpen(const std::string& session_id) const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.IsOpen(session_id);
+}
+
 std::vector<SessionSnapshot> TransferManager::ListSessions() const {
   absl::MutexLock lock(&mu_);
   return sessions_.List();

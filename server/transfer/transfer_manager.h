@@ -216,6 +216,7 @@ class TransferManager {
   void CloseSession(const std::string& session_id, const std::string& reason,
                     absl::Duration timeout);
   std::vector<SessionSnapshot> ListSessions() const;
+  bool IsSessionOpen(const std::string& session_id) const;
 
   std::vector<AttachmentInfo> ListAttachments() const;
   TransferCounters counters() const;

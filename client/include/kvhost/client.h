@@ -308,7 +308,9 @@ class Client {
   // --help: the handoff socket). Its id is a capability: whoever holds it
   // may attach the memory, so it is shown to no one else. FAILED_PRECONDITION
   // when the daemon has no handoff socket; UNAVAILABLE when it cannot be
-  // reached; RESOURCE_EXHAUSTED when the daemon holds too many deposits.
+  // reached; RESOURCE_EXHAUSTED when the deposits would pass this client's
+  // share (its session's when options().worker_session, which opens the
+  // session first; else its uid's) or the daemon's bound.
   absl::StatusOr<std::vector<std::string>> DepositDescriptors(absl::Span<const int> fds);
 
   const ClientOptions& options() const { return options_; }
