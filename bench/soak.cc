@@ -14,7 +14,9 @@
 //    their invalid requests include another worker's attachment id and
 //    ticket (each worker leaves them in a file, as a leaked capability)
 //    used by a second client without that worker's session: NOT_FOUND, and
-//    the owner's own transfers and byte checks go on unharmed;
+//    the owner's own transfers and byte checks go on unharmed; and that
+//    client's AttachDevice, without the token, on a protected pool while it
+//    is being created (never OK);
 //  * faults: every --kill-every seconds (randomised) the driver SIGKILLs a
 //    worker, half the time right after it submitted a Backup or Load, checks
 //    that the daemon closes the dead worker's session and attachments within
@@ -314,8 +316,9 @@ const char* InvalidName(Invalid kind) { return kInvalidNames[static_cast<int>(ki
 const char* const kWorkerInvalidNames[] = {
     "backup_host_out_of_range", "backup_device_out_of_range", "load_length_mismatch",
     "load_device_row_twice",    "backup_unknown_attachment",  "stolen_attachment_id",
-    "stolen_ticket_id",         "attach_region_file",         "attach_through_swapped_symlink"};
-constexpr int kWorkerInvalidKinds = 9;
+    "stolen_ticket_id",         "attach_region_file",         "attach_through_swapped_symlink",
+    "attach_pool_being_created"};
+constexpr int kWorkerInvalidKinds = 10;
 
 // One scheduler thread.
 class Scheduler {
@@ -830,6 +833,18 @@ class Worker {
     client = kvhost::Client::Connect(options);
     if (!client.ok()) return client.status();
     thief_ = *std::move(client);
+    // The victim of attach_pool_being_created: a client with a token of this
+    // worker's, creating a small protected pool of this pool's shape. A
+    // predecessor killed mid-race may have left it behind: deleted first.
+    options.worker_session = false;
+    options.owner_token = absl::StrCat("soak-victim-token-", index_);
+    client = kvhost::Client::Connect(options);
+    if (!client.ok()) return client.status();
+    victim_ = *std::move(client);
+    race_pool_ = absl::StrCat(pool_name_, "-race", index_);
+    race_spec_ = pool->spec();
+    race_spec_.set_size_tokens(uint64_t{race_spec_.page_size()} * 4);
+    (void)victim_->DeletePool(race_pool_);
     workers_ = std::max<uint32_t>(1, absl::GetFlag(FLAGS_workers));
     region_path_ = pool->region_paths().empty() ? "" : pool->region_paths(0);
     if (absl::Status s = StartSwapRacer(absl::GetFlag(FLAGS_shm_dir)); !s.ok()) return s;
@@ -1031,6 +1046,11 @@ class Worker {
         expected = absl::StatusCode::kPermissionDenied;
         status = thief_->AttachDevice(RequestOnFile(region_path_)).status();
         break;
+      case 9:
+        if (absl::Status s = AttachWhileCreated(&status); !s.ok()) return s;
+        expected = absl::IsResourceExhausted(status) ? absl::StatusCode::kResourceExhausted
+                                                     : absl::StatusCode::kPermissionDenied;
+        break;
       default: {
         // While the racer swaps swap_path_ between a directory and a
         // symlink out of the shm dir: either the file inside is attached
@@ -1110,6 +1130,57 @@ class Worker {
       journaled_.erase(it);
       if (!AppendAll(journal_fd_, line)) return absl::InternalError("journal write failed");
     }
+    return absl::OkStatus();
+  }
+
+  // attach_pool_being_created (issue 29): the victim creates its protected
+  // pool while the thief, without its token, attaches by the pool's name, in
+  // a loop until the pool exists and once more after. Every attempt must be
+  // refused whatever the moment (NOT_FOUND before, FAILED_PRECONDITION while
+  // it is being created, PERMISSION_DENIED after), and the victim must then
+  // be able to delete its pool; a failure otherwise. `last`: the attempt
+  // after the pool exists, or the victim's RESOURCE_EXHAUSTED when it did not fit.
+  absl::Status AttachWhileCreated(absl::Status* last) {
+    std::atomic<bool> done{false};
+    absl::Status created;
+    std::thread creator([&] {
+      created = victim_->CreatePool(race_pool_, race_spec_).status();
+      done = true;
+    });
+    const v1::AttachDeviceRequest request = device_->MakeAttachRequest(race_pool_);
+    absl::Status refused;
+    bool after = false;  // the attempt after the pool exists
+    while (!after) {
+      after = done.load();
+      absl::StatusOr<v1::Attachment> att = thief_->AttachDevice(request);
+      if (att.ok()) (void)thief_->DetachDevice(att->id());
+      refused = att.status();
+      const absl::StatusCode code = refused.code();
+      if (att.ok() ||
+          (code != absl::StatusCode::kNotFound && code != absl::StatusCode::kFailedPrecondition &&
+           code != absl::StatusCode::kPermissionDenied)) {
+        creator.join();
+        (void)victim_->DeletePool(race_pool_);
+        return absl::InternalError(absl::StrCat(
+            "attach_pool_being_created: an attach without the token got ",
+            att.ok() ? "OK: it attached the victim's protected pool" : StatusText(refused)));
+      }
+    }
+    creator.join();
+    Expect(created);
+    if (absl::IsResourceExhausted(created)) {
+      *last = created;
+      return absl::OkStatus();
+    }
+    if (!created.ok()) {
+      return absl::InternalError(
+          absl::StrCat("attach_pool_being_created: CreatePool: ", StatusText(created)));
+    }
+    if (absl::Status deleted = victim_->DeletePool(race_pool_).status(); !deleted.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "attach_pool_being_created: the victim cannot delete its pool: ", StatusText(deleted)));
+    }
+    *last = refused;
     return absl::OkStatus();
   }
 
@@ -1193,7 +1264,10 @@ class Worker {
   uint64_t counter_ = 0;
   std::mt19937_64 rng_;
   std::unique_ptr<kvhost::Client> client_;
-  std::unique_ptr<kvhost::Client> thief_;  // its own session: tries the stolen ids
+  std::unique_ptr<kvhost::Client> thief_;   // its own session: tries the stolen ids
+  std::unique_ptr<kvhost::Client> victim_;  // owner of race_pool_ (attach_pool_being_created)
+  std::string race_pool_;
+  v1::PoolSpec race_spec_;
   std::unique_ptr<kvhost::ShmDevicePool> device_;
   std::vector<int64_t> lease_;
   std::map<int64_t, uint64_t> journaled_;

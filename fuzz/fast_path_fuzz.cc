@@ -78,8 +78,7 @@ class Fixture {
     HostEngineOptions host;
     host.shm_dir = dir_;
     host.helper_threads = 0;
-    manager_ =
-        std::make_unique<TransferManager>(registry_.get(), std::make_unique<HostEngine>(host));
+    manager_ = std::make_unique<TransferManager>(std::make_unique<HostEngine>(host));
     pools_ =
         std::make_unique<PoolServiceImpl>(registry_.get(), "host", 64 << 20, nullptr, kMaxIndices);
     transfers_ =
@@ -109,7 +108,7 @@ class Fixture {
     }
     absl::StatusOr<AttachRequest> parsed = FromProto(request);
     FUZZ_CHECK(parsed.ok(), parsed.status().ToString());
-    absl::StatusOr<AttachmentInfo> info = manager_->Attach("p", *parsed);
+    absl::StatusOr<AttachmentInfo> info = manager_->Attach(PoolTarget{*p, nullptr}, *parsed);
     FUZZ_CHECK(info.ok(), info.status().ToString());
     attachment_ = info->id;
   }

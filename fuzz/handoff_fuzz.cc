@@ -90,8 +90,7 @@ class Harness {
     HostEngineOptions host;
     host.shm_dir = dir_;
     host.helper_threads = 0;
-    manager_ =
-        std::make_unique<TransferManager>(registry_.get(), std::make_unique<HostEngine>(host));
+    manager_ = std::make_unique<TransferManager>(std::make_unique<HostEngine>(host));
     source_ = TransferHandoffSource(manager_.get());
     for (std::string& s : sessions_) s = manager_->OpenSession("handoff-fuzz", 1, "in-process");
     MakePool("open", "");
@@ -156,7 +155,7 @@ class Harness {
     }
     request.layer_progress = f.progress;
     if (f.session >= 0) request.session_id = sessions_[static_cast<size_t>(f.session)];
-    absl::StatusOr<AttachmentInfo> info = manager_->Attach(f.pool, request);
+    absl::StatusOr<AttachmentInfo> info = manager_->Attach(PoolTarget{pool, nullptr}, request);
     FUZZ_CHECK(info.ok(), f.placeholder, ": ", info.status().ToString());
     return info->id;
   }

@@ -390,8 +390,7 @@ class Harness {
     host.helper_threads = 1;
     // Tiny layers are split over the helper too, so the split is fuzzed.
     host.min_split_bytes = 64;
-    manager_ =
-        std::make_unique<TransferManager>(registry_.get(), std::make_unique<HostEngine>(host));
+    manager_ = std::make_unique<TransferManager>(std::make_unique<HostEngine>(host));
     pool_service_ = std::make_unique<PoolServiceImpl>(registry_.get(), "host");
     transfer_service_ =
         std::make_unique<TransferServiceImpl>(manager_.get(), registry_.get(), kMaxIndices);

@@ -452,8 +452,7 @@ absl::StatusOr<Daemon::Backend> Daemon::StartTransfers(
       MakeEngine(options, std::move(region_inodes), &backend.name, &backend.detail);
   if (!engine.ok()) return engine.status();
   if (!options.metrics_listen.empty()) metrics_ = std::make_unique<KvhostMetrics>();
-  transfers_ =
-      std::make_unique<TransferManager>(registry_.get(), *std::move(engine), metrics_.get());
+  transfers_ = std::make_unique<TransferManager>(*std::move(engine), metrics_.get());
   if (options.worker_copy) {
     transfers_->EnableWorkerCopy();
     spdlog::info("worker copies on (--worker-copy){}",

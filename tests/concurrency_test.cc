@@ -68,6 +68,7 @@ class SpdlogOnMainThread : public ::testing::Environment {
     ::testing::AddGlobalTestEnvironment(new SpdlogOnMainThread);
 
 namespace fs = std::filesystem;
+using ::kvhost::testing::AttachByName;
 using ::kvhost::testing::RoomyRegistryOptions;
 using Code = absl::StatusCode;
 
@@ -466,8 +467,7 @@ class ManagerConcurrencyTest : public ::testing::Test {
     engine.shm_dir = dir_.path();
     engine.helper_threads = 2;
     engine.min_split_bytes = 64;  // split even these small layers over the helpers
-    manager_ =
-        std::make_unique<TransferManager>(registry_.get(), std::make_unique<HostEngine>(engine));
+    manager_ = std::make_unique<TransferManager>(std::make_unique<HostEngine>(engine));
     for (int w = 0; w < kWorkers; ++w) {
       devices_.push_back(
           DeviceFile::Create(absl::StrCat(dir_.path(), "/device", w), pool_->layout()));
@@ -514,7 +514,8 @@ TEST_F(ManagerConcurrencyTest, AttachSubmitDetachRace) {
       std::string att;
       for (int i = 0; i < kIterations; ++i) {
         if (att.empty()) {
-          absl::StatusOr<AttachmentInfo> info = manager_->Attach("kv", dev.Request());
+          absl::StatusOr<AttachmentInfo> info =
+              AttachByName(*manager_, *registry_, "kv", dev.Request());
           ASSERT_TRUE(info.ok()) << info.status();
           att = info->id;
         }
@@ -594,7 +595,8 @@ TEST_F(ManagerConcurrencyTest, AttachSubmitDetachRace) {
   std::thread attacher([&] {
     DeviceFile dev = DeviceFile::Create(dir_.path() + "/device-victim", pool_->layout());
     while (!stop) {
-      absl::StatusOr<AttachmentInfo> info = manager_->Attach("victim", dev.Request());
+      absl::StatusOr<AttachmentInfo> info =
+          AttachByName(*manager_, *registry_, "victim", dev.Request());
       if (!info.ok()) {
         const Code c = info.status().code();
         EXPECT_TRUE(c == Code::kNotFound || c == Code::kFailedPrecondition) << info.status();
@@ -643,7 +645,8 @@ TEST_F(ManagerConcurrencyTest, SessionsCloseWhileTransfersRun) {
         const Caller caller{{session}, std::nullopt};
         std::vector<std::string> atts;
         for (int a = 0; a < 2; ++a) {
-          absl::StatusOr<AttachmentInfo> info = manager_->Attach("kv", dev.Request(session));
+          absl::StatusOr<AttachmentInfo> info =
+              AttachByName(*manager_, *registry_, "kv", dev.Request(session));
           if (!info.ok()) {  // closed by the other thread meanwhile
             EXPECT_EQ(info.status().code(), Code::kNotFound) << info.status();
             continue;
@@ -687,7 +690,8 @@ TEST_F(ManagerConcurrencyTest, SessionsCloseWhileTransfersRun) {
               Code::kNotFound);
           EXPECT_EQ(manager_->Detach(caller, att).code(), Code::kNotFound);
         }
-        EXPECT_EQ(manager_->Attach("kv", dev.Request(session)).status().code(), Code::kNotFound);
+        EXPECT_EQ(AttachByName(*manager_, *registry_, "kv", dev.Request(session)).status().code(),
+                  Code::kNotFound);
         WaitAll(tickets);
         for (const auto& t : tickets) {
           const absl::Status s = t->Snapshot().status;

@@ -1,7 +1,7 @@
 // Helpers shared by the unit tests of the domain (pool, registry, pool
 // groups, populate, transfer, concurrency), which drive it without a daemon:
-// a status's message as a string for matchers, and a registry's options on a
-// host with room for every pool a test creates.
+// a status's message as a string for matchers, a registry's options on a
+// host with room for every pool a test creates, and AttachDevice's steps.
 //
 // Header only, for test binaries; the helpers keep no state.
 #ifndef KVHOST_TESTS_DOMAIN_TEST_UTIL_H_
@@ -31,6 +31,19 @@ inline RegistryOptions RoomyRegistryOptions(const std::string& shm_dir) {
     return s;
   };
   return o;
+}
+
+// AttachDevice's two steps without a daemon: `name` resolved and owner-checked
+// once (PoolRegistry::Resolve with `token`, null for none), then what it
+// resolved to attached (TransferManager::Attach; a template, so that tests
+// without a transfer manager need not link one).
+template <typename Manager, typename Request>
+auto AttachByName(Manager& manager, const PoolRegistry& registry, const std::string& name,
+                  const Request& request, const std::string* token = nullptr)
+    -> decltype(manager.Attach(PoolTarget{}, request)) {
+  absl::StatusOr<PoolTarget> target = registry.Resolve(name, token);
+  if (!target.ok()) return target.status();
+  return manager.Attach(*target, request);
 }
 
 }  // namespace kvhost::testing

@@ -316,6 +316,106 @@ TEST_F(RegistryTest, AbandonedCreationLeavesNothing) {
   EXPECT_EQ(reg.used_bytes(), (*again)->bytes());
 }
 
+// Owner checks resolve once (issue 29, finding 1): Resolve checks the token on
+// the object it returns, and a name still being created is resolved as what
+// it is, FAILED_PRECONDITION whatever the token, never a pass that a later
+// lookup could turn into the finished, protected pool.
+TEST_F(RegistryTest, ResolveRefusesAPoolStillBeingCreated) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  const std::string token = "victim-token", wrong = "attacker-token";
+  int asked = 0;
+  absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create(
+      "victim", MhaSpec(),
+      [&] {
+        // The creation's last question: its memory is ready, its name not yet a pool.
+        ++asked;
+        for (const std::string* t : {static_cast<const std::string*>(nullptr), &wrong, &token}) {
+          absl::StatusOr<PoolTarget> r = reg.Resolve("victim", t);
+          EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+          EXPECT_THAT(Msg(r.status()), HasSubstr("pool 'victim' is still being created"));
+        }
+        return false;
+      },
+      token);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_GT(asked, 0);
+  // Created: protected from then on.
+  absl::StatusOr<PoolTarget> none = reg.Resolve("victim", nullptr);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(Msg(none.status()), HasSubstr("pool 'victim' is owner-protected"));
+  EXPECT_EQ(reg.Resolve("victim", &wrong).status().code(), absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<PoolTarget> mine = reg.Resolve("victim", &token);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->pool, *p);
+  EXPECT_EQ(mine->group, nullptr);
+  // A name that is nothing is NOT_FOUND, never a pass.
+  absl::StatusOr<PoolTarget> absent = reg.Resolve("absent", nullptr);
+  EXPECT_EQ(absent.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(absent.status()), HasSubstr("'absent'"));
+}
+
+// What a call checked is what it acts on: a pool deleted and created again
+// under the same name (by its owner, with a token) after an unprotected one
+// was resolved is not the resolved object, and DeletePool's step
+// (Delete with the resolved pool) leaves it alone.
+TEST_F(RegistryTest, DeleteActsOnTheResolvedPoolOnly) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  ASSERT_TRUE(reg.Create("p", MhaSpec()).ok());
+  absl::StatusOr<PoolTarget> stale = reg.Resolve("p", nullptr);  // unprotected: passes
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  ASSERT_TRUE(reg.Delete("p").ok());
+  const std::string token = "owner-token";
+  absl::StatusOr<std::shared_ptr<Pool>> owned = reg.Create("p", MhaSpec(), {}, token);
+  ASSERT_TRUE(owned.ok()) << owned.status();
+  ASSERT_NE(stale->pool, *owned);
+  absl::StatusOr<uint64_t> deleted = reg.Delete("p", stale->pool.get());
+  EXPECT_EQ(deleted.status().code(), absl::StatusCode::kNotFound) << deleted.status();
+  absl::StatusOr<std::shared_ptr<Pool>> still = reg.Get("p");
+  ASSERT_TRUE(still.ok()) << still.status();
+  EXPECT_EQ(*still, *owned);
+  // Its own resolution deletes it.
+  absl::StatusOr<PoolTarget> mine = reg.Resolve("p", &token);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_TRUE(reg.Delete("p", mine->pool.get()).ok());
+}
+
+// A group's name resolves to the group and its anchor pool, checked on every
+// entry's pool; a group joins protected pools only with their token (checked
+// on the pools it joins, under the registry's lock); DeleteGroup with a
+// resolved group removes only that group.
+TEST_F(RegistryTest, GroupsResolveOnceAndCheckEveryEntry) {
+  PoolRegistry reg(Options(dir_.path(), &mem_));
+  const std::string token = "owner-token", wrong = "attacker-token";
+  absl::StatusOr<std::shared_ptr<Pool>> p = reg.Create("p", MhaSpec(), {}, token);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const std::vector<GroupEntrySpec> entries = {{"kv", "p", {}, true}};
+  for (const std::string* t : {static_cast<const std::string*>(nullptr), &wrong}) {
+    absl::StatusOr<std::shared_ptr<PoolGroup>> g =
+        reg.CreateGroup("g", MhaSpec().layer_num, entries, UINT64_MAX, t);
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kPermissionDenied) << g.status();
+    EXPECT_THAT(Msg(g.status()), HasSubstr("pool 'p' is owner-protected"));
+    EXPECT_EQ((*p)->group(), "");
+    EXPECT_TRUE(reg.ListGroups().empty());
+  }
+  absl::StatusOr<std::shared_ptr<PoolGroup>> g =
+      reg.CreateGroup("g", MhaSpec().layer_num, entries, UINT64_MAX, &token);
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<PoolTarget> refused = reg.Resolve("g", &wrong);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(Msg(refused.status()), HasSubstr("entry 'kv' of group 'g'"));
+  absl::StatusOr<PoolTarget> stale = reg.Resolve("g", &token);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  EXPECT_EQ(stale->group, *g);
+  EXPECT_EQ(stale->pool, *p);
+  ASSERT_TRUE(reg.DeleteGroup("g").ok());
+  absl::StatusOr<std::shared_ptr<PoolGroup>> again =
+      reg.CreateGroup("g", MhaSpec().layer_num, entries, UINT64_MAX, &token);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(reg.DeleteGroup("g", stale->group.get()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reg.ListGroups().size(), 1u);
+  EXPECT_TRUE(reg.DeleteGroup("g", again->get()).ok());
+}
+
 TEST_F(RegistryTest, RegionFilesGoWithTheRegistry) {
   std::string path;
   {
@@ -512,10 +612,9 @@ TEST_F(KindRegistryTest, FollowerIsProtectedByTheFollowedPoolsToken) {
   EXPECT_THAT(Msg(none), HasSubstr("'anchor'"));
   EXPECT_EQ(CheckPoolOwner(**idx, &wrong).code(), absl::StatusCode::kPermissionDenied);
   EXPECT_TRUE(CheckPoolOwner(**idx, &token).ok());
-  const std::vector<std::string> names = {"idx"};
-  EXPECT_EQ(reg.CheckOwner(names, nullptr).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(reg.CheckOwner(names, &wrong).code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_TRUE(reg.CheckOwner(names, &token).ok());
+  EXPECT_EQ(reg.Resolve("idx", nullptr).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(reg.Resolve("idx", &wrong).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(reg.Resolve("idx", &token).ok());
   // Its own owner_token may only be the followed pool's.
   absl::StatusOr<std::shared_ptr<Pool>> same =
       reg.Create("same", KindSpec(PoolKind::kKOnly), {}, token, &token);

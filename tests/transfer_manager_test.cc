@@ -45,6 +45,7 @@ namespace kvhost {
 
 namespace {
 
+using ::kvhost::testing::AttachByName;
 using ::kvhost::testing::EngineFixture;
 using ::kvhost::testing::Msg;
 using ::kvhost::testing::RandomBytes;
@@ -63,10 +64,9 @@ class ManagerTest : public EngineFixture {
     absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Create("llama", spec_);
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = *pool;  // the registry's pool; the device file matches its layout
-    manager_ =
-        std::make_unique<TransferManager>(registry_.get(), std::make_unique<HostEngine>(Options()));
+    manager_ = std::make_unique<TransferManager>(std::make_unique<HostEngine>(Options()));
     absl::StatusOr<AttachmentInfo> att =
-        manager_->Attach("llama", dev_.Request(pool_->layout().planes));
+        AttachByName(*manager_, *registry_, "llama", dev_.Request(pool_->layout().planes));
     ASSERT_TRUE(att.ok()) << att.status();
     att_ = att->id;
   }
@@ -258,11 +258,14 @@ TEST_F(ManagerTest, AttachmentsHoldThePool) {
   // A malformed attach takes no attachment.
   AttachRequest bad = dev_.Request(pool_->layout().planes);
   bad.v_layers.pop_back();
-  EXPECT_EQ(manager_->Attach("llama", bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AttachByName(*manager_, *registry_, "llama", bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
   bad = dev_.Request(pool_->layout().planes);
   bad.k_layers[0].shm_path = "/etc/hostname";
-  EXPECT_EQ(manager_->Attach("llama", bad).status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(manager_->Attach("nope", dev_.Request(2)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(AttachByName(*manager_, *registry_, "llama", bad).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(AttachByName(*manager_, *registry_, "nope", dev_.Request(2)).status().code(),
+            absl::StatusCode::kNotFound);
   EXPECT_EQ(pool_->attachments(), 1u);
 
   ASSERT_TRUE(manager_->Detach({}, att_).ok());
@@ -305,7 +308,7 @@ class LayerProgressManagerTest : public ManagerTest {
     AttachRequest request = dev_.Request(pool_->layout().planes);
     request.layer_progress = true;
     request.load_event_sets = 2;
-    absl::StatusOr<AttachmentInfo> att = manager_->Attach("llama", request);
+    absl::StatusOr<AttachmentInfo> att = AttachByName(*manager_, *registry_, "llama", request);
     ASSERT_TRUE(att.ok()) << att.status();
     EXPECT_TRUE(att->layer_progress);
     EXPECT_EQ(att->load_event_sets, 2u);  // the counters' (the host engine has no events)
@@ -421,7 +424,7 @@ class OwnershipTest : public ManagerTest {
     theirs_ = manager_->OpenSession("theirs", 2, "test");
     AttachRequest req = dev_.Request(pool_->layout().planes);
     req.session_id = mine_;
-    absl::StatusOr<AttachmentInfo> att = manager_->Attach("llama", req);
+    absl::StatusOr<AttachmentInfo> att = AttachByName(*manager_, *registry_, "llama", req);
     ASSERT_TRUE(att.ok()) << att.status();
     EXPECT_EQ(att->session_id, mine_);
     in_session_ = att->id;
@@ -495,10 +498,12 @@ TEST_F(OwnershipTest, AnAttachmentWithoutSessionServesWhoeverHoldsItsId) {
 TEST_F(OwnershipTest, TheOwnerTokenOfAProtectedPoolOpensItsSessionsAttachments) {
   absl::StatusOr<std::shared_ptr<Pool>> owned = registry_->Create("owned", spec_, {}, "tok");
   ASSERT_TRUE(owned.ok()) << owned.status();
+  const std::string kOwnedToken = "tok";
   ASSERT_TRUE((*owned)->AllocPages(4).ok());
   AttachRequest req = dev_.Request(pool_->layout().planes);
   req.session_id = mine_;
-  absl::StatusOr<AttachmentInfo> att = manager_->Attach("owned", req);
+  absl::StatusOr<AttachmentInfo> att =
+      AttachByName(*manager_, *registry_, "owned", req, &kOwnedToken);
   ASSERT_TRUE(att.ok()) << att.status();
   const Caller holder{{}, std::string("tok")};
   const Caller wrong{{theirs_}, std::string("tok2")};
@@ -542,9 +547,9 @@ TEST_F(OwnershipTest, TicketIdsAreRandomAndNameNothingInAnotherInstance) {
   EXPECT_EQ(std::unique(sorted.begin(), sorted.end()), sorted.end());
   // A new manager (a restarted daemon) on the same pools knows none of them
   // and hands out other ids.
-  TransferManager restarted(registry_.get(), std::make_unique<HostEngine>(Options()));
+  TransferManager restarted(std::make_unique<HostEngine>(Options()));
   absl::StatusOr<AttachmentInfo> att =
-      restarted.Attach("llama", dev_.Request(pool_->layout().planes));
+      AttachByName(restarted, *registry_, "llama", dev_.Request(pool_->layout().planes));
   ASSERT_TRUE(att.ok()) << att.status();
   for (int i = 0; i < 500; ++i)
     ASSERT_TRUE(restarted.Submit({}, att->id, Direction::kLoad, {}, {}).ok());
@@ -785,7 +790,7 @@ class KindFixture {
     e.shm_dir = dir_.path();
     e.helper_threads = 2;
     e.min_split_bytes = 64;  // split layers over threads, cutting inside runs
-    manager_ = std::make_unique<TransferManager>(registry_.get(), std::make_unique<HostEngine>(e));
+    manager_ = std::make_unique<TransferManager>(std::make_unique<HostEngine>(e));
   }
   ~KindFixture() {
     manager_.reset();
@@ -920,7 +925,7 @@ TEST_P(KindTransferTest, BackupThenLoadIsByteExact) {
       DevicePool::Create(f.dir_.path() + "/device", pool, device_tokens, attached);
   ASSERT_NE(dev, nullptr);
   absl::StatusOr<AttachmentInfo> att =
-      f.manager_->Attach("p", dev->Request(kc.att_start, kc.att_end));
+      AttachByName(*f.manager_, *f.registry_, "p", dev->Request(kc.att_start, kc.att_end));
   ASSERT_TRUE(att.ok()) << att.status();
   EXPECT_EQ(att->start_layer, att_start);
   EXPECT_EQ(att->end_layer, att_end);
@@ -1072,7 +1077,7 @@ TEST_F(PageRowTest, AttachErrorsTakeNoAttachment) {
   for (const Bad& b : cases) {
     AttachRequest req = dev_->Request();
     b.edit(req);
-    absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("p", req);
+    absl::StatusOr<AttachmentInfo> att = AttachByName(*f_.manager_, *f_.registry_, "p", req);
     EXPECT_EQ(att.status().code(), absl::StatusCode::kInvalidArgument)
         << b.what << ": " << att.status();
     EXPECT_THAT(Msg(att.status()), HasSubstr(b.needle1)) << b.what;
@@ -1080,12 +1085,13 @@ TEST_F(PageRowTest, AttachErrorsTakeNoAttachment) {
   }
   EXPECT_EQ(pool_->attachments(), 0u);
   EXPECT_TRUE(f_.manager_->ListAttachments().empty());
-  EXPECT_TRUE(f_.manager_->Attach("p", dev_->Request()).ok());
+  EXPECT_TRUE(AttachByName(*f_.manager_, *f_.registry_, "p", dev_->Request()).ok());
   EXPECT_EQ(pool_->attachments(), 1u);
 }
 
 TEST_F(PageRowTest, PartialPagesAreRefusedAndChangeNothing) {
-  absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("p", dev_->Request());
+  absl::StatusOr<AttachmentInfo> att =
+      AttachByName(*f_.manager_, *f_.registry_, "p", dev_->Request());
   ASSERT_TRUE(att.ok()) << att.status();
   // The follower has no allocator; pages 0..3 (slots 0..15) in the MLA pool.
   EXPECT_EQ(pool_->AllocPages(4).status().code(), absl::StatusCode::kFailedPrecondition);
@@ -1171,7 +1177,7 @@ TEST(FollowerTest, KOnlyTransfersSlotsAllocatedInTheMhaPool) {
   AttachRequest req = dev->Request();
   req.k_layers = req.named[0].layers;
   req.named.clear();
-  absl::StatusOr<AttachmentInfo> att = f.manager_->Attach("p", req);
+  absl::StatusOr<AttachmentInfo> att = AttachByName(*f.manager_, *f.registry_, "p", req);
   ASSERT_TRUE(att.ok()) << att.status();
   EXPECT_EQ((*p)->AllocPages(3).status().code(), absl::StatusCode::kFailedPrecondition);
   absl::StatusOr<std::shared_ptr<Ticket>> t =
@@ -1206,8 +1212,8 @@ TEST(TpRankTest, ReplicatedKindsShareOtherKindsRefuseASecondRank) {
   AttachRequest r1 = d1->Request();
   r1.tp_rank = 1;
   r1.load_only = true;
-  absl::StatusOr<AttachmentInfo> a0 = f.manager_->Attach("p", r0);
-  absl::StatusOr<AttachmentInfo> a1 = f.manager_->Attach("p", r1);
+  absl::StatusOr<AttachmentInfo> a0 = AttachByName(*f.manager_, *f.registry_, "p", r0);
+  absl::StatusOr<AttachmentInfo> a1 = AttachByName(*f.manager_, *f.registry_, "p", r1);
   ASSERT_TRUE(a0.ok()) << a0.status();
   ASSERT_TRUE(a1.ok()) << a1.status();
   EXPECT_EQ(a1->tp_rank, std::optional<uint32_t>(1));
@@ -1241,11 +1247,12 @@ TEST(TpRankTest, ReplicatedKindsShareOtherKindsRefuseASecondRank) {
   m0.tp_rank = 0;
   AttachRequest m1 = dm->Request();
   m1.tp_rank = 1;
-  ASSERT_TRUE(f.manager_->Attach("m", m0).ok());
-  absl::StatusOr<AttachmentInfo> second = f.manager_->Attach("m", m1);
+  ASSERT_TRUE(AttachByName(*f.manager_, *f.registry_, "m", m0).ok());
+  absl::StatusOr<AttachmentInfo> second = AttachByName(*f.manager_, *f.registry_, "m", m1);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();
   EXPECT_EQ((*mha)->attachments(), 1u);
-  EXPECT_TRUE(f.manager_->Attach("m", m0).ok());  // the same rank again is fine
+  EXPECT_TRUE(
+      AttachByName(*f.manager_, *f.registry_, "m", m0).ok());  // the same rank again is fine
   EXPECT_EQ((*mha)->attachments(), 2u);
 }
 
@@ -1257,12 +1264,12 @@ TEST(LogicalTest, TakesNoBuffersAndFinishesWithNoBytes) {
   AttachRequest req;
   req.device_size_tokens = 16;
   req.k_layers.push_back({DeviceBufferRef::Kind::kShm, "x", "", "", 0});
-  absl::StatusOr<AttachmentInfo> bad = f.manager_->Attach("p", req);
+  absl::StatusOr<AttachmentInfo> bad = AttachByName(*f.manager_, *f.registry_, "p", req);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
   EXPECT_THAT(Msg(bad.status()), HasSubstr("LOGICAL"));
   EXPECT_EQ((*p)->attachments(), 0u);
   req.k_layers.clear();
-  absl::StatusOr<AttachmentInfo> att = f.manager_->Attach("p", req);
+  absl::StatusOr<AttachmentInfo> att = AttachByName(*f.manager_, *f.registry_, "p", req);
   ASSERT_TRUE(att.ok()) << att.status();
   // Validated like any other: unallocated slots and bad ranges are refused.
   EXPECT_EQ(f.manager_->Submit({}, att->id, Direction::kBackup, {0}, {0}).status().code(),
@@ -1294,11 +1301,11 @@ TEST(ComponentSpellingTest, KLayersAndNamedComponentsMix) {
   AttachRequest req = dev->Request();
   req.k_layers = req.named[0].layers;
   req.named.erase(req.named.begin());
-  ASSERT_TRUE(f.manager_->Attach("p", req).ok());
+  ASSERT_TRUE(AttachByName(*f.manager_, *f.registry_, "p", req).ok());
   // Both spellings for the latent: refused, naming both.
   AttachRequest twice = dev->Request();
   twice.k_layers = twice.named[0].layers;
-  absl::StatusOr<AttachmentInfo> bad = f.manager_->Attach("p", twice);
+  absl::StatusOr<AttachmentInfo> bad = AttachByName(*f.manager_, *f.registry_, "p", twice);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(bad.status()), HasSubstr("k_layers"));
   EXPECT_THAT(Msg(bad.status()), HasSubstr("components[0]"));
@@ -1306,7 +1313,8 @@ TEST(ComponentSpellingTest, KLayersAndNamedComponentsMix) {
   AttachRequest v = req;
   v.v_layers = v.named[0].layers;
   v.named.clear();
-  EXPECT_EQ(f.manager_->Attach("p", v).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AttachByName(*f.manager_, *f.registry_, "p", v).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*p)->attachments(), 1u);
 }
 
@@ -1451,7 +1459,7 @@ TEST_F(GroupTest, LayerProgressCountsModelLayers) {
   AttachRequest request = GroupRequest(kv_, ssm_);
   request.layer_progress = true;
   request.load_event_sets = 3;
-  absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", request);
+  absl::StatusOr<AttachmentInfo> att = AttachByName(*f_.manager_, *f_.registry_, "hybrid", request);
   ASSERT_TRUE(att.ok()) << att.status();
   EXPECT_TRUE(att->layer_progress);
   EXPECT_EQ(att->load_event_sets, 3u);
@@ -1479,7 +1487,8 @@ TEST_F(GroupTest, LayerProgressCountsModelLayers) {
 }
 
 TEST_F(GroupTest, BackupThenLoadFollowTheLayerMaps) {
-  absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", GroupRequest(kv_, ssm_));
+  absl::StatusOr<AttachmentInfo> att =
+      AttachByName(*f_.manager_, *f_.registry_, "hybrid", GroupRequest(kv_, ssm_));
   ASSERT_TRUE(att.ok()) << att.status();
   EXPECT_EQ(att->group, "hybrid");
   EXPECT_EQ(att->pool, "attn");  // the anchor
@@ -1564,7 +1573,8 @@ TEST_F(GroupTest, BackupThenLoadFollowTheLayerMaps) {
 }
 
 TEST_F(GroupTest, RefusedTransfersLeaveNoTicketAndChangeNothing) {
-  absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", GroupRequest(kv_, ssm_));
+  absl::StatusOr<AttachmentInfo> att =
+      AttachByName(*f_.manager_, *f_.registry_, "hybrid", GroupRequest(kv_, ssm_));
   ASSERT_TRUE(att.ok()) << att.status();
   const std::vector<int64_t> kv_host = Alloc(*kv_.pool, 3);
   const std::vector<int64_t> ssm_host = Alloc(*ssm_.pool, 2);
@@ -1632,7 +1642,8 @@ TEST_F(GroupTest, RefusedTransfersLeaveNoTicketAndChangeNothing) {
   std::unique_ptr<DevicePool> plain =
       DevicePool::Create(f_.dir_.path() + "/plain", *kv_.pool, 12, 3);
   ASSERT_NE(plain, nullptr);
-  absl::StatusOr<AttachmentInfo> plain_att = f_.manager_->Attach("attn", plain->Request());
+  absl::StatusOr<AttachmentInfo> plain_att =
+      AttachByName(*f_.manager_, *f_.registry_, "attn", plain->Request());
   ASSERT_TRUE(plain_att.ok()) << plain_att.status();
   EXPECT_TRUE(plain_att->group.empty());
   absl::StatusOr<std::shared_ptr<Ticket>> t = f_.manager_->Submit(
@@ -1684,18 +1695,20 @@ TEST_F(GroupTest, AttachErrorsHoldNothing) {
   for (const Bad& b : cases) {
     AttachRequest req = GroupRequest(kv_, ssm_);
     b.edit(req);
-    absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", req);
+    absl::StatusOr<AttachmentInfo> att = AttachByName(*f_.manager_, *f_.registry_, "hybrid", req);
     EXPECT_EQ(att.status().code(), absl::StatusCode::kInvalidArgument)
         << b.what << ": " << att.status();
     EXPECT_THAT(Msg(att.status()), HasSubstr(b.needle1)) << b.what;
     EXPECT_THAT(Msg(att.status()), HasSubstr(b.needle2)) << b.what;
   }
   // Entries on a plain pool's name.
-  absl::StatusOr<AttachmentInfo> plain = f_.manager_->Attach("attn", GroupRequest(kv_, ssm_));
+  absl::StatusOr<AttachmentInfo> plain =
+      AttachByName(*f_.manager_, *f_.registry_, "attn", GroupRequest(kv_, ssm_));
   EXPECT_EQ(plain.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(plain.status()), HasSubstr("not a pool group"));
-  EXPECT_EQ(f_.manager_->Attach("nope", GroupRequest(kv_, ssm_)).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      AttachByName(*f_.manager_, *f_.registry_, "nope", GroupRequest(kv_, ssm_)).status().code(),
+      absl::StatusCode::kNotFound);
   EXPECT_EQ(group_->attachments(), 0u);
   EXPECT_EQ(kv_.pool->attachments(), 0u);
   EXPECT_EQ(ssm_.pool->attachments(), 0u);
@@ -1706,13 +1719,14 @@ TEST_F(GroupTest, AttachErrorsHoldNothing) {
       DevicePool::Create(f_.dir_.path() + "/wide", *kv_.pool, 12, 5);
   ASSERT_NE(wider, nullptr);
   wide.entries[0].request = wider->Request(0, 5);
-  EXPECT_TRUE(f_.manager_->Attach("hybrid", wide).ok());
+  EXPECT_TRUE(AttachByName(*f_.manager_, *f_.registry_, "hybrid", wide).ok());
 }
 
 TEST_F(GroupTest, DeletesRefusedWhileGroupedOrAttached) {
   EXPECT_EQ(f_.registry_->Delete("attn").status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(f_.registry_->Delete("ssm").status().code(), absl::StatusCode::kFailedPrecondition);
-  absl::StatusOr<AttachmentInfo> att = f_.manager_->Attach("hybrid", GroupRequest(kv_, ssm_));
+  absl::StatusOr<AttachmentInfo> att =
+      AttachByName(*f_.manager_, *f_.registry_, "hybrid", GroupRequest(kv_, ssm_));
   ASSERT_TRUE(att.ok()) << att.status();
   absl::Status del = f_.registry_->DeleteGroup("hybrid");
   EXPECT_EQ(del.code(), absl::StatusCode::kFailedPrecondition) << del;
@@ -1755,7 +1769,7 @@ TEST(GroupPageRowTest, WholePagesFollowTheMapAndPartialPagesChangeNothing) {
   AttachRequest req;
   req.entries.push_back({"paged", b.dev->Request()});
   req.entries.push_back({"latent", a.dev->Request()});  // any order
-  absl::StatusOr<AttachmentInfo> att = f.manager_->Attach("mixed", req);
+  absl::StatusOr<AttachmentInfo> att = AttachByName(*f.manager_, *f.registry_, "mixed", req);
   ASSERT_TRUE(att.ok()) << att.status();
   EXPECT_EQ(att->pool, "v4");
   EXPECT_EQ(att->end_layer, 3u);

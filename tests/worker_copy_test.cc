@@ -35,6 +35,7 @@ namespace kvhost {
 namespace {
 
 using ::kvhost::testing::AllShapes;
+using ::kvhost::testing::AttachByName;
 using ::kvhost::testing::DeviceFile;
 using ::kvhost::testing::Msg;
 using ::kvhost::testing::NaiveCopy;
@@ -127,14 +128,13 @@ struct Harness {
     ASSERT_NE(dev_.region, nullptr);
     HostEngineOptions options;
     options.shm_dir = dir_.path();
-    manager_ = std::make_unique<TransferManager>(registry_.get(),
-                                                 std::make_unique<CudaNamedEngine>(options));
+    manager_ = std::make_unique<TransferManager>(std::make_unique<CudaNamedEngine>(options));
     if (enable) manager_->EnableWorkerCopy();
     session_ = manager_->OpenSession("worker", 1, "test");
     owner_ = Caller{{session_}, std::nullopt};
     AttachRequest request = dev_.Request(pool_->layout().planes);
     request.session_id = session_;
-    absl::StatusOr<AttachmentInfo> att = manager_->Attach("p", request);
+    absl::StatusOr<AttachmentInfo> att = AttachByName(*manager_, *registry_, "p", request);
     ASSERT_TRUE(att.ok()) << att.status();
     att_ = att->id;
   }
@@ -329,7 +329,7 @@ TEST_F(WorkerTicketTest, OffOrOnTheHostEngineItIsRefused) {
   auto registry = std::make_unique<PoolRegistry>(RoomyRegistryOptions(dir_.path()));
   HostEngineOptions options;
   options.shm_dir = dir_.path();
-  TransferManager host(registry.get(), std::make_unique<HostEngine>(options));
+  TransferManager host(std::make_unique<HostEngine>(options));
   host.EnableWorkerCopy();
   s = host.SubmitWorkerCopy({}, "att-1-00", Direction::kLoad, std::vector<int64_t>{0},
                             std::vector<int64_t>{0}, kNoLimit)
@@ -414,7 +414,7 @@ TEST_F(WorkerTicketTest, AClosedSessionFailsItsWorkerCopiesAndServingGoesOn) {
   const std::string next = manager_->OpenSession("next", 2, "test");
   AttachRequest request = dev_.Request(2);
   request.session_id = next;
-  absl::StatusOr<AttachmentInfo> att = manager_->Attach("p", request);
+  absl::StatusOr<AttachmentInfo> att = AttachByName(*manager_, *registry_, "p", request);
   ASSERT_TRUE(att.ok()) << att.status();
   const Caller caller{{next}, std::nullopt};
   absl::StatusOr<WorkerCopyTicket> again =
@@ -431,7 +431,7 @@ TEST_F(WorkerTicketTest, DetachAndDrainFailWhatIsLeft) {
   EXPECT_EQ(Settled(first->ticket).status.code(), absl::StatusCode::kCancelled);
   AttachRequest request = dev_.Request(2);
   request.session_id = session_;
-  absl::StatusOr<AttachmentInfo> att = manager_->Attach("p", request);
+  absl::StatusOr<AttachmentInfo> att = AttachByName(*manager_, *registry_, "p", request);
   ASSERT_TRUE(att.ok()) << att.status();
   att_ = att->id;
   absl::StatusOr<WorkerCopyTicket> second = Copy(Direction::kLoad, {0}, {0});

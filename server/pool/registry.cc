@@ -447,13 +447,18 @@ std::vector<std::shared_ptr<Pool>> PoolRegistry::List() const {
   return out;
 }
 
-absl::StatusOr<uint64_t> PoolRegistry::Delete(const std::string& name) {
+absl::StatusOr<uint64_t> PoolRegistry::Delete(const std::string& name, const Pool* resolved) {
   // Dropped after the lock; its deleter hands the unmapping to the releaser.
   std::shared_ptr<Pool> deleted;
   uint64_t bytes = 0;
   {
     absl::MutexLock lock(&mu_);
     auto it = pools_.find(name);
+    if (it != pools_.end() && resolved != nullptr && it->second.get() != resolved) {
+      // Deleted and created again since the caller resolved it: not the pool
+      // its owner check opened.
+      return absl::NotFoundError(absl::StrCat("pool '", name, "' not found (deleted meanwhile)"));
+    }
     if (it == pools_.end()) {
       if (auto c = creating_.find(name); c != creating_.end()) {
         return absl::FailedPreconditionError(
@@ -509,7 +514,7 @@ absl::StatusOr<TransientReservation> PoolRegistry::ReserveTransient(uint64_t byt
 
 absl::StatusOr<std::shared_ptr<PoolGroup>> PoolRegistry::CreateGroup(
     const std::string& name, uint32_t layer_num, const std::vector<GroupEntrySpec>& entries,
-    uint64_t max_layer_map_values) {
+    uint64_t max_layer_map_values, const std::string* token) {
   // Both before the lock: CheckShape caps layer_num (kMaxLayers), and a group
   // whose replies could not be sent is never registered (GetPoolGroup and
   // ListPoolGroups would fail for everyone).
@@ -543,6 +548,12 @@ absl::StatusOr<std::shared_ptr<PoolGroup>> PoolRegistry::CreateGroup(
       return absl::NotFoundError(absl::StrCat("group '", name, "': entries[", i, "] '",
                                               entries[i].name, "': pool '", entries[i].pool,
                                               "' not found"));
+    }
+    // The caller's token, checked on the pool that joins (a name checked
+    // before the lock could name another pool by now).
+    if (absl::Status s = CheckPoolOwner(*it->second, token); !s.ok()) {
+      return absl::PermissionDeniedError(absl::StrCat("group '", name, "': entries[", i, "] '",
+                                                      entries[i].name, "': ", s.message()));
     }
     const std::string in_group = it->second->group();
     if (!in_group.empty()) {
@@ -584,10 +595,10 @@ std::vector<std::shared_ptr<PoolGroup>> PoolRegistry::ListGroups() const {
   return out;
 }
 
-absl::Status PoolRegistry::DeleteGroup(const std::string& name) {
+absl::Status PoolRegistry::DeleteGroup(const std::string& name, const PoolGroup* resolved) {
   absl::MutexLock lock(&mu_);
   auto it = groups_.find(name);
-  if (it == groups_.end()) {
+  if (it == groups_.end() || (resolved != nullptr && it->second.get() != resolved)) {
     return absl::NotFoundError(absl::StrCat("group '", name, "' not found"));
   }
   if (absl::Status s = it->second->TryRetire(); !s.ok()) return s;
@@ -596,28 +607,44 @@ absl::Status PoolRegistry::DeleteGroup(const std::string& name) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::GetPoolOrAnchor(const std::string& name) const {
-  absl::MutexLock lock(&mu_);
-  if (auto it = pools_.find(name); it != pools_.end()) return it->second;
-  if (auto it = groups_.find(name); it != groups_.end()) return it->second->anchor().pool;
+absl::StatusOr<PoolTarget> PoolRegistry::FindLocked(const std::string& name) const {
+  if (auto it = pools_.find(name); it != pools_.end()) return PoolTarget{it->second, nullptr};
+  if (auto it = groups_.find(name); it != groups_.end()) {
+    return PoolTarget{it->second->anchor().pool, it->second};
+  }
   if (auto c = creating_.find(name); c != creating_.end()) return StillCreating(name, *c->second);
   return absl::NotFoundError(
       absl::StrCat("pool '", name, "' not found (no pool or group has that name)"));
 }
 
-absl::Status PoolRegistry::CheckOwner(absl::Span<const std::string> names,
-                                      const std::string* token) const {
+absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::GetPoolOrAnchor(const std::string& name) const {
   absl::MutexLock lock(&mu_);
-  for (const std::string& name : names) {
-    if (auto it = pools_.find(name); it != pools_.end()) {
-      if (absl::Status s = CheckPoolOwner(*it->second, token); !s.ok()) return s;
-    } else if (auto g = groups_.find(name); g != groups_.end()) {
-      for (const GroupEntry& e : g->second->entries()) {
-        if (absl::Status s = CheckPoolOwner(*e.pool, token); !s.ok()) {
-          return absl::PermissionDeniedError(
-              absl::StrCat(s.message(), " (entry '", e.name, "' of group '", name, "')"));
-        }
-      }
+  absl::StatusOr<PoolTarget> found = FindLocked(name);
+  if (!found.ok()) return found.status();
+  return found->pool;
+}
+
+absl::StatusOr<PoolTarget> PoolRegistry::Resolve(const std::string& name,
+                                                 const std::string* token) const {
+  absl::StatusOr<PoolTarget> found;
+  {
+    absl::MutexLock lock(&mu_);
+    found = FindLocked(name);
+  }
+  if (!found.ok()) return found.status();
+  // On the objects found, not the name: a pool's token is set before it is
+  // registered and never changes, and a group's entries are fixed.
+  absl::Status owner =
+      found->group ? CheckGroupOwner(*found->group, token) : CheckPoolOwner(*found->pool, token);
+  if (!owner.ok()) return owner;
+  return found;
+}
+
+absl::Status CheckGroupOwner(const PoolGroup& group, const std::string* token) {
+  for (const GroupEntry& e : group.entries()) {
+    if (absl::Status s = CheckPoolOwner(*e.pool, token); !s.ok()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(s.message(), " (entry '", e.name, "' of group '", group.name(), "')"));
     }
   }
   return absl::OkStatus();

@@ -118,6 +118,14 @@ struct CreatingPool {
   uint64_t populated_bytes = 0;
 };
 
+// What a name resolves to (PoolRegistry::Resolve): a pool, or a pool group
+// and its anchor pool. The calls that act on a pool (Alloc, Free, the page
+// calls) act on `pool`; AttachDevice attaches the group when there is one.
+struct PoolTarget {
+  std::shared_ptr<Pool> pool;        // the pool; a group's anchor entry's pool
+  std::shared_ptr<PoolGroup> group;  // null for a pool's name
+};
+
 class PoolRegistry {
  public:
   explicit PoolRegistry(RegistryOptions options);
@@ -135,7 +143,7 @@ class PoolRegistry {
   // returned, so a caller whose deadline passed is not left with a pool it was
   // told does not exist.
   // `owner_token` (at most kMaxOwnerTokenBytes, ValidateOwnerToken, else
-  // INVALID_ARGUMENT) protects the pool: see CheckOwner. A follower of a
+  // INVALID_ARGUMENT) protects the pool: see Resolve. A follower of a
   // protected pool needs the followed pool's token as `follows_token`
   // (PERMISSION_DENIED) and is protected by that token from then on
   // (Pool::token_owner); its own `owner_token` must be empty or that token
@@ -172,8 +180,10 @@ class PoolRegistry {
   // Removes the pool; its memory goes when the last user drops it, and until
   // then its bytes are releasing_bytes() (still counted against
   // --memory-limit). Returns its bytes. NOT_FOUND, or FAILED_PRECONDITION
-  // while it has attachments or followers or is in a group.
-  absl::StatusOr<uint64_t> Delete(const std::string& name);
+  // while it has attachments or followers or is in a group. `resolved`, if
+  // given, is the pool the caller resolved and checked (Resolve): only that
+  // object is removed, and a different pool under the name now is NOT_FOUND.
+  absl::StatusOr<uint64_t> Delete(const std::string& name, const Pool* resolved = nullptr);
 
   // Pool groups (server/pool/pool_group.h). Groups share the pools' name
   // space. CreateGroup: INVALID_ARGUMENT, NOT_FOUND (an entry's pool),
@@ -181,27 +191,36 @@ class PoolRegistry {
   // RESOURCE_EXHAUSTED when the group's layer maps (layer_num per entry,
   // PoolGroup::LayerMapValues) exceed `max_layer_map_values`, the most its
   // replies can carry. Checked before the registry lock is taken; a failed
-  // call leaves no group. DeleteGroup: NOT_FOUND, FAILED_PRECONDITION while attached. Delete of a
-  // pool in a group is FAILED_PRECONDITION naming the group.
-  absl::StatusOr<std::shared_ptr<PoolGroup>> CreateGroup(
-      const std::string& name, uint32_t layer_num, const std::vector<GroupEntrySpec>& entries,
-      uint64_t max_layer_map_values = UINT64_MAX);
+  // call leaves no group. `token` (the caller's kvhost-token, null for none)
+  // must open every entry's pool (CheckPoolOwner, PERMISSION_DENIED naming
+  // the entry), checked on the pools resolved under the lock that joins them.
+  // DeleteGroup: NOT_FOUND, FAILED_PRECONDITION while attached; `resolved`,
+  // if given, as Delete's. Delete of a pool in a group is
+  // FAILED_PRECONDITION naming the group.
+  absl::StatusOr<std::shared_ptr<PoolGroup>> CreateGroup(const std::string& name,
+                                                         uint32_t layer_num,
+                                                         const std::vector<GroupEntrySpec>& entries,
+                                                         uint64_t max_layer_map_values = UINT64_MAX,
+                                                         const std::string* token = nullptr);
   absl::StatusOr<std::shared_ptr<PoolGroup>> GetGroup(const std::string& name) const;
   std::vector<std::shared_ptr<PoolGroup>> ListGroups() const;
-  absl::Status DeleteGroup(const std::string& name);
-  // The pool named `name`, or the anchor pool of the group named `name`
-  // (what Alloc, Free, GetPageBufferMeta and the page RPCs act on).
-  // FAILED_PRECONDITION while the pool is being created.
+  absl::Status DeleteGroup(const std::string& name, const PoolGroup* resolved = nullptr);
+  // The pool named `name`, or the anchor pool of the group named `name`, for
+  // the calls that check no owner (GetPageShape, IsStridePageAligned).
+  // FAILED_PRECONDITION while the pool is being created; NOT_FOUND.
   absl::StatusOr<std::shared_ptr<Pool>> GetPoolOrAnchor(const std::string& name) const;
 
-  // The owner check of a call that changes or reads the data of the pools
-  // `names` (pool names, or group names standing for every entry's pool):
+  // The owner check of every call that changes or reads a pool's data: the
+  // name resolved once, and `token` (the call's kvhost-token, null when it
+  // carried none) checked on the very object returned, which the call then
+  // uses instead of the name. So a pool that appears under the name after
+  // this (one still being created, or deleted and created again) is never
+  // acted on without its own token. A group's name checks every entry's
+  // pool: one token per call, matching every protected pool touched.
   // PERMISSION_DENIED naming the first protected pool the token does not
-  // open. `token` is the call's kvhost-token metadata, null when it carried
-  // none. One token per call: it must match every protected pool touched.
-  // Names that are neither a pool nor a group pass (the call itself then
-  // reports NOT_FOUND).
-  absl::Status CheckOwner(absl::Span<const std::string> names, const std::string* token) const;
+  // open; FAILED_PRECONDITION while a pool of that name is being created
+  // (StillCreating: resolved as what it is, never a pass); NOT_FOUND.
+  absl::StatusOr<PoolTarget> Resolve(const std::string& name, const std::string* token) const;
 
   uint64_t used_bytes() const;
   // Bytes of deleted pools still mapped (see Delete).
@@ -253,6 +272,9 @@ class PoolRegistry {
   uint64_t creating_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // FAILED_PRECONDITION "pool 'x' is still being created (n of m bytes)".
   static absl::Status StillCreating(const std::string& name, const Creation& c);
+  // What `name` names now (Resolve and GetPoolOrAnchor, without a check).
+  absl::StatusOr<PoolTarget> FindLocked(const std::string& name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Create's steps. ResolveFollowed: the pool `spec` follows (null when it
   // follows none), its token checked, what a follower inherits filled in.
   absl::StatusOr<std::shared_ptr<Pool>> ResolveFollowed(const std::string& name,
@@ -290,6 +312,8 @@ inline constexpr size_t kMaxOwnerTokenBytes = 256;
 // follower: the pool it follows); OK for a pool without an owner token. The
 // message names the pool, never a token.
 absl::Status CheckPoolOwner(const Pool& pool, const std::string* token);
+// The same for every entry's pool of `group` (the message names the entry).
+absl::Status CheckGroupOwner(const PoolGroup& group, const std::string* token);
 
 // INVALID_ARGUMENT (naming the byte's position, never the token) unless every
 // byte of `token` is printable ASCII 0x21-0x7E: what gRPC metadata carries

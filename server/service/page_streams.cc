@@ -34,10 +34,11 @@ absl::Status CheckNotDeleted(const Pool& pool, const char* rpc, uint64_t pages_d
 class PageReader final : public grpc::ServerWriteReactor<v1::PageData> {
  public:
   PageReader(PoolRegistry* registry, const v1::ReadPagesRequest& request, uint64_t chunk_limit,
-             const absl::Status& authorized)
-      : indices_(authorized.ok() ? request.indices().begin() : request.indices().end(),
+             absl::StatusOr<std::shared_ptr<Pool>> pool)
+      : indices_(pool.ok() ? request.indices().begin() : request.indices().end(),
                  request.indices().end()) {
-    absl::Status status = authorized.ok() ? Start(registry, request, chunk_limit) : authorized;
+    absl::Status status =
+        pool.ok() ? Start(registry, *std::move(pool), request, chunk_limit) : pool.status();
     if (!status.ok()) {
       Finish(ToGrpcStatus(status));
       return;
@@ -56,11 +57,9 @@ class PageReader final : public grpc::ServerWriteReactor<v1::PageData> {
   void OnDone() override { delete this; }
 
  private:
-  absl::Status Start(PoolRegistry* registry, const v1::ReadPagesRequest& request,
-                     uint64_t chunk_limit) {
-    absl::StatusOr<std::shared_ptr<Pool>> pool = registry->GetPoolOrAnchor(request.pool());
-    if (!pool.ok()) return pool.status();
-    pool_ = *std::move(pool);
+  absl::Status Start(PoolRegistry* registry, std::shared_ptr<Pool> pool,
+                     const v1::ReadPagesRequest& request, uint64_t chunk_limit) {
+    pool_ = std::move(pool);
     std::set<int64_t> seen;
     for (int64_t index : indices_) {
       if (absl::Status s = pool_->CheckPage(index); !s.ok()) return s;
@@ -173,13 +172,11 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
       if (chunk.pool().empty()) {
         return absl::InvalidArgumentError("WritePages: the first chunk must name the pool");
       }
-      if (absl::Status s = registry_->CheckOwner({chunk.pool()}, token_ ? &*token_ : nullptr);
-          !s.ok()) {
-        return s;
-      }
-      absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(chunk.pool());
-      if (!pool.ok()) return pool.status();
-      pool_ = *std::move(pool);
+      // Resolved once, the token checked on the pool the stream then writes.
+      absl::StatusOr<PoolTarget> target =
+          registry_->Resolve(chunk.pool(), token_ ? &*token_ : nullptr);
+      if (!target.ok()) return target.status();
+      pool_ = std::move(target->pool);
       name_ = chunk.pool();
       page_bytes_ = pool_->flat_page_bytes();
     } else if (!chunk.pool().empty() && chunk.pool() != name_) {
@@ -267,8 +264,8 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
 grpc::ServerWriteReactor<v1::PageData>* NewPageReader(PoolRegistry* registry,
                                                       const v1::ReadPagesRequest& request,
                                                       uint64_t chunk_limit,
-                                                      const absl::Status& authorized) {
-  return new PageReader(registry, request, chunk_limit, authorized);
+                                                      absl::StatusOr<std::shared_ptr<Pool>> pool) {
+  return new PageReader(registry, request, chunk_limit, std::move(pool));
 }
 
 grpc::ServerReadReactor<v1::WritePagesChunk>* NewPageWriter(PoolRegistry* registry,

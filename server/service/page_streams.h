@@ -32,16 +32,18 @@ inline constexpr uint64_t kDefaultPageChunkBytes = 4 << 20;
 
 // ReadPages: every index is checked before the first message; then each page
 // is sent in chunks of at most min(request.chunk_bytes() or the default,
-// `chunk_limit`) bytes, one message in flight at a time. `authorized`: the
-// caller's owner and index-count checks, done before anything else (the
-// indices are not even copied when they failed).
+// `chunk_limit`) bytes, one message in flight at a time. `pool`: the pool
+// the caller's index-count and owner checks resolved (PoolRegistry::Resolve),
+// which the stream reads, or their failure, which ends it before anything
+// else (the indices are not even copied).
 grpc::ServerWriteReactor<v1::PageData>* NewPageReader(PoolRegistry* registry,
                                                       const v1::ReadPagesRequest& request,
                                                       uint64_t chunk_limit,
-                                                      const absl::Status& authorized);
+                                                      absl::StatusOr<std::shared_ptr<Pool>> pool);
 
-// WritePages: chunks are checked and written as they arrive. `token`: the
-// call's kvhost-token metadata; `max_pages`: the most pages one stream may
+// WritePages: chunks are checked and written as they arrive; the first names
+// the pool, resolved once with `token` (the call's kvhost-token metadata)
+// checked on it (PoolRegistry::Resolve). `max_pages`: the most pages one stream may
 // write (--max-indices-per-call).
 grpc::ServerReadReactor<v1::WritePagesChunk>* NewPageWriter(PoolRegistry* registry,
                                                             v1::WritePagesResponse* response,

@@ -21,12 +21,8 @@
 namespace kvhost {
 namespace {
 
-// The owner check of a call on `names` (PoolRegistry::CheckOwner) with the
-// call's kvhost-token metadata.
-absl::Status Authorize(const PoolRegistry& registry, const grpc::CallbackServerContext& context,
-                       std::vector<std::string> names) {
-  const std::optional<std::string> token = OwnerToken(context);
-  return registry.CheckOwner(names, token ? &*token : nullptr);
+const std::string* TokenOf(const std::optional<std::string>& token) {
+  return token ? &*token : nullptr;
 }
 
 absl::Span<const int64_t> Indices(const google::protobuf::RepeatedField<int64_t>& field) {
@@ -282,10 +278,16 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* PoolServiceImpl::DeletePool(grpc::CallbackServerContext* context,
                                                       const v1::DeletePoolRequest* request,
                                                       v1::DeletePoolResponse* response) {
-  if (absl::Status s = Authorize(*registry_, *context, {request->name()}); !s.ok()) {
-    return FinishCall(context, s);
-  }
-  absl::StatusOr<uint64_t> bytes = registry_->Delete(request->name());
+  absl::StatusOr<PoolTarget> target =
+      registry_->Resolve(request->name(), TokenOf(OwnerToken(*context)));
+  if (!target.ok()) return FinishCall(context, target.status());
+  // The pool checked, not whatever bears the name now; a group's name is no
+  // pool's (NOT_FOUND, as before).
+  absl::StatusOr<uint64_t> bytes =
+      target->group ? absl::NotFoundError(absl::StrCat("pool '", request->name(), "' not found ('",
+                                                       request->name(),
+                                                       "' is a pool group: DeletePoolGroup)"))
+                    : registry_->Delete(request->name(), target->pool.get());
   if (bytes.ok()) {
     response->set_bytes_released(*bytes);
     spdlog::info("deleted pool '{}' ({})", request->name(), FormatBytesExact(*bytes));
@@ -306,6 +308,19 @@ void AddSlots(absl::Span<const uint64_t> pages, uint64_t ps,
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<Pool>> PoolServiceImpl::OpenPool(
+    const std::string& pool, const std::optional<std::string>& token, const char* counted,
+    uint64_t count) const {
+  if (counted != nullptr) {
+    if (absl::Status s = CheckIndexCount(counted, count, max_indices_); !s.ok()) {
+      return WithPool(pool, s);
+    }
+  }
+  absl::StatusOr<PoolTarget> target = registry_->Resolve(pool, TokenOf(token));
+  if (!target.ok()) return target.status();
+  return target->pool;
+}
+
 absl::Status PoolServiceImpl::CheckAllocReply(const Pool& pool, uint64_t num_tokens,
                                               uint64_t max_reply_bytes) const {
   // The indices must fit in one response: refuse before allocating, since a
@@ -323,16 +338,8 @@ absl::Status PoolServiceImpl::CheckAllocReply(const Pool& pool, uint64_t num_tok
 
 absl::Status PoolServiceImpl::DoAlloc(const Caller& caller, const v1::AllocRequest& request,
                                       v1::AllocResponse* response, uint64_t max_reply_bytes) {
-  if (absl::Status s = CheckIndexCount("Alloc num_tokens", request.num_tokens(), max_indices_);
-      !s.ok()) {
-    return WithPool(request.pool(), s);
-  }
-  if (absl::Status s =
-          registry_->CheckOwner({request.pool()}, caller.token ? &*caller.token : nullptr);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request.pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      OpenPool(request.pool(), caller.token, "Alloc num_tokens", request.num_tokens());
   if (!pool.ok()) return pool.status();
   // A group's name acts on its anchor, which the metrics count.
   const std::string& name = (*pool)->name();
@@ -367,12 +374,8 @@ absl::Status PoolServiceImpl::DoAllocBatch(const Caller& caller,
       return WithPool(request.pool(), s);
     }
   }
-  if (absl::Status s =
-          registry_->CheckOwner({request.pool()}, caller.token ? &*caller.token : nullptr);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request.pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      OpenPool(request.pool(), caller.token);  // counts checked above
   if (!pool.ok()) return pool.status();
   Pool& p = **pool;
   const std::string& name = p.name();
@@ -423,16 +426,8 @@ absl::Status PoolServiceImpl::DoAllocBatch(const Caller& caller,
 
 absl::Status PoolServiceImpl::DoFree(const Caller& caller, const v1::FreeRequest& request,
                                      v1::FreeResponse* response) {
-  if (absl::Status s = CheckIndexCount("Free indices", request.indices_size(), max_indices_);
-      !s.ok()) {
-    return WithPool(request.pool(), s);
-  }
-  if (absl::Status s =
-          registry_->CheckOwner({request.pool()}, caller.token ? &*caller.token : nullptr);
-      !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request.pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      OpenPool(request.pool(), caller.token, "Free indices", request.indices_size());
   if (!pool.ok()) return pool.status();
   if (metrics_ != nullptr) metrics_->pool_free_calls->WithLabels({(*pool)->name()})->Increment();
   absl::StatusOr<uint64_t> freed = (*pool)->Free(Indices(request.indices()));
@@ -464,16 +459,9 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Free(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
     grpc::CallbackServerContext* context, const v1::GetPageBufferMetaRequest* request,
     v1::PageBufferMeta* response) {
-  // Region files and offsets are the pool's data's address.
-  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return FinishCall(context, s);
-  }
-  if (absl::Status s =
-          CheckIndexCount("GetPageBufferMeta indices", request->indices_size(), max_indices_);
-      !s.ok()) {
-    return FinishCall(context, WithPool(request->pool(), s));
-  }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
+  // Region files and offsets are the pool's data's address: owner-checked.
+  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(
+      request->pool(), OwnerToken(*context), "GetPageBufferMeta indices", request->indices_size());
   if (!pool.ok()) return FinishCall(context, pool.status());
   const Pool& p = **pool;
   const uint64_t fixed = RegionPathsBytes(p) + kReplyOverheadBytes;
@@ -501,10 +489,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
 grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerContext* context,
                                                        const v1::PageRequest* request,
                                                        v1::PageData* response) {
-  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return FinishCall(context, s);
-  }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(request->pool(), OwnerToken(*context));
   if (!pool.ok()) return FinishCall(context, pool.status());
   if (absl::Status s = (*pool)->CheckPage(request->index()); !s.ok()) return FinishCall(context, s);
   const uint64_t bytes = (*pool)->flat_page_bytes();
@@ -525,10 +510,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* PoolServiceImpl::SetFromFlatDataPage(grpc::CallbackServerContext* context,
                                                                const v1::SetPageRequest* request,
                                                                v1::SetPageResponse* response) {
-  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return FinishCall(context, s);
-  }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(request->pool(), OwnerToken(*context));
   if (!pool.ok()) return FinishCall(context, pool.status());
   // WritePage checks the page and the data's size first.
   return FinishCall(context, (*pool)->WritePage(request->index(), Bytes(request->data())));
@@ -538,15 +520,9 @@ grpc::ServerWriteReactor<v1::PageData>* PoolServiceImpl::ReadPages(
     grpc::CallbackServerContext* context, const v1::ReadPagesRequest* request) {
   // Half the message limit leaves room for the message's other fields and
   // keeps a chunk well inside what either side accepts.
-  absl::Status authorized =
-      CheckIndexCount("ReadPages indices", request->indices_size(), max_indices_);
-  if (!authorized.ok()) {
-    authorized = WithPool(request->pool(), authorized);
-  } else {
-    authorized = Authorize(*registry_, *context, {request->pool()});
-  }
   return NewPageReader(registry_, *request, static_cast<uint64_t>(max_message_bytes_) / 2,
-                       authorized);
+                       OpenPool(request->pool(), OwnerToken(*context), "ReadPages indices",
+                                request->indices_size()));
 }
 
 grpc::ServerReadReactor<v1::WritePagesChunk>* PoolServiceImpl::WritePages(
@@ -584,15 +560,9 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* PoolServiceImpl::GetSplitHeadsPageBufferMeta(
     grpc::CallbackServerContext* context, const v1::SplitHeadsMetaRequest* request,
     v1::PageBufferMeta* response) {
-  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return FinishCall(context, s);
-  }
-  if (absl::Status s = CheckIndexCount("GetSplitHeadsPageBufferMeta indices",
-                                       request->indices_size(), max_indices_);
-      !s.ok()) {
-    return FinishCall(context, WithPool(request->pool(), s));
-  }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      OpenPool(request->pool(), OwnerToken(*context), "GetSplitHeadsPageBufferMeta indices",
+               request->indices_size());
   if (!pool.ok()) return FinishCall(context, pool.status());
   const Pool& p = **pool;
   const uint64_t fixed = RegionPathsBytes(p) + kReplyOverheadBytes;
@@ -632,10 +602,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::IsStridePageAligned(
 grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
     grpc::CallbackServerContext* context, const v1::ContiguousBufferInfosRequest* request,
     v1::ContiguousBufferInfos* response) {
-  if (absl::Status s = Authorize(*registry_, *context, {request->pool()}); !s.ok()) {
-    return FinishCall(context, s);
-  }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->GetPoolOrAnchor(request->pool());
+  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(request->pool(), OwnerToken(*context));
   if (!pool.ok()) return FinishCall(context, pool.status());
   if (absl::Status s =
           CheckReplySize((*pool)->name(),
@@ -665,11 +632,6 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
 grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
     grpc::CallbackServerContext* context, const v1::CreatePoolGroupRequest* request,
     v1::PoolGroup* response) {
-  std::vector<std::string> pools;
-  for (const v1::PoolEntry& entry : request->entries()) pools.push_back(entry.pool());
-  if (absl::Status s = Authorize(*registry_, *context, std::move(pools)); !s.ok()) {
-    return FinishCall(context, s);
-  }
   // A group whose replies (its layer maps spelled out) could not be sent is
   // never created.
   std::vector<GroupEntrySpec> specs = FromProto(request->entries());
@@ -679,8 +641,8 @@ grpc::ServerUnaryReactor* PoolServiceImpl::CreatePoolGroup(
       kLayerMapValueBytes,
       GroupShellBytes(request->name(), request->layer_num(), names) + kReplyOverheadBytes,
       max_message_bytes_);
-  absl::StatusOr<std::shared_ptr<PoolGroup>> group =
-      registry_->CreateGroup(request->name(), request->layer_num(), specs, max_values);
+  absl::StatusOr<std::shared_ptr<PoolGroup>> group = registry_->CreateGroup(
+      request->name(), request->layer_num(), specs, max_values, TokenOf(OwnerToken(*context)));
   if (!group.ok()) {
     spdlog::warn("CreatePoolGroup '{}' refused: {}", SafeText(request->name()),
                  SafeText(group.status().ToString(), kMaxStatusMessageBytes));
@@ -738,10 +700,14 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPoolGroups(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* PoolServiceImpl::DeletePoolGroup(
     grpc::CallbackServerContext* context, const v1::DeletePoolGroupRequest* request,
     v1::DeletePoolGroupResponse* response) {
-  if (absl::Status s = Authorize(*registry_, *context, {request->name()}); !s.ok()) {
-    return FinishCall(context, s);
-  }
-  absl::Status status = registry_->DeleteGroup(request->name());
+  absl::StatusOr<PoolTarget> target =
+      registry_->Resolve(request->name(), TokenOf(OwnerToken(*context)));
+  if (!target.ok()) return FinishCall(context, target.status());
+  // The group checked, not whatever bears the name now; a pool's name is no
+  // group's.
+  absl::Status status =
+      target->group ? registry_->DeleteGroup(request->name(), target->group.get())
+                    : absl::NotFoundError(absl::StrCat("group '", request->name(), "' not found"));
   if (status.ok()) spdlog::info("deleted pool group '{}'", request->name());
   return FinishCall(context, status);
 }

@@ -1,8 +1,10 @@
 // PoolServiceImpl: kvhost.v1.PoolService over the pool registry. Translates
 // and validates; the registry and pools do the work. The per-pool calls
 // (Alloc, Free, the page calls) accept a pool group's name and act on its
-// anchor pool. Calls that change a pool or read its data check its owner
-// token (PoolRegistry::CheckOwner) before anything else; so do the calls that
+// anchor pool. Calls that change a pool or read its data resolve its name
+// once and check the owner token on the pool or group resolved
+// (PoolRegistry::Resolve, in OpenPool) before they touch anything, then act
+// on that object, never on the name again; so do the calls that
 // name a pool's region files and offsets (GetPageBufferMeta,
 // GetSplitHeadsPageBufferMeta, GetContiguousBufferInfos). Every reply whose
 // size depends on the request or a pool's shape is estimated before it is
@@ -125,6 +127,16 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   static constexpr uint64_t kDefaultMaxIndicesPerCall = uint64_t{1} << 22;
 
  private:
+  // Every owner-checked call's prologue: the count of its index list
+  // (`counted` names it, e.g. "Free indices"; none when null) against
+  // --max-indices-per-call (INVALID_ARGUMENT naming the pool), then `pool`
+  // resolved once with the caller's `token` checked on what it names
+  // (PoolRegistry::Resolve). Returns the pool, or a group's anchor pool, to
+  // act on.
+  absl::StatusOr<std::shared_ptr<Pool>> OpenPool(const std::string& pool,
+                                                 const std::optional<std::string>& token,
+                                                 const char* counted = nullptr,
+                                                 uint64_t count = 0) const;
   // RESOURCE_EXHAUSTED naming the pool when Alloc's indices of `num_tokens`
   // slots could exceed `max_reply_bytes`.
   absl::Status CheckAllocReply(const Pool& pool, uint64_t num_tokens,

@@ -115,10 +115,9 @@ absl::StatusOr<std::shared_ptr<Pool>> StorageServiceImpl::PagesPool(
     return WithPool(pool, s);
   }
   const std::optional<std::string> token = OwnerToken(context);
-  if (absl::Status s = registry_->CheckOwner({pool}, token ? &*token : nullptr); !s.ok()) {
-    return s;
-  }
-  return registry_->GetPoolOrAnchor(pool);
+  absl::StatusOr<PoolTarget> target = registry_->Resolve(pool, token ? &*token : nullptr);
+  if (!target.ok()) return target.status();
+  return target->pool;
 }
 
 grpc::ServerUnaryReactor* StorageServiceImpl::StorePages(grpc::CallbackServerContext* context,

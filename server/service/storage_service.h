@@ -1,7 +1,7 @@
 // StorageServiceImpl: kvhost.v1.StorageService (proto/kvhost/v1/storage.proto)
 // over the L3 tier. Translates and validates: StorePages and FetchPages read
 // or write a pool's data, so they check its owner token first
-// (PoolRegistry::CheckOwner, as the page RPCs of PoolService do) and accept
+// (PoolRegistry::Resolve, as the page RPCs of PoolService do) and accept
 // a pool group's name for its anchor pool; ExistPages names no pool. The
 // tier validates the pages and runs the work on its own threads; each call
 // is a reactor finished from there, so no gRPC thread waits on the cache.

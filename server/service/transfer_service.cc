@@ -57,11 +57,12 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServerContext* context,
                                                             const v1::AttachDeviceRequest* request,
                                                             v1::Attachment* response) {
+  // Resolved once, the token checked on the pool or group that is then
+  // attached (the name is not looked up again).
   const std::optional<std::string> token = OwnerToken(*context);
-  if (absl::Status s = registry_->CheckOwner({request->pool()}, token ? &*token : nullptr);
-      !s.ok()) {
-    return FinishCall(context, s);
-  }
+  absl::StatusOr<PoolTarget> target =
+      registry_->Resolve(request->pool(), token ? &*token : nullptr);
+  if (!target.ok()) return FinishCall(context, target.status());
   absl::StatusOr<AttachRequest> attach = FromProto(*request);
   if (!attach.ok()) return FinishCall(context, attach.status());
   if (attach->layer_progress && handoff_socket_.empty()) {
@@ -82,7 +83,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   absl::StatusOr<Deposits::Lent> lent =
       deposits_ != nullptr ? deposits_->Lend(&*attach) : Deposits::Lent{};
   if (!lent.ok()) return FinishCall(context, lent.status());
-  absl::StatusOr<AttachmentInfo> info = manager_->Attach(request->pool(), *attach);
+  absl::StatusOr<AttachmentInfo> info = manager_->Attach(*target, *attach);
   if (!info.ok()) return FinishCall(context, info.status());
   if (deposits_ != nullptr) deposits_->UseUp(*lent);
   response->set_id(info->id);
@@ -196,8 +197,8 @@ absl::Status TransferServiceImpl::DoAllocBackup(const Caller& caller,
   if (!found.ok()) return found.status();
   Pool& pool = **found;
   const std::string name = pool.name();
-  if (absl::Status s = registry_->CheckOwner({name}, caller.token ? &*caller.token : nullptr);
-      !s.ok()) {
+  // On the attached pool itself, not on whatever bears its name.
+  if (absl::Status s = CheckPoolOwner(pool, caller.token ? &*caller.token : nullptr); !s.ok()) {
     return s;
   }
   const uint64_t n = static_cast<uint64_t>(backup.device_indices_size());

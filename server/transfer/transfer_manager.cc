@@ -140,13 +140,12 @@ std::string EntryNames(const PoolGroup& group) {
 
 }  // namespace
 
-TransferManager::TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine,
-                                 KvhostMetrics* metrics)
-    : registry_(registry), metrics_(metrics), engine_(std::move(engine)) {}
+TransferManager::TransferManager(std::unique_ptr<TransferEngine> engine, KvhostMetrics* metrics)
+    : metrics_(metrics), engine_(std::move(engine)) {}
 
 // ------------------------------------------------------------------ attach
 
-absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_name,
+absl::StatusOr<AttachmentInfo> TransferManager::Attach(const PoolTarget& target,
                                                        const AttachRequest& request) {
   if (!request.session_id.empty()) {
     absl::MutexLock lock(&mu_);
@@ -155,23 +154,20 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
                                               "' is not open (open one with OpenSession)"));
     }
   }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = registry_->Get(pool_name);
-  if (!pool.ok()) {
-    absl::StatusOr<std::shared_ptr<PoolGroup>> group = registry_->GetGroup(pool_name);
-    if (group.ok()) return AttachGroup(*group, request);
-    return pool.status();
-  }
+  if (target.group != nullptr) return AttachGroup(target.group, request);
+  const std::shared_ptr<Pool>& pool = target.pool;
+  const std::string& pool_name = pool->name();
   if (!request.entries.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "entries has ", request.entries.size(), " entries, but '", pool_name,
         "' is a pool, not a pool group; give its buffers in k_layers, v_layers or components"));
   }
-  absl::StatusOr<ResolvedAttach> resolved = ResolveAttachRequest(**pool, request);
+  absl::StatusOr<ResolvedAttach> resolved = ResolveAttachRequest(*pool, request);
   if (!resolved.ok()) return resolved.status();
-  if (absl::Status s = (*pool)->AcquireAttachment(request.tp_rank); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<DeviceMapping>> device = OpenMapping(**pool, *resolved);
+  if (absl::Status s = pool->AcquireAttachment(request.tp_rank); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> device = OpenMapping(*pool, *resolved);
   if (!device.ok()) {
-    (*pool)->ReleaseAttachment(request.tp_rank);
+    pool->ReleaseAttachment(request.tp_rank);
     return WithPool(pool_name, device.status());
   }
   Attachment attachment;
@@ -183,8 +179,8 @@ absl::StatusOr<AttachmentInfo> TransferManager::Attach(const std::string& pool_n
   attachment.info.load_only = request.load_only;
   attachment.info.session_id = request.session_id;
   attachment.mapping = std::shared_ptr<const DeviceMapping>(*std::move(device));
-  attachment.pools.push_back({"", *pool, attachment.mapping,
-                              MapLayers(**pool, resolved->start_layer, resolved->end_layer)});
+  attachment.pools.push_back(
+      {"", pool, attachment.mapping, MapLayers(*pool, resolved->start_layer, resolved->end_layer)});
   attachment.info.layer_progress = request.layer_progress;
   return Register(std::move(attachment), resolved->load_event_sets);
 }

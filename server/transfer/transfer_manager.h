@@ -93,16 +93,19 @@ class TransferManager {
   static constexpr size_t kRetainedTickets = TicketTable::kRetained;
 
   // `metrics`, if given, counts every finished ticket; it must outlive this.
-  TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine,
-                  KvhostMetrics* metrics = nullptr);
+  explicit TransferManager(std::unique_ptr<TransferEngine> engine,
+                           KvhostMetrics* metrics = nullptr);
   ~TransferManager();
 
   const char* backend() const { return engine_->name(); }
 
-  // ResolveAttachRequest, then Pool::AcquireAttachment(tp_rank) (a second
-  // rank on a kind that is not replicated is FAILED_PRECONDITION), then the
-  // engine's Open.
-  // `pool` may name a pool group (PoolRegistry::GetGroup): then
+  // Attaches `target`, what the caller resolved and owner-checked
+  // (PoolRegistry::Resolve); no name is looked up again, so what is attached
+  // is what was checked. ResolveAttachRequest, then
+  // Pool::AcquireAttachment(tp_rank) (a second rank on a kind that is not
+  // replicated is FAILED_PRECONDITION; a pool deleted since it was resolved
+  // is too), then the engine's Open.
+  // `target` may be a pool group (target.group): then
   // request.entries gives exactly the group's entries, each resolved like a
   // plain attachment of that entry's pool, whose device layer range must
   // include every layer the entry's layer_map names (INVALID_ARGUMENT
@@ -113,7 +116,7 @@ class TransferManager {
   // request.layer_progress the attachment gets LayerCounters of its
   // load_event_sets sets (INTERNAL if they cannot be made). A failed
   // Attach holds nothing.
-  absl::StatusOr<AttachmentInfo> Attach(const std::string& pool, const AttachRequest& request);
+  absl::StatusOr<AttachmentInfo> Attach(const PoolTarget& target, const AttachRequest& request);
   // Transfers already accepted still complete; the buffers close after them.
   // A group attachment releases the group and every entry's pool.
   // Detach, Submit and FindTicket are NOT_FOUND for an id `caller` may not
@@ -321,7 +324,6 @@ class TransferManager {
   // Drain's end: the worker copies still in flight after `timeout` fail.
   void FailWorkerCopiesLeft(absl::Duration timeout);
 
-  PoolRegistry* const registry_;
   KvhostMetrics* const metrics_;
   const std::unique_ptr<TransferEngine> engine_;
   std::atomic<uint64_t> next_attachment_{1};
