@@ -242,6 +242,7 @@ absl::StatusOr<PartHeader> DecodePartHeader(absl::string_view item) {
   if (Get32(p + kHeaderCrcOffset) != Crc32c(absl::MakeConstSpan(p, kHeaderCrcOffset))) {
     return absl::DataLossError("header checksum mismatch");
   }
+  if (p[59] != 0) return absl::DataLossError("reserved header byte 59 is not 0");
   PartHeader h;
   h.fingerprint = Get64(p + 8);
   h.store_id = Get64(p + 16);
@@ -296,8 +297,13 @@ PageResult CheckPage(const PageShapeTag& want, const RecordScope& scope, uint64_
     }
     absl::StatusOr<PartHeader> h = DecodePartHeader(*parts[i]);
     if (!h.ok()) return Corrupt(absl::StrCat(where, ": ", h.status().message()));
+    // Every page-wide field as part 0 says (which the MAC covers), so no
+    // header field goes unchecked.
     if (h->store_id != first->store_id || h->index != i || h->count != first->count ||
         h->fingerprint != first->fingerprint || h->page_crc != first->page_crc ||
+        h->page_bytes != first->page_bytes || h->kind != first->kind ||
+        h->layout != first->layout || h->dtype != first->dtype ||
+        h->page_size != first->page_size || h->layer_num != first->layer_num ||
         !L3Secret::MacEquals(h->mac, first->mac)) {
       return Corrupt(absl::StrCat(where, " belongs to another store of the key (torn page)"));
     }
