@@ -193,7 +193,7 @@ TEST_F(L3SecurityTest, AForgedHugePartCountIsAQuickMissNotAnOutage) {
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::FetchPagesResponse> fetched = hurried->FetchPages("p", keys, firsts);
   ASSERT_TRUE(fetched.ok()) << fetched.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // unfixed: past the 10 s deadline
   EXPECT_EQ(Outcomes(*fetched), std::vector<v1::PageOutcome>(4, v1::PAGE_CORRUPT));
   EXPECT_TRUE(absl::StrContains(fetched->pages(0).detail(), "have 3 parts"))
       << fetched->pages(0).detail();
