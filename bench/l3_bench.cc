@@ -237,7 +237,7 @@ absl::Status Serve(Client& node, std::set<std::string>* local, std::map<std::str
   w->local += k;
   std::vector<std::string> rest(keys.begin() + static_cast<std::ptrdiff_t>(k), keys.end());
   if (rest.empty()) return absl::OkStatus();
-  absl::StatusOr<uint64_t> prefix = node.ExistPages(rest);
+  absl::StatusOr<uint64_t> prefix = node.ExistPages("p", rest);
   if (!prefix.ok()) return prefix.status();
   std::vector<int64_t> slots = PageStarts(node, rest.size(), ps);
   if (slots.size() != rest.size()) return absl::ResourceExhaustedError("pool full; raise --pages");
@@ -303,9 +303,10 @@ absl::Status Run(const Options& o) {
   absl::StatusOr<std::unique_ptr<testing::MemcachedCluster>> cluster =
       testing::MemcachedCluster::Start(3, o.memcached_mb);
   if (!cluster.ok()) return cluster.status();
-  const std::vector<std::string> flags = {"--log-level=warn",
-                                          absl::StrCat("--l3-memcached=", (*cluster)->Servers()),
-                                          absl::StrCat("--l3-threads=", o.l3_threads)};
+  const testing::L3SecretFile secret;  // both nodes: one fleet
+  const std::vector<std::string> flags = {
+      "--log-level=warn", absl::StrCat("--l3-memcached=", (*cluster)->Servers()),
+      absl::StrCat("--l3-threads=", o.l3_threads), secret.Flag()};
   std::unique_ptr<testing::TestDaemon> node[2];
   Client* clients[2];
   const uint64_t pool_pages = o.pages + o.shared_pages + o.own_pages + 8;

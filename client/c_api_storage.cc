@@ -110,14 +110,16 @@ int kvhost_l3_fetch(kvhost_client* client, const char* pool, const void* const* 
   });
 }
 
-int kvhost_l3_exist(kvhost_client* client, const void* const* keys, const size_t* key_lens,
-                    size_t num_keys, uint64_t* prefix_pages, char* err, size_t err_len) {
+int kvhost_l3_exist(kvhost_client* client, const char* pool, const void* const* keys,
+                    const size_t* key_lens, size_t num_keys, uint64_t* prefix_pages, char* err,
+                    size_t err_len) {
   return Run(err, err_len, [&]() -> absl::Status {
     absl::StatusOr<kvhost::Client*> c = ClientOf(client);
     if (!c.ok()) return c.status();
+    if (absl::Status s = kvhost::c_api::NotNull(pool, "pool"); !s.ok()) return s;
     absl::StatusOr<std::vector<std::string>> k = Keys(keys, key_lens, num_keys);
     if (!k.ok()) return k.status();
-    absl::StatusOr<uint64_t> prefix = (*c)->ExistPages(*k);
+    absl::StatusOr<uint64_t> prefix = (*c)->ExistPages(pool, *k);
     if (!prefix.ok()) return prefix.status();
     if (prefix_pages != nullptr) *prefix_pages = *prefix;
     return absl::OkStatus();

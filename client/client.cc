@@ -490,8 +490,10 @@ absl::StatusOr<v1::StorageTicketStatus> Client::WaitStorage(const std::string& p
   return response;
 }
 
-absl::StatusOr<uint64_t> Client::ExistPages(const std::vector<std::string>& keys) {
+absl::StatusOr<uint64_t> Client::ExistPages(const std::string& pool,
+                                            const std::vector<std::string>& keys) {
   v1::ExistPagesRequest request;
+  request.set_pool(pool);
   for (const std::string& key : keys) request.add_keys(key);
   v1::ExistPagesResponse response;
   absl::Status s = KVHOST_CALL(storage_, ExistPages, request, &response, options_.timeout);

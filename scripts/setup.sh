@@ -18,7 +18,7 @@ PACKAGES=(build-essential cmake pkg-config ccache git
           libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
           libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
           libsystemd-dev systemd python3 python3-yaml libyaml-cpp-dev openssl
-          libmicrohttpd-dev memcached libmemcached-dev)
+          libmicrohttpd-dev memcached libmemcached-dev libssl-dev)
 # scripts/test.sh adds clang, its sanitizer and libFuzzer runtimes and
 # clang-format (EXTRA_PACKAGES).
 # shellcheck disable=SC2206

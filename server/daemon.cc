@@ -463,14 +463,25 @@ absl::StatusOr<Daemon::Backend> Daemon::StartTransfers(
 
 absl::Status Daemon::StartStorage(const DaemonOptions& options) {
   if (options.l3.servers.empty()) return absl::OkStatus();
+  if (options.l3_secret_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--l3-memcached needs --l3-secret-file: the fleet secret that authenticates stored pages "
+        "and separates tenants' keys; ",
+        L3Secret::HowToMake()));
+  }
+  absl::StatusOr<L3Secret> secret = L3Secret::Load(options.l3_secret_file);
+  if (!secret.ok()) return secret.status();
   absl::StatusOr<std::unique_ptr<MemcachedBackend>> backend = MemcachedBackend::Create(options.l3);
   if (!backend.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--l3-memcached: ", backend.status().message()));
   }
   const std::string described = (*backend)->Describe();
-  storage_ = std::make_unique<StorageTier>(*std::move(backend), options.l3_tier, metrics_.get());
-  spdlog::info("L3 tier on {}: {} threads, at most {} pages in flight", described,
-               options.l3_tier.threads, options.l3_tier.max_pages_in_flight);
+  storage_ = std::make_unique<StorageTier>(*std::move(backend), options.l3_tier, *std::move(secret),
+                                           metrics_.get());
+  spdlog::info(
+      "L3 tier on {}: {} threads, at most {} pages in flight ({} per pool)", described,
+      options.l3_tier.threads, options.l3_tier.max_pages_in_flight,
+      std::min(options.l3_tier.max_pages_in_flight, options.l3_tier.max_pages_in_flight_per_pool));
   return absl::OkStatus();
 }
 

@@ -104,6 +104,8 @@ struct DaemonOptions {
   // FAILED_PRECONDITION.
   MemcachedOptions l3;
   StorageTierOptions l3_tier;
+  // The fleet secret's file (--l3-secret-file), required with l3.servers.
+  std::string l3_secret_file;
 };
 
 // The services kvhostd serves, by their full names, each with its own
@@ -146,7 +148,8 @@ class Daemon {
   // The engine (MakeEngine), metrics_ (with --metrics-listen) and transfers_.
   absl::StatusOr<Backend> StartTransfers(const DaemonOptions& options,
                                          std::shared_ptr<const RegionInodes> region_inodes);
-  // storage_, with --l3-memcached (a bad server list fails the start).
+  // storage_, with --l3-memcached (a bad server list, or no good
+  // --l3-secret-file, fails the start).
   absl::Status StartStorage(const DaemonOptions& options);
   // Admits every declared pool (they fill in the background); the first
   // refused fails the start.

@@ -162,7 +162,17 @@ ABSL_FLAG(std::string, l3_item_bytes, "1044480",
 ABSL_FLAG(uint64_t, l3_max_pages_in_flight, 4096,
           "L3: most pages (keys, for ExistPages) accepted and not yet done over all calls; a call "
           "that would pass it is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(uint64_t, l3_max_pages_in_flight_per_pool, 1024,
+          "L3: one pool's share of --l3-max-pages-in-flight (a pool group's and a follower's "
+          "pages count as the pool whose owner token protects them), so that one client's flood "
+          "leaves the rest to the others.");
 ABSL_FLAG(int, l3_threads, 4, "L3: threads that talk to the cache (the tier's own).");
+ABSL_FLAG(std::string, l3_secret_file, "",
+          "L3: the fleet secret (required with --l3-memcached; the same file on every node): "
+          "stored pages carry a MAC under it and keys are scoped by namespaces derived from it. "
+          "Mode 0600, owned by kvhostd's user or root; make one with "
+          "'install -m 0600 /dev/null FILE && openssl rand -hex 32 > FILE'. A new secret starts "
+          "an empty tier (docs/OPERATIONS.md).");
 
 namespace {
 
@@ -245,6 +255,12 @@ absl::Status L3OptionsFromFlags(kvhost::DaemonOptions* options) {
   if (options->l3_tier.max_pages_in_flight == 0) {
     return Invalid("--l3-max-pages-in-flight must be >= 1");
   }
+  options->l3_tier.max_pages_in_flight_per_pool =
+      absl::GetFlag(FLAGS_l3_max_pages_in_flight_per_pool);
+  if (options->l3_tier.max_pages_in_flight_per_pool == 0) {
+    return Invalid("--l3-max-pages-in-flight-per-pool must be >= 1");
+  }
+  options->l3_secret_file = absl::GetFlag(FLAGS_l3_secret_file);
   options->l3_tier.threads = absl::GetFlag(FLAGS_l3_threads);
   if (options->l3_tier.threads < 1 || options->l3_tier.threads > 256) {
     return Invalid(absl::StrCat("--l3-threads ", options->l3_tier.threads, " is not in [1, 256]"));

@@ -28,8 +28,10 @@ user=()
 [ "$(id -u)" -eq 0 ] && user=(-u root)
 "$memcached" -p "$port" -U 0 -l 127.0.0.1 -m 64 "${user[@]}" >>"$dir/log" 2>&1 &
 pids+=($!)
+# The fleet secret kvhostd requires with --l3-memcached (0600).
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/l3.secret")
 "$kvhostd" --listen="unix://$dir/s.sock" --shm-dir="$shm" --backend=host \
-  --l3-memcached="127.0.0.1:$port" >>"$dir/log" 2>&1 &
+  --l3-memcached="127.0.0.1:$port" --l3-secret-file="$dir/l3.secret" >>"$dir/log" 2>&1 &
 pids+=($!)
 "$kvhostd" --listen="unix://$dir/plain.sock" --shm-dir="$shm" --backend=host >>"$dir/log" 2>&1 &
 pids+=($!)
@@ -49,9 +51,9 @@ ctl page-set p 4 --in="$dir/page1" >"$dir/out" || fail "page-set 4"
 ctl l3-store p 0=key-a 4=key-b >"$dir/out" || fail "l3-store"
 grep -q "0 = key-a: PAGE_STORED" "$dir/out" || fail "l3-store page 0"
 grep -q "2 of 2 page(s) stored, 1024 bytes" "$dir/out" || fail "l3-store count"
-ctl l3-exist key-a key-b key-c >"$dir/out" || fail "l3-exist"
+ctl l3-exist p key-a key-b key-c >"$dir/out" || fail "l3-exist"
 grep -q "2 of 3 key(s) stored" "$dir/out" || fail "l3-exist prefix"
-ctl --json l3-exist key-c key-a >"$dir/out" || fail "l3-exist --json"
+ctl --json l3-exist p key-c key-a >"$dir/out" || fail "l3-exist --json"
 grep -qF '{"prefix_pages":0,"keys":2}' "$dir/out" || fail "l3-exist json"
 # Swapped: page 8 gets key-b, page 12 key-a, and key-c is a miss (no error).
 ctl l3-fetch p 8=key-b 12=key-a 0=key-c >"$dir/out" || fail "l3-fetch"
@@ -73,7 +75,7 @@ code=0; ctl l3-store p 1=x >"$dir/out" 2>&1 || code=$?
 [ "$code" -eq 1 ] || fail "l3-store of slot 1 exited $code, not 1"
 grep -q "INVALID_ARGUMENT" "$dir/out" || fail "l3-store of slot 1: code"
 code=0
-"$kvhostctl" --server="unix://$dir/plain.sock" --timeout=10 l3-exist a >"$dir/out" 2>&1 || code=$?
+"$kvhostctl" --server="unix://$dir/plain.sock" --timeout=10 l3-exist p a >"$dir/out" 2>&1 || code=$?
 [ "$code" -eq 1 ] || fail "l3-exist without a tier exited $code, not 1"
 grep -q -- "--l3-memcached" "$dir/out" || fail "l3-exist without a tier: message"
 echo "PASS"

@@ -31,10 +31,11 @@ namespace {
 // 1000 bytes split each into 2 to 4 parts.
 constexpr char kItemBytes[] = "--l3-item-bytes=1000";
 
-std::vector<std::string> L3Flags(const MemcachedCluster& cluster,
+std::vector<std::string> L3Flags(const MemcachedCluster& cluster, const L3SecretFile& secret,
                                  std::vector<std::string> more = {}) {
   std::vector<std::string> flags = {absl::StrCat("--l3-memcached=", cluster.Servers()), kItemBytes,
-                                    "--l3-retry-timeout=1s", "--l3-io-timeout=500ms"};
+                                    "--l3-retry-timeout=1s", "--l3-io-timeout=500ms",
+                                    secret.Flag()};
   for (std::string& f : more) flags.push_back(std::move(f));
   return flags;
 }
@@ -105,7 +106,7 @@ class L3Test : public ::testing::Test {
   }
   std::unique_ptr<TestDaemon> StartDaemon(std::vector<std::string> more = {}) {
     absl::StatusOr<std::unique_ptr<TestDaemon>> d =
-        TestDaemon::Start(KVHOSTD_PATH, L3Flags(*cluster_, std::move(more)));
+        TestDaemon::Start(KVHOSTD_PATH, L3Flags(*cluster_, secret_, std::move(more)));
     EXPECT_TRUE(d.ok()) << d.status();
     return d.ok() ? *std::move(d) : nullptr;
   }
@@ -120,6 +121,7 @@ class L3Test : public ::testing::Test {
   }
 
   std::unique_ptr<MemcachedCluster> cluster_;
+  L3SecretFile secret_;
   std::unique_ptr<TestDaemon> first_, second_;
   std::mt19937 rng_{1234};
 };
@@ -146,10 +148,10 @@ TEST_P(L3ComboTest, SecondDaemonFetchesWhatTheFirstStored) {
   EXPECT_EQ(stored->stored_pages(), 8u);
   EXPECT_EQ(stored->stored_bytes(), 8 * bytes[0].size());
 
-  EXPECT_EQ(*second_->client().ExistPages(keys), 8u);
+  EXPECT_EQ(*second_->client().ExistPages("p", keys), 8u);
   std::vector<std::string> gap = keys;
   gap[3] = "never-stored";
-  EXPECT_EQ(*second_->client().ExistPages(gap), 3u);
+  EXPECT_EQ(*second_->client().ExistPages("p", gap), 3u);
 
   // Fetch in reverse, plus a key never stored into a ninth page.
   std::vector<int64_t> dst = AllocFirsts(second_->client(), "p", 16, 9);
@@ -324,7 +326,7 @@ TEST_F(L3Test, MetricsCountPagesBytesAndCalls) {
   fetch_keys.push_back("never-stored");
   const std::vector<int64_t> dst = AllocFirsts(client, "p", 16, 4);
   ASSERT_EQ(client.FetchPages("p", fetch_keys, dst)->hit_pages(), 3u);
-  ASSERT_EQ(*client.ExistPages({keys[0], keys[1], "never-stored", keys[2]}), 2u);
+  ASSERT_EQ(*client.ExistPages("p", {keys[0], keys[1], "never-stored", keys[2]}), 2u);
   const Scrape m = ScrapeMetrics(port);
   const double page = static_cast<double>(bytes[0].size());
   EXPECT_EQ(SeriesValue(m, R"(kvhost_l3_pages_total{op="store",outcome="stored"})"), 3);
@@ -391,26 +393,55 @@ TEST_F(L3Test, RefusalsNameTheValueAndChangeNothing) {
                std::to_string(src[0] + 1));
   EXPECT_ERROR((*owner)->FetchPages("p", {"a", "b"}, {src[0], src[0]}), kInvalidArgument,
                "indices[1] = " + std::to_string(src[0]));
-  EXPECT_ERROR((*owner)->ExistPages({"ok", ""}), kInvalidArgument, "keys[1] is empty");
+  EXPECT_ERROR((*owner)->ExistPages("p", {"ok", ""}), kInvalidArgument, "keys[1] is empty");
+  EXPECT_ERROR((*owner)->ExistPages("", {"ok"}), kInvalidArgument, "names no pool");
+  EXPECT_ERROR(stranger.ExistPages("p", {"ok"}), kPermissionDenied, "'p'");
+  EXPECT_ERROR(
+      (*owner)->StorePages("p", std::vector<int64_t>(5, src[0]), {"a", "b", "c", "d", "e"}),
+      kInvalidArgument, "more than 4 times");
   // Nothing was stored by any of them.
-  EXPECT_EQ(*(*owner)->ExistPages(four_keys), 0u);
-  EXPECT_EQ(*(*owner)->ExistPages({keys[4]}), 0u);
+  EXPECT_EQ(*(*owner)->ExistPages("p", four_keys), 0u);
+  EXPECT_EQ(*(*owner)->ExistPages("p", {keys[4]}), 0u);
   ASSERT_TRUE((*owner)->Free("p", Range(src[4], 16)).ok());
   EXPECT_ERROR((*owner)->StorePages("p", {src[0], src[4]}, {keys[0], keys[4]}), kFailedPrecondition,
                "not allocated");
-  EXPECT_EQ(*(*owner)->ExistPages(four_keys), 0u);
+  EXPECT_EQ(*(*owner)->ExistPages("p", four_keys), 0u);
   EXPECT_EQ((*owner)->StorePages("p", four, four_keys)->stored_pages(), 4u);
 
   // A kvhostd without --l3-memcached serves the service and says why not.
   absl::StatusOr<std::unique_ptr<TestDaemon>> plain = TestDaemon::Start(KVHOSTD_PATH);
   ASSERT_TRUE(plain.ok());
-  EXPECT_ERROR((*plain)->client().ExistPages({"a"}), kFailedPrecondition, "--l3-memcached");
+  EXPECT_ERROR((*plain)->client().ExistPages("p", {"a"}), kFailedPrecondition, "--l3-memcached");
   // A bad server list stops the start, naming it.
   absl::StatusOr<std::unique_ptr<TestDaemon>> bad =
-      TestDaemon::Start(KVHOSTD_PATH, {"--l3-memcached=127.0.0.1:0"});
+      TestDaemon::Start(KVHOSTD_PATH, {"--l3-memcached=127.0.0.1:0", secret_.Flag()});
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "'127.0.0.1:0' is not host:port"))
       << bad.status();
+}
+
+// The tier does not start without a fleet secret, nor with one that others
+// may read, short or a symlink; each refusal says how to make a good one.
+TEST_F(L3Test, TheTierNeedsAPrivateSecretFile) {
+  const std::string servers = absl::StrCat("--l3-memcached=", cluster_->Servers());
+  L3SecretFile readable(L3SecretFile::kDefaultSecret, 0640);
+  L3SecretFile short_one("too short");
+  const std::string link = secret_.path() + ".link";
+  ASSERT_EQ(::symlink(secret_.path().c_str(), link.c_str()), 0);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{servers}, "--l3-memcached needs --l3-secret-file"},
+      {{servers, readable.Flag()}, "mode 0640 lets the group or others at it"},
+      {{servers, short_one.Flag()}, "9 bytes of secret; it needs 32"},
+      {{servers, "--l3-secret-file=" + link}, "Too many levels of symbolic links"},
+      {{servers, "--l3-secret-file=/nonexistent/l3.secret"}, "No such file"},
+  };
+  for (const auto& [flags, want] : cases) {
+    absl::StatusOr<std::unique_ptr<TestDaemon>> d = TestDaemon::Start(KVHOSTD_PATH, flags);
+    ASSERT_FALSE(d.ok()) << want;
+    EXPECT_TRUE(absl::StrContains(d.status().message(), want)) << d.status();
+    EXPECT_TRUE(absl::StrContains(d.status().message(), "openssl rand -hex 32")) << d.status();
+  }
+  ::unlink(link.c_str());
 }
 
 // Detached StorePages / FetchPages: a ticket at once, returned by

@@ -6,14 +6,20 @@
 //
 // Not thread-safe; servers go with the object (SIGKILL) or with the test
 // process (PR_SET_PDEATHSIG).
+//
+// L3SecretFile: the fleet secret every kvhostd with --l3-memcached needs
+// (--l3-secret-file), written 0600 into a fresh temporary directory and
+// removed with the object. kvhostds of one test share one, as a fleet does.
 #ifndef KVHOST_TESTS_MEMCACHED_CLUSTER_H_
 #define KVHOST_TESTS_MEMCACHED_CLUSTER_H_
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +27,8 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -163,6 +171,42 @@ class MemcachedCluster {
   int megabytes_ = 64;
   std::vector<int> ports_;
   std::vector<pid_t> pids_;
+};
+
+class L3SecretFile {
+ public:
+  static constexpr char kDefaultSecret[] = "kvhost test fleet secret: 32 bytes or more";
+
+  // `mode` other than 0600: a file kvhostd must refuse.
+  explicit L3SecretFile(std::string secret = kDefaultSecret, mode_t mode = 0600)
+      : secret_(std::move(secret)) {
+    std::string dir = (std::filesystem::temp_directory_path() / "kvhost-l3-XXXXXX").string();
+    if (::mkdtemp(dir.data()) == nullptr) std::abort();
+    dir_ = dir;
+    path_ = dir_ + "/l3.secret";
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 ||
+        ::write(fd, secret_.data(), secret_.size()) != static_cast<ssize_t>(secret_.size())) {
+      std::abort();
+    }
+    ::fchmod(fd, mode);
+    ::close(fd);
+  }
+  ~L3SecretFile() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  L3SecretFile(const L3SecretFile&) = delete;
+  L3SecretFile& operator=(const L3SecretFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::string& secret() const { return secret_; }
+  std::string Flag() const { return "--l3-secret-file=" + path_; }
+
+ private:
+  std::string secret_;
+  std::string dir_;
+  std::string path_;
 };
 
 }  // namespace kvhost::testing

@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -56,8 +57,8 @@ def check_store_exist_fetch(daemon, run):
         stored = c.l3_store("a", src, keys)
         assert stored.good_pages == 3, stored
         assert stored.outcomes == [kvhost.PageOutcome.STORED] * 3, stored
-        assert c.l3_exist(keys) == 3
-        assert c.l3_exist([keys[0], f"{run}/never", keys[2]]) == 1
+        assert c.l3_exist("b", keys) == 3
+        assert c.l3_exist("b", [keys[0], f"{run}/never", keys[2]]) == 1
         dst = firsts(c, "b", 4)
         before = c.get_data_page("b", dst[3])
         got = c.l3_fetch("b", list(reversed(keys)) + [f"{run}/never"], dst)
@@ -106,8 +107,9 @@ def check_refusals(daemon, run):
                naming="keys[1] is empty")
         raises(kvhost.NotFound, owner.l3_store, "nope", src, keys, naming="nope")
         raises(kvhost.PermissionDenied, stranger.l3_store, "p", src, keys, naming="'p'")
-        raises(kvhost.InvalidArgument, owner.l3_exist, ["x" * 113], naming="113")
-        assert owner.l3_exist(keys) == 0, "a refused call stored something"
+        raises(kvhost.InvalidArgument, owner.l3_exist, "p", ["x" * 113], naming="113")
+        raises(kvhost.PermissionDenied, stranger.l3_exist, "p", keys, naming="'p'")
+        assert owner.l3_exist("p", keys) == 0, "a refused call stored something"
         ticket = owner.l3_start_store("p", src, keys)
         raises(kvhost.PermissionDenied, stranger.l3_wait, "p", ticket, naming="'p'")
         assert owner.l3_wait("p", ticket).good_pages == 2
@@ -144,6 +146,12 @@ def main():
     if os.geteuid() == 0:
         args += ["-u", "root"]
     server = subprocess.Popen(args)
+    # The fleet secret (--l3-secret-file): 0600, as kvhostd requires.
+    secret_dir = tempfile.mkdtemp(prefix="kvhost-l3-")
+    secret = os.path.join(secret_dir, "l3.secret")
+    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, b"python l3 test fleet secret, 32 bytes or more")
+    os.close(fd)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -158,11 +166,11 @@ def main():
         checks = [(c.__name__, c) for c in CHECKS] + [("check_no_tier", None)]
         for name, check in checks:
             daemon = pkg.Daemon(binary) if check is None else pkg.Daemon(
-                binary, [f"--l3-memcached=127.0.0.1:{port}"])
+                binary, [f"--l3-memcached=127.0.0.1:{port}", f"--l3-secret-file={secret}"])
             try:
                 if check is None:
                     with pkg.client(daemon) as c:
-                        raises(kvhost.FailedPrecondition, c.l3_exist, ["a"],
+                        raises(kvhost.FailedPrecondition, c.l3_exist, "p", ["a"],
                                naming="--l3-memcached")
                 else:
                     check(daemon, run)
@@ -177,6 +185,7 @@ def main():
     finally:
         server.kill()
         server.wait()
+        shutil.rmtree(secret_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "pool_test_util.h"
 
@@ -68,7 +69,7 @@ class StorageTicketsTest : public ::testing::Test {
 TEST_F(StorageTicketsTest, FinishedTicketIsReturnedToEveryWait) {
   StorageTickets tickets;
   std::shared_ptr<Pool> pool = MakePool("a");
-  const uint64_t id = tickets.Open(pool);
+  const uint64_t id = *tickets.Open(pool, 1);
   EXPECT_NE(id, 0u);
   tickets.Finish(id, Stored(3), 3);
   for (int round = 0; round < 2; ++round) {  // the second: a client whose reply was lost
@@ -91,7 +92,7 @@ TEST_F(StorageTicketsTest, FinishedTicketIsReturnedToEveryWait) {
 TEST_F(StorageTicketsTest, WaiterGetsTheTicketWhenItFinishes) {
   StorageTickets tickets;
   std::shared_ptr<Pool> pool = MakePool("a");
-  const uint64_t id = tickets.Open(pool);
+  const uint64_t id = *tickets.Open(pool, 1);
   Got polled;
   ASSERT_TRUE(WaitInto(tickets, pool, id, true, &polled).ok());
   EXPECT_EQ(polled.calls, 1);
@@ -110,7 +111,7 @@ TEST_F(StorageTicketsTest, WaiterGetsTheTicketWhenItFinishes) {
 TEST_F(StorageTicketsTest, CancelledWaiterLeavesTheTicketForTheNextWait) {
   StorageTickets tickets;
   std::shared_ptr<Pool> pool = MakePool("a");
-  const uint64_t id = tickets.Open(pool);
+  const uint64_t id = *tickets.Open(pool, 1);
   // One waiter forgotten through Unwait, one that lost to its cancel.
   Got forgotten, cancelled;
   absl::StatusOr<uint64_t> w1 = WaitInto(tickets, pool, id, false, &forgotten);
@@ -129,7 +130,7 @@ TEST_F(StorageTicketsTest, OnlyThePoolObjectThatMadeItFindsIt) {
   StorageTickets tickets;
   std::shared_ptr<Pool> a = MakePool("a");
   std::shared_ptr<Pool> b = MakePool("b");
-  const uint64_t id = tickets.Open(a);
+  const uint64_t id = *tickets.Open(a, 1);
   tickets.Finish(id, Stored(1), 1);
   Got got;
   EXPECT_EQ(WaitInto(tickets, b, id, false, &got).status().code(), absl::StatusCode::kNotFound);
@@ -149,11 +150,11 @@ TEST_F(StorageTicketsTest, APoolKeepsItsNewestFinishedTicketsWithinTheLimits) {
   StorageTickets tickets({/*finished_per_pool=*/3, /*pages_per_pool=*/10}, &metrics);
   std::shared_ptr<Pool> a = MakePool("a");
   std::shared_ptr<Pool> b = MakePool("b");
-  const uint64_t b_id = tickets.Open(b);
+  const uint64_t b_id = *tickets.Open(b, 1);
   tickets.Finish(b_id, Stored(1), 1);
   std::vector<uint64_t> ids;
   for (int i = 0; i < 5; ++i) {
-    ids.push_back(tickets.Open(a));
+    ids.push_back(*tickets.Open(a, 1));
     tickets.Finish(ids.back(), Stored(1), 1);
   }
   EXPECT_EQ(tickets.dropped(), 2u);
@@ -165,14 +166,14 @@ TEST_F(StorageTicketsTest, APoolKeepsItsNewestFinishedTicketsWithinTheLimits) {
   }
   for (int i = 2; i < 5; ++i) EXPECT_TRUE(WaitInto(tickets, a, ids[i], true, &got).ok()) << i;
   // Pages: 6 + 6 > 10 drops the first; one over the limit alone stays.
-  const uint64_t six = tickets.Open(a);
+  const uint64_t six = *tickets.Open(a, 1);
   tickets.Finish(six, Stored(6), 6);
-  const uint64_t six_more = tickets.Open(a);
+  const uint64_t six_more = *tickets.Open(a, 1);
   tickets.Finish(six_more, Stored(6), 6);
   EXPECT_EQ(WaitInto(tickets, a, six, true, &got).status().code(), absl::StatusCode::kNotFound);
   // ids[2..4] went too, but a wait had returned them: not counted as dropped.
   EXPECT_EQ(tickets.dropped(), 3u);
-  const uint64_t big = tickets.Open(a);
+  const uint64_t big = *tickets.Open(a, 1);
   tickets.Finish(big, Stored(20), 20);
   EXPECT_TRUE(WaitInto(tickets, a, big, true, &got).ok());
   // Pool a's flood dropped none of b's.
@@ -182,12 +183,12 @@ TEST_F(StorageTicketsTest, APoolKeepsItsNewestFinishedTicketsWithinTheLimits) {
 TEST_F(StorageTicketsTest, ADeletedPoolsTicketsGo) {
   StorageTickets tickets;
   std::shared_ptr<Pool> a = MakePool("a");
-  const uint64_t id = tickets.Open(a);
+  const uint64_t id = *tickets.Open(a, 1);
   tickets.Finish(id, Stored(1), 1);
   EXPECT_EQ(tickets.size(), 1u);
   a.reset();
   std::shared_ptr<Pool> b = MakePool("b");
-  const uint64_t other = tickets.Open(b);  // sweeps
+  const uint64_t other = *tickets.Open(b, 1);  // sweeps
   EXPECT_EQ(tickets.size(), 1u);
   tickets.Discard(other);
   EXPECT_EQ(tickets.size(), 0u);
@@ -198,7 +199,7 @@ TEST_F(StorageTicketsTest, ConcurrentFinishesAndWaitsDeliverEveryTicket) {
   StorageTickets tickets({/*finished_per_pool=*/kTickets, /*pages_per_pool=*/kTickets});
   std::shared_ptr<Pool> pool = MakePool("a");
   std::vector<uint64_t> ids;
-  for (int i = 0; i < kTickets; ++i) ids.push_back(tickets.Open(pool));
+  for (int i = 0; i < kTickets; ++i) ids.push_back(*tickets.Open(pool, 1));
   std::atomic<int> delivered{0};
   std::thread finisher([&] {
     for (int i = 0; i < kTickets; ++i) tickets.Finish(ids[i], Stored(i), 1);
@@ -222,6 +223,45 @@ TEST_F(StorageTicketsTest, ConcurrentFinishesAndWaitsDeliverEveryTicket) {
   EXPECT_EQ(delivered.load(), kTickets);
   EXPECT_EQ(tickets.size(), static_cast<size_t>(kTickets));
   EXPECT_EQ(tickets.dropped(), 0u);
+}
+
+// Kept results are paid for by the memory budget (issue 29, finding 9): a
+// ticket reserves its pages' results from Open until it is dropped, and a
+// detached call whose results do not fit is refused with nothing kept.
+TEST_F(StorageTicketsTest, KeptResultsCountAgainstTheMemoryBudget) {
+  auto ledger = std::make_shared<MemoryLedger>();
+  const uint64_t budget = 100 * StorageTickets::kBytesPerPage;
+  StorageTickets::Reserve reserve =
+      [ledger, budget](uint64_t bytes,
+                       const std::string& what) -> absl::StatusOr<TransientReservation> {
+    if (ledger->transient + bytes > budget) {
+      return absl::ResourceExhaustedError(absl::StrCat(what, ": over the budget"));
+    }
+    ledger->transient += bytes;
+    return TransientReservation(ledger, bytes);
+  };
+  StorageTickets tickets({/*finished_per_pool=*/2, /*pages_per_pool=*/1000}, nullptr, reserve);
+  std::shared_ptr<Pool> a = MakePool("a");
+  const uint64_t first = *tickets.Open(a, 60);
+  EXPECT_EQ(ledger->transient.load(), 60 * StorageTickets::kBytesPerPage);
+  absl::StatusOr<uint64_t> over = tickets.Open(a, 41);
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(over.status().message(), "41 pages of pool 'a'")) << over.status();
+  EXPECT_EQ(tickets.size(), 1u);
+  tickets.Finish(first, Stored(60), 60);
+  // Dropped by the pool's limits: its bytes come back.
+  const uint64_t second = *tickets.Open(a, 20);
+  tickets.Finish(second, Stored(20), 20);
+  const uint64_t third = *tickets.Open(a, 20);
+  tickets.Finish(third, Stored(20), 20);
+  EXPECT_EQ(ledger->transient.load(), 40 * StorageTickets::kBytesPerPage);
+  // Discarded (a refused call) and gone with its pool: all of it back.
+  tickets.Discard(*tickets.Open(a, 10));
+  EXPECT_EQ(ledger->transient.load(), 40 * StorageTickets::kBytesPerPage);
+  a.reset();
+  std::shared_ptr<Pool> b = MakePool("b");
+  tickets.Discard(*tickets.Open(b, 1));  // sweeps a's
+  EXPECT_EQ(ledger->transient.load(), 0u);
 }
 
 }  // namespace

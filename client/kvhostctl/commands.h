@@ -159,7 +159,9 @@ inline constexpr Command kCommands[] = {
      "fetch the pages stored under the keys into the pages at the\n"
      "indices; each page: PAGE_HIT, or why not (a miss is no error)",
      RunL3Fetch},
-    {"l3-exist", "KEY...", 1, kAnyNumber, "how many of the keys, from the first, are stored in L3",
+    {"l3-exist", "POOL KEY...", 2, kAnyNumber,
+     "how many of the keys, from the first, are stored in L3 in\n"
+     "the pool's namespace",
      RunL3Exist},
     {"watch", "", 0, 0,
      "a live view of pools, tickets and GB/s per direction,\n"

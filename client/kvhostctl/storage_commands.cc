@@ -1,7 +1,7 @@
 // The L3 tier's commands (kvhost.v1.StorageService; kvhostd --l3-memcached):
 // l3-store and l3-fetch move pages between a pool and the cache, each page
 // given as INDEX=KEY (its first slot and its key); l3-exist prints how many
-// of the keys, from the first, are stored.
+// of the keys, from the first, are stored in the pool's namespace.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -95,12 +95,13 @@ absl::Status RunL3Fetch(Context& ctx, const Args& args) {
 }
 
 absl::Status RunL3Exist(Context& ctx, const Args& args) {
-  absl::StatusOr<uint64_t> prefix = ctx.client->ExistPages(args);
+  const std::vector<std::string> keys(args.begin() + 1, args.end());
+  absl::StatusOr<uint64_t> prefix = ctx.client->ExistPages(args[0], keys);
   if (!prefix.ok()) return prefix.status();
   if (ctx.json) {
-    PrintLine(JsonObject().Uint("prefix_pages", *prefix).Uint("keys", args.size()).str());
+    PrintLine(JsonObject().Uint("prefix_pages", *prefix).Uint("keys", keys.size()).str());
   } else {
-    PrintLine(absl::StrFormat("%d of %d key(s) stored, from the first", *prefix, args.size()));
+    PrintLine(absl::StrFormat("%d of %d key(s) stored, from the first", *prefix, keys.size()));
   }
   return absl::OkStatus();
 }

@@ -189,7 +189,7 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_async_take_value": ([_vp, _u64, _pu64] + _ERR, _int),
     "kvhost_l3_store": ([_vp, _cp, _pi64, _pvp, _psz, _sz, _pi32, _pu64] + _ERR, _int),
     "kvhost_l3_fetch": ([_vp, _cp, _pvp, _psz, _pi64, _sz, _pi32, _pu64] + _ERR, _int),
-    "kvhost_l3_exist": ([_vp, _pvp, _psz, _sz, _pu64] + _ERR, _int),
+    "kvhost_l3_exist": ([_vp, _cp, _pvp, _psz, _sz, _pu64] + _ERR, _int),
     "kvhost_l3_start_store": ([_vp, _cp, _pi64, _pvp, _psz, _sz, _pu64] + _ERR, _int),
     "kvhost_l3_start_fetch": ([_vp, _cp, _pvp, _psz, _pi64, _sz, _pu64] + _ERR, _int),
     "kvhost_l3_wait":

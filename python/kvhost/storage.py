@@ -101,11 +101,13 @@ class StorageCalls:
         del keep
         return PagesResult(_outcomes(out, n), int(good.value))
 
-    def l3_exist(self, keys: Sequence[Key]) -> int:
-        """How many of `keys`, from the first, are stored in L3."""
+    def l3_exist(self, pool: str, keys: Sequence[Key]) -> int:
+        """How many of `keys`, from the first, are stored in L3 in `pool`'s
+        namespace (its owner token's; the public one for an unprotected pool)."""
         kptrs, klens, n, keep = _keys(keys)
         prefix = C.c_uint64(0)
-        _lib.call(_lib.lib().kvhost_l3_exist, self._handle(), kptrs, klens, n, C.byref(prefix))
+        _lib.call(_lib.lib().kvhost_l3_exist, self._handle(), _pool(pool), kptrs, klens, n,
+                  C.byref(prefix))
         del keep
         return int(prefix.value)
 

@@ -120,18 +120,36 @@ absl::StatusOr<std::shared_ptr<Pool>> StorageServiceImpl::PagesPool(
   return target->pool;
 }
 
+absl::StatusOr<std::string> StorageServiceImpl::Namespace(
+    const grpc::CallbackServerContext& context, const Pool& pool) const {
+  if (!pool.owner_protected()) return tier_->secret().PublicNamespace();
+  // Checked again on the object whose namespace it picks: a token that
+  // passed for the name but does not open this pool gets no namespace.
+  const std::optional<std::string> token = OwnerToken(context);
+  if (!token || !pool.token_owner().OwnerTokenMatches(*token)) {
+    return absl::PermissionDeniedError(absl::StrCat("pool '", pool.name(),
+                                                    "' is protected by an owner token; this call's "
+                                                    "kvhost-token does not open it"));
+  }
+  return tier_->secret().TokenNamespace(*token);
+}
+
 grpc::ServerUnaryReactor* StorageServiceImpl::StorePages(grpc::CallbackServerContext* context,
                                                          const v1::StorePagesRequest* request,
                                                          v1::StorePagesResponse* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool =
       PagesPool(*context, request->pool(), request->indices_size(), request->keys_size());
   if (!pool.ok()) return FinishCall(context, pool.status());
+  absl::StatusOr<std::string> ns = Namespace(*context, **pool);
+  if (!ns.ok()) return FinishCall(context, ns.status());
   const uint64_t page_bytes = (*pool)->flat_page_bytes();
   const uint64_t pages = static_cast<uint64_t>(request->indices_size());
   if (request->detach()) {
-    const uint64_t id = tickets_->Open(*pool);
+    absl::StatusOr<uint64_t> opened = tickets_->Open(*pool, pages);
+    if (!opened.ok()) return FinishCall(context, opened.status());
+    const uint64_t id = *opened;
     absl::Status accepted =
-        tier_->Store(*pool, Indices(request->indices()), Keys(request->keys()),
+        tier_->Store(*pool, *ns, Indices(request->indices()), Keys(request->keys()),
                      [tickets = tickets_, id, page_bytes, pages](std::vector<PageResult> results) {
                        v1::StorageTicketStatus status;
                        FillStore(results, page_bytes, status.mutable_store());
@@ -147,7 +165,7 @@ grpc::ServerUnaryReactor* StorageServiceImpl::StorePages(grpc::CallbackServerCon
   }
   auto* reactor = new OwnedUnaryReactor();
   absl::Status accepted =
-      tier_->Store(*pool, Indices(request->indices()), Keys(request->keys()),
+      tier_->Store(*pool, *std::move(ns), Indices(request->indices()), Keys(request->keys()),
                    [reactor, response, page_bytes](std::vector<PageResult> results) {
                      FillStore(results, page_bytes, response);
                      reactor->Finish(grpc::Status::OK);
@@ -162,12 +180,16 @@ grpc::ServerUnaryReactor* StorageServiceImpl::FetchPages(grpc::CallbackServerCon
   absl::StatusOr<std::shared_ptr<Pool>> pool =
       PagesPool(*context, request->pool(), request->indices_size(), request->keys_size());
   if (!pool.ok()) return FinishCall(context, pool.status());
+  absl::StatusOr<std::string> ns = Namespace(*context, **pool);
+  if (!ns.ok()) return FinishCall(context, ns.status());
   const uint64_t page_bytes = (*pool)->flat_page_bytes();
   const uint64_t pages = static_cast<uint64_t>(request->indices_size());
   if (request->detach()) {
-    const uint64_t id = tickets_->Open(*pool);
+    absl::StatusOr<uint64_t> opened = tickets_->Open(*pool, pages);
+    if (!opened.ok()) return FinishCall(context, opened.status());
+    const uint64_t id = *opened;
     absl::Status accepted =
-        tier_->Fetch(*pool, Keys(request->keys()), Indices(request->indices()),
+        tier_->Fetch(*pool, *ns, Keys(request->keys()), Indices(request->indices()),
                      [tickets = tickets_, id, page_bytes, pages](std::vector<PageResult> results) {
                        v1::StorageTicketStatus status;
                        FillFetch(results, page_bytes, status.mutable_fetch());
@@ -183,7 +205,7 @@ grpc::ServerUnaryReactor* StorageServiceImpl::FetchPages(grpc::CallbackServerCon
   }
   auto* reactor = new OwnedUnaryReactor();
   absl::Status accepted =
-      tier_->Fetch(*pool, Keys(request->keys()), Indices(request->indices()),
+      tier_->Fetch(*pool, *std::move(ns), Keys(request->keys()), Indices(request->indices()),
                    [reactor, response, page_bytes](std::vector<PageResult> results) {
                      FillFetch(results, page_bytes, response);
                      reactor->Finish(grpc::Status::OK);
@@ -196,16 +218,22 @@ grpc::ServerUnaryReactor* StorageServiceImpl::ExistPages(grpc::CallbackServerCon
                                                          const v1::ExistPagesRequest* request,
                                                          v1::ExistPagesResponse* response) {
   if (tier_ == nullptr) return FinishCall(context, NoTier());
-  if (absl::Status s =
-          CheckIndexCount("keys", static_cast<uint64_t>(request->keys_size()), max_indices_);
-      !s.ok()) {
-    return FinishCall(context, s);
+  if (request->pool().empty()) {
+    return FinishCall(context, absl::InvalidArgumentError(
+                                   "ExistPages names no pool: give the pool whose namespace to "
+                                   "look in (a protected pool's keys are its owner token's)"));
   }
+  absl::StatusOr<std::shared_ptr<Pool>> pool =
+      PagesPool(*context, request->pool(), 0, request->keys_size());
+  if (!pool.ok()) return FinishCall(context, pool.status());
+  absl::StatusOr<std::string> ns = Namespace(*context, **pool);
+  if (!ns.ok()) return FinishCall(context, ns.status());
   auto* reactor = new OwnedUnaryReactor();
-  absl::Status accepted = tier_->Exist(Keys(request->keys()), [reactor, response](uint64_t prefix) {
-    response->set_prefix_pages(prefix);
-    reactor->Finish(grpc::Status::OK);
-  });
+  absl::Status accepted = tier_->Exist(*pool, *std::move(ns), Keys(request->keys()),
+                                       [reactor, response](uint64_t prefix) {
+                                         response->set_prefix_pages(prefix);
+                                         reactor->Finish(grpc::Status::OK);
+                                       });
   if (!accepted.ok()) reactor->Finish(ToGrpcStatus(accepted));
   return reactor;
 }

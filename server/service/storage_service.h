@@ -1,12 +1,15 @@
 // StorageServiceImpl: kvhost.v1.StorageService (proto/kvhost/v1/storage.proto)
-// over the L3 tier. Translates and validates: StorePages and FetchPages read
-// or write a pool's data, so they check its owner token first
-// (PoolRegistry::Resolve, as the page RPCs of PoolService do) and accept
-// a pool group's name for its anchor pool; ExistPages names no pool. The
+// over the L3 tier. Translates and validates: StorePages, FetchPages and
+// ExistPages read or write a pool's data (or what it may see), so they
+// check its owner token first (PoolRegistry::Resolve, as the page RPCs of
+// PoolService do) and accept a pool group's name for its anchor pool. The
+// keys of a call live in the pool's namespace: its owner token's
+// (L3Secret::TokenNamespace), the public one for an unprotected pool. The
 // tier validates the pages and runs the work on its own threads; each call
 // is a reactor finished from there, so no gRPC thread waits on the cache.
-// A detached call returns at once with a ticket (StorageTickets) that
-// WaitStorage, under the same pool checks, answers.
+// A detached call returns at once with a ticket (StorageTickets, its kept
+// results reserved against --memory-limit) that WaitStorage, under the
+// same pool checks, answers.
 //
 // Thread safety: handlers run concurrently on gRPC's threads; the tier and
 // the registry synchronise themselves.
@@ -36,7 +39,10 @@ class StorageServiceImpl final : public v1::StorageService::CallbackService {
       : registry_(registry),
         tier_(tier),
         max_indices_(max_indices_per_call),
-        tickets_(std::make_shared<StorageTickets>(ticket_limits, metrics)) {}
+        tickets_(std::make_shared<StorageTickets>(
+            ticket_limits, metrics, [registry](uint64_t bytes, const std::string& what) {
+              return registry->ReserveTransient(bytes, what);
+            })) {}
 
   grpc::ServerUnaryReactor* StorePages(grpc::CallbackServerContext* context,
                                        const v1::StorePagesRequest* request,
@@ -61,6 +67,11 @@ class StorageServiceImpl final : public v1::StorageService::CallbackService {
   absl::StatusOr<std::shared_ptr<Pool>> PagesPool(const grpc::CallbackServerContext& context,
                                                   const std::string& pool, int indices,
                                                   int keys) const;
+  // The namespace of `pool`'s keys for a call with `context`'s owner token:
+  // the token's for a protected pool (PERMISSION_DENIED unless the token
+  // opens that very object), else the public one.
+  absl::StatusOr<std::string> Namespace(const grpc::CallbackServerContext& context,
+                                        const Pool& pool) const;
 
   PoolRegistry* const registry_;
   StorageTier* const tier_;

@@ -10,11 +10,22 @@
 
 namespace kvhost {
 
-uint64_t StorageTickets::Open(const std::shared_ptr<Pool>& pool) {
+absl::StatusOr<uint64_t> StorageTickets::Open(const std::shared_ptr<Pool>& pool, uint64_t pages) {
+  TransientReservation memory;
+  if (reserve_ != nullptr) {
+    absl::StatusOr<TransientReservation> r = reserve_(
+        pages * kBytesPerPage,
+        absl::StrCat("the results of a detached L3 call of ", pages, " pages of pool '",
+                     pool->name(), "' (kept until its oldest finished tickets are dropped)"));
+    if (!r.ok()) return r.status();
+    memory = *std::move(r);
+  }
   absl::MutexLock lock(&mu_);
   SweepGonePools();
   const uint64_t id = next_id_++;
-  tickets_[id].pool = pool;
+  Ticket& ticket = tickets_[id];
+  ticket.pool = pool;
+  ticket.memory = std::move(memory);
   return id;
 }
 

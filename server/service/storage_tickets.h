@@ -11,6 +11,11 @@
 // only for that object, never through another pool nor a pool made again
 // under the same name.
 //
+// Memory: a ticket reserves kBytesPerPage for each of its pages (through
+// the Reserve function: PoolRegistry::ReserveTransient, against
+// --memory-limit) from Open until it is dropped, so kept results are paid
+// for by the memory budget like page-stream buffers.
+//
 // Thread safety: all methods may be called concurrently. Waiters run
 // outside the lock, on the thread of Finish (a tier thread) or of Wait.
 #ifndef KVHOST_SERVER_SERVICE_STORAGE_TICKETS_H_
@@ -31,6 +36,7 @@
 #include "kvhost/v1/storage.pb.h"
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/pool.h"
+#include "server/pool/registry.h"
 
 namespace kvhost {
 
@@ -41,20 +47,31 @@ class StorageTickets {
     size_t finished_per_pool = 256;
     uint64_t pages_per_pool = 65536;
   };
+  // Heap a kept result takes per page: up to 240 bytes of detail
+  // (StorageServiceImpl::kMaxDetailBytes) and the PageResult around it
+  // (measured: 65536 kept pages took 20.6 MiB, 330 bytes each).
+  static constexpr uint64_t kBytesPerPage = 384;
+  // Reserves `bytes` for `what` (a message's words), or RESOURCE_EXHAUSTED.
+  using Reserve =
+      std::function<absl::StatusOr<TransientReservation>(uint64_t bytes, const std::string& what)>;
   // Called once with the ticket's status: done with its result, or (a
   // poll of a running ticket) not done. Returns whether it delivered the
   // status to its caller (false: its call was cancelled meanwhile).
   using Waiter = std::function<bool(const v1::StorageTicketStatus&)>;
 
   StorageTickets() : StorageTickets(Limits{}) {}
-  // `metrics` (null: none) must outlive this.
-  explicit StorageTickets(const Limits& limits, KvhostMetrics* metrics = nullptr)
-      : limits_(limits), metrics_(metrics) {}
+  // `metrics` (null: none) must outlive this. `reserve` null: nothing is
+  // reserved.
+  explicit StorageTickets(const Limits& limits, KvhostMetrics* metrics = nullptr,
+                          Reserve reserve = nullptr)
+      : limits_(limits), metrics_(metrics), reserve_(std::move(reserve)) {}
   StorageTickets(const StorageTickets&) = delete;
   StorageTickets& operator=(const StorageTickets&) = delete;
 
-  // A new running ticket of `pool`; its id (never 0, never reused).
-  uint64_t Open(const std::shared_ptr<Pool>& pool);
+  // A new running ticket of `pool` for a call of `pages` pages; its id
+  // (never 0, never reused). RESOURCE_EXHAUSTED (Reserve's message) when
+  // its results do not fit the memory budget.
+  absl::StatusOr<uint64_t> Open(const std::shared_ptr<Pool>& pool, uint64_t pages);
   // Forgets a ticket whose call was refused (never shown to anyone).
   void Discard(uint64_t id);
   // The ticket's call is done with `status` (its store or fetch result set;
@@ -83,6 +100,7 @@ class StorageTickets {
     uint64_t pages = 0;
     v1::StorageTicketStatus status;
     std::vector<std::pair<uint64_t, Waiter>> waiters;
+    TransientReservation memory;  // its results' bytes, until it is dropped
   };
   // A pool's finished tickets, oldest first, and their pages.
   struct Kept {
@@ -101,6 +119,7 @@ class StorageTickets {
 
   const Limits limits_;
   KvhostMetrics* const metrics_;
+  const Reserve reserve_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;

@@ -12,9 +12,11 @@ namespace kvhost {
 namespace {
 
 constexpr char kMagic[4] = {'K', 'V', 'L', '3'};
-constexpr uint16_t kVersion = 1;
-constexpr size_t kHeaderCrcOffset = 68;
-constexpr char kKeyPrefix[] = "kvh3:";
+// Version 2: the MAC (version 1 records, CRCs only, are refused).
+constexpr uint16_t kVersion = 2;
+constexpr size_t kMacOffset = 68;
+constexpr size_t kHeaderCrcOffset = kMacOffset + kL3MacBytes;
+static_assert(kHeaderCrcOffset + 4 == kPartHeaderBytes);
 
 void Put16(uint8_t* p, uint16_t v) {
   for (int i = 0; i < 2; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -42,7 +44,7 @@ absl::Span<const uint8_t> AsBytes(absl::string_view s) {
 }
 
 // FNV-1a, 64 bits: a fingerprint of the shape's text, not a security
-// measure (the checksums guard the bytes; a pool's owner decides its keys).
+// measure (the MAC authenticates a record, l3_secret.h).
 uint64_t Fnv1a64(absl::string_view text) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (const char c : text) {
@@ -82,10 +84,30 @@ void EncodeHeader(const PartHeader& h, uint8_t* out) {
   out[58] = h.dtype;
   Put32(out + 60, h.page_size);
   Put32(out + 64, h.layer_num);
+  std::memcpy(out + kMacOffset, h.mac.data(), kL3MacBytes);
   Put32(out + kHeaderCrcOffset, Crc32c(absl::MakeConstSpan(out, kHeaderCrcOffset)));
 }
 
 PageResult Corrupt(std::string detail) { return {PageOutcome::kCorrupt, std::move(detail)}; }
+
+// The MAC of a page: what its header says of it (all but where each part
+// sits, which the bytes' order fixes) and its bytes, for its scope.
+L3Mac PageMac(const RecordScope& scope, const PartHeader& h,
+              absl::Span<const absl::string_view> bodies) {
+  L3Secret::Mac mac(*scope.secret);
+  mac.Update(absl::string_view("kvhost l3 page v2"));
+  mac.Update(scope.ns);
+  mac.UpdateU64(scope.key.size());
+  mac.Update(scope.key);
+  mac.UpdateU64(h.fingerprint);
+  mac.UpdateU64(h.store_id);
+  mac.UpdateU64(h.page_bytes);
+  mac.UpdateU64(h.count);
+  mac.UpdateU64(uint64_t{h.kind} | uint64_t{h.layout} << 8 | uint64_t{h.dtype} << 16);
+  mac.UpdateU64(uint64_t{h.page_size} | uint64_t{h.layer_num} << 32);
+  for (const absl::string_view body : bodies) mac.Update(body);
+  return mac.Final();
+}
 
 }  // namespace
 
@@ -136,8 +158,8 @@ absl::StatusOr<PageShapeTag> ShapeTagOf(const Pool& pool) {
   return tag;
 }
 
-std::string PartKey(absl::string_view key, uint32_t part) {
-  std::string out = absl::StrCat(kKeyPrefix, absl::BytesToHexString(key));
+std::string PartKey(absl::string_view base, uint32_t part) {
+  std::string out(base);
   if (part > 0) absl::StrAppend(&out, ".", part);
   return out;
 }
@@ -157,7 +179,8 @@ uint32_t PartCount(uint64_t page_bytes, uint64_t max_item_bytes) {
 }
 
 absl::StatusOr<std::vector<std::string>> EncodePage(const Pool& pool, int64_t first_slot,
-                                                    const PageShapeTag& tag, uint64_t store_id,
+                                                    const PageShapeTag& tag,
+                                                    const RecordScope& scope, uint64_t store_id,
                                                     uint64_t max_item_bytes) {
   const uint64_t payload = max_item_bytes - kPartHeaderBytes;
   const uint32_t count = PartCount(tag.page_bytes, max_item_bytes);
@@ -178,6 +201,11 @@ absl::StatusOr<std::vector<std::string>> EncodePage(const Pool& pool, int64_t fi
     h.offset = offset;
     h.index = i;
   }
+  std::vector<absl::string_view> bodies;
+  bodies.reserve(count);
+  for (const std::string& item : items) {
+    bodies.push_back(absl::string_view(item).substr(kPartHeaderBytes));
+  }
   for (uint32_t i = 0; i < count; ++i) {
     PartHeader& h = headers[i];
     h.fingerprint = tag.fingerprint;
@@ -190,7 +218,11 @@ absl::StatusOr<std::vector<std::string>> EncodePage(const Pool& pool, int64_t fi
     h.dtype = tag.dtype;
     h.page_size = tag.page_size;
     h.layer_num = tag.layer_num;
-    EncodeHeader(h, reinterpret_cast<uint8_t*>(items[i].data()));
+    h.mac = i == 0 ? PageMac(scope, h, bodies) : headers[0].mac;
+  }
+  // Headers last: `bodies` looks into the items.
+  for (uint32_t i = 0; i < count; ++i) {
+    EncodeHeader(headers[i], reinterpret_cast<uint8_t*>(items[i].data()));
   }
   return items;
 }
@@ -210,6 +242,7 @@ absl::StatusOr<PartHeader> DecodePartHeader(absl::string_view item) {
   if (Get32(p + kHeaderCrcOffset) != Crc32c(absl::MakeConstSpan(p, kHeaderCrcOffset))) {
     return absl::DataLossError("header checksum mismatch");
   }
+  if (p[59] != 0) return absl::DataLossError("reserved header byte 59 is not 0");
   PartHeader h;
   h.fingerprint = Get64(p + 8);
   h.store_id = Get64(p + 16);
@@ -224,10 +257,19 @@ absl::StatusOr<PartHeader> DecodePartHeader(absl::string_view item) {
   h.dtype = p[58];
   h.page_size = Get32(p + 60);
   h.layer_num = Get32(p + 64);
+  std::memcpy(h.mac.data(), p + kMacOffset, kL3MacBytes);
   return h;
 }
 
-PageResult CheckPage(const PageShapeTag& want, absl::Span<const std::optional<std::string>> parts) {
+bool PlausibleFirstPart(const PartHeader& first, const PageShapeTag& want,
+                        uint64_t max_item_bytes) {
+  return first.index == 0 && first.fingerprint == want.fingerprint &&
+         first.page_bytes == want.page_bytes &&
+         first.count == PartCount(want.page_bytes, max_item_bytes);
+}
+
+PageResult CheckPage(const PageShapeTag& want, const RecordScope& scope, uint64_t max_item_bytes,
+                     absl::Span<const std::optional<std::string>> parts) {
   if (parts.empty() || !parts[0].has_value()) return {PageOutcome::kMiss, "not stored"};
   absl::StatusOr<PartHeader> first = DecodePartHeader(*parts[0]);
   if (!first.ok()) return Corrupt(absl::StrCat("part 0: ", first.status().message()));
@@ -235,12 +277,17 @@ PageResult CheckPage(const PageShapeTag& want, absl::Span<const std::optional<st
     return {PageOutcome::kShapeMismatch, absl::StrCat("the stored page is ", DescribeStored(*first),
                                                       ", the pool's pages are ", want.Describe())};
   }
-  if (first->index != 0 || first->count != parts.size()) {
-    return Corrupt(absl::StrCat("part 0 says it is part ", first->index, " of ", first->count, "; ",
-                                parts.size(), " parts were read"));
+  const uint32_t count = PartCount(want.page_bytes, max_item_bytes);
+  if (!PlausibleFirstPart(*first, want, max_item_bytes) || parts.size() != count) {
+    return Corrupt(absl::StrCat(
+        "part 0 says it is part ", first->index, " of ", first->count, "; ", want.page_bytes,
+        "-byte pages in items of ", max_item_bytes, " bytes have ", count,
+        " parts (is --l3-item-bytes the same on every node?), ", parts.size(), " were read"));
   }
   uint64_t offset = 0;
   uint32_t page_crc = 0;
+  std::vector<absl::string_view> bodies;
+  bodies.reserve(parts.size());
   for (size_t i = 0; i < parts.size(); ++i) {
     const std::string where = absl::StrCat("part ", i, " of ", parts.size());
     if (!parts[i].has_value()) {
@@ -250,12 +297,18 @@ PageResult CheckPage(const PageShapeTag& want, absl::Span<const std::optional<st
     }
     absl::StatusOr<PartHeader> h = DecodePartHeader(*parts[i]);
     if (!h.ok()) return Corrupt(absl::StrCat(where, ": ", h.status().message()));
+    // Every page-wide field as part 0 says (which the MAC covers), so no
+    // header field goes unchecked.
     if (h->store_id != first->store_id || h->index != i || h->count != first->count ||
-        h->fingerprint != first->fingerprint || h->page_crc != first->page_crc) {
+        h->fingerprint != first->fingerprint || h->page_crc != first->page_crc ||
+        h->page_bytes != first->page_bytes || h->kind != first->kind ||
+        h->layout != first->layout || h->dtype != first->dtype ||
+        h->page_size != first->page_size || h->layer_num != first->layer_num ||
+        !L3Secret::MacEquals(h->mac, first->mac)) {
       return Corrupt(absl::StrCat(where, " belongs to another store of the key (torn page)"));
     }
-    const absl::Span<const uint8_t> body =
-        AsBytes(absl::string_view(*parts[i]).substr(kPartHeaderBytes));
+    const absl::string_view text = absl::string_view(*parts[i]).substr(kPartHeaderBytes);
+    const absl::Span<const uint8_t> body = AsBytes(text);
     if (h->offset != offset || body.size() > want.page_bytes - offset) {
       return Corrupt(absl::StrCat(where, " holds bytes [", h->offset, ", +", body.size(),
                                   "), expected from ", offset, " within ", want.page_bytes));
@@ -263,11 +316,19 @@ PageResult CheckPage(const PageShapeTag& want, absl::Span<const std::optional<st
     if (Crc32c(body) != h->part_crc) return Corrupt(absl::StrCat(where, ": checksum mismatch"));
     page_crc = Crc32cExtend(page_crc, body);
     offset += body.size();
+    bodies.push_back(text);
   }
   if (offset != want.page_bytes) {
     return Corrupt(absl::StrCat("the parts hold ", offset, " of ", want.page_bytes, " bytes"));
   }
   if (page_crc != first->page_crc) return Corrupt("page checksum mismatch");
+  if (!L3Secret::MacEquals(PageMac(scope, *first, bodies), first->mac)) {
+    PageResult forged{PageOutcome::kMiss,
+                      "the stored page is not authenticated (its MAC fails: forged, or stored "
+                      "under another --l3-secret-file or for another namespace)"};
+    forged.unauthenticated = true;
+    return forged;
+  }
   return {PageOutcome::kHit, ""};
 }
 

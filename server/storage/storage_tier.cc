@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
 
 namespace kvhost {
 namespace {
@@ -30,7 +31,8 @@ const char* OpName(StorageOp op) {
 // One accepted call: its pages, their results, and the jobs still running.
 struct StorageTier::Call {
   StorageOp op = StorageOp::kStore;
-  std::shared_ptr<Pool> pool;  // null for Exist
+  std::shared_ptr<Pool> pool;
+  std::string ns;  // the namespace of the keys
   PageShapeTag tag;
   std::vector<int64_t> indices;
   std::vector<std::string> keys;
@@ -57,30 +59,55 @@ PageResult Unavailable(std::string detail) {
 }  // namespace
 
 StorageTier::StorageTier(std::unique_ptr<StorageBackend> backend, const StorageTierOptions& options,
-                         KvhostMetrics* metrics)
+                         L3Secret secret, KvhostMetrics* metrics)
     : backend_(std::move(backend)),
       options_(options),
+      secret_(std::move(secret)),
       metrics_(metrics),
       queue_(std::max(1, options.threads)) {}
 
 StorageTier::~StorageTier() = default;
 
-absl::Status StorageTier::Reserve(uint64_t n) {
+absl::Status StorageTier::Reserve(const Pool& pool, uint64_t n) {
   const uint64_t max = options_.max_pages_in_flight;
-  if (n > max) {
+  const uint64_t share = std::min(max, options_.max_pages_in_flight_per_pool);
+  if (n > share) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("a call of ", n, " pages, over the bound of ", max,
-                     " pages in flight (--l3-max-pages-in-flight); split it"));
+        absl::StrCat("a call of ", n, " pages, over the bound of ", share, " pages in flight",
+                     share < max ? " for one pool (--l3-max-pages-in-flight-per-pool)"
+                                 : " (--l3-max-pages-in-flight)",
+                     "; split it"));
   }
-  uint64_t now = in_flight_.load();
-  do {
-    if (now + n > max) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(n, " pages asked with ", now, " in flight, over the bound of ", max,
-                       " pages in flight (--l3-max-pages-in-flight); retry when calls finish"));
-    }
-  } while (!in_flight_.compare_exchange_weak(now, now + n));
+  const Pool* unit = &pool.token_owner();
+  absl::MutexLock lock(&shares_mu_);
+  auto it = shares_.find(unit);
+  const uint64_t mine = it == shares_.end() ? 0 : it->second;
+  const uint64_t now = in_flight_.load();
+  if (now + n > max) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(n, " pages asked with ", now, " in flight, over the bound of ", max,
+                     " pages in flight (--l3-max-pages-in-flight); retry when calls finish"));
+  }
+  if (mine + n > share) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(n, " pages asked with ", mine, " of pool '", pool.name(),
+                     "' in flight, over its share of ", share,
+                     " pages in flight (--l3-max-pages-in-flight-per-pool); retry when its calls "
+                     "finish"));
+  }
+  shares_[unit] = mine + n;
+  in_flight_.fetch_add(n);
   return absl::OkStatus();
+}
+
+void StorageTier::Release(const Pool& pool, uint64_t n) {
+  absl::MutexLock lock(&shares_mu_);
+  auto it = shares_.find(&pool.token_owner());
+  if (it != shares_.end()) {
+    it->second -= std::min(it->second, n);
+    if (it->second == 0) shares_.erase(it);
+  }
+  in_flight_.fetch_sub(n);
 }
 
 absl::Status StorageTier::CheckPages(const Pool& pool, absl::Span<const int64_t> indices,
@@ -106,13 +133,26 @@ absl::Status StorageTier::CheckPages(const Pool& pool, absl::Span<const int64_t>
   return absl::OkStatus();
 }
 
-absl::Status StorageTier::Store(std::shared_ptr<Pool> pool, std::vector<int64_t> indices,
-                                std::vector<std::string> keys, PagesDone done) {
+absl::Status StorageTier::Store(std::shared_ptr<Pool> pool, std::string ns,
+                                std::vector<int64_t> indices, std::vector<std::string> keys,
+                                PagesDone done) {
   auto call = std::make_shared<Call>();
   if (absl::Status s = CheckPages(*pool, indices, keys, &call->tag); !s.ok()) return s;
-  if (absl::Status s = Reserve(indices.size()); !s.ok()) return s;
+  absl::flat_hash_map<int64_t, int> uses;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (++uses[indices[i]] > kMaxKeysPerPage) {
+      return WithPool(pool->name(), absl::InvalidArgumentError(
+                                        absl::StrCat("indices[", i, "] = ", indices[i],
+                                                     " is given more than ", kMaxKeysPerPage,
+                                                     " times; a call stores a page under at "
+                                                     "most ",
+                                                     kMaxKeysPerPage, " keys")));
+    }
+  }
+  if (absl::Status s = Reserve(*pool, indices.size()); !s.ok()) return s;
   call->op = StorageOp::kStore;
   call->pool = std::move(pool);
+  call->ns = std::move(ns);
   call->indices = std::move(indices);
   call->keys = std::move(keys);
   call->pages_done = std::move(done);
@@ -120,8 +160,9 @@ absl::Status StorageTier::Store(std::shared_ptr<Pool> pool, std::vector<int64_t>
   return absl::OkStatus();
 }
 
-absl::Status StorageTier::Fetch(std::shared_ptr<Pool> pool, std::vector<std::string> keys,
-                                std::vector<int64_t> indices, PagesDone done) {
+absl::Status StorageTier::Fetch(std::shared_ptr<Pool> pool, std::string ns,
+                                std::vector<std::string> keys, std::vector<int64_t> indices,
+                                PagesDone done) {
   auto call = std::make_shared<Call>();
   if (absl::Status s = CheckPages(*pool, indices, keys, &call->tag); !s.ok()) return s;
   std::set<int64_t> seen;
@@ -133,9 +174,10 @@ absl::Status StorageTier::Fetch(std::shared_ptr<Pool> pool, std::vector<std::str
                                                               "filled from one key")));
     }
   }
-  if (absl::Status s = Reserve(indices.size()); !s.ok()) return s;
+  if (absl::Status s = Reserve(*pool, indices.size()); !s.ok()) return s;
   call->op = StorageOp::kFetch;
   call->pool = std::move(pool);
+  call->ns = std::move(ns);
   call->indices = std::move(indices);
   call->keys = std::move(keys);
   call->pages_done = std::move(done);
@@ -143,15 +185,18 @@ absl::Status StorageTier::Fetch(std::shared_ptr<Pool> pool, std::vector<std::str
   return absl::OkStatus();
 }
 
-absl::Status StorageTier::Exist(std::vector<std::string> keys, PrefixDone done) {
+absl::Status StorageTier::Exist(std::shared_ptr<Pool> pool, std::string ns,
+                                std::vector<std::string> keys, PrefixDone done) {
   for (size_t i = 0; i < keys.size(); ++i) {
     if (absl::Status s = CheckStorageKey(keys[i], absl::StrCat("keys[", i, "]")); !s.ok()) {
       return s;
     }
   }
-  if (absl::Status s = Reserve(keys.size()); !s.ok()) return s;
+  if (absl::Status s = Reserve(*pool, keys.size()); !s.ok()) return s;
   auto call = std::make_shared<Call>();
   call->op = StorageOp::kExist;
+  call->pool = std::move(pool);
+  call->ns = std::move(ns);
   call->keys = std::move(keys);
   call->prefix_done = std::move(done);
   Launch(std::move(call));
@@ -165,15 +210,7 @@ void StorageTier::Launch(std::shared_ptr<Call> call) {
   if (call->op == StorageOp::kExist) {
     // One job: the keys after the first miss are not looked up.
     call->jobs_left = 1;
-    queue_.Post([this, call] {
-      std::vector<std::string> keys;
-      keys.reserve(call->keys.size());
-      for (const std::string& k : call->keys) keys.push_back(PartKey(k, 0));
-      const std::vector<bool> present = backend_->ExistPrefix(keys);
-      call->prefix =
-          static_cast<uint64_t>(std::find(present.begin(), present.end(), false) - present.begin());
-      JobDone(call);
-    });
+    queue_.Post([this, call] { RunJob(call, 0, call->keys.size()); });
     return;
   }
   const uint64_t page_bytes = std::max<uint64_t>(1, call->tag.page_bytes);
@@ -188,15 +225,47 @@ void StorageTier::Launch(std::shared_ptr<Call> call) {
   call->jobs_left = jobs;
   for (size_t begin = 0; begin < n; begin += per_job) {
     const size_t end = std::min(n, begin + per_job);
-    queue_.Post([this, call, begin, end] {
-      if (call->op == StorageOp::kStore) {
-        StoreJob(*call, begin, end);
-      } else {
-        FetchJob(*call, begin, end);
-      }
-      JobDone(call);
-    });
+    queue_.Post([this, call, begin, end] { RunJob(call, begin, end); });
   }
+}
+
+void StorageTier::RunJob(const std::shared_ptr<Call>& call, size_t begin, size_t end) {
+  try {
+    switch (call->op) {
+      case StorageOp::kStore:
+        StoreJob(*call, begin, end);
+        break;
+      case StorageOp::kFetch:
+        FetchJob(*call, begin, end);
+        break;
+      case StorageOp::kExist: {
+        std::vector<std::string> keys;
+        keys.reserve(call->keys.size());
+        for (const std::string& k : call->keys) {
+          keys.push_back(PartKey(secret_.CacheKey(call->ns, k), 0));
+        }
+        const std::vector<bool> present = backend_->ExistPrefix(keys);
+        call->prefix = static_cast<uint64_t>(std::find(present.begin(), present.end(), false) -
+                                             present.begin());
+        break;
+      }
+    }
+  } catch (const std::exception& e) {
+    // Out of memory, most likely: the job's pages fail, the tier goes on.
+    spdlog::error("L3 {} job of pool '{}' failed: {}", OpName(call->op), call->pool->name(),
+                  e.what());
+    for (size_t i = begin; i < end && i < call->results.size(); ++i) {
+      call->results[i] = Unavailable("the tier failed this job (out of memory?); see the log");
+    }
+    call->prefix = 0;
+  } catch (...) {
+    spdlog::error("L3 {} job of pool '{}' failed", OpName(call->op), call->pool->name());
+    for (size_t i = begin; i < end && i < call->results.size(); ++i) {
+      call->results[i] = Unavailable("the tier failed this job; see the log");
+    }
+    call->prefix = 0;
+  }
+  JobDone(call);
 }
 
 void StorageTier::StoreJob(Call& call, size_t begin, size_t end) {
@@ -204,19 +273,21 @@ void StorageTier::StoreJob(Call& call, size_t begin, size_t end) {
   // Parts 1.. of every page first, then the part 0s of the pages whose other
   // parts are all stored: Exist counts a page by its part 0.
   std::vector<std::vector<std::string>> pages(end - begin);
+  std::vector<std::string> bases(end - begin);
   std::vector<StorageItem> rest;
   std::vector<size_t> rest_page;
   for (size_t i = begin; i < end; ++i) {
+    const std::string& base = bases[i - begin] = secret_.CacheKey(call.ns, call.keys[i]);
+    const RecordScope scope{&secret_, call.ns, call.keys[i]};
     absl::StatusOr<std::vector<std::string>> items =
-        EncodePage(*call.pool, call.indices[i], call.tag, NewStoreId(), item_bytes);
+        EncodePage(*call.pool, call.indices[i], call.tag, scope, NewStoreId(), item_bytes);
     if (!items.ok()) {
       call.results[i] = Unavailable(absl::StrCat("reading the page: ", items.status().message()));
       continue;
     }
     pages[i - begin] = *std::move(items);
     for (size_t p = 1; p < pages[i - begin].size(); ++p) {
-      rest.push_back(
-          {PartKey(call.keys[i], static_cast<uint32_t>(p)), std::move(pages[i - begin][p])});
+      rest.push_back({PartKey(base, static_cast<uint32_t>(p)), std::move(pages[i - begin][p])});
       rest_page.push_back(i);
     }
     call.results[i].outcome = PageOutcome::kStored;
@@ -232,7 +303,7 @@ void StorageTier::StoreJob(Call& call, size_t begin, size_t end) {
   std::vector<size_t> first_page;
   for (size_t i = begin; i < end; ++i) {
     if (call.results[i].outcome != PageOutcome::kStored) continue;
-    firsts.push_back({PartKey(call.keys[i], 0), std::move(pages[i - begin][0])});
+    firsts.push_back({PartKey(bases[i - begin], 0), std::move(pages[i - begin][0])});
     first_page.push_back(i);
   }
   const std::vector<absl::Status> first_status = backend_->Set(firsts);
@@ -245,9 +316,14 @@ void StorageTier::StoreJob(Call& call, size_t begin, size_t end) {
 }
 
 void StorageTier::FetchJob(Call& call, size_t begin, size_t end) {
+  const uint64_t item_bytes = backend_->max_item_bytes();
   // Round 1: every page's part 0, whose header says how many parts follow.
+  std::vector<std::string> bases;
   std::vector<std::string> keys;
-  for (size_t i = begin; i < end; ++i) keys.push_back(PartKey(call.keys[i], 0));
+  for (size_t i = begin; i < end; ++i) {
+    bases.push_back(secret_.CacheKey(call.ns, call.keys[i]));
+    keys.push_back(PartKey(bases.back(), 0));
+  }
   std::vector<FetchedItem> firsts = backend_->Get(keys);
   std::vector<std::vector<std::optional<std::string>>> parts(end - begin);
   std::vector<std::string> more;
@@ -260,15 +336,14 @@ void StorageTier::FetchJob(Call& call, size_t begin, size_t end) {
     }
     parts[j].push_back(std::move(firsts[j].value));
     absl::StatusOr<PartHeader> h = DecodePartHeader(*parts[j][0]);
-    // A count no page of this pool could have is left for CheckPage to
-    // refuse, without asking for its parts.
-    if (!h.ok() || h->fingerprint != call.tag.fingerprint || h->count < 1 ||
-        h->count > call.tag.page_bytes + 1) {
-      continue;
-    }
+    // Part 0's header is not yet authenticated: only the count that a page
+    // of this pool has in items of this size is believed (so what is asked
+    // for is bounded by the pool's page, never by the record); any other
+    // is left for CheckPage to refuse, without asking for its parts.
+    if (!h.ok() || !PlausibleFirstPart(*h, call.tag, item_bytes)) continue;
     parts[j].resize(h->count);
     for (uint32_t p = 1; p < h->count; ++p) {
-      more.push_back(PartKey(call.keys[begin + j], p));
+      more.push_back(PartKey(bases[j], p));
       more_at.emplace_back(j, p);
     }
   }
@@ -279,13 +354,26 @@ void StorageTier::FetchJob(Call& call, size_t begin, size_t end) {
   }
   for (size_t j = 0; j < parts.size(); ++j) {
     if (parts[j].empty()) continue;  // a miss, set above
-    PageResult result = CheckPage(call.tag, parts[j]);
+    const RecordScope scope{&secret_, call.ns, call.keys[begin + j]};
+    PageResult result = CheckPage(call.tag, scope, item_bytes, parts[j]);
     if (result.outcome == PageOutcome::kHit) {
       absl::Status s = WriteCheckedPage(*call.pool, call.indices[begin + j], parts[j]);
       if (!s.ok()) result = Unavailable(absl::StrCat("writing the page: ", s.message()));
     }
     call.results[begin + j] = std::move(result);
+    if (call.results[begin + j].unauthenticated) NoteUnauthenticated(call, begin + j);
   }
+}
+
+void StorageTier::NoteUnauthenticated(const Call& call, size_t page) {
+  const uint64_t n = unauthenticated_.fetch_add(1) + 1;
+  // The 1st, 2nd, 4th, 8th ...: a flood of forgeries says so without
+  // flooding the log.
+  if ((n & (n - 1)) != 0) return;
+  spdlog::warn(
+      "L3: a record fetched for pool '{}' (keys[{}]) failed its MAC: forged in the cache, or "
+      "stored under another --l3-secret-file; treated as a miss ({} so far)",
+      call.pool->name(), page, n);
 }
 
 void StorageTier::JobDone(const std::shared_ptr<Call>& call) {
@@ -297,7 +385,9 @@ void StorageTier::JobDone(const std::shared_ptr<Call>& call) {
         absl::ToDoubleSeconds(absl::Now() - call->start));
     uint64_t good = 0;
     for (const PageResult& r : call->results) {
-      metrics_->l3_pages->WithLabels({op, PageOutcomeName(r.outcome)})->Increment();
+      metrics_->l3_pages
+          ->WithLabels({op, r.unauthenticated ? "unauthenticated" : PageOutcomeName(r.outcome)})
+          ->Increment();
       if (r.outcome == PageOutcome::kStored || r.outcome == PageOutcome::kHit) ++good;
     }
     if (call->op == StorageOp::kExist) {
@@ -309,11 +399,16 @@ void StorageTier::JobDone(const std::shared_ptr<Call>& call) {
   }
   // The bound is released before `done` runs, so a caller that is told its
   // call finished may start the next one at once.
-  in_flight_.fetch_sub(n);
-  if (call->op == StorageOp::kExist) {
-    call->prefix_done(call->prefix);
-  } else {
-    call->pages_done(std::move(call->results));
+  Release(*call->pool, n);
+  try {
+    if (call->op == StorageOp::kExist) {
+      call->prefix_done(call->prefix);
+    } else {
+      call->pages_done(std::move(call->results));
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("L3 {} call of pool '{}': its reply failed: {}", OpName(call->op),
+                  call->pool->name(), e.what());
   }
 }
 

@@ -217,7 +217,9 @@ class Client {
   absl::StatusOr<v1::FetchPagesResponse> FetchPages(const std::string& pool,
                                                     const std::vector<std::string>& keys,
                                                     absl::Span<const int64_t> indices);
-  absl::StatusOr<uint64_t> ExistPages(const std::vector<std::string>& keys);
+  // Looks in `pool`'s namespace (its owner token's, or the public one).
+  absl::StatusOr<uint64_t> ExistPages(const std::string& pool,
+                                      const std::vector<std::string>& keys);
   // Detached StorePages / FetchPages: return the ticket at once;
   // WaitStorage(pool, ticket) returns the results (StorageTicketStatus's
   // store or fetch), again if asked again; with `poll` it returns

@@ -697,9 +697,11 @@ KVHOST_C_API int kvhost_l3_store(kvhost_client* client, const char* pool, const 
 KVHOST_C_API int kvhost_l3_fetch(kvhost_client* client, const char* pool, const void* const* keys,
                                  const size_t* key_lens, const int64_t* indices, size_t num_pages,
                                  int32_t* outcomes, uint64_t* hit_pages, char* err, size_t err_len);
-/* *prefix_pages: how many of keys, from the first, are stored (ExistPages,
- * as sglang's batch_exists is used). */
-KVHOST_C_API int kvhost_l3_exist(kvhost_client* client, const void* const* keys,
+/* *prefix_pages: how many of keys, from the first, are stored in pool's
+ * namespace (ExistPages, as sglang's batch_exists is used; a protected
+ * pool's keys are its owner token's, every unprotected pool's the public
+ * namespace's). */
+KVHOST_C_API int kvhost_l3_exist(kvhost_client* client, const char* pool, const void* const* keys,
                                  const size_t* key_lens, size_t num_keys, uint64_t* prefix_pages,
                                  char* err, size_t err_len);
 /* kvhost_l3_store / kvhost_l3_fetch detached: *ticket gets the call's
