@@ -25,6 +25,11 @@ KvhostMetrics::KvhostMetrics()
           "kvhost_transfer_duration_seconds",
           "Time from a ticket's acceptance to its end, for every finished ticket.",
           {"pool", "direction", "path"}, kTransferSecondsBuckets)),
+      transfer_tickets_dropped(registry.AddCounter(
+          "kvhost_transfer_tickets_dropped_total",
+          "Finished transfer tickets dropped by the kept-ticket limit (the attachment keeping "
+          "the most loses its oldest).",
+          {})),
       rpcs(registry.AddCounter("kvhost_rpc_requests_total",
                                "RPCs answered, by full method name and gRPC status code.",
                                {"method", "code"})),

@@ -56,6 +56,9 @@ struct KvhostMetrics {
   CounterFamily* const transfer_tickets_done;
   CounterFamily* const transfer_tickets_failed;
   HistogramFamily* const transfer_seconds;  // acceptance to end, every finished ticket
+  // Finished tickets dropped by the kept-ticket limit
+  // (server/transfer/ticket_table.h), {}.
+  CounterFamily* const transfer_tickets_dropped;
 
   // Every RPC the server answers: {method, code} and {method}.
   CounterFamily* const rpcs;

@@ -142,7 +142,10 @@ std::string EntryNames(const PoolGroup& group) {
 
 TransferManager::TransferManager(PoolRegistry* registry, std::unique_ptr<TransferEngine> engine,
                                  KvhostMetrics* metrics)
-    : registry_(registry), metrics_(metrics), engine_(std::move(engine)) {}
+    : registry_(registry),
+      metrics_(metrics),
+      engine_(std::move(engine)),
+      tickets_(TicketTable::kRetained, metrics) {}
 
 // ------------------------------------------------------------------ attach
 
