@@ -45,6 +45,15 @@ KvhostMetrics::KvhostMetrics()
           "kvhost_fast_path_duration_seconds",
           "Time from a fast-path request's arrival in its mailbox to its reply being written.",
           {"method"}, kFastPathSecondsBuckets)),
+      fast_path_cpu(registry.AddCounter(
+          "kvhost_fast_path_cpu_microseconds_total",
+          "CPU time of the fast-path mailbox threads (waiting, spinning, serving), by the "
+          "client's uid.",
+          {"uid"})),
+      fast_path_rings_ignored(registry.AddCounter(
+          "kvhost_fast_path_rings_ignored_total",
+          "Fast-path doorbell rings not served: they came before the last reply was read.",
+          {"uid"})),
       l3_pages(registry.AddCounter("kvhost_l3_pages_total",
                                    "L3 tier pages by operation and outcome.", {"op", "outcome"})),
       l3_bytes(registry.AddCounter("kvhost_l3_bytes_total",

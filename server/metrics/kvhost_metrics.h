@@ -68,6 +68,10 @@ struct KvhostMetrics {
   // {method, code} and {method}, method as the gRPC method it mirrors.
   CounterFamily* const fast_path_calls;
   HistogramFamily* const fast_path_seconds;
+  // Mailbox threads' CPU, and rings before the last reply was read (not
+  // served), by the client's uid: {uid}.
+  CounterFamily* const fast_path_cpu;
+  CounterFamily* const fast_path_rings_ignored;
 
   // The L3 tier (server/storage/storage_tier.h), op = store | fetch | exist:
   // pages by outcome (stored, hit, miss, corrupt, shape_mismatch,

@@ -326,10 +326,11 @@ absl::Status HandoffServer::Deposit(std::vector<UniqueFd> received, const std::s
   return absl::OkStatus();
 }
 
-void HandoffServer::OpenFastPath(int connection, const std::string& peer) {
+void HandoffServer::OpenFastPath(int connection, const std::string& peer,
+                                 const v1::HandoffRequest& request) {
   absl::StatusOr<FastPathOffer> offer =
       fast_path_ != nullptr
-          ? fast_path_->Open()
+          ? fast_path_->Open(connection, HandoffCaller(request).sessions)
           : absl::StatusOr<FastPathOffer>(absl::FailedPreconditionError(
                 "this handoff socket serves no fast path (kvhostd --fast-path-connections 0)"));
   // The mailbox thread's own copy of the connection: the loop closes this
@@ -383,7 +384,7 @@ void HandoffServer::Serve(int connection, const std::string& peer, absl::Status 
     return;
   }
   if (status.ok() && received.empty() && request.kind() == v1::HANDOFF_KIND_FAST_PATH) {
-    OpenFastPath(connection, peer);
+    OpenFastPath(connection, peer, request);
     return;
   }
   if (status.ok() && !received.empty()) {

@@ -145,7 +145,7 @@ class HandoffServer {
   absl::Status Deposit(std::vector<UniqueFd> received, const std::string& peer,
                        v1::HandoffReply* reply);
   // A fast-path mailbox for `connection`: sent, then served on it.
-  void OpenFastPath(int connection, const std::string& peer);
+  void OpenFastPath(int connection, const std::string& peer, const v1::HandoffRequest& request);
 
   std::string path_;
   HandoffSource source_;

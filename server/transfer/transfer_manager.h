@@ -212,6 +212,11 @@ class TransferManager {
   void CloseSession(const std::string& session_id, const std::string& reason,
                     absl::Duration timeout);
   std::vector<SessionSnapshot> ListSessions() const;
+  // Whether `session_id` names a session open now.
+  bool IsSessionOpen(const std::string& session_id) const {
+    absl::MutexLock lock(&mu_);
+    return sessions_.IsOpen(session_id);
+  }
 
   std::vector<AttachmentInfo> ListAttachments() const;
   TransferCounters counters() const;
