@@ -83,7 +83,7 @@ bool Client::TryFastPath(int method, const google::protobuf::MessageLite& reques
       socket = daemon->handoff_socket();
     }
     absl::StatusOr<std::unique_ptr<FastPathChannel>> opened =
-        FastPathChannel::Open(socket, options_.timeout);
+        FastPathChannel::Open(socket, options_.timeout, SessionIds());
     if (!opened.ok()) return false;
     fp.channel = *std::move(opened);
     fp.open.store(true);

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kvhost/layer_progress.h"
@@ -35,9 +36,11 @@ bool HungUp(int connection) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<FastPathChannel>> FastPathChannel::Open(
-    const std::string& handoff_socket, absl::Duration timeout) {
+    const std::string& handoff_socket, absl::Duration timeout,
+    const std::vector<std::string>& session_ids) {
   v1::HandoffRequest request;
   request.set_kind(v1::HANDOFF_KIND_FAST_PATH);
+  for (const std::string& id : session_ids) request.add_session_ids(id);
   absl::StatusOr<Handoff> handoff = FetchHandoff(handoff_socket, request, timeout);
   if (!handoff.ok()) return handoff.status();
   std::unique_ptr<FastPathChannel> channel(new FastPathChannel());
@@ -123,6 +126,8 @@ absl::Status FastPathChannel::Call(const v1::FastPathRequest& request, v1::FastP
     return absl::InternalError(
         absl::StrCat("a fast-path reply of ", got, " bytes is not a kvhost.v1.FastPathReply"));
   }
+  // Read: the daemon serves the next ring only after this.
+  mailbox_.header->reply_read.store(seq, std::memory_order_release);
   return absl::OkStatus();
 }
 

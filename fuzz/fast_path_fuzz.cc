@@ -16,7 +16,9 @@
 //   * a failed call left every pool's allocated pages as they were;
 //   * an OK Alloc / AllocBatch / AllocBackup allocated exactly what its
 //     reply names, an OK Free freed exactly what it names;
-//   * every pool keeps free + allocated == page_num.
+//   * every pool keeps free + allocated == page_num;
+//   * a frame naming more than kMaxCallerSessions session ids is
+//     INVALID_ARGUMENT naming the bound (seed too_many_sessions).
 // After each input everything allocated is freed and tickets drained, so
 // inputs do not depend on each other.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -31,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "fuzz/fuzz_check.h"
@@ -213,6 +216,13 @@ class Fixture {
     FUZZ_CHECK(out.size() <= kCapacity, "reply of ", out.size(), " bytes over ", kCapacity);
     v1::FastPathReply reply;
     FUZZ_CHECK(reply.ParseFromString(out), "the reply is not a FastPathReply");
+    if (v1::FastPathRequest parsed;
+        parsed.ParseFromString(frame) && parsed.session_ids_size() > kMaxCallerSessions) {
+      FUZZ_CHECK(code == absl::StatusCode::kInvalidArgument &&
+                     reply.message().find(absl::StrCat("limit of ", kMaxCallerSessions)) !=
+                         std::string::npos,
+                 parsed.session_ids_size(), " session ids: ", reply.message());
+    }
     FUZZ_CHECK(reply.code() == static_cast<int>(code), "code ", reply.code(), " vs ",
                static_cast<int>(code));
     const Allocated after = Take();

@@ -623,9 +623,13 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   identity.handoff_socket = handoff_path_;
   if (!handoff_path_.empty()) {
     fast_path_calls_ = std::make_unique<FastPathCalls>(pools.get(), transfers.get());
-    fast_path_ =
-        std::make_unique<FastPathServer>(fast_path_calls_.get(), options.fast_path_connections,
-                                         kFastPathDefaultCapacity, metrics_.get());
+    FastPathServer::Limits limits;
+    limits.max_connections = options.fast_path_connections;
+    limits.per_client = options.fast_path_connections_per_client;
+    TransferManager* manager = transfers_.get();
+    fast_path_ = std::make_unique<FastPathServer>(
+        fast_path_calls_.get(), limits, registry_.get(),
+        [manager](const std::string& id) { return manager->IsSessionOpen(id); }, metrics_.get());
     identity.fast_path = fast_path_.get();
   }
   auto status = std::make_unique<DaemonServiceImpl>(registry_.get(), transfers_.get(), identity);

@@ -99,6 +99,8 @@ struct DaemonOptions {
   // Fast-path mailboxes served at once (server/service/fast_path_server.h),
   // through the handoff socket; 0 = the fast path is off.
   uint32_t fast_path_connections = kDefaultFastPathConnections;
+  // Of which one client may hold (its open session, else its uid).
+  uint32_t fast_path_connections_per_client = kDefaultFastPathConnectionsPerClient;
   // The L3 tier (server/storage/storage_tier.h, kvhost.v1.StorageService):
   // on when l3.servers is not empty (--l3-memcached), else its calls are
   // FAILED_PRECONDITION.

@@ -107,6 +107,9 @@ ABSL_FLAG(uint32_t, fast_path_connections, kvhost::kDefaultFastPathConnections,
           "kvhostd thread each, set up through the handoff socket): Alloc, Free, AllocBatch, "
           "Backup, Load, AllocBackup and WaitTransfer without gRPC's per-call cost. More clients "
           "are refused and use gRPC. 0 = off. Needs the handoff socket.");
+ABSL_FLAG(uint32_t, fast_path_connections_per_client, kvhost::kDefaultFastPathConnectionsPerClient,
+          "Fast-path mailboxes one client may hold (a client: its open worker session, else its "
+          "uid), so that one client cannot take them all; more are refused and use gRPC.");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Serve Prometheus metrics over plain HTTP at http://ADDRESS/metrics: 'host:port', "
           "':port' (every IPv4 interface) or '[v6]:port'; port 0 picks a free one (logged). "
@@ -286,6 +289,7 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.handoff_socket = absl::GetFlag(FLAGS_handoff_socket);
   options.fast_path_connections = absl::GetFlag(FLAGS_fast_path_connections);
+  options.fast_path_connections_per_client = absl::GetFlag(FLAGS_fast_path_connections_per_client);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.session_timeout = absl::GetFlag(FLAGS_session_timeout);
   if (options.session_timeout < absl::Milliseconds(100)) {

@@ -25,6 +25,11 @@ KvhostMetrics::KvhostMetrics()
           "kvhost_transfer_duration_seconds",
           "Time from a ticket's acceptance to its end, for every finished ticket.",
           {"pool", "direction", "path"}, kTransferSecondsBuckets)),
+      transfer_tickets_dropped(registry.AddCounter(
+          "kvhost_transfer_tickets_dropped_total",
+          "Finished transfer tickets dropped by the kept-ticket limit (the attachment keeping "
+          "the most loses its oldest).",
+          {})),
       rpcs(registry.AddCounter("kvhost_rpc_requests_total",
                                "RPCs answered, by full method name and gRPC status code.",
                                {"method", "code"})),
@@ -40,6 +45,15 @@ KvhostMetrics::KvhostMetrics()
           "kvhost_fast_path_duration_seconds",
           "Time from a fast-path request's arrival in its mailbox to its reply being written.",
           {"method"}, kFastPathSecondsBuckets)),
+      fast_path_cpu(registry.AddCounter(
+          "kvhost_fast_path_cpu_microseconds_total",
+          "CPU time of the fast-path mailbox threads (waiting, spinning, serving), by the "
+          "client's uid.",
+          {"uid"})),
+      fast_path_rings_ignored(registry.AddCounter(
+          "kvhost_fast_path_rings_ignored_total",
+          "Fast-path doorbell rings not served: they came before the last reply was read.",
+          {"uid"})),
       l3_pages(registry.AddCounter("kvhost_l3_pages_total",
                                    "L3 tier pages by operation and outcome.", {"op", "outcome"})),
       l3_bytes(registry.AddCounter("kvhost_l3_bytes_total",

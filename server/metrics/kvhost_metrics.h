@@ -56,6 +56,9 @@ struct KvhostMetrics {
   CounterFamily* const transfer_tickets_done;
   CounterFamily* const transfer_tickets_failed;
   HistogramFamily* const transfer_seconds;  // acceptance to end, every finished ticket
+  // Finished tickets dropped by the kept-ticket limit
+  // (server/transfer/ticket_table.h), {}.
+  CounterFamily* const transfer_tickets_dropped;
 
   // Every RPC the server answers: {method, code} and {method}.
   CounterFamily* const rpcs;
@@ -65,6 +68,10 @@ struct KvhostMetrics {
   // {method, code} and {method}, method as the gRPC method it mirrors.
   CounterFamily* const fast_path_calls;
   HistogramFamily* const fast_path_seconds;
+  // Mailbox threads' CPU, and rings before the last reply was read (not
+  // served), by the client's uid: {uid}.
+  CounterFamily* const fast_path_cpu;
+  CounterFamily* const fast_path_rings_ignored;
 
   // The L3 tier (server/storage/storage_tier.h), op = store | fetch | exist:
   // pages by outcome (stored, hit, miss, corrupt, shape_mismatch,

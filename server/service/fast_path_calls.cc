@@ -118,6 +118,11 @@ std::string FastPathCalls::Handle(absl::string_view frame, uint32_t capacity,
     request.Clear();
     status = absl::InvalidArgumentError(absl::StrCat("fast path: a request frame of ", frame.size(),
                                                      " bytes is not a kvhost.v1.FastPathRequest"));
+  } else if (request.session_ids_size() > kMaxCallerSessions) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("fast path: a request frame names ", request.session_ids_size(),
+                     " session ids, over the limit of ", kMaxCallerSessions,
+                     " (what a gRPC call's metadata holds)"));
   } else {
     // The services bound their replies by this; the frame's own bytes fit
     // in the rest.

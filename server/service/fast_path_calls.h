@@ -20,6 +20,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/fast_path_mailbox.h"
 #include "kvhost/v1/fast_path.pb.h"
 #include "server/metrics/kvhost_metrics.h"
 #include "server/service/pool_service.h"
@@ -48,8 +49,9 @@ class FastPathCalls {
   // serialized FastPathReply, whose length is at most `capacity` (an
   // error reply, when the call's own would not fit). INVALID_ARGUMENT for a
   // frame that does not parse, names no known method, or whose body is not
-  // the method's request. Sets `*method` (when not null) to the frame's
-  // method (UNSPECIFIED if it did not parse) and `*code` to the reply's.
+  // the method's request, or that names more than kMaxCallerSessions
+  // session ids (the message names the count and the bound). Sets `*method` (when not null) to the
+  // frame's method (UNSPECIFIED if it did not parse) and `*code` to the reply's.
   std::string Handle(absl::string_view frame, uint32_t capacity,
                      v1::FastPathMethod* method = nullptr, absl::StatusCode* code = nullptr);
 

@@ -3,14 +3,18 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/ids.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -20,6 +24,11 @@ namespace {
 // client's next call often follows its last reply within microseconds
 // (Alloc, then Free), sooner than a wake-up from sleep.
 constexpr int64_t kServerSpinNs = 50'000;
+// How long a mailbox thread rests after a ring that came before the last
+// reply was read (not served): an honest client never rings so, and this
+// bounds what a ring flood costs the daemon to a wake-up a millisecond per
+// mailbox, whatever the flood's rate.
+constexpr absl::Duration kEarlyRingRest = absl::Milliseconds(1);
 
 // Whether the client's end of `connection` is gone.
 bool HungUp(int connection) {
@@ -28,10 +37,20 @@ bool HungUp(int connection) {
   return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
+// This thread's CPU time so far, in microseconds.
+uint64_t ThreadCpuMicros() {
+  timespec t{};
+  if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return 0;
+  return static_cast<uint64_t>(t.tv_sec) * 1000000 + static_cast<uint64_t>(t.tv_nsec) / 1000;
+}
+
 }  // namespace
 
 FastPathOffer::FastPathOffer(FastPathOffer&& other) noexcept
-    : reservation_(std::exchange(other.reservation_, nullptr)),
+    : server_(std::exchange(other.server_, nullptr)),
+      client_(std::move(other.client_)),
+      uid_(other.uid_),
+      memory_(std::move(other.memory_)),
       fd_(std::move(other.fd_)),
       mapping_(std::exchange(other.mapping_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
@@ -39,33 +58,95 @@ FastPathOffer::FastPathOffer(FastPathOffer&& other) noexcept
 
 FastPathOffer::~FastPathOffer() {
   if (mapping_ != nullptr) ::munmap(mapping_, bytes_);
-  if (reservation_ != nullptr) reservation_->fetch_sub(1, std::memory_order_relaxed);
+  if (server_ != nullptr) server_->Release(client_);
 }
 
-FastPathServer::FastPathServer(FastPathCalls* calls, uint32_t max_connections, uint32_t capacity,
-                               KvhostMetrics* metrics)
-    : calls_(calls), max_connections_(max_connections), capacity_(capacity), metrics_(metrics) {}
+FastPathServer::FastPathServer(FastPathCalls* calls, const Limits& limits, PoolRegistry* registry,
+                               SessionOpen session_open, KvhostMetrics* metrics)
+    : calls_(calls),
+      limits_(limits),
+      registry_(registry),
+      session_open_(std::move(session_open)),
+      metrics_(metrics) {}
 
 FastPathServer::~FastPathServer() { Stop(); }
 
-absl::StatusOr<FastPathOffer> FastPathServer::Open() {
-  if (max_connections_ == 0) {
+std::string FastPathServer::ClientOf(uint32_t uid,
+                                     const std::vector<std::string>& session_ids) const {
+  if (session_open_ != nullptr) {
+    // Only an open session: a made-up id would be a share of its own.
+    for (const std::string& id : session_ids) {
+      if (session_open_(id)) return absl::StrCat("session ", ShortId(id));
+    }
+  }
+  return absl::StrCat("uid ", uid);
+}
+
+absl::Status FastPathServer::Reserve(const std::string& client) {
+  uint32_t now = reserved_.load(std::memory_order_relaxed);
+  do {
+    if (now >= limits_.max_connections) {
+      return absl::ResourceExhaustedError(absl::StrCat("kvhostd serves ", now,
+                                                       " fast-path mailboxes already, its limit "
+                                                       "(--fast-path-connections ",
+                                                       limits_.max_connections, "); use gRPC"));
+    }
+  } while (!reserved_.compare_exchange_weak(now, now + 1, std::memory_order_relaxed));
+  absl::MutexLock lock(&shares_mu_);
+  uint32_t& held = shares_[client];
+  if (held >= limits_.per_client) {
+    if (held == 0) shares_.erase(client);
+    reserved_.fetch_sub(1, std::memory_order_relaxed);
+    return absl::ResourceExhaustedError(absl::StrCat(client, " holds ", held,
+                                                     " fast-path mailboxes already, its share "
+                                                     "(--fast-path-connections-per-client ",
+                                                     limits_.per_client, "); use gRPC"));
+  }
+  ++held;
+  return absl::OkStatus();
+}
+
+void FastPathServer::Release(const std::string& client) {
+  {
+    absl::MutexLock lock(&shares_mu_);
+    auto it = shares_.find(client);
+    if (it != shares_.end() && --it->second == 0) shares_.erase(it);
+  }
+  reserved_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+uint32_t FastPathServer::connections_of(const std::string& client) const {
+  absl::MutexLock lock(&shares_mu_);
+  auto it = shares_.find(client);
+  return it == shares_.end() ? 0 : it->second;
+}
+
+absl::StatusOr<FastPathOffer> FastPathServer::Open(int connection,
+                                                   const std::vector<std::string>& session_ids) {
+  if (limits_.max_connections == 0) {
     return absl::FailedPreconditionError(
         "the fast path is off on this kvhostd (--fast-path-connections 0); use gRPC");
   }
   if (stopping_.load()) return absl::FailedPreconditionError("kvhostd is stopping");
-  uint32_t now = reserved_.load(std::memory_order_relaxed);
-  do {
-    if (now >= max_connections_) {
-      return absl::ResourceExhaustedError(absl::StrCat("kvhostd serves ", now,
-                                                       " fast-path mailboxes already, its limit "
-                                                       "(--fast-path-connections ",
-                                                       max_connections_, "); use gRPC"));
-    }
-  } while (!reserved_.compare_exchange_weak(now, now + 1, std::memory_order_relaxed));
+  ucred cred{};
+  socklen_t cred_len = sizeof(cred);
+  if (::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) != 0) {
+    return absl::InternalError(
+        absl::StrCat("fast path mailbox: SO_PEERCRED: ", std::strerror(errno)));
+  }
+  const std::string client = ClientOf(cred.uid, session_ids);
+  if (absl::Status s = Reserve(client); !s.ok()) return s;
   FastPathOffer offer;
-  offer.reservation_ = &reserved_;
-  offer.bytes_ = FastPathMailboxBytes(capacity_);
+  offer.server_ = this;
+  offer.client_ = client;
+  offer.uid_ = cred.uid;
+  offer.bytes_ = FastPathMailboxBytes(limits_.capacity);
+  if (registry_ != nullptr) {
+    absl::StatusOr<TransientReservation> memory = registry_->ReserveTransient(
+        offer.bytes_, absl::StrCat("the fast-path mailbox of ", client));
+    if (!memory.ok()) return memory.status();
+    offer.memory_ = *std::move(memory);
+  }
   const auto failed = [](const char* call) {
     return absl::InternalError(
         absl::StrCat("fast path mailbox: ", call, ": ", std::strerror(errno)));
@@ -84,9 +165,9 @@ absl::StatusOr<FastPathOffer> FastPathServer::Open() {
       ::mmap(nullptr, offer.bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, offer.fd_.get(), 0);
   if (mapping == MAP_FAILED) return failed("mmap");
   offer.mapping_ = mapping;
-  offer.mailbox_ = FastPathMailbox::Over(mapping, capacity_);
+  offer.mailbox_ = FastPathMailbox::Over(mapping, limits_.capacity);
   offer.mailbox_.header->version = kFastPathVersion;
-  offer.mailbox_.header->capacity = capacity_;
+  offer.mailbox_.header->capacity = limits_.capacity;
   return offer;
 }
 
@@ -106,19 +187,28 @@ void FastPathServer::Serve(FastPathOffer offer, UniqueFd connection, const std::
 void FastPathServer::Loop(FastPathOffer offer, UniqueFd connection, std::string peer,
                           Worker* worker) {
   const FastPathMailbox& mailbox = offer.mailbox();
-  spdlog::info("fast path: mailbox opened for {} ({} of at most {})", peer, connections(),
-               max_connections_);
+  if (const uint64_t n = open_log_.Tick(); n != 0) {
+    spdlog::info("fast path: mailbox opened for {}, {} ({} of at most {}){}", peer, offer.client_,
+                 connections(), limits_.max_connections, LogLimitNote(n));
+  }
+  const std::string uid = std::to_string(offer.uid_);
   std::string frame;
   // A fresh mailbox's sequence starts at 0; the client may have rung for
   // its first call before this thread began.
   uint32_t seen = 0;
-  uint64_t calls = 0;
+  uint32_t answered = 0;  // the seq of the last reply written
+  // Whether the client reads each reply before it rings again: only then
+  // is its CPU hint honoured (a client that does not wait gets no spin).
+  bool waits = true;
+  uint64_t calls = 0, ignored = 0, cpu_us = 0;
+  uint64_t cpu_mark = ThreadCpuMicros();
   const int64_t slice_ns = absl::ToInt64Nanoseconds(kFastPathIdleCheck);
   while (true) {
     bool hung_up = false;
     const uint32_t cpu = CpuHint();
     mailbox.header->server_cpu.store(cpu, std::memory_order_relaxed);
-    const bool spin = SpinFor(mailbox.header->client_cpu.load(std::memory_order_relaxed), cpu);
+    const bool spin =
+        waits && SpinFor(mailbox.header->client_cpu.load(std::memory_order_relaxed), cpu);
     const uint32_t seq =
         WaitForChange(&mailbox.header->request_seq, seen, spin ? kServerSpinNs : 0, slice_ns, [&] {
           hung_up = HungUp(connection.get());
@@ -126,13 +216,34 @@ void FastPathServer::Loop(FastPathOffer offer, UniqueFd connection, std::string 
         });
     if (seq == seen) break;  // hung up or stopping
     seen = seq;
-    Answer(mailbox, &frame);
-    ++calls;
-    mailbox.header->reply_seq.store(seq, std::memory_order_release);
-    FutexWake(&mailbox.header->reply_seq);
+    if (calls > 0 && mailbox.header->reply_read.load(std::memory_order_acquire) != answered) {
+      // Rung again before the last reply was read: not served (the reply
+      // it would overwrite is unread), and no more spinning for this one.
+      ++ignored;
+      waits = false;
+      if (metrics_ != nullptr) metrics_->fast_path_rings_ignored->WithLabels({uid})->Increment();
+      absl::SleepFor(kEarlyRingRest);
+    } else {
+      Answer(mailbox, &frame);
+      ++calls;
+      answered = seq;
+      mailbox.header->reply_seq.store(seq, std::memory_order_release);
+      FutexWake(&mailbox.header->reply_seq);
+    }
+    const uint64_t mark = ThreadCpuMicros();
+    if (metrics_ != nullptr && mark > cpu_mark) {
+      metrics_->fast_path_cpu->WithLabels({uid})->Increment(mark - cpu_mark);
+    }
+    cpu_us += mark - std::min(mark, cpu_mark);
+    cpu_mark = mark;
   }
-  spdlog::info("fast path: mailbox of {} closed after {} calls ({})", peer, calls,
-               stopping_.load() ? "kvhostd stopping" : "the client closed its connection");
+  if (const uint64_t n = close_log_.Tick(); n != 0) {
+    spdlog::info(
+        "fast path: mailbox of {}, {} closed after {} calls, {} rings before a reply was read "
+        "(not served), {:.3f} s of CPU ({}){}",
+        peer, offer.client_, calls, ignored, cpu_us / 1e6,
+        stopping_.load() ? "kvhostd stopping" : "the client closed its connection", LogLimitNote(n));
+  }
   // The offer gives its connection slot back as it goes.
   worker->done.store(true);
 }

@@ -437,10 +437,11 @@ absl::Status HandoffServer::Deposit(std::vector<UniqueFd> received,
   return absl::OkStatus();
 }
 
-void HandoffServer::OpenFastPath(int connection, const std::string& peer) {
+void HandoffServer::OpenFastPath(int connection, const std::string& peer,
+                                 const v1::HandoffRequest& request) {
   absl::StatusOr<FastPathOffer> offer =
       fast_path_ != nullptr
-          ? fast_path_->Open()
+          ? fast_path_->Open(connection, HandoffCaller(request).sessions)
           : absl::StatusOr<FastPathOffer>(absl::FailedPreconditionError(
                 "this handoff socket serves no fast path (kvhostd --fast-path-connections 0)"));
   // The mailbox thread's own copy of the connection: the loop closes this
@@ -494,7 +495,7 @@ void HandoffServer::Serve(const WaitingConnection& waiting, absl::Status refusal
     return;
   }
   if (status.ok() && received.empty() && request.kind() == v1::HANDOFF_KIND_FAST_PATH) {
-    OpenFastPath(connection, peer);
+    OpenFastPath(connection, peer, request);
     return;
   }
   if (status.ok() && !received.empty()) {

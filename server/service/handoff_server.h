@@ -211,7 +211,7 @@ class HandoffServer {
   absl::Status Deposit(std::vector<UniqueFd> received, const WaitingConnection& connection,
                        const v1::HandoffRequest& request, v1::HandoffReply* reply);
   // A fast-path mailbox for `connection`: sent, then served on it.
-  void OpenFastPath(int connection, const std::string& peer);
+  void OpenFastPath(int connection, const std::string& peer, const v1::HandoffRequest& request);
   // Logs "`what` `peer`: `status`" unless LogLimit leaves it out.
   void LogRefusal(const char* what, const std::string& peer, const absl::Status& status);
   // Logs a reply that could not be sent unless LogLimit leaves it out.

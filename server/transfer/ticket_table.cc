@@ -1,10 +1,12 @@
 #include "server/transfer/ticket_table.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/ids.h"
+#include "spdlog/spdlog.h"
 
 namespace kvhost {
 
@@ -24,19 +26,55 @@ std::shared_ptr<Ticket> TicketTable::Open(const std::string& attachment_id,
 }
 
 void TicketTable::Retire(uint64_t id, Direction direction, bool ok, uint64_t bytes) {
-  absl::MutexLock lock(&mu_);
-  --counters_.tickets_in_flight;
-  in_flight_.erase(id);
-  if (ok) {
-    ++counters_.tickets_done;
-    counters_.bytes[static_cast<int>(direction)] += bytes;
-  } else {
-    ++counters_.tickets_failed;
+  uint64_t dropped = 0, total = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    --counters_.tickets_in_flight;
+    auto flying = in_flight_.find(id);
+    const std::string attachment = std::move(flying->second);
+    in_flight_.erase(flying);
+    if (ok) {
+      ++counters_.tickets_done;
+      counters_.bytes[static_cast<int>(direction)] += bytes;
+    } else {
+      ++counters_.tickets_failed;
+    }
+    Kept& kept = kept_[attachment];
+    holders_.erase(Holder{kept.ids.size(), kept.last, attachment});
+    kept.ids.push_back(id);
+    kept.last = ++serial_;
+    holders_.insert(Holder{kept.ids.size(), kept.last, attachment});
+    ++finished_;
+    const uint64_t before = dropped_;
+    while (finished_ > retained_) DropOne();
+    dropped = dropped_ - before;
+    total = dropped_;
   }
-  finished_.push_back(id);
-  while (finished_.size() > kRetained) {
-    tickets_.erase(finished_.front());
-    finished_.pop_front();
+  if (dropped == 0) return;
+  if (metrics_ != nullptr) metrics_->transfer_tickets_dropped->WithLabels({})->Increment(dropped);
+  if (const uint64_t n = drop_log_.Tick(); n != 0) {
+    spdlog::warn(
+        "transfer tickets: dropped a finished ticket no one may have waited for yet ({} so far; "
+        "kvhostd keeps {} finished tickets, the attachment that keeps the most losing its "
+        "oldest){}",
+        total, retained_, LogLimitNote(n));
+  }
+}
+
+void TicketTable::DropOne() {
+  auto greatest = std::prev(holders_.end());
+  const std::string attachment = std::get<2>(*greatest);
+  holders_.erase(greatest);
+  auto it = kept_.find(attachment);
+  Kept& kept = it->second;
+  tickets_.erase(kept.ids.front());
+  kept.ids.pop_front();
+  --finished_;
+  ++dropped_;
+  if (kept.ids.empty()) {
+    kept_.erase(it);
+  } else {
+    holders_.insert(Holder{kept.ids.size(), kept.last, attachment});
   }
 }
 
@@ -44,9 +82,10 @@ absl::StatusOr<std::shared_ptr<Ticket>> TicketTable::Find(const Caller& caller, 
   absl::MutexLock lock(&mu_);
   auto it = tickets_.find(id);
   if (it == tickets_.end() || !Permits(caller, *it->second.owner)) {
-    return absl::NotFoundError(absl::StrCat("ticket ", id, " is unknown or expired (the last ",
-                                            kRetained,
-                                            " finished tickets are kept) or not this session's"));
+    return absl::NotFoundError(
+        absl::StrCat("ticket ", id, " is unknown or expired (", retained_,
+                     " finished tickets are kept, the attachment that keeps the most losing its "
+                     "oldest first) or not this session's"));
   }
   return it->second.ticket;
 }
@@ -74,6 +113,16 @@ std::vector<std::shared_ptr<Ticket>> TicketTable::InFlightOn(
 TransferCounters TicketTable::counters() const {
   absl::MutexLock lock(&mu_);
   return counters_;
+}
+
+uint64_t TicketTable::dropped() const {
+  absl::MutexLock lock(&mu_);
+  return dropped_;
+}
+
+size_t TicketTable::finished() const {
+  absl::MutexLock lock(&mu_);
+  return finished_;
 }
 
 }  // namespace kvhost

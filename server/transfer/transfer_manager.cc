@@ -141,7 +141,8 @@ std::string EntryNames(const PoolGroup& group) {
 }  // namespace
 
 TransferManager::TransferManager(std::unique_ptr<TransferEngine> engine, KvhostMetrics* metrics)
-    : metrics_(metrics), engine_(std::move(engine)) {}
+    : metrics_(metrics), engine_(std::move(engine)),
+      tickets_(TicketTable::kRetained, metrics) {}
 
 // ------------------------------------------------------------------ attach
 

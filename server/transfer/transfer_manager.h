@@ -6,9 +6,9 @@
 // validates every transfer against the pool and the attachment (lengths,
 // ranges, repeated destinations, host slots allocated) before it coalesces
 // the indices into runs and hands the job to the engine. Tickets stay
-// queryable while in flight and for the last `kRetainedTickets` completions
-// (TicketTable); sessions and the attachments made within them are a
-// SessionTable.
+// queryable while in flight and after, up to `kRetainedTickets` finished
+// ones kept per attachment (TicketTable says which go first); sessions and
+// the attachments made within them are a SessionTable.
 //
 // Thread safety: all methods may be called concurrently. One mutex guards
 // the attachments and the sessions, so that a session and its attachments
@@ -89,7 +89,7 @@ struct WorkerCopyTicket {
 
 class TransferManager {
  public:
-  // Completed tickets kept for WaitTransfer after they finish.
+  // Finished tickets kept for WaitTransfer, in all attachments together.
   static constexpr size_t kRetainedTickets = TicketTable::kRetained;
 
   // `metrics`, if given, counts every finished ticket; it must outlive this.
