@@ -148,7 +148,8 @@ class Daemon {
                                          std::shared_ptr<const RegionInodes> region_inodes);
   // storage_, with --l3-memcached (a bad server list fails the start).
   absl::Status StartStorage(const DaemonOptions& options);
-  // Admits every declared pool (they fill in the background); the first
+  // Admits every declared pool (server/declared_pools.h: they fill in the
+  // background, followers once the pool they follow is filled); the first
   // refused fails the start.
   absl::Status CreateDeclaredPools(const DaemonOptions& options);
   // server_ on every listener, not yet SERVING; socket files get their mode
