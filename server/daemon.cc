@@ -352,6 +352,23 @@ void SetChannelArguments(const DaemonOptions& options, grpc::ServerBuilder* buil
 // unreadable certificate or a malformed address fails the start at once.
 absl::StatusOr<Daemon::Listeners> Daemon::CheckListeners(const DaemonOptions& options) {
   if (options.listen.empty()) return absl::InvalidArgumentError("--listen names no address");
+  // Listen addresses first: a unix path that is not absolute would otherwise
+  // be blamed on --handoff-socket (which defaults to it + ".fds"), and a
+  // path without "unix:" on TLS (it is taken as a TCP address).
+  for (const std::string& address : options.listen) {
+    if (absl::StartsWith(address, "/") || absl::StartsWith(address, ".")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--listen '", address,
+                       "' is a file path, which would be taken as a TCP address: "
+                       "write a unix socket as unix://",
+                       address[0] == '/' ? address : "/ABSOLUTE/PATH"));
+    }
+    if (const std::string path = UnixPath(address); IsUnixAddress(address) && path[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--listen '", address, "': the socket path '", path,
+                       "' must be absolute: unix:///absolute/path (three slashes)"));
+    }
+  }
   if (const std::string handoff = HandoffPath(options); !handoff.empty() && handoff[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat("--handoff-socket '", options.handoff_socket,
                                                    "' must be an absolute path, 'auto' or ''"));
@@ -380,7 +397,14 @@ absl::StatusOr<Daemon::Listeners> Daemon::CheckListeners(const DaemonOptions& op
     if (absl::Status s = ParseHostPort(options.metrics_listen, &host, &port); !s.ok()) return s;
   }
   struct stat st;
-  if (::stat(options.shm_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+  if (::stat(options.shm_dir.c_str(), &st) != 0) {
+    const int err = errno;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--shm-dir ", options.shm_dir, ": ", std::strerror(err),
+        err == ENOENT ? "; create it (a tmpfs, e.g. mkdir -p and mount -t tmpfs, or use /dev/shm)"
+                      : ""));
+  }
+  if (!S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(
         absl::StrCat("--shm-dir ", options.shm_dir, " is not a directory"));
   }
