@@ -7,6 +7,10 @@
 // ("server/main.cc"), or a folder ("client/kvhostctl/") for a program whose
 // flags live in several files.
 //
+// A flag file (--flagfile) takes the underscore spelling only; ParseFlags
+// says so, naming the line, instead of Abseil's "Unknown command line flag".
+// Byte sizes in flags (ParseByteSize) are in powers of 1024.
+//
 // Call ParseFlags from main() before any thread starts.
 #ifndef KVHOST_COMMON_CLI_FLAGS_H_
 #define KVHOST_COMMON_CLI_FLAGS_H_
@@ -14,7 +18,10 @@
 #include <string>
 #include <vector>
 
+#include <cstdint>
+
 #include "absl/flags/commandlineflag.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace kvhost {
@@ -29,6 +36,15 @@ bool FlagDefinedIn(const absl::CommandLineFlag& flag, absl::string_view flags_so
 // exits 0. Returns the positional arguments (argv[0] first).
 std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& usage,
                                     const std::string& flags_source);
+
+// Parses a byte size for flags: "0", "123", "64K", "10G", "10GiB", "1.5G",
+// "512MiB", "2T". K, M, G and T are powers of 1024, optionally followed by
+// "iB"; a bare "B" means bytes; case-insensitive; surrounding whitespace and
+// spaces before the unit are allowed. "KB", "MB", "GB" and "TB" are refused
+// as ambiguous (powers of 1000 to some), the message saying what to write. A fraction needs a unit
+// and is truncated to whole bytes. INVALID_ARGUMENT naming the text on bad or
+// negative input or when the value does not fit in 64 bits.
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 
 }  // namespace kvhost
 

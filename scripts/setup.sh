@@ -4,7 +4,8 @@
 # and scripts/nightly.sh.
 #   scripts/setup.sh [--install-only]   --install-only: the packages, no build
 #   BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo), JOBS (default 2),
-#   CMAKE_ARGS (extra configure arguments), EXTRA_PACKAGES (more Debian packages).
+#   CMAKE_ARGS (extra configure arguments), EXTRA_PACKAGES (more Debian packages),
+#   TARGETS (what to build, space-separated; default: everything).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 install_only=0
@@ -44,5 +45,6 @@ export CCACHE_BASEDIR="$PWD"
 echo "== configuring $BUILD_DIR"
 # shellcheck disable=SC2086
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" ${CMAKE_ARGS:-} >/dev/null
-echo "== building with -j$JOBS"
-cmake --build "$BUILD_DIR" -j"$JOBS"
+echo "== building ${TARGETS:-everything} with -j$JOBS"
+# shellcheck disable=SC2086
+cmake --build "$BUILD_DIR" -j"$JOBS" ${TARGETS:+--target $TARGETS}

@@ -4,6 +4,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 #include <utility>
@@ -236,7 +239,15 @@ absl::StatusOr<std::vector<DeclaredPool>> LoadConfigFile(const std::string& path
   try {
     root = YAML::LoadFile(path);
   } catch (const YAML::BadFile&) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot read the config file"));
+    // Why, and for a missing file how to make one.
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    const int err = f == nullptr ? errno : EISDIR;
+    if (f != nullptr) std::fclose(f);
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": cannot read the config file: ", std::strerror(err),
+        err == ENOENT ? " (kvhostd --print-config > FILE writes one with every setting to start "
+                        "from; deploy/kvhostd.yaml is a commented example)"
+                      : ""));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(path, ":", e.mark.line + 1, ":",
                                                    e.mark.column + 1, ": not valid YAML: ", e.msg));

@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/daemon_metrics.h"
+#include "server/declared_pools.h"
 #include "server/gpu_probe.h"
 #include "server/ids.h"
 #include "server/pool/host_memory.h"
@@ -321,35 +322,6 @@ absl::StatusOr<RegistryOptions> MakeRegistryOptions(const DaemonOptions& options
   return registry;
 }
 
-// What a declared pool's background creation came to, by name: set once it
-// is admitted and filled, or refused.
-struct DeclaredOutcome {
-  absl::Mutex mu;
-  std::map<std::string, absl::Status> done ABSL_GUARDED_BY(mu);
-};
-
-// The callback of declared pool `name`'s creation: records and logs its end.
-std::function<void(absl::StatusOr<std::shared_ptr<Pool>>)> OnDeclaredPoolDone(
-    std::string name, PoolSpec spec, std::shared_ptr<DeclaredOutcome> outcome) {
-  return [name = std::move(name), spec = std::move(spec), outcome = std::move(outcome),
-          start = absl::Now()](absl::StatusOr<std::shared_ptr<Pool>> pool) {
-    {
-      absl::MutexLock lock(&outcome->mu);
-      outcome->done[name] = pool.status();
-    }
-    if (!pool.ok()) {
-      spdlog::error("declared pool '{}' was not created: {}", name,
-                    std::string(pool.status().message()));
-      return;
-    }
-    spdlog::info(
-        "created declared pool '{}': {}, {} tokens, {} in {} ({})", name, DescribeSpec(spec),
-        (*pool)->size_tokens(), FormatBytesExact((*pool)->bytes()),
-        (*pool)->region_paths().empty() ? std::string("no region") : (*pool)->region_paths()[0],
-        absl::FormatDuration(absl::Now() - start));
-  };
-}
-
 // Channel arguments of every connection (keepalive, handshake and idle
 // bounds).
 void SetChannelArguments(const DaemonOptions& options, grpc::ServerBuilder* builder) {
@@ -380,6 +352,23 @@ void SetChannelArguments(const DaemonOptions& options, grpc::ServerBuilder* buil
 // unreadable certificate or a malformed address fails the start at once.
 absl::StatusOr<Daemon::Listeners> Daemon::CheckListeners(const DaemonOptions& options) {
   if (options.listen.empty()) return absl::InvalidArgumentError("--listen names no address");
+  // Listen addresses first: a unix path that is not absolute would otherwise
+  // be blamed on --handoff-socket (which defaults to it + ".fds"), and a
+  // path without "unix:" on TLS (it is taken as a TCP address).
+  for (const std::string& address : options.listen) {
+    if (absl::StartsWith(address, "/") || absl::StartsWith(address, ".")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--listen '", address,
+                       "' is a file path, which would be taken as a TCP address: "
+                       "write a unix socket as unix://",
+                       address[0] == '/' ? address : "/ABSOLUTE/PATH"));
+    }
+    if (const std::string path = UnixPath(address); IsUnixAddress(address) && path[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--listen '", address, "': the socket path '", path,
+                       "' must be absolute: unix:///absolute/path (three slashes)"));
+    }
+  }
   if (const std::string handoff = HandoffPath(options); !handoff.empty() && handoff[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat("--handoff-socket '", options.handoff_socket,
                                                    "' must be an absolute path, 'auto' or ''"));
@@ -408,7 +397,14 @@ absl::StatusOr<Daemon::Listeners> Daemon::CheckListeners(const DaemonOptions& op
     if (absl::Status s = ParseHostPort(options.metrics_listen, &host, &port); !s.ok()) return s;
   }
   struct stat st;
-  if (::stat(options.shm_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+  if (::stat(options.shm_dir.c_str(), &st) != 0) {
+    const int err = errno;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--shm-dir ", options.shm_dir, ": ", std::strerror(err),
+        err == ENOENT ? "; create it (a tmpfs, e.g. mkdir -p and mount -t tmpfs, or use /dev/shm)"
+                      : ""));
+  }
+  if (!S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(
         absl::StrCat("--shm-dir ", options.shm_dir, " is not a directory"));
   }
@@ -486,37 +482,11 @@ absl::Status Daemon::StartStorage(const DaemonOptions& options) {
 }
 
 absl::Status Daemon::CreateDeclaredPools(const DaemonOptions& options) {
-  // Declared pools are admitted (spec, name, memory budget) before the
-  // daemon serves, and one refused stops the start as before; their memory
-  // fills in the background, so health, GetStatus (pools_creating) and
-  // GetPool (CREATING) answer while it does. One that fails while filling
-  // (the file system filled up meanwhile) is logged as an error and absent.
-  auto outcome = std::make_shared<DeclaredOutcome>();
-  for (const auto& [name, spec] : options.pools) {
-    registry_->CreateInBackground(name, spec, /*abandoned=*/{}, /*owner_token=*/"",
-                                  /*follows_token=*/std::nullopt,
-                                  OnDeclaredPoolDone(name, spec, outcome));
-    // Admitted (being created) or finished: the checks take microseconds.
-    for (;;) {
-      absl::Status finished = absl::OkStatus();
-      bool is_done = false;
-      {
-        absl::MutexLock lock(&outcome->mu);
-        if (auto it = outcome->done.find(name); it != outcome->done.end()) {
-          is_done = true;
-          finished = it->second;
-        }
-      }
-      if (is_done && !finished.ok()) {
-        return absl::Status(finished.code(),
-                            absl::StrCat("declared pool '", name, "': ", finished.message()));
-      }
-      if (is_done || registry_->GetCreating(name)) break;
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    spdlog::info("creating declared pool '{}': {}", name, DescribeSpec(spec));
-  }
-  return absl::OkStatus();
+  // Admitted (spec, name, memory budget) before the daemon serves, and one
+  // refused stops the start; their memory fills in the background, so
+  // health, GetStatus (pools_creating) and GetPool (CREATING) answer while it
+  // does. Followers are created once the pool they follow is filled.
+  return kvhost::CreateDeclaredPools(registry_.get(), options.pools);
 }
 
 absl::Status Daemon::StartServer(const DaemonOptions& options, const Listeners& listeners,

@@ -153,7 +153,8 @@ class Daemon {
   // storage_, with --l3-memcached (a bad server list, or no good
   // --l3-secret-file, fails the start).
   absl::Status StartStorage(const DaemonOptions& options);
-  // Admits every declared pool (they fill in the background); the first
+  // Admits every declared pool (server/declared_pools.h: they fill in the
+  // background, followers once the pool they follow is filled); the first
   // refused fails the start.
   absl::Status CreateDeclaredPools(const DaemonOptions& options);
   // server_ on every listener, not yet SERVING; socket files get their mode

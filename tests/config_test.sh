@@ -5,7 +5,8 @@
 # file, the key and the line; declared pools exist once the daemon serves, and
 # a bad one stops the start with exit 2; the removed load_gates loads as false
 # and stops the start as true; the example deploy/kvhostd.yaml (and its
-# commented pools) loads.
+# commented pools) loads and starts; declared followers start in either
+# order, and a follower of an undeclared pool or a cycle stops the start.
 #   usage: config_test.sh KVHOSTD KVHOSTCTL EXAMPLE_YAML
 set -euo pipefail
 kvhostd=$1 kvhostctl=$2 example=$3
@@ -202,4 +203,86 @@ sed -e 's/^# pools:/pools:/' -e 's/^#   /  /' "$example" >"$dir/example-pools.ya
   { cat "$dir/example-pools.out"; fail "the example's commented pools do not load"; }
 grep -q "name: deepseek" "$dir/example-pools.out" || fail "the example's pools were not read"
 echo "ok: $example loads"
+
+# 8. Declared followers start, in either order in the file, once the pool
+# they follow is filled (issue 31: the follower was checked while its anchor
+# was still being created, and kvhostd exited 2). First the example's own
+# commented pools, shrunk to fit a test machine.
+# wait_ready POOL...: every POOL is READY within 30 s.
+wait_ready() {
+  for _ in $(seq 300); do
+    "$kvhostctl" --server="unix://$sock" --json pools >"$dir/ready.json"
+    python3 - "$dir/ready.json" "$@" <<'PY' && return 0
+import json, sys
+states = {p["name"]: p.get("state") for p in json.load(open(sys.argv[1]))["pools"]}
+sys.exit(0 if all(states.get(n) == "READY" for n in sys.argv[2:]) else 1)
+PY
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  cat "$dir/ready.json" "$dir/log"
+  fail "pools $* not READY"
+}
+sed -e 's/size_tokens: 65536/size_tokens: 1024/' -e 's/device_size_tokens: 200000/device_size_tokens: 1024/' \
+  -e 's/size_tokens: 512}/size_tokens: 2}/' "$dir/example-pools.yaml" >"$dir/example-small.yaml"
+start --config="$dir/example-small.yaml" --log-level=info
+wait_ready llama deepseek deepseek-indexer mamba
+stop
+echo "ok: the example's pools, the follower included, start"
+anchor='{kind: MLA, layout: LAYER_FIRST, dtype: FP8_E4M3, page_size: 64, layer_num: 2,
+           kv_lora_rank: 512, qk_rope_head_dim: 64, size_tokens: 4096}'
+indexer='{kind: DSA_INDEXER, layout: LAYER_FIRST, dtype: UINT8, layer_num: 2,
+           index_head_dim: 128, index_quant_block_size: 128, follows: mla}'
+printf 'pools:\n  - name: idx\n    spec: %s\n  - name: mla\n    spec: %s\n' "$indexer" "$anchor" \
+  >"$dir/follower-first.yaml"
+printf 'pools:\n  - name: mla\n    spec: %s\n  - name: idx\n    spec: %s\n' "$anchor" "$indexer" \
+  >"$dir/anchor-first.yaml"
+for order in follower-first anchor-first; do
+  start --config="$dir/$order.yaml" --log-level=info
+  wait_ready mla idx
+  python3 - "$dir/ready.json" <<'PY' || fail "$order: the follower does not follow"
+import json, sys
+pools = {p["name"]: p for p in json.load(open(sys.argv[1]))["pools"]}
+assert pools["idx"]["spec"]["follows"] == "mla", pools["idx"]
+assert pools["idx"]["size_tokens"] == pools["mla"]["size_tokens"], pools
+PY
+  grep -q "created declared pool 'idx'" "$dir/log" || fail "$order: no log line for the follower"
+  stop
+  echo "ok: declared follower, $order"
+done
+# A follower the registry refuses once its pool is filled (a page size that
+# differs) is logged as an error and absent; the daemon serves on.
+sed 's/index_head_dim: 128,/index_head_dim: 128, page_size: 32,/' "$dir/anchor-first.yaml" \
+  >"$dir/badfollower.yaml"
+start --config="$dir/badfollower.yaml" --log-level=info
+wait_ready mla
+for _ in $(seq 100); do grep -q "declared pool 'idx' was not created" "$dir/log" && break; sleep 0.1; done
+grep "declared pool 'idx' was not created" "$dir/log" | grep -q "page_size 32" ||
+  { cat "$dir/log"; fail "a refused follower is not logged"; }
+"$kvhostctl" --server="unix://$sock" status >/dev/null || fail "the daemon stopped serving"
+stop
+echo "ok: a refused declared follower is logged and absent"
+# Refused at start (exit 2, naming the pools): a follower of a pool the file
+# does not declare, followers in a cycle, a kind that cannot follow the other.
+expect_start_exit2() {
+  local name=$1 code=0
+  shift
+  "$kvhostd" --config="$dir/$name.yaml" --listen="unix://$sock" --shm-dir="$shm" \
+    --backend=host >"$dir/$name.out" 2>&1 || code=$?
+  [ "$code" -eq 2 ] || { cat "$dir/$name.out"; fail "$name: exit $code, not 2"; }
+  for text in "$@"; do
+    grep -qF -- "$text" "$dir/$name.out" || { cat "$dir/$name.out"; fail "$name: no '$text'"; }
+  done
+  [ ! -e "$sock" ] || fail "$name: the socket exists after a refused start"
+  echo "ok: $name -> exit 2: $(grep -o 'declared pool.*' "$dir/$name.out" | head -1)"
+}
+printf 'pools:\n  - name: idx\n    spec: %s\n' "$indexer" >"$dir/undeclared.yaml"
+expect_start_exit2 undeclared "declared pool 'idx'" "pool 'mla', which is not declared"
+konly() { echo "{kind: K_ONLY, layout: LAYER_FIRST, dtype: BF16, layer_num: 2, head_num: 2, head_dim: 64, follows: $1}"; }
+printf 'pools:\n  - name: a\n    spec: %s\n  - name: b\n    spec: %s\n' "$(konly b)" "$(konly a)" \
+  >"$dir/cycle.yaml"
+expect_start_exit2 cycle "in a cycle: 'a' follows 'b' follows 'a'"
+printf 'pools:\n  - name: mla\n    spec: %s\n  - name: k\n    spec: %s\n' "$anchor" "$(konly mla)" \
+  >"$dir/badkind.yaml"
+expect_start_exit2 badkind "declared pool 'k'" "is a MLA pool; K_ONLY follows"
 echo "config ok"

@@ -16,10 +16,8 @@
 namespace kvhost {
 namespace {
 
-constexpr uint64_t kKiB = uint64_t{1} << 10;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uint64_t kGiB = uint64_t{1} << 30;
-constexpr uint64_t kTiB = uint64_t{1} << 40;
 
 constexpr char kV2Max[] = "sys/fs/cgroup/memory.max";
 constexpr char kV2Current[] = "sys/fs/cgroup/memory.current";
@@ -278,78 +276,6 @@ TEST(DefaultMemoryReserveTest, SmallAndLargeMachines) {
   EXPECT_EQ(DefaultMemoryReserve(100 * kGiB), 10 * kGiB);  // the crossover
   EXPECT_EQ(DefaultMemoryReserve(512 * kGiB), 10 * kGiB);
   EXPECT_EQ(DefaultMemoryReserve(0), 0u);
-}
-
-TEST(ParseByteSizeTest, Good) {
-  struct Case {
-    const char* text;
-    uint64_t want;
-  };
-  const Case cases[] = {
-      {"0", 0},
-      {"123", 123},
-      {"123B", 123},
-      {"123b", 123},
-      {"64K", 64 * kKiB},
-      {"64k", 64 * kKiB},
-      {"64KB", 64 * kKiB},
-      {"64KiB", 64 * kKiB},
-      {"10G", 10 * kGiB},
-      {"10GiB", 10 * kGiB},
-      {"10gib", 10 * kGiB},
-      {"10GB", 10 * kGiB},
-      {"1.5G", 3 * kGiB / 2},
-      {"0.5K", 512},
-      {"1.1K", 1126},  // 1126.4 truncated
-      {"512MiB", 512 * kMiB},
-      {"512m", 512 * kMiB},
-      {"2T", 2 * kTiB},
-      {"2TiB", 2 * kTiB},
-      {" 10G ", 10 * kGiB},
-      {"10 GiB", 10 * kGiB},
-      {"16777215T", 16777215 * kTiB},
-      {"18446744073709551615", UINT64_MAX},
-  };
-  for (const Case& c : cases) {
-    absl::StatusOr<uint64_t> got = ParseByteSize(c.text);
-    ASSERT_TRUE(got.ok()) << c.text << ": " << got.status();
-    EXPECT_EQ(*got, c.want) << c.text;
-  }
-}
-
-TEST(ParseByteSizeTest, Bad) {
-  const char* const cases[] = {
-      "",
-      " ",
-      "G",
-      "-1",
-      "-1G",
-      "+1G",
-      "1.5",
-      "1.",
-      ".5G",
-      "1..5G",
-      "1.5.G",
-      "10X",
-      "10P",
-      "10GiBs",
-      "10iB",
-      "10 G B",
-      "abc",
-      "1e9",
-      "0x10",
-      "10Gi",
-      "10 GG",
-      "16777216T",             // 2^64 bytes
-      "18446744073709551616",  // 2^64
-  };
-  for (const char* text : cases) {
-    absl::StatusOr<uint64_t> got = ParseByteSize(text);
-    ASSERT_FALSE(got.ok()) << "\"" << text << "\" parsed as " << *got;
-    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << text;
-    EXPECT_TRUE(absl::StrContains(got.status().message(), absl::StrCat("\"", text, "\"")))
-        << got.status();
-  }
 }
 
 TEST(FormatBytesTest, BinaryUnits) {

@@ -12,7 +12,9 @@ manifest and the field, and the script exits 1):
   one by one, each on its own);
 - the socket mode is the same wherever it is stated: flags, comments and
   config files under deploy/, docs/OPERATIONS.md, and kvhostd's default;
-- the DaemonSet: hostIPC true; the socket volume mounted at /run/kvhost in the
+- the DaemonSet: a priority class defined here; a startup probe that waits
+  at least the systemd unit's TimeoutStartSec; readiness failureThreshold >= 3;
+  hostIPC true; the socket volume mounted at /run/kvhost in the
   kvhostd container; liveness and readiness probes; memory requests and
   limits; IPC_LOCK in capabilities.add; --flagfile naming a file inside the
   mounted ConfigMap, whose key exists in the ConfigMap;
@@ -38,6 +40,7 @@ import time
 import yaml
 
 SOCKET_DIR = "/run/kvhost"
+ROOT = None  # the repository's root, set by main()
 
 
 class CheckFailed(Exception):
@@ -235,6 +238,29 @@ def start_kvhostd(kvhostd, args, manifest, field):
               f"kvhostd started, served on the socket and exited {proc.returncode} on SIGTERM")
 
 
+def check_start_and_priority(docs, manifest, spec, c, cw):
+    """The startup probe waits at least as long as the systemd unit's
+    TimeoutStartSec; readiness survives one slow answer; the pod's priority
+    class is one the directory defines (or a built-in system one)."""
+    unit = os.path.join(ROOT, "deploy", "systemd", "kvhostd.service")
+    with open(unit, encoding="utf-8") as f:
+        m = re.search(r"^TimeoutStartSec=(\d+)s?$", f.read(), re.MULTILINE)
+    check(m is not None, "deploy/systemd/kvhostd.service", "TimeoutStartSec", "set in seconds")
+    unit_start = int(m.group(1))
+    startup = c.get("startupProbe") or {}
+    waits = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)
+    check(waits >= unit_start, manifest, f"{cw}.startupProbe",
+          f"periodSeconds x failureThreshold = {waits} s >= the systemd unit's {unit_start} s")
+    ready = (c.get("readinessProbe") or {}).get("failureThreshold", 3)
+    check(ready >= 3, manifest, f"{cw}.readinessProbe.failureThreshold", f"{ready} >= 3")
+    name = spec.get("priorityClassName")
+    defined = [d["metadata"]["name"] for docs_of in docs.values() for d in docs_of
+               if d["kind"] == "PriorityClass"]
+    check(name in defined or name in ("system-node-critical", "system-cluster-critical"),
+          manifest, "spec.template.spec.priorityClassName",
+          f"a PriorityClass defined under deploy/k8s ({name}; defined: {defined})")
+
+
 def check_daemonset(docs, kvhostd):
     manifest, ds = find(docs, "DaemonSet")
     spec = ds.get("spec", {}).get("template", {}).get("spec", {})
@@ -255,6 +281,7 @@ def check_daemonset(docs, kvhostd):
           manifest, f"{where}.volumes[{shm['name']}].hostPath.path", "/dev/shm (the host's)")
 
     check_probes_and_memory(manifest, c, cw)
+    check_start_and_priority(docs, manifest, spec, c, cw)
 
     args = kvhostd_args(c)
     flagfiles = [a.split("=", 1)[1] for a in args if a.startswith("--flagfile=")]
@@ -316,7 +343,9 @@ def main():
     if len(sys.argv) != 3:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
+    global ROOT
     kvhostd, root = sys.argv[1], sys.argv[2]
+    ROOT = root
     if not os.access(kvhostd, os.X_OK):
         print(f"FAIL {kvhostd} is not an executable", file=sys.stderr)
         return 1

@@ -321,6 +321,7 @@ absl::Status RunDemo(Context& ctx, const Args&) {
   StopOn(SIGINT);
   DemoReport report;
   absl::Status result = DemoCycles(ctx, o, *pool, *device, attachment->id(), rng, &report);
+  report.fast_path = client.fast_path_open();
   // A failed RPC is reported as an error alone; numbers are shown for a
   // finished run or one that read back wrong bytes.
   if (result.ok() || IsMismatch(result)) PrintDemoReport(ctx, o, *pool, report, result);

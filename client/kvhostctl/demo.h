@@ -51,6 +51,8 @@ struct DemoReport {
   int cycles_done = 0;
   DirectionTotals backup, load;
   LatencyLog alloc, free, backup_submit, load_submit, wait;
+  // Whether the calls went over the fast path (else gRPC).
+  bool fast_path = false;
 };
 
 // GB/s per direction and RPC latencies (a table, or one JSON object with

@@ -8,6 +8,8 @@
 #ifndef KVHOST_CLIENT_KVHOSTCTL_ERRORS_H_
 #define KVHOST_CLIENT_KVHOSTCTL_ERRORS_H_
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -23,6 +25,13 @@ absl::Status UsageError(absl::string_view message);
 // The demo read back other bytes than it wrote: exit code 3.
 absl::Status MismatchError(absl::string_view message);
 bool IsMismatch(const absl::Status& status);
+
+// `status` of a call to kvhostd at `server` (kvhostctl's --server), with
+// what to do appended when it is UNAVAILABLE because nothing could be
+// reached there: no socket file (is kvhostd running, and where does it
+// listen?), a socket nobody listens on, one this user may not open (join its
+// group), or a TCP address that does not answer. Other statuses unchanged.
+absl::Status WithServerHint(const std::string& server, absl::Status status);
 
 // Prints why `status` failed (nothing when ok) and returns the exit code it
 // stands for.

@@ -36,7 +36,8 @@
 #include "kvhost/client.h"
 
 ABSL_FLAG(std::string, server, kvhost::kDefaultAddress,
-          "kvhostd address: 'unix:///path.sock' or 'host:port'.");
+          "kvhostd address: 'unix:///path.sock' or 'host:port'; when not given, the "
+          "environment variable KVHOST_SERVER, else this default.");
 ABSL_FLAG(bool, json, false, "Print one JSON object per command instead of text.");
 ABSL_FLAG(double, timeout, 30, "Deadline of each RPC, in seconds.");
 ABSL_FLAG(std::string, token, "",
@@ -175,18 +176,30 @@ absl::Status Dispatch(const std::vector<std::string>& positional, GivenFlags giv
   Context ctx;
   ctx.json = absl::GetFlag(FLAGS_json);
   ctx.server = absl::GetFlag(FLAGS_server);
+  // The flag wins over KVHOST_SERVER, which wins over the default.
+  if (const char* env = std::getenv("KVHOST_SERVER"); env != nullptr && *env != '\0' &&
+                                                      given.names.count("server") == 0 &&
+                                                      ctx.server == kDefaultAddress) {
+    ctx.server = env;
+  }
   ctx.given = std::move(given);
   const double timeout = absl::GetFlag(FLAGS_timeout);
   if (ctx.server.empty()) return UsageError("--server is empty");
+  if (absl::StartsWith(ctx.server, "/") || absl::StartsWith(ctx.server, ".")) {
+    // gRPC would take it for a DNS name.
+    return UsageError(absl::StrCat("--server '", ctx.server,
+                                   "' is a file path: write a unix socket as unix://",
+                                   ctx.server[0] == '/' ? ctx.server : "/ABSOLUTE/PATH"));
+  }
   if (!(timeout > 0) || !std::isfinite(timeout)) {
     return UsageError(absl::StrCat("--timeout ", timeout, " must be a positive number of seconds"));
   }
   ctx.timeout = absl::Seconds(timeout);
   ctx.options = ClientOptionsFromFlags(ctx.server, ctx.timeout);
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(ctx.options);
-  if (!client.ok()) return client.status();
+  if (!client.ok()) return WithServerHint(ctx.server, client.status());
   ctx.client = client->get();
-  return command->run(ctx, args);
+  return WithServerHint(ctx.server, command->run(ctx, args));
 }
 
 int Main(int argc, char** argv) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "client/kvhostctl/errors.h"
+#include "common/cli_flags.h"
 
 namespace kvhost::ctl {
 namespace {
@@ -41,39 +42,13 @@ absl::StatusOr<int> ParseEnumFlag(absl::string_view flag, const std::string& tex
 }
 
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view flag, absl::string_view text) {
-  auto bad = [&](absl::string_view why) {
-    return UsageError(absl::StrCat(FlagName(flag), " '", text, "' ", why,
-                                   " (expected a number with an optional K, M, G or T suffix, "
-                                   "e.g. 10G)"));
-  };
-  absl::string_view number = absl::StripAsciiWhitespace(text);
-  if (absl::EndsWithIgnoreCase(number, "ib")) {
-    number.remove_suffix(2);
-  } else if (absl::EndsWithIgnoreCase(number, "b")) {
-    number.remove_suffix(1);
+  // kvhostd's flags and kvhostctl's read sizes the same way (one parser).
+  absl::StatusOr<uint64_t> bytes = ::kvhost::ParseByteSize(text);
+  if (!bytes.ok()) {
+    return UsageError(absl::StrCat(FlagName(flag), ": ", bytes.status().message(),
+                                   " (e.g. 10G, 512MiB or 4096)"));
   }
-  // K, M, G, T: the unit's position in kUnits, times ten, is its power of two.
-  constexpr absl::string_view kUnits = "KMGT";
-  const size_t unit =
-      number.empty() ? absl::string_view::npos : kUnits.find(absl::ascii_toupper(number.back()));
-  int shift = 0;
-  if (unit != absl::string_view::npos) {
-    shift = 10 * static_cast<int>(unit + 1);
-    number.remove_suffix(1);
-  }
-  if (number.empty() || number[0] == '-' || number[0] == '+') return bad("is not a size");
-  if (absl::StrContains(number, '.')) {
-    double value = 0;
-    if (!absl::SimpleAtod(number, &value) || !std::isfinite(value)) return bad("is not a size");
-    const double bytes = std::floor(std::ldexp(value, shift));
-    // 2^64 is exactly representable; anything at or past it does not fit.
-    if (bytes >= 18446744073709551616.0) return bad("is too large");
-    return static_cast<uint64_t>(bytes);
-  }
-  uint64_t value = 0;
-  if (!absl::SimpleAtoi(number, &value)) return bad("is not a size");
-  if (value > (std::numeric_limits<uint64_t>::max() >> shift)) return bad("is too large");
-  return value << shift;
+  return bytes;
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseRuns(absl::string_view text) {

@@ -26,8 +26,9 @@ std::string FlagName(absl::string_view underscored);
 absl::StatusOr<int> ParseEnumFlag(absl::string_view flag, const std::string& text,
                                   const google::protobuf::EnumDescriptor* type);
 
-// "10G", "512M", "1.5T", "4096", "64KiB": bytes; K, M, G and T are powers of
-// 1024 as in kvhostd's --memory-limit.
+// "10G", "512M", "1.5T", "4096", "64KiB": bytes, read as kvhostd reads its
+// flags (ParseByteSize in common/cli_flags.h: K, M, G and T are powers of
+// 1024; "GB" is refused as ambiguous); a usage error naming `flag`.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view flag, absl::string_view text);
 
 // Token slots written as runs of consecutive slots ("0-15,32-47") and single

@@ -60,13 +60,7 @@ uint64_t DefaultMemoryReserve(uint64_t mem_total);
 // already dropped limits that are not usable).
 uint64_t AvailableForPools(const MemorySnapshot& s, uint64_t reserve);
 
-// Parses a byte size for flags: "0", "123", "64K", "10G", "10GiB", "1.5G",
-// "512MiB", "2T". K, M, G and T are powers of 1024, optionally followed by
-// "B" or "iB"; a bare "B" means bytes; case-insensitive; surrounding
-// whitespace and spaces before the unit are allowed. A fraction needs a unit
-// and is truncated to whole bytes. INVALID_ARGUMENT naming the text on bad or
-// negative input or when the value does not fit in 64 bits.
-absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
+// (Byte sizes in flags: ParseByteSize, common/cli_flags.h.)
 
 // A byte count for messages, in the binary units the flags take ("64G" is
 // 64 GiB): "512 bytes", "4.00 KiB", "68.72 GiB", "1.50 TiB", two decimals.
