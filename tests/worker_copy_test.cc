@@ -367,7 +367,7 @@ TEST_F(WorkerTicketTest, HandedRegionsKeepADeletedPoolReleasingUntilTheSessionEn
 // Descriptors nothing would ever take back: an attachment without a session
 // gets none.
 TEST_F(WorkerTicketTest, AnAttachmentWithoutASessionGetsNoRegions) {
-  absl::StatusOr<AttachmentInfo> att = manager_->Attach("p", dev_.Request(2));
+  absl::StatusOr<AttachmentInfo> att = AttachByName(*manager_, *registry_, "p", dev_.Request(2));
   ASSERT_TRUE(att.ok()) << att.status();
   absl::Status s = manager_->FindWorkerRegions(Caller{}, att->id).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
