@@ -100,6 +100,19 @@ def dtype_enum(dtype: Any) -> str:
     return DTYPES[key]
 
 
+def _sglang_base() -> type:
+    """sglang's HostKVCache when sglang is importable (so its defaults, such
+    as prepare_transfer_indices and the *_physical hooks, are inherited);
+    object otherwise. KVHOST_SGLANG_BASE=0 keeps sglang out."""
+    if os.environ.get("KVHOST_SGLANG_BASE", "1") == "0":
+        return object
+    try:
+        from sglang.srt.mem_cache.pool_host.base import HostKVCache as base  # noqa: PLC0415
+    except ImportError:
+        return object
+    return base
+
+
 def _torch(wanted: Optional[bool]) -> Any:
     """torch if it is to be used (tensors=None: when installed), else None."""
     if wanted is False:
@@ -113,8 +126,14 @@ def _torch(wanted: Optional[bool]) -> Any:
     return torch
 
 
-class HostKVCache:
+class HostKVCache(_sglang_base()):
     """A kvhostd pool with sglang HostKVCache's calls (use a subclass).
+
+    With sglang importable this subclasses sglang's HostKVCache without
+    calling its constructor (which allocates the buffer in-process): the
+    members sglang's callers read are set here (docs/SGLANG.md lists them;
+    tests/python_sglang_contract_test.py checks them against the pinned
+    release). kvhost.sglang_plugin's classes take sglang's constructor.
 
     Args:
       name: the pool's name (one per scheduler, or per model and rank).
@@ -130,6 +149,18 @@ class HostKVCache:
     """
 
     _KIND = ""
+    #: sglang's HostKVCache members with fixed values on a kvhost pool.
+    dcp_size = 1
+    dcp_rank = 0
+    shared_allocation_domain = None
+    stores_page_envelope = False
+    storage_format_tag = None
+    #: sglang's staged JIT write-back kernel writes host memory in-process:
+    #: kvhostd does the copy instead.
+    can_use_write_back_jit = False
+    #: Where sglang's allocator state lives (sglang's HostKVCache.device).
+    device = "cpu"
+    pin_memory = False
 
     def __init__(self, name: str, *, client: Optional[Client] = None,
                  address: str = DEFAULT_ADDRESS, layout: str = "layer_first",
@@ -137,8 +168,10 @@ class HostKVCache:
                  host_size: float = 0.0, host_size_tokens: int = 0,
                  host_to_device_ratio: float = 0.0, device_size: int = 0,
                  start_layer: int = 0, tensors: Optional[bool] = None,
-                 shape: Dict[str, int]) -> None:
+                 shape: Dict[str, int], end_layer: Optional[int] = None,
+                 target_layer_num: Optional[int] = None, pool_label: str = "kv") -> None:
         self.layout = layout
+        self.pool_label = pool_label
         spec: Dict[str, Any] = {
             "kind": self._KIND, "layout": layout_enum(layout), "dtype": dtype_enum(dtype),
             "page_size": int(page_size), "layer_num": int(layer_num),
@@ -152,7 +185,7 @@ class HostKVCache:
         try:
             try:
                 info = self.client.create_pool(name, spec)
-            except AlreadyExists:
+            except AlreadyExists:  # adopt: see pools.py
                 info = self.client.get_pool(name)
                 self._check_same_shape(info["spec"], spec)
         except BaseException:
@@ -160,9 +193,18 @@ class HostKVCache:
                 self.client.close()
             raise
         self.info = info
-        self.dtype = spec["dtype"]
+        #: kvhost's DType name; `dtype` is the torch.dtype when torch is used.
+        self.kv_dtype = spec["dtype"]
+        self.dtype = (getattr(self._torch, _TORCH_DTYPE[self.kv_dtype])
+                      if self._torch is not None else self.kv_dtype)
         self.page_size = int(page_size)
         self.layer_num = int(layer_num)
+        #: Host layers of the model's (the rest are packed MTP draft layers).
+        self.target_layer_num = self.layer_num if target_layer_num is None \
+            else int(target_layer_num)
+        self.start_layer = int(start_layer)
+        self.end_layer = self.start_layer + self.target_layer_num if end_layer is None \
+            else int(end_layer)
         self.size = int(info["size_tokens"])
         self.page_num = int(info["page_num"])
         self.size_per_token = int(info["bytes_per_token"])
@@ -173,6 +215,8 @@ class HostKVCache:
         self._attachments: Dict[int, Attachment] = {}
         self._loads: Dict[int, LoadTicket] = {}
         self._maps: List[Tuple[mmap.mmap, int]] = []
+        # sglang's @synchronized methods (inherited ones) take self.lock.
+        self.lock = threading.RLock()
 
     #: Spec fields that are sizes, not shape: a pool that exists keeps its own.
     _SIZES = ("size_tokens", "size_bytes", "host_to_device_ratio", "device_size_tokens")
@@ -193,6 +237,15 @@ class HostKVCache:
     def get_ksize_per_token(self) -> int:
         """sglang's K share of get_size_per_token (all of it but for MHA)."""
         return self.size_per_token
+
+    @property
+    def logical_size(self) -> int:
+        """Slots sglang's radix tree and controller see (no DCP: size)."""
+        return self.size * self.dcp_size
+
+    @property
+    def logical_page_size(self) -> int:
+        return self.page_size * self.dcp_size
 
     def available_size(self) -> int:
         """Slots of the pool not allocated now (every scheduler's)."""
@@ -246,7 +299,7 @@ class HostKVCache:
     _FLAT_BYTES = False
 
     def _flat_dtype(self) -> str:
-        return "UINT8" if self._FLAT_BYTES else self.dtype
+        return "UINT8" if self._FLAT_BYTES else self.kv_dtype
 
     def _as_page(self, data: bytes, flat: bool) -> Any:
         torch = self._torch
@@ -394,7 +447,7 @@ class HostKVCache:
 
     def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
                                  device_indices: Any, layer_id: int,
-                                 io_backend: Any = "kernel") -> None:
+                                 io_backend: Any = "kernel", *, is_draft: bool = False) -> None:
         """Host slots -> device rows of layer `layer_id` (of the attachment).
 
         Layer 0 submits the load of every layer and waits for layer 0; a
@@ -402,8 +455,12 @@ class HostKVCache:
         ignored). On CUDA the wait is on torch's current stream, so it
         returns before the copy is done, as sglang's kernel launch does.
         RuntimeError for a later layer with no load of layer 0 pending.
+        Layers past target_layer_num are packed MTP draft layers: loaded
+        only with is_draft=True (sglang's rule), else the call does nothing.
         """
         self._check_io_backend(io_backend)
+        if not is_draft and not 0 <= int(layer_id) < self.target_layer_num:
+            return
         att = self._attachment(device_pool)
         key = id(att)
         layer = int(layer_id)
@@ -427,7 +484,35 @@ class HostKVCache:
                     del self._loads[key]
             ticket.wait()  # raises the load's error, and frees its event set
 
+    @property
+    def kv_buffer(self) -> Any:
+        """The components' host buffers (init_kv_buffer), mapped on first use."""
+        if self._kv_buffer is None:
+            self._kv_buffer = self.init_kv_buffer()
+        return self._kv_buffer
+
+    @kv_buffer.setter
+    def kv_buffer(self, value: Any) -> None:  # a kind without a tensor sets None
+        self._kv_buffer = value
+
+    _kv_buffer = None
+
+    def init_kv_buffer(self) -> Any:
+        """sglang's abstract allocation hook: the pool's memory is kvhostd's,
+        so this returns the components' mapped host buffers."""
+        return [self._component_buffer(c["name"]) for c in self.info.get("components", [])]
+
+    def get_split_heads_page_buffer_meta(self, indices: Any, split_factor: int) -> Any:
+        """Refused: kvhostd has no per-head-split page metadata (storage
+        backends that split pages across TP ranks, e.g. mooncake's)."""
+        raise NotImplementedError(f"kvhost pool '{self.name}': split-heads page metadata "
+                                  f"(split_factor {split_factor}) is not supported")
+
     # --- lifetime -----------------------------------------------------------
+
+    def destroy(self) -> None:
+        """sglang's shutdown hook: close() (idempotent)."""
+        self.close()
 
     def close(self) -> None:
         """Detaches the device pools attached here, unmaps the regions and
@@ -436,6 +521,7 @@ class HostKVCache:
             atts, self._attachments = list(self._attachments.values()), {}
             maps, self._maps = self._maps, []
             self._loads.clear()
+            self._kv_buffer = None
         for att in atts:
             att.__exit__(None, None, None)
         for mm, _ in maps:
@@ -479,6 +565,11 @@ class MHATokenToKVPoolHost(HostKVCache):
     def get_ksize_per_token(self) -> int:
         return self.size_per_token // 2
 
+    @property
+    def token_stride_size(self) -> int:
+        """sglang's bytes of one token's K (or V) row in one layer."""
+        return self.head_num * self.head_dim * _ITEMSIZE[self.kv_dtype]
+
     def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
         return {"k": list(device_pool.k_buffer), "v": list(device_pool.v_buffer)}
 
@@ -502,6 +593,11 @@ class MLATokenToKVPoolHost(HostKVCache):
         return {"layer_first": (L, ps, 1, Cd), "page_first": (ps, L, 1, Cd),
                 "page_first_direct": (1, L, ps, 1, Cd),
                 "page_unified": (1, L, ps, Cd)}[lay]
+
+    @property
+    def token_stride_size(self) -> int:
+        """sglang's bytes of one token's latent row in one layer."""
+        return self.kv_cache_dim * _ITEMSIZE[self.kv_dtype]
 
     def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
         return {"latent": list(device_pool.kv_buffer)}
