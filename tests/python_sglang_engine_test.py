@@ -7,7 +7,8 @@ against a fresh kvhostd --backend=host:
           scratch directory, loaded by sglang's own plugin loader
           (sglang.srt.plugins.load_plugins, SGLANG_PLUGINS=kvhost); then
           sglang's build_kv_host_pool builds a kvhost pool, and refuses an
-          MLA request, and sglang's strategy selection an SWA stack, at once
+          MLA request and the hf3fs storage backend, and sglang's strategy
+          selection an SWA stack, at once
           with a message naming it;
   drive   that pool in sglang's HostPoolGroup (device, logical_size,
           can_use_write_back_jit, alloc / free / available_size, destroy)
@@ -121,6 +122,14 @@ def main():
             raise AssertionError("an MLA request was not refused")
         except RuntimeError as e:
             assert "MLA host pools" in str(e), e
+        memory.hicache_storage_backend = "hf3fs"  # writes through views: refused
+        try:
+            with asm.get_parallel().override(dcp_enabled=False):
+                asm.build_kv_host_pool(kv_pool=dev, page_size=PS, use_mla=False)
+            raise AssertionError("the hf3fs storage backend was not refused")
+        except RuntimeError as e:
+            assert "--hicache-storage-backend hf3fs" in str(e), e
+        memory.hicache_storage_backend = None
         from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: PLC0415
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa
         swa = object.__new__(SWAKVPool)  # a type to match on; never used
@@ -130,7 +139,7 @@ def main():
         except RuntimeError as e:
             assert "SWAKVPool" in str(e) and "kvhost plugin" in str(e), e
         print("ok   plugin: sglang's loader and build_kv_host_pool build kvhost pools; "
-              "MLA and SWA refused by name")
+              "MLA, hf3fs and SWA refused by name")
 
         group = HostPoolGroup([PoolEntry(name=PoolName.KV, host_pool=host, device_pool=dev,
                                          layer_mapper=lambda layer: layer,

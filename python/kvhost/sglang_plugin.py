@@ -10,8 +10,8 @@ own HookRegistry,
     here (sglang's constructor, a kvhostd pool behind it); sglang's own
     HostPoolGroup, HybridCacheController and L2TransferEngine drive it;
   - ``hybrid_pool_assembler.build_kv_host_pool``: a request kvhost cannot
-    serve (MLA, page-interleaved pools, DCP) is refused there, at start-up,
-    naming it;
+    serve (MLA, page-interleaved pools, DCP, a storage backend other than
+    file) is refused there, at start-up, naming it;
 and registers a stack strategy (``register_stack_strategy``) that refuses,
 at start-up and by name, every stack but plain KV (SWA, Mamba, DSA,
 MiniMax sparse, DeepSeek-V4).
@@ -33,6 +33,12 @@ from . import sglang as _pools
 from .client import DEFAULT_ADDRESS
 from .shm import ShmDevicePool
 from .transfer import Attachment
+
+#: --hicache-storage-backend values that work on kvhost pools: none, and the
+#: file backend (it copies pages through get_data_page /
+#: set_from_flat_data_page). Backends that write through a view of the host
+#: buffer (hf3fs, mooncake, nixl, ...) would get a copy and leave stale KV.
+STORAGE_BACKENDS = (None, "", "file")
 
 #: sglang releases whose host-pool contract kvhost was checked against
 #: (tests/python_sglang_contract_test.py); register() refuses others.
@@ -178,6 +184,10 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
         refused.append("page-interleaved device pools")
     if asm.get_parallel().dcp_enabled:
         refused.append("decode context parallelism (DCP)")
+    backend = getattr(asm.get_memory(), "hicache_storage_backend", None)
+    if backend not in STORAGE_BACKENDS:
+        refused.append(f"--hicache-storage-backend {backend} (kvhost pages are copies, not "
+                       f"views: only the file backend works)")
     if refused:
         raise RuntimeError(f"kvhost plugin: sglang asked for {', '.join(refused)}, which the "
                            f"kvhost plugin does not build yet (docs/SGLANG.md); set "
