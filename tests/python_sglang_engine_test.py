@@ -122,6 +122,11 @@ def main():
             raise AssertionError("an MLA request was not refused")
         except RuntimeError as e:
             assert "MLA host pools" in str(e), e
+        try:
+            sglang_plugin.check_release("0.5.22")
+            raise AssertionError("sglang 0.5.22 was not refused")
+        except RuntimeError as e:
+            assert "sglang 0.5.22 is not supported" in str(e) and "0.5.23" in str(e), e
         memory.hicache_storage_backend = "hf3fs"  # writes through views: refused
         try:
             with asm.get_parallel().override(dcp_enabled=False):

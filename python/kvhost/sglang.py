@@ -5,7 +5,9 @@ calls and semantics of sglang's classes of those names (docs/SGLANG.md);
 the seeds' other host pools (K-only, asymmetric MHA, DSA, DSA indexer,
 Mamba, logical, DeepSeek-V4 paged and state) and pool groups
 (:class:`HostPoolGroup` of :class:`PoolEntry`) come from
-kvhost/sglang_kinds.py and are re-exported here. The slots and their
+kvhost/sglang_kinds.py and are re-exported here. kvhost.sglang_plugin puts
+them on sglang's own HiCache path (sglang's constructor, no sglang patch);
+with sglang importable, HostKVCache here subclasses sglang's. The slots and their
 bytes live in a kvhostd pool, so several schedulers on a node share one
 daemon's memory and a scheduler restart keeps the cache.
 
@@ -15,7 +17,7 @@ What differs from sglang, on purpose:
   sizes are ``host_size`` (GB), ``host_size_tokens``, or
   ``host_to_device_ratio`` with ``device_size`` (tokens). A pool of that name
   that exists already is opened, if its shape is the one asked for.
-- ``load_to_device_per_layer`` for layer 0 submits the load of every layer
+- ``load_to_device_per_layer`` (with sglang's ``is_draft``) for layer 0 submits the load of every layer
   at once and then waits for layer 0; later layer ids wait for their layer of
   that load (sglang issues one copy per call). The daemon records per-layer
   progress, so layer l's attention may start while later layers arrive.

@@ -226,7 +226,15 @@ def register() -> None:
         return
     import sglang  # noqa: PLC0415
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: PLC0415
-    check_release(sglang.__version__)
+    try:
+        check_release(sglang.__version__)
+    except RuntimeError as e:
+        # sglang's loader logs a plugin's exception and goes on with its own
+        # pools; failing where the host pool is built stops the start-up.
+        def refuse(original: Any, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(str(e))
+        HookRegistry.register(f"{_ASSEMBLER}.build_kv_host_pool", refuse, HookType.AROUND)
+        raise
     HookRegistry.register(f"{_ASSEMBLER}.get_mha_host_pool_cls", _mha_host_pool_cls,
                           HookType.AROUND)
     HookRegistry.register(f"{_ASSEMBLER}.build_kv_host_pool", _refuse_unsupported,
