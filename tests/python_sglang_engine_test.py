@@ -14,7 +14,11 @@ against a fresh kvhostd --backend=host:
           can_use_write_back_jit, alloc / free / available_size, destroy)
           and sglang's L2TransferEngine: submit_device_to_host, the device
           rows cleared, submit_host_to_device layer by layer (with is_draft),
-          byte for byte, and get_data_page against the device rows.
+          byte for byte, and get_data_page against the device rows;
+  view    get_data_page(flat=False) is a view of the host page (MHA in every
+          layout, MLA in four): equal to the copied page, and a write
+          through it (as hf3fs-style backends do) is what a load or the
+          daemon then reads.
 The project's own stand-ins, for what needs a GPU or a running scheduler:
 the device pool object (per-layer CPU tensors over a kvhost ShmDevicePool,
 with the members build_kv_host_pool reads) and sglang's runtime-context
@@ -68,6 +72,35 @@ class DevicePool:
 
     def get_device_pool_infos(self):
         return [types.SimpleNamespace(buffer_info=self.info)]
+
+
+def check_views(torch, kvhost, daemon):
+    """get_data_page(flat=False) is a view equal to the copied page, in
+    every layout, and a write through it is what the daemon then reads."""
+    from kvhost import sglang as kvs  # noqa: PLC0415
+    layouts = {"MHA": ("layer_first", "page_first", "page_first_direct", "page_head",
+                       "page_unified"),
+               "MLA": ("layer_first", "page_first", "page_first_direct", "page_unified")}
+    with kvhost.Client(daemon.address, session=False) as c:
+        for kind, names in layouts.items():
+            for layout in names:
+                common = dict(client=c, layout=layout, dtype="bfloat16", page_size=PS,
+                              layer_num=LAYERS, host_size_tokens=64, tensors=True)
+                pool = (kvs.MHATokenToKVPoolHost(f"v-{kind}-{layout}", head_num=HEADS,
+                                                 head_dim=DIM, **common) if kind == "MHA"
+                        else kvs.MLATokenToKVPoolHost(f"v-{kind}-{layout}", kv_lora_rank=12,
+                                                      qk_rope_head_dim=4, **common))
+                slot = int(pool.alloc(PS)[0])
+                flat = torch.randn(pool.bytes_per_page // 2).to(torch.bfloat16)
+                pool.set_from_flat_data_page(slot, flat)
+                view = pool.get_data_page(slot, flat=False)
+                copy = pool._as_page(c.get_data_page(pool.name, slot), False)
+                assert torch.equal(view, copy), (kind, layout, "view differs from the page")
+                view.fill_(1.5)
+                again = pool._as_page(c.get_data_page(pool.name, slot), False)
+                assert torch.all(again == 1.5), (kind, layout, "write through the view lost")
+                pool.close()
+    print("ok   views: MHA in 5 layouts, MLA in 4: a view equal to the page, writes land")
 
 
 def main():
@@ -171,6 +204,12 @@ def main():
         got = [t[8:16] for t in dev.k_buffer + dev.v_buffer]
         assert all(torch.equal(a, b) for a, b in zip(got, want)), "load back differs"
         print("ok   drive: HostPoolGroup and L2TransferEngine, backup and load byte for byte")
+        view = host.get_data_page(int(slots[0]), flat=False)  # a storage backend's write
+        view[1, 2, 0] = 3.0  # V, token 2 of the page, layer 0
+        engine.submit_host_to_device([xfer], transfer_layer_id_max=LAYERS)
+        assert torch.all(dev.v_buffer[0][8 + 2] == 3.0), "a write through the view was lost"
+        print("ok   view: a write through get_data_page(flat=False) reaches the device")
+        check_views(torch, kvhost, daemon)
         assert group.free(slots) == 8 and group.available_size() == free0
         group.destroy()
         group.destroy()  # idempotent, as sglang's

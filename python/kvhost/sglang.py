@@ -6,7 +6,7 @@ the seeds' other host pools (K-only, asymmetric MHA, DSA, DSA indexer,
 Mamba, logical, DeepSeek-V4 paged and state) and pool groups
 (:class:`HostPoolGroup` of :class:`PoolEntry`) come from
 kvhost/sglang_kinds.py and are re-exported here. kvhost.sglang_plugin puts
-them on sglang's own HiCache path (sglang's constructor, no sglang patch);
+the MHA pool on sglang's own HiCache path (sglang's constructor, no sglang patch);
 with sglang importable, HostKVCache here subclasses sglang's. The slots and their
 bytes live in a kvhostd pool, so several schedulers on a node share one
 daemon's memory and a scheduler restart keeps the cache.
@@ -323,7 +323,63 @@ class HostKVCache(_sglang_base()):
         uint8 with the last dimension in bytes)."""
         if not flat:
             self.page_shape()  # a kind without one says so before any call
+            view = self._page_view(int(index)) if self._torch is not None else None
+            if view is not None:
+                return view
         return self._as_page(self.client.get_data_page(self.name, int(index)), flat)
+
+    def _page_view(self, index: int) -> Any:
+        """sglang's flat=False page as a view of the pool's mapped memory (a
+        storage backend's writes land in the host page), or None where the
+        page's blocks are not evenly spaced in one region (then a copy).
+
+        The strides come from the daemon's own page metadata (the layout
+        math stays in kvhostd): the page's blocks are the leading dimensions
+        of page_shape(), each block contiguous; every block's offset is
+        checked against the derived strides."""
+        torch = self._torch
+        ps = self.page_size
+        meta = self.client.get_page_buffer_meta(self.name, list(range(index, index + ps)))
+        segs = meta.get("segments", [])
+        shape = self.page_shape()
+        itemsize = _ITEMSIZE[self.kv_dtype]
+        lead, n = 0, 1
+        while n < len(segs) and lead < len(shape):
+            n *= shape[lead]
+            lead += 1
+        rest = shape[lead:]
+        block = itemsize
+        for d in rest:
+            block *= d
+        if not segs or n != len(segs) or len({int(g["region_index"]) for g in segs}) != 1 \
+                or any(int(g["length"]) != block for g in segs):
+            return None
+        offs = [int(g["offset"]) for g in segs]
+        for order in (range(lead), reversed(range(lead))):  # which dim varies fastest
+            order = list(order)
+            strides, step = [0] * lead, 1
+            for d in reversed(order):
+                strides[d] = step
+                step *= shape[d]
+            # byte stride of each leading dim: offset of its first step
+            byte = [offs[strides[d]] - offs[0] if shape[d] > 1 else 0 for d in range(lead)]
+            if all(b % itemsize == 0 for b in byte) and all(
+                    offs[i] == offs[0] + sum(byte[d] * ((i // strides[d]) % shape[d])
+                                             for d in range(lead)) for i in range(len(offs))):
+                break
+        else:
+            return None
+        region = int(segs[0]["region_index"])
+        with self._lock:
+            base = self._region_base(region, meta["region_paths"])
+            size = len(self._maps[region][0])
+        mem = torch.frombuffer(_arrays.raw_view(base, size, self), dtype=torch.uint8)
+        mem = mem[:size - size % itemsize].view(self.dtype)
+        inner, step = [], 1
+        for d in reversed(rest):
+            inner.insert(0, step)
+            step *= d
+        return mem.as_strided(shape, [b // itemsize for b in byte] + inner, offs[0] // itemsize)
 
     def get_dummy_flat_data_page(self) -> Any:
         """A zero page of the flat page's size (torch: of the pool's dtype)."""

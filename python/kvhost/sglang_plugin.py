@@ -36,8 +36,9 @@ from .transfer import Attachment
 
 #: --hicache-storage-backend values that work on kvhost pools: none, and the
 #: file backend (it copies pages through get_data_page /
-#: set_from_flat_data_page). Backends that write through a view of the host
-#: buffer (hf3fs, mooncake, nixl, ...) would get a copy and leave stale KV.
+#: set_from_flat_data_page). Backends that write through views of the host
+#: buffer or register its memory (hf3fs, mooncake, nixl, ...) are untested on
+#: kvhost pools; where a page is a copy they would leave stale KV silently.
 STORAGE_BACKENDS = (None, "", "file")
 
 #: sglang releases whose host-pool contract kvhost was checked against
@@ -186,8 +187,8 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
         refused.append("decode context parallelism (DCP)")
     backend = getattr(asm.get_memory(), "hicache_storage_backend", None)
     if backend not in STORAGE_BACKENDS:
-        refused.append(f"--hicache-storage-backend {backend} (kvhost pages are copies, not "
-                       f"views: only the file backend works)")
+        refused.append(f"--hicache-storage-backend {backend} (only the file backend is "
+                       f"supported on kvhost pools)")
     if refused:
         raise RuntimeError(f"kvhost plugin: sglang asked for {', '.join(refused)}, which the "
                            f"kvhost plugin does not build yet (docs/SGLANG.md); set "
