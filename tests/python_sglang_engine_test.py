@@ -7,7 +7,8 @@ against a fresh kvhostd --backend=host:
           scratch directory, loaded by sglang's own plugin loader
           (sglang.srt.plugins.load_plugins, SGLANG_PLUGINS=kvhost); then
           sglang's build_kv_host_pool builds a kvhost pool, and refuses an
-          MLA request and the hf3fs storage backend, and sglang's strategy
+          MLA request, the hf3fs storage backend and the kernel_ascend io
+          backend, and sglang's strategy
           selection an SWA stack, at once
           with a message naming it;
   drive   that pool in sglang's HostPoolGroup (device, logical_size,
@@ -141,7 +142,8 @@ def main():
         dev = DevicePool(torch, shm, MHABufferInfo, KVBuffers, KVBufferLayout)
         # Stand-in: the settings sglang's launcher publishes (runtime_context).
         memory = types.SimpleNamespace(hicache_ratio=2.0, hicache_size=0,
-                                       hicache_mem_layout=LAYOUT, hicache_storage_backend=None)
+                                       hicache_mem_layout=LAYOUT, hicache_storage_backend=None,
+                                       hicache_io_backend="kernel")
         from sglang.srt.mem_cache.pool_host import common  # noqa: PLC0415
         asm.get_memory = common.get_memory = lambda: memory
         with asm.get_parallel().override(dcp_enabled=False):  # sglang's own API
@@ -168,6 +170,14 @@ def main():
         except RuntimeError as e:
             assert "--hicache-storage-backend hf3fs" in str(e), e
         memory.hicache_storage_backend = None
+        memory.hicache_io_backend = "kernel_ascend"
+        try:
+            with asm.get_parallel().override(dcp_enabled=False):
+                asm.build_kv_host_pool(kv_pool=dev, page_size=PS, use_mla=False)
+            raise AssertionError("io backend kernel_ascend was not refused")
+        except RuntimeError as e:
+            assert "--hicache-io-backend kernel_ascend" in str(e), e
+        memory.hicache_io_backend = "kernel"
         from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: PLC0415
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa
         swa = object.__new__(SWAKVPool)  # a type to match on; never used
@@ -177,7 +187,7 @@ def main():
         except RuntimeError as e:
             assert "SWAKVPool" in str(e) and "kvhost plugin" in str(e), e
         print("ok   plugin: sglang's loader and build_kv_host_pool build kvhost pools; "
-              "MLA, hf3fs and SWA refused by name")
+              "MLA, hf3fs, kernel_ascend and SWA refused by name")
 
         group = HostPoolGroup([PoolEntry(name=PoolName.KV, host_pool=host, device_pool=dev,
                                          layer_mapper=lambda layer: layer,

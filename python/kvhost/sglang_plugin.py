@@ -10,8 +10,8 @@ own HookRegistry,
     here (sglang's constructor, a kvhostd pool behind it); sglang's own
     HostPoolGroup, HybridCacheController and L2TransferEngine drive it;
   - ``hybrid_pool_assembler.build_kv_host_pool``: a request kvhost cannot
-    serve (MLA, page-interleaved pools, DCP, a storage backend other than
-    file) is refused there, at start-up, naming it;
+    serve (MLA, page-interleaved pools, DCP, an io backend other than kernel
+    or direct, a storage backend other than file) is refused there, at start-up, naming it;
 and registers a stack strategy (``register_stack_strategy``) that refuses,
 at start-up and by name, every stack but plain KV (SWA, Mamba, DSA,
 MiniMax sparse, DeepSeek-V4).
@@ -185,6 +185,10 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
         refused.append("page-interleaved device pools")
     if asm.get_parallel().dcp_enabled:
         refused.append("decode context parallelism (DCP)")
+    io_backend = getattr(asm.get_memory(), "hicache_io_backend", None)
+    if io_backend not in (None, *_pools.IO_BACKENDS):
+        refused.append(f"--hicache-io-backend {io_backend} (kvhostd's copy engine serves "
+                       f"{' and '.join(_pools.IO_BACKENDS)})")
     backend = getattr(asm.get_memory(), "hicache_storage_backend", None)
     if backend not in STORAGE_BACKENDS:
         refused.append(f"--hicache-storage-backend {backend} (only the file backend is "
