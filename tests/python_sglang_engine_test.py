@@ -29,6 +29,7 @@ groups.
   usage: python_sglang_engine_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -109,7 +110,7 @@ def main():
     engine_env.enter(source_dir)
     os.environ["KVHOST_LIBRARY"] = lib
     os.environ["SGLANG_PLUGINS"] = "kvhost"
-    install_plugin(source_dir)
+    scratch = install_plugin(source_dir)
     from python_package_test import Daemon  # noqa: PLC0415
     import torch  # noqa: PLC0415
     import kvhost  # noqa: PLC0415
@@ -227,6 +228,7 @@ def main():
         worker.close()
     finally:
         daemon.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

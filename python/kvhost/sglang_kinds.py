@@ -558,7 +558,7 @@ class HostPoolGroup:
              "anchor": e is self.anchor_entry} for e in entries]}
         try:
             self.info = self.client.create_group(self.name, spec)
-        except AlreadyExists:
+        except AlreadyExists:  # adopt: see pools.py
             self.info = self.client.get_group(self.name)
             have = [(e["name"], e["pool"], list(e["layer_map"])) for e in self.info["entries"]]
             want = [(e["name"], e["pool"], e["layer_map"]) for e in spec["entries"]]
