@@ -7,6 +7,9 @@
 #   rooms     scripts/room_check.py --strict: fails on a file over 800 lines or a
 #             function over 100 lines in server/ client/ common/ that carries
 #             no written reason ("Size exception:" at the top of its file);
+#   engines   the venv of the pinned sglang and torch the Python engine tests
+#             run in (scripts/engine_venv.sh; cached outside the clone, so 0 s
+#             once built); the tests fail, not skip, without it;
 #   build gcc the main build (gcc, RelWithDebInfo, warnings are errors, CUDA
 #             code compiled where nvcc is found);
 #   ctest     every ctest label there: unit, integration, gpu (skipped with a
@@ -54,6 +57,8 @@ export EXTRA_PACKAGES="${EXTRA_PACKAGES:-} clang libclang-rt-14-dev clang-format
 phase install scripts/setup.sh --install-only
 [[ "${SKIP_FORMAT:-0}" == 1 ]] || phase format scripts/format.sh --check
 phase rooms rooms
+phase engines scripts/engine_venv.sh
+export KVHOST_REQUIRE_ENGINES=1
 CMAKE_ARGS="${CMAKE_ARGS:-} -DKVHOST_WERROR=ON -DKVHOST_BUILD_TESTS=ON -DKVHOST_BUILD_BENCH=ON" \
   phase "build gcc" scripts/setup.sh
 phase ctest main_ctest

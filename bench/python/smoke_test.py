@@ -11,7 +11,8 @@ nothing at this size. No GPU, torch or numpy needed:
      when RPC_BENCH is given; both appear in the JSON;
   3. transfer_bench.py --backend=host: one tiny case (MHA LAYER_FIRST page
      16, 256 tokens x 4 layers) through shm device pools, both directions,
-     bytes verified, plus the per-layer load case.
+     bytes verified, plus the per-layer load case;
+  4. sglang_sched_bench.py: a tiny run (64 tokens, 2 layers) prints both rows.
   usage: smoke_test.py KVHOSTD LIBKVHOST_C [RPC_BENCH]
 Exit 0 passed, 1 failed, 77 skipped (no kvhostd or libkvhost_c.so built).
 """
@@ -95,6 +96,14 @@ def check_transfer_bench_host(kvhostd, lib, tmp):
     assert "MHA LAYER_FIRST ps16" in text and "(of ceil)" in text
 
 
+def check_sglang_sched_bench(kvhostd, lib, tmp):
+    code, text = run([os.path.join(HERE, "sglang_sched_bench.py"), f"--kvhostd={kvhostd}",
+                      f"--lib={lib}", "--tokens=64", "--layers=2", "--heads=2",
+                      "--head-dim=8", "--page-size=4", "--iters=2"])
+    assert code == 0, f"sglang_sched_bench.py exited {code}"
+    assert "backup_from_device_all_layer" in text and "load_to_device_per_layer" in text, text
+
+
 def main():
     if len(sys.argv) not in (3, 4):
         print(__doc__)
@@ -109,7 +118,8 @@ def main():
         rpc_bench = ""  # a build without benchmarks: Python's side only
     checks = [("help_without_torch", check_help_without_torch, ()),
               ("rpc_bench", check_rpc_bench, (kvhostd, lib, rpc_bench)),
-              ("transfer_bench_host", check_transfer_bench_host, (kvhostd, lib))]
+              ("transfer_bench_host", check_transfer_bench_host, (kvhostd, lib)),
+              ("sglang_sched_bench", check_sglang_sched_bench, (kvhostd, lib))]
     failed = 0
     with tempfile.TemporaryDirectory(prefix="kvhost-pybench-smoke-") as tmp:
         for name, check, args in checks:

@@ -5,7 +5,9 @@ calls and semantics of sglang's classes of those names (docs/SGLANG.md);
 the seeds' other host pools (K-only, asymmetric MHA, DSA, DSA indexer,
 Mamba, logical, DeepSeek-V4 paged and state) and pool groups
 (:class:`HostPoolGroup` of :class:`PoolEntry`) come from
-kvhost/sglang_kinds.py and are re-exported here. The slots and their
+kvhost/sglang_kinds.py and are re-exported here. kvhost.sglang_plugin puts
+the MHA pool on sglang's own HiCache path (sglang's constructor, no sglang patch);
+with sglang importable, HostKVCache here subclasses sglang's. The slots and their
 bytes live in a kvhostd pool, so several schedulers on a node share one
 daemon's memory and a scheduler restart keeps the cache.
 
@@ -16,7 +18,7 @@ What differs from sglang, on purpose:
   ``host_to_device_ratio`` with ``device_size`` (tokens). A pool of that name
   that exists already is opened, if its shape is the one asked for and it
   is protected by the client's owner token (kvhost.pools.adopt_pool).
-- ``load_to_device_per_layer`` for layer 0 submits the load of every layer
+- ``load_to_device_per_layer`` (with sglang's ``is_draft``) for layer 0 submits the load of every layer
   at once and then waits for layer 0; later layer ids wait for their layer of
   that load (sglang issues one copy per call). The daemon records per-layer
   progress, so layer l's attention may start while later layers arrive.
@@ -102,6 +104,19 @@ def dtype_enum(dtype: Any) -> str:
     return DTYPES[key]
 
 
+def _sglang_base() -> type:
+    """sglang's HostKVCache when sglang is importable (so its defaults, such
+    as prepare_transfer_indices and the *_physical hooks, are inherited);
+    object otherwise. KVHOST_SGLANG_BASE=0 keeps sglang out."""
+    if os.environ.get("KVHOST_SGLANG_BASE", "1") == "0":
+        return object
+    try:
+        from sglang.srt.mem_cache.pool_host.base import HostKVCache as base  # noqa: PLC0415
+    except ImportError:
+        return object
+    return base
+
+
 def _torch(wanted: Optional[bool]) -> Any:
     """torch if it is to be used (tensors=None: when installed), else None."""
     if wanted is False:
@@ -115,8 +130,14 @@ def _torch(wanted: Optional[bool]) -> Any:
     return torch
 
 
-class HostKVCache:
+class HostKVCache(_sglang_base()):
     """A kvhostd pool with sglang HostKVCache's calls (use a subclass).
+
+    With sglang importable this subclasses sglang's HostKVCache without
+    calling its constructor (which allocates the buffer in-process): the
+    members sglang's callers read are set here (docs/SGLANG.md lists them;
+    tests/python_sglang_contract_test.py checks them against the pinned
+    release). kvhost.sglang_plugin's classes take sglang's constructor.
 
     Args:
       name: the pool's name (one per scheduler, or per model and rank).
@@ -132,6 +153,18 @@ class HostKVCache:
     """
 
     _KIND = ""
+    #: sglang's HostKVCache members with fixed values on a kvhost pool.
+    dcp_size = 1
+    dcp_rank = 0
+    shared_allocation_domain = None
+    stores_page_envelope = False
+    storage_format_tag = None
+    #: sglang's staged JIT write-back kernel writes host memory in-process:
+    #: kvhostd does the copy instead.
+    can_use_write_back_jit = False
+    #: Where sglang's allocator state lives (sglang's HostKVCache.device).
+    device = "cpu"
+    pin_memory = False
 
     def __init__(self, name: str, *, client: Optional[Client] = None,
                  address: str = DEFAULT_ADDRESS, layout: str = "layer_first",
@@ -139,8 +172,10 @@ class HostKVCache:
                  host_size: float = 0.0, host_size_tokens: int = 0,
                  host_to_device_ratio: float = 0.0, device_size: int = 0,
                  start_layer: int = 0, tensors: Optional[bool] = None,
-                 shape: Dict[str, int]) -> None:
+                 shape: Dict[str, int], end_layer: Optional[int] = None,
+                 target_layer_num: Optional[int] = None, pool_label: str = "kv") -> None:
         self.layout = layout
+        self.pool_label = pool_label
         spec: Dict[str, Any] = {
             "kind": self._KIND, "layout": layout_enum(layout), "dtype": dtype_enum(dtype),
             "page_size": int(page_size), "layer_num": int(layer_num),
@@ -162,9 +197,18 @@ class HostKVCache:
                 self.client.close()
             raise
         self.info = info
-        self.dtype = spec["dtype"]
+        #: kvhost's DType name; `dtype` is the torch.dtype when torch is used.
+        self.kv_dtype = spec["dtype"]
+        self.dtype = (getattr(self._torch, _TORCH_DTYPE[self.kv_dtype])
+                      if self._torch is not None else self.kv_dtype)
         self.page_size = int(page_size)
         self.layer_num = int(layer_num)
+        #: Host layers of the model's (the rest are packed MTP draft layers).
+        self.target_layer_num = self.layer_num if target_layer_num is None \
+            else int(target_layer_num)
+        self.start_layer = int(start_layer)
+        self.end_layer = self.start_layer + self.target_layer_num if end_layer is None \
+            else int(end_layer)
         self.size = int(info["size_tokens"])
         self.page_num = int(info["page_num"])
         self.size_per_token = int(info["bytes_per_token"])
@@ -175,6 +219,8 @@ class HostKVCache:
         self._attachments: Dict[int, Attachment] = {}
         self._loads: Dict[int, LoadTicket] = {}
         self._maps: List[Tuple[mmap.mmap, int]] = []
+        # sglang's @synchronized methods (inherited ones) take self.lock.
+        self.lock = threading.RLock()
 
     #: Spec fields that are sizes, not shape: a pool that exists keeps its own.
     _SIZES = ("size_tokens", "size_bytes", "host_to_device_ratio", "device_size_tokens")
@@ -195,6 +241,15 @@ class HostKVCache:
     def get_ksize_per_token(self) -> int:
         """sglang's K share of get_size_per_token (all of it but for MHA)."""
         return self.size_per_token
+
+    @property
+    def logical_size(self) -> int:
+        """Slots sglang's radix tree and controller see (no DCP: size)."""
+        return self.size * self.dcp_size
+
+    @property
+    def logical_page_size(self) -> int:
+        return self.page_size * self.dcp_size
 
     def available_size(self) -> int:
         """Slots of the pool not allocated now (every scheduler's)."""
@@ -248,7 +303,7 @@ class HostKVCache:
     _FLAT_BYTES = False
 
     def _flat_dtype(self) -> str:
-        return "UINT8" if self._FLAT_BYTES else self.dtype
+        return "UINT8" if self._FLAT_BYTES else self.kv_dtype
 
     def _as_page(self, data: bytes, flat: bool) -> Any:
         torch = self._torch
@@ -270,7 +325,63 @@ class HostKVCache:
         uint8 with the last dimension in bytes)."""
         if not flat:
             self.page_shape()  # a kind without one says so before any call
+            view = self._page_view(int(index)) if self._torch is not None else None
+            if view is not None:
+                return view
         return self._as_page(self.client.get_data_page(self.name, int(index)), flat)
+
+    def _page_view(self, index: int) -> Any:
+        """sglang's flat=False page as a view of the pool's mapped memory (a
+        storage backend's writes land in the host page), or None where the
+        page's blocks are not evenly spaced in one region (then a copy).
+
+        The strides come from the daemon's own page metadata (the layout
+        math stays in kvhostd): the page's blocks are the leading dimensions
+        of page_shape(), each block contiguous; every block's offset is
+        checked against the derived strides."""
+        torch = self._torch
+        ps = self.page_size
+        meta = self.client.get_page_buffer_meta(self.name, list(range(index, index + ps)))
+        segs = meta.get("segments", [])
+        shape = self.page_shape()
+        itemsize = _ITEMSIZE[self.kv_dtype]
+        lead, n = 0, 1
+        while n < len(segs) and lead < len(shape):
+            n *= shape[lead]
+            lead += 1
+        rest = shape[lead:]
+        block = itemsize
+        for d in rest:
+            block *= d
+        if not segs or n != len(segs) or len({int(g["region_index"]) for g in segs}) != 1 \
+                or any(int(g["length"]) != block for g in segs):
+            return None
+        offs = [int(g["offset"]) for g in segs]
+        for order in (range(lead), reversed(range(lead))):  # which dim varies fastest
+            order = list(order)
+            strides, step = [0] * lead, 1
+            for d in reversed(order):
+                strides[d] = step
+                step *= shape[d]
+            # byte stride of each leading dim: offset of its first step
+            byte = [offs[strides[d]] - offs[0] if shape[d] > 1 else 0 for d in range(lead)]
+            if all(b % itemsize == 0 for b in byte) and all(
+                    offs[i] == offs[0] + sum(byte[d] * ((i // strides[d]) % shape[d])
+                                             for d in range(lead)) for i in range(len(offs))):
+                break
+        else:
+            return None
+        region = int(segs[0]["region_index"])
+        with self._lock:
+            base = self._region_base(region, meta["region_paths"])
+            size = len(self._maps[region][0])
+        mem = torch.frombuffer(_arrays.raw_view(base, size, self), dtype=torch.uint8)
+        mem = mem[:size - size % itemsize].view(self.dtype)
+        inner, step = [], 1
+        for d in reversed(rest):
+            inner.insert(0, step)
+            step *= d
+        return mem.as_strided(shape, [b // itemsize for b in byte] + inner, offs[0] // itemsize)
 
     def get_dummy_flat_data_page(self) -> Any:
         """A zero page of the flat page's size (torch: of the pool's dtype)."""
@@ -396,7 +507,7 @@ class HostKVCache:
 
     def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
                                  device_indices: Any, layer_id: int,
-                                 io_backend: Any = "kernel") -> None:
+                                 io_backend: Any = "kernel", *, is_draft: bool = False) -> None:
         """Host slots -> device rows of layer `layer_id` (of the attachment).
 
         Layer 0 submits the load of every layer and waits for layer 0; a
@@ -404,8 +515,12 @@ class HostKVCache:
         ignored). On CUDA the wait is on torch's current stream, so it
         returns before the copy is done, as sglang's kernel launch does.
         RuntimeError for a later layer with no load of layer 0 pending.
+        Layers past target_layer_num are packed MTP draft layers: loaded
+        only with is_draft=True (sglang's rule), else the call does nothing.
         """
         self._check_io_backend(io_backend)
+        if not is_draft and not 0 <= int(layer_id) < self.target_layer_num:
+            return
         att = self._attachment(device_pool)
         key = id(att)
         layer = int(layer_id)
@@ -429,7 +544,35 @@ class HostKVCache:
                     del self._loads[key]
             ticket.wait()  # raises the load's error, and frees its event set
 
+    @property
+    def kv_buffer(self) -> Any:
+        """The components' host buffers (init_kv_buffer), mapped on first use."""
+        if self._kv_buffer is None:
+            self._kv_buffer = self.init_kv_buffer()
+        return self._kv_buffer
+
+    @kv_buffer.setter
+    def kv_buffer(self, value: Any) -> None:  # a kind without a tensor sets None
+        self._kv_buffer = value
+
+    _kv_buffer = None
+
+    def init_kv_buffer(self) -> Any:
+        """sglang's abstract allocation hook: the pool's memory is kvhostd's,
+        so this returns the components' mapped host buffers."""
+        return [self._component_buffer(c["name"]) for c in self.info.get("components", [])]
+
+    def get_split_heads_page_buffer_meta(self, indices: Any, split_factor: int) -> Any:
+        """Refused: kvhostd has no per-head-split page metadata (storage
+        backends that split pages across TP ranks, e.g. mooncake's)."""
+        raise NotImplementedError(f"kvhost pool '{self.name}': split-heads page metadata "
+                                  f"(split_factor {split_factor}) is not supported")
+
     # --- lifetime -----------------------------------------------------------
+
+    def destroy(self) -> None:
+        """sglang's shutdown hook: close() (idempotent)."""
+        self.close()
 
     def close(self) -> None:
         """Detaches the device pools attached here, unmaps the regions and
@@ -438,6 +581,7 @@ class HostKVCache:
             atts, self._attachments = list(self._attachments.values()), {}
             maps, self._maps = self._maps, []
             self._loads.clear()
+            self._kv_buffer = None
         for att in atts:
             att.__exit__(None, None, None)
         for mm, _ in maps:
@@ -481,6 +625,11 @@ class MHATokenToKVPoolHost(HostKVCache):
     def get_ksize_per_token(self) -> int:
         return self.size_per_token // 2
 
+    @property
+    def token_stride_size(self) -> int:
+        """sglang's bytes of one token's K (or V) row in one layer."""
+        return self.head_num * self.head_dim * _ITEMSIZE[self.kv_dtype]
+
     def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
         return {"k": list(device_pool.k_buffer), "v": list(device_pool.v_buffer)}
 
@@ -504,6 +653,11 @@ class MLATokenToKVPoolHost(HostKVCache):
         return {"layer_first": (L, ps, 1, Cd), "page_first": (ps, L, 1, Cd),
                 "page_first_direct": (1, L, ps, 1, Cd),
                 "page_unified": (1, L, ps, Cd)}[lay]
+
+    @property
+    def token_stride_size(self) -> int:
+        """sglang's bytes of one token's latent row in one layer."""
+        return self.kv_cache_dim * _ITEMSIZE[self.kv_dtype]
 
     def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
         return {"latent": list(device_pool.kv_buffer)}

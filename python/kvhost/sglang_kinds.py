@@ -143,7 +143,7 @@ class AsymmetricMHATokenToKVPoolHost(MHATokenToKVPoolHost):
                                                 "v_head_dim": self.v_head_dim}, **kw)
 
     def get_ksize_per_token(self) -> int:
-        return self.head_dim * self.head_num * self.layer_num * _ITEMSIZE[self.dtype]
+        return self.head_dim * self.head_num * self.layer_num * _ITEMSIZE[self.kv_dtype]
 
     def page_shape(self) -> Tuple[int, ...]:
         raise NotImplementedError(_ASYMMETRIC_FLAT_PAGE)

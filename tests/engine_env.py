@@ -1,0 +1,43 @@
+"""The engine venv for tests that run against a real engine (sglang).
+
+scripts/engine_venv.sh builds it from python/requirements-engines.txt at
+$KVHOST_ENGINE_ROOT/venv-<first 12 hex of the file's sha256> (default root
+/var/cache/kvhost). A test calls :func:`enter` first: it re-executes the test
+under that venv's python, or exits 77 (ctest's skip) naming the command that
+builds it. With KVHOST_REQUIRE_ENGINES=1 (scripts/test.sh, so CI) a missing
+venv fails instead of skipping.
+"""
+import hashlib
+import os
+import sys
+
+SKIP = 77
+
+
+def venv_python(source_dir):
+    """The engine venv's python for this checkout, or None if not built."""
+    req = os.path.join(source_dir, "python", "requirements-engines.txt")
+    with open(req, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    root = os.environ.get("KVHOST_ENGINE_ROOT", "/var/cache/kvhost")
+    venv = os.path.join(root, f"venv-{digest}")
+    if not os.path.exists(os.path.join(venv, ".complete")):
+        return None
+    return os.path.join(venv, "bin", "python")
+
+
+def enter(source_dir):
+    """Runs the calling script under the engine venv (returns there)."""
+    python = venv_python(source_dir)
+    if python is not None and os.path.realpath(sys.prefix) == os.path.realpath(
+            os.path.dirname(os.path.dirname(python))):
+        return
+    if python is None:
+        msg = ("the engine venv is not built (python/requirements-engines.txt: sglang "
+               "and torch); run scripts/engine_venv.sh")
+        if os.environ.get("KVHOST_REQUIRE_ENGINES") == "1":
+            print(f"FAIL: {msg}", flush=True)
+            sys.exit(1)
+        print(f"SKIP: {msg}", flush=True)
+        sys.exit(SKIP)
+    os.execv(python, [python, os.path.abspath(sys.argv[0]), *sys.argv[1:]])
