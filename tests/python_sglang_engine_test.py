@@ -128,6 +128,9 @@ def main():
     try:
         os.environ["KVHOST_ADDRESS"] = daemon.address
         os.environ["KVHOST_POOL_PREFIX"] = "t"
+        # The scheduler and the plugin share one owner token: the plugin adopts
+        # only a pool that token protects (kvhost.pools.adopt_pool).
+        os.environ["KVHOST_OWNER_TOKEN"] = "sglang-engine-test"
         plugins.load_plugins()  # sglang's loader: entry point group sglang.srt.plugins
         assert asm.get_mha_host_pool_cls.__wrapped__ is not None, "hook not applied"
         name = sglang_plugin.pool_name("kv")
