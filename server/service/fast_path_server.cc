@@ -242,7 +242,8 @@ void FastPathServer::Loop(FastPathOffer offer, UniqueFd connection, std::string 
         "fast path: mailbox of {}, {} closed after {} calls, {} rings before a reply was read "
         "(not served), {:.3f} s of CPU ({}){}",
         peer, offer.client_, calls, ignored, cpu_us / 1e6,
-        stopping_.load() ? "kvhostd stopping" : "the client closed its connection", LogLimitNote(n));
+        stopping_.load() ? "kvhostd stopping" : "the client closed its connection",
+        LogLimitNote(n));
   }
   // The offer gives its connection slot back as it goes.
   worker->done.store(true);

@@ -141,8 +141,7 @@ std::string EntryNames(const PoolGroup& group) {
 }  // namespace
 
 TransferManager::TransferManager(std::unique_ptr<TransferEngine> engine, KvhostMetrics* metrics)
-    : metrics_(metrics), engine_(std::move(engine)),
-      tickets_(TicketTable::kRetained, metrics) {}
+    : metrics_(metrics), engine_(std::move(engine)), tickets_(TicketTable::kRetained, metrics) {}
 
 // ------------------------------------------------------------------ attach
 
