@@ -49,7 +49,13 @@ absl::Status Errno(absl::StatusCode code, const std::string& what) {
 absl::Status ReceiveReply(int fd, const std::string& socket_path, absl::Duration timeout,
                           v1::HandoffReply* reply, std::vector<int>* received) {
   pollfd ready = {fd, POLLIN, 0};
-  const int n = ::poll(&ready, 1, ToMillis(timeout));
+  // A signal (the process's own timers, a debugger, a supervisor's SIGUSR1)
+  // interrupts poll; that is no failure of the handoff: wait out the rest.
+  const absl::Time deadline = absl::Now() + timeout;
+  int n = 0;
+  do {
+    n = ::poll(&ready, 1, ToMillis(deadline - absl::Now()));
+  } while (n < 0 && errno == EINTR);
   if (n == 0) {
     return absl::DeadlineExceededError(absl::StrCat(
         "handoff socket ", socket_path, ": no reply within ", absl::FormatDuration(timeout)));
