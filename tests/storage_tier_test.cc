@@ -158,9 +158,9 @@ TEST_F(StorageTest, RecordRoundTripInOnePartAndInMany) {
     ASSERT_EQ(r.outcome, PageOutcome::kHit) << r.detail;
     // Under another key, namespace or secret the MAC fails: a miss.
     const L3Secret other = L3Secret::FromBytes("another secret of at least 32 bytes");
+    const std::string token_ns = secret_.TokenNamespace("t");
     for (const RecordScope& wrong :
-         {Scope("k2"), RecordScope{&secret_, secret_.TokenNamespace("t"), "k"},
-          RecordScope{&other, ns_, "k"}}) {
+         {Scope("k2"), RecordScope{&secret_, token_ns, "k"}, RecordScope{&other, ns_, "k"}}) {
       r = CheckPage(*tag, wrong, item_bytes, parts);
       EXPECT_EQ(r.outcome, PageOutcome::kMiss) << r.detail;
       EXPECT_TRUE(r.unauthenticated);
