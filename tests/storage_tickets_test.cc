@@ -230,11 +230,10 @@ TEST_F(StorageTicketsTest, ConcurrentFinishesAndWaitsDeliverEveryTicket) {
 // detached call whose results do not fit is refused with nothing kept.
 TEST_F(StorageTicketsTest, KeptResultsCountAgainstTheMemoryBudget) {
   auto ledger = std::make_shared<MemoryLedger>();
-  const uint64_t budget = 100 * StorageTickets::kBytesPerPage;
+  constexpr uint64_t kBudget = 100 * StorageTickets::kBytesPerPage;
   StorageTickets::Reserve reserve =
-      [ledger, budget](uint64_t bytes,
-                       const std::string& what) -> absl::StatusOr<TransientReservation> {
-    if (ledger->transient + bytes > budget) {
+      [ledger](uint64_t bytes, const std::string& what) -> absl::StatusOr<TransientReservation> {
+    if (ledger->transient + bytes > kBudget) {
       return absl::ResourceExhaustedError(absl::StrCat(what, ": over the budget"));
     }
     ledger->transient += bytes;
