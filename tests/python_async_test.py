@@ -18,10 +18,9 @@ import os
 import sys
 import threading
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_package_test import Daemon  # noqa: E402 (the same private kvhostd)
+from python_package_test import run_checks  # noqa: E402 (the same private kvhostd)
 
 SPEC = {"kind": "MHA", "layout": "PAGE_FIRST", "dtype": "BF16", "page_size": 4,
         "layer_num": 3, "head_num": 2, "head_dim": 8, "size_tokens": 64}
@@ -225,20 +224,7 @@ def main():
     sys.path.insert(0, os.path.join(src, "python"))
     import kvhost as package
     kvhost = package
-    failed = 0
-    for check in CHECKS:
-        daemon = Daemon(kvhostd)
-        try:
-            check(daemon)
-            print(f"ok   {check.__name__}")
-        except Exception:  # report every check, then fail
-            failed += 1
-            print(f"FAIL {check.__name__}\n{traceback.format_exc()}")
-            print(f"--- kvhostd log ---\n{daemon.log()}")
-        finally:
-            daemon.cleanup()
-    print(f"{'FAIL' if failed else 'PASS'}: {len(CHECKS) - failed} of {len(CHECKS)} checks")
-    return 1 if failed else 0
+    return run_checks(CHECKS, kvhostd)
 
 
 if __name__ == "__main__":

@@ -836,6 +836,26 @@ CHECKS = [
 ]
 
 
+def run_checks(checks, kvhostd):
+    """Runs each check(daemon) against a fresh kvhostd of its own, reports every
+    one (with the daemon's log on a failure) and returns the exit code: the one
+    runner of the Python test files."""
+    failed = 0
+    for check in checks:
+        daemon = Daemon(kvhostd)
+        try:
+            check(daemon)
+            print(f"ok   {check.__name__}")
+        except Exception:  # report every check, then fail
+            failed += 1
+            print(f"FAIL {check.__name__}\n{traceback.format_exc()}")
+            print(f"--- kvhostd log ---\n{daemon.log()}")
+        finally:
+            daemon.cleanup()
+    print(f"{'FAIL' if failed else 'PASS'}: {len(checks) - failed} of {len(checks)} checks")
+    return 1 if failed else 0
+
+
 def main():
     global kvhost
     if len(sys.argv) != 4:

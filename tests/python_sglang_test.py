@@ -16,10 +16,9 @@ gRPC code). No GPU, numpy or torch needed (tensors=False).
 import ctypes
 import os
 import sys
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_package_test import Daemon  # noqa: E402 (the same private kvhostd)
+from python_package_test import run_checks  # noqa: E402 (the same private kvhostd)
 
 kvhost = None  # imported in main(), from SOURCE_DIR/python
 sglang = None
@@ -240,20 +239,7 @@ def main():
     import kvhost as package
     import kvhost.sglang as sgl
     kvhost, sglang = package, sgl
-    failed = 0
-    for check in CHECKS:
-        daemon = Daemon(kvhostd)
-        try:
-            check(daemon)
-            print(f"ok   {check.__name__}")
-        except Exception:  # report every check, then fail
-            failed += 1
-            print(f"FAIL {check.__name__}\n{traceback.format_exc()}")
-            print(f"--- kvhostd log ---\n{daemon.log()}")
-        finally:
-            daemon.cleanup()
-    print(f"{'FAIL' if failed else 'PASS'}: {len(CHECKS) - failed} of {len(CHECKS)} checks")
-    return 1 if failed else 0
+    return run_checks(CHECKS, kvhostd)
 
 
 if __name__ == "__main__":
