@@ -19,7 +19,8 @@ against a fresh kvhostd --backend=host:
   view    get_data_page(flat=False) is a view of the host page (MHA in every
           layout, MLA in four): equal to the copied page, and a write
           through it (as hf3fs-style backends do) is what a load or the
-          daemon then reads.
+          daemon then reads; sglang's pool maps the descriptors kvhostd hands
+          its session over the handoff socket, not the region files' paths.
 The project's own stand-ins, for what needs a GPU or a running scheduler:
 the device pool object (per-layer CPU tensors over a kvhost ShmDevicePool,
 with the members build_kv_host_pool reads) and sglang's runtime-context
@@ -222,6 +223,9 @@ def main():
         view[1, 2, 0] = 3.0  # V, token 2 of the page, layer 0
         engine.submit_host_to_device([xfer], transfer_layer_id_max=LAYERS)
         assert torch.all(dev.v_buffer[0][8 + 2] == 3.0), "a write through the view was lost"
+        # The view maps descriptors the daemon handed over its handoff socket
+        # to this session (HANDOFF_KIND_POOL_MAP), never the region files' paths.
+        assert host.mapped_by == "handoff", host.mapped_by
         print("ok   view: a write through get_data_page(flat=False) reaches the device")
         check_views(torch, kvhost, daemon)
         assert group.free(slots) == 8 and group.available_size() == free0

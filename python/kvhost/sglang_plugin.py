@@ -137,6 +137,8 @@ class MHATokenToKVPoolHost(_pools.MHATokenToKVPoolHost):
         self.device_capacity_tokens = int(device_capacity_tokens)
         self.head_group_num = 1
 
+    _OWN_DEVICE = True  # the buffer_info's tensors: mapping attaches them
+
     def get_hybrid_pool_buffer(self) -> List[Any]:
         """The components' host buffers (uint8 views of kvhostd's pages)."""
         return list(self.kv_buffer)
