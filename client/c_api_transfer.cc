@@ -1,8 +1,11 @@
 // The C ABI's worker calls (kvhost/kvhost_c.h) that need no CUDA: shm
 // device pools, attaching them (to a pool or a pool group), attachments,
 // Backup / Load (with a group's pool_transfers) and their
-// tickets, and the per-layer waits of a load (layer counters here; the
-// load events' half is in c_api_cuda.cc).
+// tickets, the per-layer waits of a load (layer counters here; the
+// load events' half is in c_api_cuda.cc), and the pool's regions for the
+// caller's own mapping.
+#include <unistd.h>
+
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -10,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "c_api_internal.h"
+#include "kvhost/layer_progress.h"
 
 namespace kvhost::c_api {
 
@@ -552,6 +556,47 @@ int kvhost_wait_layer(const kvhost_load_events* events, const kvhost_load_ticket
       return kvhost::c_api::WaitCudaLayer(*events->cuda, load, layer, cuda_stream, *timeout);
     }
     return events->progress->WaitRecorded(load, layer, *timeout);
+  });
+}
+
+int kvhost_pool_map_open(kvhost_client* client, const kvhost_attachment* attachment, int* fds,
+                         uint64_t* region_bytes, size_t capacity, size_t* count, char* err,
+                         size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    if (absl::Status s = NotNull(count, "count"); !s.ok()) return s;
+    *count = 0;
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<const kvhost::v1::Attachment*> a = kvhost::c_api::AttachmentOf(attachment);
+    if (!a.ok()) return a.status();
+    if ((*a)->handoff_socket().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("attachment ", (*a)->id(), " of pool '", (*a)->pool(),
+                       "' names no handoff socket: its pool's regions are handed only for an "
+                       "attachment of a plain pool made within a session"));
+    }
+    kvhost::v1::HandoffRequest request;
+    request.set_attachment_id((*a)->id());
+    request.set_kind(kvhost::v1::HANDOFF_KIND_POOL_MAP);
+    for (const std::string& id : (*c)->session_ids()) request.add_session_ids(id);
+    request.set_owner_token((*c)->options().owner_token);
+    absl::StatusOr<kvhost::Handoff> handoff =
+        kvhost::FetchHandoff((*a)->handoff_socket(), request, absl::Seconds(10));
+    if (!handoff.ok()) return handoff.status();
+    const size_t n = handoff->fds.size();
+    if (n != static_cast<size_t>(handoff->pool_regions.region_bytes_size()) || n > capacity ||
+        (n > 0 && (fds == nullptr || region_bytes == nullptr))) {
+      for (int fd : handoff->fds) ::close(fd);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("pool '", (*a)->pool(), "' has ", handoff->pool_regions.region_bytes_size(),
+                       " regions (", n, " descriptors); room for ", capacity, " was given"));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      fds[i] = handoff->fds[i];
+      region_bytes[i] = handoff->pool_regions.region_bytes(static_cast<int>(i));
+    }
+    *count = n;
+    return absl::OkStatus();
   });
 }
 

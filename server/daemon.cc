@@ -32,6 +32,7 @@
 #include "server/pool/host_memory.h"
 #include "server/service/daemon_service.h"
 #include "server/service/pool_service.h"
+#include "server/service/reflection_v1.h"
 #include "server/service/storage_service.h"
 #include "server/service/transfer_service.h"
 #include "server/transfer/host_engine.h"
@@ -607,14 +608,23 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   drain_timeout_ = options.drain_timeout;
   auto storage = std::make_unique<StorageServiceImpl>(registry_.get(), storage_.get(),
                                                       options.max_indices_per_call, metrics_.get());
+  // grpc.reflection.v1 beside gRPC's v1alpha plugin, listing the same
+  // services (health and both reflections are the builder's and ours).
+  auto reflection = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
+      v1::PoolService::service_full_name(), v1::TransferService::service_full_name(),
+      v1::DaemonService::service_full_name(), v1::StorageService::service_full_name(),
+      "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+      grpc::reflection::v1::ServerReflection::service_full_name()});
   builder->RegisterService(pools.get());
   builder->RegisterService(transfers.get());
   builder->RegisterService(status.get());
   builder->RegisterService(storage.get());
+  builder->RegisterService(reflection.get());
   services_.push_back(std::move(pools));
   services_.push_back(std::move(transfers));
   services_.push_back(std::move(status));
   services_.push_back(std::move(storage));
+  services_.push_back(std::move(reflection));
 }
 
 absl::Status Daemon::StartMetrics(const DaemonOptions& options, const std::string& backend,

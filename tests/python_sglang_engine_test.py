@@ -7,7 +7,7 @@ against a fresh kvhostd --backend=host:
           scratch directory, loaded by sglang's own plugin loader
           (sglang.srt.plugins.load_plugins, SGLANG_PLUGINS=kvhost); then
           sglang's build_kv_host_pool builds a kvhost pool, and refuses an
-          MLA request, the hf3fs storage backend and the kernel_ascend io
+          MLA request, the mooncake storage backend and the kernel_ascend io
           backend, and sglang's strategy
           selection an SWA stack, at once
           with a message naming it;
@@ -16,10 +16,15 @@ against a fresh kvhostd --backend=host:
           and sglang's L2TransferEngine: submit_device_to_host, the device
           rows cleared, submit_host_to_device layer by layer (with is_draft),
           byte for byte, and get_data_page against the device rows;
+  hf3fs   sglang's own hf3fs storage backend (made by its
+          StorageBackendFactory, with sglang's own Hf3fsMockClient for the
+          3FS file) stores pages of the plugin's pool and restores them
+          through its zero-copy views into kvhostd's host pages;
   view    get_data_page(flat=False) is a view of the host page (MHA in every
           layout, MLA in four): equal to the copied page, and a write
           through it (as hf3fs-style backends do) is what a load or the
-          daemon then reads.
+          daemon then reads; sglang's pool maps the descriptors kvhostd hands
+          its session over the handoff socket, not the region files' paths.
 The project's own stand-ins, for what needs a GPU or a running scheduler:
 the device pool object (per-layer CPU tensors over a kvhost ShmDevicePool,
 with the members build_kv_host_pool reads) and sglang's runtime-context
@@ -105,6 +110,43 @@ def check_views(torch, kvhost, daemon):
     print("ok   views: MHA in 5 layouts, MLA in 4: a view equal to the page, writes land")
 
 
+def check_hf3fs(torch, host, slots):
+    """sglang's own hf3fs backend (HiCacheHF3FS, with sglang's own
+    Hf3fsMockClient for the 3FS file: its CI's choice, as no 3FS mount
+    exists here), made by sglang's StorageBackendFactory over the plugin's
+    pool: its zero-copy path reads into get_data_page(flat=False) views, so a
+    page restored from it must land in kvhostd's host page."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig  # noqa: PLC0415
+    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa
+    scratch = tempfile.mkdtemp(prefix="kvhost-hf3fs-")
+    config = os.path.join(scratch, "hf3fs.json")
+    with open(config, "w") as f:
+        f.write('{"file_path_prefix": "%s/hicache", "file_size": %d, "numjobs": 2, '
+                '"entries": 8}' % (scratch, 1 << 20))
+    os.environ["SGLANG_HICACHE_HF3FS_CONFIG_PATH"] = config
+    storage_config = HiCacheStorageConfig(
+        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
+        model_name="kvhost-test", extra_config={"use_mock_hf3fs_client": True})
+    backend = StorageBackendFactory.create_backend("hf3fs", storage_config, host)
+    backend.register_mem_pool_host(host)
+    assert backend.is_zero_copy, "hf3fs did not take its zero-copy path"
+    pages = slots[::PS]
+    keys = [f"page-{i}" for i in range(len(pages))]
+    want = [host.client.get_data_page(host.name, int(p)) for p in pages]
+    assert all(backend.batch_set_v1(keys, slots)), "hf3fs could not store the pages"
+    for p in pages:  # the host pages cleared, as after an eviction
+        host.get_data_page(int(p), flat=False).zero_()
+    assert all(host.client.get_data_page(host.name, int(p)) != w for p, w in zip(pages, want))
+    assert all(backend.batch_get_v1(keys, slots)), "hf3fs could not restore the pages"
+    got = [host.client.get_data_page(host.name, int(p)) for p in pages]
+    assert got == want, "hf3fs restored the pages into something other than the host pages"
+    backend.close()
+    shutil.rmtree(scratch, ignore_errors=True)
+    print("ok   hf3fs: sglang's own backend stores the pages and restores them through the "
+          "views into kvhostd's host pages")
+
+
 def main():
     kvhostd, lib, source_dir = sys.argv[1:4]
     engine_env.enter(source_dir)
@@ -166,13 +208,13 @@ def main():
             raise AssertionError("sglang 0.5.22 was not refused")
         except RuntimeError as e:
             assert "sglang 0.5.22 is not supported" in str(e) and "0.5.23" in str(e), e
-        memory.hicache_storage_backend = "hf3fs"  # writes through views: refused
+        memory.hicache_storage_backend = "mooncake"  # registers the buffer: refused
         try:
             with asm.get_parallel().override(dcp_enabled=False):
                 asm.build_kv_host_pool(kv_pool=dev, page_size=PS, use_mla=False)
-            raise AssertionError("the hf3fs storage backend was not refused")
+            raise AssertionError("the mooncake storage backend was not refused")
         except RuntimeError as e:
-            assert "--hicache-storage-backend hf3fs" in str(e), e
+            assert "--hicache-storage-backend mooncake" in str(e), e
         memory.hicache_storage_backend = None
         memory.hicache_io_backend = "kernel_ascend"
         try:
@@ -191,7 +233,7 @@ def main():
         except RuntimeError as e:
             assert "SWAKVPool" in str(e) and "kvhost plugin" in str(e), e
         print("ok   plugin: sglang's loader and build_kv_host_pool build kvhost pools; "
-              "MLA, hf3fs, kernel_ascend and SWA refused by name")
+              "MLA, mooncake, kernel_ascend and SWA refused by name")
 
         group = HostPoolGroup([PoolEntry(name=PoolName.KV, host_pool=host, device_pool=dev,
                                          layer_mapper=lambda layer: layer,
@@ -222,7 +264,11 @@ def main():
         view[1, 2, 0] = 3.0  # V, token 2 of the page, layer 0
         engine.submit_host_to_device([xfer], transfer_layer_id_max=LAYERS)
         assert torch.all(dev.v_buffer[0][8 + 2] == 3.0), "a write through the view was lost"
+        # The view maps descriptors the daemon handed over its handoff socket
+        # to this session (HANDOFF_KIND_POOL_MAP), never the region files' paths.
+        assert host.mapped_by == "handoff", host.mapped_by
         print("ok   view: a write through get_data_page(flat=False) reaches the device")
+        check_hf3fs(torch, host, slots)
         check_views(torch, kvhost, daemon)
         assert group.free(slots) == 8 and group.available_size() == free0
         group.destroy()

@@ -1,6 +1,7 @@
 // What `grpcurl -plaintext -unix <socket> list`, `describe
 // kvhost.v1.PoolService` and `grpcurl ... grpc.health.v1.Health/Check` do,
-// against a real kvhostd: server reflection (grpc.reflection.v1alpha) lists
+// against a real kvhostd: server reflection (grpc.reflection.v1alpha, and
+// v1, which current grpcurl asks for first, answering the same) lists
 // the services and serves, for every one listed, descriptors that build into
 // a usable pool; Health/Check called through messages built from those
 // descriptors alone (as grpcurl calls) answers SERVING.
@@ -23,6 +24,7 @@
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/dynamic_message.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "gtest/gtest.h"
 
@@ -312,6 +314,75 @@ TEST_F(ReflectionTest, DescribePoolServiceAndTransferService) {
   EXPECT_EQ(response.error_response().error_code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
 
   EXPECT_TRUE(stream.Close().ok());
+}
+
+// grpc.reflection.v1 (kvhostd's own, beside gRPC's v1alpha plugin) answers
+// what v1alpha answers: the same services, and for each of them, a file by
+// name and an extension lookup, the same descriptor files byte for byte; an
+// unknown symbol is an error_response NOT_FOUND naming it, and the stream
+// goes on.
+TEST_F(ReflectionTest, V1AnswersAsV1alpha) {
+  namespace rv1 = ::grpc::reflection::v1;
+  auto alpha_stub = ServerReflection::NewStub(channel_);
+  auto v1_stub = rv1::ServerReflection::NewStub(channel_);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  auto v1 = v1_stub->ServerReflectionInfo(&context);
+  // The same request to both, v1 on one stream throughout and v1alpha on a
+  // stream of its own each time (gRPC 1.51's v1alpha appends every earlier
+  // reply's files to a later one on the same stream); the v1 reply converted
+  // (the wire formats are one) for comparison.
+  auto ask = [&](const ServerReflectionRequest& request, ServerReflectionResponse* a,
+                 ServerReflectionResponse* b) {
+    Stream alpha(alpha_stub.get());
+    ASSERT_TRUE(alpha.Ask(request, a));
+    ASSERT_TRUE(alpha.Close().ok());
+    rv1::ServerReflectionRequest v1_request;
+    ASSERT_TRUE(v1_request.ParseFromString(request.SerializeAsString()));
+    rv1::ServerReflectionResponse v1_response;
+    ASSERT_TRUE(v1->Write(v1_request) && v1->Read(&v1_response)) << "v1 stream failed";
+    ASSERT_TRUE(b->ParseFromString(v1_response.SerializeAsString()));
+  };
+  ServerReflectionRequest request;
+  ServerReflectionResponse a, b;
+  request.set_list_services("*");
+  ASSERT_NO_FATAL_FAILURE(ask(request, &a, &b));
+  std::set<std::string> alpha_names, v1_names;
+  for (const auto& service : a.list_services_response().service())
+    alpha_names.insert(service.name());
+  for (const auto& service : b.list_services_response().service()) v1_names.insert(service.name());
+  EXPECT_EQ(v1_names, alpha_names);
+  EXPECT_TRUE(v1_names.count("grpc.reflection.v1.ServerReflection"));
+  for (const std::string& name : v1_names) {
+    SCOPED_TRACE(name);
+    request.set_file_containing_symbol(name);
+    ASSERT_NO_FATAL_FAILURE(ask(request, &a, &b));
+    ASSERT_TRUE(b.has_file_descriptor_response()) << b.DebugString();
+    EXPECT_EQ(b.file_descriptor_response().SerializeAsString(),
+              a.file_descriptor_response().SerializeAsString());
+    EXPECT_EQ(b.original_request().SerializeAsString(), request.SerializeAsString());
+  }
+  request.set_file_by_filename("kvhost/v1/transfer.proto");
+  ASSERT_NO_FATAL_FAILURE(ask(request, &a, &b));
+  EXPECT_GE(b.file_descriptor_response().file_descriptor_proto_size(), 1);
+  EXPECT_EQ(b.file_descriptor_response().SerializeAsString(),
+            a.file_descriptor_response().SerializeAsString());
+  request.set_all_extension_numbers_of_type("google.protobuf.FieldOptions");
+  ASSERT_NO_FATAL_FAILURE(ask(request, &a, &b));
+  EXPECT_EQ(b.all_extension_numbers_response().base_type_name(), "google.protobuf.FieldOptions");
+  request.set_file_containing_symbol("kvhost.v1.NoSuchService");
+  ASSERT_NO_FATAL_FAILURE(ask(request, &a, &b));
+  ASSERT_TRUE(b.has_error_response()) << b.DebugString();
+  EXPECT_EQ(b.error_response().error_code(), a.error_response().error_code());
+  EXPECT_EQ(b.error_response().error_code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_NE(b.error_response().error_message().find("kvhost.v1.NoSuchService"), std::string::npos)
+      << b.error_response().error_message();
+  // The stream goes on after an error.
+  request.set_list_services("*");
+  ASSERT_NO_FATAL_FAILURE(ask(request, &a, &b));
+  EXPECT_TRUE(b.has_list_services_response());
+  EXPECT_TRUE(v1->WritesDone());
+  EXPECT_TRUE(v1->Finish().ok());
 }
 
 TEST_F(ReflectionTest, HealthCheckIsServing) {

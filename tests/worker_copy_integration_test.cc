@@ -9,6 +9,7 @@
 // worker copy run by kvhost::WorkerCopier) needs a GPU:
 // tests/worker_copy_gpu_test.cc; the manager's side of it is in
 // tests/worker_copy_test.cc.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -67,10 +68,11 @@ class WorkerCopyIntegrationTest : public ::testing::Test {
   std::string handoff_path() const {
     return absl::StrCat(daemon_->address().substr(std::strlen("unix://")), ".fds");
   }
-  absl::StatusOr<Handoff> FetchRegions(const std::vector<std::string>& sessions) {
+  absl::StatusOr<Handoff> FetchRegions(const std::vector<std::string>& sessions,
+                                       v1::HandoffKind kind = v1::HANDOFF_KIND_POOL_REGIONS) {
     v1::HandoffRequest request;
     request.set_attachment_id(att_.id());
-    request.set_kind(v1::HANDOFF_KIND_POOL_REGIONS);
+    request.set_kind(kind);
     for (const std::string& s : sessions) request.add_session_ids(s);
     return FetchHandoff(handoff_path(), request, kWait);
   }
@@ -126,7 +128,7 @@ TEST_F(WorkerCopyIntegrationTest, WithoutTheFlagEverythingIsRefused) {
   absl::StatusOr<v1::DaemonStatus> status = client().GetStatus();
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_FALSE(status->worker_copy());
-  EXPECT_EQ(att_.handoff_socket(), "");
+  EXPECT_EQ(att_.handoff_socket(), handoff_path());  // for the caller's own map
   const uint64_t before = Tickets();
   EXPECT_TRUE(IsError(WorkerBackup(Range(0, 16), Range(0, 16)),
                       absl::StatusCode::kFailedPrecondition, {"--worker-copy"}));
@@ -144,7 +146,7 @@ TEST_F(WorkerCopyIntegrationTest, TheHostBackendRefusesThemWithTheFlag) {
   absl::StatusOr<v1::DaemonStatus> status = client().GetStatus();
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_TRUE(status->worker_copy());
-  EXPECT_EQ(att_.handoff_socket(), "");  // nothing to fetch for it here
+  EXPECT_EQ(att_.handoff_socket(), handoff_path());  // for the caller's own map
   const uint64_t before = Tickets();
   EXPECT_TRUE(IsError(WorkerBackup(Range(0, 16), Range(0, 16)),
                       absl::StatusCode::kFailedPrecondition, {"cuda backend"}));
@@ -158,6 +160,37 @@ TEST_F(WorkerCopyIntegrationTest, TheHostBackendRefusesThemWithTheFlag) {
       IsError(StatusOf(FetchRegions({"ses-1-0123"})), absl::StatusCode::kNotFound, {"not found"}));
   EXPECT_EQ(Tickets(), before);
   ExpectServingAndFinishRefused();
+}
+
+// The caller's own view of its pool (HANDOFF_KIND_POOL_MAP: kvhost.sglang's
+// zero-copy host buffers) needs neither --worker-copy nor the cuda backend:
+// the descriptors map the pool's own bytes, read-write, and only the
+// attachment's session gets them.
+TEST_F(WorkerCopyIntegrationTest, TheCallersOwnMapNeedsNoFlagAndWritesThePool) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  absl::StatusOr<Handoff> map = FetchRegions(client().session_ids(), v1::HANDOFF_KIND_POOL_MAP);
+  ASSERT_TRUE(map.ok()) << map.status();
+  ASSERT_EQ(map->fds.size(), static_cast<size_t>(map->pool_regions.region_bytes_size()));
+  absl::StatusOr<v1::PageBufferMeta> meta = client().GetPageBufferMeta("p", Range(4, 8));
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  ASSERT_GT(meta->segments_size(), 0);
+  const v1::RegionRange& seg = meta->segments(0);
+  const uint64_t region_bytes =
+      map->pool_regions.region_bytes(static_cast<int>(seg.region_index()));
+  void* base = ::mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                      map->fds[seg.region_index()], 0);
+  for (int fd : map->fds) ::close(fd);
+  ASSERT_NE(base, MAP_FAILED) << std::strerror(errno);
+  std::memset(static_cast<char*>(base) + seg.offset(), 0x5a, seg.length());
+  ::munmap(base, region_bytes);
+  absl::StatusOr<std::string> page = client().GetDataPage("p", 4);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->substr(0, seg.length()), std::string(seg.length(), '\x5a'));
+  // Another client's credentials: the attachment is not found for it.
+  EXPECT_TRUE(IsError(StatusOf(FetchRegions({"ses-1-0123"}, v1::HANDOFF_KIND_POOL_MAP)),
+                      absl::StatusCode::kNotFound, {"not found"}));
+  EXPECT_TRUE(IsError(StatusOf(FetchRegions({}, v1::HANDOFF_KIND_POOL_MAP)),
+                      absl::StatusCode::kNotFound, {"not found"}));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Tests of worker copies in the transfer manager (server/transfer/
 // worker_copy.h, TransferManager::SubmitWorkerCopy / FinishWorkerCopy /
-// FindWorkerRegions), without a GPU: the host engine under the name "cuda"
+// FindPoolRegions), without a GPU: the host engine under the name "cuda"
 // (worker copies are refused on the host backend by name), and the worker's
 // kernel replayed on the CPU with DecodeCopyItem, exactly the addressing the
 // copy kernel uses, against the naive per-head reference copy. Then the
@@ -175,7 +175,8 @@ TEST_P(WorkerCopyPlanTest, TheWorkersReplayIsByteExact) {
   const std::vector<int64_t>& device = pairs.second;
   const std::vector<uint8_t> bytes = RandomBytes(rng, dev_.region->size());
   std::memcpy(dev_.region->data(), bytes.data(), bytes.size());
-  absl::StatusOr<WorkerRegions> regions = manager_->FindWorkerRegions(owner_, att_);
+  absl::StatusOr<WorkerRegions> regions =
+      manager_->FindPoolRegions(owner_, att_, TransferManager::RegionUse::kWorkerCopy);
   ASSERT_TRUE(regions.ok()) << regions.status();
   auto device_fn = [&](uint64_t plane, uint64_t layer) { return DeviceLayer(plane, layer); };
 
@@ -312,7 +313,9 @@ TEST_F(WorkerTicketTest, RefusalsLeaveNoTicket) {
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_EQ(Tickets(), before);
-  EXPECT_EQ(manager_->FindWorkerRegions(Caller{}, att_).status().code(),
+  EXPECT_EQ(manager_->FindPoolRegions(Caller{}, att_, TransferManager::RegionUse::kWorkerCopy)
+                .status()
+                .code(),
             absl::StatusCode::kNotFound);
 }
 
@@ -322,9 +325,22 @@ TEST_F(WorkerTicketTest, OffOrOnTheHostEngineItIsRefused) {
   absl::Status s = off.Copy(Direction::kBackup, {0}, {0}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(Msg(s), HasSubstr("--worker-copy"));
-  EXPECT_EQ(off.manager_->FindWorkerRegions(off.owner_, off.att_).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      off.manager_->FindPoolRegions(off.owner_, off.att_, TransferManager::RegionUse::kWorkerCopy)
+          .status()
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(off.Tickets(), 0u);
+  // A caller's own view of the pool (HANDOFF_KIND_POOL_MAP) needs no
+  // --worker-copy: the same regions, the same session hold.
+  absl::StatusOr<WorkerRegions> mapped =
+      off.manager_->FindPoolRegions(off.owner_, off.att_, TransferManager::RegionUse::kMap);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(mapped->pool->region_count(), off.pool_->region_count());
+  EXPECT_EQ(off.manager_->FindPoolRegions(Caller{}, off.att_, TransferManager::RegionUse::kMap)
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
 
   auto registry = std::make_unique<PoolRegistry>(RoomyRegistryOptions(dir_.path()));
   HostEngineOptions options;
@@ -339,7 +355,8 @@ TEST_F(WorkerTicketTest, OffOrOnTheHostEngineItIsRefused) {
 }
 
 TEST_F(WorkerTicketTest, TheRegionsAreThePoolsLaunchGroups) {
-  absl::StatusOr<WorkerRegions> regions = manager_->FindWorkerRegions(owner_, att_);
+  absl::StatusOr<WorkerRegions> regions =
+      manager_->FindPoolRegions(owner_, att_, TransferManager::RegionUse::kWorkerCopy);
   ASSERT_TRUE(regions.ok()) << regions.status();
   EXPECT_EQ(regions->pool, pool_);
   ASSERT_EQ(regions->groups.size(), 1u);  // MHA's K and V: one group of two planes
@@ -351,8 +368,10 @@ TEST_F(WorkerTicketTest, TheRegionsAreThePoolsLaunchGroups) {
 // until the worker's session ends, then they leave.
 TEST_F(WorkerTicketTest, HandedRegionsKeepADeletedPoolReleasingUntilTheSessionEnds) {
   const uint64_t bytes = pool_->bytes();
-  ASSERT_TRUE(manager_->FindWorkerRegions(owner_, att_).ok());
-  ASSERT_TRUE(manager_->FindWorkerRegions(owner_, att_).ok());  // held once
+  ASSERT_TRUE(
+      manager_->FindPoolRegions(owner_, att_, TransferManager::RegionUse::kWorkerCopy).ok());
+  ASSERT_TRUE(manager_->FindPoolRegions(owner_, att_, TransferManager::RegionUse::kWorkerCopy)
+                  .ok());  // held once
   ASSERT_TRUE(manager_->Detach(owner_, att_).ok());
   pool_.reset();
   absl::StatusOr<uint64_t> deleted = registry_->Delete("p");
@@ -369,9 +388,13 @@ TEST_F(WorkerTicketTest, HandedRegionsKeepADeletedPoolReleasingUntilTheSessionEn
 TEST_F(WorkerTicketTest, AnAttachmentWithoutASessionGetsNoRegions) {
   absl::StatusOr<AttachmentInfo> att = AttachByName(*manager_, *registry_, "p", dev_.Request(2));
   ASSERT_TRUE(att.ok()) << att.status();
-  absl::Status s = manager_->FindWorkerRegions(Caller{}, att->id).status();
+  absl::Status s =
+      manager_->FindPoolRegions(Caller{}, att->id, TransferManager::RegionUse::kWorkerCopy)
+          .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(Msg(s), HasSubstr("without a worker session"));
+  EXPECT_THAT(Msg(s), HasSubstr("without a session"));
+  s = manager_->FindPoolRegions(Caller{}, att->id, TransferManager::RegionUse::kMap).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   // The refusal held nothing: detached, the pool goes at once.
   ASSERT_TRUE(manager_->Detach(Caller{}, att->id).ok());
   ASSERT_TRUE(manager_->Detach(owner_, att_).ok());

@@ -166,6 +166,8 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_load_events_destroy": ([_vp], None),
     "kvhost_wait_layer":
         ([_vp, C.POINTER(LoadTicketStruct), _u32, _vp, _i64] + _ERR, _int),
+    "kvhost_pool_map_open":
+        ([_vp, _vp, C.POINTER(C.c_int), C.POINTER(C.c_uint64), _sz, _psz] + _ERR, _int),
     "kvhost_cuda_export_event": ([_vp, _vp, _sz, _psz] + _ERR, _int),
     "kvhost_worker_copier_open": ([_vp, _vp, _i32, _pvp] + _ERR, _int),
     "kvhost_worker_copier_destroy": ([_vp], None),

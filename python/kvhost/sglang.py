@@ -184,7 +184,8 @@ class HostKVCache(_sglang_base()):
             "device_size_tokens": int(device_size), "start_layer": int(start_layer), **shape}
         self._torch = _torch(tensors)
         self._own_client = client is None
-        self.client = Client(address, session=False) if client is None else client
+        # A session: what the pool maps and holds ends with it.
+        self.client = Client(address) if client is None else client
         self.name = name
         try:
             try:
@@ -215,7 +216,8 @@ class HostKVCache(_sglang_base()):
         self.bytes_per_page = int(info["bytes_per_page"])
         # Pages (index // page_size) this object allocated: what clear() frees.
         self._pages: set = set()
-        self._lock = threading.Lock()
+        # Reentrant: mapping the regions (under it) may attach (under it).
+        self._lock = threading.RLock()
         self._attachments: Dict[int, Attachment] = {}
         self._loads: Dict[int, LoadTicket] = {}
         self._maps: List[Tuple[mmap.mmap, int]] = []
@@ -373,7 +375,7 @@ class HostKVCache(_sglang_base()):
             return None
         region = int(segs[0]["region_index"])
         with self._lock:
-            base = self._region_base(region, meta["region_paths"])
+            base = self._region_base(region, meta.get("region_paths"))
             size = len(self._maps[region][0])
         mem = torch.frombuffer(_arrays.raw_view(base, size, self), dtype=torch.uint8)
         mem = mem[:size - size % itemsize].view(self.dtype)
@@ -399,18 +401,57 @@ class HostKVCache(_sglang_base()):
             data_page = C.string_at(t.data_ptr(), t.numel() * t.element_size())
         self.client.set_from_flat_data_page(self.name, int(index), data_page)
 
-    def _region_base(self, region: int, paths: List[str]) -> int:
-        # Mapped once, shared with the daemon: the pointers stay valid until
-        # close(), like sglang's pinned buffer's.
+    def _region_base(self, region: int, paths: Optional[List[str]] = None) -> int:
+        """The address of region `region` of the pool in this process, every
+        region mapped once, shared with the daemon: the pointers stay valid
+        until close(), like sglang's pinned buffer's.
+
+        The regions come as descriptors over kvhostd's handoff socket
+        (HANDOFF_KIND_POOL_MAP), checked against this client's session and
+        token, through an attachment of this pool made within a session
+        (:meth:`_map_attachment`; sglang's path, kvhost.sglang_plugin, always
+        has one). Only a pool with no such attachment (kvhost's own
+        constructors, used without a device pool) maps its region files by
+        path (GetPool's region_paths, shown to the owner token's holder)."""
+        if not self._maps:
+            att = self._map_attachment()
+            if att is not None:
+                for fd, size in att.pool_map():
+                    try:
+                        mm = mmap.mmap(fd, size)
+                    finally:
+                        os.close(fd)
+                    self._maps.append((mm, C.addressof(C.c_char.from_buffer(mm))))
+                self.mapped_by = "handoff"
+        paths = paths if paths is not None else self.info.get("region_paths", [])
         while len(self._maps) <= region:
             path = paths[len(self._maps)]
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 mm = mmap.mmap(fd, 0)
             finally:
                 os.close(fd)
             self._maps.append((mm, C.addressof(C.c_char.from_buffer(mm))))
+            self.mapped_by = "path"
         return self._maps[region][1]
+
+    #: How the regions were mapped: "handoff" (descriptors), "path", or None.
+    mapped_by: Optional[str] = None
+
+    def _map_attachment(self) -> Optional[Attachment]:
+        """An attachment of this pool made within a session, whose handoff
+        hands the pool's regions (None: map by path). Called with the lock."""
+        for att in self._attachments.values():
+            if not att.closed and att.info.get("session_id") and not att.info.get("group") \
+                    and att.info.get("handoff_socket"):
+                return att
+        if self._OWN_DEVICE:  # attach the pool's own device buffers now
+            return self._attachment(self)
+        return None
+
+    #: Whether the pool knows its device buffers from construction (sglang's
+    #: buffer_info, kvhost.sglang_plugin), so that mapping may attach them.
+    _OWN_DEVICE = False
 
     def get_page_buffer_meta(self, indices: Any) -> Tuple[List[int], List[int]]:
         """(ptr_list, size_list) of whole pages' bytes, in sglang's order,
@@ -419,7 +460,7 @@ class HostKVCache(_sglang_base()):
         ptrs, sizes = [], []
         with self._lock:
             for seg in meta.get("segments", []):
-                base = self._region_base(int(seg["region_index"]), meta["region_paths"])
+                base = self._region_base(int(seg["region_index"]), meta.get("region_paths"))
                 ptrs.append(base + int(seg["offset"]))
                 sizes.append(int(seg["length"]))
         return ptrs, sizes
@@ -480,7 +521,7 @@ class HostKVCache(_sglang_base()):
         for comp in self.info.get("components", []):
             if comp["name"] == component:
                 with self._lock:
-                    base = self._region_base(int(comp["region_index"]), self.info["region_paths"])
+                    base = self._region_base(int(comp["region_index"]))
                 view = _arrays.raw_view(base + int(comp["offset"]), int(comp["bytes"]), self)
                 if self._torch is not None:
                     return self._torch.frombuffer(view, dtype=self._torch.uint8)

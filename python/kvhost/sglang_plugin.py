@@ -34,12 +34,16 @@ from .client import DEFAULT_ADDRESS
 from .shm import ShmDevicePool
 from .transfer import Attachment
 
-#: --hicache-storage-backend values that work on kvhost pools: none, and the
-#: file backend (it copies pages through get_data_page /
-#: set_from_flat_data_page). Backends that write through views of the host
-#: buffer or register its memory (hf3fs, mooncake, nixl, ...) are untested on
-#: kvhost pools; where a page is a copy they would leave stale KV silently.
-STORAGE_BACKENDS = (None, "", "file")
+#: --hicache-storage-backend values that work on kvhost pools: none; the file
+#: backend (it copies pages through get_data_page / set_from_flat_data_page);
+#: and hf3fs, whose zero-copy path reads and writes through
+#: get_data_page(flat=False) views, which are views of kvhostd's pages mapped
+#: from descriptors (tests/python_sglang_engine_test.py drives sglang's own
+#: hf3fs backend over a kvhost pool). The others (mooncake, nixl, ...) register
+#: the host buffer with their own transfer engines or read it on their own
+#: threads, untested on kvhost pools: refused, since a wrong assumption there
+#: would leave stale KV without an error.
+STORAGE_BACKENDS = (None, "", "file", "hf3fs")
 
 #: sglang releases whose host-pool contract kvhost was checked against
 #: (tests/python_sglang_contract_test.py); register() refuses others.
@@ -137,6 +141,8 @@ class MHATokenToKVPoolHost(_pools.MHATokenToKVPoolHost):
         self.device_capacity_tokens = int(device_capacity_tokens)
         self.head_group_num = 1
 
+    _OWN_DEVICE = True  # the buffer_info's tensors: mapping attaches them
+
     def get_hybrid_pool_buffer(self) -> List[Any]:
         """The components' host buffers (uint8 views of kvhostd's pages)."""
         return list(self.kv_buffer)
@@ -191,8 +197,9 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
                        f"{' and '.join(_pools.IO_BACKENDS)})")
     backend = getattr(asm.get_memory(), "hicache_storage_backend", None)
     if backend not in STORAGE_BACKENDS:
-        refused.append(f"--hicache-storage-backend {backend} (only the file backend is "
-                       f"supported on kvhost pools)")
+        refused.append(f"--hicache-storage-backend {backend} (kvhost pools serve "
+                       f"{', '.join(b for b in STORAGE_BACKENDS if b)}; {backend} registers "
+                       f"or reads the host buffer its own way, untested on kvhost pools)")
     if refused:
         raise RuntimeError(f"kvhost plugin: sglang asked for {', '.join(refused)}, which the "
                            f"kvhost plugin does not build yet (docs/SGLANG.md); set "

@@ -416,6 +416,25 @@ class Attachment(Handle):
             self._events = LoadEvents(self._client, ptr)
         return self._events
 
+    #: Regions one pool map may carry (kvhostd's kMaxWorkerCopyRegions).
+    MAX_REGIONS = 16
+
+    def pool_map(self) -> List[Tuple[int, int]]:
+        """The attached pool's regions for this process's own mapping:
+        ``[(fd, bytes), ...]`` in region order, new read-write descriptors
+        the caller owns (map each MAP_SHARED, whole, then close it), fetched
+        over kvhostd's handoff socket with this client's session and token
+        (HANDOFF_KIND_POOL_MAP; never a path). The pool stays held for the
+        attachment's session until it ends. FailedPrecondition for an
+        attachment made without a session or of a pool group.
+        """
+        fds = (C.c_int * self.MAX_REGIONS)()
+        sizes = (C.c_uint64 * self.MAX_REGIONS)()
+        count = C.c_size_t()
+        _lib.call(_lib.lib().kvhost_pool_map_open, self._client_handle(), self._p(), fds, sizes,
+                  self.MAX_REGIONS, C.byref(count))
+        return [(int(fds[i]), int(sizes[i])) for i in range(count.value)]
+
     def worker_copier(self, blocks: int = 0) -> Any:
         """A WorkerCopier on this attachment (CUDA; see kvhost.worker)."""
         from .worker import open_copier  # noqa: PLC0415 (one module per concern)

@@ -40,6 +40,8 @@ const char* KindName(v1::HandoffKind kind) {
       return "deposit";
     case v1::HANDOFF_KIND_FAST_PATH:
       return "fast-path mailbox";
+    case v1::HANDOFF_KIND_POOL_MAP:
+      return "pool map";
     default:
       return "an unknown kind";
   }
@@ -147,8 +149,11 @@ absl::StatusOr<HandoffItem> PoolRegionsItem(const WorkerRegions& regions) {
 HandoffSource TransferHandoffSource(TransferManager* manager) {
   return [manager](const Caller& caller, const std::string& attachment_id,
                    v1::HandoffKind kind) -> absl::StatusOr<HandoffItem> {
-    if (kind == v1::HANDOFF_KIND_POOL_REGIONS) {
-      absl::StatusOr<WorkerRegions> regions = manager->FindWorkerRegions(caller, attachment_id);
+    if (kind == v1::HANDOFF_KIND_POOL_REGIONS || kind == v1::HANDOFF_KIND_POOL_MAP) {
+      absl::StatusOr<WorkerRegions> regions = manager->FindPoolRegions(
+          caller, attachment_id,
+          kind == v1::HANDOFF_KIND_POOL_MAP ? TransferManager::RegionUse::kMap
+                                            : TransferManager::RegionUse::kWorkerCopy);
       if (!regions.ok()) return regions.status();
       return PoolRegionsItem(*regions);
     }

@@ -110,9 +110,10 @@ using HandoffSource = std::function<absl::StatusOr<HandoffItem>(
     const Caller& caller, const std::string& attachment_id, v1::HandoffKind kind)>;
 
 // The daemon's source: HANDOFF_KIND_LAYER_COUNTERS from `manager`
-// (TransferManager::FindLayerCounters), HANDOFF_KIND_POOL_REGIONS from
-// TransferManager::FindWorkerRegions (a new read-write descriptor per
-// region, Pool::OpenRegion); other kinds INVALID_ARGUMENT.
+// (TransferManager::FindLayerCounters), HANDOFF_KIND_POOL_REGIONS and
+// HANDOFF_KIND_POOL_MAP from TransferManager::FindPoolRegions (a new
+// read-write descriptor per region, Pool::OpenRegion); other kinds
+// INVALID_ARGUMENT.
 // `manager` must outlive the source.
 HandoffSource TransferHandoffSource(TransferManager* manager);
 

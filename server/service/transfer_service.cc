@@ -100,7 +100,11 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   response->set_group(info->group);
   response->set_session_id(info->session_id);
   response->set_layer_progress(info->layer_progress);
-  if (info->layer_progress || manager_->ServesWorkerCopy(*info)) {
+  // Where the caller fetches what it maps: layer counters, a worker copy's
+  // regions, or its own view of the pool (a plain pool attached within a
+  // session, HANDOFF_KIND_POOL_MAP).
+  const bool maps_pool = !info->session_id.empty() && info->group.empty();
+  if (info->layer_progress || maps_pool || manager_->ServesWorkerCopy(*info)) {
     response->set_handoff_socket(handoff_socket_);
   }
   return FinishCall(context, absl::OkStatus());

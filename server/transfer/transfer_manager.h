@@ -188,16 +188,21 @@ class TransferManager {
   // the error. NOT_FOUND as FindTicket; FAILED_PRECONDITION for a ticket
   // that is not a worker copy or has finished.
   absl::Status FinishWorkerCopy(const Caller& caller, uint64_t ticket_id, const std::string& error);
-  // The pool a worker copies on `attachment_id` maps itself, for the
-  // handoff (HANDOFF_KIND_POOL_REGIONS). The descriptors handed out outlive
-  // the attachment (a worker keeps its mapping), so the pool is held for
-  // the attachment's session until that session ends: deleted meanwhile,
-  // its bytes stay releasing (PoolRegistry::releasing_bytes). NOT_FOUND as
-  // Detach; FAILED_PRECONDITION where ServesWorkerCopy is false, for an
-  // attachment made without a session (nothing would end the hold), or
-  // when the pool has no regions (LOGICAL).
-  absl::StatusOr<WorkerRegions> FindWorkerRegions(const Caller& caller,
-                                                  const std::string& attachment_id);
+  // The pool of `attachment_id` whose regions the caller maps itself, for
+  // the handoff: a worker copy's (RegionUse::kWorkerCopy,
+  // HANDOFF_KIND_POOL_REGIONS) or the caller's own view of the pool
+  // (RegionUse::kMap, HANDOFF_KIND_POOL_MAP: either backend, no
+  // --worker-copy). The descriptors handed out outlive the attachment (the
+  // caller keeps its mapping), so the pool is held for the attachment's
+  // session until that session ends: deleted meanwhile, its bytes stay
+  // releasing (PoolRegistry::releasing_bytes). NOT_FOUND as Detach;
+  // FAILED_PRECONDITION where a worker copy is asked and ServesWorkerCopy is
+  // false, for a pool-group attachment, for an attachment made without a
+  // session (nothing would end the hold), or when the pool has no regions
+  // (LOGICAL).
+  enum class RegionUse { kWorkerCopy, kMap };
+  absl::StatusOr<WorkerRegions> FindPoolRegions(const Caller& caller,
+                                                const std::string& attachment_id, RegionUse use);
 
   // Refuses new transfers from now on (UNAVAILABLE), then waits up to
   // `timeout` for the ones accepted to finish; cancels what is left then
@@ -342,7 +347,7 @@ class TransferManager {
     TransferJob job;
   };
   std::map<uint64_t, WorkerCopy> worker_copies_ ABSL_GUARDED_BY(mu_);
-  // Pools whose region descriptors a worker fetched (FindWorkerRegions), by
+  // Pools whose region descriptors a caller fetched (FindPoolRegions), by
   // its session: held until CloseSession, each pool once.
   std::map<std::string, std::vector<std::shared_ptr<const Pool>>> worker_regions_
       ABSL_GUARDED_BY(mu_);

@@ -83,19 +83,24 @@ absl::StatusOr<std::shared_ptr<Pool>> TransferManager::FindAttachedPool(
   return it->second.pools[0].pool;
 }
 
-absl::StatusOr<WorkerRegions> TransferManager::FindWorkerRegions(const Caller& caller,
-                                                                 const std::string& attachment_id) {
+absl::StatusOr<WorkerRegions> TransferManager::FindPoolRegions(const Caller& caller,
+                                                               const std::string& attachment_id,
+                                                               RegionUse use) {
   absl::MutexLock lock(&mu_);
   auto it = attachments_.find(attachment_id);
   if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
     return AttachmentNotFound(attachment_id);
   }
-  if (absl::Status s = CheckWorkerCopy(); !s.ok()) return s;
+  if (use == RegionUse::kWorkerCopy) {
+    if (absl::Status s = CheckWorkerCopy(); !s.ok()) return s;
+  }
   const Attachment& attachment = it->second;
   if (attachment.group != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "attachment '", ShortId(attachment_id), "' is of pool group '", attachment.info.group,
-        "': worker copies serve plain pools only (the daemon copies a group's transfers)"));
+        use == RegionUse::kWorkerCopy
+            ? "': worker copies serve plain pools only (the daemon copies a group's transfers)"
+            : "': its entries' regions are mapped through an attachment of each entry's pool"));
   }
   const std::shared_ptr<Pool>& pool = attachment.pools[0].pool;
   if (pool->region_count() == 0) {
@@ -105,8 +110,8 @@ absl::StatusOr<WorkerRegions> TransferManager::FindWorkerRegions(const Caller& c
   if (attachment.info.session_id.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "attachment '", ShortId(attachment_id),
-        "' was made without a worker session: the pool's region descriptors stay with the "
-        "worker after it detaches, and only a session's end gives them back (attach within "
+        "' was made without a session: the pool's region descriptors stay with the "
+        "caller after it detaches, and only a session's end gives them back (attach within "
         "a session)"));
   }
   // The worker keeps its mapping past DetachDevice and DeletePool: the pool

@@ -11,7 +11,7 @@
 // The descriptors handed out are read-write, of every region of the
 // attached pool (a plain attachment covers all its components, and a region
 // file holds every layer: no narrower grain exists), and they outlive
-// DetachDevice and DeletePool. TransferManager::FindWorkerRegions therefore
+// DetachDevice and DeletePool. TransferManager::FindPoolRegions therefore
 // serves only an attachment made within a session and holds the pool for
 // that session until it ends, so a deleted pool's bytes stay releasing
 // (counted against --memory-limit) while a worker may still map them.

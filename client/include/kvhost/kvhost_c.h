@@ -508,6 +508,20 @@ KVHOST_C_API int kvhost_wait_layer(const kvhost_load_events* events,
                                    void* cuda_stream, int64_t timeout_ms, char* err,
                                    size_t err_len);
 
+/* The attachment's pool's host regions, for this process's own mapping of
+ * the pool (HANDOFF_KIND_POOL_MAP: zero-copy views of its pages), fetched
+ * over kvhostd's handoff socket with the client's session and token: on OK
+ * fds[0, *count) are new read-write descriptors the caller owns (map each
+ * MAP_SHARED, whole, then close it) and region_bytes[i] the size of region
+ * i, in the order of kvhost.v1.Pool.region_paths. The pool stays held for
+ * the attachment's session until it ends. FAILED_PRECONDITION for an
+ * attachment made without a session or of a pool group, or a pool without
+ * regions (LOGICAL); RESOURCE_EXHAUSTED when the pool has more regions than
+ * `capacity` (nothing is left open). */
+KVHOST_C_API int kvhost_pool_map_open(kvhost_client* client, const kvhost_attachment* attachment,
+                                      int* fds, uint64_t* region_bytes, size_t capacity,
+                                      size_t* count, char* err, size_t err_len);
+
 /* --- CUDA worker helpers ------------------------------------------------------- */
 
 /* CUDA. The cudaIpcEventHandle_t bytes of cuda_event (created with
