@@ -3,12 +3,14 @@
 
 Reads the source of the sglang in the engine venv (tests/engine_env.py,
 python/requirements-engines.txt) with `ast`, and checks that each of
-kvhost.sglang's MHATokenToKVPoolHost and MLATokenToKVPoolHost (the pools
-`build_kv_host_pool` builds) provides:
+kvhost.sglang's MHATokenToKVPoolHost and MLATokenToKVPoolHost, and the
+plugin's MHATokenToKVPoolHost, AsymmetricMHATokenToKVPoolHost and
+MLATokenToKVPoolHost (the pools `build_kv_host_pool` builds) provides:
   - every abstract method of sglang's HostKVCache, with a signature that
     binds every call the abstract signature allows (positional and keyword
     parameters, and the calls that leave the defaults out);
-  - the constructor of sglang's class of the same name (the same binds);
+  - the plugin's: the constructor of sglang's class of the same name (the
+    same binds);
   - every member that sglang's HostPoolGroup (pool_host/group.py),
     L2TransferEngine (l2_transfer.py), HybridCacheController
     (hybrid_cache/hybrid_cache_controller.py) and the storage backend
@@ -199,6 +201,7 @@ def main():
     import sglang  # noqa: PLC0415 (the engine venv's)
     from sglang.srt.mem_cache.pool_host import base as sg_base  # noqa: PLC0415
     from sglang.srt.mem_cache.pool_host import mha as sg_mha  # noqa: PLC0415
+    from sglang.srt.mem_cache.pool_host import mla as sg_mla  # noqa: PLC0415
     from kvhost import sglang as kv  # noqa: PLC0415
 
     print(f"sglang {sglang.__version__} at {os.path.dirname(sglang.__file__)}")
@@ -218,14 +221,16 @@ def main():
             reads.setdefault((where, name), []).extend(uses)
     print(f"not provided (unsupported features): "
           f"{'; '.join(f'{k} ({v})' for k, v in NOT_PROVIDED.items())}")
-    # The plugin builds MHA pools with sglang's constructor; it refuses MLA
-    # at start-up, so kvhost's MLA pool is checked without the constructor.
-    print("MLA: constructor not checked (the plugin refuses MLA at start-up)")
+    # The plugin's pools take sglang's constructors; kvhost.sglang's take a
+    # name and a shape (no constructor check).
     checked = [(kv.MHATokenToKVPoolHost, None), (kv.MLATokenToKVPoolHost, None)]
     failures = 0
     try:
         from kvhost import sglang_plugin  # noqa: PLC0415
-        checked.insert(0, (sglang_plugin.MHATokenToKVPoolHost, sg_mha.MHATokenToKVPoolHost))
+        checked[:0] = [
+            (sglang_plugin.MHATokenToKVPoolHost, sg_mha.MHATokenToKVPoolHost),
+            (sglang_plugin.AsymmetricMHATokenToKVPoolHost, sg_mha.AsymmetricMHATokenToKVPoolHost),
+            (sglang_plugin.MLATokenToKVPoolHost, sg_mla.MLATokenToKVPoolHost)]
     except ImportError as e:
         print(f"FAIL kvhost.sglang_plugin: {e}")
         failures += 1

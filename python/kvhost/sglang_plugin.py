@@ -3,20 +3,31 @@
 Installed by ``pip install './python[sglang]'`` as the entry point ``kvhost``
 of sglang's general-plugin group ``sglang.srt.plugins``; sglang runs
 :func:`register` in each process when ``SGLANG_PLUGINS`` lists ``kvhost``
-(or is unset). No sglang file is changed: register() hooks, through sglang's
-own HookRegistry,
-  - ``hybrid_pool_assembler.get_mha_host_pool_cls``: the MHA host pool class
+(or is unset). No sglang file is changed: register()
+  - hooks, through sglang's own HookRegistry,
+    ``hybrid_pool_assembler.get_mha_host_pool_cls``: the MHA host pool class
     ``build_kv_host_pool`` constructs becomes :class:`MHATokenToKVPoolHost`
-    here (sglang's constructor, a kvhostd pool behind it); sglang's own
-    HostPoolGroup, HybridCacheController and L2TransferEngine drive it;
-  - ``hybrid_pool_assembler.build_kv_host_pool``: a request kvhost cannot
-    serve (MLA, page-interleaved pools, DCP, an io backend other than kernel
-    or direct, a storage backend other than file) is refused there, at start-up, naming it;
-and registers a stack strategy (``register_stack_strategy``) that refuses,
-at start-up and by name, every stack but plain KV (SWA, Mamba, DSA,
-MiniMax sparse, DeepSeek-V4).
+    here, or :class:`AsymmetricMHATokenToKVPoolHost` where V's width is not
+    K's (sglang's constructor, a kvhostd pool behind it);
+  - binds the assembler's own name ``MLATokenToKVPoolHost`` (the class
+    ``build_kv_host_pool(use_mla=True)`` and the full-draft builder
+    construct) to :class:`MLATokenToKVPoolHost` here; only that module's
+    name, since HookRegistry's class REPLACE would rebind sglang's class in
+    every module, and every isinstance check on it;
+  - hooks ``hybrid_pool_assembler.build_kv_host_pool``: a request kvhost
+    cannot serve (page-interleaved pools, DCP, an io backend other than
+    kernel or direct, a storage backend other than file) is refused there,
+    at start-up, naming it;
+  - registers a stack strategy (``register_stack_strategy``) that refuses,
+    at start-up and by name, every stack but plain KV (SWA, Mamba, DSA,
+    MiniMax sparse, DeepSeek-V4 are not built yet).
+sglang's own HostPoolGroup, HybridCacheController and L2TransferEngine drive
+the pools, packed MTP draft layers included. What a pool's constructor
+refuses (ValueError naming it, before any kvhostd pool is made) is in each
+class's docstring.
 
-Settings (environment, read at pool construction):
+Settings (environment, read at pool construction; KVHOST_SGLANG also at
+register()):
   KVHOST_ADDRESS      kvhostd's address (default kvhost.DEFAULT_ADDRESS)
   KVHOST_POOL_PREFIX  pool names are PREFIX-LABEL-dpD-tpT-ppP (default "sglang")
   KVHOST_SGLANG       "0" leaves sglang's own pools in place (plugin inert)
@@ -94,63 +105,47 @@ def pool_name(label: str) -> str:
     return f"{prefix}-{label}-dp{r['dp']}-tp{r['tp']}-pp{r['pp']}"
 
 
-class MHATokenToKVPoolHost(_pools.MHATokenToKVPoolHost):
-    """sglang's MHA host pool, constructed as build_kv_host_pool does, over
-    a kvhostd pool. Refuses (ValueError naming it) what kvhost cannot serve:
-    K and V widths that differ, KV scales, more than one head group."""
+def _refuse(pool_label: str, refused: List[str]) -> None:
+    """ValueError naming everything in `refused` (nothing: returns)."""
+    if refused:
+        raise ValueError(f"kvhost plugin: pool {pool_label!r}: kvhost cannot serve "
+                         f"{'; '.join(refused)}")
 
-    def __init__(self, buffer_info: Any, host_to_device_ratio: float, host_size: float,
-                 page_size: int, layout: str, pin_memory: bool = True, device: str = "cpu",
-                 allocator_type: str = "default", *, device_capacity_tokens: int,
-                 start_layer: int, end_layer: int, draft_buffer_infos: Sequence[Any] = (),
-                 write_back_staging: Any = None, pool_label: str = "kv",
-                 head_group_num: int = 1, host_token_capacity: Optional[int] = None) -> None:
-        info = buffer_info
-        refused = []
-        if info.v_head_dim != info.head_dim:
-            refused.append(f"V width {info.v_head_dim} != K width {info.head_dim} "
-                           f"(asymmetric MHA)")
-        if info.scales is not None or any(d.scales is not None for d in draft_buffer_infos):
-            refused.append("KV scale buffers (MXFP8)")
-        if int(head_group_num) != 1:
-            refused.append(f"head_group_num {head_group_num}")
-        if allocator_type not in ("default", None):
-            refused.append(f"allocator_type {allocator_type!r}")
-        if refused:
-            raise ValueError(f"kvhost plugin: pool {pool_label!r}: kvhost cannot serve "
-                             f"{'; '.join(refused)}")
-        infos = (info, *draft_buffer_infos)
-        self._device_k = [b for i in infos for b in i.buffers.k]
-        self._device_v = [b for i in infos for b in i.buffers.v]
-        # sglang's sizing: a fixed capacity, else GB, else the ratio.
-        super().__init__(
-            pool_name(pool_label), address=os.environ.get("KVHOST_ADDRESS", DEFAULT_ADDRESS),
-            layout=layout, dtype=info.dtype, page_size=page_size,
-            layer_num=len(self._device_k), head_num=info.head_num, head_dim=info.head_dim,
-            host_size=0.0 if host_token_capacity else float(host_size or 0),
-            host_size_tokens=int(host_token_capacity or 0),
-            host_to_device_ratio=float(host_to_device_ratio or 0),
-            device_size=int(device_capacity_tokens), tensors=True,
-            start_layer=start_layer, end_layer=end_layer,
-            target_layer_num=len(info.buffers.k), pool_label=pool_label)
-        self.v_head_dim = info.v_head_dim
-        self.device_capacity_tokens = int(device_capacity_tokens)
-        self.head_group_num = 1
+
+def _sizes(host_to_device_ratio: float, host_size: float, host_token_capacity: Optional[int],
+           device_capacity_tokens: int) -> Dict[str, Any]:
+    """HostKVCache's size arguments from sglang's: a fixed capacity, else
+    GB, else the ratio (sglang's order)."""
+    return dict(host_size=0.0 if host_token_capacity else float(host_size or 0),
+                host_size_tokens=int(host_token_capacity or 0),
+                host_to_device_ratio=float(host_to_device_ratio or 0),
+                device_size=int(device_capacity_tokens))
+
+
+class _CapturedDevicePool:
+    """What the plugin's pools share: sglang's host pools capture the device
+    tensors of their buffer infos (the target's, then each packed MTP draft's
+    layers) at construction, so a pool attaches those, once, whatever device
+    pool a transfer names; and loads the draft layers (past
+    target_layer_num) on the calls sglang's controller makes for them."""
+
+    #: Pool.components name -> per-layer device tensors (drafts last).
+    _device: Dict[str, List[Any]]
 
     def get_hybrid_pool_buffer(self) -> List[Any]:
         """The components' host buffers (uint8 views of kvhostd's pages)."""
         return list(self.kv_buffer)
 
     def _attachment(self, device_pool: Any) -> Attachment:
-        # The device tensors are the buffer_info's, whatever device_pool is.
+        # The device tensors are the buffer infos', whatever device_pool is
+        # (a packed draft's device pool included).
         return super()._attachment(self)
 
     def _attach_tensors(self, device_pool: Any) -> Attachment:
-        tensors = self._device_k + self._device_v
+        tensors = [t for layers in self._device.values() for t in layers]
         if tensors and not tensors[0].is_cuda:
             return self._attach_shm_of(tensors)
-        return self.client.attach_tensors(self.name, components={"k": self._device_k,
-                                                                 "v": self._device_v},
+        return self.client.attach_tensors(self.name, components=self._device,
                                           layer_progress=True)
 
     def _attach_shm_of(self, tensors: List[Any]) -> Attachment:
@@ -159,13 +154,199 @@ class MHATokenToKVPoolHost(_pools.MHATokenToKVPoolHost):
         for shm in _SHM_POOLS:
             if shm.closed or shm.pool != self.name:
                 continue
-            have = [shm.layer_address(c, layer) for c in ("k", "v")
+            have = [shm.layer_address(c, layer) for c in self._device
                     for layer in range(shm.layers)]
             if have == want:
                 return self.client.attach_shm(self.name, shm, layer_progress=True)
         raise ValueError(f"kvhost pool '{self.name}': its device tensors are on the CPU and "
                          f"lie in no registered ShmDevicePool (host backend: "
                          f"kvhost.sglang_plugin.register_shm_device_pool)")
+
+    def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
+                                 device_indices: Any, layer_id: int,
+                                 io_backend: Any = "kernel", *, is_draft: bool = False) -> None:
+        """HostKVCache's, with packed MTP draft layers in sglang's order: the
+        controller loads draft d (is_draft, layer target_layer_num + d) right
+        after target layer min(d, target_layer_num - 1). Layer 0's load moves
+        every layer, drafts included; the last target layer ends it, and a
+        draft layer's call waits for its layer of the load (or returns, the
+        load being done)."""
+        layer, target = int(layer_id), self.target_layer_num
+        if self.layer_num == target or (layer < target - 1 and not is_draft):
+            return super().load_to_device_per_layer(device_pool, host_indices, device_indices,
+                                                    layer_id, io_backend, is_draft=is_draft)
+        self._check_io_backend(io_backend)
+        att = self._attachment(self)
+        if layer < target - 1 or layer >= self.layer_num:
+            raise ValueError(f"kvhost pool '{self.name}': draft layer {layer} outside "
+                             f"[{target}, {self.layer_num})")
+        if layer == target - 1:
+            super().load_to_device_per_layer(device_pool, host_indices, device_indices,
+                                             layer_id, io_backend)
+            with self._lock:
+                ticket = self._loads.pop(id(att), None)
+            if ticket is not None:
+                ticket.wait()  # the whole load, drafts included; raises its error
+            return
+        if not is_draft:
+            return  # sglang's rule: draft layers only with is_draft
+        with self._lock:
+            ticket = self._loads.get(id(att))
+        if ticket is None:
+            return  # the load ended with the last target layer, this layer with it
+        stream = None
+        if self._torch is not None and att.info.get("backend") == "cuda":
+            stream = self._torch.cuda.current_stream()
+        ticket.wait_layer(layer, stream)
+
+
+def _mha_refusals(infos: Sequence[Any], head_group_num: int,
+                  allocator_type: Optional[str]) -> List[str]:
+    """What an MHA (or asymmetric MHA) request asks that kvhost lacks."""
+    refused = []
+    if any(i.scales is not None for i in infos):
+        refused.append("KV scale buffers (MXFP8)")
+    if any(i.transfer_buffers is not None for i in infos):
+        refused.append("relocatable device buffers (MHABufferInfo.transfer_buffers)")
+    if int(head_group_num) != 1:
+        refused.append(f"head_group_num {head_group_num}")
+    if allocator_type not in ("default", None):
+        refused.append(f"allocator_type {allocator_type!r}")
+    for d, draft in enumerate(infos[1:]):
+        row = (draft.head_num, draft.head_dim, draft.v_head_dim, draft.dtype)
+        want = (infos[0].head_num, infos[0].head_dim, infos[0].v_head_dim, infos[0].dtype)
+        if row != want:
+            refused.append(f"draft[{d}] KV row {row} != the target's {want}")
+    return refused
+
+
+class MHATokenToKVPoolHost(_CapturedDevicePool, _pools.MHATokenToKVPoolHost):
+    """sglang's MHA host pool, constructed as build_kv_host_pool does, over
+    a kvhostd pool, packed MTP draft layers after the target's. Refuses
+    (ValueError naming it) what kvhost cannot serve: KV scales (MXFP8), more
+    than one head group, relocatable device buffers, another allocator, a
+    draft row unlike the target's. K and V widths that differ are
+    :class:`AsymmetricMHATokenToKVPoolHost`'s (get_mha_host_pool_cls)."""
+
+    def __init__(self, buffer_info: Any, host_to_device_ratio: float, host_size: float,
+                 page_size: int, layout: str, pin_memory: bool = True, device: str = "cpu",
+                 allocator_type: str = "default", *, device_capacity_tokens: int,
+                 start_layer: int, end_layer: int, draft_buffer_infos: Sequence[Any] = (),
+                 write_back_staging: Any = None, pool_label: str = "kv",
+                 head_group_num: int = 1, host_token_capacity: Optional[int] = None) -> None:
+        info = buffer_info
+        infos = (info, *draft_buffer_infos)
+        for i in infos:
+            i.validate()  # sglang's own check of the buffer info
+        refused = _mha_refusals(infos, head_group_num, allocator_type)
+        if info.v_head_dim != info.head_dim and not self._ASYMMETRIC:
+            refused.append(f"V width {info.v_head_dim} != K width {info.head_dim} in "
+                           f"{type(self).__name__} (get_mha_host_pool_cls picks "
+                           f"AsymmetricMHATokenToKVPoolHost)")
+        _refuse(pool_label, refused)
+        self._device = {"k": [b for i in infos for b in i.buffers.k],
+                        "v": [b for i in infos for b in i.buffers.v]}
+        shape = {"head_num": info.head_num, "head_dim": info.head_dim}
+        if self._ASYMMETRIC:
+            shape["v_head_dim"] = info.v_head_dim
+        super().__init__(
+            pool_name(pool_label), address=os.environ.get("KVHOST_ADDRESS", DEFAULT_ADDRESS),
+            layout=layout, dtype=info.dtype, page_size=page_size,
+            layer_num=len(self._device["k"]), tensors=True, start_layer=start_layer,
+            end_layer=end_layer, target_layer_num=len(info.buffers.k), pool_label=pool_label,
+            **shape, **_sizes(host_to_device_ratio, host_size, host_token_capacity,
+                              device_capacity_tokens))
+        self.v_head_dim = info.v_head_dim
+        self.device_capacity_tokens = int(device_capacity_tokens)
+        self.head_group_num = 1
+
+    _ASYMMETRIC = False
+
+
+class AsymmetricMHATokenToKVPoolHost(MHATokenToKVPoolHost,
+                                     _pools.AsymmetricMHATokenToKVPoolHost):
+    """sglang's host pool for MHA whose V width differs from K's (MiMo-V2),
+    with sglang's (MHA's) constructor: kvhost's MHA_ASYMMETRIC pool, K and V
+    in two buffers; page_first or page_first_direct (kvhostd refuses another
+    layout at construction, naming it). Like sglang's, it has no flat page."""
+
+    _ASYMMETRIC = True
+
+
+class MLATokenToKVPoolHost(_CapturedDevicePool, _pools.MLATokenToKVPoolHost):
+    """sglang's MLA host pool (DeepSeek), constructed as build_kv_host_pool
+    does, over a kvhostd pool: one latent row per token and layer, packed
+    MTP draft layers after the target's. Refuses (ValueError naming it)
+    what kvhost cannot serve: the allocator-only pool (MLAHostAllocation),
+    native split buffers and layout page_first_kv_split (Ascend), FP4 block
+    scales, layer sharding, decode context parallelism, a row wider than
+    kv_lora_rank + qk_rope_head_dim (packed FP8 DSA rows), another
+    allocator, a draft row unlike the target's."""
+
+    def __init__(self, buffer_info: Any, host_to_device_ratio: float, host_size: float,
+                 page_size: int, layout: str, pin_memory: bool = True, device: str = "cpu",
+                 allocator_type: str = "default", override_kv_cache_dim: Optional[int] = None,
+                 draft_buffer_infos: Sequence[Any] = (), dcp_size: int = 1, dcp_rank: int = 0,
+                 *, device_capacity_tokens: int, start_layer: int, end_layer: int,
+                 target_layer_num: int, layer_shard_enabled: bool = False,
+                 pool_label: str = "kv", host_token_capacity: Optional[int] = None) -> None:
+        info = buffer_info
+        _refuse(pool_label, _mla_refusals(info, layout, allocator_type, override_kv_cache_dim,
+                                          draft_buffer_infos, dcp_size, target_layer_num,
+                                          layer_shard_enabled))
+        self._device = {"latent": [*info.buffers, *(b for d in draft_buffer_infos
+                                                    for b in d.buffers)]}
+        super().__init__(
+            pool_name(pool_label), address=os.environ.get("KVHOST_ADDRESS", DEFAULT_ADDRESS),
+            layout=layout, dtype=info.dtype, page_size=page_size,
+            layer_num=len(self._device["latent"]), kv_lora_rank=info.kv_lora_rank,
+            qk_rope_head_dim=info.qk_rope_head_dim, tensors=True, start_layer=start_layer,
+            end_layer=end_layer, target_layer_num=target_layer_num, pool_label=pool_label,
+            **_sizes(host_to_device_ratio, host_size, host_token_capacity,
+                     device_capacity_tokens))
+        self.override_kv_cache_dim = override_kv_cache_dim
+        self.dsa_kv_cache_store_fp8 = False
+        self.device_capacity_tokens = int(device_capacity_tokens)
+
+
+def _mla_refusals(info: Any, layout: str, allocator_type: Optional[str],
+                  override_kv_cache_dim: Optional[int], drafts: Sequence[Any], dcp_size: int,
+                  target_layer_num: int, layer_shard_enabled: bool) -> List[str]:
+    """What an MLA request asks that kvhost lacks (sglang's own checks of
+    the buffer infos first: ValueError in sglang's words)."""
+    if not hasattr(info, "buffers"):
+        return ["allocator-only MLA host pools (MLAHostAllocation: HiSparse, non-source "
+                "ranks)"]
+    refused = []
+    if layout == "page_first_kv_split":
+        refused.append("layout page_first_kv_split (Ascend's split K/V host buffers)")
+    if not isinstance(info.buffers, tuple):
+        refused.append("native split MLA buffers (MLASplitBuffers)")
+        return refused
+    for i in (info, *drafts):
+        i.validate()
+    if int(dcp_size) != 1:
+        refused.append(f"decode context parallelism (dcp_size {dcp_size})")
+    if layer_shard_enabled or tuple(info.layer_indices) != tuple(range(info.device_layer_num)) \
+            or int(target_layer_num) != len(info.buffers):
+        refused.append(f"layer-sharded MLA pools (layers {tuple(info.layer_indices)} of "
+                       f"{info.device_layer_num}, target_layer_num {target_layer_num})")
+    width = info.kv_lora_rank + info.qk_rope_head_dim
+    if (override_kv_cache_dim or width) != width or info.kv_cache_dim != width \
+            or info.packed_fp8:
+        refused.append(f"MLA rows of {override_kv_cache_dim or info.kv_cache_dim} elements, not "
+                       f"kv_lora_rank + qk_rope_head_dim = {width} (packed FP8 DSA rows)")
+    if any(i.scales is not None for i in (info, *drafts)):
+        refused.append("FP4 KV block scales")
+    if allocator_type not in ("default", None):
+        refused.append(f"allocator_type {allocator_type!r}")
+    for d, draft in enumerate(drafts):
+        if (draft.kv_cache_dim, draft.dtype) != (info.kv_cache_dim, info.dtype) or \
+                not isinstance(draft.buffers, tuple) or len(draft.buffers) != 1:
+            refused.append(f"draft[{d}] row {(draft.kv_cache_dim, draft.dtype)} in "
+                           f"{len(draft.buffers)} layers (the target's is "
+                           f"{(info.kv_cache_dim, info.dtype)} in one layer per draft)")
+    return refused
 
 
 def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
@@ -175,12 +356,7 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
     import importlib  # noqa: PLC0415
     asm = importlib.import_module(_ASSEMBLER)
     kv_pool = kwargs.get("kv_pool")
-    use_mla = kwargs.get("use_mla")
-    if use_mla is None and kv_pool is not None:
-        use_mla = asm.is_mla_pool(kv_pool)
     refused = []
-    if use_mla:
-        refused.append("MLA host pools")
     if isinstance(kv_pool, asm.PageInterleaveKVPoolMixin):
         refused.append("page-interleaved device pools")
     if asm.get_parallel().dcp_enabled:
@@ -203,6 +379,8 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
 def _mha_host_pool_cls(original: Any, buffer_info: Any) -> type:
     if not enabled():
         return original(buffer_info)
+    if buffer_info.v_head_dim != buffer_info.head_dim:
+        return AsymmetricMHATokenToKVPoolHost
     return MHATokenToKVPoolHost
 
 
@@ -219,7 +397,8 @@ def _refusing_strategy() -> Any:
             names = ", ".join(sorted(getattr(c, "name", str(c)) for c in components))
             raise RuntimeError(f"kvhost plugin: sglang asked for a HiCache stack of "
                                f"{type(kvcache).__name__} with components [{names}]; kvhost "
-                               f"builds plain KV (MHA) stacks only (docs/SGLANG.md); set "
+                               f"builds plain KV stacks only (MHA, asymmetric MHA, MLA; "
+                               f"docs/SGLANG.md); set "
                                f"KVHOST_SGLANG=0 to use sglang's own host pools")
 
     return RefuseUnsupportedStacks()
@@ -245,4 +424,8 @@ def register() -> None:
     HookRegistry.register(f"{_ASSEMBLER}.build_kv_host_pool", _refuse_unsupported,
                           HookType.AROUND)
     import importlib  # noqa: PLC0415
-    importlib.import_module(_ASSEMBLER).register_stack_strategy(_refusing_strategy())
+    asm = importlib.import_module(_ASSEMBLER)
+    # The assembler's own name only: HookRegistry's class REPLACE would
+    # rebind sglang's class in every module, and its isinstance checks with it.
+    asm.MLATokenToKVPoolHost = MLATokenToKVPoolHost
+    asm.register_stack_strategy(_refusing_strategy())

@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""sglang's default HiCache path building kvhost pools of more kinds.
+
+Runs in the engine venv (tests/engine_env.py: the pinned sglang and torch)
+against a fresh kvhostd --backend=host, with the kvhost plugin installed
+and loaded as python_sglang_engine_test.py does (SGLANG_PLUGINS=kvhost,
+sglang's own loader). For each kind, sglang's own build_kv_only_group
+(build_kv_host_pool, with_packed_draft_layer_mapping, HostPoolGroup)
+builds the host pool group, with one packed MTP draft layer; the
+transfer lists are made by sglang's HybridCacheController._l2_transfers /
+_l2_load_transfers and run by sglang's L2TransferEngine: a backup, the
+device rows cleared, a load (the draft's layer interleaved with the
+target's, as the controller orders them), byte for byte, target and draft:
+  mla   DeepSeek's MLA pool (plugin MLATokenToKVPoolHost); and refused at
+        construction, by name, creating no pool: layout page_first_kv_split,
+        layer sharding, packed FP8 DSA rows (a wider kv_cache_dim), the
+        allocator-only MLAHostAllocation, decode context parallelism;
+  asym  MHA with V narrower than K (get_mha_host_pool_cls ->
+        plugin AsymmetricMHATokenToKVPoolHost), no flat page as sglang's;
+        and layout layer_first refused at construction, by name.
+The project's own stand-ins, for what needs a GPU or a running scheduler:
+the device pool objects (per-layer CPU tensors over a kvhost ShmDevicePool,
+with the members sglang's builder reads), sglang's runtime-context memory
+settings (hicache ratio, size, layout), and the controller object whose
+transfer-list methods run (HybridCacheController's constructor needs the
+scheduler's allocator and process groups).
+  usage: python_sglang_kinds_engine_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+"""
+import functools
+import os
+import shutil
+import sys
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import engine_env  # noqa: E402
+
+PS, LAYERS, DEVICE_TOKENS = 4, 3, 64
+LORA, ROPE = 12, 4  # MLA row: 16 bf16 elements
+HEADS, K_DIM, V_DIM = 2, 8, 4  # asymmetric MHA
+
+
+class Env:
+    """What every case uses: torch, kvhost, sglang's modules, the daemon."""
+
+    def __init__(self, daemon):
+        import torch  # noqa: PLC0415
+        import kvhost  # noqa: PLC0415
+        from kvhost import sglang_plugin  # noqa: PLC0415
+        from sglang.srt.mem_cache import device_pool_info, l2_transfer  # noqa: PLC0415
+        from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler  # noqa: PLC0415
+        from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa
+            HybridCacheController)
+        self.torch, self.kvhost, self.plugin = torch, kvhost, sglang_plugin
+        self.dpi, self.l2, self.asm = device_pool_info, l2_transfer, hybrid_pool_assembler
+        self.controller_cls = HybridCacheController
+        self.daemon = daemon
+        self.worker = kvhost.Client(daemon.address)
+        self.memory = types.SimpleNamespace(hicache_ratio=2.0, hicache_size=0,
+                                            hicache_mem_layout="page_first",
+                                            hicache_storage_backend=None,
+                                            hicache_io_backend="kernel")
+        from sglang.srt.mem_cache.pool_host import common  # noqa: PLC0415
+        self.asm.get_memory = common.get_memory = lambda: self.memory
+
+    def device_memory(self, prefix, spec):
+        """The pool (made as the scheduler would, the plugin adopting it) and
+        its ShmDevicePool: the stand-in device buffers."""
+        os.environ["KVHOST_POOL_PREFIX"] = prefix
+        name = self.plugin.pool_name("kv")
+        with self.kvhost.Client(self.daemon.address, session=False) as sched:
+            sched.create_pool(name, dict(spec, page_size=PS, size_tokens=2 * DEVICE_TOKENS,
+                                         dtype="BF16"))
+        shm = self.worker.shm_device_pool(name, DEVICE_TOKENS)
+        self.plugin.register_shm_device_pool(shm)
+        return name, shm
+
+    def tensors(self, shm, comp, width):
+        torch = self.torch
+        return [torch.frombuffer(shm.layer_view(comp, layer), dtype=torch.bfloat16).view(
+            DEVICE_TOKENS, -1, width) for layer in range(shm.layers)]
+
+    def build_group(self, dev, draft, use_mla):
+        with self.asm.get_parallel().override(dcp_enabled=False):  # sglang's own API
+            return self.asm.build_kv_only_group(
+                page_size=PS, kv_pool=dev, full_layer_mapping={i: i for i in range(LAYERS)},
+                use_mla=use_mla, mtp_draft_device_pools=(draft,))
+
+    def refused(self, prefix, words, build):
+        """build() raises naming `words`, and no pool of that name is made."""
+        os.environ["KVHOST_POOL_PREFIX"] = prefix
+        name = self.plugin.pool_name("kv")
+        try:
+            with self.asm.get_parallel().override(dcp_enabled=False):
+                build()
+        except (ValueError, RuntimeError, self.kvhost.KvhostError) as e:
+            assert all(w in str(e) for w in words), (words, str(e))
+        else:
+            raise AssertionError(f"{words} not refused")
+        names = [p["name"] for p in self.worker.list_pools()]
+        assert name not in names, f"a refused request left pool {name}"
+
+    def drive(self, group, device_tensors):
+        """Backup and load through sglang's controller methods and engine;
+        every device layer (the draft's too) comes back byte for byte."""
+        torch = self.torch
+        host = group.anchor_entry.host_pool
+        slots = group.alloc(8)
+        assert slots is not None and len(slots) == 8
+        rows = torch.arange(8, 16, dtype=torch.int64)
+        gen = torch.Generator().manual_seed(11)
+        for t in device_tensors:
+            t.copy_(torch.randn(t.shape, generator=gen).to(torch.bfloat16))
+        want = [t[8:16].clone() for t in device_tensors]
+        ctl = types.SimpleNamespace(mem_pool_host=group, transfer_layer_id_max=LAYERS)
+        ctl._l2_transfers = functools.partial(self.controller_cls._l2_transfers, ctl)
+        engine = self.l2.L2TransferEngine("kernel")
+        engine.submit_device_to_host(ctl._l2_transfers(slots, rows))
+        for t in device_tensors:
+            t.zero_()
+        loads = self.controller_cls._l2_load_transfers(ctl, slots, rows)
+        assert [t.is_draft for t in loads] == [False, True], loads
+        engine.submit_host_to_device(loads, transfer_layer_id_max=LAYERS)
+        got = [t[8:16] for t in device_tensors]
+        bad = [i for i, (a, b) in enumerate(zip(got, want)) if not torch.equal(a, b)]
+        assert not bad, f"{type(host).__name__}: device layers {bad} differ after the load"
+        assert group.free(slots) == 8
+        return host
+
+
+class MLADevicePool:
+    """Stand-in for sglang's MLATokenToKVPool: what build_kv_host_pool and
+    check_packed_kv_rows read of it, over the given per-layer tensors."""
+
+    def __init__(self, env, tensors):
+        torch = env.torch
+        n = len(tensors)
+        self.kv_buffer = tensors
+        self.size, self.host_capacity_tokens, self.hicache_write_back_staging = \
+            DEVICE_TOKENS, None, None
+        self.start_layer, self.end_layer, self.layer_num = 0, n, n
+        self.layer_shard_enabled, self.layer_shard_size = False, 1
+        self.kv_cache_dim, self.store_dtype, self.device = LORA + ROPE, torch.bfloat16, "cpu"
+        self.info = env.dpi.MLABufferInfo(
+            buffers=tuple(tensors), data_ptrs=None, layer_indices=tuple(range(n)),
+            device_layer_num=n, page_size=PS, kv_lora_rank=LORA, qk_rope_head_dim=ROPE,
+            kv_cache_dim=LORA + ROPE, dtype=torch.bfloat16, device=torch.device("cpu"))
+
+    def get_device_pool_infos(self):
+        return [types.SimpleNamespace(buffer_info=self.info)]
+
+
+class MHADevicePool:
+    """Stand-in for sglang's MHATokenToKVPool (K and V widths may differ)."""
+
+    def __init__(self, env, k, v):
+        torch, dpi = env.torch, env.dpi
+        n = len(k)
+        self.k_buffer, self.v_buffer = k, v
+        self.size, self.host_capacity_tokens, self.hicache_write_back_staging = \
+            DEVICE_TOKENS, None, None
+        self.start_layer, self.end_layer, self.layer_num = 0, n, n
+        self.head_num, self.head_dim, self.v_head_dim = HEADS, K_DIM, V_DIM
+        self.store_dtype, self.device = torch.bfloat16, "cpu"
+        buffers = dpi.KVBuffers(k=tuple(k), v=tuple(v), k_data_ptrs=None, v_data_ptrs=None,
+                                layout=dpi.KVBufferLayout.NHD)
+        self.info = dpi.MHABufferInfo(buffers=buffers, page_size=PS, head_num=HEADS,
+                                      head_dim=K_DIM, v_head_dim=V_DIM, dtype=torch.bfloat16,
+                                      device=torch.device("cpu"))
+
+    def get_device_pool_infos(self):
+        return [types.SimpleNamespace(buffer_info=self.info)]
+
+
+def check_mla(env):
+    torch = env.torch
+    name, shm = env.device_memory("mla", {"kind": "MLA", "layout": "PAGE_FIRST",
+                                          "layer_num": LAYERS + 1, "kv_lora_rank": LORA,
+                                          "qk_rope_head_dim": ROPE})
+    latent = env.tensors(shm, "latent", LORA + ROPE)
+    dev, draft = MLADevicePool(env, latent[:LAYERS]), MLADevicePool(env, latent[LAYERS:])
+    group = env.build_group(dev, draft, use_mla=True)
+    host = group.anchor_entry.host_pool
+    assert isinstance(host, env.plugin.MLATokenToKVPoolHost) and host.name == name, host
+    assert (host.layer_num, host.target_layer_num, host.kv_cache_dim) == \
+        (LAYERS + 1, LAYERS, LORA + ROPE), (host.layer_num, host.target_layer_num)
+    env.drive(group, latent)
+    slot = int(group.alloc(PS)[0])  # the page view is sglang's (ps, L, 1, C)
+    page = host.get_data_page(slot, flat=False)
+    assert tuple(page.shape) == (PS, LAYERS + 1, 1, LORA + ROPE), page.shape
+    group.free(torch.arange(slot, slot + PS))
+    print("ok   mla: build_kv_only_group builds a kvhost MLA pool with a packed MTP draft; "
+          "backup and load byte for byte, the draft's layer too")
+
+    def with_info(pool, **changes):
+        fake = types.SimpleNamespace(**{k: getattr(pool, k) for k in vars(pool)})
+        fake.__dict__.update(changes)
+        fake.get_device_pool_infos = pool.get_device_pool_infos
+        return fake
+
+    build = functools.partial(env.asm.build_kv_host_pool, page_size=PS, use_mla=True)
+    env.memory.hicache_mem_layout = "page_first_kv_split"
+    env.refused("mla-split", ["layout page_first_kv_split"], lambda: build(kv_pool=dev))
+    env.memory.hicache_mem_layout = "page_first"
+    sharded = with_info(dev, layer_shard_enabled=True, layer_shard_size=2)
+    env.refused("mla-shard", ["layer-sharded MLA pools"], lambda: build(kv_pool=sharded))
+    env.refused("mla-fp8", ["MLA rows of 24 elements", "packed FP8 DSA rows"],
+                lambda: build(kv_pool=dev, override_kv_cache_dim=LORA + ROPE + 8))
+    from sglang.srt.mem_cache.pool_host.mla import MLAHostAllocation  # noqa: PLC0415
+    dummy = MLAHostAllocation(dtype=torch.bfloat16, kv_lora_rank=LORA, qk_rope_head_dim=ROPE,
+                              kv_cache_dim=LORA + ROPE, size_per_token=(LORA + ROPE) * 2)
+    env.refused("mla-dummy", ["allocator-only MLA host pools"], lambda: env.plugin.
+                MLATokenToKVPoolHost(dummy, 2.0, 0, PS, "page_first", device_capacity_tokens=64,
+                                     start_layer=0, end_layer=LAYERS, target_layer_num=LAYERS))
+    env.refused("mla-dcp", ["decode context parallelism (dcp_size 2)"], lambda: env.plugin.
+                MLATokenToKVPoolHost(dev.info, 2.0, 0, PS, "page_first", dcp_size=2,
+                                     dcp_rank=1, device_capacity_tokens=64, start_layer=0,
+                                     end_layer=LAYERS, target_layer_num=LAYERS))
+    print("ok   mla: page_first_kv_split, layer sharding, packed FP8 DSA rows, "
+          "MLAHostAllocation and DCP refused at construction by name, no pool made")
+    group.anchor_entry.host_pool.destroy()
+    shm.close()
+
+
+def check_asymmetric(env):
+    name, shm = env.device_memory("asym", {"kind": "MHA_ASYMMETRIC", "layout": "PAGE_FIRST",
+                                           "layer_num": LAYERS + 1, "head_num": HEADS,
+                                           "head_dim": K_DIM, "v_head_dim": V_DIM})
+    k, v = env.tensors(shm, "k", K_DIM), env.tensors(shm, "v", V_DIM)
+    dev = MHADevicePool(env, k[:LAYERS], v[:LAYERS])
+    draft = MHADevicePool(env, k[LAYERS:], v[LAYERS:])
+    assert env.asm.get_mha_host_pool_cls(dev.info) is env.plugin.AsymmetricMHATokenToKVPoolHost
+    group = env.build_group(dev, draft, use_mla=False)
+    host = group.anchor_entry.host_pool
+    assert isinstance(host, env.plugin.AsymmetricMHATokenToKVPoolHost), type(host)
+    assert (host.head_dim, host.v_head_dim, host.layer_num) == (K_DIM, V_DIM, LAYERS + 1)
+    env.drive(group, k + v)
+    try:
+        host.get_data_page(0)
+        raise AssertionError("an asymmetric pool gave a flat page")
+    except NotImplementedError as e:
+        assert "head_dim != v_head_dim" in str(e), e
+    print("ok   asym: get_mha_host_pool_cls and build_kv_only_group build a kvhost "
+          "MHA_ASYMMETRIC pool with a packed MTP draft; byte for byte, no flat page")
+    env.memory.hicache_mem_layout = "layer_first"
+    env.refused("asym-lf", ["LAYER_FIRST", "head_dim != v_head_dim"],
+                lambda: env.asm.build_kv_host_pool(kv_pool=dev, page_size=PS, use_mla=False))
+    env.memory.hicache_mem_layout = "page_first"
+    print("ok   asym: layout layer_first refused at construction by name, no pool made")
+    host.destroy()
+    shm.close()
+
+
+def main():
+    kvhostd, lib, source_dir = sys.argv[1:4]
+    engine_env.enter(source_dir)
+    os.environ["KVHOST_LIBRARY"] = lib
+    os.environ["SGLANG_PLUGINS"] = "kvhost"
+    from python_sglang_engine_test import install_plugin  # noqa: PLC0415
+    scratch = install_plugin(source_dir)
+    from python_package_test import Daemon  # noqa: PLC0415
+    import kvhost  # noqa: PLC0415
+    assert kvhost.__file__.startswith(sys.path[0]), kvhost.__file__  # the installed copy
+    from sglang.srt import plugins  # noqa: PLC0415
+    daemon = Daemon(kvhostd)
+    try:
+        os.environ["KVHOST_ADDRESS"] = daemon.address
+        os.environ["KVHOST_OWNER_TOKEN"] = "sglang-kinds-engine-test"
+        plugins.load_plugins()  # sglang's loader: entry point group sglang.srt.plugins
+        env = Env(daemon)
+        check_mla(env)
+        check_asymmetric(env)
+        env.worker.close()
+    finally:
+        daemon.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
