@@ -6,11 +6,11 @@ against a fresh kvhostd --backend=host, with the kvhost plugin installed
 and loaded as python_sglang_engine_test.py does (SGLANG_PLUGINS=kvhost,
 sglang's own loader). For each kind, sglang's own build_kv_only_group
 (build_kv_host_pool, with_packed_draft_layer_mapping, HostPoolGroup)
-builds the host pool group, with one packed MTP draft layer; the
-transfer lists are made by sglang's HybridCacheController._l2_transfers /
-_l2_load_transfers and run by sglang's L2TransferEngine: a backup, the
-device rows cleared, a load (the draft's layer interleaved with the
-target's, as the controller orders them), byte for byte, target and draft:
+builds the host pool group, with one packed MTP draft layer, and sglang's
+own HybridCacheController drives it (write / start_writing, load /
+start_loading, evict_host; its L2TransferEngine interleaves the draft's
+layer with the target's): the device rows come back byte for byte into
+other rows, target and draft layers:
   mla   DeepSeek's MLA pool (plugin MLATokenToKVPoolHost); and refused at
         construction, by name, creating no pool: layout page_first_kv_split,
         layer sharding, packed FP8 DSA rows (a wider kv_cache_dim), the
@@ -20,16 +20,17 @@ target's, as the controller orders them), byte for byte, target and draft:
         and layout layer_first refused at construction, by name.
 The project's own stand-ins, for what needs a GPU or a running scheduler:
 the device pool objects (per-layer CPU tensors over a kvhost ShmDevicePool,
-with the members sglang's builder reads), sglang's runtime-context memory
-settings (hicache ratio, size, layout), and the controller object whose
-transfer-list methods run (HybridCacheController's constructor needs the
-scheduler's allocator and process groups).
+with the members sglang's builder and controller read), the device token
+allocator (hands out rows, records nothing), sglang's runtime-context
+memory settings (hicache ratio, size, layout); no process groups (no
+storage backend, so the controller makes none).
   usage: python_sglang_kinds_engine_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
 """
 import functools
 import os
 import shutil
 import sys
+import threading
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -101,31 +102,55 @@ class Env:
         assert name not in names, f"a refused request left pool {name}"
 
     def drive(self, group, device_tensors):
-        """Backup and load through sglang's controller methods and engine;
-        every device layer (the draft's too) comes back byte for byte."""
+        """A write and a load through sglang's HybridCacheController (its
+        write / start_writing, load / start_loading: L2TransferEngine, the
+        packed draft's layer interleaved with the target's); every device
+        layer (the draft's too) comes back byte for byte."""
         torch = self.torch
-        host = group.anchor_entry.host_pool
-        slots = group.alloc(8)
-        assert slots is not None and len(slots) == 8
+        host, dev = group.anchor_entry.host_pool, group.anchor_entry.device_pool
+        allocator = DeviceAllocator(torch, dev)
+        ctl = self.controller_cls(allocator, group, PS, None, threading.Event(),
+                                  io_backend="kernel", transfer_layer_id_max=LAYERS)
         rows = torch.arange(8, 16, dtype=torch.int64)
         gen = torch.Generator().manual_seed(11)
         for t in device_tensors:
             t.copy_(torch.randn(t.shape, generator=gen).to(torch.bfloat16))
         want = [t[8:16].clone() for t in device_tensors]
-        ctl = types.SimpleNamespace(mem_pool_host=group, transfer_layer_id_max=LAYERS)
-        ctl._l2_transfers = functools.partial(self.controller_cls._l2_transfers, ctl)
-        engine = self.l2.L2TransferEngine("kernel")
-        engine.submit_device_to_host(ctl._l2_transfers(slots, rows))
+        free0 = group.available_size()
+        slots = ctl.write(rows)
+        assert slots is not None and len(slots) == 8 and group.available_size() == free0 - 8
         for t in device_tensors:
             t.zero_()
-        loads = self.controller_cls._l2_load_transfers(ctl, slots, rows)
-        assert [t.is_draft for t in loads] == [False, True], loads
-        engine.submit_host_to_device(loads, transfer_layer_id_max=LAYERS)
-        got = [t[8:16] for t in device_tensors]
+        loaded = ctl.load(slots)
+        ctl.start_loading()
+        assert torch.equal(loaded, torch.arange(16, 24)), loaded
+        got = [t[16:24] for t in device_tensors]
         bad = [i for i, (a, b) in enumerate(zip(got, want)) if not torch.equal(a, b)]
         assert not bad, f"{type(host).__name__}: device layers {bad} differ after the load"
-        assert group.free(slots) == 8
+        assert [e.is_draft for e in ctl._l2_load_transfers(slots, loaded)] == [False, True]
+        assert ctl.evict_host(slots) == 8 and group.available_size() == free0
         return host
+
+
+class DeviceAllocator:
+    """Stand-in for sglang's device token allocator: rows from 16 up."""
+
+    def __init__(self, torch, kvcache):
+        self.torch, self.kvcache, self.next = torch, kvcache, 16
+
+    def get_kvcache(self):
+        return self.kvcache
+
+    def alloc(self, n):
+        rows = self.torch.arange(self.next, self.next + n, dtype=self.torch.int64)
+        self.next += n
+        return rows
+
+    def free(self, rows):
+        pass
+
+    def set_hicache_transfer_done_event(self, key, event):
+        pass
 
 
 class MLADevicePool:
@@ -149,6 +174,9 @@ class MLADevicePool:
     def get_device_pool_infos(self):
         return [types.SimpleNamespace(buffer_info=self.info)]
 
+    def register_layer_transfer_counter(self, counter):
+        self.layer_transfer_counter = counter
+
 
 class MHADevicePool:
     """Stand-in for sglang's MHATokenToKVPool (K and V widths may differ)."""
@@ -171,6 +199,9 @@ class MHADevicePool:
     def get_device_pool_infos(self):
         return [types.SimpleNamespace(buffer_info=self.info)]
 
+    def register_layer_transfer_counter(self, counter):
+        self.layer_transfer_counter = counter
+
 
 def check_mla(env):
     torch = env.torch
@@ -190,7 +221,7 @@ def check_mla(env):
     assert tuple(page.shape) == (PS, LAYERS + 1, 1, LORA + ROPE), page.shape
     group.free(torch.arange(slot, slot + PS))
     print("ok   mla: build_kv_only_group builds a kvhost MLA pool with a packed MTP draft; "
-          "backup and load byte for byte, the draft's layer too")
+          "HybridCacheController writes and loads it byte for byte, the draft's layer too")
 
     def with_info(pool, **changes):
         fake = types.SimpleNamespace(**{k: getattr(pool, k) for k in vars(pool)})
