@@ -4,8 +4,9 @@
 Reads the source of the sglang in the engine venv (tests/engine_env.py,
 python/requirements-engines.txt) with `ast`, and checks that each of
 kvhost.sglang's MHATokenToKVPoolHost and MLATokenToKVPoolHost, and the
-plugin's MHATokenToKVPoolHost, AsymmetricMHATokenToKVPoolHost and
-MLATokenToKVPoolHost (the pools `build_kv_host_pool` builds) provides:
+plugin's MHATokenToKVPoolHost, AsymmetricMHATokenToKVPoolHost,
+MLATokenToKVPoolHost and MHATokenToKOnlyPoolHost (the pools sglang's
+builders construct) provides:
   - every abstract method of sglang's HostKVCache, with a signature that
     binds every call the abstract signature allows (positional and keyword
     parameters, and the calls that leave the defaults out);
@@ -230,7 +231,8 @@ def main():
         checked[:0] = [
             (sglang_plugin.MHATokenToKVPoolHost, sg_mha.MHATokenToKVPoolHost),
             (sglang_plugin.AsymmetricMHATokenToKVPoolHost, sg_mha.AsymmetricMHATokenToKVPoolHost),
-            (sglang_plugin.MLATokenToKVPoolHost, sg_mla.MLATokenToKVPoolHost)]
+            (sglang_plugin.MLATokenToKVPoolHost, sg_mla.MLATokenToKVPoolHost),
+            (sglang_plugin.MHATokenToKOnlyPoolHost, sg_mha.MHATokenToKOnlyPoolHost)]
     except ImportError as e:
         print(f"FAIL kvhost.sglang_plugin: {e}")
         failures += 1

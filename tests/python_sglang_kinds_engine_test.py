@@ -17,7 +17,11 @@ other rows, target and draft layers:
         allocator-only MLAHostAllocation, decode context parallelism;
   asym  MHA with V narrower than K (get_mha_host_pool_cls ->
         plugin AsymmetricMHATokenToKVPoolHost), no flat page as sglang's;
-        and layout layer_first refused at construction, by name.
+        and layout layer_first refused at construction, by name;
+  minimax  MiniMax sparse KV + index-K (plugin MHATokenToKOnlyPoolHost, a
+        K_ONLY pool following the KV pool): sglang's own
+        build_minimax_sparse_hicache_stack builds both and the controller
+        it returns moves both; the NVFP4 variant refused by name.
 The project's own stand-ins, for what needs a GPU or a running scheduler:
 the device pool objects (per-layer CPU tensors over a kvhost ShmDevicePool,
 with the members sglang's builder and controller read), the device token
@@ -60,18 +64,19 @@ class Env:
         self.memory = types.SimpleNamespace(hicache_ratio=2.0, hicache_size=0,
                                             hicache_mem_layout="page_first",
                                             hicache_storage_backend=None,
-                                            hicache_io_backend="kernel")
+                                            hicache_io_backend="kernel",
+                                            hicache_write_policy="write_through")
         from sglang.srt.mem_cache.pool_host import common  # noqa: PLC0415
         self.asm.get_memory = common.get_memory = lambda: self.memory
 
-    def device_memory(self, prefix, spec):
+    def device_memory(self, prefix, spec, label="kv"):
         """The pool (made as the scheduler would, the plugin adopting it) and
         its ShmDevicePool: the stand-in device buffers."""
         os.environ["KVHOST_POOL_PREFIX"] = prefix
-        name = self.plugin.pool_name("kv")
+        name = self.plugin.pool_name(label)
+        sizes = {} if "follows" in spec else {"page_size": PS, "size_tokens": 2 * DEVICE_TOKENS}
         with self.kvhost.Client(self.daemon.address, session=False) as sched:
-            sched.create_pool(name, dict(spec, page_size=PS, size_tokens=2 * DEVICE_TOKENS,
-                                         dtype="BF16"))
+            sched.create_pool(name, dict(spec, dtype="BF16", **sizes))
         shm = self.worker.shm_device_pool(name, DEVICE_TOKENS)
         self.plugin.register_shm_device_pool(shm)
         return name, shm
@@ -101,35 +106,35 @@ class Env:
         names = [p["name"] for p in self.worker.list_pools()]
         assert name not in names, f"a refused request left pool {name}"
 
-    def drive(self, group, device_tensors):
+    def drive(self, group, device_tensors, ctl=None, extra_pools=lambda: None):
         """A write and a load through sglang's HybridCacheController (its
         write / start_writing, load / start_loading: L2TransferEngine, the
         packed draft's layer interleaved with the target's); every device
         layer (the draft's too) comes back byte for byte."""
         torch = self.torch
         host, dev = group.anchor_entry.host_pool, group.anchor_entry.device_pool
-        allocator = DeviceAllocator(torch, dev)
-        ctl = self.controller_cls(allocator, group, PS, None, threading.Event(),
-                                  io_backend="kernel", transfer_layer_id_max=LAYERS)
+        if ctl is None:
+            ctl = self.controller_cls(DeviceAllocator(torch, dev), group, PS, None,
+                                      threading.Event(), io_backend="kernel",
+                                      transfer_layer_id_max=LAYERS)
         rows = torch.arange(8, 16, dtype=torch.int64)
         gen = torch.Generator().manual_seed(11)
         for t in device_tensors:
             t.copy_(torch.randn(t.shape, generator=gen).to(torch.bfloat16))
         want = [t[8:16].clone() for t in device_tensors]
         free0 = group.available_size()
-        slots = ctl.write(rows)
+        slots = ctl.write(rows, extra_pools=extra_pools())
         assert slots is not None and len(slots) == 8 and group.available_size() == free0 - 8
         for t in device_tensors:
             t.zero_()
-        loaded = ctl.load(slots)
+        loaded = ctl.load(slots, extra_pools=extra_pools())
         ctl.start_loading()
         assert torch.equal(loaded, torch.arange(16, 24)), loaded
         got = [t[16:24] for t in device_tensors]
         bad = [i for i, (a, b) in enumerate(zip(got, want)) if not torch.equal(a, b)]
         assert not bad, f"{type(host).__name__}: device layers {bad} differ after the load"
-        assert [e.is_draft for e in ctl._l2_load_transfers(slots, loaded)] == [False, True]
         assert ctl.evict_host(slots) == 8 and group.available_size() == free0
-        return host
+        return ctl
 
 
 class DeviceAllocator:
@@ -181,19 +186,19 @@ class MLADevicePool:
 class MHADevicePool:
     """Stand-in for sglang's MHATokenToKVPool (K and V widths may differ)."""
 
-    def __init__(self, env, k, v):
+    def __init__(self, env, k, v, v_dim=V_DIM):
         torch, dpi = env.torch, env.dpi
         n = len(k)
         self.k_buffer, self.v_buffer = k, v
         self.size, self.host_capacity_tokens, self.hicache_write_back_staging = \
             DEVICE_TOKENS, None, None
         self.start_layer, self.end_layer, self.layer_num = 0, n, n
-        self.head_num, self.head_dim, self.v_head_dim = HEADS, K_DIM, V_DIM
+        self.head_num, self.head_dim, self.v_head_dim = HEADS, K_DIM, v_dim
         self.store_dtype, self.device = torch.bfloat16, "cpu"
         buffers = dpi.KVBuffers(k=tuple(k), v=tuple(v), k_data_ptrs=None, v_data_ptrs=None,
                                 layout=dpi.KVBufferLayout.NHD)
         self.info = dpi.MHABufferInfo(buffers=buffers, page_size=PS, head_num=HEADS,
-                                      head_dim=K_DIM, v_head_dim=V_DIM, dtype=torch.bfloat16,
+                                      head_dim=K_DIM, v_head_dim=v_dim, dtype=torch.bfloat16,
                                       device=torch.device("cpu"))
 
     def get_device_pool_infos(self):
@@ -282,6 +287,58 @@ def check_asymmetric(env):
     shm.close()
 
 
+def check_minimax(env):
+    """MiniMax sparse: sglang's build_minimax_sparse_hicache_stack builds the
+    KV pool and the index-K pool following it (index K on layers 0 and 2),
+    and the controller it builds moves both (the index-K transfer takes the
+    KV pool's slots, as the MiniMax strategy's sidecar spec says)."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer  # noqa
+    _, shm = env.device_memory("mm", {"kind": "MHA", "layout": "PAGE_FIRST", "head_num": HEADS,
+                                      "layer_num": LAYERS, "head_dim": K_DIM})
+    anchor = env.plugin.pool_name("kv")
+    _, ishm = env.device_memory("mm", {"kind": "K_ONLY", "layout": "PAGE_FIRST",
+                                       "layer_num": 2, "head_num": HEADS, "head_dim": K_DIM,
+                                       "follows": anchor}, label="kv-index-k")
+    k, v, index_k = (env.tensors(shm, "k", K_DIM), env.tensors(shm, "v", K_DIM),
+                     env.tensors(ishm, "k", K_DIM))
+    main_pool = MHADevicePool(env, k, v, v_dim=K_DIM)
+    index_pool = types.SimpleNamespace(k_buffer=index_k, head_num=HEADS, head_dim=K_DIM,
+                                       layer_num=2, store_dtype=env.torch.bfloat16,
+                                       start_layer=0, end_layer=2, device="cpu")
+    sparse = types.SimpleNamespace(main_pool=main_pool, index_k_pool=index_pool,
+                                   index_kv_pool=None, index_k_layer_id_mapping={0: 0, 2: 1})
+    params = types.SimpleNamespace(
+        pp_size=1, page_size=PS, token_to_kv_pool_allocator=DeviceAllocator(env.torch,
+                                                                            main_pool),
+        tp_cache_group=None, attn_cp_cache_group=None, attn_tp_cache_group=None,
+        pp_cache_group=None, sidecar_draft_device_pools=())
+    with env.asm.get_parallel().override(dcp_enabled=False):
+        group, ctl = env.asm.build_minimax_sparse_hicache_stack(
+            params=params, sparse_pool=sparse, load_cache_event=threading.Event(),
+            storage_backend=None)
+    host, index_host = group.get_pool(PoolName.KV), group.get_pool(PoolName.INDEXER)
+    assert isinstance(host, env.plugin.MHATokenToKVPoolHost), type(host)
+    assert isinstance(index_host, env.plugin.MHATokenToKOnlyPoolHost), type(index_host)
+    assert index_host.info["spec"].get("follows") == host.name, index_host.info["spec"]
+    env.drive(group, k + v + index_k, ctl=ctl, extra_pools=lambda: [
+        PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)])
+    from sglang.srt.mem_cache.memory_pool import MiniMaxSparseKVPool  # noqa: PLC0415
+    from sglang.srt.mem_cache.minimax_m3_nvfp4_pool import MiniMaxM3Nvfp4KVPool  # noqa
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa
+    full = {ComponentType.FULL}  # types to match on; never used
+    strategy = env.asm._select_strategy(object.__new__(MiniMaxSparseKVPool), full)
+    assert type(strategy).__name__ == "_MiniMaxSparseStrategy", strategy
+    env.refused("mm-nvfp4", ["MiniMaxM3Nvfp4KVPool", "kvhost plugin"], lambda: env.asm.
+                _select_strategy(object.__new__(MiniMaxM3Nvfp4KVPool), full))
+    print("ok   minimax: build_minimax_sparse_hicache_stack builds a kvhost KV pool and the "
+          "K_ONLY index-K pool following it; its controller moves both byte for byte; "
+          "the NVFP4 variant refused by name")
+    index_host.destroy()
+    host.destroy()
+    ishm.close()
+    shm.close()
+
+
 def main():
     kvhostd, lib, source_dir = sys.argv[1:4]
     engine_env.enter(source_dir)
@@ -301,6 +358,7 @@ def main():
         env = Env(daemon)
         check_mla(env)
         check_asymmetric(env)
+        check_minimax(env)
         env.worker.close()
     finally:
         daemon.stop()

@@ -9,18 +9,20 @@ of sglang's general-plugin group ``sglang.srt.plugins``; sglang runs
     ``build_kv_host_pool`` constructs becomes :class:`MHATokenToKVPoolHost`
     here, or :class:`AsymmetricMHATokenToKVPoolHost` where V's width is not
     K's (sglang's constructor, a kvhostd pool behind it);
-  - binds the assembler's own name ``MLATokenToKVPoolHost`` (the class
+  - binds the assembler's own names ``MLATokenToKVPoolHost`` (the class
     ``build_kv_host_pool(use_mla=True)`` and the full-draft builder
-    construct) to :class:`MLATokenToKVPoolHost` here; only that module's
-    name, since HookRegistry's class REPLACE would rebind sglang's class in
-    every module, and every isinstance check on it;
+    construct) and ``MHATokenToKOnlyPoolHost`` (MiniMax sparse's index-K
+    pool) to the classes of those names here; only that module's names,
+    since HookRegistry's class REPLACE would rebind sglang's classes in
+    every module, and every isinstance check on them;
   - hooks ``hybrid_pool_assembler.build_kv_host_pool``: a request kvhost
     cannot serve (page-interleaved pools, DCP, an io backend other than
     kernel or direct, a storage backend other than file) is refused there,
     at start-up, naming it;
   - registers a stack strategy (``register_stack_strategy``) that refuses,
-    at start-up and by name, every stack but plain KV (SWA, Mamba, DSA,
-    MiniMax sparse, DeepSeek-V4 are not built yet).
+    at start-up and by name, every stack but plain KV and MiniMax sparse
+    (KV + index-K; not its NVFP4 variant, whose host pools are its own):
+    SWA, Mamba, Mamba + SWA, DSA, DeepSeek-V4 are not built yet.
 sglang's own HostPoolGroup, HybridCacheController and L2TransferEngine drive
 the pools, packed MTP draft layers included. What a pool's constructor
 refuses (ValueError naming it, before any kvhostd pool is made) is in each
@@ -273,6 +275,35 @@ class AsymmetricMHATokenToKVPoolHost(MHATokenToKVPoolHost,
     _ASYMMETRIC = True
 
 
+class MHATokenToKOnlyPoolHost(_CapturedDevicePool, _pools.MHATokenToKOnlyPoolHost):
+    """sglang's MiniMax sparse index-K host pool, constructed as
+    build_minimax_sparse_hicache_stack does: kvhost's K_ONLY pool (named for
+    the anchor's label + "-index-k") following the anchor's slots, which
+    must be a kvhost pool. Refuses (ValueError naming it) another anchor
+    and another allocator."""
+
+    def __init__(self, device_pool: Any, anchor_host: Any, layout: str,
+                 pin_memory: bool = True, device: str = "cpu",
+                 allocator_type: str = "default") -> None:
+        label = f"{getattr(anchor_host, 'pool_label', 'kv')}-index-k"
+        refused = []
+        if not isinstance(anchor_host, _pools.HostKVCache):
+            refused.append(f"an index-K pool following {type(anchor_host).__name__} (not a "
+                           f"kvhost pool)")
+        if allocator_type not in ("default", None):
+            refused.append(f"allocator_type {allocator_type!r}")
+        _refuse(label, refused)
+        self._device = {"k": list(device_pool.k_buffer)}
+        super().__init__(pool_name(label), anchor_host, head_num=device_pool.head_num,
+                         head_dim=device_pool.head_dim, layout=layout,
+                         dtype=device_pool.store_dtype, layer_num=device_pool.layer_num,
+                         start_layer=device_pool.start_layer, end_layer=device_pool.end_layer,
+                         pool_label=label)
+        self.device_pool = device_pool
+        #: sglang's bytes of one token's K row in one layer.
+        self.token_stride_size = self.head_num * self.head_dim * self.dtype.itemsize
+
+
 class MLATokenToKVPoolHost(_CapturedDevicePool, _pools.MLATokenToKVPoolHost):
     """sglang's MLA host pool (DeepSeek), constructed as build_kv_host_pool
     does, over a kvhostd pool: one latent row per token and layer, packed
@@ -388,17 +419,27 @@ def _refusing_strategy() -> Any:
     import importlib  # noqa: PLC0415
     asm = importlib.import_module(_ASSEMBLER)
 
+    def built(kvcache: Any, components: Any) -> bool:
+        """Whether sglang's strategy for this stack builds kvhost pools."""
+        if asm._PlainKvStrategy().matches(kvcache, components):
+            return True
+        from sglang.srt.mem_cache.minimax_m3_nvfp4_pool import (  # noqa: PLC0415
+            MiniMaxM3Nvfp4KVPool)
+        # The NVFP4 variant builds its own host pool classes, not kvhost's.
+        return asm._MiniMaxSparseStrategy().matches(kvcache, components) and \
+            not isinstance(kvcache, MiniMaxM3Nvfp4KVPool)
+
     class RefuseUnsupportedStacks(asm.StackStrategy):
-        """Matches every stack but plain KV and refuses it by name."""
+        """Matches every stack the plugin does not build and refuses it by name."""
 
         def matches(self, kvcache: Any, components: Any) -> bool:
-            if not enabled() or asm._PlainKvStrategy().matches(kvcache, components):
+            if not enabled() or built(kvcache, components):
                 return False
             names = ", ".join(sorted(getattr(c, "name", str(c)) for c in components))
             raise RuntimeError(f"kvhost plugin: sglang asked for a HiCache stack of "
                                f"{type(kvcache).__name__} with components [{names}]; kvhost "
-                               f"builds plain KV stacks only (MHA, asymmetric MHA, MLA; "
-                               f"docs/SGLANG.md); set "
+                               f"builds plain KV stacks (MHA, asymmetric MHA, MLA) and "
+                               f"MiniMax sparse KV + index-K only (docs/SGLANG.md); set "
                                f"KVHOST_SGLANG=0 to use sglang's own host pools")
 
     return RefuseUnsupportedStacks()
@@ -428,4 +469,5 @@ def register() -> None:
     # The assembler's own name only: HookRegistry's class REPLACE would
     # rebind sglang's class in every module, and its isinstance checks with it.
     asm.MLATokenToKVPoolHost = MLATokenToKVPoolHost
+    asm.MHATokenToKOnlyPoolHost = MHATokenToKOnlyPoolHost
     asm.register_stack_strategy(_refusing_strategy())
