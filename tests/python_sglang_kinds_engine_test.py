@@ -21,7 +21,10 @@ other rows, target and draft layers:
   minimax  MiniMax sparse KV + index-K (plugin MHATokenToKOnlyPoolHost, a
         K_ONLY pool following the KV pool): sglang's own
         build_minimax_sparse_hicache_stack builds both and the controller
-        it returns moves both; the NVFP4 variant refused by name.
+        it returns moves both; the NVFP4 variant refused by name;
+  swa   full + SWA layers: sglang's own build_hybrid_swa_stack builds a
+        kvhost pool for each (not sglang's shared envelope arena, which
+        the plugin turns down) and the controller it returns moves both.
 The project's own stand-ins, for what needs a GPU or a running scheduler:
 the device pool objects (per-layer CPU tensors over a kvhost ShmDevicePool,
 with the members sglang's builder and controller read), the device token
@@ -106,11 +109,12 @@ class Env:
         names = [p["name"] for p in self.worker.list_pools()]
         assert name not in names, f"a refused request left pool {name}"
 
-    def drive(self, group, device_tensors, ctl=None, extra_pools=lambda: None):
+    def drive(self, group, device_tensors, ctl=None, extra_pools=lambda written: None):
         """A write and a load through sglang's HybridCacheController (its
         write / start_writing, load / start_loading: L2TransferEngine, the
         packed draft's layer interleaved with the target's); every device
-        layer (the draft's too) comes back byte for byte."""
+        layer (the draft's too) comes back byte for byte. extra_pools(None)
+        is the write's PoolTransfer list, extra_pools(that list) the load's."""
         torch = self.torch
         host, dev = group.anchor_entry.host_pool, group.anchor_entry.device_pool
         if ctl is None:
@@ -123,11 +127,12 @@ class Env:
             t.copy_(torch.randn(t.shape, generator=gen).to(torch.bfloat16))
         want = [t[8:16].clone() for t in device_tensors]
         free0 = group.available_size()
-        slots = ctl.write(rows, extra_pools=extra_pools())
+        write_extra = extra_pools(None)
+        slots = ctl.write(rows, extra_pools=write_extra)
         assert slots is not None and len(slots) == 8 and group.available_size() == free0 - 8
         for t in device_tensors:
             t.zero_()
-        loaded = ctl.load(slots, extra_pools=extra_pools())
+        loaded = ctl.load(slots, extra_pools=extra_pools(write_extra))
         ctl.start_loading()
         assert torch.equal(loaded, torch.arange(16, 24)), loaded
         got = [t[16:24] for t in device_tensors]
@@ -320,7 +325,7 @@ def check_minimax(env):
     assert isinstance(host, env.plugin.MHATokenToKVPoolHost), type(host)
     assert isinstance(index_host, env.plugin.MHATokenToKOnlyPoolHost), type(index_host)
     assert index_host.info["spec"].get("follows") == host.name, index_host.info["spec"]
-    env.drive(group, k + v + index_k, ctl=ctl, extra_pools=lambda: [
+    env.drive(group, k + v + index_k, ctl=ctl, extra_pools=lambda written: [
         PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)])
     from sglang.srt.mem_cache.memory_pool import MiniMaxSparseKVPool  # noqa: PLC0415
     from sglang.srt.mem_cache.minimax_m3_nvfp4_pool import MiniMaxM3Nvfp4KVPool  # noqa
@@ -337,6 +342,70 @@ def check_minimax(env):
     host.destroy()
     ishm.close()
     shm.close()
+
+
+def check_swa(env):
+    """Full + SWA: sglang's build_hybrid_swa_stack builds a kvhost pool for
+    each (full layers 1 and 3, SWA layers 0 and 2 of 4) and the controller
+    it returns moves both, the SWA rows on their own host slots."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer  # noqa
+    pools = {}
+    for label in ("full", "swa"):
+        pools[label] = env.device_memory("swa", {
+            "kind": "MHA", "layout": "PAGE_FIRST", "head_num": HEADS, "layer_num": 2,
+            "head_dim": K_DIM}, label=label)[1]
+    tensors = {label: (env.tensors(shm, "k", K_DIM), env.tensors(shm, "v", K_DIM))
+               for label, shm in pools.items()}
+    full, swa = (MHADevicePool(env, *tensors[label], v_dim=K_DIM) for label in ("full", "swa"))
+    kvcache = types.SimpleNamespace(device="cpu", layer_num=4,
+                                    register_layer_transfer_counter=lambda counter: None)
+    allocator = DeviceAllocator(env.torch, kvcache)
+    allocator.swa_attn_allocator = DeviceAllocator(env.torch, swa)
+    params = types.SimpleNamespace(
+        page_size=PS, token_to_kv_pool_allocator=allocator, mtp_draft_device_pools=(),
+        tp_cache_group=None, attn_cp_cache_group=None, attn_tp_cache_group=None,
+        pp_cache_group=None)
+    env.memory.hicache_host_memory_mode = "cache"
+    from sglang.srt.mem_cache.unified_memory_pool import UnifiedMHATokenToKVPool  # noqa
+
+    class Arena(UnifiedMHATokenToKVPool):  # a type to match on; never used
+        def __init__(self, direction):  # noqa: PLW0231 (sglang's needs a GPU arena)
+            self.direction = direction
+
+        grow_direction = property(lambda self: self.direction)
+
+    arena = Arena("up"), Arena("down")
+    # sglang's answer would be True (a shared envelope arena): the plugin's is False.
+    assert env.asm._uses_unified_page_envelope_host(*arena, False) is False
+    with env.asm.get_parallel().override(dcp_enabled=False):
+        group, ctl = env.asm.build_hybrid_swa_stack(
+            params=params, full_kv_pool=full, swa_kv_pool=swa,
+            full_layer_mapping={1: 0, 3: 1}, swa_layer_mapping={0: 0, 2: 1},
+            load_cache_event=threading.Event(), storage_backend=None, use_mla=False)
+    hosts = group.get_pool(PoolName.KV), group.get_pool(PoolName.SWA)
+    assert all(isinstance(h, env.plugin.MHATokenToKVPoolHost) for h in hosts), hosts
+    assert [h.name for h in hosts] == [env.plugin.pool_name(x) for x in ("full", "swa")]
+    swa_free0 = hosts[1].available_size()
+    rows = env.torch.arange(8, 16, dtype=env.torch.int64)
+
+    def extra(written):
+        if written is None:
+            return [PoolTransfer(name=PoolName.SWA, device_indices=rows)]
+        assert written[0].host_indices is not None and len(written[0].host_indices) == 8
+        return [PoolTransfer(name=PoolName.SWA, host_indices=written[0].host_indices)]
+
+    written = []
+    env.drive(group, [t for label in ("full", "swa") for ts in tensors[label] for t in ts],
+              ctl=ctl, extra_pools=lambda w: written.append(extra(w)) or written[-1])
+    assert hosts[1].available_size() == swa_free0 - 8
+    group.free(written[0][0].host_indices, pool=PoolName.SWA)
+    assert hosts[1].available_size() == swa_free0
+    print("ok   swa: build_hybrid_swa_stack builds a kvhost pool for full and one for SWA "
+          "layers; its controller moves both byte for byte, SWA on its own slots")
+    for host in hosts:
+        host.destroy()
+    for shm in pools.values():
+        shm.close()
 
 
 def main():
@@ -359,6 +428,7 @@ def main():
         check_mla(env)
         check_asymmetric(env)
         check_minimax(env)
+        check_swa(env)
         env.worker.close()
     finally:
         daemon.stop()

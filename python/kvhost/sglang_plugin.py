@@ -19,10 +19,14 @@ of sglang's general-plugin group ``sglang.srt.plugins``; sglang runs
     cannot serve (page-interleaved pools, DCP, an io backend other than
     kernel or direct, a storage backend other than file) is refused there,
     at start-up, naming it;
+  - hooks ``hybrid_pool_assembler._uses_unified_page_envelope_host`` to
+    answer False: a full + SWA stack gets two kvhost pools (sglang's own
+    path where the storage backend has no page envelope), not sglang's
+    shared envelope arena;
   - registers a stack strategy (``register_stack_strategy``) that refuses,
-    at start-up and by name, every stack but plain KV and MiniMax sparse
-    (KV + index-K; not its NVFP4 variant, whose host pools are its own):
-    SWA, Mamba, Mamba + SWA, DSA, DeepSeek-V4 are not built yet.
+    at start-up and by name, every stack but plain KV, full + SWA and
+    MiniMax sparse (KV + index-K; not its NVFP4 variant, whose host pools
+    are its own): Mamba, Mamba + SWA, DSA, DeepSeek-V4 are not built yet.
 sglang's own HostPoolGroup, HybridCacheController and L2TransferEngine drive
 the pools, packed MTP draft layers included. What a pool's constructor
 refuses (ValueError naming it, before any kvhostd pool is made) is in each
@@ -415,13 +419,21 @@ def _mha_host_pool_cls(original: Any, buffer_info: Any) -> type:
     return MHATokenToKVPoolHost
 
 
+def _separate_swa_pools(original: Any, *args: Any, **kwargs: Any) -> bool:
+    """_uses_unified_page_envelope_host: False while the plugin is on, so a
+    full + SWA stack gets a kvhost pool each (sglang's own path for storage
+    backends without page envelopes) instead of sglang's shared arena."""
+    return False if enabled() else original(*args, **kwargs)
+
+
 def _refusing_strategy() -> Any:
     import importlib  # noqa: PLC0415
     asm = importlib.import_module(_ASSEMBLER)
 
     def built(kvcache: Any, components: Any) -> bool:
         """Whether sglang's strategy for this stack builds kvhost pools."""
-        if asm._PlainKvStrategy().matches(kvcache, components):
+        if asm._PlainKvStrategy().matches(kvcache, components) or \
+                asm._SwaStrategy().matches(kvcache, components):
             return True
         from sglang.srt.mem_cache.minimax_m3_nvfp4_pool import (  # noqa: PLC0415
             MiniMaxM3Nvfp4KVPool)
@@ -438,8 +450,8 @@ def _refusing_strategy() -> Any:
             names = ", ".join(sorted(getattr(c, "name", str(c)) for c in components))
             raise RuntimeError(f"kvhost plugin: sglang asked for a HiCache stack of "
                                f"{type(kvcache).__name__} with components [{names}]; kvhost "
-                               f"builds plain KV stacks (MHA, asymmetric MHA, MLA) and "
-                               f"MiniMax sparse KV + index-K only (docs/SGLANG.md); set "
+                               f"builds plain KV stacks (MHA, asymmetric MHA, MLA), full + "
+                               f"SWA and MiniMax sparse KV + index-K only (docs/SGLANG.md); set "
                                f"KVHOST_SGLANG=0 to use sglang's own host pools")
 
     return RefuseUnsupportedStacks()
@@ -464,6 +476,8 @@ def register() -> None:
                           HookType.AROUND)
     HookRegistry.register(f"{_ASSEMBLER}.build_kv_host_pool", _refuse_unsupported,
                           HookType.AROUND)
+    HookRegistry.register(f"{_ASSEMBLER}._uses_unified_page_envelope_host",
+                          _separate_swa_pools, HookType.AROUND)
     import importlib  # noqa: PLC0415
     asm = importlib.import_module(_ASSEMBLER)
     # The assembler's own name only: HookRegistry's class REPLACE would
