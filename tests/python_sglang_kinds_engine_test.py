@@ -24,7 +24,12 @@ other rows, target and draft layers:
         it returns moves both; the NVFP4 variant refused by name;
   swa   full + SWA layers: sglang's own build_hybrid_swa_stack builds a
         kvhost pool for each (not sglang's shared envelope arena, which
-        the plugin turns down) and the controller it returns moves both.
+        the plugin turns down) and the controller it returns moves both;
+  mamba KV + Mamba state: sglang's own build_hybrid_mamba_stack builds the
+        KV pool and, through build_mamba_host_pool, a kvhost MAMBA pool
+        (plugin MambaPoolHost) with a packed MTP draft layer; the
+        controller it returns moves both; a Mamba stack declaring a side
+        pool (a DSA indexer) refused by name.
 The project's own stand-ins, for what needs a GPU or a running scheduler:
 the device pool objects (per-layer CPU tensors over a kvhost ShmDevicePool,
 with the members sglang's builder and controller read), the device token
@@ -408,6 +413,120 @@ def check_swa(env):
         shm.close()
 
 
+def layered(env, shm, comp, dims, dtype):
+    """A component's per-layer shm buffers as one [layer, row, *dims] tensor
+    (sglang's Mamba buffer infos have the layer axis first)."""
+    torch = env.torch
+    base = shm.layer_address(comp, 0)
+    step = shm.layer_address(comp, 1) - base
+    c = shm.component(comp)
+    assert all(shm.layer_address(comp, i) == base + i * step for i in range(shm.layers))
+    raw = env.kvhost._arrays.raw_view(base, step * (shm.layers - 1) + c.rows * c.row_bytes, shm)
+    item = torch.empty(0, dtype=dtype).element_size()
+    flat = torch.frombuffer(raw, dtype=torch.uint8)[:len(raw) // item * item].view(dtype)
+    inner = [1]
+    for d in reversed(dims[1:]):
+        inner.insert(0, inner[0] * d)
+    return flat.as_strided((shm.layers, c.rows, *dims), (step // item, c.row_bytes // item,
+                                                         *inner))
+
+
+def check_mamba(env):
+    """KV + Mamba: sglang's build_hybrid_mamba_stack builds the KV pool and,
+    through build_mamba_host_pool, a kvhost MAMBA pool with one packed MTP
+    draft layer (full attention on layers 1 and 3, Mamba on 0 and 2); the
+    controller it returns moves both, Mamba slots on their own."""
+    from sglang.srt.mem_cache.device_pool_info import DevicePoolInfo  # noqa: PLC0415
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer  # noqa
+    from sglang.srt.mem_cache.pool_host.host_pool_decl import (HostPoolDecl,  # noqa
+                                                               make_kv_pool_decl)
+    torch = env.torch
+    _, kshm = env.device_memory("mb", {"kind": "MHA", "layout": "PAGE_FIRST", "layer_num": 2,
+                                       "head_num": HEADS, "head_dim": K_DIM})
+    temporal, conv = (2, 4), (3, 8)
+    os.environ["KVHOST_POOL_PREFIX"] = "mb"
+    mname = env.plugin.pool_name("mamba")
+    with env.kvhost.Client(env.daemon.address, session=False) as sched:
+        sched.create_pool(mname, {"kind": "MAMBA", "layout": "PAGE_FIRST_DIRECT",
+                                  "dtype": "BF16", "page_size": 1, "layer_num": 3,
+                                  "size_tokens": 64, "mamba": {
+                                      "temporal": {"dims": list(temporal)},
+                                      "temporal_dtype": "FP32", "conv": [{"dims": list(conv)}]}})
+    mshm = env.worker.shm_device_pool(mname, 32)
+    env.plugin.register_shm_device_pool(mshm)
+    t_all = layered(env, mshm, "temporal", temporal, torch.float32)
+    c_all = layered(env, mshm, "conv0", conv, torch.bfloat16)
+
+    def mamba_pool(layers, ids):
+        info = env.dpi.MambaStateBufferInfo(temporal=t_all[layers], conv=(c_all[layers],))
+        dpi = DevicePoolInfo(pool_name=PoolName.MAMBA, indices_from_pool=PoolName.MAMBA,
+                             layer_ids=ids, buffer_info=info)
+        return types.SimpleNamespace(get_device_pool_infos=lambda: (dpi,), size=32,
+                                     host_capacity_tokens=None, device="cpu")
+
+    kv = MHADevicePool(env, env.tensors(kshm, "k", K_DIM), env.tensors(kshm, "v", K_DIM),
+                       v_dim=K_DIM)
+    mamba, draft = mamba_pool(slice(0, 2), (0, 2)), mamba_pool(slice(2, 3), (0,))
+    kvcache = types.SimpleNamespace(device="cpu", layer_num=4,
+                                    register_layer_transfer_counter=lambda counter: None)
+    params = types.SimpleNamespace(
+        page_size=PS, token_to_kv_pool_allocator=DeviceAllocator(torch, kvcache),
+        mtp_draft_device_pools=(), mtp_draft_mamba_pools=(draft,),
+        req_to_token_pool=types.SimpleNamespace(mamba_pool=mamba,
+                                                mamba_allocator=DeviceAllocator(torch, mamba)),
+        tp_cache_group=None, attn_cp_cache_group=None, attn_tp_cache_group=None,
+        pp_cache_group=None)
+    with env.asm.get_parallel().override(dcp_enabled=False):
+        group, ctl, _ = env.asm.build_hybrid_mamba_stack(
+            params=params, decls=(make_kv_pool_decl(kv),), mamba_pool=mamba,
+            full_layer_mapping={1: 0, 3: 1}, start_layer=0,
+            load_cache_event=threading.Event(), storage_backend=None, use_mla=False)
+    host = group.get_pool(PoolName.MAMBA)
+    assert isinstance(host, env.plugin.MambaPoolHost) and host.name == mname, host
+    assert (host.layer_num, host.target_layer_num) == (3, 2)
+    free0 = host.available_size()
+    rows = torch.arange(8, 16, dtype=torch.int64)
+    written = []
+
+    def extra(w):
+        written.append([PoolTransfer(name=PoolName.MAMBA, device_indices=rows)] if w is None
+                       else [PoolTransfer(name=PoolName.MAMBA, host_indices=w[0].host_indices)])
+        return written[-1]
+
+    device = [t for k in (kv.k_buffer, kv.v_buffer) for t in k] + \
+        list(t_all.unbind(0)) + list(c_all.unbind(0))
+    env.drive(group, device, ctl=ctl, extra_pools=extra)
+    group.free(written[0][0].host_indices, pool=PoolName.MAMBA)
+    assert host.available_size() == free0
+    print("ok   mamba: build_hybrid_mamba_stack builds kvhost KV and MAMBA pools (a packed "
+          "MTP draft layer); its controller moves both byte for byte")
+
+    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool  # noqa: PLC0415
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa
+
+    class Hybrid(HybridLinearKVPool):  # a type to match on; never used
+        def __init__(self, decls):  # noqa: PLW0231 (sglang's needs a GPU pool)
+            self.decls = decls
+
+        def host_pool_decls(self):
+            return self.decls
+
+    both = {ComponentType.FULL, ComponentType.MAMBA}
+    strategy = env.asm._select_strategy(Hybrid((make_kv_pool_decl(kv),)), both)
+    assert type(strategy).__name__ == "_MambaStrategy", strategy
+    side = HostPoolDecl(pool_name=PoolName.INDEXER, device_pool=kv,
+                        indices_from_pool=PoolName.KV, layout_source=PoolName.KV,
+                        storage_info=None, host_pool_builder=None)
+    env.refused("mb-side", ["Hybrid", "kvhost plugin"], lambda: env.asm._select_strategy(
+        Hybrid((make_kv_pool_decl(kv), side)), both))
+    print("ok   mamba: sglang's Mamba strategy taken; one with a declared side pool "
+          "(a DSA indexer's) refused by name")
+    group.get_pool(PoolName.KV).destroy()
+    host.destroy()
+    kshm.close()
+    mshm.close()
+
+
 def main():
     kvhostd, lib, source_dir = sys.argv[1:4]
     engine_env.enter(source_dir)
@@ -429,6 +548,7 @@ def main():
         check_asymmetric(env)
         check_minimax(env)
         check_swa(env)
+        check_mamba(env)
         env.worker.close()
     finally:
         daemon.stop()

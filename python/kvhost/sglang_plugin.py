@@ -11,8 +11,9 @@ of sglang's general-plugin group ``sglang.srt.plugins``; sglang runs
     K's (sglang's constructor, a kvhostd pool behind it);
   - binds the assembler's own names ``MLATokenToKVPoolHost`` (the class
     ``build_kv_host_pool(use_mla=True)`` and the full-draft builder
-    construct) and ``MHATokenToKOnlyPoolHost`` (MiniMax sparse's index-K
-    pool) to the classes of those names here; only that module's names,
+    construct), ``MHATokenToKOnlyPoolHost`` (MiniMax sparse's index-K
+    pool) and ``MambaPoolHost`` (``build_mamba_host_pool``'s) to the
+    classes of those names here; only that module's names,
     since HookRegistry's class REPLACE would rebind sglang's classes in
     every module, and every isinstance check on them;
   - hooks ``hybrid_pool_assembler.build_kv_host_pool``: a request kvhost
@@ -24,9 +25,11 @@ of sglang's general-plugin group ``sglang.srt.plugins``; sglang runs
     path where the storage backend has no page envelope), not sglang's
     shared envelope arena;
   - registers a stack strategy (``register_stack_strategy``) that refuses,
-    at start-up and by name, every stack but plain KV, full + SWA and
-    MiniMax sparse (KV + index-K; not its NVFP4 variant, whose host pools
-    are its own): Mamba, Mamba + SWA, DSA, DeepSeek-V4 are not built yet.
+    at start-up and by name, every stack but plain KV, full + SWA, KV +
+    Mamba and KV + SWA + Mamba (without a declared side pool such as a
+    DSA indexer, nor QSA's indexer), and MiniMax sparse (KV + index-K; not
+    its NVFP4 variant, whose host pools are its own): DSA, DeepSeek-V4 and
+    those side pools are not built yet.
 sglang's own HostPoolGroup, HybridCacheController and L2TransferEngine drive
 the pools, packed MTP draft layers included. What a pool's constructor
 refuses (ValueError naming it, before any kvhostd pool is made) is in each
@@ -308,6 +311,55 @@ class MHATokenToKOnlyPoolHost(_CapturedDevicePool, _pools.MHATokenToKOnlyPoolHos
         self.token_stride_size = self.head_num * self.head_dim * self.dtype.itemsize
 
 
+class MambaPoolHost(_CapturedDevicePool, _pools.MambaPoolHost):
+    """sglang's Mamba state host pool, constructed as build_mamba_host_pool
+    does: kvhost's MAMBA pool (label "mamba"), a slot per request, the
+    temporal and conv states of each layer, packed MTP draft layers after
+    the target's. sglang's page_first and page_first_direct are one byte
+    layout at page size 1 (kvhostd's PAGE_FIRST_DIRECT). Refuses (ValueError
+    naming it) another layout, side-state checkpoint buffers
+    (extra_checkpoint_buffers), another allocator, a draft unlike the
+    target."""
+
+    def __init__(self, buffer_info: Any, host_to_device_ratio: float, host_size: float, *,
+                 device_capacity: int, pin_memory: bool = True, device: str = "cpu",
+                 allocator_type: str = "default", layout: str = "layer_first",
+                 mtp_draft_buffer_infos: Sequence[Any] = ()) -> None:
+        info = buffer_info
+        infos = (info, *mtp_draft_buffer_infos)
+        for i in infos:
+            i.validate()  # sglang's own check of the buffer info
+        refused = []
+        if layout not in ("page_first", "page_first_direct"):
+            refused.append(f"layout {layout} for Mamba state (page_first or "
+                           f"page_first_direct)")
+        if any(i.extra_checkpoint_buffers for i in infos):
+            refused.append("Mamba side-state checkpoint buffers (extra_checkpoint_buffers)")
+        if allocator_type not in ("default", None):
+            refused.append(f"allocator_type {allocator_type!r}")
+        for d, draft in enumerate(mtp_draft_buffer_infos):
+            row = [(t.shape[1:], t.dtype) for t in (*draft.conv, draft.temporal)]
+            want = [(t.shape[1:], t.dtype) for t in (*info.conv, info.temporal)]
+            if draft.temporal.shape[0] != 1 or row != want:
+                refused.append(f"draft[{d}] Mamba state {row} in {draft.temporal.shape[0]} "
+                               f"layers (the target's is {want}, one layer per draft)")
+        _refuse("mamba", refused)
+        self._device = {"temporal": [t for i in infos for t in i.temporal.unbind(0)]}
+        for j in range(len(info.conv)):
+            self._device[f"conv{j}"] = [t for i in infos for t in i.conv[j].unbind(0)]
+        super().__init__(
+            pool_name("mamba"), address=os.environ.get("KVHOST_ADDRESS", DEFAULT_ADDRESS),
+            num_mamba_layers=len(self._device["temporal"]),
+            temporal_state_shape=info.temporal.shape[2:],
+            conv_state_shapes=[c.shape[2:] for c in info.conv], conv_dtype=info.conv[0].dtype,
+            temporal_dtype=info.temporal.dtype, layout="page_first_direct", tensors=True,
+            target_layer_num=info.temporal.shape[0], pool_label="mamba",
+            **_sizes(host_to_device_ratio, host_size, None, device_capacity))
+        self.layout = layout
+        self.buffer_info = info
+        self.mtp_draft_buffer_infos = tuple(mtp_draft_buffer_infos)
+
+
 class MLATokenToKVPoolHost(_CapturedDevicePool, _pools.MLATokenToKVPoolHost):
     """sglang's MLA host pool (DeepSeek), constructed as build_kv_host_pool
     does, over a kvhostd pool: one latent row per token and layer, packed
@@ -435,6 +487,14 @@ def _refusing_strategy() -> Any:
         if asm._PlainKvStrategy().matches(kvcache, components) or \
                 asm._SwaStrategy().matches(kvcache, components):
             return True
+        if asm._MambaStrategy().matches(kvcache, components) or \
+                asm._MambaSwaStrategy().matches(kvcache, components):
+            # Only the KV pool and the Mamba state: a declared side pool (a
+            # DSA indexer) or QSA's indexer would be sglang's own host pool.
+            from sglang.srt.mem_cache.qsa_kv_pool import QSATokenToKVPool  # noqa: PLC0415
+            decls = kvcache.host_pool_decls() if hasattr(kvcache, "host_pool_decls") else ()
+            return not isinstance(kvcache, QSATokenToKVPool) and \
+                all(d.is_layout_root for d in decls)
         from sglang.srt.mem_cache.minimax_m3_nvfp4_pool import (  # noqa: PLC0415
             MiniMaxM3Nvfp4KVPool)
         # The NVFP4 variant builds its own host pool classes, not kvhost's.
@@ -451,7 +511,8 @@ def _refusing_strategy() -> Any:
             raise RuntimeError(f"kvhost plugin: sglang asked for a HiCache stack of "
                                f"{type(kvcache).__name__} with components [{names}]; kvhost "
                                f"builds plain KV stacks (MHA, asymmetric MHA, MLA), full + "
-                               f"SWA and MiniMax sparse KV + index-K only (docs/SGLANG.md); set "
+                               f"SWA, KV + Mamba (+ SWA) without side pools, and MiniMax "
+                               f"sparse KV + index-K only (docs/SGLANG.md); set "
                                f"KVHOST_SGLANG=0 to use sglang's own host pools")
 
     return RefuseUnsupportedStacks()
@@ -484,4 +545,5 @@ def register() -> None:
     # rebind sglang's class in every module, and its isinstance checks with it.
     asm.MLATokenToKVPoolHost = MLATokenToKVPoolHost
     asm.MHATokenToKOnlyPoolHost = MHATokenToKOnlyPoolHost
+    asm.MambaPoolHost = MambaPoolHost
     asm.register_stack_strategy(_refusing_strategy())
