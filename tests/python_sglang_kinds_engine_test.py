@@ -14,7 +14,8 @@ other rows, target and draft layers:
   mla   DeepSeek's MLA pool (plugin MLATokenToKVPoolHost); and refused at
         construction, by name, creating no pool: layout page_first_kv_split,
         layer sharding, packed FP8 DSA rows (a wider kv_cache_dim), the
-        allocator-only MLAHostAllocation, decode context parallelism;
+        allocator-only MLAHostAllocation, decode context parallelism, a
+        draft sidecar addressed by the target's slots;
   asym  MHA with V narrower than K (get_mha_host_pool_cls ->
         plugin AsymmetricMHATokenToKVPoolHost), no flat page as sglang's;
         and layout layer_first refused at construction, by name;
@@ -262,8 +263,13 @@ def check_mla(env):
                 MLATokenToKVPoolHost(dev.info, 2.0, 0, PS, "page_first", dcp_size=2,
                                      dcp_rank=1, device_capacity_tokens=64, start_layer=0,
                                      end_layer=LAYERS, target_layer_num=LAYERS))
+    env.refused("mla-sidecar", ["draft sidecar pool ('draft')"], lambda: env.asm.
+                _build_mha_mla_host_pool(pool=dev, host_to_device_ratio=2.0, page_size=PS,
+                                         layout="page_first", allocator_type="default",
+                                         pool_label="draft", host_token_capacity=128))
     print("ok   mla: page_first_kv_split, layer sharding, packed FP8 DSA rows, "
-          "MLAHostAllocation and DCP refused at construction by name, no pool made")
+          "MLAHostAllocation, DCP and a draft sidecar (build_full_draft_pools' "
+          "_build_mha_mla_host_pool) refused at construction by name, no pool made")
     group.anchor_entry.host_pool.destroy()
     shm.close()
 

@@ -114,8 +114,21 @@ def pool_name(label: str) -> str:
     return f"{prefix}-{label}-dp{r['dp']}-tp{r['tp']}-pp{r['pp']}"
 
 
+#: sglang's pool_label of the sidecar pools it addresses with another pool's
+#: host slots (a separate draft model's KV: build_full_draft_pools,
+#: build_swa_draft_pools, build_hybrid_swa_group's full-index SWA drafts).
+#: A kvhostd pool transfers only slots its own allocator (or, for a
+#: follower kind, the followed pool's) handed out, and MHA / MLA pools
+#: follow none, so these are refused at construction.
+SIDECAR_LABELS = ("draft", "draft_swa")
+
+
 def _refuse(pool_label: str, refused: List[str]) -> None:
-    """ValueError naming everything in `refused` (nothing: returns)."""
+    """ValueError naming everything in `refused` (nothing: returns); a
+    sidecar pool_label (SIDECAR_LABELS) is refused too."""
+    if pool_label in SIDECAR_LABELS:
+        refused = [f"a draft sidecar pool ({pool_label!r}) addressed by another pool's host "
+                   f"slots (kvhost MHA and MLA pools allocate their own)", *refused]
     if refused:
         raise ValueError(f"kvhost plugin: pool {pool_label!r}: kvhost cannot serve "
                          f"{'; '.join(refused)}")
