@@ -5,8 +5,8 @@ Reads the source of the sglang in the engine venv (tests/engine_env.py,
 python/requirements-engines.txt) with `ast`, and checks that each of
 kvhost.sglang's MHATokenToKVPoolHost and MLATokenToKVPoolHost, and the
 plugin's MHATokenToKVPoolHost, AsymmetricMHATokenToKVPoolHost,
-MLATokenToKVPoolHost, MHATokenToKOnlyPoolHost and MambaPoolHost (the pools
-sglang's builders construct) provides:
+MLATokenToKVPoolHost, MHATokenToKOnlyPoolHost, MambaPoolHost and
+DSAIndexerPoolHost (the pools sglang's builders construct) provides:
   - every abstract method of sglang's HostKVCache, with a signature that
     binds every call the abstract signature allows (positional and keyword
     parameters, and the calls that leave the defaults out);
@@ -209,6 +209,7 @@ def main():
     import sglang  # noqa: PLC0415 (the engine venv's)
     from sglang.srt.mem_cache.pool_host import base as sg_base  # noqa: PLC0415
     from sglang.srt.mem_cache.pool_host import mha as sg_mha  # noqa: PLC0415
+    from sglang.srt.mem_cache.pool_host import dsa as sg_dsa  # noqa: PLC0415
     from sglang.srt.mem_cache.pool_host import mamba as sg_mamba  # noqa: PLC0415
     from sglang.srt.mem_cache.pool_host import mla as sg_mla  # noqa: PLC0415
     from kvhost import sglang as kv  # noqa: PLC0415
@@ -241,7 +242,8 @@ def main():
             (sglang_plugin.AsymmetricMHATokenToKVPoolHost, sg_mha.AsymmetricMHATokenToKVPoolHost),
             (sglang_plugin.MLATokenToKVPoolHost, sg_mla.MLATokenToKVPoolHost),
             (sglang_plugin.MHATokenToKOnlyPoolHost, sg_mha.MHATokenToKOnlyPoolHost),
-            (sglang_plugin.MambaPoolHost, sg_mamba.MambaPoolHost)]
+            (sglang_plugin.MambaPoolHost, sg_mamba.MambaPoolHost),
+            (sglang_plugin.DSAIndexerPoolHost, sg_dsa.DSAIndexerPoolHost)]
     except ImportError as e:
         print(f"FAIL kvhost.sglang_plugin: {e}")
         failures += 1

@@ -30,7 +30,12 @@ other rows, target and draft layers:
         KV pool and, through build_mamba_host_pool, a kvhost MAMBA pool
         (plugin MambaPoolHost) with a packed MTP draft layer; the
         controller it returns moves both; a Mamba stack declaring a side
-        pool (a DSA indexer) refused by name.
+        pool kvhost does not build refused by name;
+  dsa   DSA + indexer: sglang's own DSA strategy builds the MLA pool and,
+        through the indexer declaration's builder, a kvhost DSA_INDEXER
+        pool following it (plugin DSAIndexerPoolHost; a shared-topk layer
+        without index keys skipped), a packed MTP draft for both; the
+        controller it builds moves both.
 The project's own stand-ins, for what needs a GPU or a running scheduler:
 the device pool objects (per-layer CPU tensors over a kvhost ShmDevicePool,
 with the members sglang's builder and controller read), the device token
@@ -78,14 +83,14 @@ class Env:
         from sglang.srt.mem_cache.pool_host import common  # noqa: PLC0415
         self.asm.get_memory = common.get_memory = lambda: self.memory
 
-    def device_memory(self, prefix, spec, label="kv"):
+    def device_memory(self, prefix, spec, label="kv", dtype="BF16"):
         """The pool (made as the scheduler would, the plugin adopting it) and
         its ShmDevicePool: the stand-in device buffers."""
         os.environ["KVHOST_POOL_PREFIX"] = prefix
         name = self.plugin.pool_name(label)
         sizes = {} if "follows" in spec else {"page_size": PS, "size_tokens": 2 * DEVICE_TOKENS}
         with self.kvhost.Client(self.daemon.address, session=False) as sched:
-            sched.create_pool(name, dict(spec, dtype="BF16", **sizes))
+            sched.create_pool(name, dict(spec, dtype=dtype, **sizes))
         shm = self.worker.shm_device_pool(name, DEVICE_TOKENS)
         self.plugin.register_shm_device_pool(shm)
         return name, shm
@@ -128,10 +133,13 @@ class Env:
                                       threading.Event(), io_backend="kernel",
                                       transfer_layer_id_max=LAYERS)
         rows = torch.arange(8, 16, dtype=torch.int64)
+        # A (tensor, tokens per row) pair: rows of whole pages (an indexer's).
+        unit = [t[1] if isinstance(t, tuple) else 1 for t in device_tensors]
+        device_tensors = [t[0] if isinstance(t, tuple) else t for t in device_tensors]
         gen = torch.Generator().manual_seed(11)
         for t in device_tensors:
             t.copy_(torch.randn(t.shape, generator=gen).to(torch.bfloat16))
-        want = [t[8:16].clone() for t in device_tensors]
+        want = [t[8 // u:16 // u].clone() for t, u in zip(device_tensors, unit)]
         free0 = group.available_size()
         write_extra = extra_pools(None)
         slots = ctl.write(rows, extra_pools=write_extra)
@@ -141,7 +149,7 @@ class Env:
         loaded = ctl.load(slots, extra_pools=extra_pools(write_extra))
         ctl.start_loading()
         assert torch.equal(loaded, torch.arange(16, 24)), loaded
-        got = [t[16:24] for t in device_tensors]
+        got = [t[16 // u:24 // u] for t, u in zip(device_tensors, unit)]
         bad = [i for i, (a, b) in enumerate(zip(got, want)) if not torch.equal(a, b)]
         assert not bad, f"{type(host).__name__}: device layers {bad} differ after the load"
         assert ctl.evict_host(slots) == 8 and group.available_size() == free0
@@ -525,12 +533,90 @@ def check_mamba(env):
                         storage_info=None, host_pool_builder=None)
     env.refused("mb-side", ["Hybrid", "kvhost plugin"], lambda: env.asm._select_strategy(
         Hybrid((make_kv_pool_decl(kv), side)), both))
-    print("ok   mamba: sglang's Mamba strategy taken; one with a declared side pool "
-          "(a DSA indexer's) refused by name")
+    print("ok   mamba: sglang's Mamba strategy taken; one declaring a side pool kvhost "
+          "does not build refused by name")
     group.get_pool(PoolName.KV).destroy()
     host.destroy()
     kshm.close()
     mshm.close()
+
+
+def dsa_pool_cls(env):
+    """A stand-in for sglang's DSATokenToKVPool (an MLA pool with index-K
+    page buffers): the members its host pool declarations, sglang's builder
+    and the DSA strategy read; its own constructor needs a GPU."""
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool  # noqa: PLC0415
+    from sglang.srt.mem_cache.pool_host.dsa import make_dsa_indexer_pool_decl  # noqa
+    from sglang.srt.mem_cache.pool_host.host_pool_decl import make_kv_pool_decl  # noqa
+
+    class DSAPool(DSATokenToKVPool):
+        kv_cache_dim = index_head_dim = index_k_with_scale_buffer = layer_num = None
+
+        def __init__(self, latent, index_k, skip):  # noqa: PLW0231
+            mla = MLADevicePool(env, latent)
+            self.__dict__.update({k: v for k, v in vars(mla).items()})
+            self.get_device_pool_infos = mla.get_device_pool_infos
+            self.page_size = self.index_page_size = PS
+            self.index_head_dim, self.quant_block_size = 128, 128
+            self.index_k_with_scale_buffer, self.skip_topk_layers = index_k, skip
+            self.register_layer_transfer_counter = lambda counter: None
+
+        def host_pool_decls(self):
+            if all(self.skip_topk_layers):
+                return (make_kv_pool_decl(self),)
+            return (make_kv_pool_decl(self), make_dsa_indexer_pool_decl(self))
+
+    return DSAPool
+
+
+def check_dsa(env):
+    """DSA + indexer: sglang's DSA strategy builds the MLA pool and, through
+    the indexer decl's builder, a kvhost DSA_INDEXER pool following it
+    (index keys on layers 0 and 2 of 3; a packed MTP draft layer for both);
+    the controller it builds moves both byte for byte."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer  # noqa
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa
+    torch = env.torch
+    name, shm = env.device_memory("dsa", {"kind": "MLA", "layout": "PAGE_FIRST",
+                                          "layer_num": LAYERS + 1, "kv_lora_rank": LORA,
+                                          "qk_rope_head_dim": ROPE})
+    _, ishm = env.device_memory("dsa", {"kind": "DSA_INDEXER", "layout": "PAGE_FIRST",
+                                        "layer_num": 3, "index_head_dim": 128,
+                                        "index_quant_block_size": 128, "follows": name},
+                                label="kv-indexer", dtype="UINT8")
+    latent = env.tensors(shm, "latent", LORA + ROPE)
+    row = ishm.component("index_k").row_bytes
+    index_k = [torch.frombuffer(ishm.layer_view("index_k", i), dtype=torch.uint8).view(-1, row)
+               for i in range(3)]
+    placeholder = torch.zeros(0, row, dtype=torch.uint8)  # a shared-topk layer's
+    DSAPool = dsa_pool_cls(env)
+    kvcache = DSAPool(latent[:LAYERS], [index_k[0], placeholder, index_k[1]],
+                      [False, True, False])
+    draft = DSAPool(latent[LAYERS:], [index_k[2]], [False])
+    strategy = env.asm._select_strategy(kvcache, {ComponentType.FULL})
+    assert type(strategy).__name__ == "_DsaStrategy", strategy
+    params = types.SimpleNamespace(
+        page_size=PS, token_to_kv_pool_allocator=DeviceAllocator(torch, kvcache),
+        mtp_draft_device_pools=(draft,), tp_cache_group=None, attn_cp_cache_group=None,
+        attn_tp_cache_group=None, pp_cache_group=None)
+    with env.asm.get_parallel().override(dcp_enabled=False):
+        result = strategy.build(cache=None, kvcache=kvcache, params=params, server_args=None,
+                                load_cache_event=threading.Event())
+    group, ctl = result.host_pool_group, result.cache_controller
+    host, index_host = group.get_pool(PoolName.KV), group.get_pool(PoolName.INDEXER)
+    assert isinstance(host, env.plugin.MLATokenToKVPoolHost), type(host)
+    assert isinstance(index_host, env.plugin.DSAIndexerPoolHost), type(index_host)
+    assert (index_host.layer_num, index_host.target_layer_num) == (3, 2)
+    assert index_host.info["spec"].get("follows") == host.name, index_host.info["spec"]
+    env.drive(group, latent + [(t, PS) for t in index_k], ctl=ctl, extra_pools=lambda w: [
+        PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)])
+    print("ok   dsa: sglang's DSA strategy builds a kvhost MLA pool and the DSA_INDEXER pool "
+          "following it (shared-topk layer skipped, a packed MTP draft); its controller "
+          "moves both byte for byte")
+    index_host.destroy()
+    host.destroy()
+    ishm.close()
+    shm.close()
 
 
 def main():
@@ -555,6 +641,7 @@ def main():
         check_minimax(env)
         check_swa(env)
         check_mamba(env)
+        check_dsa(env)
         env.worker.close()
     finally:
         daemon.stop()

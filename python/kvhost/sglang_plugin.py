@@ -20,16 +20,19 @@ of sglang's general-plugin group ``sglang.srt.plugins``; sglang runs
     cannot serve (page-interleaved pools, DCP, an io backend other than
     kernel or direct, a storage backend other than file) is refused there,
     at start-up, naming it;
+  - hooks ``pool_host.dsa.DSAIndexerHostPoolBuilder.build`` (what the
+    DSA strategy, and Mamba stacks over a DSA pool, build a declared DSA
+    indexer with): :class:`DSAIndexerPoolHost` here, following the MLA pool;
   - hooks ``hybrid_pool_assembler._uses_unified_page_envelope_host`` to
     answer False: a full + SWA stack gets two kvhost pools (sglang's own
     path where the storage backend has no page envelope), not sglang's
     shared envelope arena;
   - registers a stack strategy (``register_stack_strategy``) that refuses,
     at start-up and by name, every stack but plain KV, full + SWA, KV +
-    Mamba and KV + SWA + Mamba (without a declared side pool such as a
-    DSA indexer, nor QSA's indexer), and MiniMax sparse (KV + index-K; not
-    its NVFP4 variant, whose host pools are its own): DSA, DeepSeek-V4 and
-    those side pools are not built yet.
+    Mamba, KV + SWA + Mamba, DSA (+ indexer) (their declared side pools
+    being DSA indexers only; not QSA's indexer), and MiniMax sparse (KV +
+    index-K; not its NVFP4 variant, whose host pools are its own):
+    DeepSeek-V4, QSA and other side pools are not built yet.
 sglang's own HostPoolGroup, HybridCacheController and L2TransferEngine drive
 the pools, packed MTP draft layers included. What a pool's constructor
 refuses (ValueError naming it, before any kvhostd pool is made) is in each
@@ -373,6 +376,80 @@ class MambaPoolHost(_CapturedDevicePool, _pools.MambaPoolHost):
         self.mtp_draft_buffer_infos = tuple(mtp_draft_buffer_infos)
 
 
+class DSAIndexerPoolHost(_CapturedDevicePool, _pools.DSAIndexerPoolHost):
+    """sglang's DSA indexer host pool, constructed as its builder
+    (DSAIndexerHostPoolBuilder.build) does: kvhost's DSA_INDEXER pool
+    (labelled the anchor's label + "-" + the pool name) following the MLA
+    anchor's slots. Host layers are the device layers that own index keys
+    (decl.owned_device_layers), then one per packed MTP draft; transfers
+    take sglang's device layer ids. Refuses (ValueError naming it) the
+    allocator-only pool (is_dummy), an anchor that is not a kvhost pool, an
+    index page other than the KV page (index_kpool), layer sharding,
+    another allocator."""
+
+    def __init__(self, decl: Any, anchor_host: Any, *,
+                 packed_draft_device_pools: Sequence[Any] = (), pin_memory: bool = True,
+                 device: str = "cpu", allocator_type: str = "default",
+                 is_dummy: bool = False) -> None:
+        pool = decl.device_pool
+        label = f"{getattr(anchor_host, 'pool_label', 'kv')}-{decl.pool_name.value}"
+        refused = []
+        if is_dummy:
+            refused.append("allocator-only DSA indexer pools (is_dummy)")
+        if not isinstance(anchor_host, _pools.HostKVCache):
+            refused.append(f"an indexer following {type(anchor_host).__name__} (not a kvhost "
+                           f"pool)")
+        if getattr(pool, "layer_shard_enabled", False):
+            refused.append("layer-sharded DSA pools")
+        if pool.index_page_size != pool.page_size:
+            refused.append(f"index pages of {pool.index_page_size} tokens on "
+                           f"{pool.page_size}-token KV pages (index_kpool)")
+        if allocator_type not in ("default", None):
+            refused.append(f"allocator_type {allocator_type!r}")
+        _refuse(label, refused)
+        owned = decl.owned_device_layers
+        live = [layer for layer in range(pool.layer_num) if owned is None or layer in owned]
+        self._device_to_host_layer = {layer: i for i, layer in enumerate(live)}
+        self._device_layer_num = pool.layer_num
+        self._device = {"index_k": [pool.index_k_with_scale_buffer[layer] for layer in live] +
+                        [b for d in packed_draft_device_pools
+                         for b in d.index_k_with_scale_buffer]}
+        super().__init__(pool_name(label), anchor_host, index_head_dim=pool.index_head_dim,
+                         index_quant_block_size=pool.quant_block_size,
+                         layout=anchor_host.layout, layer_num=len(self._device["index_k"]),
+                         start_layer=pool.start_layer, end_layer=pool.end_layer,
+                         target_layer_num=len(live), pool_label=label)
+        self.decl, self.device_pool = decl, pool
+        self.mtp_draft_device_pools = tuple(packed_draft_device_pools)
+
+    def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
+                                 device_indices: Any, layer_id: int,
+                                 io_backend: Any = "kernel", *, is_draft: bool = False) -> None:
+        """sglang's device layer id: an owned layer's host layer, a draft's
+        (device layer device_layer_num + d) after the target's; a layer
+        without index keys does nothing, as in sglang."""
+        layer = int(layer_id)
+        if is_draft:
+            host = self.target_layer_num + layer - self._device_layer_num
+        elif layer in self._device_to_host_layer:
+            host = self._device_to_host_layer[layer]
+        else:
+            return
+        super().load_to_device_per_layer(device_pool, host_indices, device_indices, host,
+                                         io_backend, is_draft=is_draft)
+
+
+def _dsa_indexer_builder(original: Any, builder: Any, *, decl: Any, anchor_host: Any,
+                         allocator_type: str, packed_draft_device_pools: Any) -> Any:
+    """DSAIndexerHostPoolBuilder.build: the plugin's DSAIndexerPoolHost."""
+    if not enabled():
+        return original(builder, decl=decl, anchor_host=anchor_host,
+                        allocator_type=allocator_type,
+                        packed_draft_device_pools=packed_draft_device_pools)
+    return DSAIndexerPoolHost(decl, anchor_host, allocator_type=allocator_type,
+                              packed_draft_device_pools=packed_draft_device_pools)
+
+
 class MLATokenToKVPoolHost(_CapturedDevicePool, _pools.MLATokenToKVPoolHost):
     """sglang's MLA host pool (DeepSeek), constructed as build_kv_host_pool
     does, over a kvhostd pool: one latent row per token and layer, packed
@@ -501,13 +578,17 @@ def _refusing_strategy() -> Any:
                 asm._SwaStrategy().matches(kvcache, components):
             return True
         if asm._MambaStrategy().matches(kvcache, components) or \
-                asm._MambaSwaStrategy().matches(kvcache, components):
-            # Only the KV pool and the Mamba state: a declared side pool (a
-            # DSA indexer) or QSA's indexer would be sglang's own host pool.
+                asm._MambaSwaStrategy().matches(kvcache, components) or \
+                asm._DsaStrategy().matches(kvcache, components):
+            # Declared side pools: the DSA indexer's builder is hooked; any
+            # other, or QSA's indexer, would be sglang's own host pool.
+            from sglang.srt.mem_cache.pool_host.dsa import (  # noqa: PLC0415
+                DSAIndexerHostPoolBuilder)
             from sglang.srt.mem_cache.qsa_kv_pool import QSATokenToKVPool  # noqa: PLC0415
             decls = kvcache.host_pool_decls() if hasattr(kvcache, "host_pool_decls") else ()
-            return not isinstance(kvcache, QSATokenToKVPool) and \
-                all(d.is_layout_root for d in decls)
+            return not isinstance(kvcache, QSATokenToKVPool) and all(
+                d.is_layout_root or isinstance(d.host_pool_builder, DSAIndexerHostPoolBuilder)
+                for d in decls)
         from sglang.srt.mem_cache.minimax_m3_nvfp4_pool import (  # noqa: PLC0415
             MiniMaxM3Nvfp4KVPool)
         # The NVFP4 variant builds its own host pool classes, not kvhost's.
@@ -524,7 +605,7 @@ def _refusing_strategy() -> Any:
             raise RuntimeError(f"kvhost plugin: sglang asked for a HiCache stack of "
                                f"{type(kvcache).__name__} with components [{names}]; kvhost "
                                f"builds plain KV stacks (MHA, asymmetric MHA, MLA), full + "
-                               f"SWA, KV + Mamba (+ SWA) without side pools, and MiniMax "
+                               f"SWA, KV + Mamba (+ SWA), DSA + indexer, and MiniMax "
                                f"sparse KV + index-K only (docs/SGLANG.md); set "
                                f"KVHOST_SGLANG=0 to use sglang's own host pools")
 
@@ -552,6 +633,8 @@ def register() -> None:
                           HookType.AROUND)
     HookRegistry.register(f"{_ASSEMBLER}._uses_unified_page_envelope_host",
                           _separate_swa_pools, HookType.AROUND)
+    HookRegistry.register("sglang.srt.mem_cache.pool_host.dsa.DSAIndexerHostPoolBuilder.build",
+                          _dsa_indexer_builder, HookType.AROUND)
     import importlib  # noqa: PLC0415
     asm = importlib.import_module(_ASSEMBLER)
     # The assembler's own name only: HookRegistry's class REPLACE would
