@@ -8,9 +8,9 @@ against a fresh kvhostd --backend=host:
           (sglang.srt.plugins.load_plugins, SGLANG_PLUGINS=kvhost); then
           sglang's build_kv_host_pool builds a kvhost pool, and refuses the
           hf3fs storage backend and the kernel_ascend io backend, and
-          sglang's strategy selection a DSA stack, at once with a message
-          naming it (MLA, asymmetric MHA, packed MTP drafts, SWA, MiniMax
-          sparse: python_sglang_kinds_engine_test.py);
+          sglang's strategy selection a DeepSeek-V4 stack, at once with a
+          message naming it (MLA, asymmetric MHA, packed MTP drafts, SWA,
+          MiniMax sparse, Mamba, DSA: python_sglang_kinds_engine_test.py);
   drive   that pool in sglang's HostPoolGroup (device, logical_size,
           can_use_write_back_jit, alloc / free / available_size, destroy)
           and sglang's L2TransferEngine: submit_device_to_host, the device
@@ -176,16 +176,17 @@ def main():
         except RuntimeError as e:
             assert "--hicache-io-backend kernel_ascend" in str(e), e
         memory.hicache_io_backend = "kernel"
-        from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool  # noqa: PLC0415
+        from sglang.srt.mem_cache.deepseek_v4_memory_pool import (  # noqa: PLC0415
+            DeepSeekV4TokenToKVPool)
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa
-        dsa = object.__new__(DSATokenToKVPool)  # a type to match on; never used
+        v4 = object.__new__(DeepSeekV4TokenToKVPool)  # a type to match on; never used
         try:
-            asm._select_strategy(dsa, {ComponentType.FULL})
-            raise AssertionError("a DSA stack was not refused")
+            asm._select_strategy(v4, {ComponentType.FULL, ComponentType.SWA})
+            raise AssertionError("a DeepSeek-V4 stack was not refused")
         except RuntimeError as e:
-            assert "DSATokenToKVPool" in str(e) and "kvhost plugin" in str(e), e
+            assert "DeepSeekV4TokenToKVPool" in str(e) and "kvhost plugin" in str(e), e
         print("ok   plugin: sglang's loader and build_kv_host_pool build kvhost pools; "
-              "hf3fs, kernel_ascend and a DSA stack refused by name")
+              "hf3fs, kernel_ascend and a DeepSeek-V4 stack refused by name")
 
         group = HostPoolGroup([PoolEntry(name=PoolName.KV, host_pool=host, device_pool=dev,
                                          layer_mapper=lambda layer: layer,
