@@ -197,15 +197,14 @@ class _CapturedDevicePool:
         draft layer's call waits for its layer of the load (or returns, the
         load being done)."""
         layer, target = int(layer_id), self.target_layer_num
-        if self.layer_num == target or (layer < target - 1 and not is_draft):
+        if self.layer_num == target or (not is_draft and layer < target - 1):
             return super().load_to_device_per_layer(device_pool, host_indices, device_indices,
                                                     layer_id, io_backend, is_draft=is_draft)
+        if not is_draft and layer != target - 1:
+            return  # sglang's rule: layers past the target's only with is_draft
         self._check_io_backend(io_backend)
         att = self._attachment(self)
-        if layer < target - 1 or layer >= self.layer_num:
-            raise ValueError(f"kvhost pool '{self.name}': draft layer {layer} outside "
-                             f"[{target}, {self.layer_num})")
-        if layer == target - 1:
+        if not is_draft:  # the last target layer ends the load
             super().load_to_device_per_layer(device_pool, host_indices, device_indices,
                                              layer_id, io_backend)
             with self._lock:
@@ -213,8 +212,9 @@ class _CapturedDevicePool:
             if ticket is not None:
                 ticket.wait()  # the whole load, drafts included; raises its error
             return
-        if not is_draft:
-            return  # sglang's rule: draft layers only with is_draft
+        if not target <= layer < self.layer_num:
+            raise ValueError(f"kvhost pool '{self.name}': draft layer {layer} outside "
+                             f"[{target}, {self.layer_num})")
         with self._lock:
             ticket = self._loads.get(id(att))
         if ticket is None:
