@@ -106,10 +106,10 @@ class Env:
                 page_size=PS, kv_pool=dev, full_layer_mapping={i: i for i in range(LAYERS)},
                 use_mla=use_mla, mtp_draft_device_pools=(draft,))
 
-    def refused(self, prefix, words, build):
+    def refused(self, prefix, words, build, label="kv"):
         """build() raises naming `words`, and no pool of that name is made."""
         os.environ["KVHOST_POOL_PREFIX"] = prefix
-        name = self.plugin.pool_name("kv")
+        name = self.plugin.pool_name(label)
         try:
             with self.asm.get_parallel().override(dcp_enabled=False):
                 build()
@@ -512,8 +512,19 @@ def check_mamba(env):
     env.drive(group, device, ctl=ctl, extra_pools=extra)
     group.free(written[0][0].host_indices, pool=PoolName.MAMBA)
     assert host.available_size() == free0
+    info = mamba.get_device_pool_infos()[0]
+    side = env.dpi.MambaStateBufferInfo(temporal=info.buffer_info.temporal,
+                                        conv=info.buffer_info.conv,
+                                        extra_checkpoint_buffers=(torch.zeros(32, 2),))
+    env.refused("mb-side-state", ["extra_checkpoint_buffers"], lambda: env.asm.
+                build_mamba_host_pool(mamba, types.SimpleNamespace(buffer_info=side),
+                                      host_size=0, layout="page_first"), label="mamba")
+    env.refused("mb-lf", ["layout layer_first for Mamba state"], lambda: env.asm.
+                build_mamba_host_pool(mamba, info, host_size=0, layout="layer_first"),
+                label="mamba")
     print("ok   mamba: build_hybrid_mamba_stack builds kvhost KV and MAMBA pools (a packed "
-          "MTP draft layer); its controller moves both byte for byte")
+          "MTP draft layer); its controller moves both byte for byte; side-state buffers "
+          "and layout layer_first refused at construction by name, no pool made")
 
     from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool  # noqa: PLC0415
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa
@@ -610,9 +621,15 @@ def check_dsa(env):
     assert index_host.info["spec"].get("follows") == host.name, index_host.info["spec"]
     env.drive(group, latent + [(t, PS) for t in index_k], ctl=ctl, extra_pools=lambda w: [
         PoolTransfer(name=PoolName.INDEXER, indices_from_pool=PoolName.KV)])
+    kpool = DSAPool(latent[:LAYERS], [index_k[0], placeholder, index_k[1]],
+                    [False, True, False])
+    kpool.index_page_size = PS // 2  # index_kpool 2
+    from sglang.srt.mem_cache.pool_host.dsa import make_dsa_indexer_pool_decl  # noqa
+    env.refused("dsa-kpool", ["index pages of 2 tokens on 4-token KV pages"], lambda: env.plugin.
+                DSAIndexerPoolHost(make_dsa_indexer_pool_decl(kpool), host), label="kv-indexer")
     print("ok   dsa: sglang's DSA strategy builds a kvhost MLA pool and the DSA_INDEXER pool "
           "following it (shared-topk layer skipped, a packed MTP draft); its controller "
-          "moves both byte for byte")
+          "moves both byte for byte; an index page unlike the KV page refused by name")
     index_host.destroy()
     host.destroy()
     ishm.close()
