@@ -184,7 +184,8 @@ def main():
             asm._select_strategy(v4, {ComponentType.FULL, ComponentType.SWA})
             raise AssertionError("a DeepSeek-V4 stack was not refused")
         except RuntimeError as e:
-            assert "DeepSeekV4TokenToKVPool" in str(e) and "kvhost plugin" in str(e), e
+            assert "DeepSeekV4TokenToKVPool" in str(e) and "V4_PAGED pools cannot follow" \
+                in str(e), e
         print("ok   plugin: sglang's loader and build_kv_host_pool build kvhost pools; "
               "hf3fs, kernel_ascend and a DeepSeek-V4 stack refused by name")
 

@@ -352,8 +352,8 @@ def check_minimax(env):
     full = {ComponentType.FULL}  # types to match on; never used
     strategy = env.asm._select_strategy(object.__new__(MiniMaxSparseKVPool), full)
     assert type(strategy).__name__ == "_MiniMaxSparseStrategy", strategy
-    env.refused("mm-nvfp4", ["MiniMaxM3Nvfp4KVPool", "kvhost plugin"], lambda: env.asm.
-                _select_strategy(object.__new__(MiniMaxM3Nvfp4KVPool), full))
+    env.refused("mm-nvfp4", ["MiniMaxM3Nvfp4KVPool", "its own host pool classes"],
+                lambda: env.asm._select_strategy(object.__new__(MiniMaxM3Nvfp4KVPool), full))
     print("ok   minimax: build_minimax_sparse_hicache_stack builds a kvhost KV pool and the "
           "K_ONLY index-K pool following it; its controller moves both byte for byte; "
           "the NVFP4 variant refused by name")
@@ -542,8 +542,8 @@ def check_mamba(env):
     side = HostPoolDecl(pool_name=PoolName.INDEXER, device_pool=kv,
                         indices_from_pool=PoolName.KV, layout_source=PoolName.KV,
                         storage_info=None, host_pool_builder=None)
-    env.refused("mb-side", ["Hybrid", "kvhost plugin"], lambda: env.asm._select_strategy(
-        Hybrid((make_kv_pool_decl(kv), side)), both))
+    env.refused("mb-side", ["Hybrid", "declared side pools ['indexer']"],
+                lambda: env.asm._select_strategy(Hybrid((make_kv_pool_decl(kv), side)), both))
     print("ok   mamba: sglang's Mamba strategy taken; one declaring a side pool kvhost "
           "does not build refused by name")
     group.get_pool(PoolName.KV).destroy()

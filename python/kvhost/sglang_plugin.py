@@ -572,11 +572,12 @@ def _refusing_strategy() -> Any:
     import importlib  # noqa: PLC0415
     asm = importlib.import_module(_ASSEMBLER)
 
-    def built(kvcache: Any, components: Any) -> bool:
-        """Whether sglang's strategy for this stack builds kvhost pools."""
+    def refusal(kvcache: Any, components: Any) -> Optional[str]:
+        """Why the plugin does not build this stack's host pools; None
+        where sglang's strategy for it builds kvhost pools only."""
         if asm._PlainKvStrategy().matches(kvcache, components) or \
                 asm._SwaStrategy().matches(kvcache, components):
-            return True
+            return None
         if asm._MambaStrategy().matches(kvcache, components) or \
                 asm._MambaSwaStrategy().matches(kvcache, components) or \
                 asm._DsaStrategy().matches(kvcache, components):
@@ -585,29 +586,38 @@ def _refusing_strategy() -> Any:
             from sglang.srt.mem_cache.pool_host.dsa import (  # noqa: PLC0415
                 DSAIndexerHostPoolBuilder)
             from sglang.srt.mem_cache.qsa_kv_pool import QSATokenToKVPool  # noqa: PLC0415
+            if isinstance(kvcache, QSATokenToKVPool):
+                return "QSA's indexer host pool (QSAIndexerPoolHost) would be sglang's own"
             decls = kvcache.host_pool_decls() if hasattr(kvcache, "host_pool_decls") else ()
-            return not isinstance(kvcache, QSATokenToKVPool) and all(
-                d.is_layout_root or isinstance(d.host_pool_builder, DSAIndexerHostPoolBuilder)
-                for d in decls)
-        from sglang.srt.mem_cache.minimax_m3_nvfp4_pool import (  # noqa: PLC0415
-            MiniMaxM3Nvfp4KVPool)
-        # The NVFP4 variant builds its own host pool classes, not kvhost's.
-        return asm._MiniMaxSparseStrategy().matches(kvcache, components) and \
-            not isinstance(kvcache, MiniMaxM3Nvfp4KVPool)
+            other = [d.pool_name.value for d in decls if not d.is_layout_root and
+                     not isinstance(d.host_pool_builder, DSAIndexerHostPoolBuilder)]
+            return f"declared side pools {other} would be sglang's own" if other else None
+        if asm._MiniMaxSparseStrategy().matches(kvcache, components):
+            from sglang.srt.mem_cache.minimax_m3_nvfp4_pool import (  # noqa: PLC0415
+                MiniMaxM3Nvfp4KVPool)
+            if isinstance(kvcache, MiniMaxM3Nvfp4KVPool):
+                return "MiniMax M3.1 NVFP4 builds its own host pool classes"
+            return None
+        if asm._DeepSeekV4Strategy().matches(kvcache, components):
+            return ("DeepSeek-V4's compressed, indexer and rope pools are addressed by its "
+                    "logical anchor's host slots, and kvhostd's V4_PAGED pools cannot follow "
+                    "another pool")
+        return "no kvhost host pools for this stack"
 
     class RefuseUnsupportedStacks(asm.StackStrategy):
         """Matches every stack the plugin does not build and refuses it by name."""
 
         def matches(self, kvcache: Any, components: Any) -> bool:
-            if not enabled() or built(kvcache, components):
+            why = refusal(kvcache, components) if enabled() else None
+            if why is None:
                 return False
             names = ", ".join(sorted(getattr(c, "name", str(c)) for c in components))
             raise RuntimeError(f"kvhost plugin: sglang asked for a HiCache stack of "
-                               f"{type(kvcache).__name__} with components [{names}]; kvhost "
-                               f"builds plain KV stacks (MHA, asymmetric MHA, MLA), full + "
-                               f"SWA, KV + Mamba (+ SWA), DSA + indexer, and MiniMax "
-                               f"sparse KV + index-K only (docs/SGLANG.md); set "
-                               f"KVHOST_SGLANG=0 to use sglang's own host pools")
+                               f"{type(kvcache).__name__} with components [{names}]: {why}. "
+                               f"kvhost builds plain KV (MHA, asymmetric MHA, MLA), full + "
+                               f"SWA, KV + Mamba (+ SWA), DSA + indexer and MiniMax sparse "
+                               f"KV + index-K stacks (docs/SGLANG.md); set KVHOST_SGLANG=0 to "
+                               f"use sglang's own host pools")
 
     return RefuseUnsupportedStacks()
 
