@@ -3,12 +3,15 @@
 
 Reads the source of the sglang in the engine venv (tests/engine_env.py,
 python/requirements-engines.txt) with `ast`, and checks that each of
-kvhost.sglang's MHATokenToKVPoolHost and MLATokenToKVPoolHost (the pools
-`build_kv_host_pool` builds) provides:
+kvhost.sglang's MHATokenToKVPoolHost and MLATokenToKVPoolHost, and the
+plugin's MHATokenToKVPoolHost, AsymmetricMHATokenToKVPoolHost,
+MLATokenToKVPoolHost, MHATokenToKOnlyPoolHost, MambaPoolHost and
+DSAIndexerPoolHost (the pools sglang's builders construct) provides:
   - every abstract method of sglang's HostKVCache, with a signature that
     binds every call the abstract signature allows (positional and keyword
     parameters, and the calls that leave the defaults out);
-  - the constructor of sglang's class of the same name (the same binds);
+  - the plugin's: the constructor of sglang's class of the same name (the
+    same binds);
   - every member that sglang's HostPoolGroup (pool_host/group.py),
     L2TransferEngine (l2_transfer.py), HybridCacheController
     (hybrid_cache/hybrid_cache_controller.py) and the storage backend
@@ -16,7 +19,9 @@ kvhost.sglang's MHATokenToKVPoolHost and MLATokenToKVPoolHost (the pools
     call among them, the keyword arguments sglang passes.
 A member counts as provided when the class (with its bases, sglang's
 HostKVCache among them) has it, or when kvhost's own classes assign it to
-`self`; getattr(pool, name, default) reads are optional and not required.
+`self`; getattr(pool, name, default) reads are optional and not required,
+and neither is, of a plugin class, a member sglang's class of that name
+neither has nor assigns.
 Prints what it checked and names every missing or incompatible member.
   usage: python_sglang_contract_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
 """
@@ -105,11 +110,11 @@ def abstract_methods(tree):
     raise AssertionError("sglang's pool_host/base.py has no class HostKVCache")
 
 
-def self_assigned(cls):
-    """Attributes kvhost's own classes in cls's MRO assign to self."""
+def self_assigned(cls, package="kvhost"):
+    """Attributes `package`'s own classes in cls's MRO assign to self."""
     names = set()
     for klass in cls.__mro__:
-        if not klass.__module__.startswith("kvhost"):
+        if not klass.__module__.startswith(package):
             continue
         tree = ast.parse(inspect.getsource(klass))
         for node in ast.walk(tree):
@@ -158,9 +163,14 @@ def check_class(ours, theirs_cls, base_cls, abstract, reads):
     (theirs_cls None: the constructor is not checked)."""
     problems = []
     assigned = self_assigned(ours)
+    # A member sglang's own class of that name lacks is not asked of ours.
+    theirs = self_assigned(theirs_cls, "sglang") if theirs_cls else None
 
     def has(name):
         return hasattr(ours, name) or name in assigned
+
+    def sglang_lacks(name):
+        return theirs is not None and not hasattr(theirs_cls, name) and name not in theirs
 
     for name in abstract:
         if getattr(ours, name, None) in (None, getattr(base_cls, name, None)):
@@ -173,7 +183,7 @@ def check_class(ours, theirs_cls, base_cls, abstract, reads):
                    inspect.signature(ours.__init__)) if theirs_cls else ():
         problems.append(f"__init__: sglang's {theirs_cls.__name__} constructor allows {p}")
     for (where, name), uses in sorted(reads.items()):
-        if all(opt for _, _, opt in uses) or name in NOT_PROVIDED:
+        if all(opt for _, _, opt in uses) or name in NOT_PROVIDED or sglang_lacks(name):
             continue
         lines = ",".join(str(line) for line, _, _ in uses)
         if not has(name):
@@ -199,6 +209,9 @@ def main():
     import sglang  # noqa: PLC0415 (the engine venv's)
     from sglang.srt.mem_cache.pool_host import base as sg_base  # noqa: PLC0415
     from sglang.srt.mem_cache.pool_host import mha as sg_mha  # noqa: PLC0415
+    from sglang.srt.mem_cache.pool_host import dsa as sg_dsa  # noqa: PLC0415
+    from sglang.srt.mem_cache.pool_host import mamba as sg_mamba  # noqa: PLC0415
+    from sglang.srt.mem_cache.pool_host import mla as sg_mla  # noqa: PLC0415
     from kvhost import sglang as kv  # noqa: PLC0415
 
     print(f"sglang {sglang.__version__} at {os.path.dirname(sglang.__file__)}")
@@ -218,14 +231,19 @@ def main():
             reads.setdefault((where, name), []).extend(uses)
     print(f"not provided (unsupported features): "
           f"{'; '.join(f'{k} ({v})' for k, v in NOT_PROVIDED.items())}")
-    # The plugin builds MHA pools with sglang's constructor; it refuses MLA
-    # at start-up, so kvhost's MLA pool is checked without the constructor.
-    print("MLA: constructor not checked (the plugin refuses MLA at start-up)")
+    # The plugin's pools take sglang's constructors; kvhost.sglang's take a
+    # name and a shape (no constructor check).
     checked = [(kv.MHATokenToKVPoolHost, None), (kv.MLATokenToKVPoolHost, None)]
     failures = 0
     try:
         from kvhost import sglang_plugin  # noqa: PLC0415
-        checked.insert(0, (sglang_plugin.MHATokenToKVPoolHost, sg_mha.MHATokenToKVPoolHost))
+        checked[:0] = [
+            (sglang_plugin.MHATokenToKVPoolHost, sg_mha.MHATokenToKVPoolHost),
+            (sglang_plugin.AsymmetricMHATokenToKVPoolHost, sg_mha.AsymmetricMHATokenToKVPoolHost),
+            (sglang_plugin.MLATokenToKVPoolHost, sg_mla.MLATokenToKVPoolHost),
+            (sglang_plugin.MHATokenToKOnlyPoolHost, sg_mha.MHATokenToKOnlyPoolHost),
+            (sglang_plugin.MambaPoolHost, sg_mamba.MambaPoolHost),
+            (sglang_plugin.DSAIndexerPoolHost, sg_dsa.DSAIndexerPoolHost)]
     except ImportError as e:
         print(f"FAIL kvhost.sglang_plugin: {e}")
         failures += 1

@@ -6,11 +6,11 @@ against a fresh kvhostd --backend=host:
   plugin  kvhost's entry point, pip-installed from SOURCE_DIR/python into a
           scratch directory, loaded by sglang's own plugin loader
           (sglang.srt.plugins.load_plugins, SGLANG_PLUGINS=kvhost); then
-          sglang's build_kv_host_pool builds a kvhost pool, and refuses an
-          MLA request, the mooncake storage backend and the kernel_ascend io
-          backend, and sglang's strategy
-          selection an SWA stack, at once
-          with a message naming it;
+          sglang's build_kv_host_pool builds a kvhost pool, and refuses the
+          mooncake storage backend and the kernel_ascend io backend, and
+          sglang's strategy selection a DeepSeek-V4 stack, at once with a
+          message naming it (MLA, asymmetric MHA, packed MTP drafts, SWA,
+          MiniMax sparse, Mamba, DSA: python_sglang_kinds_engine_test.py);
   drive   that pool in sglang's HostPoolGroup (device, logical_size,
           can_use_write_back_jit, alloc / free / available_size, destroy)
           and sglang's L2TransferEngine: submit_device_to_host, the device
@@ -198,12 +198,6 @@ def main():
         assert isinstance(host, HostKVCache), type(host).__mro__
         assert host.dtype == torch.bfloat16 and host.name == name, (host.dtype, host.name)
         try:
-            with asm.get_parallel().override(dcp_enabled=False):
-                asm.build_kv_host_pool(kv_pool=dev, page_size=PS, use_mla=True)
-            raise AssertionError("an MLA request was not refused")
-        except RuntimeError as e:
-            assert "MLA host pools" in str(e), e
-        try:
             sglang_plugin.check_release("0.5.22")
             raise AssertionError("sglang 0.5.22 was not refused")
         except RuntimeError as e:
@@ -224,16 +218,18 @@ def main():
         except RuntimeError as e:
             assert "--hicache-io-backend kernel_ascend" in str(e), e
         memory.hicache_io_backend = "kernel"
-        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: PLC0415
+        from sglang.srt.mem_cache.deepseek_v4_memory_pool import (  # noqa: PLC0415
+            DeepSeekV4TokenToKVPool)
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa
-        swa = object.__new__(SWAKVPool)  # a type to match on; never used
+        v4 = object.__new__(DeepSeekV4TokenToKVPool)  # a type to match on; never used
         try:
-            asm._select_strategy(swa, {ComponentType.FULL, ComponentType.SWA})
-            raise AssertionError("an SWA stack was not refused")
+            asm._select_strategy(v4, {ComponentType.FULL, ComponentType.SWA})
+            raise AssertionError("a DeepSeek-V4 stack was not refused")
         except RuntimeError as e:
-            assert "SWAKVPool" in str(e) and "kvhost plugin" in str(e), e
+            assert "DeepSeekV4TokenToKVPool" in str(e) and "V4_PAGED pools cannot follow" \
+                in str(e), e
         print("ok   plugin: sglang's loader and build_kv_host_pool build kvhost pools; "
-              "MLA, mooncake, kernel_ascend and SWA refused by name")
+              "mooncake, kernel_ascend and a DeepSeek-V4 stack refused by name")
 
         group = HostPoolGroup([PoolEntry(name=PoolName.KV, host_pool=host, device_pool=dev,
                                          layer_mapper=lambda layer: layer,
