@@ -18,7 +18,7 @@ of sglang's general-plugin group ``sglang.srt.plugins``; sglang runs
     every module, and every isinstance check on them;
   - hooks ``hybrid_pool_assembler.build_kv_host_pool``: a request kvhost
     cannot serve (page-interleaved pools, DCP, an io backend other than
-    kernel or direct, a storage backend other than file) is refused there,
+    kernel or direct, a storage backend but file or hf3fs) is refused there,
     at start-up, naming it;
   - hooks ``pool_host.dsa.DSAIndexerHostPoolBuilder.build`` (what the
     DSA strategy, and Mamba stacks over a DSA pool, build a declared DSA
