@@ -362,7 +362,7 @@ def check_sglang(c):
                 pool.load_to_device_per_layer(dev, host, dst_cpu, layer, "kernel")
                 for cname, per in tensors.layers.items():
                     seen[(cname, layer)] = per[layer].index_select(0, dst_t)  # on `side`
-        assert len(pool._kept) >= 1, "the load's ticket was waited for, not kept"
+        assert len(pool._transfers.kept) >= 1, "the load's ticket was waited for, not kept"
         side.synchronize()
         for p in range(MOVED // PS):
             assert expected_page(spec, tensors, dst[p * PS:(p + 1) * PS]) == pages[p], \

@@ -235,7 +235,7 @@ def check_transfers_not_waited_for(daemon):
         pool = NoWait("nw", client=c, layout="page_first", dtype="bfloat16", page_size=PS,
                       layer_num=LAYERS, head_num=HEADS, head_dim=DIM, host_size_tokens=SIZE,
                       tensors=False)
-        pool._fences = _NoFence()
+        pool._transfers._fences = _NoFence()
         dev = c.shm_device_pool("nw", 256)  # 8 KiB layers: whole pages
         rb = dev.component("k").row_bytes
         for ci in range(2):
@@ -245,13 +245,13 @@ def check_transfers_not_waited_for(daemon):
                     view[r * rb:(r + 1) * rb] = page_bytes(ci * 100 + layer * 10 + r, rb)
         host = pool.alloc(8)
         pool.backup_from_device_all_layer(dev, host, list(range(8)))
-        assert len(pool._kept) == 1, "the backup was waited for"
+        assert len(pool._transfers.kept) == 1, "the backup was waited for"
         for layer in range(LAYERS):
             pool.load_to_device_per_layer(dev, host, list(range(8, 16)), layer)
         # The load's layer-0 call polled the backup (done: dropped); the load
         # itself is kept, not waited for.
-        assert len(pool._kept) == 1, len(pool._kept)
-        assert pool._kept.drain() is None
+        assert len(pool._transfers.kept) == 1, len(pool._transfers.kept)
+        assert pool._transfers.kept.drain() is None
         for ci in range(2):
             for layer in range(LAYERS):
                 got = dev.layer_view(ci, layer)
@@ -264,8 +264,8 @@ def check_transfers_not_waited_for(daemon):
         size = os.path.getsize(path)
         os.truncate(path, cut)
         pool.backup_from_device_all_layer(dev, host, list(range(8)))
-        assert len(pool._kept) == 1, "the failing backup was not kept"
-        _until_failed(c, pool._kept._kept[0][1].id)
+        assert len(pool._transfers.kept) == 1, "the failing backup was not kept"
+        _until_failed(c, pool._transfers.kept._kept[0][1].id)
         os.truncate(path, size)
         e = raises(kvhost.FailedPrecondition, pool.load_to_device_per_layer, dev, host,
                    list(range(8, 16)), 0, naming="truncated")
@@ -275,11 +275,11 @@ def check_transfers_not_waited_for(daemon):
         for layer in range(LAYERS):
             pool.load_to_device_per_layer(dev, host, list(range(8, 16)), layer)
         pool.backup_from_device_all_layer(dev, host, list(range(8)))
-        assert pool._kept.drain() is None
+        assert pool._transfers.kept.drain() is None
         # close() waits for a failed backup no call saw, and raises it.
         os.truncate(path, cut)
         pool.backup_from_device_all_layer(dev, host, list(range(8)))
-        _until_failed(c, pool._kept._kept[0][1].id)
+        _until_failed(c, pool._transfers.kept._kept[0][1].id)
         raises(kvhost.FailedPrecondition, pool.close, naming="truncated")
         os.truncate(path, size)
         assert c.get_pool("nw")["attachments"] == 0, "close() stopped before detaching"

@@ -1,6 +1,15 @@
 """What kvhost.sglang's host pools keep between transfer calls so that
 sglang's scheduler thread never waits for a copy (internal).
 
+:class:`SchedulerTransfers`: backup_from_device_all_layer and
+load_to_device_per_layer of one host pool or pool group, the one
+implementation both use. On the cuda backend (a stream given) a backup
+records a ready fence on the stream, submits per layer and makes the stream
+wait for its last layer; a load's layer-0 call submits every layer and each
+layer's call makes the stream wait for its layer; neither waits on the host
+for a copy, and their tickets are kept. On the host backend (no stream)
+both wait on the host, as sglang's CPU events are always complete.
+
 :class:`KeptTickets`: the tickets of backups and loads a pool's calls
 returned without waiting for. Each later transfer call polls the oldest
 ones (stopping at the first still running, so a call costs one poll in the
@@ -23,10 +32,10 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Callable, Deque, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, TypeVar
 
 from .errors import ResourceExhausted
-from .transfer import Ticket
+from .transfer import Attachment, LoadTicket, Ticket
 
 T = TypeVar("T")
 
@@ -147,3 +156,86 @@ class ReadyFences:
             else:
                 self._events[i].record(stream)
             return self._handles[i]
+
+
+def _rows(indices: Any) -> int:
+    """How many rows an index list names, for messages."""
+    try:
+        return len(indices)
+    except TypeError:
+        return -1
+
+
+class SchedulerTransfers:
+    """One host pool's (or pool group's) transfer calls and what they keep:
+    the tickets not waited for (``kept``), the backups' ready fences, and
+    the load in progress per attachment."""
+
+    def __init__(self) -> None:
+        self.kept = KeptTickets()
+        self._lock = threading.Lock()
+        self._fences: Optional[ReadyFences] = None
+        self._loads: Dict[int, LoadTicket] = {}
+
+    def backup(self, att: Attachment, stream: Any, host: Any, device: Any, *, layers: int,
+               torch: Any = None, event: Any = None, pool_transfers: Any = None) -> None:
+        """Device rows -> host slots of every layer (module doc). `stream`:
+        torch's current stream on the cuda backend, None on the host backend;
+        `layers`: the attachment's ticket layers; `event`: the caller's own
+        ready fence (an interprocess event recorded after the rows), else
+        one of the ring's is recorded on `stream` (`torch` makes the ring)."""
+        if stream is None:
+            att.backup(host, device, wait=True, event=event, pool_transfers=pool_transfers)
+            return
+        self.kept.check()
+        if event is None:
+            with self._lock:
+                if self._fences is None:
+                    self._fences = ReadyFences(torch)
+                fences = self._fences
+            event = fences.record(stream)
+        ticket = self.kept.retrying(lambda: att.backup(host, device, event=event, per_layer=True,
+                                                       pool_transfers=pool_transfers))
+        self.kept.keep(f"backup of {_rows(device)} rows (ticket {ticket.id})", ticket)
+        ticket.wait_layer(layers - 1, stream)
+
+    def load_layer(self, att: Attachment, stream: Any, layer: int, host: Any, device: Any, *,
+                   layers: int, what: str, pool_transfers: Any = None) -> None:
+        """Layer `layer` of a load (module doc): layer 0 submits every layer,
+        each call waits for its own. RuntimeError, naming `what` ("pool
+        'x'"), for a later layer with no load of layer 0 pending."""
+        key = id(att)
+        if layer == 0:
+            if stream is not None:
+                self.kept.check()
+            ticket = self.kept.retrying(lambda: att.load(host, device, per_layer=True,
+                                                         pool_transfers=pool_transfers))
+            with self._lock:
+                self._loads[key] = ticket
+        else:
+            with self._lock:
+                pending = self._loads.get(key)
+            if pending is None:
+                raise RuntimeError(f"load_to_device_per_layer: layer {layer} of {what} without "
+                                   f"a pending load of layer 0")
+            ticket = pending
+        ticket.wait_layer(layer, stream)
+        if layer < layers - 1:
+            return
+        with self._lock:
+            if self._loads.get(key) is ticket:
+                del self._loads[key]
+        if stream is None:
+            ticket.wait()  # raises the load's error, and frees its event set
+        else:
+            self.kept.keep(f"load of {_rows(device)} rows (ticket {ticket.id})", ticket)
+
+    def drain(self) -> Optional[BaseException]:
+        """Waits for every transfer not waited for, loads whose last layer
+        was never asked for too; the first error, or None."""
+        with self._lock:
+            loads, self._loads = list(self._loads.values()), {}
+            self._fences = None  # every record is consumed once its backup is queued
+        for ticket in loads:
+            self.kept.keep(f"load (ticket {ticket.id}) left before its last layer", ticket)
+        return self.kept.drain()

@@ -38,7 +38,8 @@ tensors of the pool's dtype (sglang's); without it, numpy arrays when numpy
 is installed, else lists and bytes. ``tensors=False`` picks the latter.
 
 Thread safety: as sglang's (its allocator lock is the daemon's); the load
-tickets of per-layer loads are kept per device pool, one load at a time.
+tickets of per-layer loads are kept per device pool, one load at a time
+(kvhost/_sglang_transfers.py keeps them, and the tickets not waited for).
 """
 
 from __future__ import annotations
@@ -50,12 +51,12 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _arrays
+from ._sglang_transfers import SchedulerTransfers
 from .client import DEFAULT_ADDRESS, Client
 from .errors import AlreadyExists, ResourceExhausted
 from .pools import adopt_pool
 from .shm import ShmDevicePool
-from ._sglang_transfers import KeptTickets, ReadyFences
-from .transfer import Attachment, LoadTicket
+from .transfer import Attachment
 
 __all__ = ["AsymmetricMHATokenToKVPoolHost", "DSAIndexerPoolHost", "DSATokenToKVPoolHost",
            "DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool", "HostKVCache",
@@ -223,10 +224,8 @@ class HostKVCache(_sglang_base()):
         self._pages: set = set()
         self._lock = threading.Lock()
         self._attachments: Dict[int, Attachment] = {}
-        self._loads: Dict[int, LoadTicket] = {}
-        # Transfers not waited for (cuda backend), and the backups' ready fences.
-        self._kept = KeptTickets()
-        self._fences: Optional[ReadyFences] = None
+        # Backups and per-layer loads, and what they keep between calls.
+        self._transfers = SchedulerTransfers()
         self._maps: List[Tuple[mmap.mmap, int]] = []
         # sglang's @synchronized methods (inherited ones) take self.lock.
         self.lock = threading.RLock()
@@ -543,21 +542,9 @@ class HostKVCache(_sglang_base()):
         """
         self._check_io_backend(io_backend)
         att = self._attachment(device_pool)
-        stream = self._cuda_stream(att)
-        if stream is None:
-            att.backup(host_indices, device_indices, wait=True, event=event)
-            return
-        self._kept.check()
-        if event is None:
-            with self._lock:
-                if self._fences is None:
-                    self._fences = ReadyFences(self._torch)
-                fences = self._fences
-            event = fences.record(stream)
-        ticket = self._kept.retrying(lambda: att.backup(host_indices, device_indices,
-                                                        event=event, per_layer=True))
-        self._kept.keep(f"backup of {len(device_indices)} rows (ticket {ticket.id})", ticket)
-        ticket.wait_layer(self._transfer_layers(att) - 1, stream)
+        self._transfers.backup(att, self._cuda_stream(att), host_indices, device_indices,
+                               layers=self._transfer_layers(att), torch=self._torch,
+                               event=event)
 
     def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
                                  device_indices: Any, layer_id: int,
@@ -580,32 +567,9 @@ class HostKVCache(_sglang_base()):
         if not is_draft and not 0 <= int(layer_id) < self.target_layer_num:
             return
         att = self._attachment(device_pool)
-        key = id(att)
-        layer = int(layer_id)
-        stream = self._cuda_stream(att)
-        if layer == 0:
-            if stream is not None:
-                self._kept.check()
-            ticket = self._kept.retrying(
-                lambda: att.load(host_indices, device_indices, per_layer=True))
-            with self._lock:
-                self._loads[key] = ticket
-        else:
-            with self._lock:
-                ticket = self._loads.get(key)
-            if ticket is None:
-                raise RuntimeError(f"load_to_device_per_layer: layer {layer} of pool "
-                                   f"'{self.name}' without a pending load of layer 0")
-        ticket.wait_layer(layer, stream)
-        if layer < self._transfer_layers(att) - 1:
-            return
-        with self._lock:
-            if self._loads.get(key) is ticket:
-                del self._loads[key]
-        if stream is None:
-            ticket.wait()  # raises the load's error, and frees its event set
-        else:
-            self._kept.keep(f"load of {len(device_indices)} rows (ticket {ticket.id})", ticket)
+        self._transfers.load_layer(att, self._cuda_stream(att), int(layer_id), host_indices,
+                                   device_indices, layers=self._transfer_layers(att),
+                                   what=f"pool '{self.name}'")
 
     @property
     def kv_buffer(self) -> Any:
@@ -642,11 +606,10 @@ class HostKVCache(_sglang_base()):
         closes the client if this object made it. The pool stays. Waits
         first for the transfers no call waited for (cuda backend), and
         raises the first one's error once everything is closed."""
-        failed = self._drain_transfers()
+        failed = self._transfers.drain()
         with self._lock:
             atts, self._attachments = list(self._attachments.values()), {}
             maps, self._maps = self._maps, []
-            self._loads.clear()
             self._kv_buffer = None
         for att in atts:
             att.__exit__(None, None, None)
@@ -659,16 +622,6 @@ class HostKVCache(_sglang_base()):
             self.client.close()
         if failed is not None:
             raise failed
-
-    def _drain_transfers(self) -> Optional[BaseException]:
-        """Waits for every transfer not waited for, loads whose last layer
-        was never asked for too; the first error, or None."""
-        with self._lock:
-            loads, self._loads = list(self._loads.values()), {}
-            self._fences = None  # every record is consumed once its backup is queued
-        for ticket in loads:
-            self._kept.keep(f"load (ticket {ticket.id}) left before its last layer", ticket)
-        return self._kept.drain()
 
     def __enter__(self) -> "HostKVCache":
         return self
