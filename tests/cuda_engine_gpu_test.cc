@@ -468,8 +468,10 @@ TEST_P(CudaPathTest, ConcurrentBackupsAndLoadsOnOneAttachment) {
   }
   absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor("conc", dev);
   // With layer progress the loads go through the lane's enqueue thread
-  // while the backups are queued by the RPC threads.
+  // while the backups are queued by the RPC threads, and both take an event
+  // set: enough for every ticket of both threads in flight.
   if (request.ok()) request->set_layer_progress(GetParam().progress);
+  if (request.ok()) request->set_load_event_sets(2 * kRounds);
   ASSERT_TRUE(request.ok()) << request.status();
   absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
   ASSERT_TRUE(att.ok()) << att.status();
