@@ -19,9 +19,10 @@ as under sglang), calls made with torch's current stream set to a side
 stream, as sglang's L2TransferEngine does. The calls return once queued
 (the target is p50 <= 100 us for 4096 tokens); the transfer time is taken
 with torch.cuda.synchronize() after the backup, or after a load's last
-layer. Slot and row indices are CPU int64 tensors; --gpu-indices passes the
-device rows as a CUDA tensor instead, which costs a stream synchronisation
-in the call (kvhostd takes indices from host memory).
+layer. Slot and row indices are CPU int64 tensors (what sglang hands over
+with --hicache-io-backend direct); --gpu-indices passes both as CUDA
+tensors instead (io_backend kernel), which costs a synchronisation of the
+calling stream in the call: kvhostd takes indices from host memory.
 
   usage: sglang_sched_bench.py --kvhostd PATH [--lib PATH] [--tokens N]
          [--layers L] [--heads H] [--head-dim D] [--page-size P] [--iters N]
@@ -142,7 +143,7 @@ def _run_cuda(args: argparse.Namespace, kvhost: Any, kvs: Any) -> None:
             slots = pool.alloc(args.tokens)
             rows = torch.arange(args.tokens, dtype=torch.int64)
             if args.gpu_indices:
-                rows = rows.cuda()
+                slots, rows = slots.cuda(), rows.cuda()
             streams = {"d2h": torch.cuda.Stream(), "h2d": torch.cuda.Stream()}
             # Warm-up: the attachment, the ready-fence ring, the daemon's lanes.
             _measure(argparse.Namespace(**{**vars(args), "iters": 2}), pool, dev, slots, rows,
@@ -151,7 +152,7 @@ def _run_cuda(args: argparse.Namespace, kvhost: Any, kvs: Any) -> None:
                              lambda d: torch.cuda.stream(streams[d]), torch.cuda.synchronize)
             where = "CUDA" if args.gpu_indices else "CPU"
             _report(args, pool, times, f"cuda backend, {torch.cuda.get_device_name()}, "
-                                       f"device rows as a {where} tensor")
+                                       f"indices as {where} tensors")
             pool.close()
     finally:
         daemon.stop()
@@ -170,7 +171,7 @@ def main() -> int:
     ap.add_argument("--cuda", action="store_true",
                     help="kvhostd --backend=cuda and torch CUDA tensors (needs a GPU)")
     ap.add_argument("--gpu-indices", action="store_true",
-                    help="--cuda: pass the device rows as a CUDA tensor")
+                    help="--cuda: pass slots and rows as CUDA tensors (io_backend kernel)")
     args = ap.parse_args()
     if args.gpu_indices and not args.cuda:
         ap.error("--gpu-indices needs --cuda")
