@@ -655,7 +655,8 @@ class HostPoolGroup:
                                 e.host_pool._device_components(e.device_pool))
                        for e in self.entries}
             self._attachment = self.client.attach_group_tensors(
-                self.name, tensors, device_size_tokens=logical, layer_progress=True)
+                self.name, tensors, device_size_tokens=logical, layer_progress=True,
+                load_event_sets=HostKVCache._LOAD_EVENT_SETS)
         return self._attachment
 
     def _pool_transfers(self, pool_transfers: Any) -> Dict[str, Tuple[Any, Any]]:
