@@ -330,8 +330,10 @@ def check_sglang(c):
         for n in range(6):  # past READY_FENCES: every fence is re-armed
             src = random_rows(MOVED, 11 + n)
             src_cpu = torch.tensor(src, dtype=torch.int64)
-            src_t = src_cpu.cuda()
             with torch.cuda.stream(side):
+                # Copied before the sleep: a copy from pageable memory waits
+                # for the stream on the host.
+                src_t = src_cpu.cuda()
                 torch.cuda._sleep(SLEEP_CYCLES)
                 for per in tensors.layers.values():
                     for t in per:
@@ -355,9 +357,9 @@ def check_sglang(c):
             c.set_from_flat_data_page("sgl-cuda", host_list[p * PS], pages[p])
         dst = random_rows(MOVED, 5)
         dst_cpu = torch.tensor(dst, dtype=torch.int64)
-        dst_t = dst_cpu.cuda()
         seen = {}
         with torch.cuda.stream(side):
+            dst_t = dst_cpu.cuda()
             for layer in range(LAYERS):
                 pool.load_to_device_per_layer(dev, host, dst_cpu, layer, "kernel")
                 for cname, per in tensors.layers.items():
