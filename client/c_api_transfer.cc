@@ -150,6 +150,35 @@ absl::StatusOr<std::vector<v1::PoolTransfer>> PoolTransfers(const kvhost_pool_tr
   return out;
 }
 
+// A backup or load that names its event set (kvhost_*_with_events): the
+// arguments checked as Transfer checks them, then `submit(client,
+// attachment id, host, device, pool transfers)`'s LoadTicket into *ticket.
+template <typename Submit>
+absl::Status TransferWithEvents(kvhost_client* client, const kvhost_attachment* attachment,
+                                const int64_t* host_indices, size_t num_host,
+                                const int64_t* device_indices, size_t num_device,
+                                const kvhost_pool_transfer* pool_transfers,
+                                size_t num_pool_transfers, kvhost_load_ticket* ticket,
+                                Submit&& submit) {
+  if (absl::Status s = NotNull(ticket, "ticket"); !s.ok()) return s;
+  absl::StatusOr<std::vector<v1::PoolTransfer>> transfers =
+      PoolTransfers(pool_transfers, num_pool_transfers);
+  if (!transfers.ok()) return transfers.status();
+  absl::StatusOr<Client*> c = ClientOf(client);
+  if (!c.ok()) return c.status();
+  absl::StatusOr<const v1::Attachment*> a = AttachmentOf(attachment);
+  if (!a.ok()) return a.status();
+  absl::StatusOr<absl::Span<const int64_t>> host = Indices(host_indices, num_host, "host_indices");
+  if (!host.ok()) return host.status();
+  absl::StatusOr<absl::Span<const int64_t>> dev =
+      Indices(device_indices, num_device, "device_indices");
+  if (!dev.ok()) return dev.status();
+  absl::StatusOr<LoadTicket> done = submit(**c, (*a)->id(), *host, *dev, *transfers);
+  if (!done.ok()) return done.status();
+  *ticket = kvhost_load_ticket{done->ticket_id, done->event_set, 0, done->layer_base};
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace kvhost::c_api
 
@@ -450,27 +479,46 @@ int kvhost_load_group_with_events(kvhost_client* client, const kvhost_attachment
                                   size_t num_pool_transfers, kvhost_load_ticket* ticket, char* err,
                                   size_t err_len) {
   return Run(err, err_len, [&]() -> absl::Status {
-    if (absl::Status s = NotNull(ticket, "ticket"); !s.ok()) return s;
-    absl::StatusOr<std::vector<kvhost::v1::PoolTransfer>> transfers =
-        kvhost::c_api::PoolTransfers(pool_transfers, num_pool_transfers);
-    if (!transfers.ok()) return transfers.status();
-    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
-    if (!c.ok()) return c.status();
-    absl::StatusOr<const kvhost::v1::Attachment*> a = kvhost::c_api::AttachmentOf(attachment);
-    if (!a.ok()) return a.status();
-    absl::StatusOr<absl::Span<const int64_t>> host =
-        kvhost::c_api::Indices(host_indices, num_host, "host_indices");
-    if (!host.ok()) return host.status();
-    absl::StatusOr<absl::Span<const int64_t>> dev =
-        kvhost::c_api::Indices(device_indices, num_device, "device_indices");
-    if (!dev.ok()) return dev.status();
-    // No pool_transfers is the plain pool's call, whose behaviour stays its own.
-    absl::StatusOr<kvhost::LoadTicket> load =
-        transfers->empty() ? (*c)->LoadWithEvents((*a)->id(), *host, *dev)
-                           : (*c)->LoadWithEvents((*a)->id(), *host, *dev, *transfers);
-    if (!load.ok()) return load.status();
-    *ticket = kvhost_load_ticket{load->ticket_id, load->event_set, 0, load->layer_base};
-    return absl::OkStatus();
+    return kvhost::c_api::TransferWithEvents(
+        client, attachment, host_indices, num_host, device_indices, num_device, pool_transfers,
+        num_pool_transfers, ticket,
+        [](kvhost::Client& c, const std::string& id, absl::Span<const int64_t> host,
+           absl::Span<const int64_t> dev, const std::vector<kvhost::v1::PoolTransfer>& transfers) {
+          // No pool_transfers is the plain pool's call, whose behaviour stays its own.
+          return transfers.empty() ? c.LoadWithEvents(id, host, dev)
+                                   : c.LoadWithEvents(id, host, dev, transfers);
+        });
+  });
+}
+
+int kvhost_backup_with_events(kvhost_client* client, const kvhost_attachment* attachment,
+                              const int64_t* host_indices, size_t num_host,
+                              const int64_t* device_indices, size_t num_device,
+                              const void* wait_event_handle, size_t wait_event_handle_len,
+                              kvhost_load_ticket* ticket, char* err, size_t err_len) {
+  return kvhost_backup_group_with_events(client, attachment, host_indices, num_host, device_indices,
+                                         num_device, nullptr, 0, wait_event_handle,
+                                         wait_event_handle_len, ticket, err, err_len);
+}
+
+int kvhost_backup_group_with_events(kvhost_client* client, const kvhost_attachment* attachment,
+                                    const int64_t* host_indices, size_t num_host,
+                                    const int64_t* device_indices, size_t num_device,
+                                    const kvhost_pool_transfer* pool_transfers,
+                                    size_t num_pool_transfers, const void* wait_event_handle,
+                                    size_t wait_event_handle_len, kvhost_load_ticket* ticket,
+                                    char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<std::string> handle =
+        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len);
+    if (!handle.ok()) return handle.status();
+    return kvhost::c_api::TransferWithEvents(
+        client, attachment, host_indices, num_host, device_indices, num_device, pool_transfers,
+        num_pool_transfers, ticket,
+        [&](kvhost::Client& c, const std::string& id, absl::Span<const int64_t> host,
+            absl::Span<const int64_t> dev, const std::vector<kvhost::v1::PoolTransfer>& transfers) {
+          return c.BackupWithEvents(id, host, dev, transfers, *handle);
+        });
   });
 }
 

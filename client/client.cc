@@ -606,6 +606,16 @@ absl::StatusOr<uint64_t> Client::Backup(const std::string& attachment_id,
                                         absl::Span<const int64_t> device_indices,
                                         absl::Span<const v1::PoolTransfer> pool_transfers,
                                         const std::string& wait_event_handle) {
+  absl::StatusOr<LoadTicket> ticket = BackupWithEvents(attachment_id, host_indices, device_indices,
+                                                       pool_transfers, wait_event_handle);
+  if (!ticket.ok()) return ticket.status();
+  return ticket->ticket_id;
+}
+
+absl::StatusOr<LoadTicket> Client::BackupWithEvents(
+    const std::string& attachment_id, absl::Span<const int64_t> host_indices,
+    absl::Span<const int64_t> device_indices, absl::Span<const v1::PoolTransfer> pool_transfers,
+    const std::string& wait_event_handle) {
   v1::BackupRequest request;
   request.set_attachment_id(attachment_id);
   request.set_wait_event_handle(wait_event_handle);
@@ -616,7 +626,7 @@ absl::StatusOr<uint64_t> Client::Backup(const std::string& attachment_id,
   absl::Status s = KVHOST_FAST_TRANSFER_CALL(FAST_PATH_METHOD_BACKUP, Backup, request, &response,
                                              options_.timeout, absl::ZeroDuration());
   if (!s.ok()) return s;
-  return response.id();
+  return LoadTicket{response.id(), response.event_set(), response.layer_base()};
 }
 
 absl::StatusOr<uint64_t> Client::Load(const std::string& attachment_id,

@@ -492,6 +492,8 @@ int c_api_test_layer_waits(const c_api_test_env* env, char* why, size_t why_len)
   uint32_t l;
   int i;
   kvhost_load_ticket ticket;
+  kvhost_load_ticket backup;
+  int32_t loaded_set = -1;
   kvhost_client* cl = NULL;
   kvhost_shm_device_pool* dev = NULL;
   kvhost_attachment* plain = NULL;
@@ -518,6 +520,7 @@ int c_api_test_layer_waits(const c_api_test_env* env, char* why, size_t why_len)
   OK(kvhost_load_with_events(cl, att, host, 8, rows, 8, &ticket, E));
   CHECK(ticket.ticket_id != 0 && ticket.event_set >= 0 && ticket.reserved == 0,
         "ticket %llu set %d", (unsigned long long)ticket.ticket_id, ticket.event_set);
+  loaded_set = ticket.event_set;
   for (l = 0; l < 3; ++l) OK(kvhost_wait_layer(events, &ticket, l, NULL, 10000, E));
   OK(kvhost_transfer_wait(cl, ticket.ticket_id, 30000, NULL, 0, NULL, E));
   /* A layer no load records: DEADLINE_EXCEEDED after the timeout. */
@@ -528,6 +531,20 @@ int c_api_test_layer_waits(const c_api_test_env* env, char* why, size_t why_len)
   ticket.event_set = -1;
   OK(kvhost_wait_layer(events, &ticket, 0, NULL, 50, E));
   EXPECT_CODE(KVHOST_INVALID_ARGUMENT, kvhost_load_with_events(cl, att, host, 8, rows, 8, NULL, E));
+  /* A backup names its set as a load does (the next set of the ring, after
+   * the load's count on it); its last layer recorded is the whole backup. */
+  memset(&backup, 0xFF, sizeof(backup));
+  OK(kvhost_backup_with_events(cl, att, host, 8, rows, 8, NULL, 0, &backup, E));
+  CHECK(backup.ticket_id != 0 && backup.event_set >= 0 && backup.reserved == 0 &&
+            backup.event_set != loaded_set,
+        "backup ticket %llu set %d", (unsigned long long)backup.ticket_id, backup.event_set);
+  OK(kvhost_wait_layer(events, &backup, 2, NULL, 10000, E));
+  OK(kvhost_transfer_wait(cl, backup.ticket_id, 30000, NULL, 0, NULL, E));
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_backup_with_events(cl, att, host, 8, rows, 8, NULL, 0, NULL, E));
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_backup_with_events(cl, att, host, 8, rows, 8, NULL, 64, &backup, E));
+  CONTAINS(err, "wait_event_handle is NULL");
   result = 0;
 done:
   kvhost_load_events_destroy(events);

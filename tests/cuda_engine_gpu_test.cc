@@ -468,8 +468,10 @@ TEST_P(CudaPathTest, ConcurrentBackupsAndLoadsOnOneAttachment) {
   }
   absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor("conc", dev);
   // With layer progress the loads go through the lane's enqueue thread
-  // while the backups are queued by the RPC threads.
+  // while the backups are queued by the RPC threads, and both take an event
+  // set: enough for every ticket of both threads in flight.
   if (request.ok()) request->set_layer_progress(GetParam().progress);
+  if (request.ok()) request->set_load_event_sets(2 * kRounds);
   ASSERT_TRUE(request.ok()) << request.status();
   absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
   ASSERT_TRUE(att.ok()) << att.status();
@@ -1046,7 +1048,8 @@ TEST_P(CudaPathTest, LoadEventsOrderTheWorkersReadsPerLayer) {
 // can guarantee.
 TEST_P(CudaPathTest, BackupWaitsForTheWorkersEvent) {
   if (GetParam().progress) {
-    GTEST_SKIP() << "layer progress changes loads only; the same path without it runs this";
+    GTEST_SKIP() << "with layer progress a backup takes an event set: "
+                    "ABackupWithLayerProgressEndsOnTheWorkersStream runs this path";
   }
   const uint64_t tokens = 256;
   absl::StatusOr<v1::Pool> pool = client().CreatePool(
@@ -1110,6 +1113,83 @@ TEST_P(CudaPathTest, BackupWaitsForTheWorkersEvent) {
   ExpectHostHolds(*pool, dev, *slots, rows, /*exclusive=*/true);
   ASSERT_TRUE(client().DetachDevice(att->id()).ok());
   ASSERT_TRUE(client().DeletePool("bw").ok());
+}
+
+// With layer progress a backup takes an event set as a load does, and its
+// last layer's event tells the worker's stream that it finished: the worker
+// writes the rows behind a spin, records its ready fence, backs up, makes
+// its stream wait on the backup's last layer and records an ack there, with
+// no host wait for the copy (the stream still spins when all that returned);
+// once the ack completed, before any wait for the ticket, the host pool
+// holds the rows.
+TEST_P(CudaPathTest, ABackupWithLayerProgressEndsOnTheWorkersStream) {
+  if (!GetParam().progress) GTEST_SKIP() << "backups take event sets only with layer progress";
+  const uint64_t tokens = 256;
+  absl::StatusOr<v1::Pool> pool = client().CreatePool(
+      "bp", MakeSpec(v1::MLA, v1::LAYER_FIRST, 16, tokens, v1::BF16, GpuDims()));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const Geo g = GeoOf(*pool);
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("bp", tokens);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  std::vector<int64_t> rows(tokens);
+  for (uint64_t i = 0; i < tokens; ++i) rows[i] = static_cast<int64_t>(tokens - 1 - i);
+  std::mt19937 rng(23);
+  GpuKvPool dev(1, static_cast<uint32_t>(g.L), tokens, g.row_bytes());
+  dev.Init(rng);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor("bp", dev);
+  ASSERT_TRUE(request.ok()) << request.status();
+  request->set_layer_progress(true);
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  absl::StatusOr<std::unique_ptr<LoadEvents>> events = LoadEvents::Open(client(), *att);
+  ASSERT_TRUE(events.ok()) << events.status();
+
+  CudaCleanup cleanup;
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cleanup.streams.push_back(stream);
+  cudaEvent_t written = nullptr;
+  ASSERT_CUDA(cudaEventCreateWithFlags(&written, cudaEventDisableTiming | cudaEventInterprocess));
+  cleanup.events.push_back(written);
+  cudaEvent_t acked = nullptr;
+  ASSERT_CUDA(cudaEventCreateWithFlags(&acked, cudaEventDisableTiming));
+  cleanup.events.push_back(acked);
+  absl::StatusOr<std::string> handle = ExportEvent(written);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+
+  int khz = 0;
+  ASSERT_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  const long long spin_cycles = static_cast<long long>(khz) * 50;  // ~50 ms
+  const uint64_t layer_bytes = tokens * g.row_bytes();
+  ASSERT_CUDA(testing::LaunchSpin(spin_cycles, stream));
+  for (uint32_t l = 0; l < g.L; ++l) {
+    ASSERT_CUDA(testing::LaunchFillPattern(dev.layer(0, l), layer_bytes, 140 + l, stream));
+  }
+  ASSERT_CUDA(cudaEventRecord(written, stream));
+  absl::StatusOr<LoadTicket> backup =
+      client().BackupWithEvents(att->id(), *slots, rows, {}, *handle);
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  ASSERT_GE(backup->event_set, 0);
+  ASSERT_LT(backup->event_set, static_cast<int32_t>(att->load_event_sets()));
+  absl::Status waited = (*events)->WaitLayer(*backup, static_cast<uint32_t>(g.L - 1), stream);
+  ASSERT_TRUE(waited.ok()) << waited;
+  ASSERT_CUDA(cudaEventRecord(acked, stream));
+  const bool worker_busy = cudaStreamQuery(stream) == cudaErrorNotReady;
+  ASSERT_CUDA(cudaEventSynchronize(acked));
+  for (uint32_t l = 0; l < g.L; ++l) {
+    uint8_t* row0 = dev.image_row(0, l, 0);
+    for (uint64_t i = 0; i < layer_bytes; ++i) row0[i] = testing::PatternByte(140 + l, i);
+  }
+  ExpectHostHolds(*pool, dev, *slots, rows, /*exclusive=*/true);
+  absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(backup->ticket_id, kWait);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->event_set(), backup->event_set);
+  EXPECT_EQ(st->layers_done(), g.L);
+  EXPECT_TRUE(worker_busy) << "the worker's spin ended before the backup and the stream's wait "
+                              "were queued; the test proves nothing (a slow machine?)";
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client().DeletePool("bp").ok());
 }
 
 // Loads take the sets in round-robin order and give them back when their

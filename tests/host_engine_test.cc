@@ -5,6 +5,7 @@
 // emulated device pools live in a private directory under /dev/shm.
 #include "server/transfer/host_engine.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include "domain_test_util.h"
 #include "kvhost/layout.h"
 #include "server/pool/pool.h"
+#include "server/transfer/layer_counters.h"
 #include "server/transfer/runs.h"
 #include "server/transfer/ticket.h"
 #include "server/transfer/transfer_manager.h"
@@ -257,6 +259,99 @@ TEST_F(EngineFixture, JobsOfOneDirectionRunInOrderAndDrainWaits) {
   }
   // Drain with nothing queued returns at once.
   engine.Drain();
+}
+
+// Layer progress (TransferJob::layer_counters): a backup takes an event set
+// in Prepare as a load does (RESOURCE_EXHAUSTED while the ring's one set is
+// held), publishes each layer before its ticket counts it, and gives the set
+// back with its counter at base + layers when it ends; so does a backup that
+// fails midway, whose waiters are released too.
+TEST_F(EngineFixture, ABackupWithLayerCountersTakesASetAndPublishesEveryLayer) {
+  HostEngine engine(Options());
+  AttachRequest request = dev_.Request(pool_->layout().planes);
+  request.load_event_sets = 1;
+  absl::StatusOr<std::unique_ptr<DeviceMapping>> opened =
+      engine.Open(*pool_, Resolved(*pool_, request));
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::shared_ptr<const DeviceMapping> mapping = *std::move(opened);
+  absl::StatusOr<std::shared_ptr<LayerCounters>> made = LayerCounters::Create(1);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const std::shared_ptr<LayerCounters> counters = *made;
+  const uint32_t layers = static_cast<uint32_t>(pool_->layout().layers);
+  std::vector<int64_t> host, device;
+  for (int64_t k = 0; k < 16; ++k) host.push_back(k), device.push_back(k);
+  // A job as TransferManager::Submit makes it: Prepare, then the base.
+  auto prepare = [&](Direction direction, uint64_t id) -> absl::StatusOr<TransferJob> {
+    TransferJob job;
+    job.direction = direction;
+    job.mapping = mapping;
+    job.parts.resize(1);
+    job.parts[0].pool = pool_;
+    job.parts[0].mapping = mapping;
+    job.parts[0].runs = CoalesceRuns(host, device);
+    job.parts[0].tokens = 16;
+    job.parts[0].layers = AllLayers(*pool_);
+    job.layer_counters = counters;
+    if (absl::Status s = engine.Prepare(&job); !s.ok()) return s;
+    if (job.event_set >= 0) job.layer_base = counters->Reserve(0, layers);
+    job.ticket =
+        std::make_shared<Ticket>(id, direction, layers, "x", job.event_set, job.layer_base);
+    return job;
+  };
+  uint64_t base = 0;
+  for (uint64_t n = 1; n <= 3; ++n) {
+    SCOPED_TRACE(absl::StrCat("backup ", n));
+    absl::StatusOr<TransferJob> job = prepare(Direction::kBackup, n);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_EQ(job->event_set, 0);
+    EXPECT_EQ(job->layer_base, base);
+    // The one set is this backup's until it ends: neither a backup nor a
+    // load may take it.
+    for (Direction other : {Direction::kBackup, Direction::kLoad}) {
+      absl::StatusOr<TransferJob> refused = prepare(other, 100 + n);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_THAT(std::string(refused.status().message()), HasSubstr("all 1 load event sets"));
+    }
+    const std::shared_ptr<Ticket> ticket = job->ticket;
+    engine.Submit(*std::move(job));
+    // The ticket never counts a layer the counter has not: Publish comes first.
+    while (!ticket->Snapshot().done) {
+      EXPECT_GE(counters->Recorded(0), base + ticket->Snapshot().layers_done);
+    }
+    ASSERT_TRUE(ticket->Snapshot().status.ok()) << ticket->Snapshot().status;
+    EXPECT_EQ(ticket->Snapshot().layers_done, layers);
+    EXPECT_EQ(counters->Recorded(0), base + layers);
+    base += layers;
+  }
+  // A backup that fails in layer 1 (V of layer 0 copied, the file cut
+  // there) ends its counter at base + layers and frees its set.
+  const int fd = ::open(dev_.region->path().c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(dev_.LayerOffset(1, 1))), 0);
+  absl::StatusOr<TransferJob> failing = prepare(Direction::kBackup, 10);
+  ASSERT_TRUE(failing.ok()) << failing.status();
+  const std::shared_ptr<Ticket> failed = failing->ticket;
+  engine.Submit(*std::move(failing));
+  engine.Drain();
+  EXPECT_EQ(failed->Snapshot().status.code(), absl::StatusCode::kFailedPrecondition)
+      << failed->Snapshot().status;
+  EXPECT_EQ(counters->Recorded(0), base + layers);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(dev_.region->size())), 0);
+  ::close(fd);
+  absl::StatusOr<TransferJob> after = prepare(Direction::kLoad, 11);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->layer_base, base + layers);
+  engine.Submit(*std::move(after));
+  engine.Drain();
+  // Without counters a backup takes no set, as before.
+  TransferJob plain;
+  plain.direction = Direction::kBackup;
+  plain.mapping = mapping;
+  plain.parts.resize(1);
+  plain.parts[0].pool = pool_;
+  plain.parts[0].tokens = 16;
+  ASSERT_TRUE(engine.Prepare(&plain).ok());
+  EXPECT_EQ(plain.event_set, -1);
 }
 
 TEST_F(EngineFixture, OpenRefusesBadBuffers) {

@@ -265,6 +265,47 @@ TEST_F(LayerProgressTest, ALoadThatFailsMidwayStillReleasesItsWaiters) {
   EXPECT_EQ((*progress)->Recorded(0), 2 * kLayers);
 }
 
+// A backup of such an attachment takes a set as a load does and counts in
+// the same sequence, so a worker can wait on its last layer; one that fails
+// midway still ends its counter, and frees its set for the next transfer.
+TEST_F(LayerProgressTest, ABackupCountsAsALoadDoesAndAFailedOneStillEnds) {
+  const v1::Attachment att = AttachWithProgress(1);
+  absl::StatusOr<std::unique_ptr<LayerProgress>> progress = LayerProgress::Open(client(), att);
+  ASSERT_TRUE(progress.ok()) << progress.status();
+  v1::BackupRequest request;
+  request.set_attachment_id(att.id());
+  for (int64_t i : Range(0, 16)) request.add_host_indices(i), request.add_device_indices(i);
+  absl::StatusOr<v1::TransferTicket> backup = client().SubmitBackup(request);
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  ASSERT_EQ(backup->event_set(), 0);
+  EXPECT_EQ(backup->layer_base(), 0u);
+  const LoadTicket waited{backup->id(), backup->event_set(), backup->layer_base()};
+  EXPECT_TRUE((*progress)->WaitRecorded(waited, kLayers - 1, kWait).ok());
+  ASSERT_TRUE(client().WaitTransfer(backup->id(), kWait).ok());
+  EXPECT_EQ((*progress)->Recorded(0), kLayers);
+  // Cut the file where V of layer 1 starts: the next backup fails there.
+  const uint64_t cut = static_cast<uint64_t>(dev_->layer(1, 1) - dev_->layer(0, 0));
+  const int fd = ::open(dev_->path().c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(cut)), 0);
+  absl::StatusOr<v1::TransferTicket> failing = client().SubmitBackup(request);
+  ASSERT_TRUE(failing.ok()) << failing.status();
+  ASSERT_EQ(failing->event_set(), 0);
+  EXPECT_EQ(failing->layer_base(), kLayers);
+  const LoadTicket failed{failing->id(), failing->event_set(), failing->layer_base()};
+  EXPECT_TRUE((*progress)->WaitRecorded(failed, kLayers - 1, kWait).ok());
+  EXPECT_TRUE(IsError(StatusOf(client().WaitTransfer(failing->id(), kWait)),
+                      absl::StatusCode::kFailedPrecondition, {"layer 1", "truncated"}));
+  EXPECT_EQ((*progress)->Recorded(0), 2 * kLayers);
+  ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(dev_->bytes())), 0);
+  ::close(fd);
+  // The set is free: a load takes it next, after the backups' count.
+  absl::StatusOr<LoadTicket> load = client().LoadWithEvents(att.id(), Range(0, 16), Range(0, 16));
+  ASSERT_TRUE(load.ok()) << load.status();
+  EXPECT_EQ(load->layer_base, 2 * kLayers);
+  ASSERT_TRUE(client().WaitTransfer(load->ticket_id, kWait).ok());
+}
+
 TEST_F(LayerProgressTest, TheHandoffRefusesStrangersAsUnknownIds) {
   const v1::Attachment att = AttachWithProgress(2);
   const std::vector<std::string> mine = client().session_ids();

@@ -14,6 +14,11 @@ allocator, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and tensors
 over a raw cuMemCreate allocation. MHA and MLA per-layer tensors, byte-exact
 backups (ordered by the worker's event) and loads (per-layer waits on
 torch.cuda.current_stream() ordering a kernel that reads the layer).
+The default kind's worker also drives kvhost.sglang's MHA pool on CUDA
+from a side stream, as sglang's L2TransferEngine does: backups and
+per-layer loads return with no host wait for the copy, and the stream's own
+order (ready fence, the wait for the transfer's last layer) makes the bytes
+right after stream.synchronize() alone.
 A daemon that cannot import cuMem memory fails the last two kinds with
 FAILED_PRECONDITION: they are never skipped.
 Skips (exit 77) without a usable GPU, and after the ctypes checks passed

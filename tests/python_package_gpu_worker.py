@@ -24,6 +24,16 @@ The body, per pool (MHA LAYER_FIRST and MLA PAGE_FIRST, per-layer tensors):
      be the loaded bytes;
   3. the round trip: the load's rows backed up again and loaded into a third
      set of rows, equal to the first.
+Then (default memory only) kvhost.sglang's MHA pool on CUDA, as sglang's
+L2TransferEngine drives it from a side stream (check_sglang): each
+backup_from_device_all_layer returns while the rows are still being
+written behind a sleep on that stream (no host wait), and after only
+stream.synchronize() the host pages equal the rows the kernel wrote (the
+pool's ready fence on the stream, and the stream's wait for the backup's
+end); six backups in a row, past the fence ring's size. Per-layer loads
+return without a host wait for the copy (the load's ticket is kept, not
+waited for), and after stream.synchronize() a kernel queued after each
+layer's call saw that layer's loaded bytes.
   usage: python_package_gpu_worker.py VARIANT ADDRESS SOURCE_DIR
   (KVHOST_LIBRARY names libkvhost_c). Exit 0 passed, 1 failed.
 """
@@ -291,6 +301,84 @@ def check_pool(c, variant, kind, cu):
         tensors.close()
 
 
+class _SglangDevicePool:
+    """What kvhost.sglang reads of sglang's MHA device pool."""
+
+    def __init__(self, tensors):
+        bf = tensors.bf16()
+        self.k_buffer, self.v_buffer = bf["k"], bf["v"]
+
+
+def check_sglang(c):
+    """kvhost.sglang's MHA pool on CUDA with no host waits (module doc)."""
+    from kvhost import sglang as kvs
+    spec, comps = SHAPES["mha"]
+    tensors = Tensors("default", comps, None)
+    pool = kvs.MHATokenToKVPoolHost(
+        "sgl-cuda", client=c, layout="layer_first", dtype="bfloat16", page_size=PS,
+        layer_num=LAYERS, head_num=2, head_dim=128, host_size_tokens=4 * MOVED, tensors=True)
+    dev = _SglangDevicePool(tensors)
+    side = torch.cuda.Stream()
+    try:
+        host = pool.alloc(MOVED)
+        assert host is not None
+        host_list = [int(x) for x in host.tolist()]
+        # Attached before the timed calls: opening the buffers and pinning
+        # the pool may take longer than the sleep.
+        att = pool._attachment(dev)
+        assert att.info["backend"] == "cuda" and att.info["load_event_sets"] == 16, att.info
+        for n in range(6):  # past READY_FENCES: every fence is re-armed
+            src = random_rows(MOVED, 11 + n)
+            src_cpu = torch.tensor(src, dtype=torch.int64)
+            with torch.cuda.stream(side):
+                # Copied before the sleep: a copy from pageable memory waits
+                # for the stream on the host.
+                src_t = src_cpu.cuda()
+                torch.cuda._sleep(SLEEP_CYCLES)
+                for per in tensors.layers.values():
+                    for t in per:
+                        fill = torch.randint(-32768, 32767, (MOVED,) + t.shape[1:],
+                                             dtype=torch.int16, device="cuda")
+                        t.index_copy_(0, src_t, fill)
+                pool.backup_from_device_all_layer(dev, host, src_cpu, "kernel")
+                ack = torch.cuda.Event()
+                ack.record(side)
+            assert not ack.query(), \
+                f"backup {n}: the call waited on the host (the sleep before the rows was over)"
+            side.synchronize()  # no ticket wait: only the stream's own order
+            for p in range(MOVED // PS):
+                want = expected_page(spec, tensors, src[p * PS:(p + 1) * PS])
+                got = c.get_data_page("sgl-cuda", host_list[p * PS])
+                assert got == want, f"sglang backup {n}: page {p} differs from the rows " \
+                                    f"the kernel wrote before the call"
+        pages = {}
+        for p in range(MOVED // PS):
+            pages[p] = os.urandom(len(want))
+            c.set_from_flat_data_page("sgl-cuda", host_list[p * PS], pages[p])
+        dst = random_rows(MOVED, 5)
+        dst_cpu = torch.tensor(dst, dtype=torch.int64)
+        seen = {}
+        with torch.cuda.stream(side):
+            dst_t = dst_cpu.cuda()
+            for layer in range(LAYERS):
+                pool.load_to_device_per_layer(dev, host, dst_cpu, layer, "kernel")
+                for cname, per in tensors.layers.items():
+                    seen[(cname, layer)] = per[layer].index_select(0, dst_t)  # on `side`
+        assert len(pool._transfers.kept) >= 1, "the load's ticket was waited for, not kept"
+        side.synchronize()
+        for p in range(MOVED // PS):
+            assert expected_page(spec, tensors, dst[p * PS:(p + 1) * PS]) == pages[p], \
+                f"sglang load: page {p} differs from the host page"
+        for (cname, layer), got in seen.items():
+            now = tensors.layers[cname][layer].index_select(0, dst_t)
+            assert torch.equal(got, now), f"sglang load: the kernel after layer {layer}'s " \
+                                          f"call saw other bytes of '{cname}'"
+        pool.close()  # waits for the kept tickets, raising a failed one
+        c.delete_pool("sgl-cuda")
+    finally:
+        tensors.close()
+
+
 def main():
     global kvhost, torch
     variant, address, src = sys.argv[1:4]
@@ -316,6 +404,15 @@ def main():
                 if isinstance(e, kvhost.FailedPrecondition) and variant != "default":
                     hint = " (a daemon without cuMem import refuses such memory so)"
                 print(f"FAIL {variant} {kind}: {type(e).__name__}: {e}{hint}")
+                traceback.print_exc()
+    if variant == "default":
+        with kvhost.Client(address, timeout=60, wait_ready=20) as c:
+            try:
+                check_sglang(c)
+                print("ok   default kvhost.sglang on CUDA, no host waits")
+            except Exception as e:
+                failed += 1
+                print(f"FAIL default kvhost.sglang: {type(e).__name__}: {e}")
                 traceback.print_exc()
     return 1 if failed else 0
 

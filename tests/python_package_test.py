@@ -408,6 +408,14 @@ def round_trip(c, daemon, views_numpy):
             lt.wait(30)
             raises(kvhost.DeadlineExceeded, lt.wait_layer, 3, timeout=0.05)
             raises(ValueError, att.load, host, range(8), per_layer=True, wait=True)
+            # A backup per layer takes a set as a load does; its last layer
+            # recorded is the whole backup (the ticket says done after).
+            bt = att.backup(host, list(range(8)), per_layer=True)
+            assert isinstance(bt, kvhost.LoadTicket) and bt.event_set >= 0, bt
+            assert bt.event_set != lt.event_set or bt.layer_base >= lt.layer_base + 3, (bt, lt)
+            bt.wait_layer(2, stream, timeout=10)
+            assert bt.wait(30)["done"] is True
+            raises(ValueError, att.backup, host, range(8), per_layer=True, wait=True)
             # Refusals, with the daemon's codes.
             raises(kvhost.FailedPrecondition, att.backup, host, range(8), event=bytes(64))
             # A torch.cuda.Event stands in: its ipc_handle() bytes are sent.
@@ -531,6 +539,15 @@ def check_group_attach_and_pool_transfers(daemon, _lib_path, _src):
                 assert isinstance(lt, kvhost.LoadTicket), lt
                 lt.wait(30)
                 rows_match(ssm2, ssm, ssm_rows2, ssm_rows)
+                # A group backup per layer: a set, and its last model layer
+                # recorded once every entry's rows are copied.
+                bt = att2.backup(kv_host, kv_rows2, per_layer=True,
+                                 pool_transfers={"ssm": (ssm_host, ssm_rows2)})
+                assert isinstance(bt, kvhost.LoadTicket) and bt.event_set >= 0, bt
+                bt.wait_layer(3, timeout=10)  # the group has 4 model layers
+                assert bt.wait(30)["done"] is True
+                raises(kvhost.InvalidArgument, att2.backup, kv_host, kv_rows2, per_layer=True,
+                       pool_transfers={"nope": (ssm_host, ssm_rows2)}, naming="nope")
 
 
 def check_page_streams(daemon, _lib_path, _src):

@@ -379,6 +379,21 @@ def check_groups(daemon):
                                            "kernel", back)
         moved_back(kv_dev, "group kv")
         moved_back(ssm_dev, "group ssm")
+        # The cuda backend's path, its stream stood in for (the host backend
+        # ignores it; a fence ring recording no event): the backup and the
+        # load's last layer return with their tickets kept, not waited for.
+        attn._cuda_stream = lambda att: SimpleNamespace(cuda_stream=0)
+        group._transfers._fences = SimpleNamespace(record=lambda stream: b"")
+        group.backup_from_device_all_layer(None, kv_host, list(range(MOVED)), "direct", moves)
+        assert len(group._transfers.kept) == 1, "the group's backup was waited for"
+        for layer in range(4):
+            group.load_to_device_per_layer(None, kv_host, list(range(MOVED, 2 * MOVED)), layer,
+                                           "kernel", back)
+        assert len(group._transfers.kept) >= 1, "the group's load was waited for"
+        assert group._transfers.drain() is None
+        moved_back(kv_dev, "group kv, no host waits")
+        moved_back(ssm_dev, "group ssm, no host waits")
+        del attn._cuda_stream
         # A second HostPoolGroup of the same entries uses the group; other ones are refused.
         sglang.HostPoolGroup(group.entries, name="hybrid", layer_num=4).close()
         raises(ValueError, sglang.HostPoolGroup, group.entries[::-1], name="hybrid",

@@ -16,6 +16,7 @@ gRPC code). No GPU, numpy or torch needed (tensors=False).
 import ctypes
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from python_package_test import run_checks  # noqa: E402 (the same private kvhostd)
@@ -176,6 +177,154 @@ def check_mla_backup_load(daemon):
     check_backup_load("MLA", daemon)
 
 
+class _Stream:
+    """A stand-in for torch's current stream (the host backend ignores it)."""
+
+    cuda_stream = 0
+
+
+class _NoFence:
+    """A ready-fence ring whose records name no event: the host backend
+    refuses a real one, and its shared-memory rows need none."""
+
+    def record(self, stream):
+        return b""
+
+
+def _device_file(dev):
+    """The shared-memory file behind a ShmDevicePool, from /proc/self/maps,
+    and the file offset of K's layer 1 (page-aligned: past it, every access
+    faults once the file is cut there)."""
+    at = dev.layer_address(0, 0)
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= at < hi and len(fields) >= 6:
+                cut = dev.layer_address(0, 1) - lo + int(fields[2], 16)
+                assert cut % 4096 == 0, cut
+                return fields[5], cut
+    raise AssertionError("the device pool's file is not mapped")
+
+
+def _until_failed(c, ticket_id):
+    """Waits (through a Ticket of its own, leaving the pool's unpolled) until
+    the daemon's ticket `ticket_id` has failed."""
+    for _ in range(500):
+        try:
+            kvhost.Ticket(c, ticket_id).poll()
+        except kvhost.KvhostError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"ticket {ticket_id} did not fail")
+
+
+def check_transfers_not_waited_for(daemon):
+    """The cuda backend's bookkeeping, run on the host backend by standing in
+    for torch's stream: backups and the last layer of loads return with
+    their tickets kept, not waited for; a backup that fails in the daemon
+    raises the daemon's error from the pool's next transfer call (not lost),
+    the calls after it go on; close() waits for what is left and raises a
+    failure it finds."""
+
+    class NoWait(sglang.MHATokenToKVPoolHost):
+        def _cuda_stream(self, att):
+            return _Stream()
+
+    with client(daemon) as c:
+        pool = NoWait("nw", client=c, layout="page_first", dtype="bfloat16", page_size=PS,
+                      layer_num=LAYERS, head_num=HEADS, head_dim=DIM, host_size_tokens=SIZE,
+                      tensors=False)
+        pool._transfers._fences = _NoFence()
+        dev = c.shm_device_pool("nw", 256)  # 8 KiB layers: whole pages
+        rb = dev.component("k").row_bytes
+        for ci in range(2):
+            for layer in range(LAYERS):
+                view = dev.layer_view(ci, layer)
+                for r in range(8):
+                    view[r * rb:(r + 1) * rb] = page_bytes(ci * 100 + layer * 10 + r, rb)
+        host = pool.alloc(8)
+        pool.backup_from_device_all_layer(dev, host, list(range(8)))
+        assert len(pool._transfers.kept) == 1, "the backup was waited for"
+        for layer in range(LAYERS):
+            pool.load_to_device_per_layer(dev, host, list(range(8, 16)), layer)
+        # The load's layer-0 call polled the backup (done: dropped); the load
+        # itself is kept, not waited for.
+        assert len(pool._transfers.kept) == 1, len(pool._transfers.kept)
+        assert pool._transfers.kept.drain() is None
+        for ci in range(2):
+            for layer in range(LAYERS):
+                got = dev.layer_view(ci, layer)
+                for r in range(8):
+                    assert bytes(got[(8 + r) * rb:(9 + r) * rb]) == \
+                        page_bytes(ci * 100 + layer * 10 + r, rb), (ci, layer, r)
+        # Cut the file after K of layer 0: the daemon fails the next backup
+        # in its first layer, at V (SIGBUS caught); the call itself returns.
+        path, cut = _device_file(dev)
+        size = os.path.getsize(path)
+        os.truncate(path, cut)
+        pool.backup_from_device_all_layer(dev, host, list(range(8)))
+        assert len(pool._transfers.kept) == 1, "the failing backup was not kept"
+        _until_failed(c, pool._transfers.kept._kept[0][1].id)
+        os.truncate(path, size)
+        e = raises(kvhost.FailedPrecondition, pool.load_to_device_per_layer, dev, host,
+                   list(range(8, 16)), 0, naming="truncated")
+        assert "backup of 8 rows" in "".join(getattr(e, "__notes__", [])) or \
+            sys.version_info < (3, 11), getattr(e, "__notes__", None)
+        # Raised once: the next calls go on.
+        for layer in range(LAYERS):
+            pool.load_to_device_per_layer(dev, host, list(range(8, 16)), layer)
+        pool.backup_from_device_all_layer(dev, host, list(range(8)))
+        assert pool._transfers.kept.drain() is None
+        # close() waits for a failed backup no call saw, and raises it.
+        os.truncate(path, cut)
+        pool.backup_from_device_all_layer(dev, host, list(range(8)))
+        _until_failed(c, pool._transfers.kept._kept[0][1].id)
+        raises(kvhost.FailedPrecondition, pool.close, naming="truncated")
+        os.truncate(path, size)
+        assert c.get_pool("nw")["attachments"] == 0, "close() stopped before detaching"
+        dev.close()
+
+
+def check_kept_tickets_retry():
+    """KeptTickets.retrying: ResourceExhausted (every event set taken) waits
+    for the oldest kept ticket and tries once more; with none kept, or a
+    second refusal, the error is the caller's."""
+    from kvhost._sglang_transfers import KeptTickets  # noqa: PLC0415
+
+    class Done:
+        id, waited = 1, 0
+
+        def wait(self, timeout=None):
+            Done.waited += 1
+
+        def poll(self):
+            return True
+
+    def refusing(times):
+        calls = []
+
+        def submit():
+            calls.append(1)
+            if len(calls) <= times:
+                raise kvhost.ResourceExhausted(8, "all 1 load event sets are in use")
+            return "ticket"
+        return submit, calls
+
+    kept = KeptTickets()
+    submit, calls = refusing(1)
+    raises(kvhost.ResourceExhausted, kept.retrying, submit)  # nothing to wait for
+    assert len(calls) == 1
+    kept.keep("backup", Done())
+    submit, calls = refusing(1)
+    assert kept.retrying(submit) == "ticket" and len(calls) == 2 and Done.waited == 1
+    assert len(kept) == 0
+    kept.keep("backup", Done())
+    submit, calls = refusing(2)
+    raises(kvhost.ResourceExhausted, kept.retrying, submit)
+    assert len(calls) == 2
+
+
 def check_errors_and_sharing(daemon):
     with client(daemon) as c:
         raises(ValueError, make, "MLA", c, "x", "page_first_kv_split",
@@ -225,7 +374,7 @@ def check_errors_and_sharing(daemon):
 
 
 CHECKS = [check_mha_pages, check_mla_pages, check_mha_backup_load, check_mla_backup_load,
-          check_errors_and_sharing]
+          check_errors_and_sharing, check_transfers_not_waited_for]
 
 
 def main():
@@ -239,6 +388,7 @@ def main():
     import kvhost as package
     import kvhost.sglang as sgl
     kvhost, sglang = package, sgl
+    check_kept_tickets_retry()
     return run_checks(CHECKS, kvhostd)
 
 

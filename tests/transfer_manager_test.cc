@@ -297,9 +297,9 @@ TEST_F(ManagerTest, RefusedAfterDrain) {
 }
 
 // Layer progress (AttachRequest::layer_progress): the attachment's
-// LayerCounters, a set and a base per load, every layer published before the
-// ticket counts it, the counter at base + layers once the ticket is done;
-// none of it for an attachment without the opt-in.
+// LayerCounters, a set and a base per load and per backup, every layer
+// published before the ticket counts it, the counter at base + layers once
+// the ticket is done; none of it for an attachment without the opt-in.
 class LayerProgressManagerTest : public ManagerTest {
  protected:
   void SetUp() override {
@@ -323,7 +323,7 @@ class LayerProgressManagerTest : public ManagerTest {
   std::shared_ptr<LayerCounters> counters_;
 };
 
-TEST_F(LayerProgressManagerTest, EachLoadTakesASetAndABaseAndEndsAtBasePlusLayers) {
+TEST_F(LayerProgressManagerTest, EachTransferTakesASetAndABaseAndEndsAtBasePlusLayers) {
   const uint32_t layers = pool_->layout().layers;
   uint64_t next[2] = {0, 0};
   std::vector<int64_t> host(16), device(16);
@@ -346,23 +346,35 @@ TEST_F(LayerProgressManagerTest, EachLoadTakesASetAndABaseAndEndsAtBasePlusLayer
     next[set] += layers;
   }
   EXPECT_EQ(next[0] + next[1], 5u * layers);
+  // A backup takes a set and a base in the same count, and ends there too.
+  for (int n = 0; n < 2; ++n) {
+    absl::StatusOr<std::shared_ptr<Ticket>> backup =
+        manager_->Submit({}, progress_, Direction::kBackup, host, device);
+    ASSERT_TRUE(backup.ok()) << backup.status();
+    const int32_t set = (*backup)->event_set();
+    ASSERT_TRUE(set == 0 || set == 1) << set;
+    EXPECT_EQ((*backup)->layer_base(), next[set]);
+    ASSERT_TRUE((*backup)->WaitUntil(absl::Now() + absl::Seconds(30)));
+    ASSERT_TRUE((*backup)->Snapshot().status.ok());
+    EXPECT_EQ(counters_->Recorded(static_cast<uint32_t>(set)), next[set] + layers);
+    next[set] += layers;
+  }
   // Backups and loads of no rows take no set and leave the counters alone.
-  absl::StatusOr<std::shared_ptr<Ticket>> backup =
-      manager_->Submit({}, progress_, Direction::kBackup, host, device);
-  ASSERT_TRUE(backup.ok());
-  EXPECT_EQ((*backup)->event_set(), -1);
-  ASSERT_TRUE((*backup)->WaitUntil(absl::Now() + absl::Seconds(30)));
-  absl::StatusOr<std::shared_ptr<Ticket>> empty =
-      manager_->Submit({}, progress_, Direction::kLoad, {}, {});
-  ASSERT_TRUE(empty.ok());
-  EXPECT_EQ((*empty)->event_set(), -1);
-  EXPECT_EQ(counters_->Recorded(0) + counters_->Recorded(1), 5u * layers);
+  for (Direction direction : {Direction::kBackup, Direction::kLoad}) {
+    absl::StatusOr<std::shared_ptr<Ticket>> empty =
+        manager_->Submit({}, progress_, direction, {}, {});
+    ASSERT_TRUE(empty.ok());
+    EXPECT_EQ((*empty)->event_set(), -1);
+  }
+  EXPECT_EQ(counters_->Recorded(0) + counters_->Recorded(1), 7u * layers);
   // An attachment without layer progress: no set, no base, no counters.
-  absl::StatusOr<std::shared_ptr<Ticket>> plain =
-      manager_->Submit({}, att_, Direction::kLoad, host, device);
-  ASSERT_TRUE(plain.ok());
-  EXPECT_EQ((*plain)->event_set(), -1);
-  EXPECT_EQ((*plain)->layer_base(), 0u);
+  for (Direction direction : {Direction::kBackup, Direction::kLoad}) {
+    absl::StatusOr<std::shared_ptr<Ticket>> plain =
+        manager_->Submit({}, att_, direction, host, device);
+    ASSERT_TRUE(plain.ok());
+    EXPECT_EQ((*plain)->event_set(), -1);
+    EXPECT_EQ((*plain)->layer_base(), 0u);
+  }
   EXPECT_EQ(manager_->FindLayerCounters({}, att_).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(manager_->FindLayerCounters({}, "att-nope").status().code(),

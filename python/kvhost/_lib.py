@@ -155,6 +155,11 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
         ([_vp, _vp, _pi64, _sz, _pi64, _sz, C.POINTER(LoadTicketStruct)] + _ERR, _int),
     "kvhost_backup_group":
         ([_vp, _vp, _pi64, _sz, _pi64, _sz, _ppt, _sz, _vp, _sz, _u32, _i64, _pu64] + _ERR, _int),
+    "kvhost_backup_with_events":
+        ([_vp, _vp, _pi64, _sz, _pi64, _sz, _vp, _sz, C.POINTER(LoadTicketStruct)] + _ERR, _int),
+    "kvhost_backup_group_with_events":
+        ([_vp, _vp, _pi64, _sz, _pi64, _sz, _ppt, _sz, _vp, _sz, C.POINTER(LoadTicketStruct)] +
+         _ERR, _int),
     "kvhost_load_group":
         ([_vp, _vp, _pi64, _sz, _pi64, _sz, _ppt, _sz, _u32, _i64, _pu64] + _ERR, _int),
     "kvhost_load_group_with_events":

@@ -22,6 +22,11 @@ What differs from sglang, on purpose:
   at once and then waits for layer 0; later layer ids wait for their layer of
   that load (sglang issues one copy per call). The daemon records per-layer
   progress, so layer l's attention may start while later layers arrive.
+- Neither transfer call waits for the copy on the cuda backend: the waits are
+  GPU-side, on torch's current stream (a backup's ready fence is an event
+  recorded there; its end is its last layer's event, waited on there), and a
+  failed transfer raises from the pool's next transfer call or close(). On
+  the host backend both calls return once copied.
 - ``free`` of a slot that is not allocated raises the daemon's
   FailedPrecondition (sglang appends it to the free list unchecked);
   ``clear`` frees the slots this object allocated, not other schedulers'.
@@ -33,7 +38,8 @@ tensors of the pool's dtype (sglang's); without it, numpy arrays when numpy
 is installed, else lists and bytes. ``tensors=False`` picks the latter.
 
 Thread safety: as sglang's (its allocator lock is the daemon's); the load
-tickets of per-layer loads are kept per device pool, one load at a time.
+tickets of per-layer loads are kept per device pool, one load at a time
+(kvhost/_sglang_transfers.py keeps them, and the tickets not waited for).
 """
 
 from __future__ import annotations
@@ -45,11 +51,12 @@ import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _arrays
+from ._sglang_transfers import SchedulerTransfers
 from .client import DEFAULT_ADDRESS, Client
 from .errors import AlreadyExists, ResourceExhausted
 from .pools import adopt_pool
 from .shm import ShmDevicePool
-from .transfer import Attachment, LoadTicket
+from .transfer import Attachment
 
 __all__ = ["AsymmetricMHATokenToKVPoolHost", "DSAIndexerPoolHost", "DSATokenToKVPoolHost",
            "DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool", "HostKVCache",
@@ -219,7 +226,8 @@ class HostKVCache(_sglang_base()):
         # Reentrant: mapping the regions (under it) may attach (under it).
         self._lock = threading.RLock()
         self._attachments: Dict[int, Attachment] = {}
-        self._loads: Dict[int, LoadTicket] = {}
+        # Backups and per-layer loads, and what they keep between calls.
+        self._transfers = SchedulerTransfers()
         self._maps: List[Tuple[mmap.mmap, int]] = []
         # sglang's @synchronized methods (inherited ones) take self.lock.
         self.lock = threading.RLock()
@@ -502,10 +510,17 @@ class HostKVCache(_sglang_base()):
             self._attachments[key] = att
             return att
 
+    #: Event sets of an attachment: every backup and load not yet finished
+    #: holds one (cuda backend), and the calls return before they finish.
+    #: sglang keeps a few loads and a few backups in flight; past 16 a call
+    #: waits for the oldest transfer first (KeptTickets.retrying).
+    _LOAD_EVENT_SETS = 16
+
     def _attach_tensors(self, device_pool: Any) -> Attachment:
         return self.client.attach_tensors(self.name,
                                           components=self._device_components(device_pool),
-                                          layer_progress=True)
+                                          layer_progress=True,
+                                          load_event_sets=self._LOAD_EVENT_SETS)
 
     def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
         """An sglang device pool's per-layer CUDA tensors by Pool.components
@@ -534,27 +549,57 @@ class HostKVCache(_sglang_base()):
             raise ValueError(f"Unsupported IO backend: {io_backend!r} (expected "
                              f"{' or '.join(IO_BACKENDS)})")
 
+    def _cuda_stream(self, att: Attachment) -> Any:
+        """torch's current stream for an attachment of the cuda backend (the
+        stream sglang's transfer engine set: its d2h or h2d stream); None on
+        the host backend, whose transfers have no device stream to order."""
+        if self._torch is not None and att.info.get("backend") == "cuda":
+            return self._torch.cuda.current_stream()
+        return None
+
+    def _transfer_layers(self, att: Attachment) -> int:
+        """Ticket layers of the attachment's transfers."""
+        layers = int(att.info.get("end_layer", 0)) - int(att.info.get("start_layer", 0))
+        return layers or self.layer_num
+
     def backup_from_device_all_layer(self, device_pool: Any, host_indices: Any,
                                      device_indices: Any, io_backend: Any = "kernel", *,
                                      event: Any = None) -> None:
-        """Device rows -> host slots, every layer; returns once copied.
+        """Device rows -> host slots, every layer.
 
-        On CUDA the rows must be written before the call, or `event` (an
-        interprocess torch.cuda.Event recorded after them) given.
+        cuda backend: returns once the backup is queued, without waiting for
+        the copy. Its ready fence is an interprocess event recorded here on
+        torch's current stream (or `event`, an interprocess torch.cuda.Event
+        the caller recorded after writing the rows), so the daemon copies
+        only what that stream wrote before the call; and the stream is made
+        to wait for the backup's last layer, so an event the caller records
+        on it next (sglang's ack_finish) completes only once every row is in
+        the host pool. A failed backup raises, with the daemon's error, from
+        this pool's next transfer call (or close()).
+
+        host backend: the device rows are shared memory and the caller's
+        events are CPU ones, always complete: the call returns once copied,
+        raising the backup's error.
         """
         self._check_io_backend(io_backend)
-        self._attachment(device_pool).backup(host_indices, device_indices, wait=True,
-                                             event=event)
+        att = self._attachment(device_pool)
+        self._transfers.backup(att, self._cuda_stream(att), host_indices, device_indices,
+                               layers=self._transfer_layers(att), torch=self._torch,
+                               event=event)
 
     def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
                                  device_indices: Any, layer_id: int,
                                  io_backend: Any = "kernel", *, is_draft: bool = False) -> None:
         """Host slots -> device rows of layer `layer_id` (of the attachment).
 
-        Layer 0 submits the load of every layer and waits for layer 0; a
-        later layer waits for its layer of that load (its indices are
-        ignored). On CUDA the wait is on torch's current stream, so it
-        returns before the copy is done, as sglang's kernel launch does.
+        Layer 0 submits the load of every layer; each layer's call makes
+        torch's current stream wait for that layer of it (cuda backend) and
+        returns, so the forward pass starts while later layers arrive (its
+        indices past layer 0 are ignored). Nothing waits for the copies on
+        the host: a failed load raises, with the daemon's error, from this
+        pool's next transfer call (or close()). On the host backend (no
+        device streams) each layer's call returns once that layer is copied
+        and the last layer's raises the load's error.
         RuntimeError for a later layer with no load of layer 0 pending.
         Layers past target_layer_num are packed MTP draft layers: loaded
         only with is_draft=True (sglang's rule), else the call does nothing.
@@ -563,27 +608,9 @@ class HostKVCache(_sglang_base()):
         if not is_draft and not 0 <= int(layer_id) < self.target_layer_num:
             return
         att = self._attachment(device_pool)
-        key = id(att)
-        layer = int(layer_id)
-        with self._lock:
-            if layer == 0:
-                ticket = att.load(host_indices, device_indices, per_layer=True)
-                self._loads[key] = ticket
-            else:
-                ticket = self._loads.get(key)
-                if ticket is None:
-                    raise RuntimeError(f"load_to_device_per_layer: layer {layer} of pool "
-                                       f"'{self.name}' without a pending load of layer 0")
-        stream = None
-        if self._torch is not None and att.info.get("backend") == "cuda":
-            stream = self._torch.cuda.current_stream()
-        ticket.wait_layer(layer, stream)
-        layers = int(att.info.get("end_layer", 0)) - int(att.info.get("start_layer", 0))
-        if layer >= (layers or self.layer_num) - 1:
-            with self._lock:
-                if self._loads.get(key) is ticket:
-                    del self._loads[key]
-            ticket.wait()  # raises the load's error, and frees its event set
+        self._transfers.load_layer(att, self._cuda_stream(att), int(layer_id), host_indices,
+                                   device_indices, layers=self._transfer_layers(att),
+                                   what=f"pool '{self.name}'")
 
     @property
     def kv_buffer(self) -> Any:
@@ -617,11 +644,13 @@ class HostKVCache(_sglang_base()):
 
     def close(self) -> None:
         """Detaches the device pools attached here, unmaps the regions and
-        closes the client if this object made it. The pool stays."""
+        closes the client if this object made it. The pool stays. Waits
+        first for the transfers no call waited for (cuda backend), and
+        raises the first one's error once everything is closed."""
+        failed = self._transfers.drain()
         with self._lock:
             atts, self._attachments = list(self._attachments.values()), {}
             maps, self._maps = self._maps, []
-            self._loads.clear()
             self._kv_buffer = None
         for att in atts:
             att.__exit__(None, None, None)
@@ -632,6 +661,8 @@ class HostKVCache(_sglang_base()):
                 pass
         if self._own_client:
             self.client.close()
+        if failed is not None:
+            raise failed
 
     def __enter__(self) -> "HostKVCache":
         return self

@@ -35,13 +35,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ._sglang_transfers import SchedulerTransfers
 from .client import DEFAULT_ADDRESS, Client
 from .errors import AlreadyExists
 from .pools import adopt_group
 from .sglang import (_ITEMSIZE, HostKVCache, MHATokenToKVPoolHost, MLATokenToKVPoolHost,
                      dtype_enum)
 from .shm import ShmDevicePool
-from .transfer import Attachment, LoadTicket
+from .transfer import Attachment
 
 __all__ = ["AsymmetricMHATokenToKVPoolHost", "DSAIndexerPoolHost", "DSATokenToKVPoolHost",
            "DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool", "HostPoolGroup",
@@ -572,7 +573,7 @@ class HostPoolGroup:
         self.can_use_write_back_jit = False
         self._attachment: Optional[Attachment] = None
         self._own_devices: List[ShmDevicePool] = []
-        self._load: Optional[LoadTicket] = None
+        self._transfers = SchedulerTransfers()
 
     # --- the anchor's ---------------------------------------------------------
 
@@ -654,7 +655,8 @@ class HostPoolGroup:
                                 e.host_pool._device_components(e.device_pool))
                        for e in self.entries}
             self._attachment = self.client.attach_group_tensors(
-                self.name, tensors, device_size_tokens=logical, layer_progress=True)
+                self.name, tensors, device_size_tokens=logical, layer_progress=True,
+                load_event_sets=HostKVCache._LOAD_EVENT_SETS)
         return self._attachment
 
     def _pool_transfers(self, pool_transfers: Any) -> Dict[str, Tuple[Any, Any]]:
@@ -672,53 +674,57 @@ class HostPoolGroup:
             out[t.name] = (_as_list(t.host_indices), _as_list(t.device_indices))
         return out
 
+    def _cuda_stream(self, att: Attachment) -> Any:
+        """torch's current stream on the cuda backend, None on the host
+        backend (as the pools' own, HostKVCache._cuda_stream)."""
+        return self.anchor_entry.host_pool._cuda_stream(att)
+
     def backup_from_device_all_layer(self, device_pool: Any, host_indices: Any,
                                      device_indices: Any, io_backend: Any = "kernel",
                                      pool_transfers: Any = None) -> None:
         """The anchor's rows and each pool_transfers entry's, device -> host,
-        every layer; returns once copied. `device_pool` is ignored (the
-        entries' are used), as in the seed."""
+        every layer. `device_pool` is ignored (the entries' are used), as in
+        the seed. As the pools' backups: on CUDA it returns once queued, the
+        current stream's writes before the call fenced and the stream made
+        to wait for the backup's end (a failure raises from the next
+        transfer call or close()); on the host backend once copied."""
         HostKVCache._check_io_backend(io_backend)
-        self.attachment().backup(_as_list(host_indices), _as_list(device_indices), wait=True,
-                                 pool_transfers=self._pool_transfers(pool_transfers))
+        att = self.attachment()
+        self._transfers.backup(att, self._cuda_stream(att), _as_list(host_indices),
+                               _as_list(device_indices), layers=self.layer_num,
+                               torch=self.anchor_entry.host_pool._torch,
+                               pool_transfers=self._pool_transfers(pool_transfers))
 
     def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
                                  device_indices: Any, layer_id: int, io_backend: Any = "kernel",
                                  pool_transfers: Any = None) -> None:
         """Model layer `layer_id` of a load, host -> device: layer 0 submits
         the anchor's rows and each pool_transfers entry's for every layer,
-        then every call waits for its layer (every entry's mapped layer);
-        the last layer also waits for the whole load. RuntimeError for a
-        later layer with no load of layer 0 pending."""
+        then every call waits for its layer (every entry's mapped layer): on
+        CUDA on the current stream, with no host wait for the copies (a
+        failure raises from the next transfer call or close()); on the host
+        backend the last layer also waits for the whole load. RuntimeError
+        for a later layer with no load of layer 0 pending."""
         HostKVCache._check_io_backend(io_backend)
         att = self.attachment()
-        layer = int(layer_id)
-        if layer == 0:
-            self._load = att.load(_as_list(host_indices), _as_list(device_indices),
-                                  per_layer=True,
-                                  pool_transfers=self._pool_transfers(pool_transfers))
-        elif self._load is None:
-            raise RuntimeError(f"load_to_device_per_layer: layer {layer} of group "
-                               f"'{self.name}' without a pending load of layer 0")
-        ticket = self._load
-        stream = None  # on CUDA the wait goes on torch's current stream, as the pools' does
-        torch = self.anchor_entry.host_pool._torch
-        if torch is not None and att.info.get("backend") == "cuda":
-            stream = torch.cuda.current_stream()
-        ticket.wait_layer(layer, stream)
-        if layer >= self.layer_num - 1:
-            self._load = None
-            ticket.wait()
+        self._transfers.load_layer(att, self._cuda_stream(att), int(layer_id),
+                                   _as_list(host_indices), _as_list(device_indices),
+                                   layers=self.layer_num, what=f"group '{self.name}'",
+                                   pool_transfers=self._pool_transfers(pool_transfers))
 
     def close(self) -> None:
-        """Detaches the group's attachment; the group and its pools stay."""
+        """Detaches the group's attachment; the group and its pools stay.
+        Waits first for the transfers no call waited for (CUDA), and raises
+        the first one's error once detached."""
+        failed = self._transfers.drain()
         if self._attachment is not None:
             self._attachment.__exit__(None, None, None)
             self._attachment = None
         for dev in self._own_devices:
             dev.close()
         self._own_devices = []
-        self._load = None
+        if failed is not None:
+            raise failed
 
     def __enter__(self) -> "HostPoolGroup":
         return self

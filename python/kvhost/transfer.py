@@ -6,7 +6,9 @@ it, ``backup`` copies device rows to host slots and ``load`` host slots to
 device rows; each returns a :class:`Ticket` to wait for or poll. A load
 with ``per_layer=True`` returns a :class:`LoadTicket` whose
 ``wait_layer(l, stream)`` lets layer ``l``'s compute start while later
-layers still arrive.
+layers still arrive; a backup with ``per_layer=True`` (an attachment with
+``layer_progress``) returns one too, whose ``wait_layer(last, stream)``
+makes a stream wait for the whole backup without the host waiting for it.
 
 Device indices are rows of the attached buffers (tokens; pages for a
 row-per-page component); host indices are the pool's slots from alloc.
@@ -235,7 +237,8 @@ class Ticket:
 
 
 class LoadTicket(Ticket):
-    """A load with per-layer waits (Attachment.load(per_layer=True))."""
+    """A transfer with per-layer waits: Attachment.load(per_layer=True), or
+    Attachment.backup(per_layer=True), whose last layer is the whole backup."""
 
     def __init__(self, client: Any, events: "LoadEvents", raw: _lib.LoadTicketStruct) -> None:
         super().__init__(client, raw.ticket_id)
@@ -248,11 +251,13 @@ class LoadTicket(Ticket):
 
     def wait_layer(self, layer: int, stream: Any = None,
                    timeout: Optional[float] = None) -> None:
-        """Layer `layer` (of the attachment) of this load.
+        """Layer `layer` (of the attachment) of this transfer.
 
-        Waits on the host until the load recorded it (DeadlineExceeded after
-        `timeout` s; None: 10 s), then, on the cuda backend, makes `stream`
-        wait for the layer's event (torch: torch.cuda.current_stream()).
+        Waits on the host until the transfer recorded it, i.e. the daemon
+        queued that layer's copies (DeadlineExceeded after `timeout` s;
+        None: 10 s), then, on the cuda backend, makes `stream` wait for the
+        layer's event, which completes after its copies (torch:
+        torch.cuda.current_stream()). At once for event_set -1.
         """
         _lib.call(_lib.lib().kvhost_wait_layer, self._events._p(), C.byref(self._raw),
                   int(layer), stream_arg(stream), _lib.ms(timeout))
@@ -297,7 +302,8 @@ class Attachment(Handle):
 
     def backup(self, host_indices: Any, device_indices: Any, *, wait: bool = False,
                timeout: Optional[float] = None, event: Any = None,
-               pool_transfers: Optional[PoolTransfers] = None) -> Ticket:
+               pool_transfers: Optional[PoolTransfers] = None,
+               per_layer: bool = False) -> Ticket:
         """Device rows -> host slots.
 
         `event` (cuda backend): the worker's interprocess event, recorded
@@ -305,6 +311,15 @@ class Attachment(Handle):
         until the ticket is done). The host backend refuses one
         (FailedPrecondition). With wait=True, returns once done (its error
         raised), waiting up to `timeout` s (None: 10 min).
+
+        per_layer=True returns a LoadTicket (not with wait=True): on an
+        attachment with layer_progress the backup takes an event set as a
+        load does (ResourceExhausted while every set is busy), and
+        ``wait_layer(last attached layer, stream)`` makes `stream` wait
+        until every copy is done (cuda backend) without waiting on the host
+        for them; its event_set is -1 without layer_progress (the attachment
+        needs what load(per_layer=True) needs: on the host backend,
+        layer_progress).
 
         A group attachment: host_indices / device_indices are the anchor
         entry's rows (either may be empty) and `pool_transfers` the other
@@ -315,6 +330,24 @@ class Attachment(Handle):
         host, nh, keep_h = _arrays.int64_arg(host_indices, "host_indices")
         dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
         handle = _event_bytes(event)
+        if per_layer:
+            if wait:
+                raise ValueError("per_layer=True returns at once; wait on its last layer or "
+                                 "its ticket")
+            events = self.load_events()
+            raw = _lib.LoadTicketStruct()
+            lib, client = _lib.lib(), self._client_handle()
+            nbytes = 0 if handle is None else len(handle)
+            if pool_transfers is not None:
+                pt = _PoolTransferArgs(pool_transfers)
+                _lib.call(lib.kvhost_backup_group_with_events, client, self._p(), host, nh, dev,
+                          nd, pt.array, pt.count, handle, nbytes, C.byref(raw))
+                del pt
+            else:
+                _lib.call(lib.kvhost_backup_with_events, client, self._p(), host, nh, dev, nd,
+                          handle, nbytes, C.byref(raw))
+            del keep_h, keep_d
+            return LoadTicket(self._client, events, raw)
         ticket = C.c_uint64(0)
         flags = _lib.TRANSFER_WAIT if wait else 0
         if pool_transfers is not None:

@@ -290,13 +290,21 @@ absl::Status CudaEngine::Prepare(TransferJob* job) {
     spdlog::debug("{} on GPU {}: {} by {} ({})", PoolsOf(*job), mapping.gpu(),
                   DirectionName(job->direction), PathFor(*job), plan->why);
   }
-  if (job->direction == Direction::kLoad) {
-    absl::StatusOr<int> set = mapping.AcquireSet();
-    if (!set.ok()) return set.status();
-    job->event_set = *set;
-    return absl::OkStatus();
+  if (has_wait) {
+    if (absl::Status s = OpenWaitEvent(mapping, job); !s.ok()) return s;
   }
-  if (!has_wait) return absl::OkStatus();
+  // Last, since only the job's end gives the set back. Every load takes
+  // one; a backup only with layer progress, whose worker waits on its last
+  // layer's event to learn the backup finished.
+  if (job->direction == Direction::kLoad || job->layer_counters != nullptr) {
+    absl::StatusOr<int> set = mapping.AcquireSet();
+    if (!set.ok()) return set.status();  // job->wait_event closes with the job
+    job->event_set = *set;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::OpenWaitEvent(const CudaMapping& mapping, TransferJob* job) {
   if (cudaError_t e = cudaSetDevice(mapping.gpu()); e != cudaSuccess) {
     cudaGetLastError();
     return absl::InternalError(absl::StrCat("cudaSetDevice(", mapping.gpu(), "): ", CudaError(e)));
@@ -358,7 +366,11 @@ void CudaEngine::Submit(TransferJob job) {
   // each layer once its load event is recorded, so the worker's first layer
   // is on its way while the rest are being queued. Loads of one attachment
   // all take the same route, so each attachment's loads keep their order.
-  if (pending.job.event_set >= 0 && pending.job.layer_counters != nullptr) {
+  // A backup with layer counters is queued here, publishing the same way:
+  // its worker waits for its last layer, which a hop to another thread
+  // would only delay, so its counters are complete when the RPC returns.
+  if (pending.job.direction == Direction::kLoad && pending.job.event_set >= 0 &&
+      pending.job.layer_counters != nullptr) {
     absl::MutexLock lock(&lane->mu);
     lane->to_enqueue.push_back(std::move(pending));
     return;
@@ -413,8 +425,8 @@ void CudaEngine::EnqueueWork(CudaLane* lane, CudaPending* p) {
   }
   const int set = pending.job.event_set;
   // After a layer's copies or kernel: the worker's view of it (its load
-  // event, before the completion event so that a waiting forward pass is
-  // released as early as possible), then ours.
+  // event, before the completion event so that a waiting forward pass, or
+  // a backup's waiting stream, is released as early as possible), then ours.
   const LayerDone layer_done = [&](uint64_t layer) -> absl::Status {
     if (set >= 0) {
       if (e = cudaEventRecord(mapping.load_event(set, layer), lane->stream); e != cudaSuccess) {

@@ -27,12 +27,17 @@
 // (AttachDeviceRequest.layer_progress): its worker waits on the layer
 // counters (LayerCounters) before each layer's event, so Submit hands it to
 // the lane's enqueue thread and returns, and the thread publishes each layer
-// right after recording its load event; a staged load of such an attachment
+// right after recording its load event. A backup of such an attachment takes
+// an event set as a load does, and Submit records and publishes it per layer
+// on the backup stream the same way (its worker waits for the last layer,
+// so nothing is gained by another thread): the worker's stream waits on the
+// last layer's event and so learns the backup finished without a host wait
+// for the copy (sglang's ack). A staged load of such an attachment
 // is planned in layer intervals growing from one layer (job_plan.h), so that
 // its first layer lands after a small chunk. A completion thread per lane
 // waits on the event recorded after each layer and reports it to the ticket.
-// A load records load event [set][layer] (CudaMapping) after each layer's
-// copies, on the load stream: never ahead of them behind a GPU-side gate
+// A transfer records load event [set][layer] (CudaMapping) after each
+// layer's copies, on its lane's stream: never ahead of them behind a GPU-side gate
 // (cuStreamWaitValue), which the removed --load-gates mode did and which
 // could deadlock the GPU's work queues (docs/PERF.md, run S).
 // A backup may name an event the worker recorded after writing the rows:
@@ -65,6 +70,8 @@
 
 namespace kvhost {
 
+class CudaMapping;
+
 class CudaEngine : public TransferEngine {
  public:
   // Enumerates the GPUs this process can use (no CUDA context is created
@@ -82,9 +89,11 @@ class CudaEngine : public TransferEngine {
   // pool fails. On error nothing stays open.
   absl::StatusOr<std::unique_ptr<DeviceMapping>> Open(const Pool& pool,
                                                       const ResolvedAttach& attach) override;
-  // Loads take the attachment's next free load event set (RESOURCE_EXHAUSTED
-  // when all are busy); a backup's wait_event_handle is opened here
-  // (INVALID_ARGUMENT for a wrong size or a handle that will not open).
+  // Loads, and backups with layer progress, take the attachment's next free
+  // load event set (RESOURCE_EXHAUSTED when all are busy) and record and
+  // publish its events per layer alike; a backup's wait_event_handle is
+  // opened here (INVALID_ARGUMENT for a wrong size or a handle that will
+  // not open).
   // A pool group's job (several parts) takes one path, chosen from every
   // part's runs, and per ticket (model) layer copies every part's rows of
   // that layer before the layer's events; staged, every part's chunks run
@@ -108,6 +117,10 @@ class CudaEngine : public TransferEngine {
   // The two lanes of GPU `gpu` (an ordinal), created on first use (a CUDA
   // context and the lanes' streams on that GPU, and their threads).
   absl::StatusOr<CudaLane*> LanesFor(int gpu);
+  // Opens a backup's wait_event_handle (REQUIRES: of the right size) into
+  // job->wait_event, on `mapping`'s GPU. INVALID_ARGUMENT for a handle that
+  // will not open.
+  absl::Status OpenWaitEvent(const CudaMapping& mapping, TransferJob* job);
   // The GPU ordinal of every buffer of `attach` (all on one), checking
   // everything that needs no CUDA call.
   absl::StatusOr<int> AttachGpu(const ResolvedAttach& attach) const;

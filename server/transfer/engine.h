@@ -216,10 +216,10 @@ struct JobPart {
 // One backup or load, ready to run: validated, coalesced, with its ticket.
 struct TransferJob {
   Direction direction = Direction::kBackup;
-  // The attachment's mapping: its layer_num() is the ticket's, and a load
-  // records its load events (per ticket layer, after every part's copies of
-  // that layer). For a plain attachment, parts[0].mapping; for a group, the
-  // mapping OpenGroup made.
+  // The attachment's mapping: its layer_num() is the ticket's, and a job
+  // with an event set records its load events (per ticket layer, after
+  // every part's copies of that layer). For a plain attachment,
+  // parts[0].mapping; for a group, the mapping OpenGroup made.
   std::shared_ptr<const DeviceMapping> mapping;
   std::vector<JobPart> parts;
   // A group attachment's job holds its group, and with it the pool of every
@@ -227,21 +227,25 @@ struct TransferJob {
   // them all, and the pools must outlive it.
   std::shared_ptr<const PoolGroup> group;
   std::shared_ptr<Ticket> ticket;
-  // Loads: the load event set that Prepare reserved (-1: none).
+  // The load event set that Prepare reserved (-1: none): every load's on an
+  // engine with events, and a backup's or load's with layer counters (below).
   int event_set = -1;
-  // Loads with an event set on an attachment with layer progress
+  // Backups and loads with an event set on an attachment with layer progress
   // (AttachDeviceRequest.layer_progress; null otherwise): the attachment's
-  // counters (set before Prepare, which may take them as a sign to reserve
-  // an event set; cleared when it reserved none) and this load's base there
-  // (LayerCounters::Reserve, made by the manager right after Prepare). The worker waits on the
-  // counter before each layer's event, so the engine may return from Submit before every layer is
-  // queued. The engine calls layer_counters->Publish(event_set, layer_base,
-  // l) right after load event [event_set][l] is recorded (host: after layer
-  // l is copied). The manager calls Release(event_set, layer_base,
+  // counters (set before Prepare, which takes them as the sign to reserve
+  // an event set; cleared when it reserved none) and this job's base there
+  // (LayerCounters::Reserve, made by the manager right after Prepare). The
+  // worker waits on the counter before each layer's event (a backup's
+  // worker: before its last layer's, to learn the backup finished), so the
+  // engine may return from Submit before every layer is queued. Both
+  // directions take the one route: the engine calls
+  // layer_counters->Publish(event_set, layer_base, l) right after load event
+  // [event_set][l] is recorded after layer l's copies (host: after layer l
+  // is copied). The manager calls Release(event_set, layer_base,
   // layer_num()) when the ticket finishes, however it ended, so a worker is
   // never left waiting (an engine may release earlier); both are monotonic,
-  // and the next load of the set reserves past this one's layers, so a late
-  // Release lowers nothing.
+  // and the next transfer of the set reserves past this one's layers, so a
+  // late Release lowers nothing.
   std::shared_ptr<LayerCounters> layer_counters;
   uint64_t layer_base = 0;
   // Backups: the worker's exported event to wait on (empty: none), and what
@@ -316,10 +320,12 @@ class TransferEngine {
       std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
       uint32_t load_event_sets) = 0;
   // Reserves what `job` needs beyond its buffers, synchronously, so that the
-  // RPC can refuse it: a load's event set (job->event_set), the backup's
-  // wait event (job->wait_event). Called right before the ticket is made and
-  // the job submitted; a prepared job is always submitted, except one of no
-  // tokens, which finishes at once and for which Prepare reserves nothing.
+  // RPC can refuse it: an event set (job->event_set) for a load, or for a
+  // backup with layer counters (RESOURCE_EXHAUSTED when every set is held),
+  // the backup's wait event (job->wait_event). Called right before the
+  // ticket is made and the job submitted; a prepared job is always
+  // submitted, except one of no tokens, which finishes at once and for
+  // which Prepare reserves nothing.
   // The default reserves nothing: it has no events, so a job with a
   // wait_event_handle is FAILED_PRECONDITION.
   virtual absl::Status Prepare(TransferJob* job) {

@@ -64,10 +64,11 @@ bool GuardedCopy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
 }
 
 // What every host mapping has besides its buffers: a ring of load event
-// sets, taken only by loads of attachments with layer progress (the host
-// backend has no events, but such a load's counter is per set, and a set
-// serves one load at a time, as the CUDA engine's ring does). Not exported
-// as load_event_sets(): attachments without layer progress see none.
+// sets, taken only by the backups and loads of attachments with layer
+// progress (the host backend has no events, but such a transfer's counter
+// is per set, and a set serves one transfer at a time, as the CUDA engine's
+// ring does). Not exported as load_event_sets(): attachments without layer
+// progress see none.
 class HostMapping : public DeviceMapping {
  public:
   using DeviceMapping::DeviceMapping;
@@ -88,7 +89,7 @@ class HostMapping : public DeviceMapping {
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         "all ", sets,
-        " load event sets are in use by loads in flight; wait for a load to finish or attach "
+        " load event sets are in use by transfers in flight; wait for one to finish or attach "
         "with more load_event_sets"));
   }
   void ReleaseSet(int set) const {
@@ -294,9 +295,9 @@ absl::StatusOr<std::unique_ptr<DeviceMapping>> HostEngine::OpenGroup(
 
 absl::Status HostEngine::Prepare(TransferJob* job) {
   if (absl::Status s = TransferEngine::Prepare(job); !s.ok()) return s;
-  // Only a load with layer progress takes a set (its counter's); one of no
-  // tokens finishes at once and takes nothing.
-  if (job->direction != Direction::kLoad || job->layer_counters == nullptr || job->tokens() == 0) {
+  // Only a transfer with layer progress takes a set (its counter's); one of
+  // no tokens finishes at once and takes nothing.
+  if (job->layer_counters == nullptr || job->tokens() == 0) {
     return absl::OkStatus();
   }
   absl::StatusOr<int> set = static_cast<const HostMapping&>(*job->mapping).AcquireSet();

@@ -10,8 +10,8 @@
 // page-row components), nothing where the part's JobLayer says -1. It
 // splits a large part's layer over the helper threads at page boundaries;
 // after each ticket layer, every part's copies of it done, it publishes the
-// layer in the attachment's layer counters (loads with layer progress,
-// TransferJob::layer_counters) and reports that layer's bytes over all parts
+// layer in the attachment's layer counters (backups and loads with layer
+// progress, TransferJob::layer_counters) and reports that layer's bytes over all parts
 // to the ticket.
 //
 // Thread safety: as TransferEngine.
@@ -63,10 +63,10 @@ class HostEngine : public TransferEngine {
   absl::StatusOr<std::unique_ptr<DeviceMapping>> OpenGroup(
       std::vector<std::shared_ptr<const DeviceMapping>> entries, uint32_t layer_num,
       uint32_t load_event_sets) override;
-  // A load with layer progress (TransferJob::layer_counters) takes one of
-  // the mapping's load_event_sets sets until it ends (RESOURCE_EXHAUSTED
-  // when all are held), as the CUDA engine's loads do; other jobs as
-  // TransferEngine::Prepare.
+  // A backup or load with layer progress (TransferJob::layer_counters)
+  // takes one of the mapping's load_event_sets sets until it ends
+  // (RESOURCE_EXHAUSTED when all are held), as the CUDA engine's do; other
+  // jobs as TransferEngine::Prepare.
   absl::Status Prepare(TransferJob* job) override;
   void Submit(TransferJob job) override;
   void Drain() override;

@@ -1,12 +1,15 @@
-// LayerCounters: the host-visible progress of an attachment's loads, one
-// counter of recorded layers per load event set, in shared memory that the
-// attached worker maps read-only (AttachDeviceRequest.layer_progress).
+// LayerCounters: the host-visible progress of an attachment's loads (and
+// backups: they count exactly as loads do, below), one counter of recorded
+// layers per load event set, in shared memory that the attached worker maps
+// read-only (AttachDeviceRequest.layer_progress).
 //
 // Why: a worker stream may wait on load event [set][l] (cudaStreamWaitEvent)
 // only once this load has recorded it; a wait on an event not yet recorded
 // binds to its previous record, a stale layer. A load of an attachment with
 // layer progress may return before every layer is queued, so the worker
 // first waits on this counter (a host load, no RPC) and then on the event.
+// A backup of such an attachment takes a set too: its worker waits on its
+// last layer the same way, so that its stream learns the backup finished.
 //
 // Counting: the counter of set s counts the layers recorded by the loads
 // that took set s, monotonically over the attachment's life (64 bits do not

@@ -41,8 +41,8 @@ struct TicketStatus {
 class Ticket {
  public:
   // `event_set`: the load event set the job records (-1: none);
-  // `layer_base`: its base in the attachment's layer counters (loads with
-  // layer progress; see LayerCounters), else 0.
+  // `layer_base`: its base in the attachment's layer counters (backups and
+  // loads with layer progress; see LayerCounters), else 0.
   Ticket(uint64_t id, Direction direction, uint32_t layer_num, std::string path,
          int32_t event_set = -1, uint64_t layer_base = 0);
 

@@ -448,7 +448,7 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Submit(
   const std::shared_ptr<Ticket> ticket = *std::move(reserved);
   const absl::Time prepared = absl::Now();
   if (job->layer_counters != nullptr) {
-    // Whatever the engine did, a worker waiting on this load is released.
+    // Whatever the engine did, a worker waiting on this transfer is released.
     ticket->OnDone([counters = job->layer_counters, set = static_cast<uint32_t>(job->event_set),
                     base = job->layer_base, layers = static_cast<uint32_t>(job->layer_num())] {
       counters->Release(set, base, layers);
@@ -574,16 +574,16 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Reserve(const std::stri
                                                                  const Target& target,
                                                                  bool components,
                                                                  TransferJob* job) {
-  // Last, since what it reserves is released only by the job's end.
-  if (job->direction == Direction::kLoad) job->layer_counters = target.layer_counters;
+  // Last, since what it reserves is released only by the job's end. Either
+  // direction: a backup's worker waits on its last layer (TransferJob).
+  job->layer_counters = target.layer_counters;
   if (components) {
     if (absl::Status s = engine_->Prepare(job); !s.ok()) {
       return absl::Status(s.code(),
                           absl::StrCat("attachment '", ShortId(attachment_id), "': ", s.message()));
     }
   }
-  // The set is this load's until it ends, so the base follows the set's
-  // previous load (LayerCounters::Reserve).
+  // The set is this job's until it ends: the base follows (LayerCounters::Reserve).
   if (job->event_set < 0) job->layer_counters = nullptr;
   if (job->layer_counters != nullptr) {
     job->layer_base = job->layer_counters->Reserve(static_cast<uint32_t>(job->event_set),

@@ -122,8 +122,8 @@ class TransferManager {
   // Detach, Submit and FindTicket are NOT_FOUND for an id `caller` may not
   // use (see Caller), with the message of an unknown id.
   absl::Status Detach(const Caller& caller, const std::string& attachment_id);
-  // Validates and queues a backup or load; returns its ticket (a load's
-  // names its event set). Validation: equal lengths, ranges, whole pages
+  // Validates and queues a backup or load; returns its ticket (naming its
+  // event set, if it took one). Validation: equal lengths, ranges, whole pages
   // where the pool needs them (Pool::whole_pages()), no destination twice,
   // host slots allocated in the pool's allocator owner (followers: the pool
   // they follow); FAILED_PRECONDITION for a backup on a load_only
@@ -139,8 +139,9 @@ class TransferManager {
   // All is validated before anything is submitted. The ticket has the
   // group's layer_num layers; model layer l copies, in every entry with
   // rows, the device layer its layer_map gives (nothing for -1).
-  // A load with an event set on an attachment with layer progress gets its
-  // base in the layer counters (Ticket::layer_base, TransferJob), and the
+  // On an attachment with layer progress, a backup or load with rows takes
+  // an event set (RESOURCE_EXHAUSTED when every set is held) and gets its
+  // base in the layer counters (Ticket::layer_base, TransferJob); the
   // counter reaches base + layers when its ticket finishes, whatever the end.
   absl::StatusOr<std::shared_ptr<Ticket>> Submit(
       const Caller& caller, const std::string& attachment_id, Direction direction,

@@ -140,7 +140,9 @@ struct SessionState {
 // A load's ticket and the load event set it records (cuda backend; see
 // Attachment.load_event_handles), -1 where there is none to wait on; on an
 // attachment with layer_progress, the load's base in that set's layer
-// counter (TransferTicket.layer_base; kvhost/layer_progress.h).
+// counter (TransferTicket.layer_base; kvhost/layer_progress.h). A backup's
+// (BackupWithEvents) is the same: with layer_progress it records a set too,
+// and a wait on its last layer waits for the whole backup.
 struct LoadTicket {
   uint64_t ticket_id = 0;
   int32_t event_set = -1;
@@ -255,6 +257,17 @@ class Client {
   absl::StatusOr<LoadTicket> LoadWithEvents(const std::string& attachment_id,
                                             absl::Span<const int64_t> host_indices,
                                             absl::Span<const int64_t> device_indices);
+  // Backup, also returning the event set it records, as LoadWithEvents: on
+  // an attachment with layer_progress, LoadEvents::WaitLayer(ticket,
+  // last layer, stream) makes `stream` wait for the backup's copies (cuda
+  // backend) with no host wait for them; event_set -1 without
+  // layer_progress. RESOURCE_EXHAUSTED while every set is busy.
+  // `pool_transfers` and `wait_event_handle` as Backup's.
+  absl::StatusOr<LoadTicket> BackupWithEvents(const std::string& attachment_id,
+                                              absl::Span<const int64_t> host_indices,
+                                              absl::Span<const int64_t> device_indices,
+                                              absl::Span<const v1::PoolTransfer> pool_transfers,
+                                              const std::string& wait_event_handle);
   // Group attachments: host_indices / device_indices are the anchor entry's
   // rows (may be empty) and `pool_transfers` the other entries' (see
   // MakePoolTransfer); all are checked before anything is copied.

@@ -105,8 +105,9 @@ typedef struct kvhost_worker_copier kvhost_worker_copier;
 typedef struct kvhost_worker_ticket kvhost_worker_ticket;
 typedef struct kvhost_async kvhost_async;
 
-/* A load's ticket (kvhost::LoadTicket): event_set -1 when there is nothing
- * to wait on per layer. */
+/* A load's ticket (kvhost::LoadTicket), or a backup's
+ * (kvhost_backup_with_events): event_set -1 when there is nothing to wait
+ * on per layer. */
 typedef struct kvhost_load_ticket {
   uint64_t ticket_id;
   int32_t event_set;
@@ -447,6 +448,24 @@ KVHOST_C_API int kvhost_load_with_events(kvhost_client* client, const kvhost_att
                                          const int64_t* host_indices, size_t num_host,
                                          const int64_t* device_indices, size_t num_device,
                                          kvhost_load_ticket* ticket, char* err, size_t err_len);
+/* A backup that also names its per-layer event set, as
+ * kvhost_load_with_events does a load's. On an attachment with
+ * layer_progress it takes a set (RESOURCE_EXHAUSTED while every set is
+ * busy) and records it per layer as a load does, so
+ * kvhost_wait_layer(events, ticket, last layer, stream) makes the stream
+ * wait until every copy of the backup is done (cuda backend; the host
+ * backend waits on the host) without this thread waiting for the copies:
+ * the way to tell a stream that device rows may be reused. event_set is -1
+ * without layer_progress. Returns once the backup is queued; the ticket's
+ * error comes from kvhost_transfer_wait / _poll. wait_event_handle as
+ * kvhost_backup's. */
+KVHOST_C_API int kvhost_backup_with_events(kvhost_client* client,
+                                           const kvhost_attachment* attachment,
+                                           const int64_t* host_indices, size_t num_host,
+                                           const int64_t* device_indices, size_t num_device,
+                                           const void* wait_event_handle,
+                                           size_t wait_event_handle_len, kvhost_load_ticket* ticket,
+                                           char* err, size_t err_len);
 /* A group attachment's backup: host_indices / device_indices are the
  * anchor entry's rows (either may be empty), pool_transfers[0,
  * num_pool_transfers) the other entries' (each entry at most once). All are
@@ -469,6 +488,14 @@ KVHOST_C_API int kvhost_load_group(kvhost_client* client, const kvhost_attachmen
                                    size_t num_pool_transfers, uint32_t flags,
                                    int64_t wait_timeout_ms, uint64_t* ticket_id, char* err,
                                    size_t err_len);
+/* A group attachment's backup that also names its per-layer event set; as
+ * kvhost_backup_group and kvhost_backup_with_events. */
+KVHOST_C_API int kvhost_backup_group_with_events(
+    kvhost_client* client, const kvhost_attachment* attachment, const int64_t* host_indices,
+    size_t num_host, const int64_t* device_indices, size_t num_device,
+    const kvhost_pool_transfer* pool_transfers, size_t num_pool_transfers,
+    const void* wait_event_handle, size_t wait_event_handle_len, kvhost_load_ticket* ticket,
+    char* err, size_t err_len);
 /* A group attachment's load that also names its per-layer event set; as
  * kvhost_load_group and kvhost_load_with_events. */
 KVHOST_C_API int kvhost_load_group_with_events(
@@ -498,11 +525,12 @@ KVHOST_C_API int kvhost_transfer_poll(kvhost_client* client, uint64_t ticket_id,
 KVHOST_C_API int kvhost_load_events_open(kvhost_client* client, const kvhost_attachment* attachment,
                                          kvhost_load_events** out, char* err, size_t err_len);
 KVHOST_C_API void kvhost_load_events_destroy(kvhost_load_events* events);
-/* Layer `layer` of the load `ticket`: waits on the host until the load
- * recorded it (layer counters; DEADLINE_EXCEEDED after timeout_ms, 0:
- * 10 s), then makes cuda_stream wait on its event (cuda backend; the
- * stream is ignored where there are no events). OK at once for a ticket
- * with event_set -1. */
+/* Layer `layer` of the load (or backup, kvhost_backup_with_events)
+ * `ticket`: waits on the host until the transfer recorded it (layer
+ * counters: the daemon queued that layer's copies; DEADLINE_EXCEEDED after
+ * timeout_ms, 0: 10 s), then makes cuda_stream wait on its event, which
+ * completes after the layer's copies (cuda backend; the stream is ignored
+ * where there are no events). OK at once for a ticket with event_set -1. */
 KVHOST_C_API int kvhost_wait_layer(const kvhost_load_events* events,
                                    const kvhost_load_ticket* ticket, uint32_t layer,
                                    void* cuda_stream, int64_t timeout_ms, char* err,

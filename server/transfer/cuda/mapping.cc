@@ -78,7 +78,7 @@ absl::StatusOr<int> CudaMapping::AcquireSet() const {
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "all ", load_event_sets_,
-      " load event sets are in use by loads in flight; wait for a load to finish or attach "
+      " load event sets are in use by transfers in flight; wait for one to finish or attach "
       "with more load_event_sets"));
 }
 

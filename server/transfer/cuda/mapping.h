@@ -7,8 +7,9 @@
 //
 // Synchronisation with the worker (docs/DESIGN.md): at attach the mapping creates
 // load_event_sets x layers interprocess events and exports their handles; a
-// load takes the next free set (AcquireSet; RESOURCE_EXHAUSTED, not a wait,
-// when all are busy) and frees it when its last layer has completed. The
+// load, and a backup with layer progress, takes the next free set
+// (AcquireSet; RESOURCE_EXHAUSTED, not a wait, when all are busy) and frees
+// it when its last layer has completed. The
 // events live as long as the mapping; a worker that still has them open
 // keeps its own references.
 //
