@@ -177,7 +177,8 @@ class _CapturedDevicePool:
         if tensors and not tensors[0].is_cuda:
             return self._attach_shm_of(tensors)
         return self.client.attach_tensors(self.name, components=self._device,
-                                          layer_progress=True)
+                                          layer_progress=True,
+                                          load_event_sets=self._LOAD_EVENT_SETS)
 
     def _attach_shm_of(self, tensors: List[Any]) -> Attachment:
         """The registered ShmDevicePool whose layer buffers `tensors` are."""
@@ -188,7 +189,8 @@ class _CapturedDevicePool:
             have = [shm.layer_address(c, layer) for c in self._device
                     for layer in range(shm.layers)]
             if have == want:
-                return self.client.attach_shm(self.name, shm, layer_progress=True)
+                return self.client.attach_shm(self.name, shm, layer_progress=True,
+                                              load_event_sets=self._LOAD_EVENT_SETS)
         raise ValueError(f"kvhost pool '{self.name}': its device tensors are on the CPU and "
                          f"lie in no registered ShmDevicePool (host backend: "
                          f"kvhost.sglang_plugin.register_shm_device_pool)")
