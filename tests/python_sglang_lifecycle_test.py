@@ -60,7 +60,10 @@ def start_scheduler(daemon, src, n):
          os.path.join(src, "python"), daemon.address, str(n)],
         stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().split()
-    assert line[:1] == ["ready"], f"the scheduler did not start: {line}"
+    if line[:1] != ["ready"]:
+        proc.kill()
+        proc.wait(timeout=30)
+        raise AssertionError(f"the scheduler did not start: {line}")
     return proc, int(line[1]), int(line[2])
 
 
@@ -94,13 +97,15 @@ def raises(cls, fn, *args, naming=()):
 def check_lifecycle(daemon, src):
     # A scheduler takes the pool and half its slots, then is killed.
     proc, generation, taken = start_scheduler(daemon, src, SIZE // 2)
-    assert (generation, taken) == (1, SIZE // 2), (generation, taken)
-    assert available(daemon) == SIZE - taken
-    assert holder(daemon) == {"instance_id": f"sglang:{POOL}", "generation": 1,
-                              "live": True}, holder(daemon)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    proc.stdout.close()
+    try:
+        assert (generation, taken) == (1, SIZE // 2), (generation, taken)
+        assert available(daemon) == SIZE - taken
+        assert holder(daemon) == {"instance_id": f"sglang:{POOL}", "generation": 1,
+                                  "live": True}, holder(daemon)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
     wait_released(daemon)
     # Released, not freed: the dead scheduler's radix tree was the only index.
     assert available(daemon) == SIZE - taken
