@@ -217,7 +217,8 @@ class Pool {
   // instance (naming the holder's instance id and generation); renewed when
   // `session_id` holds it for `instance_id`; otherwise the takeover, unless
   // jobs use the slots (UseSlots): UNAVAILABLE naming their count. A
-  // failed claim changes nothing.
+  // failed claim changes nothing. Transfers submitted after the takeover
+  // are not checked against it (only the holder's AllocBackup is).
   absl::StatusOr<PoolClaimResult> Claim(const std::string& instance_id,
                                         const std::string& session_id, const SessionOpen& open);
   // Runs `change` (an Alloc or Free of the allocator owner's slots) unless a
@@ -370,8 +371,8 @@ class Pool {
   // lock: shared by ChangeAllocation, exclusive by Claim.
   mutable absl::Mutex holder_mu_;
   PoolHolder holder_ ABSL_GUARDED_BY(holder_mu_);
-  // Jobs holding UseSlots() now (shared with their holds, which may outlive
-  // nothing but are cheap to make safe).
+  // Jobs holding UseSlots() now. Each hold keeps the counter itself, so it
+  // may be dropped after the pool.
   const std::shared_ptr<std::atomic<uint64_t>> slot_users_ =
       std::make_shared<std::atomic<uint64_t>>(0);
 
