@@ -136,6 +136,25 @@ int kvhost_group_delete(kvhost_client* client, const char* name, char* err, size
   });
 }
 
+int kvhost_pool_claim(kvhost_client* client, const char* pool, const char* instance_id,
+                      uint64_t* generation, uint64_t* reclaimed_tokens, int32_t* renewed, char* err,
+                      size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    absl::StatusOr<std::string> id = Str(instance_id, "instance id");
+    if (!id.ok()) return id.status();
+    absl::StatusOr<kvhost::v1::PoolClaim> claim = (*c)->ClaimPool(*p, *id);
+    if (!claim.ok()) return claim.status();
+    if (generation != nullptr) *generation = claim->generation();
+    if (reclaimed_tokens != nullptr) *reclaimed_tokens = claim->reclaimed_tokens();
+    if (renewed != nullptr) *renewed = claim->renewed() ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
 int kvhost_alloc(kvhost_client* client, const char* pool, uint64_t num_tokens, int64_t* indices,
                  size_t capacity, size_t* count, char* err, size_t err_len) {
   return Run(err, err_len, [&]() -> absl::Status {

@@ -144,26 +144,29 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     return FromGrpc((stub)->method(&context, (request), (response)));  \
   }()
 
-// A TransferService call: KVHOST_CALL with the client's session ids, which
-// the daemon requires for the attachments and tickets of a session.
-#define KVHOST_TRANSFER_CALL(method, request, response, timeout)                          \
+// KVHOST_CALL with the client's session ids, which the daemon requires for
+// the attachments and tickets of a session and for the allocation calls on
+// a pool a session holds (ClaimPool).
+#define KVHOST_SESSION_CALL(stub, method, request, response, timeout)                     \
   [&]() -> absl::Status {                                                                 \
     grpc::ClientContext context;                                                          \
     context.set_deadline(absl::ToChronoTime(absl::Now() + (timeout)));                    \
     AddOwnerToken(options_, &context);                                                    \
     for (const std::string& id : SessionIds()) context.AddMetadata("kvhost-session", id); \
-    return FromGrpc(transfers_->method(&context, (request), (response)));                 \
+    return FromGrpc((stub)->method(&context, (request), (response)));                     \
   }()
+#define KVHOST_TRANSFER_CALL(method, request, response, timeout) \
+  KVHOST_SESSION_CALL(transfers_, method, request, response, timeout)
 
 // KVHOST_CALL / KVHOST_TRANSFER_CALL through the fast path when it takes
 // the call (Client::TryFastPath), else over gRPC.
-#define KVHOST_FAST_CALL(fast, stub, method, request, response, timeout)                \
-  [&]() -> absl::Status {                                                               \
-    absl::Status fast_status;                                                           \
-    if (TryFastPath(v1::fast, (request), (response), false, (timeout), &fast_status)) { \
-      return fast_status;                                                               \
-    }                                                                                   \
-    return KVHOST_CALL(stub, method, request, response, timeout);                       \
+#define KVHOST_FAST_CALL(fast, stub, method, request, response, timeout)               \
+  [&]() -> absl::Status {                                                              \
+    absl::Status fast_status;                                                          \
+    if (TryFastPath(v1::fast, (request), (response), true, (timeout), &fast_status)) { \
+      return fast_status;                                                              \
+    }                                                                                  \
+    return KVHOST_SESSION_CALL(stub, method, request, response, timeout);              \
   }()
 #define KVHOST_FAST_TRANSFER_CALL(fast, method, request, response, timeout, wait)              \
   [&]() -> absl::Status {                                                                      \
@@ -249,6 +252,23 @@ absl::StatusOr<uint64_t> Client::DeletePool(const std::string& name) {
   absl::Status s = KVHOST_CALL(pools_, DeletePool, request, &response, options_.timeout);
   if (!s.ok()) return s;
   return response.bytes_released();
+}
+
+absl::StatusOr<v1::PoolClaim> Client::ClaimPool(const std::string& pool,
+                                                const std::string& instance_id) {
+  if (!options_.worker_session) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ClaimPool of pool '", pool,
+        "' needs a worker session: this client was made without one (worker_session false)"));
+  }
+  if (absl::Status s = OpenSession(options_.timeout); !s.ok()) return s;
+  v1::ClaimPoolRequest request;
+  request.set_pool(pool);
+  request.set_instance_id(instance_id);
+  v1::PoolClaim response;
+  absl::Status s = KVHOST_SESSION_CALL(pools_, ClaimPool, request, &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
 }
 
 absl::StatusOr<std::vector<int64_t>> Client::Alloc(const std::string& pool, uint64_t num_tokens) {
@@ -723,6 +743,7 @@ absl::StatusOr<v1::TransferStatus> Client::PollTransfer(uint64_t ticket_id) {
 }
 
 #undef KVHOST_FAST_CALL
+#undef KVHOST_SESSION_CALL
 #undef KVHOST_FAST_TRANSFER_CALL
 #undef KVHOST_CALL
 #undef KVHOST_TRANSFER_CALL

@@ -579,9 +579,11 @@ absl::Status Daemon::StartServer(const DaemonOptions& options, const Listeners& 
 
 void Daemon::RegisterServices(const DaemonOptions& options, const std::string& backend_detail,
                               const std::string& instance_id, grpc::ServerBuilder* builder) {
-  auto pools = std::make_unique<PoolServiceImpl>(registry_.get(), transfers_->backend(),
-                                                 options.max_message_bytes, metrics_.get(),
-                                                 options.max_indices_per_call);
+  TransferManager* sessions = transfers_.get();
+  auto pools = std::make_unique<PoolServiceImpl>(
+      registry_.get(), transfers_->backend(), options.max_message_bytes, metrics_.get(),
+      options.max_indices_per_call,
+      [sessions](const std::string& id) { return sessions->IsSessionOpen(id); });
   auto transfers = std::make_unique<TransferServiceImpl>(
       transfers_.get(), registry_.get(), options.max_indices_per_call, handoff_path_,
       static_cast<uint64_t>(options.max_message_bytes),

@@ -62,6 +62,13 @@ void PrintPool(const v1::Pool& pool) {
   if (pool.owner_protected()) {
     PrintLine("  owner-protected (changes and data reads need its token: --token / KVHOST_TOKEN)");
   }
+  if (pool.has_holder()) {
+    const v1::PoolHolder& holder = pool.holder();
+    PrintLine(absl::StrFormat("  held by sglang instance '%s', generation %d (%s)",
+                              holder.instance_id(), holder.generation(),
+                              holder.live() ? "live: other sessions' Alloc / Free refused"
+                                            : "its session ended: the next claim reclaims"));
+  }
   if (pool.replica_ranks() > 0) {
     PrintLine(absl::StrFormat("  replicas %d (TP ranks attached), %s GiB saved",
                               pool.replica_ranks(), Gib(pool.bytes_saved())));

@@ -122,6 +122,7 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_group_create": ([_vp, _cp, _cp] + _ERR, _int),
     "kvhost_group_get_json": ([_vp, _cp] + _OUT + _ERR, _int),
     "kvhost_group_delete": ([_vp, _cp] + _ERR, _int),
+    "kvhost_pool_claim": ([_vp, _cp, _cp, _pu64, _pu64, _pi32] + _ERR, _int),
     "kvhost_alloc": ([_vp, _cp, _u64, _pi64, _sz, _psz] + _ERR, _int),
     "kvhost_alloc_batch": ([_vp, _cp, _pu64, _sz, _pi64, _sz, _psz] + _ERR, _int),
     "kvhost_free": ([_vp, _cp, _pi64, _sz, _pu64] + _ERR, _int),

@@ -125,6 +125,27 @@ class PoolCalls:
 
     # --- slots --------------------------------------------------------------
 
+    def claim_pool(self, name: str, instance_id: str) -> Dict[str, Any]:
+        """Makes sglang instance `instance_id` the one owner of pool `name`
+        (PoolService.ClaimPool), within this client's worker session.
+
+        Returns {"generation", "reclaimed_tokens", "renewed"}: a takeover
+        (no live holder: the previous scheduler exited, was killed, or
+        kvhostd restarted) bumps the generation and frees every allocated
+        slot; the caller's own live claim is renewed and frees nothing.
+        Raises FailedPrecondition naming the holder when another live
+        session holds the pool (a second owner is refused), or when the
+        client has no session; Unavailable while transfers still use the
+        pool's slots (retry). While held, other sessions' alloc and free
+        of the pool are refused; the claim ends with this client's session.
+        """
+        generation, reclaimed, renewed = C.c_uint64(0), C.c_uint64(0), C.c_int32(0)
+        _lib.call(_lib.lib().kvhost_pool_claim, self._handle(), _name(name),
+                  _lib.text(instance_id, "instance id"), C.byref(generation), C.byref(reclaimed),
+                  C.byref(renewed))
+        return {"generation": int(generation.value), "reclaimed_tokens": int(reclaimed.value),
+                "renewed": bool(renewed.value)}
+
     def alloc(self, pool: str, num_tokens: int, *, numpy: Optional[bool] = None) -> Indices:
         """Allocates `num_tokens` slots (whole pages) of `pool`.
 

@@ -30,6 +30,15 @@ What differs from sglang, on purpose:
 - ``free`` of a slot that is not allocated raises the daemon's
   FailedPrecondition (sglang appends it to the free list unchecked);
   ``clear`` frees the slots this object allocated, not other schedulers'.
+- One scheduler owns a pool at a time: construction claims it
+  (PoolService.ClaimPool) for ``instance_id`` within the client's worker
+  session. A restarted scheduler's claim frees its dead predecessor's slots
+  (the radix tree indexing them died with it), logged at info; a second
+  live scheduler on the pool is refused (FailedPrecondition naming the
+  holder). Once the session is lost (kvhostd restarted, or the connection
+  broke and the daemon ended the session) every slot call raises
+  :class:`SessionLost`: the pool's contents can no longer be trusted, so
+  the scheduler must be restarted, never fed zeroed KV.
 - ``get_page_buffer_meta`` maps the pool's region files into this process
   so that its pointers are real (zero-copy storage backends read them).
 
@@ -45,15 +54,17 @@ tickets of per-layer loads are kept per device pool, one load at a time
 from __future__ import annotations
 
 import ctypes as C
+import logging
 import mmap
 import os
 import threading
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _arrays
 from ._sglang_transfers import SchedulerTransfers
 from .client import DEFAULT_ADDRESS, Client
-from .errors import AlreadyExists, ResourceExhausted
+from .errors import AlreadyExists, FailedPrecondition, ResourceExhausted, Unavailable
 from .pools import adopt_pool
 from .shm import ShmDevicePool
 from .transfer import Attachment
@@ -62,7 +73,30 @@ __all__ = ["AsymmetricMHATokenToKVPoolHost", "DSAIndexerPoolHost", "DSATokenToKV
            "DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool", "HostKVCache",
            "HostPoolGroup", "IO_BACKENDS", "LAYOUTS", "LogicalHostPool",
            "MHATokenToKOnlyPoolHost", "MHATokenToKVPoolHost", "MLATokenToKVPoolHost",
-           "MambaPoolHost", "PoolEntry", "dtype_enum", "get_mha_host_pool_cls", "layout_enum"]
+           "MambaPoolHost", "PoolEntry", "SessionLost", "dtype_enum", "get_mha_host_pool_cls",
+           "instance_id_for", "layout_enum"]
+
+_log = logging.getLogger("kvhost.sglang")
+
+#: How long construction retries a claim that kvhostd answers Unavailable
+#: (the dead predecessor's transfers still running; they end within
+#: kvhostd's --session-timeout, 5 s by default).
+CLAIM_WAIT_S = 30.0
+
+
+class SessionLost(FailedPrecondition):
+    """The worker session that claimed a HostKVCache's pool is gone (kvhostd
+    restarted, or the connection broke and the daemon ended the session):
+    its slots may be freed or reused by now, so every slot call of the
+    cache raises this instead of answering from an empty pool."""
+
+
+def instance_id_for(pool: str) -> str:
+    """The sglang instance id a HostKVCache of `pool` claims it with:
+    KVHOST_INSTANCE_ID when set (one per scheduler, e.g. "<host>:<port>:tp<rank>"),
+    else "sglang:<pool>" — stable across restarts, and one per pool since
+    each TP rank has its own pool."""
+    return os.environ.get("KVHOST_INSTANCE_ID") or f"sglang:{pool}"
 
 #: sglang's layout names -> kvhost.v1.Layout. sglang's MLA
 #: "page_first_kv_split" has no kvhost layout and is refused.
@@ -154,9 +188,15 @@ class HostKVCache(_sglang_base()):
       host_size: GB of host memory; host_size_tokens: slots; or
         host_to_device_ratio with device_size (the device pool's tokens).
       tensors: torch results (None: when torch is installed).
+      instance_id: the sglang instance claiming the pool (instance_id_for:
+        KVHOST_INSTANCE_ID, else "sglang:<name>"). The claim needs a client
+        with a worker session (the one made here has one); with a client
+        made with session=False nothing is claimed, as before claims.
+      claim_wait: seconds to retry a claim answered Unavailable (CLAIM_WAIT_S).
     Raises ValueError for a layout or dtype kvhostd lacks (naming it), and
     the daemon's errors as kvhost exceptions (InvalidArgument naming a bad
-    field, ResourceExhausted when host memory is short).
+    field, ResourceExhausted when host memory is short, FailedPrecondition
+    naming the holder when another live scheduler holds the pool).
     """
 
     _KIND = ""
@@ -180,7 +220,8 @@ class HostKVCache(_sglang_base()):
                  host_to_device_ratio: float = 0.0, device_size: int = 0,
                  start_layer: int = 0, tensors: Optional[bool] = None,
                  shape: Dict[str, int], end_layer: Optional[int] = None,
-                 target_layer_num: Optional[int] = None, pool_label: str = "kv") -> None:
+                 target_layer_num: Optional[int] = None, pool_label: str = "kv",
+                 instance_id: Optional[str] = None, claim_wait: float = CLAIM_WAIT_S) -> None:
         self.layout = layout
         self.pool_label = pool_label
         spec: Dict[str, Any] = {
@@ -191,15 +232,24 @@ class HostKVCache(_sglang_base()):
             "device_size_tokens": int(device_size), "start_layer": int(start_layer), **shape}
         self._torch = _torch(tensors)
         self._own_client = client is None
-        # A session: what the pool maps and holds ends with it.
+        # A session of its own: the claim below, and what the pool maps,
+        # live as long as it does.
         self.client = Client(address) if client is None else client
         self.name = name
+        self.instance_id = instance_id or instance_id_for(name)
+        #: The claim's generation, and the session id it was made in ("":
+        #: nothing claimed: a sessionless client, or a follower pool).
+        self.generation = 0
+        self._claim_session = ""
         try:
             try:
                 info = self.client.create_pool(name, spec)
             except AlreadyExists:
                 info = adopt_pool(self.client, name)
                 self._check_same_shape(info["spec"], spec)
+            if getattr(self.client, "session", False) and not info.get("follows"):
+                self._claim(float(claim_wait))
+                info = self.client.get_pool(name)
         except BaseException:
             if self._own_client:
                 self.client.close()
@@ -232,6 +282,38 @@ class HostKVCache(_sglang_base()):
         # sglang's @synchronized methods (inherited ones) take self.lock.
         self.lock = threading.RLock()
 
+    def _claim(self, wait: float) -> None:
+        """Claims the pool for self.instance_id (PoolService.ClaimPool),
+        retrying Unavailable for `wait` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                claim = self.client.claim_pool(self.name, self.instance_id)
+                break
+            except Unavailable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+        self.generation = int(claim["generation"])
+        self._claim_session = self.client.session_state().session_id
+        if not claim["renewed"]:
+            _log.info("kvhost pool '%s' claimed by instance '%s' (generation %d): %d slots of "
+                      "the previous scheduler reclaimed", self.name, self.instance_id,
+                      self.generation, claim["reclaimed_tokens"])
+
+    def _check_session(self) -> None:
+        """Raises SessionLost once the session that claimed the pool is gone."""
+        if not self._claim_session:
+            return
+        state = self.client.session_state()
+        if state.open and state.session_id == self._claim_session:
+            return
+        raise SessionLost(int(SessionLost.CODE), (
+            f"kvhost pool '{self.name}': the daemon's session was lost (kvhostd restarted, or "
+            f"the connection broke and kvhostd ended the session): the claim of instance "
+            f"'{self.instance_id}' (generation {self.generation}) and the slots it held are gone; "
+            f"restart the scheduler"))
+
     #: Spec fields that are sizes, not shape: a pool that exists keeps its own.
     _SIZES = ("size_tokens", "size_bytes", "host_to_device_ratio", "device_size_tokens")
 
@@ -262,8 +344,12 @@ class HostKVCache(_sglang_base()):
         return self.page_size * self.dcp_size
 
     def available_size(self) -> int:
-        """Slots of the pool not allocated now (every scheduler's)."""
-        return self.client.available_size(self.name)
+        """Slots of the pool not allocated now (every scheduler's).
+        SessionLost once the claiming session is gone."""
+        self._check_session()
+        size = self.client.available_size(self.name)
+        self._check_session()  # a restart during the call: its answer is another daemon's
+        return size
 
     def _indices(self, values: Any) -> Any:
         if self._torch is not None:
@@ -271,13 +357,18 @@ class HostKVCache(_sglang_base()):
         return values
 
     def alloc(self, need_size: int) -> Any:
-        """`need_size` slots (whole pages), or None when fewer are free."""
+        """`need_size` slots (whole pages), or None when fewer are free.
+        SessionLost once the claiming session is gone (never an empty or a
+        fresh pool's slots)."""
+        self._check_session()
         if int(need_size) == 0:
             return self._indices([])
         try:
             slots = self.client.alloc(self.name, int(need_size))
         except ResourceExhausted:
+            self._check_session()
             return None
+        self._check_session()
         with self._lock:
             self._pages.update(int(s) // self.page_size for s in slots[::self.page_size])
         if self._torch is not None:
@@ -285,7 +376,9 @@ class HostKVCache(_sglang_base()):
         return slots
 
     def free(self, indices: Any) -> int:
-        """Frees whole pages of slots; returns len(indices) as sglang does."""
+        """Frees whole pages of slots; returns len(indices) as sglang does.
+        SessionLost once the claiming session is gone."""
+        self._check_session()
         values = [int(i) for i in (indices.tolist() if hasattr(indices, "tolist") else indices)]
         if values:
             self.client.free(self.name, values)
@@ -294,7 +387,9 @@ class HostKVCache(_sglang_base()):
         return len(values)
 
     def clear(self) -> None:
-        """Frees every slot this object allocated (other clients' stay)."""
+        """Frees every slot this object allocated (other clients' stay).
+        SessionLost once the claiming session is gone."""
+        self._check_session()
         with self._lock:
             pages, self._pages = sorted(self._pages), set()
         ps = self.page_size
@@ -644,9 +739,11 @@ class HostKVCache(_sglang_base()):
 
     def close(self) -> None:
         """Detaches the device pools attached here, unmaps the regions and
-        closes the client if this object made it. The pool stays. Waits
-        first for the transfers no call waited for (cuda backend), and
-        raises the first one's error once everything is closed."""
+        closes the client if this object made it, which ends its session
+        and so the claim (the slots stay allocated until the next claim
+        reclaims them). The pool stays. Waits first for the transfers no
+        call waited for (cuda backend), and raises the first one's error
+        once everything is closed."""
         failed = self._transfers.drain()
         with self._lock:
             atts, self._attachments = list(self._attachments.values()), {}

@@ -15,12 +15,22 @@
 // lock; attachments and followers are guarded by the pool's mutex. Page reads
 // and writes are not serialised against transfers of the same page.
 //
+// Ownership (ClaimPool): a pool's allocation belongs to one sglang instance
+// at a time, recorded as its holder (instance id, generation, the worker
+// session that claimed it). A claim while no live session holds the pool
+// takes it over: generation + 1 and every allocated slot freed in the same
+// step. While the holder's session is open, Alloc and Free from any other
+// session are refused (ChangeAllocation). The session's end releases the
+// pool without freeing anything; liveness is asked of the caller's
+// SessionOpen each time, so nothing has to tell the pool a session ended.
+//
 // Lifetime: the registry retires a pool on DeletePool (retired() turns true,
 // the region files go) but its memory stays mapped until the last reference
 // (a page stream, a transfer) drops it; OnUnmapped tells the registry when.
 #ifndef KVHOST_SERVER_POOL_POOL_H_
 #define KVHOST_SERVER_POOL_POOL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -30,6 +40,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -78,6 +89,24 @@ struct BufferInfo {
 
 // Pool::StrideAlignment's alignment when none is given: a host page.
 inline constexpr uint64_t kDefaultStrideAlignment = 4096;
+
+// The sglang instance that owns a pool's allocation (kvhost.v1.PoolHolder).
+struct PoolHolder {
+  std::string instance_id;  // "" before the first claim
+  uint64_t generation = 0;  // takeovers so far
+  // The claiming worker session: a capability, never shown to anyone.
+  std::string session_id;
+};
+
+// What Pool::Claim did (kvhost.v1.PoolClaim).
+struct PoolClaimResult {
+  uint64_t generation = 0;
+  uint64_t reclaimed_tokens = 0;
+  bool renewed = false;
+};
+
+// Whether a worker session is open now (TransferManager::IsSessionOpen).
+using SessionOpen = std::function<bool(const std::string& session_id)>;
 
 // Where and how a pool's region files are made.
 struct RegionFiles {
@@ -180,6 +209,30 @@ class Pool {
   // FAILED_PRECONDITION on a follower (it has no allocator of its own).
   absl::StatusOr<std::vector<uint64_t>> AllocPages(uint64_t num_tokens);
   absl::StatusOr<uint64_t> Free(absl::Span<const int64_t> slots);
+
+  // Ownership (see the header). Claim: `session_id` (open, the caller's)
+  // claims the pool for `instance_id` (REQUIRES: validated by the caller).
+  // FAILED_PRECONDITION on a follower, and when a live session other than
+  // `session_id` holds the pool, or `session_id` holds it for another
+  // instance (naming the holder's instance id and generation); renewed when
+  // `session_id` holds it for `instance_id`; otherwise the takeover, unless
+  // jobs use the slots (UseSlots): UNAVAILABLE naming their count. A
+  // failed claim changes nothing. Transfers submitted after the takeover
+  // are not checked against it (only the holder's AllocBackup is).
+  absl::StatusOr<PoolClaimResult> Claim(const std::string& instance_id,
+                                        const std::string& session_id, const SessionOpen& open);
+  // Runs `change` (an Alloc or Free of the allocator owner's slots) unless a
+  // live session not among `sessions` holds the allocator owner:
+  // FAILED_PRECONDITION naming `what`, the pool and the holder then, and
+  // `change` does not run. No Claim interleaves with `change`.
+  absl::Status ChangeAllocation(absl::Span<const std::string> sessions, const SessionOpen& open,
+                                const char* what, absl::FunctionRef<absl::Status()> change);
+  // The allocator owner's holder now (its session may have ended: ask
+  // SessionOpen).
+  PoolHolder holder() const;
+  // A job that reads or writes slots outside a call (a transfer, an L3
+  // job) holds this while it runs: a claim frees no slot such a job uses.
+  std::shared_ptr<void> UseSlots();
 
   // The seeds' get_page_buffer_meta: region ranges of whole pages, in the
   // seeds' order (see PageBufferMeta in proto/kvhost/v1/pool.proto).
@@ -314,6 +367,14 @@ class Pool {
   const uint64_t bytes_;
   PageAllocator allocator_;  // unused on a follower (allocator() is the owner's)
   std::string owner_token_;  // "" = not protected; fixed once published
+  // Ownership, on the allocator owner only. Taken before the allocator's
+  // lock: shared by ChangeAllocation, exclusive by Claim.
+  mutable absl::Mutex holder_mu_;
+  PoolHolder holder_ ABSL_GUARDED_BY(holder_mu_);
+  // Jobs holding UseSlots() now. Each hold keeps the counter itself, so it
+  // may be dropped after the pool.
+  const std::shared_ptr<std::atomic<uint64_t>> slot_users_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
 
   mutable absl::Mutex mu_;
   uint32_t attachments_ ABSL_GUARDED_BY(mu_) = 0;

@@ -237,6 +237,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPool(grpc::CallbackServerContext* 
     const std::optional<std::string> token = OwnerToken(*context);
     ToProto(**pool, backend_, response,
             /*region_paths=*/CheckPoolOwner(**pool, token ? &*token : nullptr).ok());
+    SetHolder(**pool, response);
   }
   return FinishCall(context, pool.status());
 }
@@ -258,6 +259,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext
     v1::Pool* out = response->add_pools();
     ToProto(*pool, backend_, out,
             /*region_paths=*/CheckPoolOwner(*pool, token ? &*token : nullptr).ok());
+    SetHolder(*pool, out);
     if (!fits(*out)) {
       response->Clear();
       return FinishCall(context, too_big);
@@ -345,17 +347,21 @@ absl::Status PoolServiceImpl::DoAlloc(const Caller& caller, const v1::AllocReque
   const std::string& name = (*pool)->name();
   if (metrics_ != nullptr) metrics_->pool_alloc_calls->WithLabels({name})->Increment();
   const auto failed = [&](const absl::Status& status) {
-    if (metrics_ != nullptr) metrics_->pool_alloc_failures->WithLabels({name})->Increment();
+    if (metrics_ != nullptr && !status.ok()) {
+      metrics_->pool_alloc_failures->WithLabels({name})->Increment();
+    }
     return status;
   };
   if (absl::Status s = CheckAllocReply(**pool, request.num_tokens(), max_reply_bytes); !s.ok()) {
     return failed(s);
   }
-  absl::StatusOr<std::vector<uint64_t>> pages = (*pool)->AllocPages(request.num_tokens());
-  if (!pages.ok()) return failed(pages.status());
-  AddSlots(*pages, (*pool)->layout().page_size, response->mutable_indices());
-  response->set_available_tokens((*pool)->allocator().available_tokens());
-  return absl::OkStatus();
+  return failed((*pool)->ChangeAllocation(caller.sessions, session_open_, "Alloc", [&] {
+    absl::StatusOr<std::vector<uint64_t>> pages = (*pool)->AllocPages(request.num_tokens());
+    if (!pages.ok()) return pages.status();
+    AddSlots(*pages, (*pool)->layout().page_size, response->mutable_indices());
+    response->set_available_tokens((*pool)->allocator().available_tokens());
+    return absl::OkStatus();
+  }));
 }
 
 absl::Status PoolServiceImpl::DoAllocBatch(const Caller& caller,
@@ -381,6 +387,7 @@ absl::Status PoolServiceImpl::DoAllocBatch(const Caller& caller,
   const std::string& name = p.name();
   if (metrics_ != nullptr) metrics_->pool_alloc_calls->WithLabels({name})->Increment();
   const auto failed = [&](const absl::Status& status) {
+    if (status.ok()) return status;
     if (metrics_ != nullptr) metrics_->pool_alloc_failures->WithLabels({name})->Increment();
     response->Clear();
     return status;
@@ -396,6 +403,13 @@ absl::Status PoolServiceImpl::DoAllocBatch(const Caller& caller,
       !s.ok()) {
     return failed(s);
   }
+  return failed(p.ChangeAllocation(caller.sessions, session_open_, "AllocBatch",
+                                   [&] { return AllocRuns(p, request, response); }));
+}
+
+absl::Status PoolServiceImpl::AllocRuns(Pool& p, const v1::AllocBatchRequest& request,
+                                        v1::AllocBatchResponse* response) {
+  const std::string& name = p.name();
   const uint64_t ps = p.layout().page_size;
   std::vector<uint64_t> taken;  // every page allocated so far, to undo
   for (int i = 0; i < request.num_tokens_size(); ++i) {
@@ -412,10 +426,9 @@ absl::Status PoolServiceImpl::DoAllocBatch(const Caller& caller,
             "failing: {}",
             name, slots.size(), undone.status().ToString());
       }
-      return failed(
-          absl::Status(pages.status().code(),
-                       absl::StrCat("AllocBatch allocation ", i, " of ", request.num_tokens_size(),
-                                    ": ", pages.status().message())));
+      return absl::Status(pages.status().code(),
+                          absl::StrCat("AllocBatch allocation ", i, " of ",
+                                       request.num_tokens_size(), ": ", pages.status().message()));
     }
     AddSlots(*pages, ps, response->add_runs()->mutable_indices());
     taken.insert(taken.end(), pages->begin(), pages->end());
@@ -430,11 +443,59 @@ absl::Status PoolServiceImpl::DoFree(const Caller& caller, const v1::FreeRequest
       OpenPool(request.pool(), caller.token, "Free indices", request.indices_size());
   if (!pool.ok()) return pool.status();
   if (metrics_ != nullptr) metrics_->pool_free_calls->WithLabels({(*pool)->name()})->Increment();
-  absl::StatusOr<uint64_t> freed = (*pool)->Free(Indices(request.indices()));
-  if (!freed.ok()) return freed.status();
-  response->set_freed(*freed);
+  return (*pool)->ChangeAllocation(caller.sessions, session_open_, "Free", [&] {
+    absl::StatusOr<uint64_t> freed = (*pool)->Free(Indices(request.indices()));
+    if (!freed.ok()) return freed.status();
+    response->set_freed(*freed);
+    response->set_available_tokens((*pool)->allocator().available_tokens());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status PoolServiceImpl::DoClaimPool(const Caller& caller, const v1::ClaimPoolRequest& request,
+                                          v1::PoolClaim* response) {
+  const std::string& instance = request.instance_id();
+  if (instance.empty() || instance.size() > kMaxInstanceIdBytes || !IsPlainText(instance)) {
+    return WithPool(request.pool(),
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "ClaimPool instance_id '", SafeText(instance), "' (", instance.size(),
+                        " bytes) must be 1-", kMaxInstanceIdBytes, " printable ASCII characters")));
+  }
+  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(request.pool(), caller.token);
+  if (!pool.ok()) return pool.status();
+  // The caller's current session comes first in its metadata.
+  const auto session = std::find_if(caller.sessions.begin(), caller.sessions.end(),
+                                    [&](const std::string& id) { return session_open_(id); });
+  if (session == caller.sessions.end()) {
+    return WithPool((*pool)->name(),
+                    absl::FailedPreconditionError(
+                        "ClaimPool needs the caller's worker session (kvhost-session metadata "
+                        "naming an open session; a kvhost client made with a session sends it)"));
+  }
+  absl::StatusOr<PoolClaimResult> claim = (*pool)->Claim(instance, *session, session_open_);
+  if (!claim.ok()) {
+    spdlog::warn("ClaimPool '{}' by instance '{}' refused: {}", (*pool)->name(), SafeText(instance),
+                 SafeText(claim.status().ToString(), kMaxStatusMessageBytes));
+    return claim.status();
+  }
+  response->set_generation(claim->generation);
+  response->set_reclaimed_tokens(claim->reclaimed_tokens);
   response->set_available_tokens((*pool)->allocator().available_tokens());
+  response->set_renewed(claim->renewed);
+  if (!claim->renewed) {
+    spdlog::info("pool '{}' claimed by instance '{}' (generation {}): {} slots reclaimed",
+                 (*pool)->name(), SafeText(instance), claim->generation, claim->reclaimed_tokens);
+  }
   return absl::OkStatus();
+}
+
+void PoolServiceImpl::SetHolder(const Pool& pool, v1::Pool* out) const {
+  const PoolHolder holder = pool.holder();
+  if (holder.generation == 0) return;
+  v1::PoolHolder* h = out->mutable_holder();
+  h->set_instance_id(holder.instance_id);
+  h->set_generation(holder.generation);
+  h->set_live(session_open_(holder.session_id));
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::Alloc(grpc::CallbackServerContext* context,
@@ -454,6 +515,12 @@ grpc::ServerUnaryReactor* PoolServiceImpl::Free(grpc::CallbackServerContext* con
                                                 const v1::FreeRequest* request,
                                                 v1::FreeResponse* response) {
   return FinishCall(context, DoFree(CallerOf(*context), *request, response));
+}
+
+grpc::ServerUnaryReactor* PoolServiceImpl::ClaimPool(grpc::CallbackServerContext* context,
+                                                     const v1::ClaimPoolRequest* request,
+                                                     v1::PoolClaim* response) {
+  return FinishCall(context, DoClaimPool(CallerOf(*context), *request, response));
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(

@@ -36,15 +36,19 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   // `max_message_bytes` is the server's largest response; `metrics`, if
   // given, counts Alloc and Free per pool and must outlive this;
   // `max_indices_per_call` bounds Alloc's num_tokens and every index list
-  // (INVALID_ARGUMENT above it, nothing touched).
+  // (INVALID_ARGUMENT above it, nothing touched); `session_open` says
+  // whether a worker session is open (ClaimPool's holders; null: none is).
   PoolServiceImpl(PoolRegistry* registry, const char* backend, int max_message_bytes = 64 << 20,
                   KvhostMetrics* metrics = nullptr,
-                  uint64_t max_indices_per_call = kDefaultMaxIndicesPerCall)
+                  uint64_t max_indices_per_call = kDefaultMaxIndicesPerCall,
+                  SessionOpen session_open = nullptr)
       : registry_(registry),
         backend_(backend),
         max_message_bytes_(max_message_bytes),
         metrics_(metrics),
-        max_indices_(max_indices_per_call) {}
+        max_indices_(max_indices_per_call),
+        session_open_(session_open ? std::move(session_open)
+                                   : [](const std::string&) { return false; }) {}
 
   grpc::ServerUnaryReactor* CreatePool(grpc::CallbackServerContext* context,
                                        const v1::CreatePoolRequest* request,
@@ -103,6 +107,9 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   grpc::ServerUnaryReactor* DeletePoolGroup(grpc::CallbackServerContext* context,
                                             const v1::DeletePoolGroupRequest* request,
                                             v1::DeletePoolGroupResponse* response) override;
+  grpc::ServerUnaryReactor* ClaimPool(grpc::CallbackServerContext* context,
+                                      const v1::ClaimPoolRequest* request,
+                                      v1::PoolClaim* response) override;
 
   // The calls both paths serve (gRPC above, the fast path in
   // server/service/fast_path_calls.h): validation, owner check, the work
@@ -115,6 +122,14 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
                             v1::AllocBatchResponse* response, uint64_t max_reply_bytes);
   absl::Status DoFree(const Caller& caller, const v1::FreeRequest& request,
                       v1::FreeResponse* response);
+  // ClaimPool (Pool::Claim) for the first of `caller`'s sessions that is
+  // open; FAILED_PRECONDITION when none is.
+  absl::Status DoClaimPool(const Caller& caller, const v1::ClaimPoolRequest& request,
+                           v1::PoolClaim* response);
+  // The holder of `pool` as GetPool shows it (instance id, generation,
+  // live; never its session), or nothing for a pool never claimed.
+  void SetHolder(const Pool& pool, v1::Pool* out) const;
+  const SessionOpen& session_open() const { return session_open_; }
   // The largest reply this service sends (--max-message-bytes).
   uint64_t max_message_bytes() const { return static_cast<uint64_t>(max_message_bytes_); }
 
@@ -123,6 +138,8 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   // GetDataPage: room kept in a message beside the page's bytes (index,
   // offset, page_bytes and their tags take under 40 bytes).
   static constexpr uint64_t kMessageOverheadBytes = 1024;
+  // Longest ClaimPoolRequest.instance_id.
+  static constexpr size_t kMaxInstanceIdBytes = 128;
   // DaemonOptions::max_indices_per_call's default.
   static constexpr uint64_t kDefaultMaxIndicesPerCall = uint64_t{1} << 22;
 
@@ -137,6 +154,10 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
                                                  const std::optional<std::string>& token,
                                                  const char* counted = nullptr,
                                                  uint64_t count = 0) const;
+  // AllocBatch's allocations on `p`, all or nothing (those made before a
+  // failure are freed again).
+  absl::Status AllocRuns(Pool& p, const v1::AllocBatchRequest& request,
+                         v1::AllocBatchResponse* response);
   // RESOURCE_EXHAUSTED naming the pool when Alloc's indices of `num_tokens`
   // slots could exceed `max_reply_bytes`.
   absl::Status CheckAllocReply(const Pool& pool, uint64_t num_tokens,
@@ -147,6 +168,7 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   const int max_message_bytes_;
   KvhostMetrics* const metrics_;
   const uint64_t max_indices_;
+  const SessionOpen session_open_;
 };
 
 }  // namespace kvhost

@@ -214,6 +214,17 @@ absl::Status TransferServiceImpl::DoAllocBackup(const Caller& caller,
         "pool '", name, "': AllocBackup of ", n, " tokens needs a reply of up to ", reply_bytes,
         " bytes, over the ", max_reply_bytes, "-byte limit; back up in smaller batches"));
   }
+  // Another session's AllocBackup on a pool an sglang instance holds is
+  // refused as its Alloc is (ClaimPool).
+  return pool.ChangeAllocation(
+      caller.sessions, [this](const std::string& id) { return manager_->IsSessionOpen(id); },
+      "AllocBackup", [&] { return AllocThenBackUp(caller, backup, pool, n, response); });
+}
+
+absl::Status TransferServiceImpl::AllocThenBackUp(const Caller& caller,
+                                                  const v1::BackupRequest& backup, Pool& pool,
+                                                  uint64_t n, v1::AllocBackupResponse* response) {
+  const std::string& name = pool.name();
   absl::StatusOr<std::vector<uint64_t>> pages = pool.AllocPages(n);
   if (!pages.ok()) return pages.status();
   const uint64_t ps = pool.layout().page_size;

@@ -97,6 +97,10 @@ class TransferServiceImpl final : public v1::TransferService::CallbackService {
                       const std::string& wait_event_handle,
                       const google::protobuf::RepeatedPtrField<v1::PoolTransfer>& pool_transfers,
                       bool worker_copy, v1::TransferTicket* response, uint64_t max_reply_bytes);
+  // AllocBackup's work once checked: `n` slots of `pool` allocated and the
+  // backup into them submitted; on a refused backup the slots go back.
+  absl::Status AllocThenBackUp(const Caller& caller, const v1::BackupRequest& backup, Pool& pool,
+                               uint64_t n, v1::AllocBackupResponse* response);
   // Submit's worker copy (BackupRequest.worker_copy).
   absl::Status SubmitWorkerCopy(const Caller& caller, Direction direction,
                                 const std::string& attachment_id, absl::Span<const int64_t> host,

@@ -32,6 +32,9 @@ const char* OpName(StorageOp op) {
 struct StorageTier::Call {
   StorageOp op = StorageOp::kStore;
   std::shared_ptr<Pool> pool;
+  // Store and Fetch: Pool::UseSlots until the call ends, so that no
+  // ClaimPool frees the slots it reads or writes.
+  std::shared_ptr<void> slot_use;
   std::string ns;  // the namespace of the keys
   PageShapeTag tag;
   std::vector<int64_t> indices;
@@ -151,6 +154,7 @@ absl::Status StorageTier::Store(std::shared_ptr<Pool> pool, std::string ns,
   }
   if (absl::Status s = Reserve(*pool, indices.size()); !s.ok()) return s;
   call->op = StorageOp::kStore;
+  call->slot_use = pool->UseSlots();
   call->pool = std::move(pool);
   call->ns = std::move(ns);
   call->indices = std::move(indices);
@@ -176,6 +180,7 @@ absl::Status StorageTier::Fetch(std::shared_ptr<Pool> pool, std::string ns,
   }
   if (absl::Status s = Reserve(*pool, indices.size()); !s.ok()) return s;
   call->op = StorageOp::kFetch;
+  call->slot_use = pool->UseSlots();
   call->pool = std::move(pool);
   call->ns = std::move(ns);
   call->indices = std::move(indices);

@@ -201,6 +201,9 @@ struct JobLayer {
 // a pool group's has one per entry with rows in the transfer.
 struct JobPart {
   std::shared_ptr<Pool> pool;
+  // Pool::UseSlots while the job lives: no ClaimPool frees the slots it
+  // copies (destroyed before `pool`).
+  std::shared_ptr<void> slot_use;
   // That pool's buffers (for a plain attachment, the job's own `mapping`).
   std::shared_ptr<const DeviceMapping> mapping;
   // Token runs (host slot, device slot), and for pools with page-row

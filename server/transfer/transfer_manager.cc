@@ -544,6 +544,7 @@ absl::StatusOr<TransferJob> TransferManager::BuildJob(const Target& target,
     const AttachedPool& attached = target.pools[e];
     JobPart& part = parts[e];
     part.pool = attached.pool;
+    part.slot_use = attached.pool->UseSlots();
     part.mapping = attached.mapping;
     part.layers = attached.layers;
     const std::string device_what =

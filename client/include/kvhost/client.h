@@ -200,6 +200,12 @@ class Client {
   absl::StatusOr<v1::StrideAlignment> IsStridePageAligned(const std::string& pool,
                                                           uint64_t alignment = 0);
   absl::StatusOr<v1::ContiguousBufferInfos> GetContiguousBufferInfos(const std::string& pool);
+  // Makes sglang instance `instance_id` the pool's one owner
+  // (PoolService.ClaimPool) within this client's worker session, which it
+  // opens first (FAILED_PRECONDITION without options().worker_session).
+  // Another live owner is FAILED_PRECONDITION; a takeover frees the
+  // previous owner's slots (PoolClaim.reclaimed_tokens).
+  absl::StatusOr<v1::PoolClaim> ClaimPool(const std::string& pool, const std::string& instance_id);
   // Pool groups (kvhost.v1.PoolGroup): pools a worker moves together, e.g. a
   // hybrid model's attention KV pool and its Mamba state pool. Alloc, Free
   // and the page calls above take a group's name for its anchor pool.

@@ -251,6 +251,24 @@ KVHOST_C_API int kvhost_group_get_json(kvhost_client* client, const char* name, 
 KVHOST_C_API int kvhost_group_delete(kvhost_client* client, const char* name, char* err,
                                      size_t err_len);
 
+/* Makes this client's sglang instance `instance_id` (1-128 printable ASCII
+ * characters, stable across its restarts) the pool's one owner
+ * (PoolService.ClaimPool); a scheduler calls it at start-up. Contract:
+ * needs the client's worker session (it is opened first); another live
+ * session holding the pool is KVHOST_FAILED_PRECONDITION naming its instance
+ * id and generation, and changes nothing; the caller's own live claim is
+ * renewed (*renewed = 1, nothing freed); otherwise the pool is taken over:
+ * *generation is the previous one plus 1 and every allocated slot (the
+ * previous scheduler's) is freed, *reclaimed_tokens of them.
+ * KVHOST_UNAVAILABLE while transfers still use the pool's slots: retry.
+ * While held, alloc, free and alloc_backup of other sessions are refused;
+ * the claim ends with this client's session (close, exit, or a kvhostd
+ * restart: kvhost_client_session_state's session id changes then, and the
+ * caller must treat its slots as lost). Out-parameters may be NULL. */
+KVHOST_C_API int kvhost_pool_claim(kvhost_client* client, const char* pool, const char* instance_id,
+                                   uint64_t* generation, uint64_t* reclaimed_tokens,
+                                   int32_t* renewed, char* err, size_t err_len);
+
 /* --- Slots and pages (a group's name acts on its anchor pool) ----------- */
 
 /* Allocates num_tokens slots (whole pages) into indices[0, num_tokens);
