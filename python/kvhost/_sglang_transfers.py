@@ -200,10 +200,15 @@ class SchedulerTransfers:
         ticket.wait_layer(layers - 1, stream)
 
     def load_layer(self, att: Attachment, stream: Any, layer: int, host: Any, device: Any, *,
-                   layers: int, what: str, pool_transfers: Any = None) -> None:
+                   layers: int, what: str, pool_transfers: Any = None,
+                   ends: Optional[bool] = None, missing_ok: bool = False) -> None:
         """Layer `layer` of a load (module doc): layer 0 submits every layer,
-        each call waits for its own. RuntimeError, naming `what` ("pool
-        'x'"), for a later layer with no load of layer 0 pending."""
+        each call waits for its own. The call that `ends` the load (default:
+        the last layer's; a pool with packed MTP draft layers ends it at its
+        last target layer, sglang's order) also waits for every later layer
+        of it. RuntimeError, naming `what` ("pool 'x'"), for a later layer
+        with no load of layer 0 pending, unless `missing_ok` (a draft layer
+        whose load has ended: it was waited for then)."""
         key = id(att)
         if layer == 0:
             if stream is not None:
@@ -216,12 +221,16 @@ class SchedulerTransfers:
             with self._lock:
                 pending = self._loads.get(key)
             if pending is None:
+                if missing_ok:
+                    return
                 raise RuntimeError(f"load_to_device_per_layer: layer {layer} of {what} without "
                                    f"a pending load of layer 0")
             ticket = pending
         ticket.wait_layer(layer, stream)
-        if layer < layers - 1:
+        if not (layer >= layers - 1 if ends is None else ends):
             return
+        if layer < layers - 1:
+            ticket.wait_layer(layers - 1, stream)  # the later (draft) layers end it too
         with self._lock:
             if self._loads.get(key) is ticket:
                 del self._loads[key]

@@ -211,26 +211,16 @@ class _CapturedDevicePool:
         if not is_draft and layer != target - 1:
             return  # sglang's rule: layers past the target's only with is_draft
         self._check_io_backend(io_backend)
-        att = self._attachment(self)
-        if not is_draft:  # the last target layer ends the load
-            super().load_to_device_per_layer(device_pool, host_indices, device_indices,
-                                             layer_id, io_backend)
-            with self._lock:
-                ticket = self._loads.pop(id(att), None)
-            if ticket is not None:
-                ticket.wait()  # the whole load, drafts included; raises its error
-            return
-        if not target <= layer < self.layer_num:
+        if is_draft and not target <= layer < self.layer_num:
             raise ValueError(f"kvhost pool '{self.name}': draft layer {layer} outside "
                              f"[{target}, {self.layer_num})")
-        with self._lock:
-            ticket = self._loads.get(id(att))
-        if ticket is None:
-            return  # the load ended with the last target layer, this layer with it
-        stream = None
-        if self._torch is not None and att.info.get("backend") == "cuda":
-            stream = self._torch.cuda.current_stream()
-        ticket.wait_layer(layer, stream)
+        att = self._attachment(self)
+        # The last target layer ends the load (waiting for its draft layers
+        # too); a draft layer after it finds the load ended and returns.
+        self._transfers.load_layer(att, self._cuda_stream(att), layer, host_indices,
+                                   device_indices, layers=self._transfer_layers(att),
+                                   what=f"pool '{self.name}'", ends=not is_draft,
+                                   missing_ok=is_draft)
 
 
 def _mha_refusals(infos: Sequence[Any], head_group_num: int,
