@@ -117,39 +117,55 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Errno(absl::StatusCode::kInternal, "socket");
   struct Closer {
-    int fd;
+    int fd = -1;
     ~Closer() {
       if (fd >= 0) ::close(fd);
     }
-  } closer{fd};
-  const timeval send_timeout = absl::ToTimeval(timeout);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return Errno(absl::StatusCode::kUnavailable,
-                 absl::StrCat("handoff socket ", socket_path, ": connect"));
-  }
+  } closer;
   std::string bytes = request.SerializeAsString();
-  iovec iov{bytes.data(), bytes.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
   std::vector<char> control(CMSG_SPACE(sizeof(int) * send_fds.size()));
-  if (!send_fds.empty()) {
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * send_fds.size());
-    std::memcpy(CMSG_DATA(c), send_fds.data(), sizeof(int) * send_fds.size());
+  // kvhostd pushes out a connection of a uid that has many waiting without
+  // a request (a silent client's), and ours may be one of them in the
+  // instant between connect and send, under load: the send then finds the
+  // connection closed (EPIPE, ECONNRESET) with nothing of ours taken, so
+  // connect again until the deadline.
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(1);
+  while (true) {
+    if (closer.fd >= 0) ::close(std::exchange(closer.fd, -1));
+    closer.fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (closer.fd < 0) return Errno(absl::StatusCode::kInternal, "socket");
+    const timeval send_timeout = absl::ToTimeval(timeout);
+    ::setsockopt(closer.fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+    if (::connect(closer.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      return Errno(absl::StatusCode::kUnavailable,
+                   absl::StrCat("handoff socket ", socket_path, ": connect"));
+    }
+    iovec iov{bytes.data(), bytes.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (!send_fds.empty()) {
+      msg.msg_control = control.data();
+      msg.msg_controllen = control.size();
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * send_fds.size());
+      std::memcpy(CMSG_DATA(c), send_fds.data(), sizeof(int) * send_fds.size());
+    }
+    if (::sendmsg(closer.fd, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size())) break;
+    const int err = errno;
+    if ((err != EPIPE && err != ECONNRESET) || absl::Now() + backoff >= deadline) {
+      errno = err;
+      return Errno(absl::StatusCode::kUnavailable,
+                   absl::StrCat("handoff socket ", socket_path, ": send"));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(50));
   }
-  if (::sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) {
-    return Errno(absl::StatusCode::kUnavailable,
-                 absl::StrCat("handoff socket ", socket_path, ": send"));
-  }
+  const int fd = closer.fd;
   v1::HandoffReply reply;
   std::vector<int> received;
   absl::Status s = ReceiveReply(fd, socket_path, timeout, &reply, &received);
