@@ -314,9 +314,12 @@ TEST_F(EngineFixture, ABackupWithLayerCountersTakesASetAndPublishesEveryLayer) {
     }
     const std::shared_ptr<Ticket> ticket = job->ticket;
     engine.Submit(*std::move(job));
-    // The ticket never counts a layer the counter has not: Publish comes first.
+    // The ticket never counts a layer the counter has not: Publish comes
+    // first. So the ticket is read before the counter (the other order
+    // races the engine between the two reads).
     while (!ticket->Snapshot().done) {
-      EXPECT_GE(counters->Recorded(0), base + ticket->Snapshot().layers_done);
+      const uint64_t done = ticket->Snapshot().layers_done;
+      EXPECT_GE(counters->Recorded(0), base + done);
     }
     ASSERT_TRUE(ticket->Snapshot().status.ok()) << ticket->Snapshot().status;
     EXPECT_EQ(ticket->Snapshot().layers_done, layers);
