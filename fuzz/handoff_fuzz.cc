@@ -21,9 +21,11 @@
 //     INVALID_ARGUMENT with a message;
 //   * a decoded request's caller carries exactly its session ids, and its
 //     token when it has one;
-//   * the lookup: a kind other than layer counters and pool regions is
-//     INVALID_ARGUMENT (pool regions: FAILED_PRECONDITION where the id
-//     serves the caller, this daemon serving no worker copies); an id that names no
+//   * the lookup: a kind other than layer counters, pool regions and pool
+//     map is INVALID_ARGUMENT (pool regions: FAILED_PRECONDITION where the id
+//     serves the caller, this daemon serving no worker copies; pool map: the
+//     pool's regions read-write, FAILED_PRECONDITION for an attachment
+//     without a session); an id that names no
 //     attachment, or one the caller may not use (the rule of
 //     server/transfer/caller.h, modelled here independently), NOT_FOUND; an
 //     attachment without layer progress FAILED_PRECONDITION; otherwise OK
@@ -212,7 +214,8 @@ class Harness {
       }
     }
     if (request.kind() != v1::HANDOFF_KIND_LAYER_COUNTERS &&
-        request.kind() != v1::HANDOFF_KIND_POOL_REGIONS) {
+        request.kind() != v1::HANDOFF_KIND_POOL_REGIONS &&
+        request.kind() != v1::HANDOFF_KIND_POOL_MAP) {
       FUZZ_CHECK(IsErrorOf(found.status(), {absl::StatusCode::kInvalidArgument}),
                  found.status().ToString());
       return;
@@ -233,6 +236,32 @@ class Harness {
     if (request.kind() == v1::HANDOFF_KIND_POOL_REGIONS) {
       FUZZ_CHECK(IsErrorOf(found.status(), {absl::StatusCode::kFailedPrecondition}),
                  found.status().ToString());
+      return;
+    }
+    // The caller's own map: the pool's regions, read-write, for an
+    // attachment made within a session only (nothing else ends the hold).
+    if (request.kind() == v1::HANDOFF_KIND_POOL_MAP) {
+      if (target->session < 0) {
+        FUZZ_CHECK(IsErrorOf(found.status(), {absl::StatusCode::kFailedPrecondition}),
+                   found.status().ToString());
+        return;
+      }
+      FUZZ_CHECK(found.ok(), target->placeholder, ": ", found.status().ToString());
+      FUZZ_CHECK(
+          found->keep != nullptr && !found->fds.empty() && found->count == found->fds.size() &&
+              static_cast<size_t>(found->pool_regions.region_bytes_size()) == found->fds.size(),
+          target->placeholder);
+      uint64_t total = 0;
+      for (size_t r = 0; r < found->fds.size(); ++r) {
+        struct stat st;
+        FUZZ_CHECK(::fstat(found->fds[r], &st) == 0 &&
+                       static_cast<uint64_t>(st.st_size) >=
+                           found->pool_regions.region_bytes(static_cast<int>(r)),
+                   r);
+        FUZZ_CHECK((::fcntl(found->fds[r], F_GETFL) & O_ACCMODE) == O_RDWR, "read-write");
+        total += found->pool_regions.region_bytes(static_cast<int>(r));
+      }
+      FUZZ_CHECK(found->bytes == total, found->bytes);
       return;
     }
     if (!target->progress) {
