@@ -389,6 +389,13 @@ def round_trip(c, daemon, views_numpy):
             t = att.backup(host, list(range(8)), wait=True)
             assert t.done and t.poll() and t.id > 0, t
             t = att.load(host, range(8, 16))
+            # status=False: only whether it finished, no TransferStatus kept.
+            deadline = time.monotonic() + 30
+            while not t.poll(status=False):
+                assert time.monotonic() < deadline, "load not done in 30 s"
+                time.sleep(0.001)
+            assert t.status is None and t.done, t.status
+            t = att.load(host, range(8, 16))
             status = t.wait(30)
             assert status["done"] is True and t.done, status
             for ci in range(2):

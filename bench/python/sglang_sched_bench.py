@@ -24,9 +24,19 @@ with --hicache-io-backend direct); --gpu-indices passes both as CUDA
 tensors instead (io_backend kernel), which costs a synchronisation of the
 calling stream in the call: kvhostd takes indices from host memory.
 
+--breakdown adds a second pass that splits a backup call and a load's
+layer-0 call into their parts: the submit (kvhost.Attachment.backup / load:
+the request over the fast path or gRPC, the daemon's validation and its
+engine's acceptance), the daemon's enqueue time of that ticket (its
+TransferStatus.enqueue_us, from acceptance until the engine had taken the
+job), the host wait for a layer to be recorded (LoadTicket.wait_layer: the
+backup's last layer, the load's layer 0) and, for a load, the daemon's
+first_layer_us.
+
   usage: sglang_sched_bench.py --kvhostd PATH [--lib PATH] [--tokens N]
          [--layers L] [--heads H] [--head-dim D] [--page-size P] [--iters N]
-         [--cuda [--gpu-indices]]
+         [--cuda [--gpu-indices]] [--breakdown] [--daemon-flag=F ...]
+         [--daemon-log PATH]
   On the GPU machine, from a build with CUDA (build/bin/kvhostd, build/lib):
     python3 bench/python/sglang_sched_bench.py --kvhostd build/bin/kvhostd \\
         --lib build/lib/libkvhost_c.so --cuda --tokens 4096 --iters 50
@@ -79,6 +89,92 @@ def _measure(args: argparse.Namespace, pool: Any, dev: Any, slots: Any, rows: An
     return out
 
 
+class _Breakdown:
+    """Times kvhost.transfer's submit and wait_layer calls made inside a
+    backup_from_device_all_layer / load_to_device_per_layer call, and keeps
+    their tickets for the daemon's own times (module doc, --breakdown)."""
+
+    def __init__(self, kvhost: Any) -> None:
+        self.transfer = kvhost.transfer
+        self.parts: Dict[str, List[float]] = {}
+        self.tickets: Dict[str, List[Any]] = {"backup": [], "load": []}
+        self.call = ""
+        self._saved: Dict[str, Any] = {}
+
+    def _timed(self, owner: Any, name: str, part: Callable[[Any, tuple], str],
+               keep: bool = False) -> None:
+        original = getattr(owner, name)
+        self._saved[name] = (owner, original)
+
+        def wrapper(obj: Any, *a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            result = original(obj, *a, **kw)
+            label = part(obj, a)
+            if label:
+                self.parts.setdefault(label, []).append(time.perf_counter() - t0)
+                if keep:
+                    self.tickets[self.call].append(result)
+            return result
+        setattr(owner, name, wrapper)
+
+    def __enter__(self) -> "_Breakdown":
+        t = self.transfer
+        self._timed(t.Attachment, "backup", lambda _o, _a: f"{self.call}: submit", keep=True)
+        self._timed(t.Attachment, "load", lambda _o, _a: f"{self.call}: submit", keep=True)
+        self._timed(t.LoadTicket, "wait_layer",
+                    lambda _o, a: f"{self.call}: wait_layer({a[0]})" if
+                    self.call == "backup" or a[0] == 0 else "")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, (owner, original) in self._saved.items():
+            setattr(owner, name, original)
+
+    def daemon_times(self) -> None:
+        """The kept tickets' TransferStatus times, as parts."""
+        for call, tickets in self.tickets.items():
+            for ticket in tickets:
+                status = ticket.wait(timeout=10)
+                for key in ("enqueue_us", "first_layer_us", "duration_us"):
+                    if key == "first_layer_us" and call == "backup":
+                        continue
+                    self.parts.setdefault(f"{call}: daemon {key}", []).append(
+                        int(status.get(key, 0)) * 1e-6)
+
+
+def _measure_parts(args: argparse.Namespace, kvhost: Any, pool: Any, dev: Any, slots: Any,
+                   rows: Any, stream_ctx: Callable[[str], Any],
+                   sync: Callable[[], None]) -> None:
+    """The --breakdown pass: prints p50 / p99 of each part of a backup call
+    and of a load's layer-0 call."""
+    with _Breakdown(kvhost) as bd:
+        for _ in range(args.iters):
+            sync()
+            with stream_ctx("d2h"):
+                bd.call = "backup"
+                t0 = time.perf_counter()
+                pool.backup_from_device_all_layer(dev, slots, rows)
+                bd.parts.setdefault("backup: whole call", []).append(time.perf_counter() - t0)
+                sync()
+            with stream_ctx("h2d"):
+                bd.call = "load"
+                for layer in range(args.layers):
+                    t0 = time.perf_counter()
+                    pool.load_to_device_per_layer(dev, slots, rows, layer)
+                    if layer == 0:
+                        bd.parts.setdefault("load: whole layer-0 call", []).append(
+                            time.perf_counter() - t0)
+                sync()
+    bd.daemon_times()
+    rows_out = [["part", "p50 us", "p99 us", "samples"]]
+    for label in sorted(bd.parts):
+        s = common.summary_us(bd.parts[label])
+        rows_out.append([label, common.fmt(s["p50_us"]), common.fmt(s["p99_us"]),
+                         str(s["samples"])])
+    print("breakdown (daemon times are TransferStatus fields of the same tickets)")
+    print(common.table(rows_out, "lrrr"))
+
+
 def _report(args: argparse.Namespace, pool: Any, times: Dict[str, List[float]],
             mode: str) -> None:
     nbytes = pool.get_size_per_token() * args.tokens
@@ -100,7 +196,7 @@ def _report(args: argparse.Namespace, pool: Any, times: Dict[str, List[float]],
 
 
 def _run_host(args: argparse.Namespace, kvhost: Any, kvs: Any) -> None:
-    daemon = common.Daemon(args.kvhostd, "host")
+    daemon = common.Daemon(args.kvhostd, "host", args.daemon_flag, args.daemon_log)
     try:
         with kvhost.Client(daemon.address, session=False) as sched, \
                 kvhost.Client(daemon.address) as worker:
@@ -113,6 +209,9 @@ def _run_host(args: argparse.Namespace, kvhost: Any, kvs: Any) -> None:
             times = _measure(args, pool, dev, slots, list(range(args.tokens)),
                              lambda _: _Nothing(), lambda: None)
             _report(args, pool, times, "host backend (the calls wait for the copy)")
+            if args.breakdown:
+                _measure_parts(args, kvhost, pool, dev, slots, list(range(args.tokens)),
+                               lambda _: _Nothing(), lambda: None)
             pool.close()
             dev.close()
     finally:
@@ -132,7 +231,7 @@ def _run_cuda(args: argparse.Namespace, kvhost: Any, kvs: Any) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("--cuda needs a GPU that torch can use")
     torch.zeros(1, device="cuda")  # the primary context, current on this thread
-    daemon = common.Daemon(args.kvhostd, "cuda")
+    daemon = common.Daemon(args.kvhostd, "cuda", args.daemon_flag, args.daemon_log)
     try:
         with kvhost.Client(daemon.address) as sched:
             pool = kvs.MHATokenToKVPoolHost(
@@ -153,6 +252,9 @@ def _run_cuda(args: argparse.Namespace, kvhost: Any, kvs: Any) -> None:
             where = "CUDA" if args.gpu_indices else "CPU"
             _report(args, pool, times, f"cuda backend, {torch.cuda.get_device_name()}, "
                                        f"indices as {where} tensors")
+            if args.breakdown:
+                _measure_parts(args, kvhost, pool, dev, slots, rows,
+                               lambda d: torch.cuda.stream(streams[d]), torch.cuda.synchronize)
             pool.close()
     finally:
         daemon.stop()
@@ -172,6 +274,12 @@ def main() -> int:
                     help="kvhostd --backend=cuda and torch CUDA tensors (needs a GPU)")
     ap.add_argument("--gpu-indices", action="store_true",
                     help="--cuda: pass slots and rows as CUDA tensors (io_backend kernel)")
+    ap.add_argument("--daemon-flag", action="append", default=[],
+                    help="a kvhostd flag (repeat), e.g. --daemon-flag=--log-level=debug, "
+                         "whose debug lines split each ticket's acceptance into its stages")
+    ap.add_argument("--daemon-log", help="keep kvhostd's log at this path")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="a second pass timing the parts of a backup and a load's layer-0 call")
     args = ap.parse_args()
     if args.gpu_indices and not args.cuda:
         ap.error("--gpu-indices needs --cuda")

@@ -72,7 +72,7 @@ class KeptTickets:
                     return
                 what, ticket = self._kept[0]
             try:
-                done = ticket.poll()
+                done = ticket.poll(status=False)
             except Exception as e:
                 self._forget(ticket)
                 _annotate(e, what)

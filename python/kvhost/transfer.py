@@ -216,11 +216,23 @@ class Ticket:
             self.status, self._done = _json.loads(text), True
             return self.status
 
-    def poll(self) -> bool:
-        """True once the transfer finished; raises its error if it failed."""
+    def poll(self, status: bool = True) -> bool:
+        """True once the transfer finished; raises its error if it failed.
+
+        status=False leaves ``status`` as it is (None, as for a ticket made
+        done by a waiting call) and skips rendering the daemon's
+        TransferStatus as JSON, which costs more than the poll
+        itself: for a caller that only needs to know (the sglang pools'
+        per-call check of the transfers they did not wait for).
+        """
         if self._done:
             return True
         done = C.c_int32(0)
+        if not status:
+            _lib.call(_lib.lib().kvhost_transfer_poll, self._client._handle(), self.id,
+                      C.byref(done), None, 0, None)
+            self._done = bool(done.value)
+            return self._done
         text = _lib.call_out(_lib.lib().kvhost_transfer_poll, self._client._handle(), self.id,
                              C.byref(done), guess=_STATUS_GUESS)
         if done.value:
