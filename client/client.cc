@@ -145,8 +145,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }()
 
 // KVHOST_CALL with the client's session ids, which the daemon requires for
-// the attachments and tickets of a session and for the allocation calls on
-// a pool a session holds (ClaimPool).
+// the attachments and tickets of a session and for the allocation calls and
+// page writes on a pool a session holds (ClaimPool).
 #define KVHOST_SESSION_CALL(stub, method, request, response, timeout)                     \
   [&]() -> absl::Status {                                                                 \
     grpc::ClientContext context;                                                          \
@@ -338,7 +338,7 @@ absl::Status Client::SetFromFlatDataPage(const std::string& pool, int64_t index,
   request.set_index(index);
   request.set_data(data.data(), data.size());
   v1::SetPageResponse response;
-  return KVHOST_CALL(pools_, SetFromFlatDataPage, request, &response, options_.timeout);
+  return KVHOST_SESSION_CALL(pools_, SetFromFlatDataPage, request, &response, options_.timeout);
 }
 
 absl::StatusOr<std::vector<std::string>> Client::ReadPages(const std::string& pool,
@@ -402,6 +402,8 @@ absl::StatusOr<uint64_t> Client::WritePages(const std::string& pool,
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.timeout));
   AddOwnerToken(options_, &context);
+  // A pool a session holds takes only that session's writes (ClaimPool).
+  for (const std::string& id : SessionIds()) context.AddMetadata("kvhost-session", id);
   v1::WritePagesResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::WritePagesChunk>> writer =
       pools_->WritePages(&context, &response);
@@ -472,8 +474,8 @@ absl::StatusOr<v1::FetchPagesResponse> Client::FetchPages(const std::string& poo
                                                           const std::vector<std::string>& keys,
                                                           absl::Span<const int64_t> indices) {
   v1::FetchPagesResponse response;
-  absl::Status s = KVHOST_CALL(storage_, FetchPages, FetchRequest(pool, keys, indices, false),
-                               &response, options_.timeout);
+  absl::Status s = KVHOST_SESSION_CALL(
+      storage_, FetchPages, FetchRequest(pool, keys, indices, false), &response, options_.timeout);
   if (!s.ok()) return s;
   return response;
 }
@@ -492,8 +494,8 @@ absl::StatusOr<uint64_t> Client::StartFetchPages(const std::string& pool,
                                                  const std::vector<std::string>& keys,
                                                  absl::Span<const int64_t> indices) {
   v1::FetchPagesResponse response;
-  absl::Status s = KVHOST_CALL(storage_, FetchPages, FetchRequest(pool, keys, indices, true),
-                               &response, options_.timeout);
+  absl::Status s = KVHOST_SESSION_CALL(
+      storage_, FetchPages, FetchRequest(pool, keys, indices, true), &response, options_.timeout);
   if (!s.ok()) return s;
   return response.ticket_id();
 }

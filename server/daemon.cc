@@ -608,8 +608,10 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   auto status = std::make_unique<DaemonServiceImpl>(registry_.get(), transfers_.get(), identity);
   daemon_service_ = status.get();
   drain_timeout_ = options.drain_timeout;
-  auto storage = std::make_unique<StorageServiceImpl>(registry_.get(), storage_.get(),
-                                                      options.max_indices_per_call, metrics_.get());
+  auto storage = std::make_unique<StorageServiceImpl>(
+      registry_.get(), storage_.get(), options.max_indices_per_call, metrics_.get(),
+      StorageTickets::Limits{},
+      [sessions](const std::string& id) { return sessions->IsSessionOpen(id); });
   // grpc.reflection.v1 beside gRPC's v1alpha plugin, listing the same
   // services (health and both reflections are the builder's and ours).
   auto reflection = std::make_unique<ReflectionV1Service>(std::vector<std::string>{

@@ -367,6 +367,44 @@ TEST_F(L3Test, PagesOfAnotherShapeAreRefused) {
   }
 }
 
+TEST_F(L3Test, AFetchIntoAPoolAnotherSessionHoldsIsRefused) {
+  first_ = StartDaemon();
+  ASSERT_TRUE(first_);
+  ASSERT_TRUE(first_->client().CreatePool("p", MakeSpec(v1::MHA, v1::PAGE_FIRST, 16, 256)).ok());
+  std::vector<std::string> bytes;
+  const std::vector<int64_t> src = FilledPages(first_->client(), "p", 16, 2, rng_, &bytes);
+  const std::vector<std::string> keys = Keys("held", 2);
+  ASSERT_EQ(first_->client().StorePages("p", src, keys)->stored_pages(), 2u);
+  // Two sglang instances' clients, each with its worker session.
+  const auto scheduler = [&] {
+    ClientOptions options;
+    options.address = first_->address();
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(options);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  };
+  std::unique_ptr<Client> holder = scheduler();
+  std::unique_ptr<Client> other = scheduler();
+  ASSERT_TRUE(holder && other);
+  ASSERT_TRUE(holder->ClaimPool("p", "inst-a").ok());
+  ASSERT_TRUE(other->OpenSession(absl::Seconds(10)).ok());
+  std::vector<std::string> before;
+  const std::vector<int64_t> dst = FilledPages(*holder, "p", 16, 2, rng_, &before);
+  const auto refused = [](const absl::Status& s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "'inst-a' (generation 1)")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "FetchPages from another session")) << s;
+  };
+  refused(other->FetchPages("p", keys, dst).status());
+  refused(other->StartFetchPages("p", keys, dst).status());
+  for (size_t i = 0; i < dst.size(); ++i) EXPECT_EQ(PageAt(*holder, "p", dst[i]), before[i]);
+  // The holder's own fetch writes them.
+  absl::StatusOr<v1::FetchPagesResponse> fetched = holder->FetchPages("p", keys, dst);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->hit_pages(), 2u);
+  for (size_t i = 0; i < dst.size(); ++i) EXPECT_EQ(PageAt(*holder, "p", dst[i]), bytes[i]);
+}
+
 TEST_F(L3Test, RefusalsNameTheValueAndChangeNothing) {
   first_ = StartDaemon({"--l3-max-pages-in-flight=4"});
   ASSERT_TRUE(first_);

@@ -3,9 +3,12 @@
 // owner's own claim again is renewed; once the owner's session ends, a claim
 // takes the pool over in one call (generation + 1, every slot the dead owner
 // allocated freed); while a pool is held, other sessions' Alloc, AllocBatch
-// and Free are refused on gRPC and on the fast path alike, and allowed
-// again once the holder's session ends; bad instance ids and sessionless
-// claims are refused naming the value.
+// and Free are refused on gRPC and on the fast path alike, and so are their
+// writes of its pages (SetFromFlatDataPage, WritePages, a Backup from their
+// own attachment), leaving the pages as they were; all allowed again once
+// the holder's session ends; bad instance ids and sessionless claims are
+// refused naming the value.
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvhost/client.h"
+#include "kvhost/v1/transfer.pb.h"
 
 namespace kvhost {
 namespace {
@@ -161,6 +165,63 @@ TEST_F(PoolClaimTest, AFailedClaimChangesNothing) {
   unchanged();
   EXPECT_EQ(b->ClaimPool("nope", "inst-b").status().code(), absl::StatusCode::kNotFound);
   unchanged();
+}
+
+TEST_F(PoolClaimTest, OtherSessionsCannotWriteAHeldPoolsPages) {
+  std::unique_ptr<Client> holder = Scheduler();
+  ASSERT_TRUE(holder->ClaimPool("p", "inst-a").ok());
+  absl::StatusOr<std::vector<int64_t>> mine = holder->Alloc("p", 8);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  const int64_t page = (*mine)[0];  // the first slot of a page (page size 4)
+  absl::StatusOr<std::string> before = holder->GetDataPage("p", page);
+  ASSERT_TRUE(before.ok()) << before.status();
+  const std::string junk(before->size(), 'x');
+
+  std::unique_ptr<Client> other = Scheduler();
+  ASSERT_TRUE(other->OpenSession(absl::Seconds(10)).ok());
+  const auto refused = [](const absl::Status& s, const std::string& what) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()),
+                ::testing::AllOf(::testing::HasSubstr("pool 'p'"),
+                                 ::testing::HasSubstr("'inst-a' (generation 1)"),
+                                 ::testing::HasSubstr(what + " from another session")));
+  };
+  refused(other->SetFromFlatDataPage("p", page, junk), "SetFromFlatDataPage");
+  const std::vector<int64_t> pages = {page};
+  refused(other->WritePages("p", pages, {junk}).status(), "WritePages");
+  // A Backup from the other session's own attachment of the held pool.
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
+      ShmDevicePool::Create(Pool(), 8, daemon_->shm_dir());
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  for (uint32_t c = 0; c < (*dev)->components(); ++c) {
+    for (uint32_t l = 0; l < (*dev)->layers(); ++l) {
+      std::memset((*dev)->layer(c, l), 'y', (*dev)->rows(c) * (*dev)->row_bytes(c));
+    }
+  }
+  absl::StatusOr<v1::Attachment> att = other->AttachDevice((*dev)->MakeAttachRequest("p"));
+  ASSERT_TRUE(att.ok()) << att.status();
+  const std::vector<int64_t> slots(mine->begin(), mine->begin() + 4);
+  const std::vector<int64_t> rows = {0, 1, 2, 3};
+  refused(other->Backup(att->id(), slots, rows).status(), "Backup");
+  // Nothing was written.
+  absl::StatusOr<std::string> after = holder->GetDataPage("p", page);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, *before);
+
+  // The holder's own write passes.
+  const absl::Status own = holder->SetFromFlatDataPage("p", page, junk);
+  ASSERT_TRUE(own.ok()) << own;
+  EXPECT_EQ(*holder->GetDataPage("p", page), junk);
+
+  // Once the holder's session ends, the others write again.
+  holder.reset();
+  WaitReleased();
+  absl::StatusOr<uint64_t> written = other->WritePages("p", pages, {*before});
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*other->GetDataPage("p", page), *before);
+  absl::StatusOr<uint64_t> ticket = other->Backup(att->id(), slots, rows);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  EXPECT_TRUE(other->WaitTransfer(*ticket, absl::Seconds(30)).ok());
 }
 
 // Alloc, AllocBatch and Free of another session while the pool is held, on

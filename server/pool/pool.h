@@ -19,8 +19,10 @@
 // at a time, recorded as its holder (instance id, generation, the worker
 // session that claimed it). A claim while no live session holds the pool
 // takes it over: generation + 1 and every allocated slot freed in the same
-// step. While the holder's session is open, Alloc and Free from any other
-// session are refused (ChangeAllocation). The session's end releases the
+// step. While the holder's session is open, every change of its slots or
+// pages from any other session is refused (ChangeAllocation): Alloc, Free,
+// AllocBatch, AllocBackup, a Backup into it, SetFromFlatDataPage,
+// WritePages and an L3 fetch into it. The session's end releases the
 // pool without freeing anything; liveness is asked of the caller's
 // SessionOpen each time, so nothing has to tell the pool a session ended.
 //
@@ -221,8 +223,9 @@ class Pool {
   // are not checked against it (only the holder's AllocBackup is).
   absl::StatusOr<PoolClaimResult> Claim(const std::string& instance_id,
                                         const std::string& session_id, const SessionOpen& open);
-  // Runs `change` (an Alloc or Free of the allocator owner's slots) unless a
-  // live session not among `sessions` holds the allocator owner:
+  // Runs `change` (an Alloc or Free of the allocator owner's slots, a write
+  // of its pages, or the check before a job that writes them later) unless
+  // a live session not among `sessions` holds the allocator owner:
   // FAILED_PRECONDITION naming `what`, the pool and the holder then, and
   // `change` does not run. No Claim interleaves with `change`.
   absl::Status ChangeAllocation(absl::Span<const std::string> sessions, const SessionOpen& open,

@@ -127,8 +127,14 @@ class PageReader final : public grpc::ServerWriteReactor<v1::PageData> {
 class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
  public:
   PageWriter(PoolRegistry* registry, v1::WritePagesResponse* response,
-             std::optional<std::string> token, uint64_t max_pages)
-      : registry_(registry), response_(response), token_(std::move(token)), max_pages_(max_pages) {
+             std::optional<std::string> token, uint64_t max_pages,
+             std::vector<std::string> sessions, SessionOpen session_open)
+      : registry_(registry),
+        response_(response),
+        token_(std::move(token)),
+        max_pages_(max_pages),
+        sessions_(std::move(sessions)),
+        session_open_(std::move(session_open)) {
     StartRead(&chunk_);
   }
 
@@ -219,7 +225,12 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
     absl::StatusOr<TransientReservation> held =
         registry_->ReserveTransient(n, absl::StrCat("WritePages of pool '", pool_->name(), "'"));
     if (!held.ok()) return held.status();
-    if (absl::Status s = pool_->WritePageRange(index_, offset_, Bytes(chunk.data())); !s.ok()) {
+    // Each chunk, so that a pool claimed by another instance mid-stream
+    // takes no more of this stream's bytes (ClaimPool).
+    if (absl::Status s = pool_->ChangeAllocation(
+            sessions_, session_open_, "WritePages",
+            [&] { return pool_->WritePageRange(index_, offset_, Bytes(chunk.data())); });
+        !s.ok()) {
       return s;
     }
     offset_ += n;
@@ -248,6 +259,8 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
   v1::WritePagesResponse* const response_;
   const std::optional<std::string> token_;
   const uint64_t max_pages_;
+  const std::vector<std::string> sessions_;  // the caller's worker sessions
+  const SessionOpen session_open_;
   uint64_t pages_started_ = 0;
   v1::WritePagesChunk chunk_;
   std::shared_ptr<Pool> pool_;
@@ -268,11 +281,11 @@ grpc::ServerWriteReactor<v1::PageData>* NewPageReader(PoolRegistry* registry,
   return new PageReader(registry, request, chunk_limit, std::move(pool));
 }
 
-grpc::ServerReadReactor<v1::WritePagesChunk>* NewPageWriter(PoolRegistry* registry,
-                                                            v1::WritePagesResponse* response,
-                                                            std::optional<std::string> token,
-                                                            uint64_t max_pages) {
-  return new PageWriter(registry, response, std::move(token), max_pages);
+grpc::ServerReadReactor<v1::WritePagesChunk>* NewPageWriter(
+    PoolRegistry* registry, v1::WritePagesResponse* response, std::optional<std::string> token,
+    uint64_t max_pages, std::vector<std::string> sessions, SessionOpen session_open) {
+  return new PageWriter(registry, response, std::move(token), max_pages, std::move(sessions),
+                        std::move(session_open));
 }
 
 }  // namespace kvhost

@@ -20,9 +20,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kvhost/v1/pool.grpc.pb.h"
+#include "server/pool/pool.h"
 #include "server/pool/registry.h"
 
 namespace kvhost {
@@ -44,11 +46,12 @@ grpc::ServerWriteReactor<v1::PageData>* NewPageReader(PoolRegistry* registry,
 // WritePages: chunks are checked and written as they arrive; the first names
 // the pool, resolved once with `token` (the call's kvhost-token metadata)
 // checked on it (PoolRegistry::Resolve). `max_pages`: the most pages one stream may
-// write (--max-indices-per-call).
-grpc::ServerReadReactor<v1::WritePagesChunk>* NewPageWriter(PoolRegistry* registry,
-                                                            v1::WritePagesResponse* response,
-                                                            std::optional<std::string> token,
-                                                            uint64_t max_pages);
+// write (--max-indices-per-call). `sessions` (the caller's worker sessions)
+// and `session_open`: a pool another live session holds (ClaimPool) takes
+// no chunk, FAILED_PRECONDITION (Pool::ChangeAllocation).
+grpc::ServerReadReactor<v1::WritePagesChunk>* NewPageWriter(
+    PoolRegistry* registry, v1::WritePagesResponse* response, std::optional<std::string> token,
+    uint64_t max_pages, std::vector<std::string> sessions, SessionOpen session_open);
 
 }  // namespace kvhost
 

@@ -577,10 +577,15 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* PoolServiceImpl::SetFromFlatDataPage(grpc::CallbackServerContext* context,
                                                                const v1::SetPageRequest* request,
                                                                v1::SetPageResponse* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(request->pool(), OwnerToken(*context));
+  const Caller caller = CallerOf(*context);
+  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(request->pool(), caller.token);
   if (!pool.ok()) return FinishCall(context, pool.status());
   // WritePage checks the page and the data's size first.
-  return FinishCall(context, (*pool)->WritePage(request->index(), Bytes(request->data())));
+  return FinishCall(
+      context,
+      (*pool)->ChangeAllocation(caller.sessions, session_open_, "SetFromFlatDataPage", [&] {
+        return (*pool)->WritePage(request->index(), Bytes(request->data()));
+      }));
 }
 
 grpc::ServerWriteReactor<v1::PageData>* PoolServiceImpl::ReadPages(
@@ -594,7 +599,9 @@ grpc::ServerWriteReactor<v1::PageData>* PoolServiceImpl::ReadPages(
 
 grpc::ServerReadReactor<v1::WritePagesChunk>* PoolServiceImpl::WritePages(
     grpc::CallbackServerContext* context, v1::WritePagesResponse* response) {
-  return NewPageWriter(registry_, response, OwnerToken(*context), max_indices_);
+  const Caller caller = CallerOf(*context);
+  return NewPageWriter(registry_, response, caller.token, max_indices_, caller.sessions,
+                       session_open_);
 }
 
 grpc::ServerUnaryReactor* PoolServiceImpl::GetPageShape(grpc::CallbackServerContext* context,

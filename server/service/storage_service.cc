@@ -182,6 +182,13 @@ grpc::ServerUnaryReactor* StorageServiceImpl::FetchPages(grpc::CallbackServerCon
   if (!pool.ok()) return FinishCall(context, pool.status());
   absl::StatusOr<std::string> ns = Namespace(*context, **pool);
   if (!ns.ok()) return FinishCall(context, ns.status());
+  // A fetch writes the pool's pages later, on the tier's threads: checked
+  // here, as a Backup is when submitted.
+  if (absl::Status s = (*pool)->ChangeAllocation(CallerOf(*context).sessions, session_open_,
+                                                 "FetchPages", [] { return absl::OkStatus(); });
+      !s.ok()) {
+    return FinishCall(context, s);
+  }
   const uint64_t page_bytes = (*pool)->flat_page_bytes();
   const uint64_t pages = static_cast<uint64_t>(request->indices_size());
   if (request->detach()) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "kvhost/v1/storage.grpc.pb.h"
 #include "server/pool/registry.h"
@@ -32,13 +33,18 @@ class StorageServiceImpl final : public v1::StorageService::CallbackService {
   // `tier` null: kvhostd runs without an L3 tier and every call is
   // FAILED_PRECONDITION saying so. `max_indices_per_call` bounds each list
   // (INVALID_ARGUMENT above it). Both must outlive this.
-  // `metrics` (null: none) too.
+  // `metrics` (null: none) too. `session_open`: whether a worker session is
+  // open, for FetchPages into a pool another live session holds (ClaimPool:
+  // FAILED_PRECONDITION, Pool::ChangeAllocation); null: no session is open.
   StorageServiceImpl(PoolRegistry* registry, StorageTier* tier, uint64_t max_indices_per_call,
                      KvhostMetrics* metrics = nullptr,
-                     const StorageTickets::Limits& ticket_limits = {})
+                     const StorageTickets::Limits& ticket_limits = {},
+                     SessionOpen session_open = nullptr)
       : registry_(registry),
         tier_(tier),
         max_indices_(max_indices_per_call),
+        session_open_(session_open ? std::move(session_open)
+                                   : [](const std::string&) { return false; }),
         tickets_(std::make_shared<StorageTickets>(
             ticket_limits, metrics, [registry](uint64_t bytes, const std::string& what) {
               return registry->ReserveTransient(bytes, what);
@@ -76,6 +82,7 @@ class StorageServiceImpl final : public v1::StorageService::CallbackService {
   PoolRegistry* const registry_;
   StorageTier* const tier_;
   const uint64_t max_indices_;
+  const SessionOpen session_open_;
   // Shared with the detached calls' callbacks, which the tier may run after
   // this service is gone (daemon shutdown).
   const std::shared_ptr<StorageTickets> tickets_;

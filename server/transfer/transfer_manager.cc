@@ -426,6 +426,18 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Submit(
   const std::string short_id = ShortId(attachment_id);
   absl::StatusOr<Target> target = FindTarget(caller, attachment_id, direction);
   if (!target.ok()) return target.status();
+  if (direction == Direction::kBackup) {
+    // A backup writes its pools' slots: refused into a pool another live
+    // session holds (ClaimPool), as that session's Alloc is.
+    for (const AttachedPool& attached : target->pools) {
+      if (absl::Status s = attached.pool->ChangeAllocation(
+              caller.sessions, [this](const std::string& id) { return IsSessionOpen(id); },
+              "Backup", [] { return absl::OkStatus(); });
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
   absl::StatusOr<std::vector<Rows>> rows =
       AssignRows(*target, short_id, host, device, pool_transfers);
   if (!rows.ok()) return rows.status();
