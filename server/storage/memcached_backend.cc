@@ -207,13 +207,13 @@ void MemcachedBackend::ProbeAll() {
 }
 
 void MemcachedBackend::ProbeLoop() {
-  absl::MutexLock lock(&state_mu_);
-  while (!stopping_) {
-    const auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(state_mu_) { return stopping_; };
-    if (state_mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.retry_timeout)) break;
-    state_mu_.Unlock();
+  for (;;) {
+    {
+      absl::MutexLock lock(&state_mu_);
+      const auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(state_mu_) { return stopping_; };
+      if (state_mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.retry_timeout)) return;
+    }
     ProbeAll();
-    state_mu_.Lock();
   }
 }
 
