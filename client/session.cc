@@ -53,6 +53,10 @@ std::string SessionLoss::Describe() const {
   return out;
 }
 
+// How long closing a session waits for kvhostd's answer before cancelling
+// it: a daemon that answers does so in a millisecond.
+constexpr absl::Duration kCloseWait = absl::Milliseconds(500);
+
 class Client::SessionKeeper {
  public:
   explicit SessionKeeper(Client* client) : client_(client) {}
@@ -61,6 +65,13 @@ class Client::SessionKeeper {
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
+      // The session's normal end: close it (half-close), which kvhostd
+      // answers OK. A cancel, the fallback when no answer comes in time,
+      // ends the call CANCELLED, as a worker that died does.
+      if (open_stream_ != nullptr && open_stream_->WritesDone()) {
+        auto ended = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return context_ == nullptr; };
+        mu_.AwaitWithTimeout(absl::Condition(&ended), kCloseWait);
+      }
       if (context_ != nullptr) context_->TryCancel();
     }
     if (thread_.joinable()) thread_.join();
@@ -146,10 +157,19 @@ class Client::SessionKeeper {
       if (stream->Write(hello) && stream->Read(&event)) {
         Opened(event);
         backoff = absl::Milliseconds(50);
+        {
+          // From here on only ~SessionKeeper writes (its WritesDone).
+          absl::MutexLock lock(&mu_);
+          open_stream_ = stream.get();
+        }
         // The daemon sends nothing more; Read returns when the stream ends
-        // (the daemon went away, or ~SessionKeeper cancelled it).
+        // (the daemon went away, or ~SessionKeeper closed or cancelled it).
         while (stream->Read(&event)) {
         }
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        open_stream_ = nullptr;
       }
       const grpc::Status status = stream->Finish();
       {
@@ -232,6 +252,9 @@ class Client::SessionKeeper {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The stream while a session is open on it, for ~SessionKeeper's close.
+  grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>* open_stream_
+      ABSL_GUARDED_BY(mu_) = nullptr;
   SessionState state_ ABSL_GUARDED_BY(mu_);
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> attachments_ ABSL_GUARDED_BY(mu_);  // id -> pool

@@ -2,6 +2,8 @@
 # The whole test suite on a fresh machine. This is what CI runs (.ci/run), in
 # order, stopping at the first failure:
 #   install   the Debian packages missing (scripts/setup.sh --install-only);
+#   promtool  Prometheus's linter, for the metrics_promtool test
+#             (scripts/get_promtool.sh: extracted alone into build/tools);
 #   format    scripts/format.sh --check (clang-format 14), first so a
 #             formatting slip fails in seconds;
 #   rooms     scripts/room_check.py --strict: fails on a file over 800 lines or a
@@ -55,6 +57,7 @@ main_ctest() {
 # (sanitize.sh chooses its own).
 export EXTRA_PACKAGES="${EXTRA_PACKAGES:-} clang libclang-rt-14-dev clang-format-14"
 phase install scripts/setup.sh --install-only
+phase promtool scripts/get_promtool.sh "$BUILD_DIR/tools"
 [[ "${SKIP_FORMAT:-0}" == 1 ]] || phase format scripts/format.sh --check
 phase rooms rooms
 phase engines scripts/engine_venv.sh

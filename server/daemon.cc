@@ -594,6 +594,7 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   for (const auto& [name, spec] : options.pools) identity.declared_pools.push_back(name);
   identity.session_timeout = options.session_timeout;
   identity.handoff_socket = handoff_path_;
+  identity.l3 = L3Backend();
   if (!handoff_path_.empty()) {
     fast_path_calls_ = std::make_unique<FastPathCalls>(pools.get(), transfers.get());
     FastPathServer::Limits limits;
@@ -637,8 +638,9 @@ absl::Status Daemon::StartMetrics(const DaemonOptions& options, const std::strin
   // the endpoint finds a daemon that answers.
   if (metrics_ == nullptr) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
-      options.metrics_listen, AddDaemonMetrics(metrics_.get(), registry_.get(), transfers_.get(),
-                                               {KVHOST_VERSION, backend, instance_id}));
+      options.metrics_listen,
+      AddDaemonMetrics(metrics_.get(), registry_.get(), transfers_.get(), L3Backend(),
+                       {KVHOST_VERSION, backend, instance_id}));
   if (!http.ok()) return http.status();
   metrics_server_ = *std::move(http);
   spdlog::info("metrics on {}", metrics_server_->url());
@@ -650,7 +652,13 @@ void Daemon::ReportServing(const DaemonOptions& options, const std::string& back
   // needs; Shutdown turns them all NOT_SERVING.
   auto* health = server_->GetHealthCheckService();
   for (const char* service : kServedServices) health->SetServingStatus(service, true);
+  // (The overall call sets every service's status too, hence first.)
   health->SetServingStatus(true);
+  // Without --l3-memcached every StorageService call answers
+  // FAILED_PRECONDITION: a probe asking for it learns so here.
+  if (storage_ == nullptr) {
+    health->SetServingStatus(v1::StorageService::service_full_name(), false);
+  }
   spdlog::info("serving on {} (backend {}, shm dir {})", absl::StrJoin(addresses_, ", "), backend,
                options.shm_dir);
 }

@@ -168,6 +168,10 @@ class Daemon {
                             const std::string& instance_id);
   // Health SERVING, overall and per service.
   void ReportServing(const DaemonOptions& options, const std::string& backend);
+  // storage_'s backend, or null.
+  const StorageBackend* L3Backend() const {
+    return storage_ == nullptr ? nullptr : &storage_->backend();
+  }
 
   // First, so that it goes last: the services, the transfer manager's
   // callbacks and the server's interceptors count into it until they end.

@@ -5,8 +5,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kvhost/v1/pool.pb.h"
 #include "server/metrics/process_metrics.h"
 
 namespace kvhost {
@@ -25,9 +27,10 @@ class RpcMetricsInterceptor final : public grpc::experimental::Interceptor {
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
       // gRPC's status codes are absl's, number for number.
       const auto code = static_cast<absl::StatusCode>(methods->GetSendStatus().error_code());
-      metrics_->rpcs->WithLabels({method_, absl::StatusCodeToString(code)})->Increment();
-      metrics_->rpc_seconds->WithLabels({method_})->Observe(
-          absl::ToDoubleSeconds(absl::Now() - start_));
+      metrics_->rpcs->WithLabels({kTransportGrpc, method_, absl::StatusCodeToString(code)})
+          ->Increment();
+      metrics_->rpc_seconds->WithLabels({kTransportGrpc, method_})
+          ->Observe(absl::ToDoubleSeconds(absl::Now() - start_));
     }
     methods->Proceed();
   }
@@ -100,11 +103,84 @@ void SyncPoolSeries(KvhostMetrics* metrics, const PoolRegistry& registry) {
   }
 }
 
+// The pool state label values: the API's PoolState names, lowercased.
+std::string StateLabel(v1::PoolState state) {
+  return absl::AsciiStrToLower(v1::PoolState_Name(state));
+}
+
+// Every pool, created or being created, with a 1 for its state and a 0 for
+// the other.
+std::vector<GaugeSample> PoolStateSamples(const PoolRegistry& registry) {
+  static const std::string kCreating = StateLabel(v1::CREATING);
+  static const std::string kReady = StateLabel(v1::READY);
+  std::vector<GaugeSample> out;
+  const auto add = [&out](const std::string& pool, bool ready) {
+    out.push_back({{pool, kCreating}, ready ? 0.0 : 1.0});
+    out.push_back({{pool, kReady}, ready ? 1.0 : 0.0});
+  };
+  for (const std::shared_ptr<Pool>& pool : registry.List()) add(pool->name(), true);
+  for (const CreatingPool& pool : registry.ListCreating()) add(pool.name, false);
+  return out;
+}
+
+// Tickets and bytes over every pool since the start, deleted pools' included.
+void AddTransferCounters(MetricsRegistry* r, const TransferManager* transfers) {
+  constexpr Direction kDirections[] = {Direction::kBackup, Direction::kLoad};
+  r->AddComputedCounter(
+      "kvhost_transfers_total",
+      "Transfer tickets finished since the start, every pool (deleted ones included), by "
+      "direction and result (ok, failed).",
+      {"direction", "result"}, [transfers, kDirections] {
+        const TransferCounters c = transfers->counters();
+        std::vector<GaugeSample> out;
+        for (const Direction d : kDirections) {
+          const int i = static_cast<int>(d);
+          out.push_back({{DirectionName(d), "ok"}, static_cast<double>(c.done[i])});
+          out.push_back({{DirectionName(d), "failed"}, static_cast<double>(c.failed[i])});
+        }
+        return out;
+      });
+  r->AddComputedCounter(
+      "kvhost_transfers_bytes_total",
+      "Bytes moved by transfer tickets that completed OK since the start, every pool (deleted "
+      "ones included), by direction.",
+      {"direction"}, [transfers, kDirections] {
+        const TransferCounters c = transfers->counters();
+        std::vector<GaugeSample> out;
+        for (const Direction d : kDirections) {
+          out.push_back({{DirectionName(d)}, static_cast<double>(c.bytes[static_cast<int>(d)])});
+        }
+        return out;
+      });
+}
+
+// The L3 tier's servers as its prober last found them.
+void AddL3ServerGauges(MetricsRegistry* r, const StorageBackend* l3) {
+  r->AddGauge("kvhost_l3_servers", "memcached servers of the L3 tier (--l3-memcached).", {}, [l3] {
+    return std::vector<GaugeSample>{{{}, static_cast<double>(l3->Servers().size())}};
+  });
+  r->AddGauge("kvhost_l3_servers_up", "memcached servers of the L3 tier its last probe reached.",
+              {}, [l3] {
+                double up = 0;
+                for (const BackendServer& s : l3->Servers()) up += s.up ? 1 : 0;
+                return std::vector<GaugeSample>{{{}, up}};
+              });
+  r->AddGauge("kvhost_l3_server_up",
+              "1 when the last probe of the L3 tier's memcached server reached it, else 0.",
+              {"server"}, [l3] {
+                std::vector<GaugeSample> out;
+                for (const BackendServer& s : l3->Servers()) {
+                  out.push_back({{s.address}, s.up ? 1.0 : 0.0});
+                }
+                return out;
+              });
+}
+
 }  // namespace
 
 std::function<std::string()> AddDaemonMetrics(KvhostMetrics* metrics, const PoolRegistry* registry,
                                               const TransferManager* transfers,
-                                              DaemonBuildInfo build) {
+                                              const StorageBackend* l3, DaemonBuildInfo build) {
   // Each family reads the pools again: a scrape is rare, and the figures of
   // one pool need not be a single snapshot across families.
   const auto per_pool = [registry](uint64_t (*value)(const Pool&)) {
@@ -118,10 +194,15 @@ std::function<std::string()> AddDaemonMetrics(KvhostMetrics* metrics, const Pool
   };
   const auto one = [](double value) { return std::vector<GaugeSample>{{{}, value}}; };
   MetricsRegistry& r = metrics->registry;
-  r.AddGauge("kvhost_build_info", "Always 1; the labels name this daemon's build and run.",
-             {"version", "backend", "instance"}, [build] {
-               return std::vector<GaugeSample>{{{build.version, build.backend, build.instance}, 1}};
-             });
+  r.AddGauge(
+      "kvhost_build_info", "Always 1; the labels name this daemon's build and run.",
+      {"version", "backend", "daemon_id"}, [build] {
+        return std::vector<GaugeSample>{{{build.version, build.backend, build.daemon_id}, 1}};
+      });
+  r.AddGauge("kvhost_pool_state",
+             "1 for the pool's state now (creating: its memory is being reserved and mapped; "
+             "ready), 0 for the other.",
+             {"pool", "state"}, [registry] { return PoolStateSamples(*registry); });
   r.AddGauge("kvhost_pool_capacity_tokens", "Token slots of the pool.", {"pool"},
              per_pool([](const Pool& p) { return p.size_tokens(); }));
   r.AddGauge("kvhost_pool_capacity_bytes", "Host memory of the pool's regions, in bytes.", {"pool"},
@@ -146,6 +227,10 @@ std::function<std::string()> AddDaemonMetrics(KvhostMetrics* metrics, const Pool
                return available.ok() ? one(static_cast<double>(*available))
                                      : std::vector<GaugeSample>{};
              });
+  r.AddGauge("kvhost_memory_releasing_bytes",
+             "Host memory of deleted pools not yet unmapped (still counted against "
+             "--memory-limit), in bytes.",
+             {}, [registry, one] { return one(static_cast<double>(registry->releasing_bytes())); });
   r.AddGauge("kvhost_memory_limit_bytes",
              "--memory-limit: what all pools together may take, in bytes (no sample: no limit).",
              {}, [registry, one] {
@@ -165,6 +250,8 @@ std::function<std::string()> AddDaemonMetrics(KvhostMetrics* metrics, const Pool
              {}, [transfers, one] {
                return one(static_cast<double>(transfers->counters().tickets_in_flight));
              });
+  AddTransferCounters(&r, transfers);
+  if (l3 != nullptr) AddL3ServerGauges(&r, l3);
   AddProcessMetrics(&r);
   return [metrics, registry] {
     SyncPoolSeries(metrics, *registry);

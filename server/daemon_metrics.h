@@ -18,6 +18,7 @@
 
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
+#include "server/storage/backend.h"
 #include "server/transfer/transfer_manager.h"
 
 namespace kvhost {
@@ -30,24 +31,28 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
 MakeRpcMetricsInterceptorFactory(KvhostMetrics* metrics);
 
 // What kvhost_build_info says about this daemon.
+// (Its label is `daemon_id`, not `instance`: Prometheus sets `instance` on
+// every scraped series to the target's address.)
 struct DaemonBuildInfo {
-  std::string version;   // kvhost's version
-  std::string backend;   // the transfer engine's name
-  std::string instance;  // DaemonStatus.instance_id, new at every start
+  std::string version;    // kvhost's version
+  std::string backend;    // the transfer engine's name
+  std::string daemon_id;  // DaemonStatus.instance_id, new at every start
 };
 
-// Adds the families computed at scrape time: per pool capacity (tokens,
-// bytes), used and available tokens and attachments; the memory budget,
-// pools, sessions, attachments and tickets in flight; build info; the
-// process metrics. Returns the render function for the HTTP endpoint, which
+// Adds the families computed at scrape time: per pool state, capacity
+// (tokens, bytes), used and available tokens and attachments; the memory
+// budget and bytes releasing, pools, sessions, attachments and tickets in
+// flight; the daemon-wide transfer counters (TransferManager::counters, which
+// outlive pools); the L3 tier's servers up (`l3`, null without an L3 tier);
+// build info; the process metrics. Returns the render function for the HTTP endpoint, which
 // first brings the per-pool series in line with the pools that exist: every
 // pool has its PoolService counters (at 0 until used), a transfer series
 // that exists for a (pool, direction, path) has its siblings in every
 // transfer family, and a deleted pool's series are removed.
-// REQUIRES: `metrics`, `registry` and `transfers` outlive every scrape.
+// REQUIRES: `metrics`, `registry`, `transfers` and `l3` outlive every scrape.
 std::function<std::string()> AddDaemonMetrics(KvhostMetrics* metrics, const PoolRegistry* registry,
                                               const TransferManager* transfers,
-                                              DaemonBuildInfo build);
+                                              const StorageBackend* l3, DaemonBuildInfo build);
 
 }  // namespace kvhost
 

@@ -155,7 +155,8 @@ ABSL_FLAG(absl::Duration, l3_io_timeout, absl::Seconds(1),
           "L3: how long one memcached request may wait for its server.");
 ABSL_FLAG(absl::Duration, l3_retry_timeout, absl::Seconds(2),
           "L3: a server that failed leaves the hash ring for this long (its pages are misses, "
-          "new stores go to the others), then is tried again.");
+          "new stores go to the others), then is tried again. Also how often each server is "
+          "probed for kvhostctl status and the kvhost_l3_server_up metric (each change logged).");
 ABSL_FLAG(uint32_t, l3_replicas, 0,
           "L3: further servers each page is also written to (libmemcached replication); fewer "
           "than the servers.");

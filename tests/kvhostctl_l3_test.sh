@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # kvhostctl's L3 commands against a kvhostd on one local memcached server:
 # l3-store / l3-exist / l3-fetch of pages written with page-set, fetched
-# byte-exact into other pages, a key never stored as PAGE_MISS (exit 0),
-# --json, usage errors (exit 2), and a daemon without --l3-memcached
-# (exit 1, FAILED_PRECONDITION). Exits 77 (skipped) without memcached.
+# byte-exact into other pages, a key never stored as PAGE_MISS (every page
+# shown, exit 4: fewer pages than asked), --json, usage errors (exit 2), and a
+# daemon without --l3-memcached (exit 1, FAILED_PRECONDITION; StorageService
+# health NOT_SERVING; status "L3: off"). The L3 servers' state: status, the
+# kvhost_l3_server(s)_up metrics and one log line per change, for a server
+# that was never there (127.0.0.1:1: l3-store exits 4 with a clean per-page
+# message) and one that stops and comes back. Exits 77 (skipped) without
+# memcached.
 #   usage: kvhostctl_l3_test.sh KVHOSTD KVHOSTCTL
 set -euo pipefail
 kvhostd=$1 kvhostctl=$2
@@ -56,7 +61,9 @@ grep -q "2 of 3 key(s) stored" "$dir/out" || fail "l3-exist prefix"
 ctl --json l3-exist p key-c key-a >"$dir/out" || fail "l3-exist --json"
 grep -qF '{"prefix_pages":0,"keys":2}' "$dir/out" || fail "l3-exist json"
 # Swapped: page 8 gets key-b, page 12 key-a, and key-c is a miss (no error).
-ctl l3-fetch p 8=key-b 12=key-a 0=key-c >"$dir/out" || fail "l3-fetch"
+code=0; ctl l3-fetch p 8=key-b 12=key-a 0=key-c >"$dir/out" 2>&1 || code=$?
+[ "$code" -eq 4 ] || fail "l3-fetch with a miss exited $code, not 4"
+grep -q "l3-fetch: 1 of 3 page(s) not fetched" "$dir/out" || fail "l3-fetch partial message"
 grep -q "8 = key-b: PAGE_HIT" "$dir/out" || fail "l3-fetch hit"
 grep -q "0 = key-c: PAGE_MISS" "$dir/out" || fail "l3-fetch miss"
 grep -q "2 of 3 page(s) hit" "$dir/out" || fail "l3-fetch count"
@@ -78,4 +85,72 @@ code=0
 "$kvhostctl" --server="unix://$dir/plain.sock" --timeout=10 l3-exist p a >"$dir/out" 2>&1 || code=$?
 [ "$code" -eq 1 ] || fail "l3-exist without a tier exited $code, not 1"
 grep -q -- "--l3-memcached" "$dir/out" || fail "l3-exist without a tier: message"
+
+# --- StorageService health and the status line, with and without a tier.
+ctl health kvhost.v1.StorageService >"$dir/out" || fail "StorageService health with a tier"
+code=0
+"$kvhostctl" --server="unix://$dir/plain.sock" --timeout=10 health kvhost.v1.StorageService \
+  >"$dir/out" 2>&1 || code=$?
+[ "$code" -eq 1 ] || fail "StorageService health without a tier exited $code, not 1"
+grep -q "^NOT_SERVING" "$dir/out" || fail "StorageService health without a tier"
+"$kvhostctl" --server="unix://$dir/plain.sock" --timeout=10 health >"$dir/out" ||
+  fail "overall health without a tier"
+"$kvhostctl" --server="unix://$dir/plain.sock" --timeout=10 status >"$dir/out" ||
+  fail "status without a tier"
+grep -q "^L3: *off" "$dir/out" || fail "status without a tier: L3 line"
+ctl status >"$dir/out" || fail "status"
+grep -q "^L3: *1 of 1 memcached server(s) up" "$dir/out" || fail "status: L3 line"
+
+# --- a server that is not there: down from the start, logged once, 0 in the
+# metrics, in status (and GetStatus); a store exits 4, each page's message
+# clean (no libmemcached source path or pointer).
+"$kvhostd" --listen="unix://$dir/dead.sock" --shm-dir="$shm" --backend=host \
+  --l3-memcached=127.0.0.1:1 --l3-secret-file="$dir/l3.secret" --l3-retry-timeout=100ms \
+  --metrics-listen=127.0.0.1:0 >>"$dir/dead.log" 2>&1 &
+pids+=($!)
+dctl() { "$kvhostctl" --server="unix://$dir/dead.sock" --timeout=10 "$@"; }
+for _ in $(seq 60); do dctl health >/dev/null 2>&1 && break; sleep 0.5; done
+sleep 1  # ten probes
+dctl status >"$dir/out" || fail "status with a dead server"
+grep -q "^L3: *0 of 1 memcached server(s) up" "$dir/out" || fail "status: dead L3 line"
+grep -qE "^  127\.0\.0\.1:1 down for [0-9]+s: [a-z]" "$dir/out" || fail "status: dead server line"
+dctl --json status >"$dir/out" || fail "status --json"
+grep -qF '"address":"127.0.0.1:1"' "$dir/out" || fail "status --json: l3_servers"
+[ "$(grep -c "127.0.0.1:1 is down" "$dir/dead.log")" -eq 1 ] ||
+  { cp "$dir/dead.log" "$dir/out"; fail "the dead server was not logged exactly once"; }
+mport=$(sed -n 's|.*metrics on http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$dir/dead.log" | head -1)
+scrape() { python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$1/metrics').read().decode())"; }
+scrape "$mport" >"$dir/out"
+grep -qx 'kvhost_l3_server_up{server="127.0.0.1:1"} 0' "$dir/out" || fail "kvhost_l3_server_up"
+grep -qx 'kvhost_l3_servers_up 0' "$dir/out" || fail "kvhost_l3_servers_up"
+grep -qx 'kvhost_l3_servers 1' "$dir/out" || fail "kvhost_l3_servers"
+dctl create-pool d --kind=mha --layout=page_first --layers=2 --heads=2 --head-dim=8 \
+  --page-size=4 --size-tokens=64 >"$dir/out" || fail "create-pool on the dead-L3 daemon"
+dctl alloc d 8 >"$dir/out" || fail "alloc d"
+code=0; dctl l3-store d 0=k0 4=k1 >"$dir/out" 2>&1 || code=$?
+[ "$code" -eq 4 ] || fail "l3-store to a dead server exited $code, not 4"
+grep -q "0 = k0: PAGE_UNAVAILABLE (part 0: server 127.0.0.1:1: [a-z]" "$dir/out" || fail "per-page message"
+grep -q "0 of 2 page(s) stored" "$dir/out" || fail "l3-store count"
+grep -q "l3-store: 2 of 2 page(s) not stored" "$dir/out" || fail "l3-store partial message"
+if grep -qE '0x[0-9a-f]+|\.cc|libmemcached/' "$dir/out"; then fail "raw libmemcached text"; fi
+
+# --- a live server that stops and comes back: each change logged once.
+kill -TERM "${pids[0]}"; wait "${pids[0]}" 2>/dev/null || true
+for _ in $(seq 100); do
+  [ "$(grep -c "127.0.0.1:$port is down" "$dir/log")" -ge 1 ] && break; sleep 0.1
+done
+ctl status >"$dir/out" || fail "status after memcached stopped"
+grep -q "^L3: *0 of 1 memcached server(s) up" "$dir/out" || fail "status: stopped server"
+"$memcached" -p "$port" -U 0 -l 127.0.0.1 -m 64 "${user[@]}" >>"$dir/mc.log" 2>&1 &
+pids[0]=$!
+for _ in $(seq 100); do
+  [ "$(grep -c "127.0.0.1:$port is up" "$dir/log")" -ge 2 ] && break; sleep 0.1
+done
+sleep 2.5  # a probe or more after it came back
+cp "$dir/log" "$dir/out"
+[ "$(grep -c "127.0.0.1:$port is down" "$dir/log")" -eq 1 ] || fail "down logged other than once"
+# Up at the start, and again when it came back.
+[ "$(grep -c "127.0.0.1:$port is up" "$dir/log")" -eq 2 ] || fail "up logged other than twice"
+ctl status >"$dir/out" || fail "status after memcached returned"
+grep -q "^L3: *1 of 1 memcached server(s) up" "$dir/out" || fail "status: returned server"
 echo "PASS"

@@ -3,6 +3,8 @@
 # blank line, no ANSI sequences; each frame has the daemon header, the pool's
 # row with its used tokens and the transfers line (tickets done by a demo run,
 # GB/s "—" on the first frame only); --json prints one object per frame. A
+# pool being created shows CREATING with its progress, not as used, in
+# `pools`, `status` and the watch, and READY once filled. A
 # watch survives a daemon restart (no rate across it) and ends on SIGINT with
 # exit 0; against a dead socket every frame shows the error and --count makes
 # it exit 1.
@@ -59,7 +61,7 @@ expect_frames 3 "$dir/out" 1 "expected 3 frames"
 # Header, pool row (96 of 1024 tokens used = 9.4 %) and transfers line, in every frame.
 header='/(^|\n)kvhostd [^ ]+ at unix:\/\/[^ ]+: host backend, pid [0-9]+, up [0-9hms]+ '
 header+='— [0-9-]+ [0-9:]+(\n|$)/'
-row='/\nwatched +MHA +PAGE_FIRST +16 +1024 +96 +9\.4 +0\.00(\n|$)/'
+row='/\nwatched +READY +MHA +PAGE_FIRST +16 +1024 +96 +9\.4 +0\.00(\n|$)/'
 transfers='/\ntransfers: 0 attachment\(s\), 0 in flight, 6 done, 0 failed; '
 transfers+='GB\/s: backup [^,]+, load [^\n]+(\n|$)/'
 expect_frames 3 "$dir/out" "$header" "a frame lacks the daemon header"
@@ -77,6 +79,32 @@ sed -n 1p "$dir/json" | grep -q '"ok":true.*"used_tokens":96.*"backup_gb_per_s":
   fail "first JSON frame" "$dir/json"
 sed -n 2p "$dir/json" | grep -q '"backup_gb_per_s":0\.000,"load_gb_per_s":0\.000}$' ||
   fail "second JSON frame" "$dir/json"
+
+# --- a pool being created: STATE CREATING n% and no usage in pools, status and
+# watch, while a 2 GiB pool fills (seconds on the 2-core dev VM); READY after.
+ctl --timeout=120 create-pool big --kind=mha --layout=page_first --layers=2 --heads=2 \
+  --head-dim=64 --page-size=16 --size-bytes=2G >"$dir/big" 2>&1 &
+creator=$!
+seen=
+for _ in $(seq 300); do
+  ctl pools >"$dir/pools" 2>&1 || true
+  if grep -qE '^big +CREATING [0-9]+% .* - +2\.00 ' "$dir/pools"; then seen=1; break; fi
+  sleep 0.05
+done
+ctl status >"$dir/status" 2>&1 || true
+ctl watch --count=1 >"$dir/watch1" 2>&1 || true
+wait "$creator" || fail "create-pool big exited with $?" "$dir/big"
+[ -n "$seen" ] || fail "pools never showed 'big' CREATING with USED% -" "$dir/pools"
+# The status and watch taken meanwhile: CREATING (or READY if it finished
+# in between), never a used figure while CREATING.
+grep -qE '^  big +(CREATING [0-9]+% +0 +- +[0-9]+ +-|READY +0 +[0-9]+ +[0-9]+ +0\.0) ' "$dir/status" ||
+  fail "status row of 'big'" "$dir/status"
+grep -qE '^big +(CREATING [0-9]+% .* 0 +-|READY .* 0 +0\.0) +2\.00$' "$dir/watch1" ||
+  fail "watch row of 'big'" "$dir/watch1"
+ctl pools >"$dir/pools"
+grep -qE '^big +READY +MHA/PAGE_FIRST/BF16 .* 0\.0 +2\.00 ' "$dir/pools" ||
+  fail "'big' not READY after create-pool returned" "$dir/pools"
+ctl delete-pool big >/dev/null
 
 # --- a daemon restart under a watch without --count: error frames while it is
 # down, then frames of the new daemon; SIGINT ends the watch with exit 0.

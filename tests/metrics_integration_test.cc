@@ -2,7 +2,10 @@
 // kvhostd serves a pool, an attached shm device pool, a backup and a load,
 // and the figures scraped over HTTP before and after move by exactly what was
 // done; per-pool series exist from the pool's creation and go with its
-// deletion. The endpoint costs no CPU when idle (measured against a daemon
+// deletion, the daemon-wide transfer counters stay. gRPC and fast-path calls
+// are one family told apart by `transport`; a worker's session closed by
+// its client is OpenSession OK, not CANCELLED; build_info has no `instance`
+// label (Prometheus's own). The endpoint costs no CPU when idle (measured against a daemon
 // without it), idle connections do not hold up a scrape, a client that never
 // reads does not hold up SIGTERM. Also: a metrics address that cannot be
 // bound stops the start with a message naming it.
@@ -84,9 +87,21 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
     ++build_info;
     EXPECT_EQ(value, 1);
     EXPECT_TRUE(absl::StrContains(series, "version=\"")) << series;
-    EXPECT_TRUE(absl::StrContains(series, ",backend=\"host\",instance=\"")) << series;
+    EXPECT_TRUE(absl::StrContains(series, ",backend=\"host\",daemon_id=\"")) << series;
+    EXPECT_FALSE(absl::StrContains(series, "instance=")) << series;
   }
   EXPECT_EQ(build_info, 1);
+  EXPECT_EQ(empty.count("kvhost_memory_releasing_bytes"), 1u);
+  EXPECT_EQ(SeriesValue(empty, "kvhost_memory_releasing_bytes"), 0);
+  // Daemon-wide transfer counters exist, at 0, before any transfer.
+  for (const char* series : {R"(kvhost_transfers_total{direction="backup",result="ok"})",
+                             R"(kvhost_transfers_total{direction="load",result="failed"})",
+                             R"(kvhost_transfers_bytes_total{direction="load"})"}) {
+    EXPECT_EQ(empty.count(series), 1u) << series;
+    EXPECT_EQ(SeriesValue(empty, series), 0) << series;
+  }
+  // No L3 tier, no L3 server families' samples.
+  EXPECT_EQ(empty.count("kvhost_l3_servers_up"), 0u);
   EXPECT_GT(SeriesValue(empty, "process_cpu_seconds_total"), 0);
   EXPECT_GT(SeriesValue(empty, "process_resident_memory_bytes"), 1 << 20);
   EXPECT_GT(SeriesValue(empty, "process_open_fds"), 3);
@@ -105,6 +120,9 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
     EXPECT_EQ(created.at(series), 0) << series;
   }
   EXPECT_EQ(SeriesValue(created, "kvhost_pools"), 1);
+  EXPECT_EQ(SeriesValue(created, R"(kvhost_pool_state{pool="p",state="ready"})"), 1);
+  EXPECT_EQ(SeriesValue(created, R"(kvhost_pool_state{pool="p",state="creating"})"), 0);
+  ASSERT_EQ(created.count(R"(kvhost_pool_state{pool="p",state="creating"})"), 1u);
   EXPECT_GE(SeriesValue(created, "kvhost_memory_used_bytes"), static_cast<double>(pool->bytes()));
   ASSERT_TRUE(client.Alloc("p", 16).ok());
   absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
@@ -171,21 +189,30 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
             SeriesValue(after, "kvhost_transfer_duration_seconds_count" + backup_labels));
   EXPECT_EQ(SeriesValue(after, "kvhost_transfer_tickets_in_flight"), 0);
 
+  EXPECT_EQ(delta(R"(kvhost_transfers_total{direction="backup",result="ok"})"), 1);
+  EXPECT_EQ(delta(R"(kvhost_transfers_total{direction="load",result="ok"})"), 1);
+  EXPECT_EQ(delta(R"(kvhost_transfers_total{direction="backup",result="failed"})"), 0);
+  EXPECT_EQ(delta(R"(kvhost_transfers_bytes_total{direction="backup"})"),
+            static_cast<double>(bytes));
+
   // The client's Alloc, Backup and WaitTransfer took the fast path
-  // (ClientOptions::fast_path): counted there, not as RPCs.
-  const std::string alloc = "method=\"Alloc\"";
-  EXPECT_EQ(delta("kvhost_fast_path_requests_total{" + alloc + ",code=\"OK\"}"), 1);
-  EXPECT_EQ(delta("kvhost_fast_path_requests_total{" + alloc + ",code=\"NOT_FOUND\"}"), 1);
-  EXPECT_EQ(delta("kvhost_fast_path_requests_total{" + alloc + ",code=\"INVALID_ARGUMENT\"}"), 1);
-  EXPECT_EQ(delta("kvhost_fast_path_duration_seconds_count{" + alloc + "}"), 3);
-  EXPECT_EQ(delta("kvhost_fast_path_requests_total{method=\"Backup\",code=\"OK\"}"), 1);
-  EXPECT_EQ(delta("kvhost_rpc_requests_total{method=\"kvhost.v1.PoolService/Alloc\","
-                  "code=\"OK\"}"),
-            0);
-  EXPECT_GE(SeriesValue(after,
-                        "kvhost_rpc_requests_total{method=\"kvhost.v1.PoolService/CreatePool\","
-                        "code=\"OK\"}"),
+  // (ClientOptions::fast_path): the same family as gRPC's, the same method
+  // spelling, transport="fast_path".
+  const std::string alloc = R"(method="kvhost.v1.PoolService/Alloc")";
+  const std::string fast = R"(transport="fast_path",)";
+  const std::string grpc = R"(transport="grpc",)";
+  EXPECT_EQ(delta("kvhost_rpc_requests_total{" + fast + alloc + ",code=\"OK\"}"), 1);
+  EXPECT_EQ(delta("kvhost_rpc_requests_total{" + fast + alloc + ",code=\"NOT_FOUND\"}"), 1);
+  EXPECT_EQ(delta("kvhost_rpc_requests_total{" + fast + alloc + ",code=\"INVALID_ARGUMENT\"}"), 1);
+  EXPECT_EQ(delta("kvhost_rpc_duration_seconds_count{" + fast + alloc + "}"), 3);
+  EXPECT_EQ(delta("kvhost_rpc_requests_total{" + fast +
+                  R"(method="kvhost.v1.TransferService/Backup",code="OK"})"),
             1);
+  EXPECT_EQ(delta("kvhost_rpc_requests_total{" + grpc + alloc + ",code=\"OK\"}"), 0);
+  EXPECT_GE(SeriesValue(after, "kvhost_rpc_requests_total{" + grpc +
+                                   R"(method="kvhost.v1.PoolService/CreatePool",code="OK"})"),
+            1);
+  EXPECT_FALSE(absl::StrContains(text, "kvhost_fast_path_requests_total"));
 
   // A deleted pool's series go, gauges, counters and histograms alike.
   ASSERT_TRUE(client.DetachDevice(att->id()).ok());
@@ -194,8 +221,47 @@ TEST(MetricsIntegrationTest, FiguresMoveWithTheWorkDone) {
   const Scrape gone = ScrapeMetrics(port, &gone_text);
   EXPECT_FALSE(absl::StrContains(gone_text, "pool=\"p\"")) << gone_text;
   EXPECT_EQ(SeriesValue(gone, "kvhost_pools"), 0);
+  // The daemon-wide transfer counters outlive the pool.
+  EXPECT_EQ(SeriesValue(gone, R"(kvhost_transfers_total{direction="backup",result="ok"})"),
+            SeriesValue(after, R"(kvhost_transfers_total{direction="backup",result="ok"})"));
+  EXPECT_EQ(SeriesValue(gone, R"(kvhost_transfers_bytes_total{direction="load"})"),
+            static_cast<double>(bytes));
   EXPECT_EQ(SeriesValue(gone, "kvhost_attachments"), 0);
 
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
+}
+
+// A worker whose Client goes away closes its session: OpenSession ends OK,
+// not CANCELLED (which an alert on code!="OK" would count as an error).
+TEST(MetricsIntegrationTest, ASessionClosedByItsClientEndsOk) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> started =
+      TestDaemon::Start(KVHOSTD_PATH, {"--metrics-listen=127.0.0.1:0"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestDaemon& daemon = **started;
+  const int port = MetricsPort(daemon);
+  ASSERT_GT(port, 0) << daemon.Log();
+  const std::string session =
+      R"(kvhost_rpc_requests_total{transport="grpc",method="kvhost.v1.DaemonService/OpenSession",)";
+  for (int i = 0; i < 3; ++i) {
+    ClientOptions options;
+    options.address = daemon.address();
+    absl::StatusOr<std::unique_ptr<Client>> worker = Client::Connect(options);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    ASSERT_TRUE((*worker)->OpenSession().ok());
+  }  // each worker's Client ends here, closing its session
+  // The daemon counts each call once its status is sent.
+  Scrape after;
+  for (int i = 0; i < 100; ++i) {
+    after = ScrapeMetrics(port);
+    if (SeriesValue(after, session + R"(code="OK"})") +
+            SeriesValue(after, session + R"(code="CANCELLED"})") >=
+        3) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(SeriesValue(after, session + R"(code="OK"})"), 3);
+  EXPECT_EQ(SeriesValue(after, session + R"(code="CANCELLED"})"), 0);
   EXPECT_EQ(daemon.Stop(), 0) << daemon.Log();
 }
 

@@ -185,6 +185,20 @@ TEST(MetricsFormatTest, RetainSeriesRemovesTheRefusedAndKeepsPointersUsable) {
   EXPECT_NE(registry.Render().find("test_total{pool=\"gone\"} 0\n"), std::string::npos);
 }
 
+// Kept in microseconds, named and shown in seconds (promtool wants base units).
+TEST(MetricsFormatTest, CounterWithAUnitRendersInTheBaseUnit) {
+  MetricsRegistry registry;
+  CounterFamily* cpu =
+      registry.AddCounter("test_cpu_seconds_total", "CPU.", {"uid"}, /*unit=*/1e-6);
+  cpu->WithLabels({"7"})->Increment(1500000);
+  cpu->WithLabels({"8"})->Increment(3);
+  EXPECT_EQ(registry.Render(),
+            "# HELP test_cpu_seconds_total CPU.\n"
+            "# TYPE test_cpu_seconds_total counter\n"
+            "test_cpu_seconds_total{uid=\"7\"} 1.5\n"
+            "test_cpu_seconds_total{uid=\"8\"} 3e-06\n");
+}
+
 TEST(MetricsFormatTest, ComputedCounterHasCounterType) {
   MetricsRegistry registry;
   registry.AddComputedCounter("test_cpu_seconds_total", "CPU.", {}, [] {

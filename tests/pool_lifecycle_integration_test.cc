@@ -2,7 +2,8 @@
 // multi-GiB pools never stalls the daemon. While a 3 GiB pool is created and
 // deleted, a prober opens a fresh connection every 50 ms and calls
 // Health/Check with a 1 s deadline: none may fail. During the create,
-// ListPools shows the pool CREATING with growing progress and Alloc on it is
+// ListPools shows the pool CREATING with growing progress, the metrics show
+// kvhost_pool_state creating (and no usage figures), and Alloc on it is
 // FAILED_PRECONDITION; a delete followed at once by a create of the same name
 // works; SIGTERM during a create exits 0 quickly and leaves no region file.
 // The figures (create vs fallocate of the same size, delete, probes, SIGTERM)
@@ -27,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "kvhost/client.h"
 #include "kvhost/v1/pool.grpc.pb.h"
+#include "metrics_test_util.h"
 #include "time_scale.h"
 
 namespace kvhost {
@@ -58,8 +60,8 @@ v1::PoolSpec Spec(uint64_t bytes) {
 }
 
 std::unique_ptr<TestDaemon> Start() {
-  absl::StatusOr<std::unique_ptr<TestDaemon>> d =
-      TestDaemon::Start(KVHOSTD_PATH, {"--memory-reserve=0", "--log-level=info"});
+  absl::StatusOr<std::unique_ptr<TestDaemon>> d = TestDaemon::Start(
+      KVHOSTD_PATH, {"--memory-reserve=0", "--log-level=info", "--metrics-listen=127.0.0.1:0"});
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? *std::move(d) : nullptr;
 }
@@ -188,6 +190,11 @@ TEST(PoolLifecycleTest, BigCreateAndDeleteNeverStallNewConnections) {
         progress.push_back(p.populated_bytes());
       }
       if (!alloc_checked) {
+        const testing::Scrape m = testing::ScrapeMetrics(testing::MetricsPort(*d));
+        EXPECT_EQ(testing::SeriesValue(m, R"(kvhost_pool_state{pool="big",state="creating"})"), 1);
+        EXPECT_EQ(testing::SeriesValue(m, R"(kvhost_pool_state{pool="big",state="ready"})"), 0);
+        EXPECT_EQ(m.count(R"(kvhost_pool_used_tokens{pool="big"})"), 0u)
+            << "a pool being created has no usage";
         grpc::ClientContext alloc_context;
         v1::AllocRequest alloc;
         alloc.set_pool("big");
@@ -208,6 +215,9 @@ TEST(PoolLifecycleTest, BigCreateAndDeleteNeverStallNewConnections) {
   EXPECT_EQ(created.state(), v1::READY);
   EXPECT_EQ(created.populated_bytes(), created.bytes());
   EXPECT_TRUE(alloc_checked) << "never saw the pool CREATING";
+  const testing::Scrape m = testing::ScrapeMetrics(testing::MetricsPort(*d));
+  EXPECT_EQ(testing::SeriesValue(m, R"(kvhost_pool_state{pool="big",state="ready"})"), 1);
+  EXPECT_EQ(testing::SeriesValue(m, R"(kvhost_pool_state{pool="big",state="creating"})"), 0);
   EXPECT_GE(progress.size(), 2u) << "progress did not grow";
   for (size_t i = 1; i < progress.size(); ++i) EXPECT_GT(progress[i], progress[i - 1]);
 

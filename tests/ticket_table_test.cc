@@ -96,5 +96,28 @@ TEST(TicketTableTest, InFlightTicketsAreNeverDropped) {
   EXPECT_EQ(table.finished(), 2u);
 }
 
+// The daemon-wide counters (GetStatus, kvhost_transfers_total): per
+// direction and result, totals their sums, and outliving the kept tickets.
+TEST(TicketTableTest, CountersByDirectionAndResult) {
+  TicketTable table(2);
+  auto owner = std::make_shared<Owner>();
+  for (int i = 0; i < 5; ++i) Finished(&table, "att-c");  // 5 backups OK, 4096 bytes each
+  std::shared_ptr<Ticket> load = table.Open("att-c", owner, Direction::kLoad, 1, "none", -1);
+  load->Finish(absl::InternalError("boom"));
+  table.Retire(load->id(), Direction::kLoad, false, 0);
+  const TransferCounters c = table.counters();
+  const int backup = static_cast<int>(Direction::kBackup);
+  const int loads = static_cast<int>(Direction::kLoad);
+  EXPECT_EQ(c.done[backup], 5u);
+  EXPECT_EQ(c.failed[backup], 0u);
+  EXPECT_EQ(c.done[loads], 0u);
+  EXPECT_EQ(c.failed[loads], 1u);
+  EXPECT_EQ(c.bytes[backup], 5u * 4096);
+  EXPECT_EQ(c.bytes[loads], 0u);
+  EXPECT_EQ(c.tickets_done, 5u);
+  EXPECT_EQ(c.tickets_failed, 1u);
+  EXPECT_EQ(table.finished(), 2u);  // kept: 2; counted: all 6
+}
+
 }  // namespace
 }  // namespace kvhost

@@ -153,11 +153,13 @@ inline constexpr Command kCommands[] = {
      RunBufInfo},
     {"l3-store", "POOL INDEX=KEY...", 2, kAnyNumber,
      "store pages (INDEX: a page's first slot) in the L3 tier under\n"
-     "their keys (kvhostd --l3-memcached); prints each page's outcome",
+     "their keys (kvhostd --l3-memcached); prints each page's outcome;\n"
+     "exit 4 unless every page was stored",
      RunL3Store},
     {"l3-fetch", "POOL INDEX=KEY...", 2, kAnyNumber,
      "fetch the pages stored under the keys into the pages at the\n"
-     "indices; each page: PAGE_HIT, or why not (a miss is no error)",
+     "indices; each page: PAGE_HIT, or why not; exit 4 unless every\n"
+     "page was a hit",
      RunL3Fetch},
     {"l3-exist", "POOL KEY...", 2, kAnyNumber,
      "how many of the keys, from the first, are stored in L3 in\n"

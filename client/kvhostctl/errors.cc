@@ -17,6 +17,7 @@ namespace {
 
 constexpr char kUsagePayload[] = "kvhostctl/usage";
 constexpr char kMismatchPayload[] = "kvhostctl/mismatch";
+constexpr char kPartialPayload[] = "kvhostctl/partial";
 
 // The socket path of a unix address ("unix:///p" or "unix:/p"), else "".
 std::string UnixPath(const std::string& server) {
@@ -51,6 +52,7 @@ std::string UnixHint(const std::string& path) {
 
 absl::Status WithServerHint(const std::string& server, absl::Status status) {
   if (status.code() != absl::StatusCode::kUnavailable) return status;
+  if (status.GetPayload(kPartialPayload).has_value()) return status;  // kvhostd answered
   const std::string path = UnixPath(server);
   const std::string hint =
       !path.empty() ? UnixHint(path)
@@ -76,6 +78,12 @@ absl::Status MismatchError(absl::string_view message) {
   return status;
 }
 
+absl::Status PartialError(absl::string_view message) {
+  absl::Status status = absl::UnavailableError(message);
+  status.SetPayload(kPartialPayload, absl::Cord());
+  return status;
+}
+
 bool IsMismatch(const absl::Status& status) {
   return status.GetPayload(kMismatchPayload).has_value();
 }
@@ -90,6 +98,10 @@ int Report(const absl::Status& status) {
   if (IsMismatch(status)) {
     absl::FPrintF(stderr, "error: verification failed: %s\n", status.message());
     return kExitMismatch;
+  }
+  if (status.GetPayload(kPartialPayload).has_value()) {
+    absl::FPrintF(stderr, "error: %s\n", status.message());
+    return kExitPartial;
   }
   absl::FPrintF(stderr, "error: %s: %s\n", absl::StatusCodeToString(status.code()),
                 status.message());

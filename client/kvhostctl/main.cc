@@ -67,7 +67,7 @@ constexpr char kUsageHead[] =
 constexpr char kUsageTail[] =
     "\n"
     "Exit codes: 0 ok; 1 an RPC failed (stderr: error: CODE: message); 2 usage error;\n"
-    "3 the demo read back different bytes.";
+    "3 the demo read back different bytes; 4 l3-store / l3-fetch did fewer pages than asked.";
 
 // --help's command list: "  NAME ARGS" in a column of kHelpColumn, each
 // command's help beside it (below it, when NAME ARGS is wider).

@@ -75,9 +75,22 @@ std::string LayersOf(const v1::Pool& pool) {
                       pool.spec().start_layer() + pool.spec().layer_num(), ")");
 }
 
+std::string StateOf(const v1::Pool& pool) {
+  if (pool.state() != v1::CREATING) return v1::PoolState_Name(pool.state());
+  const int percent =
+      pool.bytes() == 0 ? 0 : static_cast<int>(100.0 * pool.populated_bytes() / pool.bytes());
+  return absl::StrCat(v1::PoolState_Name(pool.state()), " ", percent, "%");
+}
+
 uint64_t UsedTokens(const v1::Pool& pool) {
+  if (pool.state() == v1::CREATING) return 0;  // available_tokens is not filled in
   return pool.size_tokens() > pool.available_tokens() ? pool.size_tokens() - pool.available_tokens()
                                                       : 0;
+}
+
+std::string UsedPercentText(const v1::Pool& pool) {
+  return pool.state() == v1::CREATING ? std::string("-")
+                                      : absl::StrFormat("%.1f", UsedPercent(pool));
 }
 
 double UsedPercent(const v1::Pool& pool) {
@@ -87,6 +100,8 @@ double UsedPercent(const v1::Pool& pool) {
 JsonObject PoolUsageJson(const v1::Pool& pool) {
   JsonObject usage;
   usage.Str("name", pool.name())
+      .Str("state", v1::PoolState_Name(pool.state()))
+      .Uint("populated_bytes", pool.populated_bytes())
       .Uint("size_tokens", pool.size_tokens())
       .Uint("used_tokens", UsedTokens(pool))
       .Uint("available_tokens", pool.available_tokens())

@@ -36,8 +36,14 @@ std::string DimsOf(const v1::PoolSpec& spec);
 // Device layers held, "[2,5)" when sharded, else the layer count.
 std::string LayersOf(const v1::Pool& pool);
 
+// The pool's state for the STATE column: "READY", or "CREATING 37%" (of its
+// bytes reserved and mapped so far). A pool still being created has no
+// allocator yet: its used tokens are 0 and its USED% "-".
+std::string StateOf(const v1::Pool& pool);
 uint64_t UsedTokens(const v1::Pool& pool);
 double UsedPercent(const v1::Pool& pool);
+// UsedPercent as the tables show it: "12.5", or "-" while CREATING.
+std::string UsedPercentText(const v1::Pool& pool);
 
 // How full a pool is, for status --json and watch --json.
 JsonObject PoolUsageJson(const v1::Pool& pool);

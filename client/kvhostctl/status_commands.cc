@@ -32,13 +32,32 @@ void PrintPoolUsage(const std::vector<v1::Pool>& pools) {
   PrintLine(absl::StrFormat("pools:   %d", pools.size()));
   if (pools.empty()) return;
   std::vector<std::vector<std::string>> rows = {
-      {"POOL", "USED", "AVAILABLE", "TOKENS", "USED%", "ATTACH"}};
+      {"POOL", "STATE", "USED", "AVAILABLE", "TOKENS", "USED%", "ATTACH"}};
   for (const v1::Pool& pool : pools) {
-    rows.push_back({pool.name(), absl::StrCat(UsedTokens(pool)),
-                    absl::StrCat(pool.available_tokens()), absl::StrCat(pool.size_tokens()),
-                    absl::StrFormat("%.1f", UsedPercent(pool)), absl::StrCat(pool.attachments())});
+    rows.push_back(
+        {pool.name(), StateOf(pool), absl::StrCat(UsedTokens(pool)),
+         pool.state() == v1::CREATING ? std::string("-") : absl::StrCat(pool.available_tokens()),
+         absl::StrCat(pool.size_tokens()), UsedPercentText(pool),
+         absl::StrCat(pool.attachments())});
   }
-  PrintTable(rows, "lrrrrr", "  ");
+  PrintTable(rows, "llrrrrr", "  ");
+}
+
+// "L3:      1 of 2 memcached server(s) up", then a line per server down.
+void PrintL3(const v1::DaemonStatus& daemon) {
+  if (daemon.l3_servers().empty()) {
+    PrintLine("L3:      off (no --l3-memcached)");
+    return;
+  }
+  int up = 0;
+  for (const v1::L3Server& server : daemon.l3_servers()) up += server.up() ? 1 : 0;
+  PrintLine(
+      absl::StrFormat("L3:      %d of %d memcached server(s) up", up, daemon.l3_servers_size()));
+  for (const v1::L3Server& server : daemon.l3_servers()) {
+    if (server.up()) continue;
+    PrintLine(absl::StrFormat("  %s down for %ds: %s", server.address(), server.since_s(),
+                              server.error()));
+  }
 }
 
 void PrintStatusText(const Context& ctx, const std::string& health, const v1::DaemonStatus& daemon,
@@ -67,6 +86,7 @@ void PrintStatusText(const Context& ctx, const std::string& health, const v1::Da
         "filling: pool '%s', %s of %s GiB (%d %%)", p.name(), Gib(p.populated_bytes()),
         Gib(p.bytes()), p.bytes() ? static_cast<int>(100.0 * p.populated_bytes() / p.bytes()) : 0));
   }
+  PrintL3(daemon);
   PrintLine(absl::StrFormat("sessions: %d", daemon.sessions_size()));
   for (const v1::SessionInfo& session : daemon.sessions()) {
     PrintLine(absl::StrFormat("  worker '%s' pid %d (%s), %d attachment(s), %ds old",

@@ -1,7 +1,9 @@
 // The L3 tier's commands (kvhost.v1.StorageService; kvhostd --l3-memcached):
 // l3-store and l3-fetch move pages between a pool and the cache, each page
 // given as INDEX=KEY (its first slot and its key); l3-exist prints how many
-// of the keys, from the first, are stored in the pool's namespace.
+// of the keys, from the first, are stored in the pool's namespace. A store or
+// fetch that did fewer pages than asked exits 4 (errors.h), after every
+// page's outcome.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -72,6 +74,14 @@ void PrintPages(const Context& ctx, const std::string& pool, const PageKeys& pag
                             count_name, bytes, pool));
 }
 
+// OK when all `asked` pages were `done` ("stored", "hit"), else the exit-4
+// error naming how many were not.
+absl::Status AllPages(const char* command, const char* done, uint64_t count, int asked) {
+  if (count >= static_cast<uint64_t>(asked)) return absl::OkStatus();
+  return PartialError(absl::StrFormat("%s: %d of %d page(s) not %s (see each page's outcome)",
+                                      command, asked - static_cast<int>(count), asked, done));
+}
+
 }  // namespace
 
 absl::Status RunL3Store(Context& ctx, const Args& args) {
@@ -81,7 +91,7 @@ absl::Status RunL3Store(Context& ctx, const Args& args) {
       ctx.client->StorePages(args[0], pages->indices, pages->keys);
   if (!r.ok()) return r.status();
   PrintPages(ctx, args[0], *pages, r->pages(), "stored", r->stored_pages(), r->stored_bytes());
-  return absl::OkStatus();
+  return AllPages("l3-store", "stored", r->stored_pages(), static_cast<int>(pages->indices.size()));
 }
 
 absl::Status RunL3Fetch(Context& ctx, const Args& args) {
@@ -91,7 +101,7 @@ absl::Status RunL3Fetch(Context& ctx, const Args& args) {
       ctx.client->FetchPages(args[0], pages->keys, pages->indices);
   if (!r.ok()) return r.status();
   PrintPages(ctx, args[0], *pages, r->pages(), "hit", r->hit_pages(), r->hit_bytes());
-  return absl::OkStatus();
+  return AllPages("l3-fetch", "fetched", r->hit_pages(), static_cast<int>(pages->indices.size()));
 }
 
 absl::Status RunL3Exist(Context& ctx, const Args& args) {

@@ -126,14 +126,14 @@ void AppendPoolTable(const std::vector<v1::Pool>& pools, std::vector<std::string
     return;
   }
   std::vector<std::vector<std::string>> rows = {
-      {"POOL", "KIND", "LAYOUT", "PAGE", "TOKENS", "USED", "USED%", "GIB"}};
+      {"POOL", "STATE", "KIND", "LAYOUT", "PAGE", "TOKENS", "USED", "USED%", "GIB"}};
   for (const v1::Pool& pool : pools) {
-    rows.push_back({pool.name(), v1::PoolKind_Name(pool.spec().kind()),
+    rows.push_back({pool.name(), StateOf(pool), v1::PoolKind_Name(pool.spec().kind()),
                     v1::Layout_Name(pool.spec().layout()), absl::StrCat(pool.spec().page_size()),
                     absl::StrCat(pool.size_tokens()), absl::StrCat(UsedTokens(pool)),
-                    absl::StrFormat("%.1f", UsedPercent(pool)), Gib(pool.bytes())});
+                    UsedPercentText(pool), Gib(pool.bytes())});
   }
-  for (std::string& line : cli::TableLines(rows, "lllrrrrr")) lines->push_back(std::move(line));
+  for (std::string& line : cli::TableLines(rows, "llllrrrrr")) lines->push_back(std::move(line));
 }
 
 std::vector<std::string> WatchFrameLines(const Context& ctx, const WatchFrame& frame) {

@@ -30,26 +30,20 @@ KvhostMetrics::KvhostMetrics()
           "Finished transfer tickets dropped by the kept-ticket limit (the attachment keeping "
           "the most loses its oldest).",
           {})),
-      rpcs(registry.AddCounter("kvhost_rpc_requests_total",
-                               "RPCs answered, by full method name and gRPC status code.",
-                               {"method", "code"})),
+      rpcs(registry.AddCounter(
+          "kvhost_rpc_requests_total",
+          "Calls answered, by transport (grpc, fast_path), full gRPC method name and status code.",
+          {"transport", "method", "code"})),
       rpc_seconds(registry.AddHistogram(
           "kvhost_rpc_duration_seconds",
-          "Time from an RPC's arrival at its method to its status being sent.", {"method"},
-          kRpcSecondsBuckets)),
-      fast_path_calls(registry.AddCounter(
-          "kvhost_fast_path_requests_total",
-          "Fast-path calls answered, by the gRPC method they mirror and status code.",
-          {"method", "code"})),
-      fast_path_seconds(registry.AddHistogram(
-          "kvhost_fast_path_duration_seconds",
-          "Time from a fast-path request's arrival in its mailbox to its reply being written.",
-          {"method"}, kFastPathSecondsBuckets)),
+          "Time from a call's arrival at its method (gRPC) or in its mailbox (fast path) to its "
+          "status or reply being sent.",
+          {"transport", "method"}, kRpcSecondsBuckets)),
       fast_path_cpu(registry.AddCounter(
-          "kvhost_fast_path_cpu_microseconds_total",
+          "kvhost_fast_path_cpu_seconds_total",
           "CPU time of the fast-path mailbox threads (waiting, spinning, serving), by the "
-          "client's uid.",
-          {"uid"})),
+          "client's uid, in seconds.",
+          {"uid"}, /*unit=*/1e-6)),
       fast_path_rings_ignored(registry.AddCounter(
           "kvhost_fast_path_rings_ignored_total",
           "Fast-path doorbell rings not served: they came before the last reply was read.",

@@ -22,17 +22,18 @@ namespace kvhost {
 // load (seconds).
 inline const std::vector<double> kTransferSecondsBuckets = {
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
-// RPC handling times: most unary calls answer in tens of microseconds;
-// CreatePool reserves and touches its memory, 10-50 s for tens of GiB on a
-// small machine, hence buckets up to two minutes.
+// RPC handling times, gRPC and fast path alike: a fast-path Alloc answers
+// in a few microseconds, a gRPC unary call in tens of them, a WaitTransfer
+// may wait a minute, and CreatePool reserves and touches its memory, 10-50 s
+// for tens of GiB on a small machine, hence buckets up to two minutes.
 inline const std::vector<double> kRpcSecondsBuckets = {
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-    0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    120};
+    0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+    0.0025,   0.005,   0.01,     0.025,   0.05,   0.1,     0.25,   0.5,
+    1,        2.5,     5,        10,      30,     60,      120};
 
-// Fast-path calls: a few microseconds for an Alloc, up to a minute for a
-// WaitTransfer.
-inline const std::vector<double> kFastPathSecondsBuckets = {
-    0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.01, 0.1, 1, 10, 60};
+// The `transport` label of the RPC families: how a call reached kvhostd.
+inline constexpr char kTransportGrpc[] = "grpc";
+inline constexpr char kTransportFastPath[] = "fast_path";
 
 // L3 tier calls (StorePages / FetchPages / ExistPages): a few pages on the
 // loopback take ~100 us, a batch of large pages over a network seconds.
@@ -60,16 +61,15 @@ struct KvhostMetrics {
   // (server/transfer/ticket_table.h), {}.
   CounterFamily* const transfer_tickets_dropped;
 
-  // Every RPC the server answers: {method, code} and {method}.
+  // Every call answered, over gRPC (the interceptor) or the fast path
+  // (server/service/fast_path_server.h): {transport, method, code} and
+  // {transport, method}, method the full gRPC method name (a fast-path
+  // call's is the gRPC method it mirrors).
   CounterFamily* const rpcs;
   HistogramFamily* const rpc_seconds;
-
-  // Every fast-path call answered (server/service/fast_path_server.h):
-  // {method, code} and {method}, method as the gRPC method it mirrors.
-  CounterFamily* const fast_path_calls;
-  HistogramFamily* const fast_path_seconds;
-  // Mailbox threads' CPU, and rings before the last reply was read (not
-  // served), by the client's uid: {uid}.
+  // Mailbox threads' CPU (incremented in microseconds, shown in seconds),
+  // and rings before the last reply was read (not served), by the client's
+  // uid: {uid}.
   CounterFamily* const fast_path_cpu;
   CounterFamily* const fast_path_rings_ignored;
 

@@ -143,7 +143,12 @@ void CounterFamily::Render(std::string* out) const {
   series_.ForEach([&](const LabelValues& values, const Counter& counter) {
     out->append(name());
     AppendLabels(label_names(), values, "", out);
-    absl::StrAppend(out, " ", counter.value(), "\n");
+    if (unit_ == 1) {
+      absl::StrAppend(out, " ", counter.value(), "\n");
+    } else {
+      absl::StrAppend(out, " ", FormatMetricValue(static_cast<double>(counter.value()) * unit_),
+                      "\n");
+    }
   });
 }
 
@@ -180,9 +185,9 @@ void ComputedFamily::Render(std::string* out) const {
 }
 
 CounterFamily* MetricsRegistry::AddCounter(std::string name, std::string help,
-                                           std::vector<std::string> label_names) {
-  auto family =
-      std::make_unique<CounterFamily>(std::move(name), std::move(help), std::move(label_names));
+                                           std::vector<std::string> label_names, double unit) {
+  auto family = std::make_unique<CounterFamily>(std::move(name), std::move(help),
+                                                std::move(label_names), unit);
   CheckFamily(*family, /*histogram=*/false);
   CounterFamily* out = family.get();
   Add(std::move(family));

@@ -157,7 +157,12 @@ class SeriesMap {
 
 class CounterFamily final : public MetricFamily {
  public:
-  using MetricFamily::MetricFamily;
+  // `unit`: what one increment is worth in the family's base unit (1e-6 for
+  // a counter kept in microseconds and named in seconds); rendered as
+  // value * unit.
+  CounterFamily(std::string name, std::string help, std::vector<std::string> label_names,
+                double unit = 1)
+      : MetricFamily(std::move(name), std::move(help), std::move(label_names)), unit_(unit) {}
   // The series at `values`, created at 0 on first use.
   // REQUIRES: values.size() == label_names().size().
   Counter* WithLabels(const LabelValues& values);
@@ -167,6 +172,7 @@ class CounterFamily final : public MetricFamily {
   void Render(std::string* out) const override;
 
  private:
+  const double unit_;
   metrics_internal::SeriesMap<Counter> series_;
 };
 
@@ -214,8 +220,10 @@ class MetricsRegistry {
   // Families render in the order they were added. REQUIRES: `name` a valid
   // metric name and each label a valid label name ("le" not among a
   // histogram's), all unique; aborts otherwise (a programming error).
+  // `unit`: as CounterFamily's (Prometheus names counters in base units:
+  // seconds, bytes).
   CounterFamily* AddCounter(std::string name, std::string help,
-                            std::vector<std::string> label_names = {});
+                            std::vector<std::string> label_names = {}, double unit = 1);
   // `bounds`: the buckets' upper bounds, strictly increasing and finite; +Inf
   // is added.
   HistogramFamily* AddHistogram(std::string name, std::string help,

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/safe_text.h"
@@ -163,6 +165,16 @@ grpc::ServerUnaryReactor* DaemonServiceImpl::GetStatus(grpc::CallbackServerConte
   response->set_instance_id(identity_.instance_id);
   for (const std::string& pool : identity_.declared_pools) response->add_declared_pools(pool);
   const absl::Time now = absl::Now();
+  if (identity_.l3 != nullptr) {
+    for (const BackendServer& server : identity_.l3->Servers()) {
+      v1::L3Server* out = response->add_l3_servers();
+      out->set_address(server.address);
+      out->set_up(server.up);
+      out->set_error(server.error);
+      out->set_since_s(
+          static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Seconds(now - server.since))));
+    }
+  }
   for (const SessionSnapshot& session : transfers_->ListSessions()) {
     v1::SessionInfo* info = response->add_sessions();
     info->set_worker(session.worker);

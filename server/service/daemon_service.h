@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "kvhost/v1/daemon.grpc.pb.h"
 #include "server/pool/registry.h"
+#include "server/storage/backend.h"
 #include "server/transfer/transfer_manager.h"
 
 namespace kvhost {
@@ -33,6 +34,8 @@ struct DaemonIdentity {
   std::string handoff_socket;
   // The fast path's mailboxes (DaemonStatus.fast_path_*); null for none.
   const FastPathServer* fast_path = nullptr;
+  // The L3 tier's backend (DaemonStatus.l3_servers); null without one.
+  const StorageBackend* l3 = nullptr;
 };
 
 class SessionReactor;

@@ -1,6 +1,7 @@
 #include "server/service/fast_path_calls.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,25 +35,31 @@ absl::Status Run(const v1::FastPathRequest& frame, std::string* body, Call&& cal
 
 }  // namespace
 
-const char* FastPathMethodName(v1::FastPathMethod method) {
+const char* FastPathGrpcMethod(v1::FastPathMethod method) {
   switch (method) {
     case v1::FAST_PATH_METHOD_ALLOC:
-      return "Alloc";
+      return "kvhost.v1.PoolService/Alloc";
     case v1::FAST_PATH_METHOD_FREE:
-      return "Free";
+      return "kvhost.v1.PoolService/Free";
     case v1::FAST_PATH_METHOD_ALLOC_BATCH:
-      return "AllocBatch";
+      return "kvhost.v1.PoolService/AllocBatch";
     case v1::FAST_PATH_METHOD_BACKUP:
-      return "Backup";
+      return "kvhost.v1.TransferService/Backup";
     case v1::FAST_PATH_METHOD_LOAD:
-      return "Load";
+      return "kvhost.v1.TransferService/Load";
     case v1::FAST_PATH_METHOD_ALLOC_BACKUP:
-      return "AllocBackup";
+      return "kvhost.v1.TransferService/AllocBackup";
     case v1::FAST_PATH_METHOD_WAIT_TRANSFER:
-      return "WaitTransfer";
+      return "kvhost.v1.TransferService/WaitTransfer";
     default:
-      return "unknown method";
+      return "unknown";
   }
+}
+
+const char* FastPathMethodName(v1::FastPathMethod method) {
+  const char* full = FastPathGrpcMethod(method);
+  const char* slash = std::strchr(full, '/');
+  return slash == nullptr ? "unknown method" : slash + 1;
 }
 
 absl::Status FastPathCalls::Dispatch(const v1::FastPathRequest& frame, uint64_t reply_limit,

@@ -35,8 +35,12 @@ inline constexpr uint32_t kFastPathDefaultWaitMs = 30000;
 // body; its message is bounded by the services), tags and lengths.
 inline constexpr uint64_t kFastPathReplyFraming = 64;
 
-// The method's name as the gRPC method it mirrors ("Alloc", "Backup" ...),
-// "unknown method" otherwise: for logs and metric labels.
+// The full name of the gRPC method a fast-path method mirrors
+// ("kvhost.v1.PoolService/Alloc"), as the RPC metrics' `method` label spells
+// it for both transports; "unknown" for a frame that names none.
+const char* FastPathGrpcMethod(v1::FastPathMethod method);
+// Its last part ("Alloc", "Backup" ...), "unknown method" otherwise: for
+// messages.
 const char* FastPathMethodName(v1::FastPathMethod method);
 
 class FastPathCalls {

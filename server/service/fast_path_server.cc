@@ -272,10 +272,11 @@ void FastPathServer::Answer(const FastPathMailbox& mailbox, std::string* frame) 
   std::memcpy(mailbox.reply, reply.data(), reply.size());
   mailbox.header->reply_bytes.store(static_cast<uint32_t>(reply.size()), std::memory_order_relaxed);
   if (metrics_ != nullptr) {
-    const char* name = FastPathMethodName(method);
-    metrics_->fast_path_calls->WithLabels({name, absl::StatusCodeToString(code)})->Increment();
-    metrics_->fast_path_seconds->WithLabels({name})->Observe(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    const char* name = FastPathGrpcMethod(method);
+    metrics_->rpcs->WithLabels({kTransportFastPath, name, absl::StatusCodeToString(code)})
+        ->Increment();
+    metrics_->rpc_seconds->WithLabels({kTransportFastPath, name})
+        ->Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
 }
 

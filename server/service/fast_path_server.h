@@ -19,7 +19,7 @@
 // was read (reply_read), so ringing costs a wake-up, never a second call; a
 // mailbox whose client rang before reading its reply loses the thread's
 // spin for good (it sleeps on the doorbell). Each mailbox's thread CPU is
-// counted by its client's uid (kvhost_fast_path_cpu_microseconds_total) and
+// counted by its client's uid (kvhost_fast_path_cpu_seconds_total) and
 // logged when it closes. A client (its open worker session, else its uid)
 // holds at most `per_client` mailboxes, and each mailbox's bytes count
 // against --memory-limit (PoolRegistry::ReserveTransient) while it lives.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace kvhost {
@@ -30,6 +31,14 @@ struct FetchedItem {
   bool found = false;
   std::string value;  // when found
   std::string error;  // when not found because a server failed ("" for a plain miss)
+};
+
+// One server of a backend, as its last probe found it.
+struct BackendServer {
+  std::string address;  // "host:port"
+  bool up = false;
+  std::string error;  // why it is down, in words ("connection failure"); "" while up
+  absl::Time since;   // when `up` last changed (or the backend was made)
 };
 
 class StorageBackend {
@@ -50,6 +59,9 @@ class StorageBackend {
   virtual std::vector<bool> ExistPrefix(absl::Span<const std::string> keys) = 0;
   // "memcached 127.0.0.1:11211,... (2 replicas)" for logs and DaemonStatus.
   virtual std::string Describe() const = 0;
+  // Its servers, in configuration order, each as last probed; empty for a
+  // backend without servers (FakeBackend).
+  virtual std::vector<BackendServer> Servers() const { return {}; }
 };
 
 }  // namespace kvhost

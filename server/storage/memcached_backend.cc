@@ -6,10 +6,12 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/storage/page_record.h"
+#include "spdlog/spdlog.h"
 
 namespace kvhost {
 namespace {
@@ -46,6 +48,17 @@ absl::Status ParseServer(const std::string& server, std::string* host, in_port_t
 // the next connect, which takes it out of the ring; the fourth try hashes to
 // the servers left.
 constexpr int kAttempts = 4;
+
+// A key no one stores (a page's keys are PartKey's, which never take this
+// form): the probe's get of it is a miss from a server that answers.
+constexpr char kProbeKey[] = "kvhost-probe";
+
+// libmemcached's name of `rc`, in lower case ("connection failure"): what
+// a caller sees. memcached_last_error_message adds the source file and
+// line, and at times a pointer; that detail goes to the log only.
+std::string ErrorWords(const memcached_st* mc, memcached_return_t rc) {
+  return absl::AsciiStrToLower(memcached_strerror(mc, rc));
+}
 
 }  // namespace
 
@@ -122,10 +135,105 @@ absl::StatusOr<std::unique_ptr<MemcachedBackend>> MemcachedBackend::Create(
                                               ": ", memcached_strerror(mc, rc)));
     }
   }
+  if (absl::Status s = backend->StartProbes(); !s.ok()) return s;
   return backend;
 }
 
+absl::Status MemcachedBackend::StartProbes() {
+  // A handle per server, that server alone, the binary protocol and the
+  // timeouts of the ring's handles; a failed server is tried again at the
+  // next probe.
+  const absl::Time now = absl::Now();
+  probes_.resize(options_.servers.size());
+  for (size_t i = 0; i < probes_.size(); ++i) {
+    Probe& probe = probes_[i];
+    probe.state.address = options_.servers[i];
+    probe.state.since = now;
+    probe.mc = memcached_create(nullptr);
+    if (probe.mc == nullptr) return absl::ResourceExhaustedError("memcached_create failed");
+    std::string host;
+    in_port_t port = 0;
+    if (absl::Status s = ParseServer(options_.servers[i], &host, &port); !s.ok()) return s;
+    const std::pair<memcached_behavior_t, uint64_t> behaviors[] = {
+        {MEMCACHED_BEHAVIOR_BINARY_PROTOCOL, 1},
+        {MEMCACHED_BEHAVIOR_CONNECT_TIMEOUT, Millis(options_.connect_timeout)},
+        {MEMCACHED_BEHAVIOR_POLL_TIMEOUT, Millis(options_.io_timeout)},
+        {MEMCACHED_BEHAVIOR_RETRY_TIMEOUT, 1},
+    };
+    memcached_return_t rc = memcached_server_add(probe.mc, host.c_str(), port);
+    for (const auto& [behavior, value] : behaviors) {
+      if (rc == MEMCACHED_SUCCESS) rc = memcached_behavior_set(probe.mc, behavior, value);
+    }
+    if (rc != MEMCACHED_SUCCESS) {
+      return absl::InternalError(absl::StrCat("memcached server '", options_.servers[i],
+                                              "': probe handle: ", ErrorWords(probe.mc, rc)));
+    }
+  }
+  // The state is known before the daemon serves: the first probe runs here.
+  ProbeAll();
+  prober_ = std::thread([this] { ProbeLoop(); });
+  return absl::OkStatus();
+}
+
+void MemcachedBackend::ProbeAll() {
+  for (Probe& probe : probes_) {
+    const memcached_return_t rc = memcached_exist(probe.mc, kProbeKey, sizeof(kProbeKey) - 1);
+    const bool up = rc == MEMCACHED_SUCCESS || rc == MEMCACHED_NOTFOUND;
+    // A server that failed is not tried again for a second (the probe
+    // handle's retry timeout): it is still down for the reason found then.
+    const bool not_tried =
+        rc == MEMCACHED_SERVER_TEMPORARILY_DISABLED || rc == MEMCACHED_SERVER_MARKED_DEAD;
+    const std::string error = up ? std::string() : ErrorWords(probe.mc, rc);
+    {
+      absl::MutexLock lock(&state_mu_);
+      const bool changed = !probe.probed || probe.state.up != up;
+      probe.probed = true;
+      if (!(not_tried && !probe.state.error.empty())) probe.state.error = error;
+      if (!changed) continue;
+      probe.state.up = up;
+      probe.state.since = absl::Now();
+    }
+    if (up) {
+      spdlog::info("L3 memcached server {} is up", probe.state.address);
+    } else {
+      // libmemcached's own message, with its source location: for the log.
+      spdlog::warn(
+          "L3 memcached server {} is down: {} ({}); its keys miss and its stores fail until it "
+          "answers again (probed every {})",
+          probe.state.address, error, memcached_last_error_message(probe.mc),
+          absl::FormatDuration(options_.retry_timeout));
+    }
+  }
+}
+
+void MemcachedBackend::ProbeLoop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&state_mu_);
+      const auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(state_mu_) { return stopping_; };
+      if (state_mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.retry_timeout)) return;
+    }
+    ProbeAll();
+  }
+}
+
+std::vector<BackendServer> MemcachedBackend::Servers() const {
+  absl::MutexLock lock(&state_mu_);
+  std::vector<BackendServer> out;
+  out.reserve(probes_.size());
+  for (const Probe& probe : probes_) out.push_back(probe.state);
+  return out;
+}
+
 MemcachedBackend::~MemcachedBackend() {
+  {
+    absl::MutexLock lock(&state_mu_);
+    stopping_ = true;
+  }
+  if (prober_.joinable()) prober_.join();
+  for (const Probe& probe : probes_) {
+    if (probe.mc != nullptr) memcached_free(probe.mc);
+  }
   absl::MutexLock lock(&mu_);
   for (const Connection& c : free_) {
     memcached_result_free(c.result);  // its buffer; the struct is ours
@@ -190,9 +298,8 @@ std::vector<absl::Status> MemcachedBackend::Set(absl::Span<const StorageItem> it
           "server ", ServerOf(mc, item.key), " refused an item of ", item.value.size(),
           " bytes as too large; start memcached with a larger -I or lower --l3-item-bytes")));
     } else {
-      out.push_back(absl::UnavailableError(absl::StrCat("server ", ServerOf(mc, item.key), ": ",
-                                                        memcached_last_error_message(mc), " (",
-                                                        tries, " tries)")));
+      out.push_back(absl::UnavailableError(absl::StrCat(
+          "server ", ServerOf(mc, item.key), ": ", ErrorWords(mc, rc), " (", tries, " tries)")));
     }
   }
   // libmemcached sends replicas' copies without waiting for an answer and
@@ -246,7 +353,7 @@ std::string MemcachedBackend::GetOnce(const Connection& c, absl::Span<const std:
   }
   const memcached_return_t rc = memcached_mget(mc, ptrs.data(), lengths.data(), ptrs.size());
   std::string error;
-  if (rc != MEMCACHED_SUCCESS) error = memcached_last_error_message(mc);
+  if (rc != MEMCACHED_SUCCESS) error = ErrorWords(mc, rc);
   if (rc != MEMCACHED_SUCCESS && rc != MEMCACHED_SOME_ERRORS) return error;
   // A server failing mid-batch ends one fetch with its error; the other
   // servers' answers are still to be read, so fetching goes on (at most
@@ -256,7 +363,7 @@ std::string MemcachedBackend::GetOnce(const Connection& c, absl::Span<const std:
     memcached_return_t fetch_rc = MEMCACHED_SUCCESS;
     if (memcached_fetch_result(mc, result, &fetch_rc) == nullptr) {
       if (fetch_rc == MEMCACHED_END || fetch_rc == MEMCACHED_NOTFOUND) break;
-      if (error.empty()) error = memcached_last_error_message(mc);
+      if (error.empty()) error = ErrorWords(mc, fetch_rc);
       if (++errors > servers) break;
       continue;
     }

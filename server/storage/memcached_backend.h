@@ -12,15 +12,25 @@
 // replicas): a get whose server failed is served by a replica, a set whose
 // first server failed is refused until it returns.
 //
+// Each server's state (Servers(): up or down, and why) comes from a probe of
+// that server alone, at Create and then every `retry_timeout` on a thread of
+// the backend's own: a get of a key no one stores, answered (hit or miss)
+// = up. Each change is logged once (a warning when a server goes down, with
+// libmemcached's detail; info when it is back), never per call. The errors
+// Set and Get return name the server and the failure in words, without
+// libmemcached's detail.
+//
 // Thread safety: all methods may be called concurrently. libmemcached's
 // handles are not thread-safe, so each call borrows one from a free list
-// (cloned from a prototype on demand, at most one per concurrent caller).
+// (cloned from a prototype on demand, at most one per concurrent caller);
+// the probes' handles are the probe thread's alone.
 #ifndef KVHOST_SERVER_STORAGE_MEMCACHED_BACKEND_H_
 #define KVHOST_SERVER_STORAGE_MEMCACHED_BACKEND_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -61,9 +71,23 @@ class MemcachedBackend final : public StorageBackend {
   std::vector<FetchedItem> Get(absl::Span<const std::string> keys) override;
   std::vector<bool> ExistPrefix(absl::Span<const std::string> keys) override;
   std::string Describe() const override;
+  std::vector<BackendServer> Servers() const override;
 
  private:
   explicit MemcachedBackend(const MemcachedOptions& options) : options_(options) {}
+
+  // One server's probe: a handle of its own and what the last probe found.
+  struct Probe {
+    memcached_st* mc = nullptr;  // the probe thread's (or Create's, before it starts)
+    BackendServer state;         // guarded by state_mu_
+    bool probed = false;         // guarded by state_mu_; false until the first probe
+  };
+  // Makes the probes' handles and runs the first probe; starts the thread.
+  absl::Status StartProbes();
+  // Probes every server once, logging each change.
+  void ProbeAll();
+  // The probe thread: ProbeAll every retry_timeout until the destructor.
+  void ProbeLoop();
 
   // One libmemcached handle and the result it reads values into. The
   // result lives as long as the handle: a fresh one grows its buffer for
@@ -84,6 +108,11 @@ class MemcachedBackend final : public StorageBackend {
   memcached_st* prototype_ = nullptr;
   absl::Mutex mu_;
   std::vector<Connection> free_ ABSL_GUARDED_BY(mu_);
+
+  mutable absl::Mutex state_mu_;
+  std::vector<Probe> probes_;  // fixed at Create; each's state under state_mu_
+  bool stopping_ ABSL_GUARDED_BY(state_mu_) = false;
+  std::thread prober_;
 };
 
 }  // namespace kvhost

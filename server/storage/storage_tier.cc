@@ -281,6 +281,7 @@ void StorageTier::StoreJob(Call& call, size_t begin, size_t end) {
   std::vector<std::string> bases(end - begin);
   std::vector<StorageItem> rest;
   std::vector<size_t> rest_page;
+  std::vector<size_t> rest_part;  // the part of rest[r]
   for (size_t i = begin; i < end; ++i) {
     const std::string& base = bases[i - begin] = secret_.CacheKey(call.ns, call.keys[i]);
     const RecordScope scope{&secret_, call.ns, call.keys[i]};
@@ -294,6 +295,7 @@ void StorageTier::StoreJob(Call& call, size_t begin, size_t end) {
     for (size_t p = 1; p < pages[i - begin].size(); ++p) {
       rest.push_back({PartKey(base, static_cast<uint32_t>(p)), std::move(pages[i - begin][p])});
       rest_page.push_back(i);
+      rest_part.push_back(p);
     }
     call.results[i].outcome = PageOutcome::kStored;
   }
@@ -301,7 +303,8 @@ void StorageTier::StoreJob(Call& call, size_t begin, size_t end) {
   for (size_t r = 0; r < rest.size(); ++r) {
     PageResult& result = call.results[rest_page[r]];
     if (!rest_status[r].ok() && result.outcome == PageOutcome::kStored) {
-      result = Unavailable(absl::StrCat(rest.at(r).key, ": ", rest_status[r].message()));
+      // The part, not its cache key: the caller knows the page by its own key.
+      result = Unavailable(absl::StrCat("part ", rest_part[r], ": ", rest_status[r].message()));
     }
   }
   std::vector<StorageItem> firsts;
@@ -315,7 +318,7 @@ void StorageTier::StoreJob(Call& call, size_t begin, size_t end) {
   for (size_t f = 0; f < firsts.size(); ++f) {
     if (!first_status[f].ok()) {
       call.results[first_page[f]] =
-          Unavailable(absl::StrCat(firsts[f].key, ": ", first_status[f].message()));
+          Unavailable(absl::StrCat("part 0: ", first_status[f].message()));
     }
   }
 }

@@ -33,11 +33,14 @@ void TicketTable::Retire(uint64_t id, Direction direction, bool ok, uint64_t byt
     auto flying = in_flight_.find(id);
     const std::string attachment = std::move(flying->second);
     in_flight_.erase(flying);
+    const int d = static_cast<int>(direction);
     if (ok) {
       ++counters_.tickets_done;
-      counters_.bytes[static_cast<int>(direction)] += bytes;
+      ++counters_.done[d];
+      counters_.bytes[d] += bytes;
     } else {
       ++counters_.tickets_failed;
+      ++counters_.failed[d];
     }
     Kept& kept = kept_[attachment];
     holders_.erase(Holder{kept.ids.size(), kept.last, attachment});

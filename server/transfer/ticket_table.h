@@ -43,11 +43,16 @@
 
 namespace kvhost {
 
+// Since the daemon started, over every pool (deleted ones included).
 struct TransferCounters {
   uint64_t tickets_in_flight = 0;
-  uint64_t tickets_done = 0;
-  uint64_t tickets_failed = 0;
-  uint64_t bytes[2] = {0, 0};  // by Direction
+  uint64_t tickets_done = 0;    // the sum of done[]
+  uint64_t tickets_failed = 0;  // the sum of failed[]
+  // By Direction: tickets that completed OK, tickets that failed, and the
+  // bytes of the OK ones.
+  uint64_t done[2] = {0, 0};
+  uint64_t failed[2] = {0, 0};
+  uint64_t bytes[2] = {0, 0};
 };
 
 class TicketTable {
