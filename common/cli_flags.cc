@@ -170,4 +170,16 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   return absl::Uint128Low64(total);
 }
 
+std::string FormatByteSize(uint64_t bytes) {
+  static constexpr struct {
+    unsigned shift;
+    char unit;
+  } kUnits[] = {{40, 'T'}, {30, 'G'}, {20, 'M'}, {10, 'K'}};
+  for (const auto& u : kUnits) {
+    const uint64_t unit = uint64_t{1} << u.shift;
+    if (bytes != 0 && bytes % unit == 0) return absl::StrCat(bytes / unit, std::string(1, u.unit));
+  }
+  return absl::StrCat(bytes);
+}
+
 }  // namespace kvhost

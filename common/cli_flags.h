@@ -46,6 +46,11 @@ std::vector<std::string> ParseFlags(int argc, char** argv, const std::string& us
 // negative input or when the value does not fit in 64 bits.
 absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text);
 
+// `bytes` as ParseByteSize reads it back exactly, in the largest unit that
+// divides it: 1073741824 -> "1G", 65536 -> "64K", 1000 -> "1000" (a flag's
+// default written from the option struct that holds it).
+std::string FormatByteSize(uint64_t bytes);
+
 }  // namespace kvhost
 
 #endif  // KVHOST_COMMON_CLI_FLAGS_H_

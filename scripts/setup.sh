@@ -20,8 +20,8 @@ PACKAGES=(build-essential cmake pkg-config ccache git
           libabsl-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
           libsystemd-dev systemd python3 python3-yaml libyaml-cpp-dev openssl
           libmicrohttpd-dev memcached libmemcached-dev libssl-dev)
-# scripts/test.sh adds clang, its sanitizer and libFuzzer runtimes and
-# clang-format (EXTRA_PACKAGES).
+# scripts/test.sh adds clang, its sanitizer and libFuzzer runtimes,
+# clang-format and clang-tidy (EXTRA_PACKAGES).
 # shellcheck disable=SC2206
 PACKAGES+=(${EXTRA_PACKAGES:-})
 missing=()

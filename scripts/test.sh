@@ -14,6 +14,8 @@
 #             once built); the tests fail, not skip, without it;
 #   build gcc the main build (gcc, RelWithDebInfo, warnings are errors, CUDA
 #             code compiled where nvcc is found);
+#   tidy      clang-tidy 14 with .clang-tidy's small check set on server/,
+#             client/ and common/ (scripts/tidy.sh); a finding fails;
 #   ctest     every ctest label there: unit, integration, gpu (skipped with a
 #             message where no GPU is usable), concurrency, and soak_smoke, the
 #             60-second soak and fault run;
@@ -55,7 +57,7 @@ main_ctest() {
 # clang with its sanitizer and libFuzzer runtimes, and clang-format, besides
 # what the main build needs. The build options are the main build's only
 # (sanitize.sh chooses its own).
-export EXTRA_PACKAGES="${EXTRA_PACKAGES:-} clang libclang-rt-14-dev clang-format-14"
+export EXTRA_PACKAGES="${EXTRA_PACKAGES:-} clang libclang-rt-14-dev clang-format-14 clang-tidy-14"
 phase install scripts/setup.sh --install-only
 phase promtool scripts/get_promtool.sh "$BUILD_DIR/tools"
 [[ "${SKIP_FORMAT:-0}" == 1 ]] || phase format scripts/format.sh --check
@@ -64,6 +66,7 @@ phase engines scripts/engine_venv.sh
 export KVHOST_REQUIRE_ENGINES=1
 CMAKE_ARGS="${CMAKE_ARGS:-} -DKVHOST_WERROR=ON -DKVHOST_BUILD_TESTS=ON -DKVHOST_BUILD_BENCH=ON" \
   phase "build gcc" scripts/setup.sh
+phase tidy scripts/tidy.sh "$BUILD_DIR"
 phase ctest main_ctest
 
 # The clang build's dir: ASAN_BUILD_DIR, not BUILD_DIR (the main build's).

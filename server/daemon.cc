@@ -194,56 +194,28 @@ absl::Status ApplySocketAccess(const std::string& path, uint32_t mode, gid_t gid
 absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(
     const DaemonOptions& options, std::shared_ptr<const RegionInodes> region_inodes,
     std::string* chosen, std::string* detail) {
-  const std::string& path = options.transfer_path;
-  if (path != "auto" && path != "ce" && path != "staged" && path != "sm") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--transfer-path '", path, "' is not one of auto, ce (copy engines), staged, sm"));
-  }
-  if (path != "auto" && options.backend == "host") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--transfer-path=", path, " applies to the cuda backend, but --backend=host"));
-  }
-  if (options.sm_blocks < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--sm-blocks=", options.sm_blocks, " must be >= 1"));
-  }
-  if (options.copy_streams < 1 || options.copy_streams > 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--copy-streams=", options.copy_streams, " is not in [1, 16]"));
-  }
-  if (options.staging_bytes < (uint64_t{64} << 10)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--staging-bytes=", options.staging_bytes, " is below the minimum of 64K"));
-  }
-  const GpuProbe gpus = options.backend == "host" ? GpuProbe{0, "not probed"} : ProbeGpus();
-  if (options.backend != "auto" && options.backend != "host" && options.backend != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--backend '", options.backend, "' is not one of auto, cuda, host"));
-  }
+  // Ranges and combinations: DaemonOptions::Validate, in Start.
+  const CudaPath path = options.cuda.path;
+  const char* backend = BackendChoiceName(options.backend);
+  const GpuProbe gpus =
+      options.backend == BackendChoice::kHost ? GpuProbe{0, "not probed"} : ProbeGpus();
   const char* why_host = "";
 #ifdef KVHOST_HAVE_CUDA_ENGINE
-  if (options.backend == "cuda" || (options.backend == "auto" && gpus.count > 0)) {
+  if (options.backend == BackendChoice::kCuda ||
+      (options.backend == BackendChoice::kAuto && gpus.count > 0)) {
     if (gpus.count == 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("--backend=cuda: no usable GPU (", gpus.detail, "); use --backend=host"));
     }
-    CudaEngineOptions cuda_options;
-    absl::StatusOr<CudaPath> cuda_path = ParseCudaPath(path);
-    if (!cuda_path.ok()) return cuda_path.status();
-    cuda_options.path = *cuda_path;
-    cuda_options.staging_bytes = options.staging_bytes;
-    cuda_options.sm_blocks = options.sm_blocks;
-    cuda_options.copy_streams = options.copy_streams;
-    cuda_options.ce_min_piece_bytes = options.ce_min_piece_bytes;
-    absl::StatusOr<std::unique_ptr<CudaEngine>> cuda = CudaEngine::Create(cuda_options);
+    absl::StatusOr<std::unique_ptr<CudaEngine>> cuda = CudaEngine::Create(options.cuda);
     if (cuda.ok()) {
       *chosen = "cuda";
-      *detail = absl::StrCat("--backend=", options.backend, "; ", (*cuda)->Describe(),
-                             "; driver: ", gpus.detail);
-      spdlog::info("backend cuda (--backend={}): {}", options.backend, (*cuda)->Describe());
+      *detail =
+          absl::StrCat("--backend=", backend, "; ", (*cuda)->Describe(), "; driver: ", gpus.detail);
+      spdlog::info("backend cuda (--backend={}): {}", backend, (*cuda)->Describe());
       return std::unique_ptr<TransferEngine>(*std::move(cuda));
     }
-    if (options.backend == "cuda") {
+    if (options.backend == BackendChoice::kCuda) {
       return absl::FailedPreconditionError(
           absl::StrCat("--backend=cuda: ", cuda.status().message(), " (", gpus.detail, ")"));
     }
@@ -252,25 +224,27 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> MakeEngine(
                  gpus.detail, std::string(cuda.status().message()));
   }
 #else
-  if (options.backend == "cuda") {
+  if (options.backend == BackendChoice::kCuda) {
     return absl::FailedPreconditionError(
         absl::StrCat("--backend=cuda: this kvhostd was built without CUDA (GPUs: ", gpus.detail,
                      "); rebuild where nvcc is found, or use --backend=host"));
   }
-  if (options.backend == "auto" && gpus.count > 0) {
+  if (options.backend == BackendChoice::kAuto && gpus.count > 0) {
     why_host = "no CUDA transfer engine in this build";
     spdlog::warn("backend auto: {}, but {}; using host", gpus.detail, why_host);
   }
 #endif
-  if (options.backend == "auto" && gpus.count == 0) {
+  if (options.backend == BackendChoice::kAuto && gpus.count == 0) {
     spdlog::info("backend auto: {}; using host", gpus.detail);
   }
-  if (path != "auto") spdlog::warn("--transfer-path={} ignored on the host backend", path);
+  if (path != CudaPath::kAuto) {
+    spdlog::warn("--transfer-path={} ignored on the host backend", CudaPathFlag(path));
+  }
   *chosen = "host";
-  *detail = absl::StrCat("--backend=", options.backend, "; GPUs: ", gpus.detail,
+  *detail = absl::StrCat("--backend=", backend, "; GPUs: ", gpus.detail,
                          *why_host != '\0' ? "; " : "", why_host);
   HostEngineOptions host;
-  host.shm_dir = options.shm_dir;
+  host.shm_dir = options.registry.shm_dir;
   host.region_inodes = region_inodes;
   host.helper_threads = options.copy_threads;
   return std::unique_ptr<TransferEngine>(new HostEngine(host));
@@ -300,11 +274,8 @@ bool IsUnixAddress(const std::string& address) {
 absl::StatusOr<RegistryOptions> MakeRegistryOptions(const DaemonOptions& options) {
   absl::StatusOr<MemorySnapshot> mem = ReadMemorySnapshot("/");
   if (!mem.ok()) return mem.status();
-  RegistryOptions registry;
-  registry.shm_dir = options.shm_dir;
-  registry.memory_limit = options.memory_limit;
+  RegistryOptions registry = options.registry;
   registry.memory_reserve = options.memory_reserve.value_or(DefaultMemoryReserve(mem->mem_total));
-  registry.region_mode = options.region_mode;
   if (!options.region_group.empty()) {
     absl::StatusOr<gid_t> region_gid = ResolveSocketGroup(options.region_group);
     if (!region_gid.ok()) {
@@ -316,7 +287,7 @@ absl::StatusOr<RegistryOptions> MakeRegistryOptions(const DaemonOptions& options
   spdlog::info("memory: {} total, {} available, reserve {}, limit {}{}",
                FormatBytes(mem->mem_total), FormatBytes(mem->mem_available),
                FormatBytes(registry.memory_reserve),
-               options.memory_limit ? FormatBytes(options.memory_limit) : "none",
+               registry.memory_limit ? FormatBytes(registry.memory_limit) : "none",
                mem->cgroup_limit ? absl::StrCat(", cgroup ", mem->cgroup_source, " limit ",
                                                 FormatBytes(*mem->cgroup_limit))
                                  : "");
@@ -398,21 +369,23 @@ absl::StatusOr<Daemon::Listeners> Daemon::CheckListeners(const DaemonOptions& op
     if (absl::Status s = ParseHostPort(options.metrics_listen, &host, &port); !s.ok()) return s;
   }
   struct stat st;
-  if (::stat(options.shm_dir.c_str(), &st) != 0) {
+  const std::string& shm_dir = options.registry.shm_dir;
+  if (::stat(shm_dir.c_str(), &st) != 0) {
     const int err = errno;
     return absl::FailedPreconditionError(absl::StrCat(
-        "--shm-dir ", options.shm_dir, ": ", std::strerror(err),
+        "--shm-dir ", shm_dir, ": ", std::strerror(err),
         err == ENOENT ? "; create it (a tmpfs, e.g. mkdir -p and mount -t tmpfs, or use /dev/shm)"
                       : ""));
   }
   if (!S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("--shm-dir ", options.shm_dir, " is not a directory"));
+        absl::StrCat("--shm-dir ", shm_dir, " is not a directory"));
   }
   return listeners;
 }
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
   std::unique_ptr<Daemon> daemon(new Daemon());
   absl::StatusOr<Listeners> listeners = CheckListeners(options);
   if (!listeners.ok()) return listeners.status();
@@ -660,7 +633,7 @@ void Daemon::ReportServing(const DaemonOptions& options, const std::string& back
     health->SetServingStatus(v1::StorageService::service_full_name(), false);
   }
   spdlog::info("serving on {} (backend {}, shm dir {})", absl::StrJoin(addresses_, ", "), backend,
-               options.shm_dir);
+               options.registry.shm_dir);
 }
 
 void Daemon::Shutdown(absl::Duration grace) {

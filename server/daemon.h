@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/daemon_options.h"
 #include "server/metrics/http_server.h"
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
@@ -40,75 +41,6 @@ class ServerCredentials;
 }  // namespace grpc
 
 namespace kvhost {
-
-struct DaemonOptions {
-  std::vector<std::string> listen = {"unix:///run/kvhost/kvhost.sock"};
-  std::string backend = "auto";  // auto | host | cuda
-  std::string shm_dir = "/dev/shm";
-  uint64_t memory_limit = 0;
-  std::optional<uint64_t> memory_reserve;  // default: min(10 GiB, 10 % of RAM)
-  int copy_threads = 2;
-  // Pools to create before any listener accepts calls (the config file's
-  // `pools`), the same way CreatePool creates them; they live until the
-  // daemon stops, like any other.
-  std::vector<std::pair<std::string, PoolSpec>> pools;
-  // cuda backend (CudaEngineOptions): auto | ce | staged | sm, the device
-  // staging buffer per stream, and the SM copy path's grid quota.
-  std::string transfer_path = "auto";
-  uint64_t staging_bytes = uint64_t{1} << 30;
-  int sm_blocks = 16;
-  // Copy-engine streams per direction and GPU (CudaEngineOptions::copy_streams).
-  int copy_streams = 4;
-  // auto's copy-engine threshold (CudaEngineOptions::ce_min_piece_bytes).
-  uint64_t ce_min_piece_bytes = uint64_t{64} << 10;
-  // Worker copies (server/transfer/worker_copy.h): Backup / Load with
-  // worker_copy served on the cuda backend. Off: docs/PERF.md run M.
-  bool worker_copy = false;
-  int max_message_bytes = 64 << 20;
-  // Most indices one call may carry (Alloc's num_tokens, Free, meta, Backup /
-  // Load per pool): INVALID_ARGUMENT naming the count and the limit above it.
-  uint64_t max_indices_per_call = uint64_t{1} << 22;
-  // Access control (docs/RELIABILITY.md). Unix socket files get this mode
-  // and group ("" = the process's group).
-  uint32_t socket_mode = 0660;
-  std::string socket_group;
-  // The pools' region files in shm_dir get this mode and group ("" = the
-  // process's group); 0600 by default, so no other local user maps them.
-  uint32_t region_mode = 0600;
-  std::string region_group;
-  // TCP listeners: TLS with this certificate and key (PEM files); with
-  // tls_client_ca, clients must present a certificate it signed. Without a
-  // certificate, a TCP listener is refused unless insecure_tcp.
-  std::string tls_cert;
-  std::string tls_key;
-  std::string tls_client_ca;
-  bool insecure_tcp = false;
-  // Worker sessions: how long a broken session's attachments may keep
-  // transfers in flight before they are closed (also the keepalive bound
-  // that finds a silent peer).
-  absl::Duration session_timeout = absl::Seconds(5);
-  // SIGTERM: accepted transfers get this long to finish, then the rest are
-  // cancelled.
-  absl::Duration drain_timeout = absl::Seconds(30);
-  // Prometheus endpoint, "host:port" or ":port" ("" = no metrics at all).
-  std::string metrics_listen;
-  // The handoff socket (server/service/handoff_server.h), an absolute path;
-  // "auto" = the first unix listener's path + ".fds" (none when every
-  // listener is TCP), "" = none (attachments with layer_progress refused).
-  std::string handoff_socket = "auto";
-  // Fast-path mailboxes served at once (server/service/fast_path_server.h),
-  // through the handoff socket; 0 = the fast path is off.
-  uint32_t fast_path_connections = kDefaultFastPathConnections;
-  // Of which one client may hold (its open session, else its uid).
-  uint32_t fast_path_connections_per_client = kDefaultFastPathConnectionsPerClient;
-  // The L3 tier (server/storage/storage_tier.h, kvhost.v1.StorageService):
-  // on when l3.servers is not empty (--l3-memcached), else its calls are
-  // FAILED_PRECONDITION.
-  MemcachedOptions l3;
-  StorageTierOptions l3_tier;
-  // The fleet secret's file (--l3-secret-file), required with l3.servers.
-  std::string l3_secret_file;
-};
 
 // The services kvhostd serves, by their full names, each with its own
 // grpc.health.v1 status besides the overall one ("").

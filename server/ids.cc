@@ -51,7 +51,8 @@ std::string ShortId(const std::string& id) {
   constexpr size_t kMaxPrefix = 24;
   constexpr size_t kShownDigits = 4;
   size_t keep = 0;
-  if (const size_t dash = id.rfind('-'); dash != std::string::npos && dash < kMaxPrefix) {
+  // (npos, no dash, is never below kMaxPrefix.)
+  if (const size_t dash = id.rfind('-'); dash < kMaxPrefix) {
     keep = dash + 1;
   }
   keep = std::min(id.size(), keep + kShownDigits);

@@ -32,16 +32,22 @@
 #include "server/pool/host_memory.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::vector<std::string>, listen, {"unix:///run/kvhost/kvhost.sock"},
+// Defaults read from the option structs (server/daemon_options.h), so that
+// each lives in one place.
+namespace {
+const kvhost::DaemonOptions kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::vector<std::string>, listen, kDefaults.listen,
           "Addresses to serve on, comma separated: 'unix:///abs/path.sock' (the directory is "
           "created; a stale socket file is replaced) or 'host:port' (TCP: TLS with --tls-cert "
           "and --tls-key, or plaintext only with --insecure-tcp).");
-ABSL_FLAG(std::string, backend, "auto",
+ABSL_FLAG(std::string, backend, kvhost::BackendChoiceName(kDefaults.backend),
           "Transfer engine: 'host' (device pools emulated in shared memory), 'cuda' (GPU "
           "buffers through CUDA IPC, see --transfer-path; needs a GPU and a CUDA build), or "
           "'auto' (cuda where a GPU is usable and this build has the CUDA engine, else host; "
           "the choice and the reason are logged).");
-ABSL_FLAG(std::string, shm_dir, "/dev/shm",
+ABSL_FLAG(std::string, shm_dir, kDefaults.registry.shm_dir,
           "Directory of the pools' shared-memory files, and the only directory from which shm "
           "device buffers may be attached.");
 ABSL_FLAG(std::string, memory_limit, "0",
@@ -60,10 +66,10 @@ ABSL_FLAG(bool, print_config, false,
           "that --config accepts, then exit 0 without starting.");
 ABSL_FLAG(std::string, log_level, "info",
           "Log level: trace, debug, info, warn, error, critical, off.");
-ABSL_FLAG(int, copy_threads, 2,
+ABSL_FLAG(int, copy_threads, kDefaults.copy_threads,
           "Host engine: helper threads per transfer direction (besides the direction's own "
           "thread), >= 0.");
-ABSL_FLAG(std::string, transfer_path, "auto",
+ABSL_FLAG(std::string, transfer_path, kvhost::CudaPathFlag(kDefaults.cuda.path),
           "cuda backend: how bytes move. 'ce' = copy engines only (no cost to the worker's "
           "kernels; fast for large contiguous pieces), 'staged' = device gather / scatter "
           "kernel plus large copy-engine copies through a staging buffer (token-granular host "
@@ -72,16 +78,16 @@ ABSL_FLAG(std::string, transfer_path, "auto",
           "per transfer from the piece sizes, the layout and whether MPS is active: ce for large "
           "pieces, else staged, sm only under MPS where nothing stages (logged, and shown in the "
           "ticket status).");
-ABSL_FLAG(std::string, staging_bytes, "1G",
+ABSL_FLAG(std::string, staging_bytes, kvhost::FormatByteSize(kDefaults.cuda.staging_bytes),
           "cuda backend: device staging buffer of the staged path, per stream (one for backups, "
           "one for loads, per GPU), allocated on first use; larger = fewer, longer kernels.");
-ABSL_FLAG(int, sm_blocks, 16,
+ABSL_FLAG(int, sm_blocks, kDefaults.cuda.sm_blocks,
           "cuda backend: most thread blocks of an SM copy kernel (8 warps each); the rest "
           "of the SMs stay with the worker.");
-ABSL_FLAG(int, copy_streams, 4,
+ABSL_FLAG(int, copy_streams, kDefaults.cuda.copy_streams,
           "cuda backend: copy-engine streams per direction and GPU that a batch of large "
           "pieces (>= 32K on average) is split over, 1-16; 1 = one stream.");
-ABSL_FLAG(std::string, ce_min_piece, "64K",
+ABSL_FLAG(std::string, ce_min_piece, kvhost::FormatByteSize(kDefaults.cuda.ce_min_piece_bytes),
           "cuda backend, --transfer-path=auto: the copy engines take a transfer whose "
           "contiguous pieces average at least this many bytes (else the staged or SM copy path, "
           "where they move larger pieces).");
@@ -91,23 +97,23 @@ ABSL_FLAG(bool, load_gates, false,
           "docs/PERF.md run S); false is accepted. For a Load call that returns before its "
           "layers are queued, attach with AttachDeviceRequest.layer_progress and wait with "
           "LoadEvents::WaitLayer.");
-ABSL_FLAG(bool, worker_copy, false,
+ABSL_FLAG(bool, worker_copy, kDefaults.worker_copy,
           "cuda backend: serve worker copies (Backup / Load with worker_copy): the worker runs "
           "the copy kernel on its own stream through its own mapping of the pool, handed over "
           "the handoff socket; off because the measured cost to a worker's kernels exceeds the "
           "daemon's own paths (docs/PERF.md, run M).");
-ABSL_FLAG(std::string, handoff_socket, "auto",
+ABSL_FLAG(std::string, handoff_socket, kDefaults.handoff_socket,
           "Unix socket (SOCK_SEQPACKET) where attached workers fetch descriptors gRPC cannot "
           "carry: the layer counters of attachments with layer_progress and the pool regions of "
           "worker copies. 'auto' = the first "
           "unix --listen path + '.fds' (none with TCP listeners only); '' = none (layer_progress "
           "refused). Same mode and group as the gRPC socket; removed at shutdown.");
-ABSL_FLAG(uint32_t, fast_path_connections, kvhost::kDefaultFastPathConnections,
+ABSL_FLAG(uint32_t, fast_path_connections, kDefaults.fast_path_connections,
           "Local clients served at once over the fast path (a shared-memory mailbox each, one "
           "kvhostd thread each, set up through the handoff socket): Alloc, Free, AllocBatch, "
           "Backup, Load, AllocBackup and WaitTransfer without gRPC's per-call cost. More clients "
           "are refused and use gRPC. 0 = off. Needs the handoff socket.");
-ABSL_FLAG(uint32_t, fast_path_connections_per_client, kvhost::kDefaultFastPathConnectionsPerClient,
+ABSL_FLAG(uint32_t, fast_path_connections_per_client, kDefaults.fast_path_connections_per_client,
           "Fast-path mailboxes one client may hold (a client: its open worker session, else its "
           "uid), so that one client cannot take them all; more are refused and use gRPC.");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -116,17 +122,17 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "'' = no metrics. See docs/METRICS.md.");
 ABSL_FLAG(int, shutdown_grace_s, 10,
           "Seconds in-flight RPCs get to finish after SIGTERM, once accepted transfers are done.");
-ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(30),
+ABSL_FLAG(absl::Duration, drain_timeout, kDefaults.drain_timeout,
           "After SIGTERM, how long accepted transfers get to finish (e.g. '30s'); the ones "
           "still queued then are cancelled and logged.");
-ABSL_FLAG(absl::Duration, session_timeout, absl::Seconds(5),
+ABSL_FLAG(absl::Duration, session_timeout, kDefaults.session_timeout,
           "Worker sessions: at most this long after a worker's session breaks (exit, kill, or "
           "no keepalive answer), its attachments are closed and their transfers finished or "
           "cancelled. Pools and their data stay.");
-ABSL_FLAG(uint64_t, max_indices_per_call, uint64_t{1} << 22,
+ABSL_FLAG(uint64_t, max_indices_per_call, kDefaults.max_indices_per_call,
           "Most indices (or tokens, for Alloc) one call may carry, per pool; more is "
           "INVALID_ARGUMENT.");
-ABSL_FLAG(int, max_message_bytes, 64 << 20,
+ABSL_FLAG(int, max_message_bytes, kDefaults.max_message_bytes,
           "Largest gRPC message either way, in bytes; larger is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, socket_mode, "0660",
           "File mode (octal) of the unix socket files; who may connect is who may use kvhostd.");
@@ -279,13 +285,20 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
   if (absl::Status s = RefuseRemovedFlags(); !s.ok()) return s;
   kvhost::DaemonOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
-  options.backend = absl::GetFlag(FLAGS_backend);
-  options.shm_dir = absl::GetFlag(FLAGS_shm_dir);
+  absl::StatusOr<kvhost::BackendChoice> backend =
+      kvhost::ParseBackendChoice(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) return backend.status();
+  options.backend = *backend;
+  options.registry.shm_dir = absl::GetFlag(FLAGS_shm_dir);
   options.copy_threads = absl::GetFlag(FLAGS_copy_threads);
-  if (options.copy_threads < 0) return Invalid("--copy-threads must be >= 0");
-  options.transfer_path = absl::GetFlag(FLAGS_transfer_path);
-  options.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
-  options.copy_streams = absl::GetFlag(FLAGS_copy_streams);
+  absl::StatusOr<kvhost::CudaPath> path = kvhost::ParseCudaPath(absl::GetFlag(FLAGS_transfer_path));
+  if (!path.ok()) {
+    return Invalid(absl::StrCat("--transfer-path '", absl::GetFlag(FLAGS_transfer_path),
+                                "' is not one of auto, ce (copy engines), staged, sm"));
+  }
+  options.cuda.path = *path;
+  options.cuda.sm_blocks = absl::GetFlag(FLAGS_sm_blocks);
+  options.cuda.copy_streams = absl::GetFlag(FLAGS_copy_streams);
   options.worker_copy = absl::GetFlag(FLAGS_worker_copy);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.handoff_socket = absl::GetFlag(FLAGS_handoff_socket);
@@ -293,13 +306,8 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
   options.fast_path_connections_per_client = absl::GetFlag(FLAGS_fast_path_connections_per_client);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.session_timeout = absl::GetFlag(FLAGS_session_timeout);
-  if (options.session_timeout < absl::Milliseconds(100)) {
-    return Invalid("--session-timeout must be at least 100ms");
-  }
   options.max_indices_per_call = absl::GetFlag(FLAGS_max_indices_per_call);
-  if (options.max_indices_per_call == 0) return Invalid("--max-indices-per-call must be >= 1");
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  if (options.max_message_bytes < 4096) return Invalid("--max-message-bytes must be >= 4096");
   std::optional<uint32_t> socket_mode = ParseFileMode(absl::GetFlag(FLAGS_socket_mode));
   if (!socket_mode) {
     return Invalid(absl::StrCat("--socket-mode '", absl::GetFlag(FLAGS_socket_mode),
@@ -312,7 +320,7 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
     return Invalid(absl::StrCat("--region-mode '", absl::GetFlag(FLAGS_region_mode),
                                 "' is not an octal mode such as 0600"));
   }
-  options.region_mode = *region_mode;
+  options.registry.region_mode = *region_mode;
   options.region_group = absl::GetFlag(FLAGS_region_group);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
@@ -323,13 +331,13 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
   }
   absl::StatusOr<uint64_t> staging = kvhost::ParseByteSize(absl::GetFlag(FLAGS_staging_bytes));
   if (!staging.ok()) return Invalid(absl::StrCat("--staging-bytes: ", staging.status().message()));
-  options.staging_bytes = *staging;
+  options.cuda.staging_bytes = *staging;
   absl::StatusOr<uint64_t> ce_min = kvhost::ParseByteSize(absl::GetFlag(FLAGS_ce_min_piece));
   if (!ce_min.ok()) return Invalid(absl::StrCat("--ce-min-piece: ", ce_min.status().message()));
-  options.ce_min_piece_bytes = *ce_min;
+  options.cuda.ce_min_piece_bytes = *ce_min;
   absl::StatusOr<uint64_t> limit = kvhost::ParseByteSize(absl::GetFlag(FLAGS_memory_limit));
   if (!limit.ok()) return Invalid(absl::StrCat("--memory-limit: ", limit.status().message()));
-  options.memory_limit = *limit;
+  options.registry.memory_limit = *limit;
   if (absl::GetFlag(FLAGS_memory_reserve) != "auto") {
     absl::StatusOr<uint64_t> reserve = kvhost::ParseByteSize(absl::GetFlag(FLAGS_memory_reserve));
     if (!reserve.ok()) {
@@ -338,6 +346,7 @@ absl::StatusOr<kvhost::DaemonOptions> OptionsFromFlags(
     options.memory_reserve = *reserve;
   }
   if (absl::Status s = L3OptionsFromFlags(&options); !s.ok()) return s;
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
   return options;
 }
 

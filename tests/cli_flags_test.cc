@@ -103,5 +103,28 @@ TEST(ParseByteSizeTest, DecimalUnitsAreRefusedWithTheSpellingToUse) {
   EXPECT_TRUE(absl::StrContains(got.status().message(), "write G or GiB")) << got.status();
 }
 
+TEST(FormatByteSizeTest, ReadsBackExactlyInTheLargestUnit) {
+  const struct {
+    uint64_t bytes;
+    const char* want;
+  } cases[] = {
+      {0, "0"},
+      {1000, "1000"},
+      {1024, "1K"},
+      {65536, "64K"},
+      {3 * 1048576, "3M"},
+      {1 << 30, "1G"},
+      {1536ull << 20, "1536M"},
+      {2ull << 40, "2T"},
+      {UINT64_MAX, "18446744073709551615"},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(FormatByteSize(c.bytes), c.want) << c.bytes;
+    absl::StatusOr<uint64_t> back = ParseByteSize(FormatByteSize(c.bytes));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, c.bytes);
+  }
+}
+
 }  // namespace
 }  // namespace kvhost

@@ -141,6 +141,14 @@ def check_signatures_cover_the_header(_daemon, _lib_path, src):
                                f"package only: {sorted(bound - declared)}")
 
 
+def check_default_address_is_the_headers(_daemon, _lib_path, src):
+    """kvhost.DEFAULT_ADDRESS is kvhost/defaults.h's, which kvhostd's
+    --listen default and the C++ client read."""
+    header = open(os.path.join(src, "client/include/kvhost/defaults.h")).read()
+    found = re.findall(r'#define\s+KVHOST_DEFAULT_ADDRESS\s+"([^"]+)"', header)
+    assert found == [kvhost.DEFAULT_ADDRESS], (found, kvhost.DEFAULT_ADDRESS)
+
+
 def check_int64_fields_match_the_protos(_daemon, _lib_path, src):
     wide, other, enums = set(), {}, set()
     proto_dir = os.path.join(src, "proto/kvhost/v1")
@@ -842,6 +850,7 @@ CHECKS = [
     (check_library, False),
     (check_signatures_cover_the_header, False),
     (check_int64_fields_match_the_protos, False),
+    (check_default_address_is_the_headers, False),
     (check_ticket_wait_in_slices, False),
     (check_without_the_library, False),
     (check_client_options_and_connect, True),

@@ -33,7 +33,8 @@ from .transfer import AttachCalls
 if TYPE_CHECKING:
     from .async_calls import AsyncCalls
 
-#: kvhost::kDefaultAddress: the daemon's socket on a node.
+#: KVHOST_DEFAULT_ADDRESS of kvhost/defaults.h (kvhostd --listen's default;
+#: tests/python_package_test.py checks they agree): the daemon's socket on a node.
 DEFAULT_ADDRESS = "unix:///run/kvhost/kvhost.sock"
 
 

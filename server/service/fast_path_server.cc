@@ -178,10 +178,10 @@ void FastPathServer::Serve(FastPathOffer offer, UniqueFd connection, const std::
   workers_.emplace_back();
   Worker* worker = &workers_.back();
   worker->header = offer.mailbox().header;
-  worker->thread = std::thread(
-      [this, offer = std::move(offer), connection = std::move(connection), peer, worker]() mutable {
-        Loop(std::move(offer), std::move(connection), std::move(peer), worker);
-      });
+  worker->thread = std::thread([this, offer = std::move(offer), connection = std::move(connection),
+                                peer = peer, worker]() mutable {
+    Loop(std::move(offer), std::move(connection), std::move(peer), worker);
+  });
 }
 
 void FastPathServer::Loop(FastPathOffer offer, UniqueFd connection, std::string peer,

@@ -65,7 +65,7 @@ StorageTier::StorageTier(std::unique_ptr<StorageBackend> backend, const StorageT
                          L3Secret secret, KvhostMetrics* metrics)
     : backend_(std::move(backend)),
       options_(options),
-      secret_(std::move(secret)),
+      secret_(secret),
       metrics_(metrics),
       queue_(std::max(1, options.threads)) {}
 

@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kvhost/defaults.h"
 #include "kvhost/v1/daemon.grpc.pb.h"
 #include "kvhost/v1/pool.grpc.pb.h"
 #include "kvhost/v1/storage.grpc.pb.h"
@@ -44,7 +45,7 @@ namespace kvhost {
 inline constexpr size_t kMaxDepositDescriptors = 250;
 
 // The daemon's default address.
-inline constexpr char kDefaultAddress[] = "unix:///run/kvhost/kvhost.sock";
+inline constexpr char kDefaultAddress[] = KVHOST_DEFAULT_ADDRESS;
 
 struct ClientOptions {
   // "unix:///path.sock" or "host:port".

@@ -1,13 +1,14 @@
 // CudaEngineOptions: the CUDA engine's settings (kvhostd's flags of the cuda
 // backend), with the measurements behind their defaults.
 //
-// Plain data.
+// Plain data; Validate() checks the ranges, naming kvhostd's flags.
 #ifndef KVHOST_SERVER_TRANSFER_CUDA_ENGINE_OPTIONS_H_
 #define KVHOST_SERVER_TRANSFER_CUDA_ENGINE_OPTIONS_H_
 
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "server/transfer/cuda/path_policy.h"
 
 namespace kvhost {
@@ -36,7 +37,7 @@ struct CudaEngineOptions {
   // ceiling at +0-2 % of the worker's time, but 32 KiB pieces at 0.78-0.93 (loads 43 GB/s), 18 KiB
   // at 0.36-0.47, while the staged path moved every layout at page 16 at 0.88-0.96 for +3-9 % of
   // the worker's time back to back (+3-4 % at a 25 % duty cycle).
-  uint64_t ce_min_piece_bytes = uint64_t{64} << 10;
+  uint64_t ce_min_piece_bytes = kDefaultCeMinPieceBytes;
   // Copy-engine streams per lane (direction and GPU) that a batch of large
   // pieces is split over: one stream's batch of 32 KiB pieces moved 45-46
   // GB/s on the H200, split over 4 streams 49.4-49.6; 64 KiB 42-46 -> 52.7-
@@ -54,6 +55,10 @@ struct CudaEngineOptions {
   // Most copies per cudaMemcpyBatchAsync call; bounds the scratch arrays of a
   // layer with very many pieces (PAGE_HEAD at page size 1).
   size_t max_batch = 8192;
+
+  // INVALID_ARGUMENT naming the flag and the value: sm_blocks < 1,
+  // copy_streams outside [1, 16], staging_bytes below 64 KiB.
+  absl::Status Validate() const;
 };
 
 }  // namespace kvhost

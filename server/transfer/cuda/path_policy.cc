@@ -15,6 +15,20 @@ absl::StatusOr<CudaPath> ParseCudaPath(const std::string& name) {
       absl::StrCat("transfer path '", name, "' is not one of auto, ce (copy engines), staged, sm"));
 }
 
+const char* CudaPathFlag(CudaPath path) {
+  switch (path) {
+    case CudaPath::kAuto:
+      return "auto";
+    case CudaPath::kCopyEngine:
+      return "ce";
+    case CudaPath::kStaged:
+      return "staged";
+    case CudaPath::kSm:
+      return "sm";
+  }
+  return "auto";
+}
+
 const char* CudaPathName(CudaPath path) {
   switch (path) {
     case CudaPath::kAuto:

@@ -60,6 +60,13 @@ enum class CudaPath : uint8_t { kAuto, kCopyEngine, kStaged, kSm };
 absl::StatusOr<CudaPath> ParseCudaPath(const std::string& name);
 // The ticket status names: "cuda-ce", "cuda-staged", "cuda-sm" ("auto" for kAuto).
 const char* CudaPathName(CudaPath path);
+// --transfer-path's spelling, which ParseCudaPath reads: "auto", "ce",
+// "staged", "sm".
+const char* CudaPathFlag(CudaPath path);
+
+// auto's copy-engine threshold: CudaEngineOptions::ce_min_piece_bytes says
+// why, and PathPolicy starts from the same.
+inline constexpr uint64_t kDefaultCeMinPieceBytes = uint64_t{64} << 10;
 
 // The thresholds of auto.
 struct PathPolicy {
@@ -67,7 +74,7 @@ struct PathPolicy {
   CudaPath forced = CudaPath::kAuto;
   // The copy engines take a job whose layout-contiguous pieces average at
   // least this many bytes (CudaEngineOptions::ce_min_piece_bytes says why).
-  uint64_t ce_min_piece_bytes = uint64_t{64} << 10;
+  uint64_t ce_min_piece_bytes = kDefaultCeMinPieceBytes;
   // The staged path takes a job whose staged blocks average at least this
   // many times its copy-engine pieces: a kernel of ours is worth its cost to
   // the worker only where it makes the link's pieces clearly larger.
