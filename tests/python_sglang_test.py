@@ -344,6 +344,17 @@ def check_errors_and_sharing(daemon):
                      host_to_device_ratio=2.0, device_size=32)
         assert ratio.size == 64, ratio.size
         ratio.close()
+        # host_size_gib is GiB (2**30 bytes), as kvhostd's sizes: 80 tokens'
+        # bytes exactly (read as decimal GB, the same number made 76).
+        gib = make("MHA", c, "gib", "page_first", host_size_tokens=0,
+                   host_size_gib=per_token("MHA") * 80 / 2**30)
+        assert gib.size == 80, gib.size
+        gib.close()
+        # sglang's --hicache-size is decimal GB, as sglang's own pools read
+        # it: the plugin hands kvhost.sglang its GiB.
+        import kvhost.sglang_plugin as plugin
+        sized = plugin._sizes(0.0, 2.5, None, 0)
+        assert round(sized["host_size_gib"] * 2**30) == 2_500_000_000, sized
         # A second scheduler (the same owner token) opens the same pool; a
         # different shape is refused. Without the token, adoption is refused
         # (tests/python_adoption_test.py).

@@ -14,7 +14,8 @@ daemon's memory and a scheduler restart keeps the cache.
 What differs from sglang, on purpose:
 
 - Construction takes the pool's name and shape instead of a device pool:
-  sizes are ``host_size`` (GB), ``host_size_tokens``, or
+  sizes are ``host_size_gib`` (GiB, 2**30 bytes, as kvhostd's and
+  kvhostctl's sizes), ``host_size_tokens``, or
   ``host_to_device_ratio`` with ``device_size`` (tokens). A pool of that name
   that exists already is opened, if its shape is the one asked for and it
   is protected by the client's owner token (kvhost.pools.adopt_pool).
@@ -82,6 +83,9 @@ _log = logging.getLogger("kvhost.sglang")
 #: (the dead predecessor's transfers still running; they end within
 #: kvhostd's --session-timeout, 5 s by default).
 CLAIM_WAIT_S = 30.0
+#: Bytes of a GiB: ``host_size_gib`` is in the unit of kvhostd's and
+#: kvhostctl's sizes (``--size-bytes=1G`` is 2**30), not sglang's decimal GB.
+GIB = 1 << 30
 
 
 class SessionLost(FailedPrecondition):
@@ -185,7 +189,7 @@ class HostKVCache(_sglang_base()):
       client: a kvhost.Client to use (it must outlive this object), or None
         to connect to `address` (closed by close()).
       layout, dtype, page_size, layer_num: as sglang's.
-      host_size: GB of host memory; host_size_tokens: slots; or
+      host_size_gib: GiB (2**30 bytes) of host memory; host_size_tokens: slots; or
         host_to_device_ratio with device_size (the device pool's tokens).
       tensors: torch results (None: when torch is installed).
       instance_id: the sglang instance claiming the pool (instance_id_for:
@@ -216,7 +220,7 @@ class HostKVCache(_sglang_base()):
     def __init__(self, name: str, *, client: Optional[Client] = None,
                  address: str = DEFAULT_ADDRESS, layout: str = "layer_first",
                  dtype: Any = "bfloat16", page_size: int = 1, layer_num: int,
-                 host_size: float = 0.0, host_size_tokens: int = 0,
+                 host_size_gib: float = 0.0, host_size_tokens: int = 0,
                  host_to_device_ratio: float = 0.0, device_size: int = 0,
                  start_layer: int = 0, tensors: Optional[bool] = None,
                  shape: Dict[str, int], end_layer: Optional[int] = None,
@@ -227,7 +231,7 @@ class HostKVCache(_sglang_base()):
         spec: Dict[str, Any] = {
             "kind": self._KIND, "layout": layout_enum(layout), "dtype": dtype_enum(dtype),
             "page_size": int(page_size), "layer_num": int(layer_num),
-            "size_tokens": int(host_size_tokens), "size_bytes": int(float(host_size) * 1e9),
+            "size_tokens": int(host_size_tokens), "size_bytes": round(float(host_size_gib) * GIB),
             "host_to_device_ratio": float(host_to_device_ratio),
             "device_size_tokens": int(device_size), "start_layer": int(start_layer), **shape}
         self._torch = _torch(tensors)

@@ -81,7 +81,7 @@ class _Follower:
 def _follower_args(anchor_host: HostKVCache, kw: Dict[str, Any]) -> Dict[str, Any]:
     """A follower's constructor keywords: the anchor's client and page size,
     and no sizes of its own (the followed pool's apply)."""
-    for key in ("host_size", "host_size_tokens", "host_to_device_ratio", "device_size",
+    for key in ("host_size_gib", "host_size_tokens", "host_to_device_ratio", "device_size",
                 "page_size"):
         if kw.get(key):
             raise ValueError(f"{key} is the followed pool's ('{anchor_host.name}'); leave it "

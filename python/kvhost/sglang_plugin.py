@@ -144,8 +144,11 @@ def _refuse(pool_label: str, refused: List[str]) -> None:
 def _sizes(host_to_device_ratio: float, host_size: float, host_token_capacity: Optional[int],
            device_capacity_tokens: int) -> Dict[str, Any]:
     """HostKVCache's size arguments from sglang's: a fixed capacity, else
-    GB, else the ratio (sglang's order)."""
-    return dict(host_size=0.0 if host_token_capacity else float(host_size or 0),
+    sglang's ``host_size`` (``--hicache-size``: decimal GB, 10**9 bytes, as
+    sglang's own pools read it) converted to GiB, else the ratio (sglang's
+    order)."""
+    gib = 0.0 if host_token_capacity else float(host_size or 0) * 1e9 / _pools.GIB
+    return dict(host_size_gib=gib,
                 host_size_tokens=int(host_token_capacity or 0),
                 host_to_device_ratio=float(host_to_device_ratio or 0),
                 device_size=int(device_capacity_tokens))
