@@ -156,7 +156,7 @@ def main():
     from python_package_test import Daemon  # noqa: PLC0415
     import torch  # noqa: PLC0415
     import kvhost  # noqa: PLC0415
-    from kvhost import sglang_plugin  # noqa: PLC0415
+    from kvhost.sglang import plugin as sglang_plugin  # noqa: PLC0415
     assert kvhost.__file__.startswith(sys.path[0]), kvhost.__file__  # the installed copy
     from sglang.srt import plugins  # noqa: PLC0415
     from sglang.srt.mem_cache import l2_transfer  # noqa: PLC0415

@@ -65,7 +65,7 @@ class Env:
     def __init__(self, daemon):
         import torch  # noqa: PLC0415
         import kvhost  # noqa: PLC0415
-        from kvhost import sglang_plugin  # noqa: PLC0415
+        from kvhost.sglang import plugin as sglang_plugin  # noqa: PLC0415
         from sglang.srt.mem_cache import device_pool_info, l2_transfer  # noqa: PLC0415
         from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler  # noqa: PLC0415
         from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa

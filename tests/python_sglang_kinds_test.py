@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""kvhost.sglang's other seed pools (kvhost/sglang_kinds.py) against a real
+"""kvhost.sglang's other seed pools (kvhost/sglang/kinds.py, groups.py) against a real
 kvhostd on the host backend.
 
 Each kind goes through the seeds' HiCache call sequence, in every layout

@@ -290,7 +290,7 @@ def check_kept_tickets_retry():
     """KeptTickets.retrying: ResourceExhausted (every event set taken) waits
     for the oldest kept ticket and tries once more; with none kept, or a
     second refusal, the error is the caller's."""
-    from kvhost._sglang_transfers import KeptTickets  # noqa: PLC0415
+    from kvhost.sglang.transfers import KeptTickets  # noqa: PLC0415
 
     class Done:
         id, waited = 1, 0
@@ -352,7 +352,7 @@ def check_errors_and_sharing(daemon):
         gib.close()
         # sglang's --hicache-size is decimal GB, as sglang's own pools read
         # it: the plugin hands kvhost.sglang its GiB.
-        import kvhost.sglang_plugin as plugin
+        import kvhost.sglang.plugin as plugin
         sized = plugin._sizes(0.0, 2.5, None, 0)
         assert round(sized["host_size_gib"] * 2**30) == 2_500_000_000, sized
         # A second scheduler (the same owner token) opens the same pool; a

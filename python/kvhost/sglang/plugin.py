@@ -52,10 +52,12 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import sglang as _pools
-from .client import DEFAULT_ADDRESS
-from .shm import ShmDevicePool
-from .transfer import Attachment
+from ..client import DEFAULT_ADDRESS
+from ..shm import ShmDevicePool
+from ..transfer import Attachment
+from . import kinds as _kinds
+from .host_pool import HostKVCache
+from .spec import GIB, IO_BACKENDS
 
 #: --hicache-storage-backend values that work on kvhost pools: none; the file
 #: backend (it copies pages through get_data_page / set_from_flat_data_page);
@@ -147,7 +149,7 @@ def _sizes(host_to_device_ratio: float, host_size: float, host_token_capacity: O
     sglang's ``host_size`` (``--hicache-size``: decimal GB, 10**9 bytes, as
     sglang's own pools read it) converted to GiB, else the ratio (sglang's
     order)."""
-    gib = 0.0 if host_token_capacity else float(host_size or 0) * 1e9 / _pools.GIB
+    gib = 0.0 if host_token_capacity else float(host_size or 0) * 1e9 / GIB
     return dict(host_size_gib=gib,
                 host_size_tokens=int(host_token_capacity or 0),
                 host_to_device_ratio=float(host_to_device_ratio or 0),
@@ -196,7 +198,7 @@ class _CapturedDevicePool:
                                               load_event_sets=self._LOAD_EVENT_SETS)
         raise ValueError(f"kvhost pool '{self.name}': its device tensors are on the CPU and "
                          f"lie in no registered ShmDevicePool (host backend: "
-                         f"kvhost.sglang_plugin.register_shm_device_pool)")
+                         f"kvhost.sglang.plugin.register_shm_device_pool)")
 
     def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
                                  device_indices: Any, layer_id: int,
@@ -246,7 +248,7 @@ def _mha_refusals(infos: Sequence[Any], head_group_num: int,
     return refused
 
 
-class MHATokenToKVPoolHost(_CapturedDevicePool, _pools.MHATokenToKVPoolHost):
+class MHATokenToKVPoolHost(_CapturedDevicePool, _kinds.MHATokenToKVPoolHost):
     """sglang's MHA host pool, constructed as build_kv_host_pool does, over
     a kvhostd pool, packed MTP draft layers after the target's. Refuses
     (ValueError naming it) what kvhost cannot serve: KV scales (MXFP8), more
@@ -290,7 +292,7 @@ class MHATokenToKVPoolHost(_CapturedDevicePool, _pools.MHATokenToKVPoolHost):
 
 
 class AsymmetricMHATokenToKVPoolHost(MHATokenToKVPoolHost,
-                                     _pools.AsymmetricMHATokenToKVPoolHost):
+                                     _kinds.AsymmetricMHATokenToKVPoolHost):
     """sglang's host pool for MHA whose V width differs from K's (MiMo-V2),
     with sglang's (MHA's) constructor: kvhost's MHA_ASYMMETRIC pool, K and V
     in two buffers; page_first or page_first_direct (kvhostd refuses another
@@ -299,7 +301,7 @@ class AsymmetricMHATokenToKVPoolHost(MHATokenToKVPoolHost,
     _ASYMMETRIC = True
 
 
-class MHATokenToKOnlyPoolHost(_CapturedDevicePool, _pools.MHATokenToKOnlyPoolHost):
+class MHATokenToKOnlyPoolHost(_CapturedDevicePool, _kinds.MHATokenToKOnlyPoolHost):
     """sglang's MiniMax sparse index-K host pool, constructed as
     build_minimax_sparse_hicache_stack does: kvhost's K_ONLY pool (named for
     the anchor's label + "-index-k") following the anchor's slots, which
@@ -311,7 +313,7 @@ class MHATokenToKOnlyPoolHost(_CapturedDevicePool, _pools.MHATokenToKOnlyPoolHos
                  allocator_type: str = "default") -> None:
         label = f"{getattr(anchor_host, 'pool_label', 'kv')}-index-k"
         refused = []
-        if not isinstance(anchor_host, _pools.HostKVCache):
+        if not isinstance(anchor_host, HostKVCache):
             refused.append(f"an index-K pool following {type(anchor_host).__name__} (not a "
                            f"kvhost pool)")
         if allocator_type not in ("default", None):
@@ -328,7 +330,7 @@ class MHATokenToKOnlyPoolHost(_CapturedDevicePool, _pools.MHATokenToKOnlyPoolHos
         self.token_stride_size = self.head_num * self.head_dim * self.dtype.itemsize
 
 
-class MambaPoolHost(_CapturedDevicePool, _pools.MambaPoolHost):
+class MambaPoolHost(_CapturedDevicePool, _kinds.MambaPoolHost):
     """sglang's Mamba state host pool, constructed as build_mamba_host_pool
     does: kvhost's MAMBA pool (label "mamba"), a slot per request, the
     temporal and conv states of each layer, packed MTP draft layers after
@@ -377,7 +379,7 @@ class MambaPoolHost(_CapturedDevicePool, _pools.MambaPoolHost):
         self.mtp_draft_buffer_infos = tuple(mtp_draft_buffer_infos)
 
 
-class DSAIndexerPoolHost(_CapturedDevicePool, _pools.DSAIndexerPoolHost):
+class DSAIndexerPoolHost(_CapturedDevicePool, _kinds.DSAIndexerPoolHost):
     """sglang's DSA indexer host pool, constructed as its builder
     (DSAIndexerHostPoolBuilder.build) does: kvhost's DSA_INDEXER pool
     (labelled the anchor's label + "-" + the pool name) following the MLA
@@ -397,7 +399,7 @@ class DSAIndexerPoolHost(_CapturedDevicePool, _pools.DSAIndexerPoolHost):
         refused = []
         if is_dummy:
             refused.append("allocator-only DSA indexer pools (is_dummy)")
-        if not isinstance(anchor_host, _pools.HostKVCache):
+        if not isinstance(anchor_host, HostKVCache):
             refused.append(f"an indexer following {type(anchor_host).__name__} (not a kvhost "
                            f"pool)")
         if getattr(pool, "layer_shard_enabled", False):
@@ -451,7 +453,7 @@ def _dsa_indexer_builder(original: Any, builder: Any, *, decl: Any, anchor_host:
                               packed_draft_device_pools=packed_draft_device_pools)
 
 
-class MLATokenToKVPoolHost(_CapturedDevicePool, _pools.MLATokenToKVPoolHost):
+class MLATokenToKVPoolHost(_CapturedDevicePool, _kinds.MLATokenToKVPoolHost):
     """sglang's MLA host pool (DeepSeek), constructed as build_kv_host_pool
     does, over a kvhostd pool: one latent row per token and layer, packed
     MTP draft layers after the target's. Refuses (ValueError naming it)
@@ -540,9 +542,9 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
     if asm.get_parallel().dcp_enabled:
         refused.append("decode context parallelism (DCP)")
     io_backend = getattr(asm.get_memory(), "hicache_io_backend", None)
-    if io_backend not in (None, *_pools.IO_BACKENDS):
+    if io_backend not in (None, *IO_BACKENDS):
         refused.append(f"--hicache-io-backend {io_backend} (kvhostd's copy engine serves "
-                       f"{' and '.join(_pools.IO_BACKENDS)})")
+                       f"{' and '.join(IO_BACKENDS)})")
     backend = getattr(asm.get_memory(), "hicache_storage_backend", None)
     if backend not in STORAGE_BACKENDS:
         refused.append(f"--hicache-storage-backend {backend} (kvhost pools serve "
