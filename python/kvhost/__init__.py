@@ -26,7 +26,8 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceed
 from .pools import Pool
 from .shm import Component, ShmDevicePool
 from .storage import PageOutcome, PagesResult
-from .transfer import Attachment, CudaGroupEntry, LoadTicket, Ticket, cuda_export_event
+from ._streams import cuda_export_event
+from .transfer import Attachment, CudaGroupEntry, LoadTicket, Ticket
 from .worker import WorkerCopier, WorkerTicket
 
 __version__ = "0.1.0"

@@ -50,7 +50,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from . import _arrays, _lib
 from ._handles import Handle
 from .errors import Cancelled
-from .transfer import Ticket, _event_bytes
+from ._streams import event_bytes
+from .transfer import Ticket
 
 #: KVHOST_ASYNC_MAX_REQUESTS: calls queued, running or finished and not yet
 #: handed to their future at once; one more raises ResourceExhausted.
@@ -202,7 +203,7 @@ class AsyncCalls(Handle):
         """
         host, nh, keep_h = _arrays.int64_arg(host_indices, "host_indices")
         dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
-        handle = _event_bytes(event)
+        handle = event_bytes(event)
         flags = _lib.TRANSFER_WAIT if wait else 0
         future = self._submit(_lib.lib().kvhost_async_backup,
                               (attachment._p(), host, nh, dev, nd, handle,

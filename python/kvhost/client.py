@@ -6,7 +6,8 @@ for a worker, one session that a background thread keeps open and reopens
 after a daemon restart. The calls on pools and slots come from
 :class:`~kvhost.pools.PoolCalls`, the L3 tier's from
 :class:`~kvhost.storage.StorageCalls`, the ones that attach device buffers from
-:class:`~kvhost.transfer.AttachCalls`.
+:class:`~kvhost.transfer.AttachCalls` and, from torch tensors,
+:class:`~kvhost.torch_helpers.TorchAttachCalls`.
 
 Thread safety: a Client may be used from any number of threads at once
 (the ABI's calls release the GIL while they wait). Closing it while
@@ -28,6 +29,7 @@ from . import _json, _lib
 from ._handles import Registry
 from .pools import PoolCalls
 from .storage import StorageCalls
+from .torch_helpers import TorchAttachCalls
 from .transfer import AttachCalls
 
 if TYPE_CHECKING:
@@ -66,7 +68,7 @@ def _flag(value: bool) -> str:
     return "1" if value else "0"
 
 
-class Client(Registry, PoolCalls, StorageCalls, AttachCalls):
+class Client(Registry, PoolCalls, StorageCalls, AttachCalls, TorchAttachCalls):
     """A connection to kvhostd. Use as a context manager, or call close().
 
     Args:
