@@ -636,9 +636,12 @@ def register() -> None:
         check_release(sglang.__version__)
     except RuntimeError as e:
         # sglang's loader logs a plugin's exception and goes on with its own
-        # pools; failing where the host pool is built stops the start-up.
+        # pools; failing where the host pool is built stops the start-up. The
+        # message is kept: `e` is unbound once this block ends.
+        message = str(e)
+
         def refuse(original: Any, *args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError(str(e))
+            raise RuntimeError(message)
         HookRegistry.register(f"{_ASSEMBLER}.build_kv_host_pool", refuse, HookType.AROUND)
         raise
     HookRegistry.register(f"{_ASSEMBLER}.get_mha_host_pool_cls", _mha_host_pool_cls,
