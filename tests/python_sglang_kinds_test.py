@@ -287,6 +287,8 @@ def check_logical_and_v4(daemon):
         assert lg.get_page_buffer_meta(slots) is None
         lg.backup_from_device_all_layer(None, slots, list(range(MOVED)), "direct")
         lg.load_to_device_per_layer(None, slots, list(range(MOVED)), 0, "direct")
+        # sglang's keyword, as the seed takes it (a packed MTP draft's layer)
+        lg.load_to_device_per_layer(None, slots, list(range(MOVED)), 0, "direct", is_draft=True)
         raises(kvhost.InvalidArgument, lg.alloc, PS - 1, code="INVALID_ARGUMENT")
         raises(kvhost.FailedPrecondition, lg.get_data_page, SIZE - PS,
                code="FAILED_PRECONDITION")
@@ -327,6 +329,7 @@ def check_logical_and_v4(daemon):
             with c.shm_device_pool(name, ROWS) as dev:
                 paged.backup_from_device_all_layer(dev, None, None, "direct")
                 paged.load_to_device_per_layer(dev, [], [], 0, "direct")
+                paged.load_to_device_per_layer(dev, [], [], 0, "direct", is_draft=False)
                 raises(ValueError, paged.backup_from_device_all_layer, dev, [0, 1, 2, 3],
                        [0, 1], naming="host=4, device=2")
                 host = list(paged.alloc(PS))

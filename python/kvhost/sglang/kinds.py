@@ -408,7 +408,7 @@ class LogicalHostPool(HostKVCache):
 
     def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
                                  device_indices: Any, layer_id: int,
-                                 io_backend: Any = "kernel") -> None:
+                                 io_backend: Any = "kernel", *, is_draft: bool = False) -> None:
         """Nothing to copy (the seed's pass)."""
 
 
@@ -458,10 +458,10 @@ class _V4Rows(HostKVCache):
 
     def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
                                  device_indices: Any, layer_id: int,
-                                 io_backend: Any = "kernel") -> None:
+                                 io_backend: Any = "kernel", *, is_draft: bool = False) -> None:
         if _has_transfer_indices(self, host_indices, device_indices):
             super().load_to_device_per_layer(device_pool, host_indices, device_indices,
-                                             layer_id, io_backend)
+                                             layer_id, io_backend, is_draft=is_draft)
 
     def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
         tensors = getattr(device_pool, "device_buffers", None)
