@@ -19,7 +19,7 @@ What it builds, from pyproject.toml's [project] table:
 - an sdist of this directory's sources.
 
 The wheels are for installing here, not for an index: the library links the
-system's gRPC and protobuf (docs/DESIGN.md).
+system's gRPC and protobuf shared libraries.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 def _toml() -> Any:
     if sys.version_info >= (3, 11):
-        import tomllib
+        import tomllib  # noqa: PLC0415 (3.11's standard library)
         return tomllib
-    import tomli  # get_requires_for_build_* asked for it
+    import tomli  # type: ignore[import-not-found]  # noqa: PLC0415 (asked for below)
     return tomli
 
 
@@ -80,7 +80,8 @@ def _metadata(project: Dict[str, Any]) -> str:
         lines.append(f"Provides-Extra: {extra}")
         lines += [f'Requires-Dist: {d}; extra == "{extra}"' for d in deps]
     lines.append("Description-Content-Type: text/markdown")
-    return "\n".join(lines) + "\n\n" + (HERE / project["readme"]).read_text()
+    readme = (HERE / str(project["readme"])).read_text()
+    return "\n".join(lines) + "\n\n" + readme
 
 
 def _entry_points(project: Dict[str, Any]) -> str:
@@ -98,7 +99,7 @@ def _bundled_library() -> Optional[Tuple[Path, str]]:
     (kvhost._lib, the one home of that search); None when there is none."""
     sys.path.insert(0, str(HERE))
     try:
-        from kvhost import _lib
+        from kvhost import _lib  # noqa: PLC0415 (this source tree's, on sys.path here)
     finally:
         sys.path.remove(str(HERE))
     for place in _lib.build_tree_candidates():

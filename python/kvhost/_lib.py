@@ -322,7 +322,8 @@ def library_path() -> str:
 
 def code_name(code: int) -> str:
     """"OK", "NOT_FOUND", ... for a status code, as the library names it."""
-    return lib().kvhost_code_name(int(code)).decode()
+    name: bytes = lib().kvhost_code_name(int(code))
+    return name.decode()
 
 
 def call(fn: Callable[..., int], *args: Any) -> None:

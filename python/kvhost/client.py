@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ctypes as C
 import os
-from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Union, cast
 
 from . import _json, _lib
 from ._handles import Registry
@@ -58,7 +58,7 @@ class SessionLosses(NamedTuple):
     """
 
     #: Losses so far.
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as it always did
     #: The last one's description ("" when none), e.g. "kvhostd restarted
     #: (...); 1 attachment(s) lost: ...".
     last: str
@@ -192,7 +192,8 @@ class Client(Registry, PoolCalls, StorageCalls, AttachCalls, TorchAttachCalls):
 
     def daemon_status(self) -> Dict[str, Any]:
         """kvhost.v1.DaemonStatus as a dict (backend, pools, memory, tickets...)."""
-        return _json.loads(_lib.call_out(_lib.lib().kvhost_daemon_status_json, self._handle()))
+        return cast(Dict[str, Any], _json.loads(_lib.call_out(
+            _lib.lib().kvhost_daemon_status_json, self._handle())))
 
     def open_session(self, timeout: Optional[float] = None) -> None:
         """Opens the worker session now (attaching does it otherwise); idempotent."""

@@ -22,10 +22,10 @@ from __future__ import annotations
 import ctypes as C
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union, cast
 
 from . import _arrays, _json, _lib
-from .errors import FailedPrecondition, PermissionDenied, StatusCode
+from .errors import FailedPrecondition, PermissionDenied, StatusCode, raise_for
 
 #: A spec: a mapping (sent as JSON) or JSON text.
 Spec = Union[Mapping[str, Any], str, bytes]
@@ -77,8 +77,8 @@ class PoolCalls:
     def get_pool(self, name: str) -> Dict[str, Any]:
         """kvhost.v1.Pool as a dict: spec, size_tokens, available_tokens,
         components, region_paths, state... NotFound naming `name`."""
-        return _json.loads(_lib.call_out(_lib.lib().kvhost_pool_get_json, self._handle(),
-                                         _name(name)))
+        text = _lib.call_out(_lib.lib().kvhost_pool_get_json, self._handle(), _name(name))
+        return cast(Dict[str, Any], _json.loads(text))
 
     def list_pools(self) -> List[Dict[str, Any]]:
         """Every pool, as get_pool gives each."""
@@ -116,8 +116,9 @@ class PoolCalls:
 
     def get_group(self, name: str) -> Dict[str, Any]:
         """kvhost.v1.PoolGroup as a dict. NotFound naming `name`."""
-        return _json.loads(_lib.call_out(_lib.lib().kvhost_group_get_json, self._handle(),
-                                         _name(name, "group")))
+        text = _lib.call_out(_lib.lib().kvhost_group_get_json, self._handle(),
+                             _name(name, "group"))
+        return cast(Dict[str, Any], _json.loads(text))
 
     def delete_group(self, name: str) -> None:
         """Deletes group `name` (its pools stay)."""
@@ -213,7 +214,7 @@ class PoolCalls:
         text = _lib.call_out(_lib.lib().kvhost_page_buffer_meta_json, self._handle(),
                              _name(pool), ptr, n)
         del keep
-        return _json.loads(text)
+        return cast(Dict[str, Any], _json.loads(text))
 
     def _forget_page_bytes(self, pool: str) -> None:
         with self._page_lock:
@@ -248,8 +249,8 @@ class PoolCalls:
             if rc == _lib._OUT_OF_RANGE and size.value > guess:
                 guess = int(size.value)
                 continue
-            _lib.raise_for(rc, msg)
-        _lib.raise_for(_lib._OUT_OF_RANGE, f"page of pool '{pool}' kept growing")
+            raise_for(rc, msg)
+        raise_for(_lib._OUT_OF_RANGE, f"page of pool '{pool}' kept growing")
         raise AssertionError("unreachable")
 
     def set_from_flat_data_page(self, pool: str, index: int, data: Any) -> None:
@@ -304,9 +305,9 @@ class PoolCalls:
             if rc == _lib._OUT_OF_RANGE and size.value > guess:
                 guess = int(size.value)
                 continue
-            _lib.raise_for(rc, msg)
+            raise_for(rc, msg)
         else:
-            _lib.raise_for(_lib._OUT_OF_RANGE, f"pages of pool '{pool}' kept growing")
+            raise_for(_lib._OUT_OF_RANGE, f"pages of pool '{pool}' kept growing")
         del keep
         total = int(size.value)
         page = total // n if n else 0

@@ -67,8 +67,9 @@ def attach_tensors(client: Any, pool: str, k_layers: Optional[Sequence[Any]] = N
     layers, ptrs, layer_bytes = _pointers(components, "")
     if device_size_tokens is None:
         device_size_tokens = _rows(client.get_pool(pool), layers)
-    return client.attach_cuda(pool, ptrs, device_size_tokens, layer_bytes=layer_bytes,
-                              keep_alive=layers, **options)
+    att: Attachment = client.attach_cuda(pool, ptrs, device_size_tokens,
+                                         layer_bytes=layer_bytes, keep_alive=layers, **options)
+    return att
 
 
 def _pointers(components: Mapping[str, Sequence[Any]], what: str
@@ -141,7 +142,8 @@ def attach_group_tensors(client: Any, group: str,
         start, end = ranges.get(name, (0, 0))
         kept[name] = layers
         given[name] = CudaGroupEntry(ptrs, int(rows), layer_bytes, int(start), int(end))
-    return client.attach_group_cuda(group, given, keep_alive=kept, **options)
+    att: Attachment = client.attach_group_cuda(group, given, keep_alive=kept, **options)
+    return att
 
 
 def interprocess_event() -> Any:

@@ -37,7 +37,8 @@ from __future__ import annotations
 import ctypes as C
 import json
 import time
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Any, Dict, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple,
+                    Union, overload)
 
 from . import _arrays, _json, _lib
 from ._handles import Handle
@@ -258,6 +259,18 @@ class Attachment(Handle):
         assert self._client is not None
         return self._client._handle()
 
+    @overload
+    def backup(self, host_indices: Any, device_indices: Any, *, wait: bool = ...,
+               timeout: Optional[float] = ..., event: Any = ...,
+               pool_transfers: Optional[PoolTransfers] = ...,
+               per_layer: Literal[True]) -> LoadTicket: ...
+
+    @overload
+    def backup(self, host_indices: Any, device_indices: Any, *, wait: bool = ...,
+               timeout: Optional[float] = ..., event: Any = ...,
+               pool_transfers: Optional[PoolTransfers] = ...,
+               per_layer: bool = ...) -> Ticket: ...
+
     def backup(self, host_indices: Any, device_indices: Any, *, wait: bool = False,
                timeout: Optional[float] = None, event: Any = None,
                pool_transfers: Optional[PoolTransfers] = None,
@@ -354,6 +367,16 @@ class Attachment(Handle):
                 raise
         return host, done
 
+    @overload
+    def load(self, host_indices: Any, device_indices: Any, *, wait: bool = ...,
+             timeout: Optional[float] = ..., per_layer: Literal[True],
+             pool_transfers: Optional[PoolTransfers] = ...) -> LoadTicket: ...
+
+    @overload
+    def load(self, host_indices: Any, device_indices: Any, *, wait: bool = ...,
+             timeout: Optional[float] = ..., per_layer: bool = ...,
+             pool_transfers: Optional[PoolTransfers] = ...) -> Ticket: ...
+
     def load(self, host_indices: Any, device_indices: Any, *, wait: bool = False,
              timeout: Optional[float] = None, per_layer: bool = False,
              pool_transfers: Optional[PoolTransfers] = None) -> Ticket:
@@ -447,7 +470,8 @@ class Attachment(Handle):
     def __exit__(self, *exc: Any) -> None:
         """Detaches (one already gone is fine) and frees the handle."""
         try:
-            if not self.detached and not self.closed and not self._client.closed:
+            client = self._client
+            if not self.detached and not self.closed and not (client is None or client.closed):
                 try:
                     self.detach()
                 except NotFound:

@@ -20,8 +20,9 @@ What differs from sglang, on purpose:
   that exists already is opened, if its shape is the one asked for and it
   is protected by the client's owner token (kvhost.pools.adopt_pool).
 - ``load_to_device_per_layer`` (with sglang's ``is_draft``) for layer 0
-  submits the load of every layer at once and then waits for layer 0; later layer ids wait for their layer of
-  that load (sglang issues one copy per call). The daemon records per-layer
+  submits the load of every layer at once and then waits for layer 0; later
+  layer ids wait for their layer of that load (sglang issues one copy per
+  call). The daemon records per-layer
   progress, so layer l's attention may start while later layers arrive.
 - Neither transfer call waits for the copy on the cuda backend: the waits are
   GPU-side, on torch's current stream (a backup's ready fence is an event
@@ -54,10 +55,10 @@ tickets of per-layer loads are kept per device pool, one load at a time
 
 from .groups import HostPoolGroup, PoolEntry
 from .host_pool import HostKVCache, SessionLost, instance_id_for
-from .kinds import (AsymmetricMHATokenToKVPoolHost, DSAIndexerPoolHost, DSATokenToKVPoolHost,
-                    DeepSeekV4PagedHostPool, DeepSeekV4StateHostPool, LogicalHostPool,
-                    MHATokenToKOnlyPoolHost, MHATokenToKVPoolHost, MLATokenToKVPoolHost,
-                    MambaPoolHost, get_mha_host_pool_cls)
+from .kinds import (AsymmetricMHATokenToKVPoolHost, DeepSeekV4PagedHostPool,
+                    DeepSeekV4StateHostPool, DSAIndexerPoolHost, DSATokenToKVPoolHost,
+                    LogicalHostPool, MambaPoolHost, MHATokenToKOnlyPoolHost,
+                    MHATokenToKVPoolHost, MLATokenToKVPoolHost, get_mha_host_pool_cls)
 from .spec import IO_BACKENDS, LAYOUTS, dtype_enum, layout_enum
 
 __all__ = ["AsymmetricMHATokenToKVPoolHost", "DSAIndexerPoolHost", "DSATokenToKVPoolHost",

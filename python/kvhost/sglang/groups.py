@@ -6,7 +6,7 @@ group with one attachment (re-exported by kvhost.sglang).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, cast
 
 from ..client import Client
 from ..errors import AlreadyExists
@@ -16,6 +16,7 @@ from ..transfer import Attachment
 from .host_pool import HostKVCache
 from .kinds import LogicalHostPool
 from .transfers import SchedulerTransfers
+
 
 @dataclass
 class PoolEntry:
@@ -31,10 +32,10 @@ class PoolEntry:
     device_pool: Any
     layer_mapper: Callable[[int], Optional[int]]
     is_primary_index_anchor: bool = False
-    host_evict_fn: Optional[Callable] = None
-    device_evict_fn: Optional[Callable] = None
-    device_alloc_fn: Optional[Callable] = None
-    device_free_fn: Optional[Callable] = None
+    host_evict_fn: Optional[Callable[..., Any]] = None
+    device_evict_fn: Optional[Callable[..., Any]] = None
+    device_alloc_fn: Optional[Callable[..., Any]] = None
+    device_free_fn: Optional[Callable[..., Any]] = None
 
 
 class HostPoolGroup:
@@ -72,7 +73,7 @@ class HostPoolGroup:
         self.name = name or f"{anchor.name}.group"
         self.layer_num = int(layer_num if layer_num is not None else
                              max(int(e.host_pool.layer_num) for e in entries))
-        spec = {"layer_num": self.layer_num, "entries": [
+        spec: Dict[str, Any] = {"layer_num": self.layer_num, "entries": [
             {"name": e.name, "pool": e.host_pool.name,
              "layer_map": _layer_map(e, self.layer_num),
              "anchor": e is self.anchor_entry} for e in entries]}
@@ -100,11 +101,11 @@ class HostPoolGroup:
 
     @property
     def size_per_token(self) -> int:
-        return self.anchor_entry.host_pool.size_per_token
+        return cast(int, self.anchor_entry.host_pool.size_per_token)
 
     @property
     def dtype(self) -> str:
-        return self.anchor_entry.host_pool.dtype
+        return cast(str, self.anchor_entry.host_pool.dtype)
 
     @property
     def start_layer(self) -> int:
@@ -115,7 +116,7 @@ class HostPoolGroup:
         return int(self.anchor_entry.host_pool.info.get("end_layer", 0))
 
     def get_ksize_per_token(self) -> int:
-        return self.anchor_entry.host_pool.get_ksize_per_token()
+        return cast(int, self.anchor_entry.host_pool.get_ksize_per_token())
 
     def get_pool(self, name: str) -> Any:
         """The host pool of entry `name` (KeyError naming it)."""
@@ -130,13 +131,13 @@ class HostPoolGroup:
             entry.host_pool.clear()
 
     def available_size(self) -> int:
-        return self.anchor_entry.host_pool.available_size()
+        return cast(int, self.anchor_entry.host_pool.available_size())
 
     def alloc(self, need_size: int) -> Any:
         return self.anchor_entry.host_pool.alloc(need_size)
 
     def free(self, indices: Any) -> int:
-        return self.anchor_entry.host_pool.free(indices)
+        return cast(int, self.anchor_entry.host_pool.free(indices))
 
     def get_data_page(self, index: int, flat: bool = True) -> Any:
         return self.anchor_entry.host_pool.get_data_page(index, flat)

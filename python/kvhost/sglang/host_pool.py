@@ -13,7 +13,7 @@ import mmap
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple, cast
 
 from .. import _arrays
 from ..client import DEFAULT_ADDRESS, Client
@@ -57,7 +57,7 @@ def _sglang_base() -> type:
         from sglang.srt.mem_cache.pool_host.base import HostKVCache as base  # noqa: PLC0415
     except ImportError:
         return object
-    return base
+    return cast(type, base)
 
 
 def _torch(wanted: Optional[bool]) -> Any:
@@ -73,7 +73,14 @@ def _torch(wanted: Optional[bool]) -> Any:
     return torch
 
 
-class HostKVCache(_sglang_base()):
+# mypy checks against object: sglang's class is untyped, and optional.
+if TYPE_CHECKING:
+    _Base = object
+else:
+    _Base = _sglang_base()
+
+
+class HostKVCache(_Base):
     """A kvhostd pool with sglang HostKVCache's calls (use a subclass).
 
     With sglang importable this subclasses sglang's HostKVCache without
@@ -121,7 +128,7 @@ class HostKVCache(_sglang_base()):
                  host_size_gib: float = 0.0, host_size_tokens: int = 0,
                  host_to_device_ratio: float = 0.0, device_size: int = 0,
                  start_layer: int = 0, tensors: Optional[bool] = None,
-                 shape: Dict[str, int], end_layer: Optional[int] = None,
+                 shape: Dict[str, Any], end_layer: Optional[int] = None,
                  target_layer_num: Optional[int] = None, pool_label: str = "kv",
                  instance_id: Optional[str] = None, claim_wait: float = CLAIM_WAIT_S) -> None:
         self.layout = layout
@@ -174,7 +181,7 @@ class HostKVCache(_sglang_base()):
         self.size_per_token = int(info["bytes_per_token"])
         self.bytes_per_page = int(info["bytes_per_page"])
         # Pages (index // page_size) this object allocated: what clear() frees.
-        self._pages: set = set()
+        self._pages: Set[int] = set()
         # Reentrant: mapping the regions (under it) may attach (under it).
         self._lock = threading.RLock()
         self._attachments: Dict[int, Attachment] = {}
@@ -335,7 +342,7 @@ class HostKVCache(_sglang_base()):
             view = self._page_view(int(index)) if self._torch is not None else None
             if view is not None:
                 return view
-        return self._as_page(self.client.get_data_page(self.name, int(index)), flat)
+        return self._as_page(cast(bytes, self.client.get_data_page(self.name, int(index))), flat)
 
     def _page_view(self, index: int) -> Any:
         """sglang's flat=False page as a view of the pool's mapped memory (a
@@ -364,8 +371,8 @@ class HostKVCache(_sglang_base()):
                 or any(int(g["length"]) != block for g in segs):
             return None
         offs = [int(g["offset"]) for g in segs]
-        for order in (range(lead), reversed(range(lead))):  # which dim varies fastest
-            order = list(order)
+        for candidate in (range(lead), reversed(range(lead))):  # which dim varies fastest
+            order = list(candidate)
             strides, step = [0] * lead, 1
             for d in reversed(order):
                 strides[d] = step
@@ -384,7 +391,8 @@ class HostKVCache(_sglang_base()):
             size = len(self._maps[region][0])
         mem = torch.frombuffer(_arrays.raw_view(base, size, self), dtype=torch.uint8)
         mem = mem[:size - size % itemsize].view(self.dtype)
-        inner, step = [], 1
+        inner: List[int] = []
+        step = 1
         for d in reversed(rest):
             inner.insert(0, step)
             step *= d

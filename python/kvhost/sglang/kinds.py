@@ -37,6 +37,7 @@ from ..client import DEFAULT_ADDRESS, Client
 from .host_pool import HostKVCache
 from .spec import ITEMSIZE, dtype_enum
 
+
 class MHATokenToKVPoolHost(HostKVCache):
     """sglang's MHA host pool: a K and a V row per token and layer."""
 
@@ -394,7 +395,7 @@ class LogicalHostPool(HostKVCache):
             return self._torch.empty(0, dtype=self._torch.uint8)
         return b""
 
-    def get_page_buffer_meta(self, indices: Any) -> None:
+    def get_page_buffer_meta(self, indices: Any) -> None:  # type: ignore[override]
         """None, as the seed's: there are no bytes to point at."""
         return None
 

@@ -50,7 +50,7 @@ Sizes are sglang's: --hicache-size (GB) or --hicache-ratio, and the layout
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, cast
 
 from ..client import DEFAULT_ADDRESS
 from ..shm import ShmDevicePool
@@ -156,7 +156,14 @@ def _sizes(host_to_device_ratio: float, host_size: float, host_token_capacity: O
                 device_size=int(device_capacity_tokens))
 
 
-class _CapturedDevicePool:
+# Type-checked as the HostKVCache it is mixed into; a plain mixin at run time.
+if TYPE_CHECKING:
+    _Mixin = HostKVCache
+else:
+    _Mixin = object
+
+
+class _CapturedDevicePool(_Mixin):
     """What the plugin's pools share: sglang's host pools capture the device
     tensors of their buffer infos (the target's, then each packed MTP draft's
     layers) at construction, so a pool attaches those, once, whatever device
@@ -534,7 +541,7 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
     if not enabled():
         return original(*args, **kwargs)
     import importlib  # noqa: PLC0415
-    asm = importlib.import_module(_ASSEMBLER)
+    asm: Any = importlib.import_module(_ASSEMBLER)
     kv_pool = kwargs.get("kv_pool")
     refused = []
     if isinstance(kv_pool, asm.PageInterleaveKVPoolMixin):
@@ -559,7 +566,7 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _mha_host_pool_cls(original: Any, buffer_info: Any) -> type:
     if not enabled():
-        return original(buffer_info)
+        return cast(type, original(buffer_info))
     if buffer_info.v_head_dim != buffer_info.head_dim:
         return AsymmetricMHATokenToKVPoolHost
     return MHATokenToKVPoolHost
@@ -574,7 +581,7 @@ def _separate_swa_pools(original: Any, *args: Any, **kwargs: Any) -> bool:
 
 def _refusing_strategy() -> Any:
     import importlib  # noqa: PLC0415
-    asm = importlib.import_module(_ASSEMBLER)
+    asm: Any = importlib.import_module(_ASSEMBLER)
 
     def refusal(kvcache: Any, components: Any) -> Optional[str]:
         """Why the plugin does not build this stack's host pools; None
@@ -608,7 +615,7 @@ def _refusing_strategy() -> Any:
                     "another pool")
         return "no kvhost host pools for this stack"
 
-    class RefuseUnsupportedStacks(asm.StackStrategy):
+    class RefuseUnsupportedStacks(asm.StackStrategy):  # type: ignore[misc]  # untyped sglang
         """Matches every stack the plugin does not build and refuses it by name."""
 
         def matches(self, kvcache: Any, components: Any) -> bool:
@@ -653,7 +660,7 @@ def register() -> None:
     HookRegistry.register("sglang.srt.mem_cache.pool_host.dsa.DSAIndexerHostPoolBuilder.build",
                           _dsa_indexer_builder, HookType.AROUND)
     import importlib  # noqa: PLC0415
-    asm = importlib.import_module(_ASSEMBLER)
+    asm: Any = importlib.import_module(_ASSEMBLER)
     # The assembler's own name only: HookRegistry's class REPLACE would
     # rebind sglang's class in every module, and its isinstance checks with it.
     asm.MLATokenToKVPoolHost = MLATokenToKVPoolHost
