@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_package_test import Daemon  # noqa: E402 (the same private kvhostd)
+from kvhost_testing import Daemon  # noqa: E402 (the same private kvhostd)
 
 #: What the installed package prints: where it loaded the library from.
 PROBE = "import kvhost._lib as l; print(l.library_path())"

@@ -153,7 +153,7 @@ def main():
     os.environ["KVHOST_LIBRARY"] = lib
     os.environ["SGLANG_PLUGINS"] = "kvhost"
     scratch = install_plugin(source_dir)
-    from python_package_test import Daemon  # noqa: PLC0415
+    from kvhost_testing import Daemon  # noqa: PLC0415
     import torch  # noqa: PLC0415
     import kvhost  # noqa: PLC0415
     from kvhost.sglang import plugin as sglang_plugin  # noqa: PLC0415

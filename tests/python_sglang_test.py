@@ -11,18 +11,16 @@ page's size; is_stride_page_aligned; a backup from a shm device pool and a
 per-layer load back, byte for byte; and the errors (a bad layout name is a
 ValueError naming it, the daemon's errors kvhost exceptions with their
 gRPC code). No GPU, numpy or torch needed (tensors=False).
-  usage: python_sglang_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+Run by tests/pytest_run.py (ctest), or by pytest from a built checkout.
 """
 import ctypes
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_package_test import run_checks  # noqa: E402 (the same private kvhostd)
+import kvhost
+import kvhost.sglang as sglang
 
-kvhost = None  # imported in main(), from SOURCE_DIR/python
-sglang = None
 
 PS, LAYERS, HEADS, DIM, LORA, ROPE, SIZE = 4, 3, 2, 8, 12, 4, 64
 MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head", "page_unified")
@@ -118,11 +116,11 @@ def check_pages(kind, daemon):
             c.delete_pool(name)
 
 
-def check_mha_pages(daemon):
+def test_mha_pages(daemon):
     check_pages("MHA", daemon)
 
 
-def check_mla_pages(daemon):
+def test_mla_pages(daemon):
     check_pages("MLA", daemon)
 
 
@@ -169,11 +167,11 @@ def check_backup_load(kind, daemon):
         dev.close()
 
 
-def check_mha_backup_load(daemon):
+def test_mha_backup_load(daemon):
     check_backup_load("MHA", daemon)
 
 
-def check_mla_backup_load(daemon):
+def test_mla_backup_load(daemon):
     check_backup_load("MLA", daemon)
 
 
@@ -219,7 +217,7 @@ def _until_failed(c, ticket_id):
     raise AssertionError(f"ticket {ticket_id} did not fail")
 
 
-def check_transfers_not_waited_for(daemon):
+def test_transfers_not_waited_for(daemon):
     """The cuda backend's bookkeeping, run on the host backend by standing in
     for torch's stream: backups and the last layer of loads return with
     their tickets kept, not waited for; a backup that fails in the daemon
@@ -286,7 +284,7 @@ def check_transfers_not_waited_for(daemon):
         dev.close()
 
 
-def check_kept_tickets_retry():
+def test_kept_tickets_retry():
     """KeptTickets.retrying: ResourceExhausted (every event set taken) waits
     for the oldest kept ticket and tries once more; with none kept, or a
     second refusal, the error is the caller's."""
@@ -325,7 +323,7 @@ def check_kept_tickets_retry():
     assert len(calls) == 2
 
 
-def check_errors_and_sharing(daemon):
+def test_errors_and_sharing(daemon):
     with client(daemon) as c:
         raises(ValueError, make, "MLA", c, "x", "page_first_kv_split",
                naming="page_first_kv_split")
@@ -382,26 +380,3 @@ def check_errors_and_sharing(daemon):
         assert own.client.closed
         raises(kvhost.InvalidArgument, make, "MHA", c, "bad name!", "page_first",
                naming="bad name!")
-
-
-CHECKS = [check_mha_pages, check_mla_pages, check_mha_backup_load, check_mla_backup_load,
-          check_errors_and_sharing, check_transfers_not_waited_for]
-
-
-def main():
-    global kvhost, sglang
-    if len(sys.argv) != 4:
-        print(__doc__)
-        return 2
-    kvhostd, lib_path, src = (os.path.abspath(a) for a in sys.argv[1:])
-    os.environ["KVHOST_LIBRARY"] = lib_path
-    sys.path.insert(0, os.path.join(src, "python"))
-    import kvhost as package
-    import kvhost.sglang as sgl
-    kvhost, sglang = package, sgl
-    check_kept_tickets_retry()
-    return run_checks(CHECKS, kvhostd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
