@@ -112,6 +112,11 @@ def main():
     if len(sys.argv) != 6:
         print(__doc__)
         return 2
+    try:
+        import ensurepip  # noqa: F401, PLC0415 (python3 -m venv needs it)
+    except ImportError:  # Debian's python3 without python3-venv
+        print("SKIP: python3 -m venv needs ensurepip (Debian package python3-venv)")
+        return 77
     kvhostd, lib_path, src, build = (os.path.abspath(a) for a in sys.argv[1:5])
     cmake = sys.argv[5]
     build_of_lib = os.path.dirname(os.path.dirname(lib_path))  # <build>/lib/libkvhost_c.so
