@@ -213,6 +213,35 @@ def test_pools(daemon):
         raises(kvhost.NotFound, c.get_pool, "p", naming="'p'")
 
 
+def test_page_layout_calls(daemon):
+    """page_shape, stride_alignment and contiguous_buffer_infos: kvhostd's
+    answers (the package computes none of them), and their refusals."""
+    page = 4 * 3 * 2 * 8 * 2  # tokens x layers x heads x dim x bf16, per component
+    with client(daemon) as c:
+        c.create_pool("p", SPEC)
+        shape = c.page_shape("p")
+        assert [part["component"] for part in shape["parts"]] == ["k", "v"], shape
+        assert shape["bytes"] == 2 * page == sum(part["bytes"] for part in shape["parts"])
+        slots = c.alloc("p", 4, numpy=False)
+        assert len(c.get_data_page("p", slots[0])) == shape["bytes"]
+        assert c.stride_alignment("p", 128) == {"aligned": True, "page_strides": [page, page]}
+        assert c.stride_alignment("p")["aligned"] is False  # 4096: a 384-byte page stride
+        raises(kvhost.InvalidArgument, c.stride_alignment, "p", 3, naming="3")
+        raises(kvhost.FailedPrecondition, c.contiguous_buffer_infos, "p", naming="LAYER_FIRST")
+        layer_first = dict(SPEC, layout="LAYER_FIRST")
+        c.create_pool("lf", layer_first)
+        assert c.stride_alignment("lf", 128)["aligned"] is False
+        infos = c.contiguous_buffer_infos("lf")
+        assert len(infos["region_paths"]) >= 1, infos
+        got = sorted((i["component"], i["layer"], i["length"], i["item_bytes"])
+                     for i in infos["infos"])
+        per_layer = 64 * 2 * 8 * 2  # a layer's rows of a component: tokens x heads x dim x bf16
+        assert got == [(comp, layer, per_layer, 4 * 2 * 8 * 2) for comp in ("k", "v")
+                       for layer in range(3)], got
+        for call in (c.page_shape, c.stride_alignment, c.contiguous_buffer_infos):
+            raises(kvhost.NotFound, call, "nope", naming="nope")
+
+
 def test_groups(daemon):
     with client(daemon) as c:
         c.create_pool("attn", SPEC)

@@ -216,6 +216,28 @@ class PoolCalls:
         del keep
         return cast(Dict[str, Any], _json.loads(text))
 
+    def page_shape(self, pool: str) -> Dict[str, Any]:
+        """kvhost.v1.PageShape as a dict: the flat page's parts (component,
+        dims, dtype, bytes) and its bytes, as kvhostd lays the pool out."""
+        text = _lib.call_out(_lib.lib().kvhost_page_shape_json, self._handle(), _name(pool))
+        return cast(Dict[str, Any], _json.loads(text))
+
+    def stride_alignment(self, pool: str, alignment: int = 0) -> Dict[str, Any]:
+        """kvhost.v1.StrideAlignment as a dict: ``aligned``, whether every
+        component's page blocks start on `alignment` bytes (a power of two;
+        0: 4096; never for LAYER_FIRST), and each component's page stride."""
+        text = _lib.call_out(_lib.lib().kvhost_stride_alignment_json, self._handle(),
+                             _name(pool), int(alignment))
+        return cast(Dict[str, Any], _json.loads(text))
+
+    def contiguous_buffer_infos(self, pool: str) -> Dict[str, Any]:
+        """kvhost.v1.ContiguousBufferInfos as a dict: one contiguous range
+        per layer and component of a LAYER_FIRST pool (region_index, offset,
+        length, item_bytes) and the region files."""
+        text = _lib.call_out(_lib.lib().kvhost_contiguous_buffer_infos_json, self._handle(),
+                             _name(pool))
+        return cast(Dict[str, Any], _json.loads(text))
+
     def _forget_page_bytes(self, pool: str) -> None:
         with self._page_lock:
             self._page_bytes.pop(pool, None)
