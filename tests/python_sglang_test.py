@@ -92,9 +92,12 @@ def check_pages(kind, daemon):
                         mine = mine[0::2] + mine[1::2]
                     assert b"".join(mine) == page_bytes(i, page), (layout, i)
                 aligned = pool.is_stride_page_aligned(128)
-                # page_unified's K and V interleave: the package does not
-                # derive its alignment from the components, and says False.
-                assert aligned == (layout not in ("layer_first", "page_unified")), (layout, aligned)
+                # kvhostd's answer (IsStridePageAligned): never layer_first;
+                # page_unified's page block and head-group range are aligned
+                # here as the page-major components are (the package's own
+                # derivation used to say False for page_unified).
+                assert aligned == (layout != "layer_first"), (layout, aligned)
+                assert aligned == c.stride_alignment(pool.name, 128)["aligned"]
                 assert not pool.is_stride_page_aligned(4096)  # a 384-byte page stride
                 raises(ValueError, pool.get_data_page, starts[0], flat=False, naming="numpy")
                 # Evict a page, re-alloc it; a second free is the daemon's error.

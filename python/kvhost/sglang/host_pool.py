@@ -21,8 +21,7 @@ from ..errors import AlreadyExists, FailedPrecondition, ResourceExhausted, Unava
 from ..pools import adopt_pool
 from ..shm import ShmDevicePool
 from ..transfer import Attachment
-from .spec import (GIB, IO_BACKENDS, ITEMSIZE, PAGE_MAJOR_LAYOUTS, TORCH_DTYPE, dtype_enum,
-                   layout_enum)
+from .spec import GIB, IO_BACKENDS, ITEMSIZE, TORCH_DTYPE, dtype_enum, layout_enum
 from .transfers import SchedulerTransfers
 
 _log = logging.getLogger("kvhost.sglang")
@@ -480,20 +479,12 @@ class HostKVCache(_Base):
 
     def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
         """Whether every component's page start is `page_size_bytes`-aligned
-        (NIXL O_DIRECT). Derived from GetPool (the C ABI has no
-        IsStridePageAligned): region files are mapped at page boundaries, so
-        a page-major layout is aligned when each component's offset and page
-        stride are; LAYER_FIRST never is, as in sglang."""
-        if self.info["spec"]["layout"] not in PAGE_MAJOR_LAYOUTS:
-            return False
-        n = int(page_size_bytes)
-        for comp in self.info["components"]:
-            stride = int(comp["row_bytes"]) * self.page_size // int(comp["row_tokens"])
-            # A page-major buffer holds all layers of a page together.
-            stride *= self.layer_num
-            if int(comp["offset"]) % n or stride % n:
-                return False
-        return True
+        (NIXL O_DIRECT), as kvhostd answers it (IsStridePageAligned: a
+        page-major layout's component buffers and page strides, PAGE_UNIFIED's
+        page block and head-group range; LAYER_FIRST never, as in sglang).
+        InvalidArgument for an alignment that is not a power of two."""
+        answer = self.client.stride_alignment(self.name, int(page_size_bytes))
+        return bool(answer["aligned"])
 
     # --- transfers ----------------------------------------------------------
 

@@ -508,12 +508,15 @@ class DeepSeekV4PagedHostPool(_V4Rows):
             raise NotImplementedError(
                 f"get_contiguous_buf_infos needs layout layer_first; '{self.name}' is "
                 f"{self.layout}, whose layers are not contiguous")
-        comp = next(c for c in self.info["components"] if c["name"] == "rows")
+        # kvhostd's ranges (GetContiguousBufferInfos), one per layer of the
+        # rows, at their addresses in this process's mapping of the regions.
+        infos = self.client.contiguous_buffer_infos(self.name)
+        rows = sorted((i for i in infos["infos"] if i["component"] == "rows"),
+                      key=lambda i: int(i["layer"]))
         with self._lock:
-            base = self._region_base(int(comp["region_index"]), self.info["region_paths"])
-        per = int(comp["bytes"]) // self.layer_num
-        ptrs = [base + int(comp["offset"]) + i * per for i in range(self.layer_num)]
-        return ptrs, [per] * self.layer_num, [self.item_bytes] * self.layer_num
+            ptrs = [self._region_base(int(i["region_index"]), infos["region_paths"]) +
+                    int(i["offset"]) for i in rows]
+        return ptrs, [int(i["length"]) for i in rows], [int(i["item_bytes"]) for i in rows]
 
 
 class DeepSeekV4StateHostPool(_Follower, _V4Rows):

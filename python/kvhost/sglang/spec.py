@@ -35,8 +35,6 @@ TORCH_DTYPE = {"BF16": "bfloat16", "FP16": "float16", "FP32": "float32",
                 "FP8_E4M3": "float8_e4m3fn", "FP8_E5M2": "float8_e5m2", "UINT8": "uint8"}
 #: sglang's io_backend values; the daemon picks its own copy engine for both.
 IO_BACKENDS = ("kernel", "direct")
-#: The layouts whose pages are one block per component (is_stride_page_aligned).
-PAGE_MAJOR_LAYOUTS = ("PAGE_FIRST", "PAGE_FIRST_DIRECT", "PAGE_HEAD")
 
 
 def layout_enum(layout: str) -> str:
