@@ -267,6 +267,46 @@ int kvhost_page_buffer_meta_json(kvhost_client* client, const char* pool, const 
   });
 }
 
+int kvhost_page_shape_json(kvhost_client* client, const char* pool, char* out, size_t out_len,
+                           size_t* needed, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    absl::StatusOr<kvhost::v1::PageShape> shape = (*c)->GetPageShape(*p);
+    if (!shape.ok()) return shape.status();
+    return kvhost::c_api::WriteJson(*shape, out, out_len, needed, "the page shape");
+  });
+}
+
+int kvhost_stride_alignment_json(kvhost_client* client, const char* pool, uint64_t alignment,
+                                 char* out, size_t out_len, size_t* needed, char* err,
+                                 size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    absl::StatusOr<kvhost::v1::StrideAlignment> aligned = (*c)->IsStridePageAligned(*p, alignment);
+    if (!aligned.ok()) return aligned.status();
+    return kvhost::c_api::WriteJson(*aligned, out, out_len, needed, "the stride alignment");
+  });
+}
+
+int kvhost_contiguous_buffer_infos_json(kvhost_client* client, const char* pool, char* out,
+                                        size_t out_len, size_t* needed, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<kvhost::Client*> c = ClientOf(client);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<std::string> p = Str(pool, "pool name");
+    if (!p.ok()) return p.status();
+    absl::StatusOr<kvhost::v1::ContiguousBufferInfos> infos = (*c)->GetContiguousBufferInfos(*p);
+    if (!infos.ok()) return infos.status();
+    return kvhost::c_api::WriteJson(*infos, out, out_len, needed, "the contiguous buffer infos");
+  });
+}
+
 int kvhost_get_data_page(kvhost_client* client, const char* pool, int64_t index, void* data,
                          size_t data_len, size_t* size, char* err, size_t err_len) {
   return Run(err, err_len, [&]() -> absl::Status {

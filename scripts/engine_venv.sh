@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the venv of the engines kvhost's Python tests run against (sglang,
-# pinned, with torch and what its host-pool modules import), from
+# pinned, with torch and what its host-pool modules import; and the test tools,
+# with pytest also alone in venv-<hash>/pytest-path), from
 # python/requirements-engines.txt, and prints its python's path.
 #   scripts/engine_venv.sh [--print]   --print: only print the path; exit 1 if
 #                                      the venv is not built
@@ -46,5 +47,10 @@ grep -v '^sglang==' "$REQ" >"$venv/requirements-deps.txt"
 "${pip[@]}" install --no-index --find-links "$ROOT/wheels" --no-deps \
   "$(grep '^sglang==' "$REQ")" >&2
 "$venv/bin/python" -c 'import torch, sglang.srt.mem_cache.pool_host' >&2
+# pytest and its dependencies alone, for the system's python3 to run the
+# package's tests with (tests/pytest_run.py): no numpy, torch or sglang there.
+grep -E '^(pytest|pluggy|iniconfig|packaging|Pygments)==' "$REQ" >"$venv/requirements-pytest.txt"
+"${pip[@]}" install --no-index --find-links "$ROOT/wheels" --no-deps --target "$venv/pytest-path" \
+  -r "$venv/requirements-pytest.txt" >&2
 touch "$venv/.complete"
 echo "$venv/bin/python"

@@ -12,6 +12,8 @@
 #   engines   the venv of the pinned sglang and torch the Python engine tests
 #             run in (scripts/engine_venv.sh; cached outside the clone, so 0 s
 #             once built); the tests fail, not skip, without it;
+#   python lint  ruff and mypy (strict) on the Python package, from that
+#             venv (python/pyproject.toml configures both);
 #   build gcc the main build (gcc, RelWithDebInfo, warnings are errors, CUDA
 #             code compiled where nvcc is found);
 #   tidy      clang-tidy 14 with .clang-tidy's small check set on server/,
@@ -50,6 +52,11 @@ phase() {
 rooms() {
   python3 scripts/room_check.py --strict
 }
+python_lint() {
+  local py
+  py=$(scripts/engine_venv.sh --print)
+  (cd python && "$py" -m ruff check . && "$py" -m mypy)
+}
 main_ctest() {
   (cd "$BUILD_DIR" && ctest --output-on-failure -j2 --timeout 900)
 }
@@ -63,6 +70,7 @@ phase promtool scripts/get_promtool.sh "$BUILD_DIR/tools"
 [[ "${SKIP_FORMAT:-0}" == 1 ]] || phase format scripts/format.sh --check
 phase rooms rooms
 phase engines scripts/engine_venv.sh
+phase "python lint" python_lint
 export KVHOST_REQUIRE_ENGINES=1
 CMAKE_ARGS="${CMAKE_ARGS:-} -DKVHOST_WERROR=ON -DKVHOST_BUILD_TESTS=ON -DKVHOST_BUILD_BENCH=ON" \
   phase "build gcc" scripts/setup.sh

@@ -14,16 +14,39 @@ import sys
 SKIP = 77
 
 
-def venv_python(source_dir):
-    """The engine venv's python for this checkout, or None if not built."""
+def _venv(source_dir):
+    """The engine venv's directory for this checkout, or None if not built."""
     req = os.path.join(source_dir, "python", "requirements-engines.txt")
     with open(req, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:12]
     root = os.environ.get("KVHOST_ENGINE_ROOT", "/var/cache/kvhost")
     venv = os.path.join(root, f"venv-{digest}")
-    if not os.path.exists(os.path.join(venv, ".complete")):
-        return None
-    return os.path.join(venv, "bin", "python")
+    return venv if os.path.exists(os.path.join(venv, ".complete")) else None
+
+
+def venv_python(source_dir):
+    """The engine venv's python for this checkout, or None if not built."""
+    venv = _venv(source_dir)
+    return None if venv is None else os.path.join(venv, "bin", "python")
+
+
+def pytest_path(source_dir):
+    """The directory holding pytest and its dependencies alone (no numpy,
+    torch or sglang beside them), for any python3 >= 3.9 to put on its path
+    (tests/pytest_run.py); None if the engine venv is not built."""
+    venv = _venv(source_dir)
+    return None if venv is None else os.path.join(venv, "pytest-path")
+
+
+def missing(what):
+    """ctest's skip (77) naming the command that builds the engine venv, or a
+    failure (1) under KVHOST_REQUIRE_ENGINES=1."""
+    msg = f"the engine venv is not built ({what}); run scripts/engine_venv.sh"
+    if os.environ.get("KVHOST_REQUIRE_ENGINES") == "1":
+        print(f"FAIL: {msg}", flush=True)
+        return 1
+    print(f"SKIP: {msg}", flush=True)
+    return SKIP
 
 
 def enter(source_dir):
@@ -33,11 +56,5 @@ def enter(source_dir):
             os.path.dirname(os.path.dirname(python))):
         return
     if python is None:
-        msg = ("the engine venv is not built (python/requirements-engines.txt: sglang "
-               "and torch); run scripts/engine_venv.sh")
-        if os.environ.get("KVHOST_REQUIRE_ENGINES") == "1":
-            print(f"FAIL: {msg}", flush=True)
-            sys.exit(1)
-        print(f"SKIP: {msg}", flush=True)
-        sys.exit(SKIP)
+        sys.exit(missing("python/requirements-engines.txt: sglang and torch"))
     os.execv(python, [python, os.path.abspath(sys.argv[0]), *sys.argv[1:]])

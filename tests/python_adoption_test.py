@@ -16,21 +16,26 @@ scheduler starts, and a name with a NUL in it.
   anything is sent, and pool "p" stays exactly as it was.
 
 No GPU, numpy or torch needed.
-  usage: python_adoption_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+Run by tests/pytest_run.py (ctest), or by pytest from a built checkout.
 """
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_package_test import SPEC, run_checks  # noqa: E402 (the same private kvhostd)
+import kvhost
+import kvhost.pools as pools
+import kvhost.sglang as sglang
+import pytest
+from kvhost_testing import SPEC
 
-kvhost = None  # imported in main(), from SOURCE_DIR/python
-sglang = None
-pools = None
 
 PS, LAYERS, HEADS, DIM, SIZE = 4, 3, 2, 8, 64
 TOKEN, OTHER = "victim-token", "attacker-token"
 
+
+
+@pytest.fixture(autouse=True)
+def no_owner_token(monkeypatch):
+    """A client made without a token takes $KVHOST_OWNER_TOKEN: none here."""
+    monkeypatch.delenv("KVHOST_OWNER_TOKEN", raising=False)
 
 def client(daemon, token=None):
     return kvhost.Client(daemon.address, session=False, timeout=10, wait_ready=20,
@@ -54,7 +59,7 @@ def mha(c, name, **kw):
                                        head_dim=DIM, tensors=False, **kw)
 
 
-def check_a_squatted_pool_is_refused(daemon):
+def test_a_squatted_pool_is_refused(daemon):
     with client(daemon) as attacker, client(daemon, OTHER) as other, \
             client(daemon, TOKEN) as victim, client(daemon) as tokenless:
         # No token: anyone could read and write it.
@@ -86,7 +91,7 @@ def check_a_squatted_pool_is_refused(daemon):
         assert sorted(p["name"] for p in victim.list_pools()) == ["full", "full2", "kv", "kv2"]
 
 
-def check_a_squatted_group_is_refused(daemon):
+def test_a_squatted_group_is_refused(daemon):
     with client(daemon) as attacker, client(daemon, TOKEN) as victim:
         attacker.create_pool("attn", SPEC)
         attacker.create_group("g", {"layer_num": 3, "entries": [
@@ -96,7 +101,7 @@ def check_a_squatted_group_is_refused(daemon):
                        "refusing to adopt it"))
 
 
-def check_own_protected_pools_are_adopted(daemon):
+def test_own_protected_pools_are_adopted(daemon):
     with client(daemon, TOKEN) as first, client(daemon, TOKEN) as second:
         a = mha(first, "kv")
         b = mha(second, "kv", host_size_tokens=8)  # sizes are the creator's
@@ -124,7 +129,7 @@ def check_own_protected_pools_are_adopted(daemon):
         own.close()
 
 
-def check_names_with_nul_are_refused(daemon):
+def test_names_with_nul_are_refused(daemon):
     bad = "p\x00q"
     with client(daemon, TOKEN) as c:
         c.create_pool("p", SPEC)
@@ -158,27 +163,3 @@ def check_names_with_nul_are_refused(daemon):
         assert after == before, "a refused call changed pool 'p'"
         assert [p["name"] for p in c.list_pools()] == ["p"], c.list_pools()
         assert c.free("p", held) == 8
-
-
-CHECKS = [check_a_squatted_pool_is_refused, check_a_squatted_group_is_refused,
-          check_own_protected_pools_are_adopted, check_names_with_nul_are_refused]
-
-
-def main():
-    global kvhost, sglang, pools
-    if len(sys.argv) != 4:
-        print(__doc__)
-        return 2
-    kvhostd, lib_path, src = (os.path.abspath(a) for a in sys.argv[1:])
-    os.environ["KVHOST_LIBRARY"] = lib_path
-    os.environ.pop("KVHOST_OWNER_TOKEN", None)
-    sys.path.insert(0, os.path.join(src, "python"))
-    import kvhost as package
-    import kvhost.pools as pool_calls
-    import kvhost.sglang as sgl
-    kvhost, sglang, pools = package, sgl, pool_calls
-    return run_checks(CHECKS, kvhostd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

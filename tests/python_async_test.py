@@ -10,23 +10,19 @@ a load move rows byte for byte; leaving the ``with`` block waits for every
 call while close(wait=False) cancels the queued ones (each future completed,
 the cancelled ones after every one that ran); a future's callback may close
 its own AsyncCalls; closing the client closes it; asyncio awaits a future.
-  usage: python_async_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+Run by tests/pytest_run.py (ctest), or by pytest from a built checkout.
 """
 import asyncio
 import concurrent.futures
-import os
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_package_test import run_checks  # noqa: E402 (the same private kvhostd)
+import kvhost
 
 SPEC = {"kind": "MHA", "layout": "PAGE_FIRST", "dtype": "BF16", "page_size": 4,
         "layer_num": 3, "head_num": 2, "head_dim": 8, "size_tokens": 64}
 ROW_BYTES = 2 * 8 * 2  # head_num * head_dim * sizeof(bf16)
 WAIT_S = 30
-kvhost = None  # imported in main(), from SOURCE_DIR/python
 
 
 def client(daemon, **kw):
@@ -61,7 +57,7 @@ def same_error(future, sync_error, cls):
     assert e.message == sync_error.message, (e.message, sync_error.message)
 
 
-def check_futures_complete_in_order(daemon):
+def test_futures_complete_in_order(daemon):
     with client(daemon) as c:
         c.create_pool("p", SPEC)
         calls = c.async_calls()
@@ -128,7 +124,7 @@ def fill(dev, rows):
                     (1 + (c * 131 + layer * 31 + r * 7 + b) % 251) for b in range(ROW_BYTES))
 
 
-def check_backup_and_load_move_the_bytes(daemon):
+def test_backup_and_load_move_the_bytes(daemon):
     with client(daemon, session=True) as c:
         c.create_pool("p", SPEC)
         with c.shm_device_pool("p", 16) as dev, c.attach_shm("p", dev) as att, \
@@ -153,7 +149,7 @@ def check_backup_and_load_move_the_bytes(daemon):
             assert "99" in sync.message, sync.message
 
 
-def check_close_waits_or_cancels(daemon):
+def test_close_waits_or_cancels(daemon):
     with client(daemon) as c:
         c.create_pool("p", SPEC)
         # Leaving the block waits for every call.
@@ -180,7 +176,7 @@ def check_close_waits_or_cancels(daemon):
     assert calls.closed
 
 
-def check_a_future_callback_may_close_its_async_calls(daemon):
+def test_a_future_callback_may_close_its_async_calls(daemon):
     with client(daemon) as c:
         c.create_pool("p", SPEC)
         calls = c.async_calls()
@@ -195,7 +191,7 @@ def check_a_future_callback_may_close_its_async_calls(daemon):
         assert calls.closed
 
 
-def check_asyncio_awaits_a_future(daemon):
+def test_asyncio_awaits_a_future(daemon):
     with client(daemon) as c:
         c.create_pool("p", SPEC)
         with c.async_calls() as calls:
@@ -203,29 +199,3 @@ def check_asyncio_awaits_a_future(daemon):
                 slots = await asyncio.wrap_future(calls.alloc("p", 8, numpy=False))
                 return await asyncio.wrap_future(calls.free("p", slots))
             assert asyncio.run(scheduler()) == 8
-
-
-CHECKS = [
-    check_futures_complete_in_order,
-    check_backup_and_load_move_the_bytes,
-    check_close_waits_or_cancels,
-    check_a_future_callback_may_close_its_async_calls,
-    check_asyncio_awaits_a_future,
-]
-
-
-def main():
-    global kvhost
-    if len(sys.argv) != 4:
-        print(__doc__)
-        return 2
-    kvhostd, lib_path, src = (os.path.abspath(a) for a in sys.argv[1:])
-    os.environ["KVHOST_LIBRARY"] = lib_path
-    sys.path.insert(0, os.path.join(src, "python"))
-    import kvhost as package
-    kvhost = package
-    return run_checks(CHECKS, kvhostd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

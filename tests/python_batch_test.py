@@ -10,26 +10,22 @@ the pool as it was. alloc_backup allocates the host slots and backs the
 device rows up into them in one call (a load of those slots brings the bytes
 back); a count that is not whole pages or an event on the host backend is
 refused and leaves nothing allocated; a group's attachment is refused.
-  usage: python_batch_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+Run by tests/pytest_run.py (ctest), or by pytest from a built checkout.
 """
-import os
-import sys
-import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import python_package_test as pkg  # noqa: E402 (its Daemon and raises)
+import kvhost
+import kvhost_testing as pkg  # its client, raises and pattern
 
 SPEC = {"kind": "MHA", "layout": "PAGE_FIRST", "dtype": "BF16", "page_size": 4,
         "layer_num": 3, "head_num": 2, "head_dim": 8, "size_tokens": 64}
 ROW_BYTES = 2 * 8 * 2  # head_num * head_dim * sizeof(bf16)
-kvhost = None  # imported in main(), from SOURCE_DIR/python
 
 
 def raises(cls, fn, *args, naming=None, **kw):
     return pkg.raises(cls, fn, *args, naming=naming, **kw)
 
 
-def check_alloc_batch(daemon):
+def test_alloc_batch(daemon):
     with pkg.client(daemon) as c:
         c.create_pool("p", SPEC)
         runs = c.alloc_batch("p", [8, 4, 12], numpy=False)
@@ -70,7 +66,7 @@ def fill(dev):
                 view[row * ROW_BYTES:(row + 1) * ROW_BYTES] = data
 
 
-def check_alloc_backup(daemon):
+def test_alloc_backup(daemon):
     with pkg.client(daemon) as c:
         c.create_pool("p", SPEC)
         with c.shm_device_pool("p", 16, daemon.shm) as dev:
@@ -100,7 +96,7 @@ def check_alloc_backup(daemon):
                 assert c.free("p", list(host) + list(more)) == 12
 
 
-def check_alloc_backup_refuses_a_group(daemon):
+def test_alloc_backup_refuses_a_group(daemon):
     with pkg.client(daemon) as c:
         c.create_pool("a", SPEC)
         c.create_group("g", {"layer_num": 3, "entries": [
@@ -109,35 +105,3 @@ def check_alloc_backup_refuses_a_group(daemon):
             with c.attach_group_shm("g", {"kv": da}) as att:
                 raises(kvhost.InvalidArgument, att.alloc_backup, range(4), naming="'g'")
         assert c.available_size("a") == 64
-
-
-CHECKS = [check_alloc_batch, check_alloc_backup, check_alloc_backup_refuses_a_group]
-
-
-def main():
-    global kvhost
-    if len(sys.argv) != 4:
-        print(__doc__, file=sys.stderr)
-        return 2
-    binary, lib_path, src = sys.argv[1:]
-    os.environ["KVHOST_LIBRARY"] = os.path.abspath(lib_path)
-    sys.path.insert(0, os.path.join(src, "python"))
-    import kvhost as module
-    kvhost = pkg.kvhost = module
-    failed = 0
-    for check in CHECKS:
-        daemon = pkg.Daemon(binary)
-        try:
-            check(daemon)
-            print(f"ok   {check.__name__}")
-        except Exception:  # noqa: BLE001 (each check reports its own failure)
-            failed += 1
-            print(f"FAIL {check.__name__}\n{traceback.format_exc()}\n{daemon.log()[-3000:]}")
-        finally:
-            daemon.cleanup()
-    print(f"{'FAIL' if failed else 'PASS'}: {len(CHECKS) - failed} of {len(CHECKS)} checks")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

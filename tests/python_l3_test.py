@@ -7,26 +7,25 @@ key (str or bytes keys), a key never stored is a MISS outcome, not an
 exception; the detached calls return a ticket that l3_wait returns (waiting or
 polling, again when asked again); refusals (key / index counts, an index twice, an
 unknown pool, a wrong owner token, a ticket of another pool) raise the
-daemon's code and store or write nothing. Exits 77 (skipped) without a
-memcached binary.
-  usage: python_l3_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+daemon's code and store or write nothing; a kvhostd without the tier says
+which flag it lacks. Skipped without a memcached binary. Run by
+tests/pytest_run.py (ctest), or by pytest from a built checkout.
 """
 import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import python_package_test as pkg  # noqa: E402 (its Daemon and raises)
+import pytest
+
+import kvhost
+import kvhost_testing as pkg  # its client and raises
 
 SPEC = {"kind": "MHA", "layout": "LAYER_FIRST", "dtype": "BF16", "page_size": 4,
         "layer_num": 3, "head_num": 2, "head_dim": 8, "size_tokens": 64}
 PAGE_BYTES = 3 * 4 * 2 * 2 * 8 * 2  # layers x tokens x K,V x heads x dim x bf16
-kvhost = None  # imported in main(), from SOURCE_DIR/python
 
 
 def raises(cls, fn, *args, naming=None, **kw):
@@ -47,7 +46,7 @@ def firsts(c, pool, pages):
     return slots[::4]
 
 
-def check_store_exist_fetch(daemon, run):
+def test_store_exist_fetch(daemon, run):
     with pkg.client(daemon) as c:
         c.create_pool("a", SPEC)
         c.create_pool("b", SPEC)
@@ -69,7 +68,7 @@ def check_store_exist_fetch(daemon, run):
         assert c.get_data_page("b", dst[3]) == before
 
 
-def check_detached(daemon, run):
+def test_detached(daemon, run):
     with pkg.client(daemon) as c:
         c.create_pool("a", SPEC)
         c.create_pool("q", SPEC)
@@ -95,7 +94,7 @@ def check_detached(daemon, run):
         assert [c.get_data_page("a", s) for s in dst] == data
 
 
-def check_refusals(daemon, run):
+def test_refusals(daemon, run):
     with pkg.client(daemon, owner_token="l3-owner") as owner, pkg.client(daemon) as stranger:
         owner.create_pool("p", SPEC)
         src = firsts(owner, "p", 2)
@@ -115,9 +114,6 @@ def check_refusals(daemon, run):
         assert owner.l3_wait("p", ticket).good_pages == 2
 
 
-CHECKS = [check_store_exist_fetch, check_detached, check_refusals]
-
-
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -126,27 +122,19 @@ def free_port():
     return port
 
 
-def main():
-    global kvhost
-    if len(sys.argv) != 4:
-        print(__doc__, file=sys.stderr)
-        return 2
-    binary, lib_path, src = sys.argv[1:]
-    memcached = shutil.which("memcached") or ("/usr/bin/memcached"
-                                              if os.access("/usr/bin/memcached", os.X_OK) else None)
-    if memcached is None:
-        print("SKIP: no memcached binary (Debian package memcached)")
-        return 77
-    os.environ["KVHOST_LIBRARY"] = os.path.abspath(lib_path)
-    sys.path.insert(0, os.path.join(src, "python"))
-    import kvhost as module
-    kvhost = pkg.kvhost = module
+@pytest.fixture(scope="module")
+def memcached():
+    """A memcached server on a free loopback port, and the fleet secret's
+    file (--l3-secret-file: 0600, as kvhostd requires)."""
+    binary = shutil.which("memcached") or ("/usr/bin/memcached"
+                                           if os.access("/usr/bin/memcached", os.X_OK) else None)
+    if binary is None:
+        pytest.skip("no memcached binary (Debian package memcached)")
     port = free_port()
-    args = [memcached, "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-m", "64"]
+    args = [binary, "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-m", "64"]
     if os.geteuid() == 0:
         args += ["-u", "root"]
     server = subprocess.Popen(args)
-    # The fleet secret (--l3-secret-file): 0600, as kvhostd requires.
     secret_dir = tempfile.mkdtemp(prefix="kvhost-l3-")
     secret = os.path.join(secret_dir, "l3.secret")
     fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -161,32 +149,30 @@ def main():
             except OSError:
                 assert time.monotonic() < deadline, "memcached did not listen"
                 time.sleep(0.02)
-        failed = 0
-        run = f"{os.getpid()}-{time.time_ns()}"
-        checks = [(c.__name__, c) for c in CHECKS] + [("check_no_tier", None)]
-        for name, check in checks:
-            daemon = pkg.Daemon(binary) if check is None else pkg.Daemon(
-                binary, [f"--l3-memcached=127.0.0.1:{port}", f"--l3-secret-file={secret}"])
-            try:
-                if check is None:
-                    with pkg.client(daemon) as c:
-                        raises(kvhost.FailedPrecondition, c.l3_exist, "p", ["a"],
-                               naming="--l3-memcached")
-                else:
-                    check(daemon, run)
-                print(f"ok   {name}")
-            except Exception:  # noqa: BLE001 (each check reports its own failure)
-                failed += 1
-                print(f"FAIL {name}\n{traceback.format_exc()}\n{daemon.log()[-3000:]}")
-            finally:
-                daemon.cleanup()
-        print(f"{'FAIL' if failed else 'PASS'}: {len(checks) - failed} of {len(checks)} checks")
-        return 1 if failed else 0
+        yield port, secret
     finally:
         server.kill()
         server.wait()
         shutil.rmtree(secret_dir, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+@pytest.fixture(scope="module")
+def run():
+    """This run's prefix of keys (memcached outlives a test)."""
+    return f"{os.getpid()}-{time.time_ns()}"
+
+
+@pytest.fixture
+def kvhostd_flags(request, memcached):
+    """kvhostd with the tier on that server, unless the test's marker says."""
+    marker = request.node.get_closest_marker("kvhostd_flags")
+    if marker is not None:
+        return list(marker.args)
+    port, secret = memcached
+    return [f"--l3-memcached=127.0.0.1:{port}", f"--l3-secret-file={secret}"]
+
+
+@pytest.mark.kvhostd_flags()
+def test_no_tier(daemon):
+    with pkg.client(daemon) as c:
+        raises(kvhost.FailedPrecondition, c.l3_exist, "p", ["a"], naming="--l3-memcached")

@@ -15,7 +15,7 @@ context managers that detach and close; a session loss reported after a daemon r
 the package imports without the library and then fails naming every place
 it looked, that its ctypes signatures cover the header, and that its
 64-bit JSON field list matches the .proto files. No GPU and no torch needed.
-  usage: python_package_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+Run by tests/pytest_run.py (ctest), or by pytest from a built checkout.
 """
 import os
 import re
@@ -24,85 +24,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
-SPEC = {"kind": "MHA", "layout": "PAGE_FIRST", "dtype": "BF16", "page_size": 4,
-        "layer_num": 3, "head_num": 2, "head_dim": 8, "size_tokens": 64}
-ROW_BYTES = 2 * 8 * 2  # head_num * head_dim * sizeof(bf16)
-kvhost = None  # imported in main(), from SOURCE_DIR/python
-
-
-class Daemon:
-    """A kvhostd on a private socket and shm dir; restart() keeps both."""
-
-    def __init__(self, binary, extra=()):
-        self.binary = binary
-        self.extra = list(extra)  # more kvhostd flags
-        self.dir = tempfile.mkdtemp(prefix="kvhost-py-")
-        self.shm = tempfile.mkdtemp(prefix="kvhost-py-", dir="/dev/shm")
-        self.socket = os.path.join(self.dir, "kvhost.sock")
-        self.address = f"unix://{self.socket}"
-        self.log_path = os.path.join(self.dir, "kvhostd.log")
-        self.proc = None
-        self.start()
-
-    def start(self):
-        if os.path.exists(self.socket):
-            os.unlink(self.socket)
-        log = open(self.log_path, "a")
-        self.proc = subprocess.Popen([self.binary, f"--listen={self.address}",
-                                      f"--shm-dir={self.shm}", "--backend=host",
-                                      *self.extra],
-                                     stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + 20
-        while not os.path.exists(self.socket):
-            assert self.proc.poll() is None, "kvhostd exited during start"
-            assert time.monotonic() < deadline, "kvhostd did not listen"
-            time.sleep(0.01)
-
-    def stop(self):
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-            self.proc = None
-
-    def restart(self):
-        self.stop()
-        self.start()
-
-    def log(self):
-        with open(self.log_path) as f:
-            return f.read()
-
-    def cleanup(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        shutil.rmtree(self.shm, ignore_errors=True)
-
-
-def client(daemon, **kw):
-    kw.setdefault("session", False)
-    kw.setdefault("timeout", 10)
-    return kvhost.Client(daemon.address, wait_ready=20, **kw)
-
-
-def raises(cls, fn, *args, naming=None, **kw):
-    """fn(*args, **kw) raises cls (whose message names `naming`); returns it."""
-    try:
-        fn(*args, **kw)
-    except cls as e:
-        text = str(e)
-        assert naming is None or naming in text, f"{text!r} does not name {naming!r}"
-        if isinstance(e, kvhost.KvhostError) and cls.CODE is not None:
-            assert e.code == cls.CODE and e.code_name == cls.CODE.name, (e.code, cls)
-            assert text.startswith(cls.CODE.name + ": ") and e.message in text, text
-        return e
-    raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {cls.__name__}")
-
-
-def pattern(c, layer, row):
-    return bytes((1 + (c * 131 + layer * 31 + row * 7 + b) % 251) for b in range(ROW_BYTES))
+import kvhost
+import kvhost.errors  # noqa: F401 (the tests reach into the modules too)
+from kvhost_testing import ROW_BYTES, SPEC, client, pattern, raises
 
 
 def have_numpy():
@@ -116,7 +41,7 @@ def have_numpy():
 # --- checks without a daemon ---------------------------------------------
 
 
-def check_library(_daemon, lib_path, _src):
+def test_library(lib_path):
     assert kvhost.abi_version() == kvhost.ABI_VERSION == 1
     assert kvhost.built_with_cuda() in (True, False)
     assert os.path.samefile(kvhost.library_path(), lib_path), kvhost.library_path()
@@ -133,25 +58,25 @@ def check_library(_daemon, lib_path, _src):
     assert type(back) is kvhost.NotFound and back.message == err.message
 
 
-def check_signatures_cover_the_header(_daemon, _lib_path, src):
-    header = open(os.path.join(src, "client/include/kvhost/kvhost_c.h")).read()
+def test_signatures_cover_the_header(source_dir):
+    header = open(os.path.join(source_dir, "client/include/kvhost/kvhost_c.h")).read()
     declared = set(re.findall(r"KVHOST_C_API[^;(]*?\b(kvhost_\w+)\s*\(", header))
     bound = set(kvhost._lib.SIGNATURES)
     assert declared == bound, (f"header only: {sorted(declared - bound)}; "
                                f"package only: {sorted(bound - declared)}")
 
 
-def check_default_address_is_the_headers(_daemon, _lib_path, src):
+def test_default_address_is_the_headers(source_dir):
     """kvhost.DEFAULT_ADDRESS is kvhost/defaults.h's, which kvhostd's
     --listen default and the C++ client read."""
-    header = open(os.path.join(src, "client/include/kvhost/defaults.h")).read()
+    header = open(os.path.join(source_dir, "client/include/kvhost/defaults.h")).read()
     found = re.findall(r'#define\s+KVHOST_DEFAULT_ADDRESS\s+"([^"]+)"', header)
     assert found == [kvhost.DEFAULT_ADDRESS], (found, kvhost.DEFAULT_ADDRESS)
 
 
-def check_int64_fields_match_the_protos(_daemon, _lib_path, src):
+def test_int64_fields_match_the_protos(source_dir):
     wide, other, enums = set(), {}, set()
-    proto_dir = os.path.join(src, "proto/kvhost/v1")
+    proto_dir = os.path.join(source_dir, "proto/kvhost/v1")
     for name in os.listdir(proto_dir):
         text = open(os.path.join(proto_dir, name)).read()
         enums |= set(re.findall(r"^\s*enum\s+(\w+)", text, re.M))
@@ -170,7 +95,7 @@ def check_int64_fields_match_the_protos(_daemon, _lib_path, src):
         {"id": "7", "available_tokens": 64, "host_indices": [1, 2], "layers": [{"offset": 3}]}
 
 
-def check_ticket_wait_in_slices(_daemon, _lib_path, _src):
+def test_ticket_wait_in_slices():
     """Ticket.wait asks in one-second slices; poll tells a slice's end from
     a transfer that failed with DEADLINE_EXCEEDED (stubbed ABI)."""
     lib, real = kvhost._lib, kvhost._lib.call_out
@@ -204,11 +129,11 @@ def check_ticket_wait_in_slices(_daemon, _lib_path, _src):
         lib.call_out = real
 
 
-def check_without_the_library(_daemon, lib_path, src):
+def test_without_the_library(lib_path, source_dir):
     """A copy of the package outside the checkout, no library anywhere."""
     tmp = tempfile.mkdtemp(prefix="kvhost-py-nolib-")
     try:
-        shutil.copytree(os.path.join(src, "python", "kvhost"), os.path.join(tmp, "kvhost"),
+        shutil.copytree(os.path.join(source_dir, "python", "kvhost"), os.path.join(tmp, "kvhost"),
                         ignore=shutil.ignore_patterns("__pycache__", "*.so*"))
         env = {k: v for k, v in os.environ.items()
                if k not in ("KVHOST_LIBRARY", "KVHOST_BUILD_DIR", "LD_LIBRARY_PATH",
@@ -249,7 +174,7 @@ def check_without_the_library(_daemon, lib_path, src):
 # --- checks against a daemon -------------------------------------------------
 
 
-def check_client_options_and_connect(daemon, _lib_path, _src):
+def test_client_options_and_connect(daemon):
     with kvhost.Client(daemon.address, timeout=10, session=False, worker_name="py-test",
                        reconnect=2.5) as c:
         c.wait_ready(20)
@@ -273,7 +198,7 @@ def check_client_options_and_connect(daemon, _lib_path, _src):
         raises(kvhost.DeadlineExceeded, gone.wait_ready, 0.2)
 
 
-def check_pools(daemon, _lib_path, _src):
+def test_pools(daemon):
     with client(daemon) as c:
         raises(kvhost.InvalidArgument, c.create_pool, "p", "{not json", naming="spec_json")
         raises(kvhost.InvalidArgument, c.create_pool, "p", {"kind": "MHA", "bogus_field": 1},
@@ -296,7 +221,36 @@ def check_pools(daemon, _lib_path, _src):
         raises(kvhost.NotFound, c.get_pool, "p", naming="'p'")
 
 
-def check_groups(daemon, _lib_path, _src):
+def test_page_layout_calls(daemon):
+    """page_shape, stride_alignment and contiguous_buffer_infos: kvhostd's
+    answers (the package computes none of them), and their refusals."""
+    page = 4 * 3 * 2 * 8 * 2  # tokens x layers x heads x dim x bf16, per component
+    with client(daemon) as c:
+        c.create_pool("p", SPEC)
+        shape = c.page_shape("p")
+        assert [part["component"] for part in shape["parts"]] == ["k", "v"], shape
+        assert shape["bytes"] == 2 * page == sum(part["bytes"] for part in shape["parts"])
+        slots = c.alloc("p", 4, numpy=False)
+        assert len(c.get_data_page("p", slots[0])) == shape["bytes"]
+        assert c.stride_alignment("p", 128) == {"aligned": True, "page_strides": [page, page]}
+        assert c.stride_alignment("p")["aligned"] is False  # 4096: a 384-byte page stride
+        raises(kvhost.InvalidArgument, c.stride_alignment, "p", 3, naming="3")
+        raises(kvhost.FailedPrecondition, c.contiguous_buffer_infos, "p", naming="LAYER_FIRST")
+        layer_first = dict(SPEC, layout="LAYER_FIRST")
+        c.create_pool("lf", layer_first)
+        assert c.stride_alignment("lf", 128)["aligned"] is False
+        infos = c.contiguous_buffer_infos("lf")
+        assert len(infos["region_paths"]) >= 1, infos
+        got = sorted((i["component"], i["layer"], i["length"], i["item_bytes"])
+                     for i in infos["infos"])
+        per_layer = 64 * 2 * 8 * 2  # a layer's rows of a component: tokens x heads x dim x bf16
+        assert got == [(comp, layer, per_layer, 4 * 2 * 8 * 2) for comp in ("k", "v")
+                       for layer in range(3)], got
+        for call in (c.page_shape, c.stride_alignment, c.contiguous_buffer_infos):
+            raises(kvhost.NotFound, call, "nope", naming="nope")
+
+
+def test_groups(daemon):
     with client(daemon) as c:
         c.create_pool("attn", SPEC)
         raises(kvhost.InvalidArgument, c.create_group, "g", "[1,2]", naming="group_json")
@@ -313,7 +267,7 @@ def check_groups(daemon, _lib_path, _src):
         raises(kvhost.NotFound, c.delete_group, "g", naming="g")
 
 
-def check_alloc_free_pages(daemon, _lib_path, _src):
+def test_alloc_free_pages(daemon):
     import array
     with client(daemon) as c:
         c.create_pool("p", SPEC)
@@ -492,7 +446,7 @@ def rows_match(dst, src, dst_rows, src_rows):
                     f"component {comp.name} layer {layer} row {row} differs"
 
 
-def check_group_attach_and_pool_transfers(daemon, _lib_path, _src):
+def test_group_attach_and_pool_transfers(daemon):
     import ctypes  # noqa: PLC0415
     # kvhost_pool_transfer's layout, as tests/c_api_header_test.c pins it.
     assert ctypes.sizeof(kvhost._lib.PoolTransferStruct) == 5 * ctypes.sizeof(ctypes.c_void_p)
@@ -565,7 +519,7 @@ def check_group_attach_and_pool_transfers(daemon, _lib_path, _src):
                        pool_transfers={"nope": (ssm_host, ssm_rows2)}, naming="nope")
 
 
-def check_page_streams(daemon, _lib_path, _src):
+def test_page_streams(daemon):
     with client(daemon) as c:
         c.create_pool("p", SPEC)
         slots = c.alloc("p", 8, numpy=False)
@@ -616,7 +570,7 @@ def check_page_streams(daemon, _lib_path, _src):
         raises(kvhost.FailedPrecondition, c.read_pages, "asym", [0], naming="asym")
 
 
-def check_cuda_group_calls(daemon, _lib_path, _src):
+def test_cuda_group_calls(daemon):
     import ctypes  # noqa: PLC0415
     assert ctypes.sizeof(kvhost._lib.CudaGroupEntryStruct) == 64  # c_api_header_test pins it
     with client(daemon) as c:
@@ -677,13 +631,13 @@ def check_attach_group_tensors_with_a_stand_in_torch(c):
         del sys.modules["torch"]
 
 
-def check_shm_backup_load_memoryview(daemon, _lib_path, _src):
+def test_shm_backup_load_memoryview(daemon):
     with client(daemon) as c:
         c.create_pool("p", SPEC)
         round_trip(c, daemon, views_numpy=False)
 
 
-def check_shm_backup_load_numpy(daemon, _lib_path, _src):
+def test_shm_backup_load_numpy(daemon):
     if not have_numpy():
         print("  (numpy not installed: the memoryview round trip covers it)")
         return
@@ -703,7 +657,7 @@ def check_shm_backup_load_numpy(daemon, _lib_path, _src):
             assert (k0[8:] == k0[:8]).all()
 
 
-def check_handles_and_context_managers(daemon, _lib_path, _src):
+def test_handles_and_context_managers(daemon):
     c = client(daemon)
     c.create_pool("p", SPEC)
     dev = c.shm_device_pool("p", 8)  # the daemon's shm dir, from its status
@@ -731,7 +685,7 @@ def check_handles_and_context_managers(daemon, _lib_path, _src):
             assert a2.closed
 
 
-def check_cuda_calls(daemon, _lib_path, _src):
+def test_cuda_calls(daemon):
     with client(daemon) as c:
         c.create_pool("p", SPEC)
         fake = {"k": [0x1000, 0x2000, 0x3000], "v": [0x4000, 0x5000, 0x6000]}
@@ -803,7 +757,7 @@ def check_attach_tensors_with_a_stand_in_torch(c):
         del sys.modules["torch"]
 
 
-def check_session_loss_after_a_restart(daemon, _lib_path, _src):
+def test_session_loss_after_a_restart(daemon):
     with kvhost.Client(daemon.address, timeout=10, session=True, wait_ready=20) as c:
         assert c.session_losses() == kvhost.SessionLosses(0, "")
         c.create_pool("p", SPEC)
@@ -829,94 +783,22 @@ def check_session_loss_after_a_restart(daemon, _lib_path, _src):
         dev.close()
 
 
-def check_readme_quickstart(daemon, _lib_path, src):
+def test_readme_quickstart(daemon, source_dir):
     """The Python quickstart of python/README.md and of the top README (the
-    same code), as written, against this daemon."""
+    same code), as written, against this daemon, twice in a row: it leaves
+    no pool behind, so a second run starts as the first did."""
     codes = []
     for readme in (os.path.join("python", "README.md"), "README.md"):
-        text = open(os.path.join(src, readme)).read()
+        text = open(os.path.join(source_dir, readme)).read()
         code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
         assert len(code.strip().splitlines()) <= 15, readme + ": the quickstart grew past 15 lines"
         assert kvhost.DEFAULT_ADDRESS in code, readme
         codes.append(code)
     assert codes[0] == codes[1], "README.md's Python quickstart differs from python/README.md's"
-    exec(compile(codes[0].replace(kvhost.DEFAULT_ADDRESS, daemon.address), "README.md", "exec"),
-         {"__name__": "quickstart"})
-    with client(daemon) as c:
-        assert c.get_pool("p")["available_tokens"] == 56 and c.daemon_status()["attachments"] == 0
-
-
-CHECKS = [
-    (check_library, False),
-    (check_signatures_cover_the_header, False),
-    (check_int64_fields_match_the_protos, False),
-    (check_default_address_is_the_headers, False),
-    (check_ticket_wait_in_slices, False),
-    (check_without_the_library, False),
-    (check_client_options_and_connect, True),
-    (check_pools, True),
-    (check_groups, True),
-    (check_alloc_free_pages, True),
-    (check_group_attach_and_pool_transfers, True),
-    (check_page_streams, True),
-    (check_cuda_group_calls, True),
-    (check_shm_backup_load_memoryview, True),
-    (check_shm_backup_load_numpy, True),
-    (check_handles_and_context_managers, True),
-    (check_cuda_calls, True),
-    (check_session_loss_after_a_restart, True),
-    (check_readme_quickstart, True),
-]
-
-
-def run_checks(checks, kvhostd):
-    """Runs each check(daemon) against a fresh kvhostd of its own, reports every
-    one (with the daemon's log on a failure) and returns the exit code: the one
-    runner of the Python test files."""
-    failed = 0
-    for check in checks:
-        daemon = Daemon(kvhostd)
-        try:
-            check(daemon)
-            print(f"ok   {check.__name__}")
-        except Exception:  # report every check, then fail
-            failed += 1
-            print(f"FAIL {check.__name__}\n{traceback.format_exc()}")
-            print(f"--- kvhostd log ---\n{daemon.log()}")
-        finally:
-            daemon.cleanup()
-    print(f"{'FAIL' if failed else 'PASS'}: {len(checks) - failed} of {len(checks)} checks")
-    return 1 if failed else 0
-
-
-def main():
-    global kvhost
-    if len(sys.argv) != 4:
-        print(__doc__)
-        return 2
-    kvhostd, lib_path, src = (os.path.abspath(a) for a in sys.argv[1:])
-    os.environ["KVHOST_LIBRARY"] = lib_path
-    sys.path.insert(0, os.path.join(src, "python"))
-    import kvhost as package
-    kvhost = package
-    import kvhost.errors  # noqa: F401 (the tests reach into the modules too)
-    failed = 0
-    for check, needs_daemon in CHECKS:
-        daemon = Daemon(kvhostd) if needs_daemon else None
-        try:
-            check(daemon, lib_path, src)
-            print(f"ok   {check.__name__}")
-        except Exception:  # report every check, then fail
-            failed += 1
-            print(f"FAIL {check.__name__}\n{traceback.format_exc()}")
-            if daemon is not None:
-                print(f"--- kvhostd log ---\n{daemon.log()}")
-        finally:
-            if daemon is not None:
-                daemon.cleanup()
-    print(f"{'FAIL' if failed else 'PASS'}: {len(CHECKS) - failed} of {len(CHECKS)} checks")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    code = compile(codes[0].replace(kvhost.DEFAULT_ADDRESS, daemon.address), "README.md", "exec")
+    for _ in range(2):
+        scope = {"__name__": "quickstart"}
+        exec(code, scope)
+        assert len(scope["slots"]) == 8, scope["slots"]
+        with client(daemon) as c:
+            assert c.list_pools() == [] and c.daemon_status()["attachments"] == 0

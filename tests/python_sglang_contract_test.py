@@ -236,7 +236,7 @@ def main():
     checked = [(kv.MHATokenToKVPoolHost, None), (kv.MLATokenToKVPoolHost, None)]
     failures = 0
     try:
-        from kvhost import sglang_plugin  # noqa: PLC0415
+        from kvhost.sglang import plugin as sglang_plugin  # noqa: PLC0415
         checked[:0] = [
             (sglang_plugin.MHATokenToKVPoolHost, sg_mha.MHATokenToKVPoolHost),
             (sglang_plugin.AsymmetricMHATokenToKVPoolHost, sg_mha.AsymmetricMHATokenToKVPoolHost),
@@ -245,7 +245,7 @@ def main():
             (sglang_plugin.MambaPoolHost, sg_mamba.MambaPoolHost),
             (sglang_plugin.DSAIndexerPoolHost, sg_dsa.DSAIndexerPoolHost)]
     except ImportError as e:
-        print(f"FAIL kvhost.sglang_plugin: {e}")
+        print(f"FAIL kvhost.sglang.plugin: {e}")
         failures += 1
     for ours, theirs in checked:
         problems = check_class(ours, theirs, sg_base.HostKVCache, abstract, reads)

@@ -153,10 +153,10 @@ def main():
     os.environ["KVHOST_LIBRARY"] = lib
     os.environ["SGLANG_PLUGINS"] = "kvhost"
     scratch = install_plugin(source_dir)
-    from python_package_test import Daemon  # noqa: PLC0415
+    from kvhost_testing import Daemon  # noqa: PLC0415
     import torch  # noqa: PLC0415
     import kvhost  # noqa: PLC0415
-    from kvhost import sglang_plugin  # noqa: PLC0415
+    from kvhost.sglang import plugin as sglang_plugin  # noqa: PLC0415
     assert kvhost.__file__.startswith(sys.path[0]), kvhost.__file__  # the installed copy
     from sglang.srt import plugins  # noqa: PLC0415
     from sglang.srt.mem_cache import l2_transfer  # noqa: PLC0415
@@ -202,6 +202,29 @@ def main():
             raise AssertionError("sglang 0.5.22 was not refused")
         except RuntimeError as e:
             assert "sglang 0.5.22 is not supported" in str(e) and "0.5.23" in str(e), e
+        # register() on an unsupported release raises (sglang's loader logs it
+        # and goes on) and leaves a hook refusing build_kv_host_pool with the
+        # same message (it once raised NameError: the except block's name was
+        # gone when the hook ran).
+        import sglang  # noqa: PLC0415
+        from sglang.srt.plugins.hook_registry import HookRegistry  # noqa: PLC0415
+        hooks = HookRegistry._hooks[f"{asm.__name__}.build_kv_host_pool"]
+        before, version = list(hooks), sglang.__version__
+        sglang.__version__ = "0.5.22"
+        try:
+            sglang_plugin.register()
+            raise AssertionError("register() on sglang 0.5.22 did not raise")
+        except RuntimeError as e:
+            assert "sglang 0.5.22 is not supported" in str(e), e
+        finally:
+            sglang.__version__ = version
+        refuse = hooks[-1][1]
+        hooks[:] = before
+        try:
+            refuse(None)
+            raise AssertionError("the refusing hook did not raise")
+        except RuntimeError as e:
+            assert "sglang 0.5.22 is not supported" in str(e), e
         memory.hicache_storage_backend = "mooncake"  # registers the buffer: refused
         try:
             with asm.get_parallel().override(dcp_enabled=False):

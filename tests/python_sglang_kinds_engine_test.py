@@ -65,7 +65,7 @@ class Env:
     def __init__(self, daemon):
         import torch  # noqa: PLC0415
         import kvhost  # noqa: PLC0415
-        from kvhost import sglang_plugin  # noqa: PLC0415
+        from kvhost.sglang import plugin as sglang_plugin  # noqa: PLC0415
         from sglang.srt.mem_cache import device_pool_info, l2_transfer  # noqa: PLC0415
         from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler  # noqa: PLC0415
         from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa
@@ -643,7 +643,7 @@ def main():
     os.environ["SGLANG_PLUGINS"] = "kvhost"
     from python_sglang_engine_test import install_plugin  # noqa: PLC0415
     scratch = install_plugin(source_dir)
-    from python_package_test import Daemon  # noqa: PLC0415
+    from kvhost_testing import Daemon  # noqa: PLC0415
     import kvhost  # noqa: PLC0415
     assert kvhost.__file__.startswith(sys.path[0]), kvhost.__file__  # the installed copy
     from sglang.srt import plugins  # noqa: PLC0415

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""kvhost.sglang's other seed pools (kvhost/sglang_kinds.py) against a real
+"""kvhost.sglang's other seed pools (kvhost/sglang/kinds.py, groups.py) against a real
 kvhostd on the host backend.
 
 Each kind goes through the seeds' HiCache call sequence, in every layout
@@ -16,18 +16,14 @@ entries). The errors: the seeds' own (NotImplementedError for what a kind
 cannot do, naming why; ValueError for a layout the seed refuses) before
 anything is sent, and the daemon's as kvhost exceptions with their gRPC
 code. No GPU, numpy or torch needed (tensors=False).
-  usage: python_sglang_kinds_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+Run by tests/pytest_run.py (ctest), or by pytest from a built checkout.
 """
 import ctypes
-import os
-import sys
 from types import SimpleNamespace
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_package_test import run_checks  # noqa: E402 (the same private kvhostd)
+import kvhost
+import kvhost.sglang as sglang
 
-kvhost = None  # imported in main(), from SOURCE_DIR/python
-sglang = None
 
 PS, LAYERS, SIZE, ROWS, MOVED = 4, 2, 64, 16, 8
 
@@ -119,7 +115,7 @@ def same(segs):
     return segs
 
 
-def check_k_only(daemon):
+def test_k_only(daemon):
     with client(daemon) as c:
         mha = sglang.MHATokenToKVPoolHost("mha", head_num=2, head_dim=8, page_size=PS,
                                           host_size_tokens=SIZE, **common(c, "page_first"))
@@ -149,7 +145,7 @@ def check_k_only(daemon):
                head_dim=16, **common(c, "page_first"), naming="head_num")
 
 
-def check_asymmetric(daemon):
+def test_asymmetric(daemon):
     with client(daemon) as c:
         for layout in ("page_first", "page_first_direct"):
             name = f"asym-{layout}"
@@ -188,7 +184,7 @@ def check_asymmetric(daemon):
             sglang.MHATokenToKVPoolHost
 
 
-def check_dsa(daemon):
+def test_dsa(daemon):
     with client(daemon) as c:
         d = sglang.DSATokenToKVPoolHost("dsa", kv_lora_rank=12, qk_rope_head_dim=4,
                                         index_head_dim=16, index_quant_block_size=8,
@@ -220,7 +216,7 @@ def check_dsa(daemon):
         r.close()
 
 
-def check_dsa_indexer(daemon):
+def test_dsa_indexer(daemon):
     with client(daemon) as c:
         mla = sglang.MLATokenToKVPoolHost("mla", kv_lora_rank=12, qk_rope_head_dim=4,
                                           page_size=PS, host_size_tokens=SIZE,
@@ -245,7 +241,7 @@ def check_dsa_indexer(daemon):
                index_quant_block_size=5, **common(c, "page_first"), naming="multiple")
 
 
-def check_mamba(daemon):
+def test_mamba(daemon):
     # An owner token: the second scheduler below adopts the pool.
     with client(daemon, "sched") as c:
         m = sglang.MambaPoolHost("mamba", num_mamba_layers=LAYERS, temporal_state_shape=(2, 3),
@@ -277,7 +273,7 @@ def check_mamba(daemon):
                host_size_tokens=32, client=c, tensors=False, naming="mamba")
 
 
-def check_logical_and_v4(daemon):
+def test_logical_and_v4(daemon):
     with client(daemon) as c:
         lg = sglang.LogicalHostPool("logical", SIZE, PS, client=c, tensors=False)
         assert lg.size == SIZE and lg.get_size_per_token() == lg.get_ksize_per_token() == 0
@@ -287,6 +283,8 @@ def check_logical_and_v4(daemon):
         assert lg.get_page_buffer_meta(slots) is None
         lg.backup_from_device_all_layer(None, slots, list(range(MOVED)), "direct")
         lg.load_to_device_per_layer(None, slots, list(range(MOVED)), 0, "direct")
+        # sglang's keyword, as the seed takes it (a packed MTP draft's layer)
+        lg.load_to_device_per_layer(None, slots, list(range(MOVED)), 0, "direct", is_draft=True)
         raises(kvhost.InvalidArgument, lg.alloc, PS - 1, code="INVALID_ARGUMENT")
         raises(kvhost.FailedPrecondition, lg.get_data_page, SIZE - PS,
                code="FAILED_PRECONDITION")
@@ -327,6 +325,7 @@ def check_logical_and_v4(daemon):
             with c.shm_device_pool(name, ROWS) as dev:
                 paged.backup_from_device_all_layer(dev, None, None, "direct")
                 paged.load_to_device_per_layer(dev, [], [], 0, "direct")
+                paged.load_to_device_per_layer(dev, [], [], 0, "direct", is_draft=False)
                 raises(ValueError, paged.backup_from_device_all_layer, dev, [0, 1, 2, 3],
                        [0, 1], naming="host=4, device=2")
                 host = list(paged.alloc(PS))
@@ -339,7 +338,7 @@ def check_logical_and_v4(daemon):
                                        **common(c, "page_first")).close()
 
 
-def check_groups(daemon):
+def test_groups(daemon):
     # An owner token: a group that exists is adopted only when its pools are
     # this client's (kvhost.pools.adopt_group).
     with client(daemon, "sched") as c:
@@ -434,25 +433,3 @@ def check_groups(daemon):
         v4.close()
         for d in devs.values():
             d.close()
-
-
-CHECKS = [check_k_only, check_asymmetric, check_dsa, check_dsa_indexer, check_mamba,
-          check_logical_and_v4, check_groups]
-
-
-def main():
-    global kvhost, sglang
-    if len(sys.argv) != 4:
-        print(__doc__)
-        return 2
-    kvhostd, lib_path, src = (os.path.abspath(a) for a in sys.argv[1:])
-    os.environ["KVHOST_LIBRARY"] = lib_path
-    sys.path.insert(0, os.path.join(src, "python"))
-    import kvhost as package
-    import kvhost.sglang as sgl
-    kvhost, sglang = package, sgl
-    return run_checks(CHECKS, kvhostd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

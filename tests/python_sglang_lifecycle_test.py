@@ -10,7 +10,7 @@ naming the holder; after kvhostd restarts (and a pool of the same name and
 shape exists again, empty) the live scheduler's next alloc,
 available_size, free and clear raise SessionLost naming the pool, never
 answering from the fresh, empty pool.
-  usage: python_sglang_lifecycle_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+Run by tests/pytest_run.py (ctest), or by pytest from a built checkout.
 """
 import logging
 import os
@@ -19,11 +19,21 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import python_package_test  # noqa: E402 (the same private kvhostd)
+import pytest
 
-kvhost = None  # imported in main(), from SOURCE_DIR/python
-sglang = None
+# Before kvhost.sglang is imported (its base class is chosen then), and for the
+# scheduler processes too: no sglang base class, no instance id from outside,
+# and one owner token (schedulers share a pool only under one:
+# kvhost.pools.adopt_pool), which every client here takes.
+os.environ["KVHOST_SGLANG_BASE"] = "0"
+os.environ.pop("KVHOST_INSTANCE_ID", None)
+os.environ["KVHOST_OWNER_TOKEN"] = "lifecycle-test-token"
+
+import kvhost  # noqa: E402
+import kvhost.errors  # noqa: E402, F401
+import kvhost.sglang as sglang  # noqa: E402
+
+pytestmark = pytest.mark.kvhostd_flags("--session-timeout=500ms")
 
 POOL, PS, LAYERS, HEADS, DIM, SIZE = "sched", 4, 3, 2, 8, 64
 SPEC = {"kind": "MHA", "layout": "PAGE_FIRST", "dtype": "BF16", "page_size": PS,
@@ -94,7 +104,8 @@ def raises(cls, fn, *args, naming=()):
     raise AssertionError(f"{getattr(fn, '__name__', fn)} did not raise {cls.__name__}")
 
 
-def check_lifecycle(daemon, src):
+def test_lifecycle(daemon, source_dir):
+    src = source_dir
     # A scheduler takes the pool and half its slots, then is killed.
     proc, generation, taken = start_scheduler(daemon, src, SIZE // 2)
     try:
@@ -149,7 +160,7 @@ def check_lifecycle(daemon, src):
         logging.getLogger("kvhost.sglang").removeHandler(handler)
 
 
-def check_sessionless_client_claims_nothing(daemon, src):
+def test_sessionless_client_claims_nothing(daemon):
     # A client made with session=False (the plugin's today): no claim, as before.
     with observer(daemon) as c:
         pool = make(daemon, client=c)
@@ -162,43 +173,3 @@ def check_sessionless_client_claims_nothing(daemon, src):
     with make(daemon) as owner:
         assert owner.generation == 1
         assert owner.available_size() == SIZE  # the sessionless object's slots reclaimed
-
-
-def main():
-    global kvhost, sglang
-    if len(sys.argv) != 4:
-        print(__doc__)
-        return 2
-    kvhostd, lib_path, src = (os.path.abspath(a) for a in sys.argv[1:])
-    os.environ["KVHOST_LIBRARY"] = lib_path
-    os.environ["KVHOST_SGLANG_BASE"] = "0"
-    os.environ.pop("KVHOST_INSTANCE_ID", None)
-    # Schedulers share a pool only under one owner token (kvhost.pools.adopt_pool);
-    # every client here, the scheduler processes' included, takes this one.
-    os.environ["KVHOST_OWNER_TOKEN"] = "lifecycle-test-token"
-    sys.path.insert(0, os.path.join(src, "python"))
-    import kvhost as package
-    import kvhost.errors  # noqa: F401
-    import kvhost.sglang as sglang_module
-    kvhost, sglang = package, sglang_module
-    python_package_test.kvhost = package
-    failed = 0
-    checks = (check_lifecycle, check_sessionless_client_claims_nothing)
-    for check in checks:
-        daemon = python_package_test.Daemon(kvhostd, extra=["--session-timeout=500ms"])
-        try:
-            check(daemon, src)
-            print(f"ok   {check.__name__}")
-        except Exception:  # report every check, then fail
-            import traceback
-            failed += 1
-            print(f"FAIL {check.__name__}\n{traceback.format_exc()}")
-            print(f"--- kvhostd log ---\n{daemon.log()}")
-        finally:
-            daemon.cleanup()
-    print(f"{'FAIL' if failed else 'PASS'}: {len(checks) - failed} of {len(checks)} checks")
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

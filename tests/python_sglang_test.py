@@ -11,18 +11,16 @@ page's size; is_stride_page_aligned; a backup from a shm device pool and a
 per-layer load back, byte for byte; and the errors (a bad layout name is a
 ValueError naming it, the daemon's errors kvhost exceptions with their
 gRPC code). No GPU, numpy or torch needed (tensors=False).
-  usage: python_sglang_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
+Run by tests/pytest_run.py (ctest), or by pytest from a built checkout.
 """
 import ctypes
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from python_package_test import run_checks  # noqa: E402 (the same private kvhostd)
+import kvhost
+import kvhost.sglang as sglang
 
-kvhost = None  # imported in main(), from SOURCE_DIR/python
-sglang = None
 
 PS, LAYERS, HEADS, DIM, LORA, ROPE, SIZE = 4, 3, 2, 8, 12, 4, 64
 MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head", "page_unified")
@@ -94,9 +92,12 @@ def check_pages(kind, daemon):
                         mine = mine[0::2] + mine[1::2]
                     assert b"".join(mine) == page_bytes(i, page), (layout, i)
                 aligned = pool.is_stride_page_aligned(128)
-                # page_unified's K and V interleave: the package does not
-                # derive its alignment from the components, and says False.
-                assert aligned == (layout not in ("layer_first", "page_unified")), (layout, aligned)
+                # kvhostd's answer (IsStridePageAligned): never layer_first;
+                # page_unified's page block and head-group range are aligned
+                # here as the page-major components are (the package's own
+                # derivation used to say False for page_unified).
+                assert aligned == (layout != "layer_first"), (layout, aligned)
+                assert aligned == c.stride_alignment(pool.name, 128)["aligned"]
                 assert not pool.is_stride_page_aligned(4096)  # a 384-byte page stride
                 raises(ValueError, pool.get_data_page, starts[0], flat=False, naming="numpy")
                 # Evict a page, re-alloc it; a second free is the daemon's error.
@@ -118,11 +119,11 @@ def check_pages(kind, daemon):
             c.delete_pool(name)
 
 
-def check_mha_pages(daemon):
+def test_mha_pages(daemon):
     check_pages("MHA", daemon)
 
 
-def check_mla_pages(daemon):
+def test_mla_pages(daemon):
     check_pages("MLA", daemon)
 
 
@@ -169,11 +170,11 @@ def check_backup_load(kind, daemon):
         dev.close()
 
 
-def check_mha_backup_load(daemon):
+def test_mha_backup_load(daemon):
     check_backup_load("MHA", daemon)
 
 
-def check_mla_backup_load(daemon):
+def test_mla_backup_load(daemon):
     check_backup_load("MLA", daemon)
 
 
@@ -219,7 +220,7 @@ def _until_failed(c, ticket_id):
     raise AssertionError(f"ticket {ticket_id} did not fail")
 
 
-def check_transfers_not_waited_for(daemon):
+def test_transfers_not_waited_for(daemon):
     """The cuda backend's bookkeeping, run on the host backend by standing in
     for torch's stream: backups and the last layer of loads return with
     their tickets kept, not waited for; a backup that fails in the daemon
@@ -286,11 +287,11 @@ def check_transfers_not_waited_for(daemon):
         dev.close()
 
 
-def check_kept_tickets_retry():
+def test_kept_tickets_retry():
     """KeptTickets.retrying: ResourceExhausted (every event set taken) waits
     for the oldest kept ticket and tries once more; with none kept, or a
     second refusal, the error is the caller's."""
-    from kvhost._sglang_transfers import KeptTickets  # noqa: PLC0415
+    from kvhost.sglang.transfers import KeptTickets  # noqa: PLC0415
 
     class Done:
         id, waited = 1, 0
@@ -325,7 +326,7 @@ def check_kept_tickets_retry():
     assert len(calls) == 2
 
 
-def check_errors_and_sharing(daemon):
+def test_errors_and_sharing(daemon):
     with client(daemon) as c:
         raises(ValueError, make, "MLA", c, "x", "page_first_kv_split",
                naming="page_first_kv_split")
@@ -344,6 +345,17 @@ def check_errors_and_sharing(daemon):
                      host_to_device_ratio=2.0, device_size=32)
         assert ratio.size == 64, ratio.size
         ratio.close()
+        # host_size_gib is GiB (2**30 bytes), as kvhostd's sizes: 80 tokens'
+        # bytes exactly (read as decimal GB, the same number made 76).
+        gib = make("MHA", c, "gib", "page_first", host_size_tokens=0,
+                   host_size_gib=per_token("MHA") * 80 / 2**30)
+        assert gib.size == 80, gib.size
+        gib.close()
+        # sglang's --hicache-size is decimal GB, as sglang's own pools read
+        # it: the plugin hands kvhost.sglang its GiB.
+        import kvhost.sglang.plugin as plugin
+        sized = plugin._sizes(0.0, 2.5, None, 0)
+        assert round(sized["host_size_gib"] * 2**30) == 2_500_000_000, sized
         # A second scheduler (the same owner token) opens the same pool; a
         # different shape is refused. Without the token, adoption is refused
         # (tests/python_adoption_test.py).
@@ -371,26 +383,3 @@ def check_errors_and_sharing(daemon):
         assert own.client.closed
         raises(kvhost.InvalidArgument, make, "MHA", c, "bad name!", "page_first",
                naming="bad name!")
-
-
-CHECKS = [check_mha_pages, check_mla_pages, check_mha_backup_load, check_mla_backup_load,
-          check_errors_and_sharing, check_transfers_not_waited_for]
-
-
-def main():
-    global kvhost, sglang
-    if len(sys.argv) != 4:
-        print(__doc__)
-        return 2
-    kvhostd, lib_path, src = (os.path.abspath(a) for a in sys.argv[1:])
-    os.environ["KVHOST_LIBRARY"] = lib_path
-    sys.path.insert(0, os.path.join(src, "python"))
-    import kvhost as package
-    import kvhost.sglang as sgl
-    kvhost, sglang = package, sgl
-    check_kept_tickets_retry()
-    return run_checks(CHECKS, kvhostd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,6 +17,7 @@ first call raises :class:`LibraryError` naming where it looked.
 """
 
 from ._lib import ABI_VERSION, CUDA_EVENT_HANDLE_BYTES, candidates, code_name, library_path
+from ._streams import cuda_export_event
 from .async_calls import AsyncCalls
 from .client import DEFAULT_ADDRESS, Client, SessionLosses, SessionState, connect
 from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,
@@ -26,7 +27,7 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceed
 from .pools import Pool
 from .shm import Component, ShmDevicePool
 from .storage import PageOutcome, PagesResult
-from .transfer import Attachment, CudaGroupEntry, LoadTicket, Ticket, cuda_export_event
+from .transfer import Attachment, CudaGroupEntry, LoadTicket, Ticket
 from .worker import WorkerCopier, WorkerTicket
 
 __version__ = "0.1.0"
@@ -34,13 +35,13 @@ __version__ = "0.1.0"
 
 def abi_version() -> int:
     """The loaded library's C ABI version (this package speaks ABI_VERSION)."""
-    from . import _lib
+    from . import _lib  # noqa: PLC0415 (the submodule, not a name it exports)
     return int(_lib.lib().kvhost_abi_version())
 
 
 def built_with_cuda() -> bool:
     """Whether the loaded library was built with CUDA (attach_cuda can work)."""
-    from . import _lib
+    from . import _lib  # noqa: PLC0415 (the submodule, not a name it exports)
     return bool(_lib.lib().kvhost_built_with_cuda())
 
 

@@ -163,7 +163,7 @@ def raw_view(address: int, nbytes: int, owner: Any) -> memoryview:
     owner explicitly still invalidates the view.
     """
     arr = (C.c_ubyte * nbytes).from_address(address)
-    arr._kvhost_owner = owner  # the mapping must outlive every view of it
+    setattr(arr, "_kvhost_owner", owner)  # the mapping must outlive every view of it
     return memoryview(arr).cast("B")
 
 
@@ -177,7 +177,7 @@ def numpy_view(address: int, rows: int, row_bytes: int, owner: Any,
     if row_bytes % dt.itemsize:
         raise ValueError(f"a {row_bytes}-byte row does not hold whole {dt} elements")
     arr = (C.c_ubyte * (rows * row_bytes)).from_address(address)
-    arr._kvhost_owner = owner
+    setattr(arr, "_kvhost_owner", owner)
     return np.frombuffer(arr, dtype=dt).reshape(rows, row_bytes // dt.itemsize)
 
 

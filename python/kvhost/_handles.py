@@ -18,7 +18,7 @@ import ctypes as C
 import itertools
 import threading
 import weakref
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import _lib
 
@@ -71,6 +71,12 @@ class Handle:
 
 class Registry:
     """The handles a client made, released newest first when it closes."""
+
+    if TYPE_CHECKING:  # provided by Client
+        @property
+        def closed(self) -> bool: ...
+
+        def _handle(self) -> C.c_void_p: ...
 
     def __init__(self) -> None:
         self._handles: "weakref.WeakValueDictionary[int, Handle]" = \

@@ -25,7 +25,7 @@ first_layer_us freed generation head_bytes heads hit_bytes hit_pages host_indice
 indices item_bytes items layer_base layers length load_bytes memory_available_bytes
 memory_limit_bytes memory_reserve_bytes num_tokens offset page_bytes page_num page_size
 page_strides pages_written pid plane_bytes planes pool_bytes pool_bytes_releasing
-populated_bytes prefix_pages reclaimed_tokens region_bytes region_offset row_bytes
+populated_bytes prefix_pages reclaimed_tokens region_bytes region_offset row_bytes since_s
 size_bytes size_tokens state_slot_bytes stored_bytes stored_pages ticket_id tickets_done
 tickets_failed tickets_in_flight tile_begin tile_end timeout_ms token_bytes tokens
 uptime_s

@@ -11,10 +11,14 @@ Search order (the first that loads wins):
 1. ``$KVHOST_LIBRARY``: a file, or a directory holding ``libkvhost_c.so.1``.
    When it is set nothing else is tried: an explicit choice that fails must
    not quietly load some other build instead.
-2. The package's own directory (a wheel that bundles the library).
+2. The package's own directory: ``pip install ./python`` copies the
+   library of the checkout's build (step 3, at install time) into it.
 3. A build tree: ``$KVHOST_BUILD_DIR/lib``, and ``build/lib`` of the source
    checkout when the package is imported from ``<checkout>/python``.
-4. The loader: ``ctypes.util.find_library("kvhost_c")`` and the soname
+4. Where ``cmake --install`` puts it: ``<sys.prefix>/lib`` (installed with
+   ``--prefix=$VIRTUAL_ENV``) and ``/usr/local/lib`` (CMake's default
+   prefix, which the loader searches only after ldconfig has run).
+5. The loader: ``ctypes.util.find_library("kvhost_c")`` and the soname
    ``libkvhost_c.so.1`` (``LD_LIBRARY_PATH``, ldconfig's cache).
 
 Thread safety: loading is guarded by a lock; the loaded library is shared.
@@ -26,6 +30,7 @@ import ctypes as C
 import ctypes.util
 import math
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -127,6 +132,9 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_alloc_batch": ([_vp, _cp, _pu64, _sz, _pi64, _sz, _psz] + _ERR, _int),
     "kvhost_free": ([_vp, _cp, _pi64, _sz, _pu64] + _ERR, _int),
     "kvhost_page_buffer_meta_json": ([_vp, _cp, _pi64, _sz] + _OUT + _ERR, _int),
+    "kvhost_page_shape_json": ([_vp, _cp] + _OUT + _ERR, _int),
+    "kvhost_stride_alignment_json": ([_vp, _cp, _u64] + _OUT + _ERR, _int),
+    "kvhost_contiguous_buffer_infos_json": ([_vp, _cp] + _OUT + _ERR, _int),
     "kvhost_get_data_page": ([_vp, _cp, _i64, _vp, _sz, _psz] + _ERR, _int),
     "kvhost_set_from_flat_data_page": ([_vp, _cp, _i64, _vp, _sz] + _ERR, _int),
     "kvhost_read_pages": ([_vp, _cp, _pi64, _sz, _u32, _vp, _sz, _psz] + _ERR, _int),
@@ -221,18 +229,37 @@ def _in_dir(directory: Path) -> List[str]:
     return [str(directory / SONAME), str(directory / "libkvhost_c.so")]
 
 
-def candidates() -> List[str]:
-    """Every place the library is looked for, in order (see the module doc)."""
+def build_tree_candidates() -> List[str]:
+    """The library of a build (steps 1 and 3 of the module doc): what
+    ``pip install ./python`` bundles into the package (python/build_backend)."""
     explicit = os.environ.get("KVHOST_LIBRARY")
     if explicit:
         return _in_dir(Path(explicit)) if os.path.isdir(explicit) else [explicit]
-    places = _in_dir(Path(__file__).resolve().parent)
+    places: List[str] = []
     build_dir = os.environ.get("KVHOST_BUILD_DIR")
     if build_dir:
         places += _in_dir(Path(build_dir) / "lib")
     checkout_lib = _checkout_build_lib()
     if checkout_lib is not None:
         places += _in_dir(checkout_lib)
+    return places
+
+
+def install_prefix_dirs() -> List[Path]:
+    """Where ``cmake --install`` puts the library when no loader path names
+    it (step 4): the running Python's prefix (``--prefix=$VIRTUAL_ENV``),
+    then CMake's default prefix /usr/local, before ldconfig has run."""
+    dirs = [Path(sys.prefix) / "lib", Path("/usr/local/lib")]
+    return [d for i, d in enumerate(dirs) if d not in dirs[:i]]
+
+
+def candidates() -> List[str]:
+    """Every place the library is looked for, in order (see the module doc)."""
+    if os.environ.get("KVHOST_LIBRARY"):
+        return build_tree_candidates()
+    places = _in_dir(Path(__file__).resolve().parent) + build_tree_candidates()
+    for directory in install_prefix_dirs():
+        places += _in_dir(directory)
     found = ctypes.util.find_library("kvhost_c")
     if found:
         places.append(found)
@@ -298,7 +325,8 @@ def library_path() -> str:
 
 def code_name(code: int) -> str:
     """"OK", "NOT_FOUND", ... for a status code, as the library names it."""
-    return lib().kvhost_code_name(int(code)).decode()
+    name: bytes = lib().kvhost_code_name(int(code))
+    return name.decode()
 
 
 def call(fn: Callable[..., int], *args: Any) -> None:

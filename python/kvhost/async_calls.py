@@ -49,8 +49,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import _arrays, _lib
 from ._handles import Handle
+from ._streams import event_bytes
 from .errors import Cancelled
-from .transfer import Ticket, _event_bytes
+from .transfer import Ticket
 
 #: KVHOST_ASYNC_MAX_REQUESTS: calls queued, running or finished and not yet
 #: handed to their future at once; one more raises ResourceExhausted.
@@ -69,7 +70,7 @@ class _Completions:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.pending: Dict[int, Tuple[concurrent.futures.Future, _Finish]] = {}
+        self.pending: Dict[int, Tuple[concurrent.futures.Future[Any], _Finish]] = {}
         self.ptr: Optional[C.c_void_p] = None
         self.executor_ident: Optional[int] = None
 
@@ -121,7 +122,7 @@ class AsyncCalls(Handle):
         self._state = _Completions()
         self._state.ptr = ptr
         # The ABI holds the callback's address: keep the object alive as long.
-        self._callback = _lib.ASYNC_CALLBACK(self._state)
+        self._callback: Optional[Any] = _lib.ASYNC_CALLBACK(self._state)
         self._submitted = 0
         try:
             _lib.call(_lib.lib().kvhost_async_set_callback, ptr, self._callback, None)
@@ -134,8 +135,8 @@ class AsyncCalls(Handle):
     # --- submitting -----------------------------------------------------------
 
     def _submit(self, fn: Any, args: Tuple[Any, ...],
-                finish: _Finish) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+                finish: _Finish) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()  # a submitted call cannot be taken back
         request_id = C.c_uint64(0)
         # Held across the submit, so that the callback (which may come
@@ -147,7 +148,7 @@ class AsyncCalls(Handle):
         return future
 
     def alloc(self, pool: str, num_tokens: int, *,
-              numpy: Optional[bool] = None) -> concurrent.futures.Future:
+              numpy: Optional[bool] = None) -> concurrent.futures.Future[Any]:
         """Client.alloc, submitted: a future of the slots' indices (numpy
         int64 when numpy is installed or numpy=True, else a list).
 
@@ -171,7 +172,7 @@ class AsyncCalls(Handle):
         name = _lib.text(pool, "pool name")
         return self._submit(_lib.lib().kvhost_async_alloc, (name, n), finish)
 
-    def free(self, pool: str, indices: Any) -> concurrent.futures.Future:
+    def free(self, pool: str, indices: Any) -> concurrent.futures.Future[Any]:
         """Client.free, submitted: a future of the slots freed. The indices
         are copied before this returns."""
         if not isinstance(pool, str):
@@ -192,7 +193,7 @@ class AsyncCalls(Handle):
 
     def backup(self, attachment: Any, host_indices: Any, device_indices: Any, *,
                wait: bool = False, timeout: Optional[float] = None,
-               event: Any = None) -> concurrent.futures.Future:
+               event: Any = None) -> concurrent.futures.Future[Any]:
         """Attachment.backup, submitted: a future of its Ticket.
 
         The future completes once the daemon accepted the backup; with
@@ -202,7 +203,7 @@ class AsyncCalls(Handle):
         """
         host, nh, keep_h = _arrays.int64_arg(host_indices, "host_indices")
         dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
-        handle = _event_bytes(event)
+        handle = event_bytes(event)
         flags = _lib.TRANSFER_WAIT if wait else 0
         future = self._submit(_lib.lib().kvhost_async_backup,
                               (attachment._p(), host, nh, dev, nd, handle,
@@ -212,7 +213,7 @@ class AsyncCalls(Handle):
         return future
 
     def load(self, attachment: Any, host_indices: Any, device_indices: Any, *,
-             wait: bool = False, timeout: Optional[float] = None) -> concurrent.futures.Future:
+             wait: bool = False, timeout: Optional[float] = None) -> concurrent.futures.Future[Any]:
         """Attachment.load, submitted: a future of its Ticket; as backup."""
         host, nh, keep_h = _arrays.int64_arg(host_indices, "host_indices")
         dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
@@ -243,7 +244,7 @@ class AsyncCalls(Handle):
         future's callback (it runs on the executor, which would wait for
         itself)."""
         with self._state.lock:
-            futures: List[concurrent.futures.Future] = [f for f, _ in
+            futures: List[concurrent.futures.Future[Any]] = [f for f, _ in
                                                         self._state.pending.values()]
         _, not_done = concurrent.futures.wait(futures, timeout=timeout)
         return not not_done

@@ -6,7 +6,8 @@ for a worker, one session that a background thread keeps open and reopens
 after a daemon restart. The calls on pools and slots come from
 :class:`~kvhost.pools.PoolCalls`, the L3 tier's from
 :class:`~kvhost.storage.StorageCalls`, the ones that attach device buffers from
-:class:`~kvhost.transfer.AttachCalls`.
+:class:`~kvhost.transfer.AttachCalls` and, from torch tensors,
+:class:`~kvhost.torch_helpers.TorchAttachCalls`.
 
 Thread safety: a Client may be used from any number of threads at once
 (the ABI's calls release the GIL while they wait). Closing it while
@@ -22,12 +23,13 @@ from __future__ import annotations
 
 import ctypes as C
 import os
-from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Union, cast
 
 from . import _json, _lib
 from ._handles import Registry
 from .pools import PoolCalls
 from .storage import StorageCalls
+from .torch_helpers import TorchAttachCalls
 from .transfer import AttachCalls
 
 if TYPE_CHECKING:
@@ -57,7 +59,7 @@ class SessionLosses(NamedTuple):
     """
 
     #: Losses so far.
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as it always did
     #: The last one's description ("" when none), e.g. "kvhostd restarted
     #: (...); 1 attachment(s) lost: ...".
     last: str
@@ -67,7 +69,7 @@ def _flag(value: bool) -> str:
     return "1" if value else "0"
 
 
-class Client(Registry, PoolCalls, StorageCalls, AttachCalls):
+class Client(Registry, PoolCalls, StorageCalls, AttachCalls, TorchAttachCalls):
     """A connection to kvhostd. Use as a context manager, or call close().
 
     Args:
@@ -191,7 +193,8 @@ class Client(Registry, PoolCalls, StorageCalls, AttachCalls):
 
     def daemon_status(self) -> Dict[str, Any]:
         """kvhost.v1.DaemonStatus as a dict (backend, pools, memory, tickets...)."""
-        return _json.loads(_lib.call_out(_lib.lib().kvhost_daemon_status_json, self._handle()))
+        return cast(Dict[str, Any], _json.loads(_lib.call_out(
+            _lib.lib().kvhost_daemon_status_json, self._handle())))
 
     def open_session(self, timeout: Optional[float] = None) -> None:
         """Opens the worker session now (attaching does it otherwise); idempotent."""

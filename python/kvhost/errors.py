@@ -13,7 +13,7 @@ at all.
 from __future__ import annotations
 
 import enum
-from typing import Dict, List, Optional, Sequence, Type, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 
 class StatusCode(enum.IntEnum):
@@ -58,7 +58,8 @@ class KvhostError(Exception):
         """The code's name ("NOT_FOUND"); "UNKNOWN_CODE" for one outside the set."""
         return self.code.name if isinstance(self.code, StatusCode) else "UNKNOWN_CODE"
 
-    def __reduce__(self):  # pickles across processes with code and message
+    # Pickles across processes with code and message.
+    def __reduce__(self) -> Tuple[Any, Tuple[int, str]]:
         return (type(self), (int(self.code), self.message))
 
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 import ctypes as C
 import threading
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union, cast
 
 from . import _arrays, _json, _lib
-from .errors import FailedPrecondition, PermissionDenied, StatusCode
+from .errors import FailedPrecondition, PermissionDenied, StatusCode, raise_for
 
 #: A spec: a mapping (sent as JSON) or JSON text.
 Spec = Union[Mapping[str, Any], str, bytes]
@@ -77,8 +77,8 @@ class PoolCalls:
     def get_pool(self, name: str) -> Dict[str, Any]:
         """kvhost.v1.Pool as a dict: spec, size_tokens, available_tokens,
         components, region_paths, state... NotFound naming `name`."""
-        return _json.loads(_lib.call_out(_lib.lib().kvhost_pool_get_json, self._handle(),
-                                         _name(name)))
+        text = _lib.call_out(_lib.lib().kvhost_pool_get_json, self._handle(), _name(name))
+        return cast(Dict[str, Any], _json.loads(text))
 
     def list_pools(self) -> List[Dict[str, Any]]:
         """Every pool, as get_pool gives each."""
@@ -116,8 +116,9 @@ class PoolCalls:
 
     def get_group(self, name: str) -> Dict[str, Any]:
         """kvhost.v1.PoolGroup as a dict. NotFound naming `name`."""
-        return _json.loads(_lib.call_out(_lib.lib().kvhost_group_get_json, self._handle(),
-                                         _name(name, "group")))
+        text = _lib.call_out(_lib.lib().kvhost_group_get_json, self._handle(),
+                             _name(name, "group"))
+        return cast(Dict[str, Any], _json.loads(text))
 
     def delete_group(self, name: str) -> None:
         """Deletes group `name` (its pools stay)."""
@@ -213,7 +214,29 @@ class PoolCalls:
         text = _lib.call_out(_lib.lib().kvhost_page_buffer_meta_json, self._handle(),
                              _name(pool), ptr, n)
         del keep
-        return _json.loads(text)
+        return cast(Dict[str, Any], _json.loads(text))
+
+    def page_shape(self, pool: str) -> Dict[str, Any]:
+        """kvhost.v1.PageShape as a dict: the flat page's parts (component,
+        dims, dtype, bytes) and its bytes, as kvhostd lays the pool out."""
+        text = _lib.call_out(_lib.lib().kvhost_page_shape_json, self._handle(), _name(pool))
+        return cast(Dict[str, Any], _json.loads(text))
+
+    def stride_alignment(self, pool: str, alignment: int = 0) -> Dict[str, Any]:
+        """kvhost.v1.StrideAlignment as a dict: ``aligned``, whether every
+        component's page blocks start on `alignment` bytes (a power of two;
+        0: 4096; never for LAYER_FIRST), and each component's page stride."""
+        text = _lib.call_out(_lib.lib().kvhost_stride_alignment_json, self._handle(),
+                             _name(pool), int(alignment))
+        return cast(Dict[str, Any], _json.loads(text))
+
+    def contiguous_buffer_infos(self, pool: str) -> Dict[str, Any]:
+        """kvhost.v1.ContiguousBufferInfos as a dict: one contiguous range
+        per layer and component of a LAYER_FIRST pool (region_index, offset,
+        length, item_bytes) and the region files."""
+        text = _lib.call_out(_lib.lib().kvhost_contiguous_buffer_infos_json, self._handle(),
+                             _name(pool))
+        return cast(Dict[str, Any], _json.loads(text))
 
     def _forget_page_bytes(self, pool: str) -> None:
         with self._page_lock:
@@ -248,8 +271,8 @@ class PoolCalls:
             if rc == _lib._OUT_OF_RANGE and size.value > guess:
                 guess = int(size.value)
                 continue
-            _lib.raise_for(rc, msg)
-        _lib.raise_for(_lib._OUT_OF_RANGE, f"page of pool '{pool}' kept growing")
+            raise_for(rc, msg)
+        raise_for(_lib._OUT_OF_RANGE, f"page of pool '{pool}' kept growing")
         raise AssertionError("unreachable")
 
     def set_from_flat_data_page(self, pool: str, index: int, data: Any) -> None:
@@ -304,9 +327,9 @@ class PoolCalls:
             if rc == _lib._OUT_OF_RANGE and size.value > guess:
                 guess = int(size.value)
                 continue
-            _lib.raise_for(rc, msg)
+            raise_for(rc, msg)
         else:
-            _lib.raise_for(_lib._OUT_OF_RANGE, f"pages of pool '{pool}' kept growing")
+            raise_for(_lib._OUT_OF_RANGE, f"pages of pool '{pool}' kept growing")
         del keep
         total = int(size.value)
         page = total // n if n else 0

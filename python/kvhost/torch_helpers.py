@@ -5,6 +5,9 @@
 - :func:`attach_group_tensors`: the same for a pool group, one set of
   per-layer tensors per entry (a hybrid model's KV and Mamba state, say).
 - :func:`interprocess_event`: a ``torch.cuda.Event`` a backup can wait on.
+- :class:`TorchAttachCalls`: both attach calls as Client methods
+  (``client.attach_tensors``), mixed into :class:`kvhost.Client`; this module
+  imports the core (kvhost.transfer), never the reverse.
 - Streams and events pass straight to the other calls:
   ``ticket.wait_layer(l, torch.cuda.current_stream())`` and
   ``att.backup(host, dev, event=event)`` accept torch objects.
@@ -64,8 +67,9 @@ def attach_tensors(client: Any, pool: str, k_layers: Optional[Sequence[Any]] = N
     layers, ptrs, layer_bytes = _pointers(components, "")
     if device_size_tokens is None:
         device_size_tokens = _rows(client.get_pool(pool), layers)
-    return client.attach_cuda(pool, ptrs, device_size_tokens, layer_bytes=layer_bytes,
-                              keep_alive=layers, **options)
+    att: Attachment = client.attach_cuda(pool, ptrs, device_size_tokens,
+                                         layer_bytes=layer_bytes, keep_alive=layers, **options)
+    return att
 
 
 def _pointers(components: Mapping[str, Sequence[Any]], what: str
@@ -138,7 +142,8 @@ def attach_group_tensors(client: Any, group: str,
         start, end = ranges.get(name, (0, 0))
         kept[name] = layers
         given[name] = CudaGroupEntry(ptrs, int(rows), layer_bytes, int(start), int(end))
-    return client.attach_group_cuda(group, given, keep_alive=kept, **options)
+    att: Attachment = client.attach_group_cuda(group, given, keep_alive=kept, **options)
+    return att
 
 
 def interprocess_event() -> Any:
@@ -147,3 +152,30 @@ def interprocess_event() -> Any:
     and keep it alive until the backup's ticket is done."""
     torch = _torch()
     return torch.cuda.Event(enable_timing=False, interprocess=True)
+
+
+class TorchAttachCalls:
+    """The attach calls from torch tensors, as methods of a Client (mixed in;
+    torch is imported on the first call, not with this class)."""
+
+    def attach_tensors(self, pool: str, k_layers: Optional[Sequence[Any]] = None,
+                       v_layers: Optional[Sequence[Any]] = None, *,
+                       components: Optional[Mapping[str, Sequence[Any]]] = None,
+                       device_size_tokens: Optional[int] = None, **options: Any) -> Attachment:
+        """attach_cuda from per-layer torch tensors (imports torch lazily).
+
+        Give ``k_layers`` / ``v_layers`` (MHA) or ``components`` by name
+        (``{"latent": [...]}`` for MLA). device_size_tokens defaults to the
+        first tensor's rows times its component's row_tokens. Other keywords
+        are attach_cuda's. See :func:`attach_tensors`.
+        """
+        return attach_tensors(self, pool, k_layers, v_layers, components=components,
+                              device_size_tokens=device_size_tokens, **options)
+
+    def attach_group_tensors(self, group: str, entries: Mapping[str, Mapping[str, Sequence[Any]]],
+                             **options: Any) -> Attachment:
+        """attach_group_cuda from per-layer torch tensors, ``{entry:
+        {component: [tensor per layer]}}`` (imports torch lazily). See
+        :func:`attach_group_tensors` for the keywords."""
+        return attach_group_tensors(self, group, entries, **options)
+

@@ -24,7 +24,8 @@ may be given as an int, as anything with ``.cuda_stream`` (torch.cuda.Stream)
 or ``.ptr`` (cupy), or None (the legacy default stream). The worker's event
 before a backup may be the 64 handle bytes, a ``torch.cuda.Event(
 interprocess=True)`` (its ``ipc_handle()``), or a ``cudaEvent_t`` int
-(exported with :func:`cuda_export_event`).
+(exported with :func:`kvhost.cuda_export_event`); kvhost/_streams.py
+turns each into what the ABI takes.
 
 Ownership: an Attachment keeps its client and device buffers referenced;
 ``close()`` frees the handle, ``detach()`` ends the attachment on the
@@ -35,13 +36,15 @@ from __future__ import annotations
 
 import ctypes as C
 import json
-import operator
 import time
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Any, Dict, List, Literal, Mapping, NamedTuple, Optional, Sequence, Tuple,
+                    Union, overload)
 
 from . import _arrays, _json, _lib
 from ._handles import Handle
+from ._streams import event_bytes, stream_arg
 from .errors import DeadlineExceeded, KvhostError, NotFound
+from .worker import open_copier
 
 #: Room for a TransferStatus; a bigger one costs one retry of the same read.
 _STATUS_GUESS = 4096
@@ -50,50 +53,6 @@ _DEFAULT_WAIT_S = 600.0
 #: Ticket.wait asks the daemon this long at a time, so that a signal
 #: (Ctrl-C) is served within it; each slice is one cheap WaitTransfer RPC.
 _WAIT_SLICE_S = 1.0
-
-
-def stream_arg(stream: Any) -> Optional[int]:
-    """A CUDA stream as the address the ABI takes (None: the legacy default)."""
-    if stream is None:
-        return None
-    for attr in ("cuda_stream", "ptr"):
-        if hasattr(stream, attr):
-            return int(getattr(stream, attr)) or None
-    if isinstance(stream, C.c_void_p):
-        return stream.value
-    try:
-        return operator.index(stream) or None
-    except TypeError:
-        raise TypeError(f"stream must be None, an int (cudaStream_t), or have .cuda_stream, "
-                        f"not {type(stream).__name__}") from None
-
-
-def cuda_export_event(cuda_event: int) -> bytes:
-    """The cudaIpcEventHandle_t bytes of a cudaEvent_t made with
-    cudaEventInterprocess | cudaEventDisableTiming, for backup(event=...).
-
-    Unimplemented in a library built without CUDA; FailedPrecondition
-    without a usable GPU.
-    """
-    handle = C.create_string_buffer(_lib.CUDA_EVENT_HANDLE_BYTES)
-    needed = C.c_size_t(0)
-    _lib.call(_lib.lib().kvhost_cuda_export_event, C.c_void_p(int(cuda_event) or None), handle,
-              len(handle), C.byref(needed))
-    return handle.raw[: needed.value or _lib.CUDA_EVENT_HANDLE_BYTES]
-
-
-def _event_bytes(event: Any) -> Optional[bytes]:
-    """backup's `event` as handle bytes (see the module doc)."""
-    if event is None:
-        return None
-    if hasattr(event, "ipc_handle"):
-        event = event.ipc_handle()
-    if isinstance(event, (bytes, bytearray, memoryview)):
-        return bytes(event)
-    if isinstance(event, int):
-        return cuda_export_event(event)
-    raise TypeError(f"event must be handle bytes, a torch.cuda.Event or a cudaEvent_t int, "
-                    f"not {type(event).__name__}")
 
 
 #: backup / load's pool_transfers: entry name -> (host slots, device rows).
@@ -312,6 +271,18 @@ class Attachment(Handle):
         assert self._client is not None
         return self._client._handle()
 
+    @overload
+    def backup(self, host_indices: Any, device_indices: Any, *, wait: bool = ...,
+               timeout: Optional[float] = ..., event: Any = ...,
+               pool_transfers: Optional[PoolTransfers] = ...,
+               per_layer: Literal[True]) -> LoadTicket: ...
+
+    @overload
+    def backup(self, host_indices: Any, device_indices: Any, *, wait: bool = ...,
+               timeout: Optional[float] = ..., event: Any = ...,
+               pool_transfers: Optional[PoolTransfers] = ...,
+               per_layer: bool = ...) -> Ticket: ...
+
     def backup(self, host_indices: Any, device_indices: Any, *, wait: bool = False,
                timeout: Optional[float] = None, event: Any = None,
                pool_transfers: Optional[PoolTransfers] = None,
@@ -341,7 +312,7 @@ class Attachment(Handle):
         """
         host, nh, keep_h = _arrays.int64_arg(host_indices, "host_indices")
         dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
-        handle = _event_bytes(event)
+        handle = event_bytes(event)
         if per_layer:
             if wait:
                 raise ValueError("per_layer=True returns at once; wait on its last layer or "
@@ -390,7 +361,7 @@ class Attachment(Handle):
         """
         as_numpy = _arrays.want_numpy(numpy)
         dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
-        handle = _event_bytes(event)
+        handle = event_bytes(event)
         out = (C.c_int64 * max(nd, 1))()
         count = C.c_size_t(0)
         ticket = C.c_uint64(0)
@@ -407,6 +378,16 @@ class Attachment(Handle):
                 e.host_indices = host  # type: ignore[attr-defined]
                 raise
         return host, done
+
+    @overload
+    def load(self, host_indices: Any, device_indices: Any, *, wait: bool = ...,
+             timeout: Optional[float] = ..., per_layer: Literal[True],
+             pool_transfers: Optional[PoolTransfers] = ...) -> LoadTicket: ...
+
+    @overload
+    def load(self, host_indices: Any, device_indices: Any, *, wait: bool = ...,
+             timeout: Optional[float] = ..., per_layer: bool = ...,
+             pool_transfers: Optional[PoolTransfers] = ...) -> Ticket: ...
 
     def load(self, host_indices: Any, device_indices: Any, *, wait: bool = False,
              timeout: Optional[float] = None, per_layer: bool = False,
@@ -482,7 +463,6 @@ class Attachment(Handle):
 
     def worker_copier(self, blocks: int = 0) -> Any:
         """A WorkerCopier on this attachment (CUDA; see kvhost.worker)."""
-        from .worker import open_copier  # noqa: PLC0415 (one module per concern)
         return open_copier(self, blocks)
 
     def detach(self) -> None:
@@ -502,7 +482,8 @@ class Attachment(Handle):
     def __exit__(self, *exc: Any) -> None:
         """Detaches (one already gone is fine) and frees the handle."""
         try:
-            if not self.detached and not self.closed and not self._client.closed:
+            client = self._client
+            if not self.detached and not self.closed and not (client is None or client.closed):
                 try:
                     self.detach()
                 except NotFound:
@@ -653,28 +634,3 @@ class AttachCalls:
         att = Attachment(self, ptr, group, keep_alive)
         att.pool = att.info.get("pool", group)
         return att
-
-    def attach_tensors(self, pool: str, k_layers: Optional[Sequence[Any]] = None,
-                       v_layers: Optional[Sequence[Any]] = None, *,
-                       components: Optional[Mapping[str, Sequence[Any]]] = None,
-                       device_size_tokens: Optional[int] = None, **options: Any) -> Attachment:
-        """attach_cuda from per-layer torch tensors (imports torch lazily).
-
-        Give ``k_layers`` / ``v_layers`` (MHA) or ``components`` by name
-        (``{"latent": [...]}`` for MLA). device_size_tokens defaults to the
-        first tensor's rows times its component's row_tokens. Other keywords
-        are attach_cuda's. See kvhost.torch_helpers.
-        """
-        from . import torch_helpers  # noqa: PLC0415 (torch is optional)
-        return torch_helpers.attach_tensors(self, pool, k_layers, v_layers,
-                                            components=components,
-                                            device_size_tokens=device_size_tokens, **options)
-
-    def attach_group_tensors(self, group: str, entries: Mapping[str, Mapping[str, Sequence[Any]]],
-                             **options: Any) -> Attachment:
-        """attach_group_cuda from per-layer torch tensors, ``{entry:
-        {component: [tensor per layer]}}`` (imports torch lazily). See
-        kvhost.torch_helpers.attach_group_tensors for the keywords."""
-        from . import torch_helpers  # noqa: PLC0415 (torch is optional)
-        return torch_helpers.attach_group_tensors(self, group, entries, **options)
-

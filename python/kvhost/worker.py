@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from . import _arrays, _lib
 from ._handles import Handle
-from .transfer import stream_arg
+from ._streams import stream_arg
 
 
 class WorkerTicket(Handle):

@@ -294,6 +294,22 @@ KVHOST_C_API int kvhost_page_buffer_meta_json(kvhost_client* client, const char*
                                               const int64_t* indices, size_t num_indices, char* out,
                                               size_t out_len, size_t* needed, char* err,
                                               size_t err_len);
+/* kvhost.v1.PageShape of `pool` as JSON: one part per component (its dims,
+ * dtype and bytes) of the seeds' flat page, and the page's bytes. */
+KVHOST_C_API int kvhost_page_shape_json(kvhost_client* client, const char* pool, char* out,
+                                        size_t out_len, size_t* needed, char* err, size_t err_len);
+/* kvhost.v1.StrideAlignment of `pool` as JSON: whether every component's
+ * page blocks start on `alignment` bytes (a power of two; 0 means 4096;
+ * LAYER_FIRST never does), and each component's page stride. */
+KVHOST_C_API int kvhost_stride_alignment_json(kvhost_client* client, const char* pool,
+                                              uint64_t alignment, char* out, size_t out_len,
+                                              size_t* needed, char* err, size_t err_len);
+/* kvhost.v1.ContiguousBufferInfos of `pool` as JSON: one contiguous range
+ * per layer and component (region, offset, length, item bytes) and the
+ * region files; a LAYER_FIRST pool's only. */
+KVHOST_C_API int kvhost_contiguous_buffer_infos_json(kvhost_client* client, const char* pool,
+                                                     char* out, size_t out_len, size_t* needed,
+                                                     char* err, size_t err_len);
 /* The flat bytes of the page whose first slot is `index` into data;
  * *size (may be NULL only when data is big enough) the page's bytes. */
 KVHOST_C_API int kvhost_get_data_page(kvhost_client* client, const char* pool, int64_t index,

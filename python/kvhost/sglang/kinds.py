@@ -1,8 +1,9 @@
-"""The seeds' other host pools over kvhostd (re-exported by kvhost.sglang).
+"""The seeds' host pool kinds over kvhostd (re-exported by kvhost.sglang),
+each with the calls and semantics of the seed class of the same name
+(docs/SGLANG.md lists what differs):
 
-kvhost.sglang has sglang HiCache's MHA and MLA host pools; this module has
-the rest of the seeds' kinds, each with the calls and semantics of the seed
-class of the same name (docs/SGLANG.md lists what differs):
+- :class:`MHATokenToKVPoolHost` and :class:`MLATokenToKVPoolHost`: sglang
+  HiCache's MHA and MLA host pools.
 
 - :class:`MHATokenToKOnlyPoolHost`: MiniMax's index-K pool (K_ONLY), which
   shares an MHA anchor's slots (sglang ``pool_host/mha.py``).
@@ -17,8 +18,6 @@ class of the same name (docs/SGLANG.md lists what differs):
 - :class:`DeepSeekV4PagedHostPool`, :class:`DeepSeekV4StateHostPool`: V4's
   compressed page rows and sliding-window state rings (V4_PAGED,
   V4_STATE, the latter sharing a paged or logical pool's slots).
-- :class:`PoolEntry` and :class:`HostPoolGroup`: pools a worker moves
-  together, as one kvhostd pool group with one attachment.
 
 A pool that follows another (K-only, DSA indexer, V4 state) has no slots of
 its own: its transfers and pages take the followed pool's slots, so its
@@ -32,22 +31,71 @@ so does the class here; the daemon's refusals are kvhost exceptions.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ._sglang_transfers import SchedulerTransfers
-from .client import DEFAULT_ADDRESS, Client
-from .errors import AlreadyExists
-from .pools import adopt_group
-from .sglang import (_ITEMSIZE, HostKVCache, MHATokenToKVPoolHost, MLATokenToKVPoolHost,
-                     dtype_enum)
-from .shm import ShmDevicePool
-from .transfer import Attachment
+from ..client import DEFAULT_ADDRESS, Client
+from .host_pool import HostKVCache
+from .spec import ITEMSIZE, dtype_enum
 
-__all__ = ["AsymmetricMHATokenToKVPoolHost", "DSAIndexerPoolHost", "DSATokenToKVPoolHost",
-           "DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool", "HostPoolGroup",
-           "LogicalHostPool", "MHATokenToKOnlyPoolHost", "MambaPoolHost", "PoolEntry",
-           "get_mha_host_pool_cls"]
+
+class MHATokenToKVPoolHost(HostKVCache):
+    """sglang's MHA host pool: a K and a V row per token and layer."""
+
+    _KIND = "MHA"
+
+    def __init__(self, name: str, *, head_num: int, head_dim: int, **kw: Any) -> None:
+        self.head_num, self.head_dim = int(head_num), int(head_dim)
+        super().__init__(name, shape={"head_num": self.head_num, "head_dim": self.head_dim},
+                         **kw)
+
+    def page_shape(self) -> Tuple[int, ...]:
+        lay, ps, L, H, D = self.layout, self.page_size, self.layer_num, self.head_num, \
+            self.head_dim
+        return {"layer_first": (2, L, ps, H, D), "page_first": (2, ps, L, H, D),
+                "page_first_direct": (2, 1, L, ps, H, D),
+                "page_head": (2, 1, H, ps, L, D),
+                # (page, head_group, layer, 2, ps, head_in_group, dim); one group
+                "page_unified": (1, 1, L, 2, ps, H, D)}[lay]
+
+    def get_ksize_per_token(self) -> int:
+        return self.size_per_token // 2
+
+    @property
+    def token_stride_size(self) -> int:
+        """sglang's bytes of one token's K (or V) row in one layer."""
+        return self.head_num * self.head_dim * ITEMSIZE[self.kv_dtype]
+
+    def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
+        return {"k": list(device_pool.k_buffer), "v": list(device_pool.v_buffer)}
+
+
+class MLATokenToKVPoolHost(HostKVCache):
+    """sglang's MLA host pool: one latent row per token and layer."""
+
+    _KIND = "MLA"
+
+    def __init__(self, name: str, *, kv_lora_rank: int, qk_rope_head_dim: int,
+                 **kw: Any) -> None:
+        self.kv_lora_rank, self.qk_rope_head_dim = int(kv_lora_rank), int(qk_rope_head_dim)
+        self.kv_cache_dim = self.kv_lora_rank + self.qk_rope_head_dim
+        super().__init__(name, shape={"kv_lora_rank": self.kv_lora_rank,
+                                      "qk_rope_head_dim": self.qk_rope_head_dim}, **kw)
+
+    def page_shape(self) -> Tuple[int, ...]:
+        lay, ps, L, Cd = self.layout, self.page_size, self.layer_num, self.kv_cache_dim
+        if lay == "page_head":
+            raise ValueError("MLA has no 'page_head' layout")
+        return {"layer_first": (L, ps, 1, Cd), "page_first": (ps, L, 1, Cd),
+                "page_first_direct": (1, L, ps, 1, Cd),
+                "page_unified": (1, L, ps, Cd)}[lay]
+
+    @property
+    def token_stride_size(self) -> int:
+        """sglang's bytes of one token's latent row in one layer."""
+        return self.kv_cache_dim * ITEMSIZE[self.kv_dtype]
+
+    def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
+        return {"latent": list(device_pool.kv_buffer)}
 
 
 class _Follower:
@@ -81,7 +129,7 @@ class _Follower:
 def _follower_args(anchor_host: HostKVCache, kw: Dict[str, Any]) -> Dict[str, Any]:
     """A follower's constructor keywords: the anchor's client and page size,
     and no sizes of its own (the followed pool's apply)."""
-    for key in ("host_size", "host_size_tokens", "host_to_device_ratio", "device_size",
+    for key in ("host_size_gib", "host_size_tokens", "host_to_device_ratio", "device_size",
                 "page_size"):
         if kw.get(key):
             raise ValueError(f"{key} is the followed pool's ('{anchor_host.name}'); leave it "
@@ -144,7 +192,7 @@ class AsymmetricMHATokenToKVPoolHost(MHATokenToKVPoolHost):
                                                 "v_head_dim": self.v_head_dim}, **kw)
 
     def get_ksize_per_token(self) -> int:
-        return self.head_dim * self.head_num * self.layer_num * _ITEMSIZE[self.kv_dtype]
+        return self.head_dim * self.head_num * self.layer_num * ITEMSIZE[self.kv_dtype]
 
     def page_shape(self) -> Tuple[int, ...]:
         raise NotImplementedError(_ASYMMETRIC_FLAT_PAGE)
@@ -347,7 +395,7 @@ class LogicalHostPool(HostKVCache):
             return self._torch.empty(0, dtype=self._torch.uint8)
         return b""
 
-    def get_page_buffer_meta(self, indices: Any) -> None:
+    def get_page_buffer_meta(self, indices: Any) -> None:  # type: ignore[override]
         """None, as the seed's: there are no bytes to point at."""
         return None
 
@@ -361,7 +409,7 @@ class LogicalHostPool(HostKVCache):
 
     def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
                                  device_indices: Any, layer_id: int,
-                                 io_backend: Any = "kernel") -> None:
+                                 io_backend: Any = "kernel", *, is_draft: bool = False) -> None:
         """Nothing to copy (the seed's pass)."""
 
 
@@ -411,10 +459,10 @@ class _V4Rows(HostKVCache):
 
     def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
                                  device_indices: Any, layer_id: int,
-                                 io_backend: Any = "kernel") -> None:
+                                 io_backend: Any = "kernel", *, is_draft: bool = False) -> None:
         if _has_transfer_indices(self, host_indices, device_indices):
             super().load_to_device_per_layer(device_pool, host_indices, device_indices,
-                                             layer_id, io_backend)
+                                             layer_id, io_backend, is_draft=is_draft)
 
     def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
         tensors = getattr(device_pool, "device_buffers", None)
@@ -460,12 +508,15 @@ class DeepSeekV4PagedHostPool(_V4Rows):
             raise NotImplementedError(
                 f"get_contiguous_buf_infos needs layout layer_first; '{self.name}' is "
                 f"{self.layout}, whose layers are not contiguous")
-        comp = next(c for c in self.info["components"] if c["name"] == "rows")
+        # kvhostd's ranges (GetContiguousBufferInfos), one per layer of the
+        # rows, at their addresses in this process's mapping of the regions.
+        infos = self.client.contiguous_buffer_infos(self.name)
+        rows = sorted((i for i in infos["infos"] if i["component"] == "rows"),
+                      key=lambda i: int(i["layer"]))
         with self._lock:
-            base = self._region_base(int(comp["region_index"]), self.info["region_paths"])
-        per = int(comp["bytes"]) // self.layer_num
-        ptrs = [base + int(comp["offset"]) + i * per for i in range(self.layer_num)]
-        return ptrs, [per] * self.layer_num, [self.item_bytes] * self.layer_num
+            ptrs = [self._region_base(int(i["region_index"]), infos["region_paths"]) +
+                    int(i["offset"]) for i in rows]
+        return ptrs, [int(i["length"]) for i in rows], [int(i["item_bytes"]) for i in rows]
 
 
 class DeepSeekV4StateHostPool(_Follower, _V4Rows):
@@ -498,256 +549,3 @@ class DeepSeekV4StateHostPool(_Follower, _V4Rows):
 
     def available_size(self) -> int:
         raise self._no_allocator("available_size")
-
-
-@dataclass
-class PoolEntry:
-    """One pool of a HostPoolGroup, as the seed's: its host pool (one of the
-    kvhost.sglang classes), the worker's device pool for it (a
-    kvhost.ShmDevicePool on the host backend, or an sglang device pool),
-    and the layer mapper: model layer -> the pool's device layer, or None.
-    The eviction and device alloc hooks are the caller's (HiCache's); the
-    group keeps them and does not call them."""
-
-    name: str
-    host_pool: Any
-    device_pool: Any
-    layer_mapper: Callable[[int], Optional[int]]
-    is_primary_index_anchor: bool = False
-    host_evict_fn: Optional[Callable] = None
-    device_evict_fn: Optional[Callable] = None
-    device_alloc_fn: Optional[Callable] = None
-    device_free_fn: Optional[Callable] = None
-
-
-class HostPoolGroup:
-    """sglang's group of host pools moved together, as one kvhostd pool group
-    (PoolGroup): slots, pages and sizes are the anchor entry's (the first
-    with is_primary_index_anchor, else the first); a transfer moves the
-    anchor's rows and each ``pool_transfers`` entry's, all in one daemon
-    transfer through one attachment of every entry's device pool.
-
-    Args:
-      entries: the PoolEntry list (ValueError when empty, as the seed's).
-      name: the kvhostd group's name (default: the anchor pool's + ".group").
-        A group of that name that exists is used if its entries are these
-        and its pools the client's own (kvhost.pools.adopt_group).
-      layer_num: model layers the layer mappers are asked about (default:
-        the largest layer_num of the entries' pools).
-
-    What differs from the seed: ``pool_transfers`` naming an entry the group
-    does not have, or the anchor, is the daemon's InvalidArgument (the seed
-    skips it); ``load_to_device_per_layer`` at layer 0 submits every layer of
-    every entry and each layer call waits for its layer, as kvhost.sglang's
-    pools do; the device pools are the entries' (the argument is ignored, as
-    in the seed).
-    """
-
-    def __init__(self, entries: List[PoolEntry], *, name: Optional[str] = None,
-                 layer_num: Optional[int] = None) -> None:
-        if not entries:
-            raise ValueError("HostPoolGroup requires at least one pool entry.")
-        self.entries = entries
-        self.entry_map = {entry.name: entry for entry in entries}
-        self.anchor_entry = next((e for e in entries if e.is_primary_index_anchor), entries[0])
-        anchor = self.anchor_entry.host_pool
-        self.client: Client = anchor.client
-        self.name = name or f"{anchor.name}.group"
-        self.layer_num = int(layer_num if layer_num is not None else
-                             max(int(e.host_pool.layer_num) for e in entries))
-        spec = {"layer_num": self.layer_num, "entries": [
-            {"name": e.name, "pool": e.host_pool.name,
-             "layer_map": _layer_map(e, self.layer_num),
-             "anchor": e is self.anchor_entry} for e in entries]}
-        try:
-            self.info = self.client.create_group(self.name, spec)
-        except AlreadyExists:
-            self.info = adopt_group(self.client, self.name)
-            have = [(e["name"], e["pool"], list(e["layer_map"])) for e in self.info["entries"]]
-            want = [(e["name"], e["pool"], e["layer_map"]) for e in spec["entries"]]
-            if have != want or self.info["anchor"] != self.anchor_entry.name:
-                raise ValueError(f"group '{self.name}' exists with other entries") from None
-        self.layout = anchor.layout
-        self.page_size = anchor.page_size
-        self.size = anchor.size
-        self.can_use_write_back_jit = False
-        self._attachment: Optional[Attachment] = None
-        self._own_devices: List[ShmDevicePool] = []
-        self._transfers = SchedulerTransfers()
-
-    # --- the anchor's ---------------------------------------------------------
-
-    @property
-    def kv_buffer(self) -> Any:
-        return getattr(self.anchor_entry.host_pool, "kv_buffer", None)
-
-    @property
-    def size_per_token(self) -> int:
-        return self.anchor_entry.host_pool.size_per_token
-
-    @property
-    def dtype(self) -> str:
-        return self.anchor_entry.host_pool.dtype
-
-    @property
-    def start_layer(self) -> int:
-        return int(self.anchor_entry.host_pool.info.get("start_layer", 0))
-
-    @property
-    def end_layer(self) -> int:
-        return int(self.anchor_entry.host_pool.info.get("end_layer", 0))
-
-    def get_ksize_per_token(self) -> int:
-        return self.anchor_entry.host_pool.get_ksize_per_token()
-
-    def get_pool(self, name: str) -> Any:
-        """The host pool of entry `name` (KeyError naming it)."""
-        return self.entry_map[name].host_pool
-
-    def get_page_buffer_meta(self, indices: Any) -> Any:
-        return self.anchor_entry.host_pool.get_page_buffer_meta(indices)
-
-    def clear(self) -> None:
-        """Every entry's clear()."""
-        for entry in self.entries:
-            entry.host_pool.clear()
-
-    def available_size(self) -> int:
-        return self.anchor_entry.host_pool.available_size()
-
-    def alloc(self, need_size: int) -> Any:
-        return self.anchor_entry.host_pool.alloc(need_size)
-
-    def free(self, indices: Any) -> int:
-        return self.anchor_entry.host_pool.free(indices)
-
-    def get_data_page(self, index: int, flat: bool = True) -> Any:
-        return self.anchor_entry.host_pool.get_data_page(index, flat)
-
-    def get_dummy_flat_data_page(self) -> Any:
-        return self.anchor_entry.host_pool.get_dummy_flat_data_page()
-
-    def set_from_flat_data_page(self, index: int, data_page: Any) -> None:
-        self.anchor_entry.host_pool.set_from_flat_data_page(index, data_page)
-
-    # --- transfers ------------------------------------------------------------
-
-    def attachment(self) -> Attachment:
-        """The group's attachment of every entry's device pool, made on first
-        use: shm device pools (host backend) or the sglang device pools'
-        CUDA tensors; a LOGICAL entry needs none."""
-        if self._attachment is not None and not self._attachment.closed:
-            return self._attachment
-        logical = {e.name: e.host_pool.device_size for e in self.entries
-                   if isinstance(e.host_pool, LogicalHostPool)}
-        devices = {e.name: e.device_pool for e in self.entries}
-        if all(isinstance(d, ShmDevicePool) for n, d in devices.items() if n not in logical):
-            for n in logical:
-                if not isinstance(devices[n], ShmDevicePool):
-                    # No bytes to hold: only its device rows' count matters.
-                    devices[n] = self.client.shm_device_pool(self.entry_map[n].host_pool.name,
-                                                             logical[n])
-                    self._own_devices.append(devices[n])
-            self._attachment = self.client.attach_group_shm(self.name, devices,
-                                                            layer_progress=True)
-        else:
-            tensors = {e.name: ({} if e.name in logical else
-                                e.host_pool._device_components(e.device_pool))
-                       for e in self.entries}
-            self._attachment = self.client.attach_group_tensors(
-                self.name, tensors, device_size_tokens=logical, layer_progress=True,
-                load_event_sets=HostKVCache._LOAD_EVENT_SETS)
-        return self._attachment
-
-    def _pool_transfers(self, pool_transfers: Any) -> Dict[str, Tuple[Any, Any]]:
-        """The seed's PoolTransfer list (.name, .host_indices,
-        .device_indices; None host indices skipped) or a dict as
-        Attachment.backup takes, as that dict."""
-        if pool_transfers is None:
-            return {}
-        if isinstance(pool_transfers, Mapping):
-            return dict(pool_transfers)
-        out: Dict[str, Tuple[Any, Any]] = {}
-        for t in pool_transfers:
-            if t.host_indices is None:
-                continue
-            out[t.name] = (_as_list(t.host_indices), _as_list(t.device_indices))
-        return out
-
-    def _cuda_stream(self, att: Attachment) -> Any:
-        """torch's current stream on the cuda backend, None on the host
-        backend (as the pools' own, HostKVCache._cuda_stream)."""
-        return self.anchor_entry.host_pool._cuda_stream(att)
-
-    def backup_from_device_all_layer(self, device_pool: Any, host_indices: Any,
-                                     device_indices: Any, io_backend: Any = "kernel",
-                                     pool_transfers: Any = None) -> None:
-        """The anchor's rows and each pool_transfers entry's, device -> host,
-        every layer. `device_pool` is ignored (the entries' are used), as in
-        the seed. As the pools' backups: on CUDA it returns once queued, the
-        current stream's writes before the call fenced and the stream made
-        to wait for the backup's end (a failure raises from the next
-        transfer call or close()); on the host backend once copied."""
-        HostKVCache._check_io_backend(io_backend)
-        att = self.attachment()
-        self._transfers.backup(att, self._cuda_stream(att), _as_list(host_indices),
-                               _as_list(device_indices), layers=self.layer_num,
-                               torch=self.anchor_entry.host_pool._torch,
-                               pool_transfers=self._pool_transfers(pool_transfers))
-
-    def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
-                                 device_indices: Any, layer_id: int, io_backend: Any = "kernel",
-                                 pool_transfers: Any = None) -> None:
-        """Model layer `layer_id` of a load, host -> device: layer 0 submits
-        the anchor's rows and each pool_transfers entry's for every layer,
-        then every call waits for its layer (every entry's mapped layer): on
-        CUDA on the current stream, with no host wait for the copies (a
-        failure raises from the next transfer call or close()); on the host
-        backend the last layer also waits for the whole load. RuntimeError
-        for a later layer with no load of layer 0 pending."""
-        HostKVCache._check_io_backend(io_backend)
-        att = self.attachment()
-        self._transfers.load_layer(att, self._cuda_stream(att), int(layer_id),
-                                   _as_list(host_indices), _as_list(device_indices),
-                                   layers=self.layer_num, what=f"group '{self.name}'",
-                                   pool_transfers=self._pool_transfers(pool_transfers))
-
-    def close(self) -> None:
-        """Detaches the group's attachment; the group and its pools stay.
-        Waits first for the transfers no call waited for (CUDA), and raises
-        the first one's error once detached."""
-        failed = self._transfers.drain()
-        if self._attachment is not None:
-            self._attachment.__exit__(None, None, None)
-            self._attachment = None
-        for dev in self._own_devices:
-            dev.close()
-        self._own_devices = []
-        if failed is not None:
-            raise failed
-
-    def __enter__(self) -> "HostPoolGroup":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return (f"HostPoolGroup({self.name!r}, entries={[e.name for e in self.entries]}, "
-                f"anchor={self.anchor_entry.name!r})")
-
-
-def _layer_map(entry: PoolEntry, layer_num: int) -> List[int]:
-    """The entry's layer_mapper over the model layers as PoolEntry.layer_map
-    (-1 for None); a LOGICAL pool holds no layers, so all -1."""
-    if isinstance(entry.host_pool, LogicalHostPool):
-        return [-1] * layer_num
-    mapped = (entry.layer_mapper(layer) for layer in range(layer_num))
-    return [-1 if m is None else int(m) for m in mapped]
-
-
-def _as_list(indices: Any) -> Any:
-    """Indices as the ABI takes them (a tensor's values through .tolist())."""
-    if indices is None:
-        return []
-    return indices.tolist() if hasattr(indices, "tolist") else indices

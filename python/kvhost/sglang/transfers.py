@@ -34,8 +34,8 @@ import collections
 import threading
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple, TypeVar
 
-from .errors import ResourceExhausted
-from .transfer import Attachment, LoadTicket, Ticket
+from ..errors import ResourceExhausted
+from ..transfer import Attachment, LoadTicket, Ticket
 
 T = TypeVar("T")
 

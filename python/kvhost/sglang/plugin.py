@@ -50,12 +50,14 @@ Sizes are sglang's: --hicache-size (GB) or --hicache-ratio, and the layout
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, cast
 
-from . import sglang as _pools
-from .client import DEFAULT_ADDRESS
-from .shm import ShmDevicePool
-from .transfer import Attachment
+from ..client import DEFAULT_ADDRESS
+from ..shm import ShmDevicePool
+from ..transfer import Attachment
+from . import kinds as _kinds
+from .host_pool import HostKVCache
+from .spec import GIB, IO_BACKENDS
 
 #: --hicache-storage-backend values that work on kvhost pools: none; the file
 #: backend (it copies pages through get_data_page / set_from_flat_data_page);
@@ -144,14 +146,24 @@ def _refuse(pool_label: str, refused: List[str]) -> None:
 def _sizes(host_to_device_ratio: float, host_size: float, host_token_capacity: Optional[int],
            device_capacity_tokens: int) -> Dict[str, Any]:
     """HostKVCache's size arguments from sglang's: a fixed capacity, else
-    GB, else the ratio (sglang's order)."""
-    return dict(host_size=0.0 if host_token_capacity else float(host_size or 0),
+    sglang's ``host_size`` (``--hicache-size``: decimal GB, 10**9 bytes, as
+    sglang's own pools read it) converted to GiB, else the ratio (sglang's
+    order)."""
+    gib = 0.0 if host_token_capacity else float(host_size or 0) * 1e9 / GIB
+    return dict(host_size_gib=gib,
                 host_size_tokens=int(host_token_capacity or 0),
                 host_to_device_ratio=float(host_to_device_ratio or 0),
                 device_size=int(device_capacity_tokens))
 
 
-class _CapturedDevicePool:
+# Type-checked as the HostKVCache it is mixed into; a plain mixin at run time.
+if TYPE_CHECKING:
+    _Mixin = HostKVCache
+else:
+    _Mixin = object
+
+
+class _CapturedDevicePool(_Mixin):
     """What the plugin's pools share: sglang's host pools capture the device
     tensors of their buffer infos (the target's, then each packed MTP draft's
     layers) at construction, so a pool attaches those, once, whatever device
@@ -193,7 +205,7 @@ class _CapturedDevicePool:
                                               load_event_sets=self._LOAD_EVENT_SETS)
         raise ValueError(f"kvhost pool '{self.name}': its device tensors are on the CPU and "
                          f"lie in no registered ShmDevicePool (host backend: "
-                         f"kvhost.sglang_plugin.register_shm_device_pool)")
+                         f"kvhost.sglang.plugin.register_shm_device_pool)")
 
     def load_to_device_per_layer(self, device_pool: Any, host_indices: Any,
                                  device_indices: Any, layer_id: int,
@@ -243,7 +255,7 @@ def _mha_refusals(infos: Sequence[Any], head_group_num: int,
     return refused
 
 
-class MHATokenToKVPoolHost(_CapturedDevicePool, _pools.MHATokenToKVPoolHost):
+class MHATokenToKVPoolHost(_CapturedDevicePool, _kinds.MHATokenToKVPoolHost):
     """sglang's MHA host pool, constructed as build_kv_host_pool does, over
     a kvhostd pool, packed MTP draft layers after the target's. Refuses
     (ValueError naming it) what kvhost cannot serve: KV scales (MXFP8), more
@@ -287,7 +299,7 @@ class MHATokenToKVPoolHost(_CapturedDevicePool, _pools.MHATokenToKVPoolHost):
 
 
 class AsymmetricMHATokenToKVPoolHost(MHATokenToKVPoolHost,
-                                     _pools.AsymmetricMHATokenToKVPoolHost):
+                                     _kinds.AsymmetricMHATokenToKVPoolHost):
     """sglang's host pool for MHA whose V width differs from K's (MiMo-V2),
     with sglang's (MHA's) constructor: kvhost's MHA_ASYMMETRIC pool, K and V
     in two buffers; page_first or page_first_direct (kvhostd refuses another
@@ -296,7 +308,7 @@ class AsymmetricMHATokenToKVPoolHost(MHATokenToKVPoolHost,
     _ASYMMETRIC = True
 
 
-class MHATokenToKOnlyPoolHost(_CapturedDevicePool, _pools.MHATokenToKOnlyPoolHost):
+class MHATokenToKOnlyPoolHost(_CapturedDevicePool, _kinds.MHATokenToKOnlyPoolHost):
     """sglang's MiniMax sparse index-K host pool, constructed as
     build_minimax_sparse_hicache_stack does: kvhost's K_ONLY pool (named for
     the anchor's label + "-index-k") following the anchor's slots, which
@@ -308,7 +320,7 @@ class MHATokenToKOnlyPoolHost(_CapturedDevicePool, _pools.MHATokenToKOnlyPoolHos
                  allocator_type: str = "default") -> None:
         label = f"{getattr(anchor_host, 'pool_label', 'kv')}-index-k"
         refused = []
-        if not isinstance(anchor_host, _pools.HostKVCache):
+        if not isinstance(anchor_host, HostKVCache):
             refused.append(f"an index-K pool following {type(anchor_host).__name__} (not a "
                            f"kvhost pool)")
         if allocator_type not in ("default", None):
@@ -325,7 +337,7 @@ class MHATokenToKOnlyPoolHost(_CapturedDevicePool, _pools.MHATokenToKOnlyPoolHos
         self.token_stride_size = self.head_num * self.head_dim * self.dtype.itemsize
 
 
-class MambaPoolHost(_CapturedDevicePool, _pools.MambaPoolHost):
+class MambaPoolHost(_CapturedDevicePool, _kinds.MambaPoolHost):
     """sglang's Mamba state host pool, constructed as build_mamba_host_pool
     does: kvhost's MAMBA pool (label "mamba"), a slot per request, the
     temporal and conv states of each layer, packed MTP draft layers after
@@ -374,7 +386,7 @@ class MambaPoolHost(_CapturedDevicePool, _pools.MambaPoolHost):
         self.mtp_draft_buffer_infos = tuple(mtp_draft_buffer_infos)
 
 
-class DSAIndexerPoolHost(_CapturedDevicePool, _pools.DSAIndexerPoolHost):
+class DSAIndexerPoolHost(_CapturedDevicePool, _kinds.DSAIndexerPoolHost):
     """sglang's DSA indexer host pool, constructed as its builder
     (DSAIndexerHostPoolBuilder.build) does: kvhost's DSA_INDEXER pool
     (labelled the anchor's label + "-" + the pool name) following the MLA
@@ -394,7 +406,7 @@ class DSAIndexerPoolHost(_CapturedDevicePool, _pools.DSAIndexerPoolHost):
         refused = []
         if is_dummy:
             refused.append("allocator-only DSA indexer pools (is_dummy)")
-        if not isinstance(anchor_host, _pools.HostKVCache):
+        if not isinstance(anchor_host, HostKVCache):
             refused.append(f"an indexer following {type(anchor_host).__name__} (not a kvhost "
                            f"pool)")
         if getattr(pool, "layer_shard_enabled", False):
@@ -448,7 +460,7 @@ def _dsa_indexer_builder(original: Any, builder: Any, *, decl: Any, anchor_host:
                               packed_draft_device_pools=packed_draft_device_pools)
 
 
-class MLATokenToKVPoolHost(_CapturedDevicePool, _pools.MLATokenToKVPoolHost):
+class MLATokenToKVPoolHost(_CapturedDevicePool, _kinds.MLATokenToKVPoolHost):
     """sglang's MLA host pool (DeepSeek), constructed as build_kv_host_pool
     does, over a kvhostd pool: one latent row per token and layer, packed
     MTP draft layers after the target's. Refuses (ValueError naming it)
@@ -529,7 +541,7 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
     if not enabled():
         return original(*args, **kwargs)
     import importlib  # noqa: PLC0415
-    asm = importlib.import_module(_ASSEMBLER)
+    asm: Any = importlib.import_module(_ASSEMBLER)
     kv_pool = kwargs.get("kv_pool")
     refused = []
     if isinstance(kv_pool, asm.PageInterleaveKVPoolMixin):
@@ -537,9 +549,9 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
     if asm.get_parallel().dcp_enabled:
         refused.append("decode context parallelism (DCP)")
     io_backend = getattr(asm.get_memory(), "hicache_io_backend", None)
-    if io_backend not in (None, *_pools.IO_BACKENDS):
+    if io_backend not in (None, *IO_BACKENDS):
         refused.append(f"--hicache-io-backend {io_backend} (kvhostd's copy engine serves "
-                       f"{' and '.join(_pools.IO_BACKENDS)})")
+                       f"{' and '.join(IO_BACKENDS)})")
     backend = getattr(asm.get_memory(), "hicache_storage_backend", None)
     if backend not in STORAGE_BACKENDS:
         refused.append(f"--hicache-storage-backend {backend} (kvhost pools serve "
@@ -554,7 +566,7 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _mha_host_pool_cls(original: Any, buffer_info: Any) -> type:
     if not enabled():
-        return original(buffer_info)
+        return cast(type, original(buffer_info))
     if buffer_info.v_head_dim != buffer_info.head_dim:
         return AsymmetricMHATokenToKVPoolHost
     return MHATokenToKVPoolHost
@@ -569,7 +581,7 @@ def _separate_swa_pools(original: Any, *args: Any, **kwargs: Any) -> bool:
 
 def _refusing_strategy() -> Any:
     import importlib  # noqa: PLC0415
-    asm = importlib.import_module(_ASSEMBLER)
+    asm: Any = importlib.import_module(_ASSEMBLER)
 
     def refusal(kvcache: Any, components: Any) -> Optional[str]:
         """Why the plugin does not build this stack's host pools; None
@@ -603,7 +615,7 @@ def _refusing_strategy() -> Any:
                     "another pool")
         return "no kvhost host pools for this stack"
 
-    class RefuseUnsupportedStacks(asm.StackStrategy):
+    class RefuseUnsupportedStacks(asm.StackStrategy):  # type: ignore[misc]  # untyped sglang
         """Matches every stack the plugin does not build and refuses it by name."""
 
         def matches(self, kvcache: Any, components: Any) -> bool:
@@ -631,9 +643,12 @@ def register() -> None:
         check_release(sglang.__version__)
     except RuntimeError as e:
         # sglang's loader logs a plugin's exception and goes on with its own
-        # pools; failing where the host pool is built stops the start-up.
+        # pools; failing where the host pool is built stops the start-up. The
+        # message is kept: `e` is unbound once this block ends.
+        message = str(e)
+
         def refuse(original: Any, *args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError(str(e))
+            raise RuntimeError(message)
         HookRegistry.register(f"{_ASSEMBLER}.build_kv_host_pool", refuse, HookType.AROUND)
         raise
     HookRegistry.register(f"{_ASSEMBLER}.get_mha_host_pool_cls", _mha_host_pool_cls,
@@ -645,7 +660,7 @@ def register() -> None:
     HookRegistry.register("sglang.srt.mem_cache.pool_host.dsa.DSAIndexerHostPoolBuilder.build",
                           _dsa_indexer_builder, HookType.AROUND)
     import importlib  # noqa: PLC0415
-    asm = importlib.import_module(_ASSEMBLER)
+    asm: Any = importlib.import_module(_ASSEMBLER)
     # The assembler's own name only: HookRegistry's class REPLACE would
     # rebind sglang's class in every module, and its isinstance checks with it.
     asm.MLATokenToKVPoolHost = MLATokenToKVPoolHost

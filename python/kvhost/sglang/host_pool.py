@@ -1,54 +1,8 @@
-"""sglang HiCache's host pool (HostKVCache) backed by kvhostd.
-
-:class:`MHATokenToKVPoolHost` and :class:`MLATokenToKVPoolHost` have the
-calls and semantics of sglang's classes of those names (docs/SGLANG.md);
-the seeds' other host pools (K-only, asymmetric MHA, DSA, DSA indexer,
-Mamba, logical, DeepSeek-V4 paged and state) and pool groups
-(:class:`HostPoolGroup` of :class:`PoolEntry`) come from
-kvhost/sglang_kinds.py and are re-exported here. kvhost.sglang_plugin puts
-the MHA pool on sglang's own HiCache path (sglang's constructor, no sglang patch);
-with sglang importable, HostKVCache here subclasses sglang's. The slots and their
-bytes live in a kvhostd pool, so several schedulers on a node share one
-daemon's memory and a scheduler restart keeps the cache.
-
-What differs from sglang, on purpose:
-
-- Construction takes the pool's name and shape instead of a device pool:
-  sizes are ``host_size`` (GB), ``host_size_tokens``, or
-  ``host_to_device_ratio`` with ``device_size`` (tokens). A pool of that name
-  that exists already is opened, if its shape is the one asked for and it
-  is protected by the client's owner token (kvhost.pools.adopt_pool).
-- ``load_to_device_per_layer`` (with sglang's ``is_draft``) for layer 0 submits the load of every layer
-  at once and then waits for layer 0; later layer ids wait for their layer of
-  that load (sglang issues one copy per call). The daemon records per-layer
-  progress, so layer l's attention may start while later layers arrive.
-- Neither transfer call waits for the copy on the cuda backend: the waits are
-  GPU-side, on torch's current stream (a backup's ready fence is an event
-  recorded there; its end is its last layer's event, waited on there), and a
-  failed transfer raises from the pool's next transfer call or close(). On
-  the host backend both calls return once copied.
-- ``free`` of a slot that is not allocated raises the daemon's
-  FailedPrecondition (sglang appends it to the free list unchecked);
-  ``clear`` frees the slots this object allocated, not other schedulers'.
-- One scheduler owns a pool at a time: construction claims it
-  (PoolService.ClaimPool) for ``instance_id`` within the client's worker
-  session. A restarted scheduler's claim frees its dead predecessor's slots
-  (the radix tree indexing them died with it), logged at info; a second
-  live scheduler on the pool is refused (FailedPrecondition naming the
-  holder). Once the session is lost (kvhostd restarted, or the connection
-  broke and the daemon ended the session) every slot call raises
-  :class:`SessionLost`: the pool's contents can no longer be trusted, so
-  the scheduler must be restarted, never fed zeroed KV.
-- ``get_page_buffer_meta`` maps the pool's region files into this process
-  so that its pointers are real (zero-copy storage backends read them).
-
-Return types: with torch installed, slot indices are int64 tensors and pages
-tensors of the pool's dtype (sglang's); without it, numpy arrays when numpy
-is installed, else lists and bytes. ``tensors=False`` picks the latter.
-
-Thread safety: as sglang's (its allocator lock is the daemon's); the load
-tickets of per-layer loads are kept per device pool, one load at a time
-(kvhost/_sglang_transfers.py keeps them, and the tickets not waited for).
+"""HostKVCache: sglang HiCache's host pool calls over one kvhostd pool (the
+base of every kvhost.sglang pool kind; kvhost/sglang/__init__.py says what
+differs from sglang). Claims the pool for one scheduler (SessionLost once
+its session is gone), maps its regions for zero-copy page pointers, and
+moves rows through one attachment with SchedulerTransfers.
 """
 
 from __future__ import annotations
@@ -59,22 +13,16 @@ import mmap
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple, cast
 
-from . import _arrays
-from ._sglang_transfers import SchedulerTransfers
-from .client import DEFAULT_ADDRESS, Client
-from .errors import AlreadyExists, FailedPrecondition, ResourceExhausted, Unavailable
-from .pools import adopt_pool
-from .shm import ShmDevicePool
-from .transfer import Attachment
-
-__all__ = ["AsymmetricMHATokenToKVPoolHost", "DSAIndexerPoolHost", "DSATokenToKVPoolHost",
-           "DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool", "HostKVCache",
-           "HostPoolGroup", "IO_BACKENDS", "LAYOUTS", "LogicalHostPool",
-           "MHATokenToKOnlyPoolHost", "MHATokenToKVPoolHost", "MLATokenToKVPoolHost",
-           "MambaPoolHost", "PoolEntry", "SessionLost", "dtype_enum", "get_mha_host_pool_cls",
-           "instance_id_for", "layout_enum"]
+from .. import _arrays
+from ..client import DEFAULT_ADDRESS, Client
+from ..errors import AlreadyExists, FailedPrecondition, ResourceExhausted, Unavailable
+from ..pools import adopt_pool
+from ..shm import ShmDevicePool
+from ..transfer import Attachment
+from .spec import GIB, IO_BACKENDS, ITEMSIZE, TORCH_DTYPE, dtype_enum, layout_enum
+from .transfers import SchedulerTransfers
 
 _log = logging.getLogger("kvhost.sglang")
 
@@ -82,7 +30,6 @@ _log = logging.getLogger("kvhost.sglang")
 #: (the dead predecessor's transfers still running; they end within
 #: kvhostd's --session-timeout, 5 s by default).
 CLAIM_WAIT_S = 30.0
-
 
 class SessionLost(FailedPrecondition):
     """The worker session that claimed a HostKVCache's pool is gone (kvhostd
@@ -98,52 +45,6 @@ def instance_id_for(pool: str) -> str:
     each TP rank has its own pool."""
     return os.environ.get("KVHOST_INSTANCE_ID") or f"sglang:{pool}"
 
-#: sglang's layout names -> kvhost.v1.Layout. sglang's MLA
-#: "page_first_kv_split" has no kvhost layout and is refused.
-LAYOUTS = {
-    "layer_first": "LAYER_FIRST",
-    "page_first": "PAGE_FIRST",
-    "page_first_direct": "PAGE_FIRST_DIRECT",
-    "page_head": "PAGE_HEAD",
-    "page_unified": "PAGE_UNIFIED",
-}
-
-#: dtype spellings (torch's without "torch.", and kvhost's) -> kvhost.v1.DType.
-DTYPES = {
-    "bfloat16": "BF16", "bf16": "BF16",
-    "float16": "FP16", "half": "FP16", "fp16": "FP16",
-    "float32": "FP32", "float": "FP32", "fp32": "FP32",
-    "float8_e4m3fn": "FP8_E4M3", "fp8_e4m3": "FP8_E4M3",
-    "float8_e5m2": "FP8_E5M2", "fp8_e5m2": "FP8_E5M2",
-    "uint8": "UINT8",
-}
-_ITEMSIZE = {"BF16": 2, "FP16": 2, "FP32": 4, "FP8_E4M3": 1, "FP8_E5M2": 1, "UINT8": 1}
-_TORCH_DTYPE = {"BF16": "bfloat16", "FP16": "float16", "FP32": "float32",
-                "FP8_E4M3": "float8_e4m3fn", "FP8_E5M2": "float8_e5m2", "UINT8": "uint8"}
-#: sglang's io_backend values; the daemon picks its own copy engine for both.
-IO_BACKENDS = ("kernel", "direct")
-#: The layouts whose pages are one block per component (is_stride_page_aligned).
-_PAGE_MAJOR = ("PAGE_FIRST", "PAGE_FIRST_DIRECT", "PAGE_HEAD")
-
-
-def layout_enum(layout: str) -> str:
-    """kvhost's Layout name for sglang's `layout`; ValueError naming it."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}: kvhostd has "
-                         f"{', '.join(repr(k) for k in LAYOUTS)}")
-    return LAYOUTS[layout]
-
-
-def dtype_enum(dtype: Any) -> str:
-    """kvhost's DType name for a torch dtype or its name; ValueError naming it."""
-    key = str(dtype).lower()
-    key = key[len("torch."):] if key.startswith("torch.") else key
-    if key.upper() in _ITEMSIZE:
-        return key.upper()
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}: kvhostd has {', '.join(sorted(DTYPES))}")
-    return DTYPES[key]
-
 
 def _sglang_base() -> type:
     """sglang's HostKVCache when sglang is importable (so its defaults, such
@@ -155,7 +56,7 @@ def _sglang_base() -> type:
         from sglang.srt.mem_cache.pool_host.base import HostKVCache as base  # noqa: PLC0415
     except ImportError:
         return object
-    return base
+    return cast(type, base)
 
 
 def _torch(wanted: Optional[bool]) -> Any:
@@ -171,21 +72,28 @@ def _torch(wanted: Optional[bool]) -> Any:
     return torch
 
 
-class HostKVCache(_sglang_base()):
+# mypy checks against object: sglang's class is untyped, and optional.
+if TYPE_CHECKING:
+    _Base = object
+else:
+    _Base = _sglang_base()
+
+
+class HostKVCache(_Base):
     """A kvhostd pool with sglang HostKVCache's calls (use a subclass).
 
     With sglang importable this subclasses sglang's HostKVCache without
     calling its constructor (which allocates the buffer in-process): the
     members sglang's callers read are set here (docs/SGLANG.md lists them;
     tests/python_sglang_contract_test.py checks them against the pinned
-    release). kvhost.sglang_plugin's classes take sglang's constructor.
+    release). kvhost.sglang.plugin's classes take sglang's constructor.
 
     Args:
       name: the pool's name (one per scheduler, or per model and rank).
       client: a kvhost.Client to use (it must outlive this object), or None
         to connect to `address` (closed by close()).
       layout, dtype, page_size, layer_num: as sglang's.
-      host_size: GB of host memory; host_size_tokens: slots; or
+      host_size_gib: GiB (2**30 bytes) of host memory; host_size_tokens: slots; or
         host_to_device_ratio with device_size (the device pool's tokens).
       tensors: torch results (None: when torch is installed).
       instance_id: the sglang instance claiming the pool (instance_id_for:
@@ -216,10 +124,10 @@ class HostKVCache(_sglang_base()):
     def __init__(self, name: str, *, client: Optional[Client] = None,
                  address: str = DEFAULT_ADDRESS, layout: str = "layer_first",
                  dtype: Any = "bfloat16", page_size: int = 1, layer_num: int,
-                 host_size: float = 0.0, host_size_tokens: int = 0,
+                 host_size_gib: float = 0.0, host_size_tokens: int = 0,
                  host_to_device_ratio: float = 0.0, device_size: int = 0,
                  start_layer: int = 0, tensors: Optional[bool] = None,
-                 shape: Dict[str, int], end_layer: Optional[int] = None,
+                 shape: Dict[str, Any], end_layer: Optional[int] = None,
                  target_layer_num: Optional[int] = None, pool_label: str = "kv",
                  instance_id: Optional[str] = None, claim_wait: float = CLAIM_WAIT_S) -> None:
         self.layout = layout
@@ -227,7 +135,7 @@ class HostKVCache(_sglang_base()):
         spec: Dict[str, Any] = {
             "kind": self._KIND, "layout": layout_enum(layout), "dtype": dtype_enum(dtype),
             "page_size": int(page_size), "layer_num": int(layer_num),
-            "size_tokens": int(host_size_tokens), "size_bytes": int(float(host_size) * 1e9),
+            "size_tokens": int(host_size_tokens), "size_bytes": round(float(host_size_gib) * GIB),
             "host_to_device_ratio": float(host_to_device_ratio),
             "device_size_tokens": int(device_size), "start_layer": int(start_layer), **shape}
         self._torch = _torch(tensors)
@@ -257,7 +165,7 @@ class HostKVCache(_sglang_base()):
         self.info = info
         #: kvhost's DType name; `dtype` is the torch.dtype when torch is used.
         self.kv_dtype = spec["dtype"]
-        self.dtype = (getattr(self._torch, _TORCH_DTYPE[self.kv_dtype])
+        self.dtype = (getattr(self._torch, TORCH_DTYPE[self.kv_dtype])
                       if self._torch is not None else self.kv_dtype)
         self.page_size = int(page_size)
         self.layer_num = int(layer_num)
@@ -272,7 +180,7 @@ class HostKVCache(_sglang_base()):
         self.size_per_token = int(info["bytes_per_token"])
         self.bytes_per_page = int(info["bytes_per_page"])
         # Pages (index // page_size) this object allocated: what clear() frees.
-        self._pages: set = set()
+        self._pages: Set[int] = set()
         # Reentrant: mapping the regions (under it) may attach (under it).
         self._lock = threading.RLock()
         self._attachments: Dict[int, Attachment] = {}
@@ -414,7 +322,7 @@ class HostKVCache(_sglang_base()):
         torch = self._torch
         if torch is not None:
             t = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            t = t.view(getattr(torch, _TORCH_DTYPE[self._flat_dtype()]))
+            t = t.view(getattr(torch, TORCH_DTYPE[self._flat_dtype()]))
             return t if flat else t.reshape(self.page_shape())
         np = _arrays.numpy()
         if not flat:
@@ -433,7 +341,7 @@ class HostKVCache(_sglang_base()):
             view = self._page_view(int(index)) if self._torch is not None else None
             if view is not None:
                 return view
-        return self._as_page(self.client.get_data_page(self.name, int(index)), flat)
+        return self._as_page(cast(bytes, self.client.get_data_page(self.name, int(index))), flat)
 
     def _page_view(self, index: int) -> Any:
         """sglang's flat=False page as a view of the pool's mapped memory (a
@@ -449,7 +357,7 @@ class HostKVCache(_sglang_base()):
         meta = self.client.get_page_buffer_meta(self.name, list(range(index, index + ps)))
         segs = meta.get("segments", [])
         shape = self.page_shape()
-        itemsize = _ITEMSIZE[self.kv_dtype]
+        itemsize = ITEMSIZE[self.kv_dtype]
         lead, n = 0, 1
         while n < len(segs) and lead < len(shape):
             n *= shape[lead]
@@ -462,8 +370,8 @@ class HostKVCache(_sglang_base()):
                 or any(int(g["length"]) != block for g in segs):
             return None
         offs = [int(g["offset"]) for g in segs]
-        for order in (range(lead), reversed(range(lead))):  # which dim varies fastest
-            order = list(order)
+        for candidate in (range(lead), reversed(range(lead))):  # which dim varies fastest
+            order = list(candidate)
             strides, step = [0] * lead, 1
             for d in reversed(order):
                 strides[d] = step
@@ -482,7 +390,8 @@ class HostKVCache(_sglang_base()):
             size = len(self._maps[region][0])
         mem = torch.frombuffer(_arrays.raw_view(base, size, self), dtype=torch.uint8)
         mem = mem[:size - size % itemsize].view(self.dtype)
-        inner, step = [], 1
+        inner: List[int] = []
+        step = 1
         for d in reversed(rest):
             inner.insert(0, step)
             step *= d
@@ -493,8 +402,8 @@ class HostKVCache(_sglang_base()):
         torch = self._torch
         if torch is not None:
             dtype = self._flat_dtype()
-            return torch.zeros(self.bytes_per_page // _ITEMSIZE[dtype],
-                               dtype=getattr(torch, _TORCH_DTYPE[dtype]))
+            return torch.zeros(self.bytes_per_page // ITEMSIZE[dtype],
+                               dtype=getattr(torch, TORCH_DTYPE[dtype]))
         return bytearray(self.bytes_per_page)
 
     def set_from_flat_data_page(self, index: int, data_page: Any) -> None:
@@ -512,7 +421,7 @@ class HostKVCache(_sglang_base()):
         The regions come as descriptors over kvhostd's handoff socket
         (HANDOFF_KIND_POOL_MAP), checked against this client's session and
         token, through an attachment of this pool made within a session
-        (:meth:`_map_attachment`; sglang's path, kvhost.sglang_plugin, always
+        (:meth:`_map_attachment`; sglang's path, kvhost.sglang.plugin, always
         has one). Only a pool with no such attachment (kvhost's own
         constructors, used without a device pool) maps its region files by
         path (GetPool's region_paths, shown to the owner token's holder)."""
@@ -553,7 +462,7 @@ class HostKVCache(_sglang_base()):
         return None
 
     #: Whether the pool knows its device buffers from construction (sglang's
-    #: buffer_info, kvhost.sglang_plugin), so that mapping may attach them.
+    #: buffer_info, kvhost.sglang.plugin), so that mapping may attach them.
     _OWN_DEVICE = False
 
     def get_page_buffer_meta(self, indices: Any) -> Tuple[List[int], List[int]]:
@@ -570,20 +479,12 @@ class HostKVCache(_sglang_base()):
 
     def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
         """Whether every component's page start is `page_size_bytes`-aligned
-        (NIXL O_DIRECT). Derived from GetPool (the C ABI has no
-        IsStridePageAligned): region files are mapped at page boundaries, so
-        a page-major layout is aligned when each component's offset and page
-        stride are; LAYER_FIRST never is, as in sglang."""
-        if self.info["spec"]["layout"] not in _PAGE_MAJOR:
-            return False
-        n = int(page_size_bytes)
-        for comp in self.info["components"]:
-            stride = int(comp["row_bytes"]) * self.page_size // int(comp["row_tokens"])
-            # A page-major buffer holds all layers of a page together.
-            stride *= self.layer_num
-            if int(comp["offset"]) % n or stride % n:
-                return False
-        return True
+        (NIXL O_DIRECT), as kvhostd answers it (IsStridePageAligned: a
+        page-major layout's component buffers and page strides, PAGE_UNIFIED's
+        page block and head-group range; LAYER_FIRST never, as in sglang).
+        InvalidArgument for an alignment that is not a power of two."""
+        answer = self.client.stride_alignment(self.name, int(page_size_bytes))
+        return bool(answer["aligned"])
 
     # --- transfers ----------------------------------------------------------
 
@@ -774,72 +675,3 @@ class HostKVCache(_sglang_base()):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.name!r}, layout={self.layout!r}, "
                 f"size={self.size}, page_size={self.page_size})")
-
-
-class MHATokenToKVPoolHost(HostKVCache):
-    """sglang's MHA host pool: a K and a V row per token and layer."""
-
-    _KIND = "MHA"
-
-    def __init__(self, name: str, *, head_num: int, head_dim: int, **kw: Any) -> None:
-        self.head_num, self.head_dim = int(head_num), int(head_dim)
-        super().__init__(name, shape={"head_num": self.head_num, "head_dim": self.head_dim},
-                         **kw)
-
-    def page_shape(self) -> Tuple[int, ...]:
-        lay, ps, L, H, D = self.layout, self.page_size, self.layer_num, self.head_num, \
-            self.head_dim
-        return {"layer_first": (2, L, ps, H, D), "page_first": (2, ps, L, H, D),
-                "page_first_direct": (2, 1, L, ps, H, D),
-                "page_head": (2, 1, H, ps, L, D),
-                # (page, head_group, layer, 2, ps, head_in_group, dim); one group
-                "page_unified": (1, 1, L, 2, ps, H, D)}[lay]
-
-    def get_ksize_per_token(self) -> int:
-        return self.size_per_token // 2
-
-    @property
-    def token_stride_size(self) -> int:
-        """sglang's bytes of one token's K (or V) row in one layer."""
-        return self.head_num * self.head_dim * _ITEMSIZE[self.kv_dtype]
-
-    def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
-        return {"k": list(device_pool.k_buffer), "v": list(device_pool.v_buffer)}
-
-
-class MLATokenToKVPoolHost(HostKVCache):
-    """sglang's MLA host pool: one latent row per token and layer."""
-
-    _KIND = "MLA"
-
-    def __init__(self, name: str, *, kv_lora_rank: int, qk_rope_head_dim: int,
-                 **kw: Any) -> None:
-        self.kv_lora_rank, self.qk_rope_head_dim = int(kv_lora_rank), int(qk_rope_head_dim)
-        self.kv_cache_dim = self.kv_lora_rank + self.qk_rope_head_dim
-        super().__init__(name, shape={"kv_lora_rank": self.kv_lora_rank,
-                                      "qk_rope_head_dim": self.qk_rope_head_dim}, **kw)
-
-    def page_shape(self) -> Tuple[int, ...]:
-        lay, ps, L, Cd = self.layout, self.page_size, self.layer_num, self.kv_cache_dim
-        if lay == "page_head":
-            raise ValueError("MLA has no 'page_head' layout")
-        return {"layer_first": (L, ps, 1, Cd), "page_first": (ps, L, 1, Cd),
-                "page_first_direct": (1, L, ps, 1, Cd),
-                "page_unified": (1, L, ps, Cd)}[lay]
-
-    @property
-    def token_stride_size(self) -> int:
-        """sglang's bytes of one token's latent row in one layer."""
-        return self.kv_cache_dim * _ITEMSIZE[self.kv_dtype]
-
-    def _device_components(self, device_pool: Any) -> Dict[str, List[Any]]:
-        return {"latent": list(device_pool.kv_buffer)}
-
-
-# The seeds' other host pools (kvhost/sglang_kinds.py), which build on the
-# classes above.
-from .sglang_kinds import (AsymmetricMHATokenToKVPoolHost, DSAIndexerPoolHost,  # noqa: E402
-                           DSATokenToKVPoolHost, DeepSeekV4PagedHostPool,
-                           DeepSeekV4StateHostPool, HostPoolGroup, LogicalHostPool,
-                           MHATokenToKOnlyPoolHost, MambaPoolHost, PoolEntry,
-                           get_mha_host_pool_cls)
