@@ -12,7 +12,8 @@
 # pure-Python wheels from PyPI. NEEDED was found by importing the test's sglang modules
 # under Python 3.12 and PyPI's torch 2.11.0+cu130, with torch.cuda.is_available() forced
 # true (sglang imports its CUDA kernels only then): every distribution imported, less
-# torch's. Exceptions:
+# torch's, and certifi (requests imports it; found by installing this set into such a
+# venv through gpu_run.sh OUT sglang, the way the GPU machine does). Exceptions:
 #   - torchvision: sglang imports it, and the pinned 0.29.2 is built for torch 2.14
 #     ("operator torchvision::nms does not exist" on 2.11); KVHOST_GPU_TORCHVISION
 #     (default 0.26.0, torch 2.11's) is carried instead; gpu_run.sh keeps the
@@ -27,8 +28,8 @@
 # the test's modules loads), with its RECORD to match. Each wheel is re-zipped
 # uncompressed (the same files, so its RECORD holds) and the set xz-compressed
 # together: ~40 MiB instead of 84 MiB of wheels (47 MiB with those extensions).
-# Takes ~5 minutes on a 2-core machine (xz -9e), most of it compressing. Downloads are kept in
-# $KVHOST_ENGINE_ROOT/wheels-cp312 (default /var/cache/kvhost) and reused.
+# Takes ~5 minutes on a 2-core machine (xz -9e), most of it compressing. Downloads are
+# kept in $KVHOST_ENGINE_ROOT/wheels-cp312 (default /var/cache/kvhost) and reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/engine_wheels_gpu.sh OUT_DIR}
