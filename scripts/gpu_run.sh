@@ -3,7 +3,7 @@
 # build dependencies: the gpu tests, the integration tests, the CUDA
 # transfer benchmark, then the Python benchmarks, each with its output under
 # OUT_DIR.
-#   scripts/gpu_run.sh OUT_DIR [tests|bench|pybench|mps-bench|all] [bench flags...]
+#   scripts/gpu_run.sh OUT_DIR [tests|bench|pybench|mps-bench|sglang|all] [bench flags...]
 # mps-bench runs the benchmark again under MPS (started here and stopped
 # before the script ends, also on failure). pybench runs bench/python's
 # rpc_bench.py and transfer_bench.py (a torch worker over the Python package,
@@ -13,9 +13,17 @@
 # OUT_DIR/pybench). The benchmark's GEMM worker dlopens cuBLAS: KVHOST_CUBLAS
 # is set here to the first libcublas.so.* of a pip nvidia package (torch's)
 # when not set already; the benchmark itself also tries the loader path.
+# sglang (not part of all) runs tests/python_sglang_gpu_engine_test.py: sglang's own
+# HostPoolGroup / HybridCacheController / L2TransferEngine over kvhost pools and
+# sglang's CUDA device pools, in a venv (KVHOST_SGLANG_VENV, default .sglang-venv)
+# made with `python3 -m venv --system-site-packages` (torch is the machine's; its
+# site is added by a .pth where python3 is itself a venv, whose packages a venv made
+# from it does not see) from the wheels scripts/engine_wheels_gpu.sh packed on a
+# machine with network (KVHOST_ENGINE_WHEELS, default enginez/engine-wheels-cp312.tar.xz;
+# the machine's own torchvision is kept where it imports). Setup in OUT_DIR/sglang_venv.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-out=${1:?usage: scripts/gpu_run.sh OUT_DIR [tests|bench|pybench|mps-bench|all] [bench flags...]}
+out=${1:?usage: scripts/gpu_run.sh OUT_DIR [tests|bench|pybench|mps-bench|sglang|all] [bench flags...]}
 what=${2:-all}
 shift $(( $# >= 2 ? 2 : 1 ))
 mkdir -p "$out"
@@ -88,6 +96,52 @@ if [ "$what" = pybench ] || [ "$what" = all ]; then
     --lib=bundle/lib/libkvhost_c.so.1 --cxx-bench=bundle/bin/kvhost_cuda_transfer_bench \
     --allocator=default,expandable,cumem --seconds=1.5 --out-dir="$out/pybench" \
     --json-out="$out/py_transfer_bench.json" ${pyflags[@]+"${pyflags[@]}"}
+fi
+sglang_venv() {  # sglang_venv WHEELS_TAR VENV: the venv for the sglang step
+  local tar=$1 venv=$2 site pipwheel="" wheels=()
+  [ -f "$tar" ] || { echo "no $tar: run scripts/engine_wheels_gpu.sh enginez where PyPI" \
+    "is reachable, and carry enginez/"; return 1; }
+  rm -rf "$venv"
+  python3 -m venv --system-site-packages "$venv" ||
+    python3 -m venv --system-site-packages --without-pip "$venv" || return 1
+  if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+    site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))') ||
+      { echo "python3 ($(command -v python3)) cannot import torch"; return 1; }
+    echo "$site" >"$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-machine-torch.pth"
+    echo "torch from $site (.pth)"
+  fi
+  mkdir -p "$venv/wheels"
+  tar -xJf "$tar" -C "$venv/wheels" || return 1
+  for w in "$venv"/wheels/*.whl; do
+    case $(basename "$w") in
+      pip-*) pipwheel=$w; continue ;;
+      torchvision-*) if "$venv/bin/python" -c 'import torchvision' 2>/dev/null; then
+          echo "torchvision: the machine's own"; continue; fi ;;
+    esac
+    wheels+=("$w")
+  done
+  if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+    echo "no pip in the venv: installing the carried $(basename "$pipwheel")"
+    "$venv/bin/python" "$pipwheel/pip" install -q --no-index --no-deps "$pipwheel" || return 1
+  fi
+  "$venv/bin/python" -m pip --disable-pip-version-check install -q --no-index --no-deps \
+    "${wheels[@]}" || return 1
+  "$venv/bin/python" -c 'import sys, torch, torchvision
+print(f"python {sys.version.split()[0]}, torch {torch.__version__}, torchvision {torchvision.__version__}")'
+}
+if [ "$what" = sglang ]; then
+  venv=${KVHOST_SGLANG_VENV:-$PWD/.sglang-venv}
+  start=$SECONDS
+  if sglang_venv "${KVHOST_ENGINE_WHEELS:-enginez/engine-wheels-cp312.tar.xz}" "$venv" \
+    >"$out/sglang_venv.txt" 2>&1; then
+    echo "== sglang_venv: made in $((SECONDS - start)) s: $(tail -n 1 "$out/sglang_venv.txt")"
+    run python_sglang_gpu_engine_test "$venv/bin/python" tests/python_sglang_gpu_engine_test.py \
+      bundle/bin/kvhostd bundle/lib/libkvhost_c.so.1 .
+  else
+    echo "== sglang_venv: failed after $((SECONDS - start)) s"
+    tail -n 20 "$out/sglang_venv.txt"
+    rc=1
+  fi
 fi
 if [ "$what" = mps-bench ]; then
   export CUDA_MPS_PIPE_DIRECTORY=$PWD/.mps/pipe CUDA_MPS_LOG_DIRECTORY=$PWD/.mps/log

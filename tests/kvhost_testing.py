@@ -17,9 +17,10 @@ ROW_BYTES = 2 * 8 * 2  # head_num * head_dim * sizeof(bf16)
 class Daemon:
     """A kvhostd on a private socket and shm dir; restart() keeps both."""
 
-    def __init__(self, binary, extra=()):
+    def __init__(self, binary, extra=(), backend="host"):
         self.binary = binary
         self.extra = list(extra)  # more kvhostd flags
+        self.backend = backend
         self.dir = tempfile.mkdtemp(prefix="kvhost-py-")
         self.shm = tempfile.mkdtemp(prefix="kvhost-py-", dir="/dev/shm")
         self.socket = os.path.join(self.dir, "kvhost.sock")
@@ -33,7 +34,7 @@ class Daemon:
             os.unlink(self.socket)
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen([self.binary, f"--listen={self.address}",
-                                      f"--shm-dir={self.shm}", "--backend=host",
+                                      f"--shm-dir={self.shm}", f"--backend={self.backend}",
                                       *self.extra],
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Downloads what the GPU machine lacks to run tests/python_sglang_gpu_engine_test.py
+# (sglang's own HostPoolGroup / L2TransferEngine / HybridCacheController over kvhost
+# pools and sglang's CUDA device pools), for its Python 3.12, and packs it into
+# OUT_DIR/engine-wheels-cp312.tar.xz, which scripts/gpu_run.sh OUT sglang installs.
+#   scripts/engine_wheels_gpu.sh OUT_DIR      (OUT_DIR: a git-ignored folder, e.g. enginez)
+# The GPU machine has torch 2.11 (CUDA 13) with its own dependencies (numpy, triton,
+# nvidia-*, cuda-bindings, sympy, networkx, jinja2, filelock, fsspec, typing_extensions)
+# and no network; this carries sglang (--no-deps) and the distributions its modules
+# import beyond those (NEEDED, below), at the versions python/requirements-engines.txt
+# pins (read from there; a name missing there is an error), cp312 manylinux x86_64 or
+# pure-Python wheels from PyPI. NEEDED was found by importing the test's sglang modules
+# under Python 3.12 and PyPI's torch 2.11.0+cu130, with torch.cuda.is_available() forced
+# true (sglang imports its CUDA kernels only then): every distribution imported, less
+# torch's, and certifi (requests imports it; found by installing this set into such a
+# venv through gpu_run.sh OUT sglang, the way the GPU machine does). Exceptions:
+#   - torchvision: sglang imports it, and the pinned 0.29.2 is built for torch 2.14
+#     ("operator torchvision::nms does not exist" on 2.11); KVHOST_GPU_TORCHVISION
+#     (default 0.26.0, torch 2.11's) is carried instead; gpu_run.sh keeps the
+#     machine's own torchvision where one imports.
+#   - pip (KVHOST_GPU_PIP, default 25.0.1): gpu_run.sh installs it into the venv only
+#     where python3's venv has none (e.g. a venv made by uv from a python3 without
+#     ensurepip).
+#   - sgl_kernel (sglang-kernel, CUDA kernels built for torch 2.14, hundreds of MB):
+#     not carried; the test stands in for it (tests/sgl_kernel_standin.py).
+# sglang's wheel is carried without its four Rust extension modules for the server
+# (sglang/srt/rust_extensions/_server, _bench, _grpc, _multimodal: 40 MB that none of
+# the test's modules loads), with its RECORD to match. Each wheel is re-zipped
+# uncompressed (the same files, so its RECORD holds) and the set xz-compressed
+# together: ~40 MiB instead of 84 MiB of wheels (47 MiB with those extensions).
+# Takes ~5 minutes on a 2-core machine (xz -9e), most of it compressing. Downloads are
+# kept in $KVHOST_ENGINE_ROOT/wheels-cp312 (default /var/cache/kvhost) and reused.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/engine_wheels_gpu.sh OUT_DIR}
+REQ=python/requirements-engines.txt
+PY=${PYTHON:-python3}
+cache=${KVHOST_ENGINE_ROOT:-/var/cache/kvhost}/wheels-cp312
+NEEDED=(sglang PyYAML Pygments aiohappyeyeballs aiohttp aiosignal annotated-types anyio
+  apache-tvm-ffi attrs certifi charset-normalizer compressed-tensors dill frozenlist gguf h11
+  httpcore2 httpx2 huggingface_hub idna ipython loguru msgspec multidict orjson packaging
+  pillow propcache psutil pybase64 pydantic pydantic_core pyzmq regex requests safetensors
+  sentencepiece starlette tokenizers tqdm traitlets transformers truststore
+  typing-inspection urllib3 yarl)
+pins=()
+for name in "${NEEDED[@]}"; do  # names compare as pip's do: case, - _ . alike
+  pin=$(grep -i -E "^${name//[-_.]/[-_.]}==" "$REQ" || true)
+  if [ -z "$pin" ] || [ "$(wc -l <<<"$pin")" -ne 1 ]; then
+    echo "$REQ has no single pin for $name" >&2
+    exit 1
+  fi
+  pins+=("$pin")
+done
+pins+=("torchvision==${KVHOST_GPU_TORCHVISION:-0.26.0}")
+# The installer, used only where the machine's python3 gives the venv no pip.
+pins+=("pip==${KVHOST_GPU_PIP:-25.0.1}")
+platforms=()
+for tag in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 \
+  manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_12 \
+  manylinux2010 manylinux_2_5 manylinux1 linux; do  # Ubuntu 24.04: glibc 2.39
+  platforms+=(--platform "${tag}_x86_64")
+done
+mkdir -p "$cache" "$out"
+"$PY" -m pip --disable-pip-version-check -q download --no-deps --only-binary=:all: \
+  --python-version 3.12 --implementation cp "${platforms[@]}" -d "$cache" "${pins[@]}"
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+"$PY" - "$cache" "$stage" "${pins[@]}" <<'EOF'
+import os, re, sys, zipfile  # noqa: E401
+cache, stage, pins = sys.argv[1], sys.argv[2], sys.argv[3:]
+norm = lambda s: re.sub(r"[-_.]+", "_", s).lower()
+# sglang's Rust extensions for its HTTP / gRPC server, benchmarks and multimodal
+# processing: 40 MB that no module the test imports loads (checked: not in
+# sys.modules after them); left out with their RECORD lines.
+DROP = re.compile(r"sglang/srt/rust_extensions/_(server|bench|grpc|multimodal)\.cpython-")
+files = os.listdir(cache)
+for pin in pins:
+    name, version = pin.split("==")
+    found = [f for f in files if f.endswith(".whl") and norm(f.split("-")[0]) == norm(name)
+             and f.split("-")[1] == version and ("cp312" in f or "py3" in f or "abi3" in f)]
+    assert len(found) == 1, (pin, found)
+    with zipfile.ZipFile(os.path.join(cache, found[0])) as src, \
+            zipfile.ZipFile(os.path.join(stage, found[0]), "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            if DROP.match(info.filename):
+                continue
+            data = src.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                data = b"".join(line for line in data.splitlines(keepends=True)
+                                if not DROP.match(line.decode()))
+            info.compress_type = zipfile.ZIP_STORED
+            dst.writestr(info, data)
+EOF
+ls "$stage" >"$out/engine-wheels-cp312.txt"
+tar -cf - -C "$stage" . | xz -9e -T1 >"$out/engine-wheels-cp312.tar.xz.tmp"
+mv "$out/engine-wheels-cp312.tar.xz.tmp" "$out/engine-wheels-cp312.tar.xz"
+size=$(stat -c %s "$out/engine-wheels-cp312.tar.xz")
+echo "$out/engine-wheels-cp312.tar.xz: $(wc -l <"$out/engine-wheels-cp312.txt") wheels," \
+  "$((size / 1048576)).$(( (size % 1048576) * 10 / 1048576 )) MiB"
