@@ -491,6 +491,27 @@ int kvhost_load_group_with_events(kvhost_client* client, const kvhost_attachment
   });
 }
 
+int kvhost_load_group_with_events_after(kvhost_client* client, const kvhost_attachment* attachment,
+                                        const int64_t* host_indices, size_t num_host,
+                                        const int64_t* device_indices, size_t num_device,
+                                        const kvhost_pool_transfer* pool_transfers,
+                                        size_t num_pool_transfers, const void* wait_event_handle,
+                                        size_t wait_event_handle_len, kvhost_load_ticket* ticket,
+                                        char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<std::string> handle =
+        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len);
+    if (!handle.ok()) return handle.status();
+    return kvhost::c_api::TransferWithEvents(
+        client, attachment, host_indices, num_host, device_indices, num_device, pool_transfers,
+        num_pool_transfers, ticket,
+        [&](kvhost::Client& c, const std::string& id, absl::Span<const int64_t> host,
+            absl::Span<const int64_t> dev, const std::vector<kvhost::v1::PoolTransfer>& transfers) {
+          return c.LoadWithEvents(id, host, dev, transfers, *handle);
+        });
+  });
+}
+
 int kvhost_backup_with_events(kvhost_client* client, const kvhost_attachment* attachment,
                               const int64_t* host_indices, size_t num_host,
                               const int64_t* device_indices, size_t num_device,

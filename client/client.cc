@@ -675,11 +675,14 @@ absl::StatusOr<LoadTicket> Client::LoadWithEvents(const std::string& attachment_
   return LoadWithEvents(attachment_id, host_indices, device_indices, {});
 }
 
-absl::StatusOr<LoadTicket> Client::LoadWithEvents(
-    const std::string& attachment_id, absl::Span<const int64_t> host_indices,
-    absl::Span<const int64_t> device_indices, absl::Span<const v1::PoolTransfer> pool_transfers) {
+absl::StatusOr<LoadTicket> Client::LoadWithEvents(const std::string& attachment_id,
+                                                  absl::Span<const int64_t> host_indices,
+                                                  absl::Span<const int64_t> device_indices,
+                                                  absl::Span<const v1::PoolTransfer> pool_transfers,
+                                                  const std::string& wait_event_handle) {
   v1::LoadRequest request;
   request.set_attachment_id(attachment_id);
+  request.set_wait_event_handle(wait_event_handle);
   Fill(request.mutable_host_indices(), host_indices);
   Fill(request.mutable_device_indices(), device_indices);
   for (const v1::PoolTransfer& t : pool_transfers) *request.add_pool_transfers() = t;

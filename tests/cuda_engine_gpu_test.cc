@@ -1115,6 +1115,72 @@ TEST_P(CudaPathTest, BackupWaitsForTheWorkersEvent) {
   ASSERT_TRUE(client().DeletePool("bw").ok());
 }
 
+// A load may be asked for while work it must follow is still queued on the
+// worker's stream (LoadRequest.wait_event_handle): the worker spins ~50 ms,
+// then overwrites the destination rows (a forward pass still using them),
+// records its exported event and asks for the load at once. The rows must
+// end with the host pool's bytes, which only the daemon's wait on the event
+// can guarantee (without it the load lands first and the fill wins).
+TEST_P(CudaPathTest, ALoadWaitsForTheWorkersEvent) {
+  const uint64_t tokens = 256;
+  absl::StatusOr<v1::Pool> pool = client().CreatePool(
+      "lw", MakeSpec(v1::MLA, v1::LAYER_FIRST, 16, tokens, v1::BF16, GpuDims()));
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const Geo g = GeoOf(*pool);
+  absl::StatusOr<std::vector<int64_t>> slots = client().Alloc("lw", tokens);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  std::vector<int64_t> rows(tokens);
+  for (uint64_t i = 0; i < tokens; ++i) rows[i] = static_cast<int64_t>(tokens - 1 - i);
+  std::mt19937 rng(24);
+  GpuKvPool dev(1, static_cast<uint32_t>(g.L), tokens, g.row_bytes());
+  dev.Init(rng);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<v1::AttachDeviceRequest> request = AttachRequestFor("lw", dev);
+  ASSERT_TRUE(request.ok()) << request.status();
+  absl::StatusOr<v1::Attachment> att = client().AttachDevice(*request);
+  ASSERT_TRUE(att.ok()) << att.status();
+  // The host pool holds the device image.
+  ExpectDone(client().Backup(att->id(), *slots, rows), *pool, tokens);
+  if (HasFatalFailure()) return;
+
+  CudaCleanup cleanup;
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cleanup.streams.push_back(stream);
+  cudaEvent_t done_with_rows = nullptr;
+  ASSERT_CUDA(
+      cudaEventCreateWithFlags(&done_with_rows, cudaEventDisableTiming | cudaEventInterprocess));
+  cleanup.events.push_back(done_with_rows);
+  absl::StatusOr<std::string> handle = ExportEvent(done_with_rows);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_ERROR(client().LoadWithEvents(att->id(), *slots, rows, {}, handle->substr(0, 63)),
+               kInvalidArgument, "wait_event_handle", "63");
+
+  int khz = 0;
+  ASSERT_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  const long long spin_cycles = static_cast<long long>(khz) * 50;  // ~50 ms
+  const uint64_t layer_bytes = tokens * g.row_bytes();
+  ASSERT_CUDA(testing::LaunchSpin(spin_cycles, stream));
+  for (uint32_t l = 0; l < g.L; ++l) {
+    ASSERT_CUDA(testing::LaunchFillPattern(dev.layer(0, l), layer_bytes, 200 + l, stream));
+  }
+  ASSERT_CUDA(cudaEventRecord(done_with_rows, stream));
+  absl::StatusOr<LoadTicket> load = client().LoadWithEvents(att->id(), *slots, rows, {}, *handle);
+  ASSERT_TRUE(load.ok()) << load.status();
+  const bool worker_busy = cudaStreamQuery(stream) == cudaErrorNotReady;
+  absl::StatusOr<v1::TransferStatus> st = client().WaitTransfer(load->ticket_id, kWait);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_CUDA(cudaStreamSynchronize(stream));
+  std::printf("[ events    ] load behind a %s worker stream took %.1f ms\n",
+              worker_busy ? "busy" : "finished", st->duration_us() / 1e3);
+  EXPECT_TRUE(worker_busy) << "the worker's spin ended before the Load RPC returned; the test "
+                              "proves nothing (a slow machine?)";
+  // The image is still what the host pool holds: the load's bytes won.
+  dev.ExpectMatchesImage("after a load that waited for the worker's fill of its rows");
+  ASSERT_TRUE(client().DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client().DeletePool("lw").ok());
+}
+
 // With layer progress a backup takes an event set as a load does, and its
 // last layer's event tells the worker's stream that it finished: the worker
 // writes the rows behind a spin, records its ready fence, backs up, makes

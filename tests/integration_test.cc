@@ -839,8 +839,8 @@ TEST_F(TransferErrorTest, BadIndexListsChangeNothing) {
   EXPECT_EQ(s3->bytes(), 0u);
 }
 
-// The host backend has no CUDA events: a backup that asks to wait on one is
-// refused up front and queues nothing; loads name no event set and
+// The host backend has no CUDA events: a backup or load that asks to wait on
+// one is refused up front and queues nothing; loads name no event set and
 // attachments carry no event handles (load_event_sets is ignored).
 TEST_F(TransferErrorTest, WaitEventOnHostBackendIsFailedPrecondition) {
   v1::AttachDeviceRequest request = dev_->MakeAttachRequest("p");
@@ -854,6 +854,9 @@ TEST_F(TransferErrorTest, WaitEventOnHostBackendIsFailedPrecondition) {
                "wait_event_handle", "host");
   EXPECT_ERROR(client().Backup(att->id(), {}, {}, handle), kFailedPrecondition,
                "wait_event_handle");
+  // A load's wait event likewise (LoadRequest.wait_event_handle).
+  EXPECT_ERROR(client().LoadWithEvents(att->id(), {0}, {1}, {}, handle), kFailedPrecondition,
+               "wait_event_handle", "host");
   absl::StatusOr<v1::DaemonStatus> status = client().GetStatus();
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_EQ(status->tickets_in_flight(), 0u);

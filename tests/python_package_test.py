@@ -390,6 +390,10 @@ def round_trip(c, daemon, views_numpy):
             # A torch.cuda.Event stands in: its ipc_handle() bytes are sent.
             torch_like = type("Event", (), {"ipc_handle": lambda self: bytes(64)})()
             raises(kvhost.FailedPrecondition, att.backup, host, range(8), event=torch_like)
+            # A load's ready fence likewise; it needs per_layer=True.
+            raises(kvhost.FailedPrecondition, att.load, host, range(8), per_layer=True,
+                   event=bytes(64))
+            raises(ValueError, att.load, host, range(8), event=bytes(64), naming="per_layer")
             raises(kvhost.InvalidArgument, att.load, host, range(7))
             raises(TypeError, att.backup, host, range(8), event=1.5, naming="event")
             raises(kvhost.NotFound, kvhost.Ticket(c, 987654321).wait, 1)

@@ -382,7 +382,8 @@ def test_groups(daemon):
         # ignores it; a fence ring recording no event): the backup and the
         # load's last layer return with their tickets kept, not waited for.
         attn._cuda_stream = lambda att: SimpleNamespace(cuda_stream=0)
-        group._transfers._fences = SimpleNamespace(record=lambda stream: b"")
+        group._transfers._fences = group._transfers._load_fences = SimpleNamespace(
+            record=lambda stream: b"")
         group.backup_from_device_all_layer(None, kv_host, list(range(MOVED)), "direct", moves)
         assert len(group._transfers.kept) == 1, "the group's backup was waited for"
         for layer in range(4):

@@ -236,7 +236,7 @@ def test_transfers_not_waited_for(daemon):
         pool = NoWait("nw", client=c, layout="page_first", dtype="bfloat16", page_size=PS,
                       layer_num=LAYERS, head_num=HEADS, head_dim=DIM, host_size_tokens=SIZE,
                       tensors=False)
-        pool._transfers._fences = _NoFence()
+        pool._transfers._fences = pool._transfers._load_fences = _NoFence()
         dev = c.shm_device_pool("nw", 256)  # 8 KiB layers: whole pages
         rb = dev.component("k").row_bytes
         for ci in range(2):

@@ -174,6 +174,9 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_load_group_with_events":
         ([_vp, _vp, _pi64, _sz, _pi64, _sz, _ppt, _sz, C.POINTER(LoadTicketStruct)] + _ERR,
          _int),
+    "kvhost_load_group_with_events_after":
+        ([_vp, _vp, _pi64, _sz, _pi64, _sz, _ppt, _sz, _vp, _sz, C.POINTER(LoadTicketStruct)] +
+         _ERR, _int),
     "kvhost_transfer_wait": ([_vp, _u64, _i64] + _OUT + _ERR, _int),
     "kvhost_transfer_poll": ([_vp, _u64, _pi32] + _OUT + _ERR, _int),
     "kvhost_load_events_open": ([_vp, _vp, _pvp] + _ERR, _int),

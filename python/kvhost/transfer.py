@@ -382,16 +382,16 @@ class Attachment(Handle):
     @overload
     def load(self, host_indices: Any, device_indices: Any, *, wait: bool = ...,
              timeout: Optional[float] = ..., per_layer: Literal[True],
-             pool_transfers: Optional[PoolTransfers] = ...) -> LoadTicket: ...
+             pool_transfers: Optional[PoolTransfers] = ..., event: Any = ...) -> LoadTicket: ...
 
     @overload
     def load(self, host_indices: Any, device_indices: Any, *, wait: bool = ...,
              timeout: Optional[float] = ..., per_layer: bool = ...,
-             pool_transfers: Optional[PoolTransfers] = ...) -> Ticket: ...
+             pool_transfers: Optional[PoolTransfers] = ..., event: Any = ...) -> Ticket: ...
 
     def load(self, host_indices: Any, device_indices: Any, *, wait: bool = False,
              timeout: Optional[float] = None, per_layer: bool = False,
-             pool_transfers: Optional[PoolTransfers] = None) -> Ticket:
+             pool_transfers: Optional[PoolTransfers] = None, event: Any = None) -> Ticket:
         """Host slots -> device rows.
 
         per_layer=True returns a LoadTicket to wait on layer by layer (the
@@ -399,6 +399,11 @@ class Attachment(Handle):
         backend its load events); it cannot be combined with wait=True.
         ResourceExhausted while every event set of the attachment is busy.
         `pool_transfers`: a group attachment's other entries, as backup's.
+        `event` (cuda backend, with per_layer=True): the worker's
+        interprocess event, recorded on its stream after the work the load
+        must follow (a forward pass still using the destination rows); the
+        copies wait for that record first (keep the event alive until the
+        ticket is done). The host backend refuses one (FailedPrecondition).
         """
         host, nh, keep_h = _arrays.int64_arg(host_indices, "host_indices")
         dev, nd, keep_d = _arrays.int64_arg(device_indices, "device_indices")
@@ -409,7 +414,12 @@ class Attachment(Handle):
                 raise ValueError("per_layer=True returns at once; wait on its layers or ticket")
             events = self.load_events()
             raw = _lib.LoadTicketStruct()
-            if pt is not None:
+            handle = event_bytes(event)
+            if handle is not None:
+                _lib.call(lib.kvhost_load_group_with_events_after, client, self._p(), host, nh,
+                          dev, nd, None if pt is None else pt.array, 0 if pt is None else pt.count,
+                          handle, len(handle), C.byref(raw))
+            elif pt is not None:
                 _lib.call(lib.kvhost_load_group_with_events, client, self._p(), host, nh, dev, nd,
                           pt.array, pt.count, C.byref(raw))
             else:
@@ -417,6 +427,9 @@ class Attachment(Handle):
                           C.byref(raw))
             del keep_h, keep_d, pt
             return LoadTicket(self._client, events, raw)
+        if event is not None:
+            raise ValueError("event needs per_layer=True (a load that waits for the worker's "
+                             "event returns at once, to be waited on per layer)")
         ticket = C.c_uint64(0)
         flags = _lib.TRANSFER_WAIT if wait else 0
         if pt is not None:

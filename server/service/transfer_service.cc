@@ -172,7 +172,7 @@ absl::Status TransferServiceImpl::DoBackup(const Caller& caller, const v1::Backu
 absl::Status TransferServiceImpl::DoLoad(const Caller& caller, const v1::LoadRequest& request,
                                          v1::TransferTicket* response, uint64_t max_reply_bytes) {
   return Submit(caller, Direction::kLoad, request.attachment_id(), request.host_indices(),
-                request.device_indices(), /*wait_event_handle=*/"", request.pool_transfers(),
+                request.device_indices(), request.wait_event_handle(), request.pool_transfers(),
                 request.worker_copy(), response, max_reply_bytes);
 }
 

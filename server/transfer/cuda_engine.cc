@@ -268,7 +268,7 @@ JobPlanInputs CudaEngine::PlanInputs(const TransferJob& job) const {
 
 absl::Status CudaEngine::Prepare(TransferJob* job) {
   const auto& mapping = static_cast<const CudaMapping&>(*job->mapping);
-  const bool has_wait = job->direction == Direction::kBackup && !job->wait_event_handle.empty();
+  const bool has_wait = !job->wait_event_handle.empty();
   if (has_wait && job->wait_event_handle.size() != sizeof(cudaIpcEventHandle_t)) {
     return absl::InvalidArgumentError(
         absl::StrCat("wait_event_handle has ", job->wait_event_handle.size(),
@@ -413,13 +413,13 @@ void CudaEngine::EnqueueWork(CudaLane* lane, CudaPending* p) {
   cudaError_t e = cudaSuccess;
   if (pending.error.ok() && pending.job.wait_event != nullptr) {
     // The worker's record precedes this request, so the wait covers the
-    // writes it asked us to back up.
+    // writes it asked us to back up, or the work a load must follow.
     if (e = cudaStreamWaitEvent(lane->stream,
                                 static_cast<cudaEvent_t>(pending.job.wait_event.get()), 0);
         e != cudaSuccess) {
       cudaGetLastError();
       pending.error = absl::InternalError(
-          absl::StrCat("backup on GPU ", lane->gpu,
+          absl::StrCat(DirectionName(pending.job.direction), " on GPU ", lane->gpu,
                        ": cudaStreamWaitEvent on the worker's event: ", CudaError(e)));
     }
   }

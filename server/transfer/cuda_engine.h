@@ -91,9 +91,9 @@ class CudaEngine : public TransferEngine {
                                                       const ResolvedAttach& attach) override;
   // Loads, and backups with layer progress, take the attachment's next free
   // load event set (RESOURCE_EXHAUSTED when all are busy) and record and
-  // publish its events per layer alike; a backup's wait_event_handle is
-  // opened here (INVALID_ARGUMENT for a wrong size or a handle that will
-  // not open).
+  // publish its events per layer alike; a job's wait_event_handle (a
+  // backup's or a load's) is opened here (INVALID_ARGUMENT for a wrong size
+  // or a handle that will not open).
   // A pool group's job (several parts) takes one path, chosen from every
   // part's runs, and per ticket (model) layer copies every part's rows of
   // that layer before the layer's events; staged, every part's chunks run
@@ -117,7 +117,7 @@ class CudaEngine : public TransferEngine {
   // The two lanes of GPU `gpu` (an ordinal), created on first use (a CUDA
   // context and the lanes' streams on that GPU, and their threads).
   absl::StatusOr<CudaLane*> LanesFor(int gpu);
-  // Opens a backup's wait_event_handle (REQUIRES: of the right size) into
+  // Opens a job's wait_event_handle (REQUIRES: of the right size) into
   // job->wait_event, on `mapping`'s GPU. INVALID_ARGUMENT for a handle that
   // will not open.
   absl::Status OpenWaitEvent(const CudaMapping& mapping, TransferJob* job);

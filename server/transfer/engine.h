@@ -251,8 +251,10 @@ struct TransferJob {
   // late Release lowers nothing.
   std::shared_ptr<LayerCounters> layer_counters;
   uint64_t layer_base = 0;
-  // Backups: the worker's exported event to wait on (empty: none), and what
-  // Prepare opened from it; the job holds it until the ticket is finished.
+  // The worker's exported event the copies wait on (empty: none; a backup's
+  // after the rows' writes, a load's after the work the load must follow),
+  // and what Prepare opened from it; the job holds it until the ticket is
+  // finished.
   std::string wait_event_handle;
   std::shared_ptr<void> wait_event;
   // What the engine's Prepare decided for the job (the path PathFor names,
@@ -325,7 +327,7 @@ class TransferEngine {
   // Reserves what `job` needs beyond its buffers, synchronously, so that the
   // RPC can refuse it: an event set (job->event_set) for a load, or for a
   // backup with layer counters (RESOURCE_EXHAUSTED when every set is held),
-  // the backup's wait event (job->wait_event). Called right before the
+  // the worker's wait event (job->wait_event). Called right before the
   // ticket is made and the job submitted; a prepared job is always
   // submitted, except one of no tokens, which finishes at once and for
   // which Prepare reserves nothing.
@@ -335,8 +337,8 @@ class TransferEngine {
     if (!job->wait_event_handle.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "wait_event_handle is set, but the ", name(),
-          " backend has no CUDA events to wait on; leave it empty (finish writing the rows "
-          "before asking for their backup) or run kvhostd with --backend=cuda"));
+          " backend has no CUDA events to wait on; leave it empty (finish the work the "
+          "transfer must follow before asking for it) or run kvhostd with --backend=cuda"));
     }
     return absl::OkStatus();
   }

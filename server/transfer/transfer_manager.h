@@ -128,8 +128,8 @@ class TransferManager {
   // host slots allocated in the pool's allocator owner (followers: the pool
   // they follow); FAILED_PRECONDITION for a backup on a load_only
   // attachment. The ticket has one layer per attached layer; a LOGICAL pool's
-  // finishes at once with 0 bytes. `wait_event_handle`: a backup's worker event (see
-  // TransferJob). Errors beyond validation come from the engine's Prepare:
+  // finishes at once with 0 bytes. `wait_event_handle`: the worker's event the copies
+  // wait on (see TransferJob). Errors beyond validation come from the engine's Prepare:
   // RESOURCE_EXHAUSTED when every load event set is busy, FAILED_PRECONDITION
   // for a wait event on an engine without events.
   // On a group attachment `host` / `device` are the anchor entry's rows (may

@@ -287,10 +287,15 @@ class Client {
                                 absl::Span<const int64_t> host_indices,
                                 absl::Span<const int64_t> device_indices,
                                 absl::Span<const v1::PoolTransfer> pool_transfers);
+  // `wait_event_handle` (cuda backend; ExportEvent's bytes, "" = none): the
+  // load's copies wait for that record of the worker's event first, so a
+  // load may be asked for while work it must follow (a forward pass still
+  // using the destination rows) is queued ahead of it on the worker's stream.
   absl::StatusOr<LoadTicket> LoadWithEvents(const std::string& attachment_id,
                                             absl::Span<const int64_t> host_indices,
                                             absl::Span<const int64_t> device_indices,
-                                            absl::Span<const v1::PoolTransfer> pool_transfers);
+                                            absl::Span<const v1::PoolTransfer> pool_transfers,
+                                            const std::string& wait_event_handle = "");
   // Worker copies (kvhost::WorkerCopier, kvhost/worker_copy.h, uses these):
   // a Backup / Load request sent as given, and the whole ticket back (with
   // worker_copy set, its plan); FinishWorkerCopy ends such a ticket, OK

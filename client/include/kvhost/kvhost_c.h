@@ -4,6 +4,10 @@
  * every call here converts its arguments, calls it and converts the answer.
  * docs/C_ABI.md says the same at more length.
  *
+ * Size exception: the whole C ABI is this one header, which every caller
+ * includes and against which tests/python_package_test.py checks the Python
+ * bindings, call for call; its sections follow docs/C_ABI.md's.
+ *
  * Conventions:
  *  - Every call returns an int status code, the gRPC / absl canonical code
  *    (KVHOST_OK, KVHOST_NOT_FOUND, ...; the daemon's code passes through
@@ -537,6 +541,19 @@ KVHOST_C_API int kvhost_load_group_with_events(
     size_t num_host, const int64_t* device_indices, size_t num_device,
     const kvhost_pool_transfer* pool_transfers, size_t num_pool_transfers,
     kvhost_load_ticket* ticket, char* err, size_t err_len);
+/* kvhost_load_group_with_events (pool_transfers may be NULL with
+ * num_pool_transfers 0: a plain attachment's load) whose copies first wait
+ * for the worker's event (cuda backend): wait_event_handle as
+ * kvhost_backup's, an event recorded on the worker's stream after the work
+ * the load must follow (a forward pass still reading or writing the
+ * destination rows), so that the load may be asked for before that work is
+ * done. NULL / 0: none. FAILED_PRECONDITION on the host backend. */
+KVHOST_C_API int kvhost_load_group_with_events_after(
+    kvhost_client* client, const kvhost_attachment* attachment, const int64_t* host_indices,
+    size_t num_host, const int64_t* device_indices, size_t num_device,
+    const kvhost_pool_transfer* pool_transfers, size_t num_pool_transfers,
+    const void* wait_event_handle, size_t wait_event_handle_len, kvhost_load_ticket* ticket,
+    char* err, size_t err_len);
 /* Blocks until the ticket is done (its error if it failed) or timeout_ms
  * (0: 10 min) passed (DEADLINE_EXCEEDED). status_json (may be NULL): the
  * kvhost.v1.TransferStatus. */

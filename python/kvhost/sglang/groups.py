@@ -228,6 +228,7 @@ class HostPoolGroup:
         self._transfers.load_layer(att, self._cuda_stream(att), int(layer_id),
                                    _as_list(host_indices), _as_list(device_indices),
                                    layers=self.layer_num, what=f"group '{self.name}'",
+                                   torch=self.anchor_entry.host_pool._torch,
                                    pool_transfers=self._pool_transfers(pool_transfers))
 
     def close(self) -> None:

@@ -610,7 +610,7 @@ class HostKVCache(_Base):
         att = self._attachment(device_pool)
         self._transfers.load_layer(att, self._cuda_stream(att), int(layer_id), host_indices,
                                    device_indices, layers=self._transfer_layers(att),
-                                   what=f"pool '{self.name}'")
+                                   what=f"pool '{self.name}'", torch=self._torch)
 
     @property
     def kv_buffer(self) -> Any:

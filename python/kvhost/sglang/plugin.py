@@ -231,8 +231,8 @@ class _CapturedDevicePool(_Mixin):
         # too); a draft layer after it finds the load ended and returns.
         self._transfers.load_layer(att, self._cuda_stream(att), layer, host_indices,
                                    device_indices, layers=self._transfer_layers(att),
-                                   what=f"pool '{self.name}'", ends=not is_draft,
-                                   missing_ok=is_draft)
+                                   what=f"pool '{self.name}'", torch=self._torch,
+                                   ends=not is_draft, missing_ok=is_draft)
 
 
 def _mha_refusals(infos: Sequence[Any], head_group_num: int,

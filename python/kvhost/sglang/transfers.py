@@ -5,9 +5,11 @@ sglang's scheduler thread never waits for a copy (internal).
 load_to_device_per_layer of one host pool or pool group, the one
 implementation both use. On the cuda backend (a stream given) a backup
 records a ready fence on the stream, submits per layer and makes the stream
-wait for its last layer; a load's layer-0 call submits every layer and each
-layer's call makes the stream wait for its layer; neither waits on the host
-for a copy, and their tickets are kept. On the host backend (no stream)
+wait for its last layer; a load's layer-0 call records a ready fence on the
+stream too (so that the copies follow what sglang queued before the load:
+its start event, a forward pass still using the destination rows), submits
+every layer, and each layer's call makes the stream wait for its layer;
+neither waits on the host for a copy, and their tickets are kept. On the host backend (no stream)
 both wait on the host, as sglang's CPU events are always complete.
 
 :class:`KeptTickets`: the tickets of backups and loads a pool's calls
@@ -18,11 +20,12 @@ never lost; close() waits for the rest (:meth:`KeptTickets.drain`).
 
 :class:`ReadyFences`: a small ring of ``torch.cuda.Event(interprocess=True)``
 and their exported handles, one recorded on the caller's stream per backup
-as the daemon's ready fence. An event may be recorded again as soon as the
-backup that used it returned: that call waited (on the host) for the
-backup's last layer to be queued, and the daemon's stream wait on the fence
-is queued before the first layer, so a later record cannot be mistaken for
-the one it waited on.
+(and per load) as the daemon's ready fence; backups and loads have a ring
+each. An event may be recorded again as soon as the call that used it
+returned: that call waited (on the host) for a layer of the transfer to be
+queued (a backup's last, a load's first), and the daemon's stream wait on
+the fence is queued before the first layer, so a later record cannot be
+mistaken for the one it waited on.
 
 Thread safety: every method may be called from any thread; a ring's record
 and export run under its lock.
@@ -174,7 +177,8 @@ class SchedulerTransfers:
     def __init__(self) -> None:
         self.kept = KeptTickets()
         self._lock = threading.Lock()
-        self._fences: Optional[ReadyFences] = None
+        self._fences: Optional[ReadyFences] = None  # backups'
+        self._load_fences: Optional[ReadyFences] = None
         self._loads: Dict[int, LoadTicket] = {}
 
     def backup(self, att: Attachment, stream: Any, host: Any, device: Any, *, layers: int,
@@ -200,10 +204,11 @@ class SchedulerTransfers:
         ticket.wait_layer(layers - 1, stream)
 
     def load_layer(self, att: Attachment, stream: Any, layer: int, host: Any, device: Any, *,
-                   layers: int, what: str, pool_transfers: Any = None,
+                   layers: int, what: str, torch: Any = None, pool_transfers: Any = None,
                    ends: Optional[bool] = None, missing_ok: bool = False) -> None:
-        """Layer `layer` of a load (module doc): layer 0 submits every layer,
-        each call waits for its own. The call that `ends` the load (default:
+        """Layer `layer` of a load (module doc): layer 0 records a ready fence
+        on `stream` (cuda backend; `torch` makes the ring) and submits every
+        layer, each call waits for its own. The call that `ends` the load (default:
         the last layer's; a pool with packed MTP draft layers ends it at its
         last target layer, sglang's order) also waits for every later layer
         of it. RuntimeError, naming `what` ("pool 'x'"), for a later layer
@@ -211,10 +216,17 @@ class SchedulerTransfers:
         whose load has ended: it was waited for then)."""
         key = id(att)
         if layer == 0:
+            event = None
             if stream is not None:
                 self.kept.check()
+                with self._lock:
+                    if self._load_fences is None:
+                        self._load_fences = ReadyFences(torch)
+                    fences = self._load_fences
+                event = fences.record(stream)
             ticket = self.kept.retrying(lambda: att.load(host, device, per_layer=True,
-                                                         pool_transfers=pool_transfers))
+                                                         pool_transfers=pool_transfers,
+                                                         event=event))
             with self._lock:
                 self._loads[key] = ticket
         else:
@@ -244,7 +256,8 @@ class SchedulerTransfers:
         was never asked for too; the first error, or None."""
         with self._lock:
             loads, self._loads = list(self._loads.values()), {}
-            self._fences = None  # every record is consumed once its backup is queued
+            # Every record is consumed once its transfer's first layer is queued.
+            self._fences = self._load_fences = None
         for ticket in loads:
             self.kept.keep(f"load (ticket {ticket.id}) left before its last layer", ticket)
         return self.kept.drain()
