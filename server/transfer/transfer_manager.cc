@@ -553,7 +553,7 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Reserve(const std::stri
 void TransferManager::Launch(TransferJob job, const std::shared_ptr<Ticket>& ticket, bool copies,
                              const std::string& label) {
   if (!copies) {
-    for (size_t l = 0; l < job.layer_num(); ++l) ticket->LayerDone(0);
+    for (size_t l = 0; l < job.layer_num(); ++l) ticket->LayerFinished(0);
     ticket->Finish(absl::OkStatus());
     return;
   }

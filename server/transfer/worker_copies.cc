@@ -181,7 +181,7 @@ absl::StatusOr<WorkerCopyTicket> TransferManager::SubmitWorkerCopy(
     Retire(ticket, bytes, direction, label);
   });
   if (!copies) {
-    for (uint32_t l = 0; l < layers; ++l) ticket->LayerDone(0);
+    for (uint32_t l = 0; l < layers; ++l) ticket->LayerFinished(0);
     ticket->Finish(absl::OkStatus());
     return WorkerCopyTicket{ticket, nullptr};
   }
@@ -221,7 +221,7 @@ absl::Status TransferManager::FinishWorkerCopy(const Caller& caller, uint64_t ti
     job.ticket->Finish(absl::InternalError(absl::StrCat("the worker's copy failed: ", error)));
     return absl::OkStatus();
   }
-  for (size_t l = 0; l < job.layer_num(); ++l) job.ticket->LayerDone(TicketLayerBytes(job, l));
+  for (size_t l = 0; l < job.layer_num(); ++l) job.ticket->LayerFinished(TicketLayerBytes(job, l));
   job.ticket->Finish(absl::OkStatus());
   return absl::OkStatus();
 }
