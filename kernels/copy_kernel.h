@@ -21,7 +21,7 @@ namespace kvhost {
 
 struct CopyKernelArgs {
   // The launch's components as the planes of one layout (a LayoutGroup,
-  // server/transfer/copy_plan.h); tiles name host layers of it.
+  // server/transfer/cuda/copy_plan.h); tiles name host layers of it.
   KvLayout layout;
   // Device memory: layout.planes x device_layers_per_plane layer buffer
   // bases, plane-major; host layer h of plane p is buffer

@@ -1,4 +1,4 @@
-// The CUDA engine's copy plans (server/transfer/copy_plan.h), checked on the
+// The CUDA engine's copy plans (server/transfer/cuda/copy_plan.h), checked on the
 // CPU: the copy-engine pieces (PlanCopyEngineLayer), the copy kernel's item
 // decoding (DecodeCopyItem, the same function the kernel runs, launch by
 // launch as the engine issues them) and the staged plan's copy-engine copies
@@ -21,7 +21,7 @@
 // every staging byte a chunk copies is written by exactly one item (so a
 // backup never writes stale staging bytes into the pool), no copy crosses a
 // registration chunk, and a chunk smaller than a unit is FAILED_PRECONDITION.
-#include "server/transfer/copy_plan.h"
+#include "server/transfer/cuda/copy_plan.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -23,7 +23,7 @@ uint64_t Finished(TicketTable* table, const std::string& attachment,
   owner->session_id = session;
   std::shared_ptr<Ticket> ticket =
       table->Open(attachment, std::move(owner), Direction::kBackup, 1, "none", -1);
-  ticket->LayerDone(4096);
+  ticket->LayerFinished(4096);
   ticket->Finish(absl::OkStatus());
   table->Retire(ticket->id(), Direction::kBackup, true, 4096);
   return ticket->id();

@@ -1,7 +1,7 @@
 // Helpers shared by the transfer path's unit tests (engine_test,
-// host_engine_test, transfer_manager_test): pool shapes of every layout, random
-// index pairs and bytes, the naive per-head reference copy, byte comparisons,
-// an emulated device pool in one shared-memory file (DeviceFile) and
+// host_engine_test, transfer_manager_fixtures.h's three): pool shapes of every
+// layout, random index pairs and bytes, the naive per-head reference copy,
+// byte comparisons, an emulated device pool in one shared-memory file (DeviceFile) and
 // EngineFixture, one pool and one device file for single-shape engine and
 // manager tests. Pools and device files live in a private directory under
 // /dev/shm.

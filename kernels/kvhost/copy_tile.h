@@ -1,5 +1,5 @@
 // Work descriptors of the CUDA engine's kernel paths (staged and SM
-// copy), shared by the planner on the host (server/transfer/copy_plan.h),
+// copy), shared by the planner on the host (server/transfer/cuda/copy_plan.h),
 // the copy kernel (kernels/copy_kernel.cu) and the tests that run the same
 // item decoding on the CPU.
 //
@@ -10,7 +10,7 @@
 // pieces) (KvLayout::RowPieces: a PAGE_HEAD row's heads, a PAGE_UNIFIED
 // row's head groups; one piece, the whole row, in the other layouts).
 // A launch addresses one KvLayout whose planes are pool components (a
-// LayoutGroup, server/transfer/copy_plan.h: MHA's K and V, or any one
+// LayoutGroup, server/transfer/cuda/copy_plan.h: MHA's K and V, or any one
 // component); for a page-row component the "tokens" are pages. An item is
 // one contiguous piece that a warp (or, for items under a warp's 512 bytes
 // per step, a group of lanes) copies: a token's whole row of one layer

@@ -427,7 +427,7 @@ void CudaEngine::EnqueueWork(CudaLane* lane, CudaPending* p) {
   // After a layer's copies or kernel: the worker's view of it (its load
   // event, before the completion event so that a waiting forward pass, or
   // a backup's waiting stream, is released as early as possible), then ours.
-  const LayerDone layer_done = [&](uint64_t layer) -> absl::Status {
+  const LayerEnqueued layer_enqueued = [&](uint64_t layer) -> absl::Status {
     if (set >= 0) {
       if (e = cudaEventRecord(mapping.load_event(set, layer), lane->stream); e != cudaSuccess) {
         cudaGetLastError();
@@ -455,16 +455,16 @@ void CudaEngine::EnqueueWork(CudaLane* lane, CudaPending* p) {
     switch (plan.path) {
       case CudaPath::kSm:
         s = EnqueueSmCopy(context, lane, pending.job, std::get_if<SmCopyJobPlan>(&plan.detail),
-                          &pending.scratch, layer_done);
+                          &pending.scratch, layer_enqueued);
         break;
       case CudaPath::kStaged: {
         // The layers its ranges do not complete are complete after the last.
         absl::StatusOr<uint64_t> reported =
             EnqueueStaged(context, lane, pending.job, std::get_if<StagedJobPlan>(&plan.detail),
-                          &pending.scratch, layer_done);
+                          &pending.scratch, layer_enqueued);
         s = reported.status();
         for (uint64_t layer = reported.ok() ? *reported : 0; s.ok() && layer < layers; ++layer) {
-          s = layer_done(layer);
+          s = layer_enqueued(layer);
         }
         break;
       }
@@ -472,7 +472,7 @@ void CudaEngine::EnqueueWork(CudaLane* lane, CudaPending* p) {
       case CudaPath::kCopyEngine:
         for (uint64_t layer = 0; s.ok() && layer < layers; ++layer) {
           s = EnqueueCopyEngineLayer(context, lane, pending.job, layer);
-          if (s.ok()) s = layer_done(layer);
+          if (s.ok()) s = layer_enqueued(layer);
         }
         break;
     }
@@ -513,7 +513,7 @@ void CudaEngine::CompleteLoop(CudaLane* lane) {
         events_ok = false;
         break;
       }
-      pending.job.ticket->LayerDone(TicketLayerBytes(pending.job, layer));
+      pending.job.ticket->LayerFinished(TicketLayerBytes(pending.job, layer));
     }
     if (!events_ok) {
       // The copies may still be running after a failed wait (the context is

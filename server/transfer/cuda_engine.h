@@ -10,6 +10,8 @@
 //   lane          one direction of one GPU: streams, queues, threads' state;
 //   batch_copies  copy-engine copies, split over a lane's copy streams;
 //   path_policy   which path, and why (a pure function);
+//   copy_plan     a job's runs as copy-engine pieces or copy-kernel tiles
+//                 (CPU code, replayed by tests/copy_plan_test.cc);
 //   job_plan      the chosen path's plan of a job;
 //   paths         the three paths' enqueueing.
 // This file keeps what ties them together: attach (Open, OpenGroup), the

@@ -399,7 +399,7 @@ absl::Status HostEngine::RunJob(const TransferJob& job) {
       job.layer_counters->Publish(static_cast<uint32_t>(job.event_set), job.layer_base,
                                   static_cast<uint32_t>(l));
     }
-    job.ticket->LayerDone(TicketLayerBytes(job, l));
+    job.ticket->LayerFinished(TicketLayerBytes(job, l));
   }
   return absl::OkStatus();
 }

@@ -18,7 +18,7 @@ Ticket::Ticket(uint64_t id, Direction direction, uint32_t layer_num, std::string
       layer_base_(layer_base),
       accepted_(absl::Now()) {}
 
-void Ticket::LayerDone(uint64_t bytes) {
+void Ticket::LayerFinished(uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   bytes_ += bytes;
   if (++layers_done_ == 1) first_layer_ = absl::Now() - accepted_;

@@ -51,8 +51,10 @@ class Ticket {
   uint64_t layer_base() const { return layer_base_; }
   Direction direction() const { return direction_; }
 
-  // Engine side. REQUIRES: not finished.
-  void LayerDone(uint64_t bytes);
+  // Engine side: ticket layer's copies have finished (its bytes are in
+  // place), not merely been enqueued (cuda/paths.h's LayerEnqueued).
+  // REQUIRES: not finished.
+  void LayerFinished(uint64_t bytes);
   // The transfer service: the engine has taken the job (its copies are
   // queued, for engines that queue them in Submit).
   void Enqueued();

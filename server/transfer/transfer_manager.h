@@ -10,6 +10,14 @@
 // ones kept per attachment (TicketTable says which go first); sessions and
 // the attachments made within them are a SessionTable.
 //
+// Its rooms, each a file named for what it holds:
+//   attachment.h      one attachment's record (pools, mappings, owner);
+//   attachments.cc    Attach (plain and group), Detach, lookups by id;
+//   submission.h      the pure steps of a transfer (AssignRows, BuildJob);
+//   transfer_manager  Submit's other steps, tickets, Drain, lifetime;
+//   worker_copies.cc  copies a worker runs itself (worker_copy.h's plans);
+//   session_reaper.cc worker sessions, closed and reaped (session_table.h).
+//
 // Thread safety: all methods may be called concurrently. One mutex guards
 // the attachments and the sessions, so that a session and its attachments
 // change in one step; the TicketTable has its own, always taken after this
@@ -39,46 +47,15 @@
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
 #include "server/transfer/attach.h"
+#include "server/transfer/attachment.h"
 #include "server/transfer/caller.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/session_table.h"
+#include "server/transfer/submission.h"
 #include "server/transfer/ticket_table.h"
 #include "server/transfer/worker_copy.h"
 
 namespace kvhost {
-
-struct AttachmentInfo {
-  std::string id;
-  // The pool; for a group attachment, the anchor entry's pool.
-  std::string pool;
-  // The group attached to; empty for a plain pool's attachment.
-  std::string group;
-  // Device slots of the pool's buffers (a group's: the anchor entry's).
-  uint64_t device_size_tokens = 0;
-  // Device layers attached, [start_layer, end_layer): a ticket's layers.
-  // A group attachment counts model layers: [0, the group's layer_num).
-  uint32_t start_layer = 0;
-  uint32_t end_layer = 0;
-  std::optional<uint32_t> tp_rank;
-  bool load_only = false;
-  // The worker session it belongs to ("" for none).
-  std::string session_id;
-  // The engine's exported load events (DeviceMapping::load_event_handles).
-  // load_event_sets: their sets; with layer progress, the counters' sets
-  // (the host backend's too, which has no events).
-  std::vector<std::string> load_event_handles;
-  uint32_t load_event_sets = 0;
-  // AttachRequest::layer_progress: the attachment has LayerCounters.
-  bool layer_progress = false;
-};
-
-// One group entry's rows in a transfer on a group attachment
-// (kvhost.v1.PoolTransfer).
-struct EntryRows {
-  std::string name;  // PoolEntry.name
-  absl::Span<const int64_t> host;
-  absl::Span<const int64_t> device;
-};
 
 // A worker copy's ticket and the plan its worker runs (null when it copies
 // nothing: the ticket is finished already).
@@ -231,43 +208,6 @@ class TransferManager {
   TransferCounters counters() const;
 
  private:
-  // One pool of an attachment: a plain attachment has one, a group
-  // attachment one per group entry, in the group's order.
-  struct AttachedPool {
-    std::string entry;  // the group entry's name; empty for a plain attachment
-    std::shared_ptr<Pool> pool;
-    std::shared_ptr<const DeviceMapping> mapping;
-    // Per ticket layer: the pool's host layer and the mapping's layer.
-    std::vector<JobLayer> layers;
-  };
-  struct Attachment {
-    AttachmentInfo info;
-    std::shared_ptr<const Owner> owner;  // set by Register; its tickets share it
-    std::shared_ptr<PoolGroup> group;    // null for a plain attachment
-    // The mapping jobs record their load events on (a group's: OpenGroup's).
-    std::shared_ptr<const DeviceMapping> mapping;
-    std::vector<AttachedPool> pools;
-    std::shared_ptr<LayerCounters> layer_counters;  // null without layer progress
-    uint32_t worker_copies = 0;                     // in flight (worker_copies_)
-  };
-  // What a transfer needs of its attachment, copied under the mutex so that
-  // the rest of Submit runs without it.
-  struct Target {
-    std::shared_ptr<const Owner> owner;
-    std::shared_ptr<PoolGroup> group;  // null for a plain attachment
-    std::shared_ptr<const DeviceMapping> mapping;
-    std::vector<AttachedPool> pools;
-    std::string label;  // the metrics' pool label: the pool's or the group's name
-    std::shared_ptr<LayerCounters> layer_counters;
-  };
-  // One attached pool's rows in a transfer, and the prefix of their field
-  // names in messages ("", "pool_transfers[1].").
-  struct Rows {
-    absl::Span<const int64_t> host, device;
-    std::string prefix;
-    bool given = false;
-  };
-
   // Attach's steps for a pool group: the group's entries resolved (in the
   // group's order), their pools and the group held, the mappings opened.
   absl::StatusOr<AttachmentInfo> AttachGroup(const std::shared_ptr<PoolGroup>& group,
@@ -289,23 +229,15 @@ class TransferManager {
   // The attachment `id` if `caller` may use it, else null.
   Attachment* FindAttachment(const Caller& caller, const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives back what an attachment holds (its pools' and group's counts).
-  static void Release(const Attachment& attachment);
 
-  // Submit's steps: validate the call against the attachment, give each
-  // attached pool its rows, validate the rows into a job, reserve the
-  // engine's resources and the ticket, hand the job to the engine.
-  absl::StatusOr<Target> FindTarget(const Caller& caller, const std::string& attachment_id,
-                                    Direction direction) const;
-  static absl::StatusOr<std::vector<Rows>> AssignRows(const Target& target,
-                                                      const std::string& short_id,
-                                                      absl::Span<const int64_t> host,
-                                                      absl::Span<const int64_t> device,
-                                                      absl::Span<const EntryRows> pool_transfers);
-  static absl::StatusOr<TransferJob> BuildJob(const Target& target, const std::string& short_id,
-                                              Direction direction, const std::vector<Rows>& rows);
+  // Submit's steps that need the manager (submission.h has the order and
+  // the pure steps between them, AssignRows and BuildJob): the attachment
+  // checked and copied, the engine's resources and the ticket reserved, the
+  // job handed to the engine.
+  absl::StatusOr<SubmitTarget> FindTarget(const Caller& caller, const std::string& attachment_id,
+                                          Direction direction) const;
   absl::StatusOr<std::shared_ptr<Ticket>> Reserve(const std::string& attachment_id,
-                                                  const Target& target, bool components,
+                                                  const SubmitTarget& target, bool components,
                                                   TransferJob* job);
   void Launch(TransferJob job, const std::shared_ptr<Ticket>& ticket, bool copies,
               const std::string& label);

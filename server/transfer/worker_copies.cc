@@ -1,37 +1,17 @@
 // TransferManager's worker copies (transfer_manager.h, worker_copy.h): the
-// daemon validates and plans, the worker launches and says when it is done;
-// and the lookups of the handoff socket (layer counters, pool regions) and
-// of AllocBackup (an attachment's pool).
-#include <algorithm>
+// daemon validates and plans, the worker launches and says when it is done.
+// In flight they sit in the manager's worker_copies_, counted on their
+// attachment; a detach, a session's end, the drain or the destructor fails
+// the ones left (FailWorkerCopies).
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/transfer/submission.h"
 #include "server/transfer/transfer_manager.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
-namespace {
-
-// As transfer_manager.cc's: an id the caller may not use reads as unknown.
-absl::Status AttachmentNotFound(const std::string& id) {
-  return absl::NotFoundError(
-      absl::StrCat("attachment '", ShortId(id), "' not found (or not this session's)"));
-}
-
-}  // namespace
-
-// Here because its first step is the worker copies': nobody finishes them
-// once the manager goes, so the drain must not wait for them.
-TransferManager::~TransferManager() {
-  std::vector<TransferJob> left;
-  {
-    absl::MutexLock lock(&mu_);
-    left = TakeWorkerCopies({}, /*all=*/true);
-  }
-  FailWorkerCopies(std::move(left), "the transfer manager was destroyed");
-  Drain();
-}
 
 absl::Status TransferManager::CheckWorkerCopy() const {
   if (!worker_copy_) {
@@ -51,92 +31,19 @@ bool TransferManager::ServesWorkerCopy(const AttachmentInfo& info) const {
   return CheckWorkerCopy().ok() && info.group.empty();
 }
 
-absl::StatusOr<std::shared_ptr<LayerCounters>> TransferManager::FindLayerCounters(
-    const Caller& caller, const std::string& attachment_id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = attachments_.find(attachment_id);
-  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
-    return AttachmentNotFound(attachment_id);
-  }
-  if (it->second.layer_counters == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("attachment '", ShortId(attachment_id),
-                     "' was made without layer_progress, so it has no layer counters (attach "
-                     "with AttachDeviceRequest.layer_progress set)"));
-  }
-  return it->second.layer_counters;
-}
-
-absl::StatusOr<std::shared_ptr<Pool>> TransferManager::FindAttachedPool(
-    const Caller& caller, const std::string& attachment_id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = attachments_.find(attachment_id);
-  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
-    return AttachmentNotFound(attachment_id);
-  }
-  if (it->second.group != nullptr || it->second.pools.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "attachment '", ShortId(attachment_id), "' is on pool group '", it->second.info.group,
-        "': AllocBackup serves a plain pool's attachment (use Alloc, then Backup with "
-        "pool_transfers)"));
-  }
-  return it->second.pools[0].pool;
-}
-
-absl::StatusOr<WorkerRegions> TransferManager::FindPoolRegions(const Caller& caller,
-                                                               const std::string& attachment_id,
-                                                               RegionUse use) {
-  absl::MutexLock lock(&mu_);
-  auto it = attachments_.find(attachment_id);
-  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
-    return AttachmentNotFound(attachment_id);
-  }
-  if (use == RegionUse::kWorkerCopy) {
-    if (absl::Status s = CheckWorkerCopy(); !s.ok()) return s;
-  }
-  const Attachment& attachment = it->second;
-  if (attachment.group != nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "attachment '", ShortId(attachment_id), "' is of pool group '", attachment.info.group,
-        use == RegionUse::kWorkerCopy
-            ? "': worker copies serve plain pools only (the daemon copies a group's transfers)"
-            : "': its entries' regions are mapped through an attachment of each entry's pool"));
-  }
-  const std::shared_ptr<Pool>& pool = attachment.pools[0].pool;
-  if (pool->region_count() == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("pool '", pool->name(), "' has no regions to map (a LOGICAL pool)"));
-  }
-  if (attachment.info.session_id.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "attachment '", ShortId(attachment_id),
-        "' was made without a session: the pool's region descriptors stay with the "
-        "caller after it detaches, and only a session's end gives them back (attach within "
-        "a session)"));
-  }
-  // The worker keeps its mapping past DetachDevice and DeletePool: the pool
-  // stays held, its bytes counted, until the session ends.
-  std::vector<std::shared_ptr<const Pool>>& held = worker_regions_[attachment.info.session_id];
-  if (std::find(held.begin(), held.end(), pool) == held.end()) held.push_back(pool);
-  WorkerRegions regions;
-  regions.pool = pool;
-  regions.groups = GroupComponents(pool->components());
-  return regions;
-}
-
 absl::StatusOr<WorkerCopyTicket> TransferManager::SubmitWorkerCopy(
     const Caller& caller, const std::string& attachment_id, Direction direction,
     absl::Span<const int64_t> host, absl::Span<const int64_t> device, uint64_t max_plan_bytes) {
   if (absl::Status s = CheckWorkerCopy(); !s.ok()) return s;
   const std::string short_id = ShortId(attachment_id);
-  absl::StatusOr<Target> target = FindTarget(caller, attachment_id, direction);
+  absl::StatusOr<SubmitTarget> target = FindTarget(caller, attachment_id, direction);
   if (!target.ok()) return target.status();
   if (target->group != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "attachment '", short_id, "' is of pool group '", target->group->name(),
         "': worker copies serve plain pools only (leave worker_copy unset for groups)"));
   }
-  absl::StatusOr<std::vector<Rows>> rows = AssignRows(*target, short_id, host, device, {});
+  absl::StatusOr<std::vector<PartRows>> rows = AssignRows(*target, short_id, host, device, {});
   if (!rows.ok()) return rows.status();
   absl::StatusOr<TransferJob> job = BuildJob(*target, short_id, direction, *rows);
   if (!job.ok()) return job.status();
@@ -181,7 +88,7 @@ absl::StatusOr<WorkerCopyTicket> TransferManager::SubmitWorkerCopy(
     Retire(ticket, bytes, direction, label);
   });
   if (!copies) {
-    for (uint32_t l = 0; l < layers; ++l) ticket->LayerDone(0);
+    for (uint32_t l = 0; l < layers; ++l) ticket->LayerFinished(0);
     ticket->Finish(absl::OkStatus());
     return WorkerCopyTicket{ticket, nullptr};
   }
@@ -221,7 +128,7 @@ absl::Status TransferManager::FinishWorkerCopy(const Caller& caller, uint64_t ti
     job.ticket->Finish(absl::InternalError(absl::StrCat("the worker's copy failed: ", error)));
     return absl::OkStatus();
   }
-  for (size_t l = 0; l < job.layer_num(); ++l) job.ticket->LayerDone(TicketLayerBytes(job, l));
+  for (size_t l = 0; l < job.layer_num(); ++l) job.ticket->LayerFinished(TicketLayerBytes(job, l));
   job.ticket->Finish(absl::OkStatus());
   return absl::OkStatus();
 }

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "server/pool/pool.h"
-#include "server/transfer/copy_plan.h"
+#include "server/transfer/cuda/copy_plan.h"
 #include "server/transfer/engine.h"
 
 namespace kvhost {

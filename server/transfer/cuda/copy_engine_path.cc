@@ -1,6 +1,6 @@
 // The copy-engine path (contract: paths.h).
 #include "absl/strings/str_cat.h"
-#include "server/transfer/copy_plan.h"
+#include "server/transfer/cuda/copy_plan.h"
 #include "server/transfer/cuda/paths.h"
 
 namespace kvhost {

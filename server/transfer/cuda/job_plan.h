@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/transfer/copy_plan.h"
+#include "server/transfer/cuda/copy_plan.h"
 #include "server/transfer/cuda/path_policy.h"
 #include "server/transfer/engine.h"
 

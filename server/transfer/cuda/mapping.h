@@ -34,7 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "server/transfer/copy_plan.h"
+#include "server/transfer/cuda/copy_plan.h"
 #include "server/transfer/cuda/host_pins.h"
 #include "server/transfer/engine.h"
 

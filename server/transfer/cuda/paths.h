@@ -10,9 +10,11 @@
 //                 beside large copies between the staging buffer and the
 //                 pool on the copy stream, the two halves of the staging
 //                 buffer alternating.
-// After each layer a path calls `layer_done(ticket_layer)` (the engine
-// records the layer's events there, on lane->stream); the staged path calls
-// it for the layers a range completes, and the engine for the rest after.
+// After enqueueing each layer a path calls `layer_enqueued(ticket_layer)`
+// (the engine records the layer's events there, on lane->stream): the copies
+// are queued, not finished; the engine calls Ticket::LayerFinished when the
+// layer's completion event fires. The staged path calls it for the layers a
+// range completes, and the engine for the rest after.
 //
 // Thread safety: REQUIRES the lane's submit_mu held by the caller.
 #ifndef KVHOST_SERVER_TRANSFER_CUDA_PATHS_H_
@@ -41,7 +43,8 @@ struct PathContext {
   BatchCopier* copier = nullptr;
 };
 
-using LayerDone = std::function<absl::Status(uint64_t ticket_layer)>;
+// A layer's copies are on the stream (see above); records its events.
+using LayerEnqueued = std::function<absl::Status(uint64_t ticket_layer)>;
 
 // Ticket layer `ticket_layer` of `job` (every part and component, in one
 // batch; nothing for a part that does not copy the layer) on lane->stream.
@@ -49,17 +52,18 @@ absl::Status EnqueueCopyEngineLayer(const PathContext& context, CudaLane* lane,
                                     const TransferJob& job, size_t ticket_layer);
 
 // Every ticket layer of `job` by the SM copy kernel, each followed by
-// layer_done. `plan` null: a job of no rows, which only records its events.
+// layer_enqueued. `plan` null: a job of no rows, which only records its events.
 absl::Status EnqueueSmCopy(const PathContext& context, CudaLane* lane, const TransferJob& job,
                            const SmCopyJobPlan* plan, std::vector<void*>* scratch,
-                           const LayerDone& layer_done);
+                           const LayerEnqueued& layer_enqueued);
 
-// Every range and chunk of `plan` (null: nothing to copy), layer_done for
+// Every range and chunk of `plan` (null: nothing to copy), layer_enqueued for
 // each range's StagedRange::layers_complete. Returns how many leading ticket
 // layers it reported complete.
 absl::StatusOr<uint64_t> EnqueueStaged(const PathContext& context, CudaLane* lane,
                                        const TransferJob& job, const StagedJobPlan* plan,
-                                       std::vector<void*>* scratch, const LayerDone& layer_done);
+                                       std::vector<void*>* scratch,
+                                       const LayerEnqueued& layer_enqueued);
 
 // The staged path's chunk: half the staging buffer, 256-byte aligned so
 // that both halves keep the alignment of the allocation.

@@ -9,7 +9,7 @@ namespace kvhost {
 
 absl::Status EnqueueSmCopy(const PathContext& context, CudaLane* lane, const TransferJob& job,
                            const SmCopyJobPlan* job_plan, std::vector<void*>* scratch,
-                           const LayerDone& layer_done) {
+                           const LayerEnqueued& layer_enqueued) {
   static const SmCopyJobPlan kNoRows;
   const SmCopyJobPlan& plan = job_plan == nullptr ? kNoRows : *job_plan;
   // Each part's descriptors, uploaded once for every layer.
@@ -64,7 +64,7 @@ absl::Status EnqueueSmCopy(const PathContext& context, CudaLane* lane, const Tra
         }
       }
     }
-    if (status.ok()) status = layer_done(i);
+    if (status.ok()) status = layer_enqueued(i);
   }
   for (const CopyTile* s : tiles) {
     if (s != nullptr) cudaFreeAsync(const_cast<CopyTile*>(s), lane->stream);

@@ -33,7 +33,7 @@ class StagedRun {
         blocks_(context.options->staged_blocks > 0 ? context.options->staged_blocks
                                                    : 4 * context.gpu->sms) {}
 
-  absl::StatusOr<uint64_t> Run(const StagedJobPlan& plan, const LayerDone& layer_done) {
+  absl::StatusOr<uint64_t> Run(const StagedJobPlan& plan, const LayerEnqueued& layer_enqueued) {
     if (absl::Status s = EnsureStaging(); !s.ok()) return s;
     // The kernels start after everything before this job on the lane (the
     // worker's event for a backup, earlier loads of the same rows).
@@ -52,7 +52,7 @@ class StagedRun {
       if (range.layers_complete <= reported) continue;
       if (absl::Status s = JoinKernels(); !s.ok()) return s;
       for (; reported < range.layers_complete; ++reported) {
-        if (absl::Status s = layer_done(reported); !s.ok()) return s;
+        if (absl::Status s = layer_enqueued(reported); !s.ok()) return s;
       }
     }
     // Whatever follows on the copy stream (this job's layer events, the next
@@ -193,10 +193,11 @@ class StagedRun {
 
 absl::StatusOr<uint64_t> EnqueueStaged(const PathContext& context, CudaLane* lane,
                                        const TransferJob& job, const StagedJobPlan* plan,
-                                       std::vector<void*>* scratch, const LayerDone& layer_done) {
+                                       std::vector<void*>* scratch,
+                                       const LayerEnqueued& layer_enqueued) {
   // No plan: a job of no rows. No chunks: no layer held. Nothing to copy.
   if (plan == nullptr || plan->empty()) return uint64_t{0};
-  return StagedRun(context, lane, job, scratch).Run(*plan, layer_done);
+  return StagedRun(context, lane, job, scratch).Run(*plan, layer_enqueued);
 }
 
 }  // namespace kvhost

@@ -1,4 +1,4 @@
-#include "server/transfer/copy_plan.h"
+#include "server/transfer/cuda/copy_plan.h"
 
 #include <algorithm>
 #include <limits>
