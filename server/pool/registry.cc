@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/bytes.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "common/bytes.h"
 #include "server/safe_text.h"
 #include "server/service/convert.h"
 #include "server/service/page_streams.h"
