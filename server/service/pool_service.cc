@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
 #include "common/bytes.h"
+#include "server/access/credentials.h"
 #include "server/safe_text.h"
 #include "server/service/convert.h"
 #include "server/service/page_streams.h"
@@ -21,10 +22,6 @@
 
 namespace kvhost {
 namespace {
-
-const std::string* TokenOf(const std::optional<std::string>& token) {
-  return token ? &*token : nullptr;
-}
 
 absl::Span<const int64_t> Indices(const google::protobuf::RepeatedField<int64_t>& field) {
   return absl::MakeConstSpan(field.data(), field.size());
@@ -237,7 +234,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPool(grpc::CallbackServerContext* 
     // A protected pool's region files hold its bytes: named to its owner only.
     const std::optional<std::string> token = OwnerToken(*context);
     ToProto(**pool, backend_, response,
-            /*region_paths=*/CheckPoolOwner(**pool, token ? &*token : nullptr).ok());
+            /*region_paths=*/CheckPoolOwner(**pool, TokenOf(token)).ok());
     SetHolder(**pool, response);
   }
   return FinishCall(context, pool.status());
@@ -259,7 +256,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext
   for (const std::shared_ptr<Pool>& pool : registry_->List()) {
     v1::Pool* out = response->add_pools();
     ToProto(*pool, backend_, out,
-            /*region_paths=*/CheckPoolOwner(*pool, token ? &*token : nullptr).ok());
+            /*region_paths=*/CheckPoolOwner(*pool, TokenOf(token)).ok());
     SetHolder(*pool, out);
     if (!fits(*out)) {
       response->Clear();

@@ -23,10 +23,10 @@
 #define KVHOST_SERVER_SERVICE_POOL_SERVICE_H_
 
 #include "kvhost/v1/pool.grpc.pb.h"
+#include "server/access/caller.h"
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
 #include "server/service/page_streams.h"
-#include "server/transfer/caller.h"
 
 namespace kvhost {
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/access/credentials.h"
 #include "server/service/convert.h"
 
 namespace kvhost {
@@ -115,7 +116,7 @@ absl::StatusOr<std::shared_ptr<Pool>> StorageServiceImpl::PagesPool(
     return WithPool(pool, s);
   }
   const std::optional<std::string> token = OwnerToken(context);
-  absl::StatusOr<PoolTarget> target = registry_->Resolve(pool, token ? &*token : nullptr);
+  absl::StatusOr<PoolTarget> target = registry_->Resolve(pool, TokenOf(token));
   if (!target.ok()) return target.status();
   return target->pool;
 }
