@@ -358,11 +358,4 @@ void ToProto(const TicketStatus& status, v1::TransferStatus* out) {
   out->set_event_set(status.event_set);
 }
 
-absl::Status CheckIndexCount(const std::string& what, uint64_t count, uint64_t limit) {
-  if (count <= limit) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, ": ", count,
-                                                 " is over the daemon's limit of ", limit,
-                                                 " per call (--max-indices-per-call)"));
-}
-
 }  // namespace kvhost

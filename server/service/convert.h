@@ -61,10 +61,6 @@ void ToProto(const TicketStatus& status, v1::TransferStatus* out);
 // A worker copy's plan (kvhost.v1.WorkerCopyPlan).
 void ToProto(const WorkerCopyPlan& plan, v1::WorkerCopyPlan* out);
 
-// --max-indices-per-call: INVALID_ARGUMENT naming `what`, the count and the
-// limit when count > limit.
-absl::Status CheckIndexCount(const std::string& what, uint64_t count, uint64_t limit);
-
 }  // namespace kvhost
 
 #endif  // KVHOST_SERVER_SERVICE_CONVERT_H_

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "server/access/caller.h"
+#include "server/service/call_scope.h"
 #include "server/service/convert.h"
 
 namespace kvhost {

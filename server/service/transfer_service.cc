@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/access/credentials.h"
 #include "server/safe_text.h"
+#include "server/service/call_scope.h"
 #include "server/service/convert.h"
 #include "spdlog/spdlog.h"
 
