@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/unique_fd.h"
 #include "kvhost/client.h"
 
 namespace kvhost {
@@ -105,12 +106,7 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  struct Closer {
-    int fd = -1;
-    ~Closer() {
-      if (fd >= 0) ::close(fd);
-    }
-  } closer;
+  UniqueFd connection;
   std::string bytes = request.SerializeAsString();
   std::vector<char> control(CMSG_SPACE(sizeof(int) * send_fds.size()));
   // kvhostd pushes out a connection of a uid that has many waiting without
@@ -121,12 +117,12 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(1);
   while (true) {
-    if (closer.fd >= 0) ::close(std::exchange(closer.fd, -1));
-    closer.fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (closer.fd < 0) return Errno(absl::StatusCode::kInternal, "socket");
+    connection.Reset();  // before socket(), whose errno the message reads
+    connection = UniqueFd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (!connection.valid()) return Errno(absl::StatusCode::kInternal, "socket");
     const timeval send_timeout = absl::ToTimeval(timeout);
-    ::setsockopt(closer.fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
-    if (::connect(closer.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::setsockopt(connection.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+    if (::connect(connection.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
       return Errno(absl::StatusCode::kUnavailable,
                    absl::StrCat("handoff socket ", socket_path, ": connect"));
     }
@@ -143,7 +139,8 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
       c->cmsg_len = CMSG_LEN(sizeof(int) * send_fds.size());
       std::memcpy(CMSG_DATA(c), send_fds.data(), sizeof(int) * send_fds.size());
     }
-    if (::sendmsg(closer.fd, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size())) break;
+    if (::sendmsg(connection.get(), &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()))
+      break;
     const int err = errno;
     if ((err != EPIPE && err != ECONNRESET) || absl::Now() + backoff >= deadline) {
       errno = err;
@@ -153,7 +150,7 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Milliseconds(50));
   }
-  const int fd = closer.fd;
+  const int fd = connection.get();
   v1::HandoffReply reply;
   std::vector<int> received;
   absl::Status s = ReceiveReply(fd, socket_path, timeout, &reply, &received);
@@ -174,8 +171,7 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
   handoff.bytes = reply.bytes();
   handoff.count = reply.count();
   handoff.pool_regions = std::move(*reply.mutable_pool_regions());
-  if (request.kind() == v1::HANDOFF_KIND_FAST_PATH)
-    handoff.connection = std::exchange(closer.fd, -1);
+  if (request.kind() == v1::HANDOFF_KIND_FAST_PATH) handoff.connection = connection.Release();
   return handoff;
 }
 

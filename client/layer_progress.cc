@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/handoff.h"
+#include "common/unique_fd.h"
 
 namespace kvhost {
 namespace {
@@ -54,12 +55,8 @@ absl::StatusOr<std::unique_ptr<LayerProgress>> LayerProgress::Open(
   request.set_owner_token(owner_token);
   absl::StatusOr<Handoff> handoff = FetchHandoff(handoff_socket, request, timeout);
   if (!handoff.ok()) return handoff.status();
-  struct Closer {
-    std::vector<int> fds;
-    ~Closer() {
-      for (int fd : fds) ::close(fd);
-    }
-  } closer{handoff->fds};  // the mapping keeps the file
+  std::vector<UniqueFd> owned;  // closed on return: the mapping keeps the file
+  for (int fd : handoff->fds) owned.emplace_back(fd);
   struct stat st {};
   if (handoff->count == 0 || handoff->count > kMaxCounters ||
       handoff->bytes != uint64_t{handoff->count} * sizeof(uint64_t) ||
