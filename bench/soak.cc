@@ -83,6 +83,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
+#include "client/handoff.h"
 #include "common/cli_flags.h"
 #include "kvhost/client.h"
 #include "kvhost/layer_progress.h"

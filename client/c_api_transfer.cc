@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "c_api_internal.h"
+#include "client/handoff.h"
 #include "kvhost/layer_progress.h"
 
 namespace kvhost::c_api {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/handoff.h"
 #include "kvhost/client.h"
 #include "kvhost/layer_progress.h"
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/handoff.h"
 #include "kvhost/layer_progress.h"
 
 namespace kvhost {

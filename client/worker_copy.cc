@@ -1,4 +1,5 @@
 #include "kvhost/worker_copy.h"
+#include "client/handoff.h"
 
 #include <sys/mman.h>
 #include <sys/stat.h>

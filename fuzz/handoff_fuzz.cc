@@ -3,7 +3,7 @@
 // client would send it on the SOCK_SEQPACKET socket (the first
 // kMaxHandoffRequestBytes + 1 bytes arrive, as recvmsg's buffer holds;
 // its whole size is the message's length), decoded and checked by
-// DecodeHandoffRequest, its caller made by HandoffCaller, and the item
+// DecodeHandoffRequest, its caller made by CallerOf (server/access/credentials.h), and the item
 // looked up by the daemon's own source (TransferHandoffSource) over a
 // TransferManager with the host engine and four attachments:
 //   @A  pool "open", no session, layer progress: serves anyone;
@@ -27,7 +27,7 @@
 //     pool's regions read-write, FAILED_PRECONDITION for an attachment
 //     without a session); an id that names no
 //     attachment, or one the caller may not use (the rule of
-//     server/transfer/caller.h, modelled here independently), NOT_FOUND; an
+//     server/access/caller.h, modelled here independently), NOT_FOUND; an
 //     attachment without layer progress FAILED_PRECONDITION; otherwise OK
 //     with a read-only descriptor of the counters' size, one per load event
 //     set;
@@ -50,6 +50,7 @@
 #include "absl/strings/string_view.h"
 #include "fuzz/fuzz_check.h"
 #include "kvhost/v1/transfer.pb.h"
+#include "server/access/credentials.h"
 #include "server/pool/registry.h"
 #include "server/service/handoff_server.h"
 #include "server/transfer/host_engine.h"
@@ -110,7 +111,7 @@ class Harness {
     CheckDecode(data, size, decoded, request);
     if (!decoded.ok()) return;
     Substitute(&request);
-    const Caller caller = HandoffCaller(request);
+    const Caller caller = CallerOf(request);
     FUZZ_CHECK(static_cast<int>(caller.sessions.size()) == request.session_ids_size(),
                caller.sessions.size());
     for (int i = 0; i < request.session_ids_size(); ++i) {
@@ -195,7 +196,7 @@ class Harness {
   }
 
   // Whether `caller` may use attachment `f`, by the rule of
-  // server/transfer/caller.h: no session serves anyone; a session serves
+  // server/access/caller.h: no session serves anyone; a session serves
   // who names it, and, on an owner-protected pool, who presents its token.
   static bool Serves(const Fixture& f, const Caller& caller, const std::string& session) {
     if (f.session < 0) return true;

@@ -80,6 +80,7 @@
 #include "fuzz/fuzz_check.h"
 #include "kvhost/v1/pool.grpc.pb.h"
 #include "kvhost/v1/transfer.grpc.pb.h"
+#include "server/access/credentials.h"
 #include "server/pool/registry.h"
 #include "server/service/convert.h"
 #include "server/service/pool_service.h"

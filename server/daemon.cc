@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "common/bytes.h"
 #include "grpc/health/v1/health.pb.h"
 #include "server/daemon_metrics.h"
 #include "server/declared_pools.h"

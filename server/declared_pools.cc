@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/bytes.h"
 #include "server/pool/host_memory.h"
 #include "spdlog/spdlog.h"
 

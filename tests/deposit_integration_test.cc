@@ -25,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "api_test_util.h"
+#include "client/handoff.h"
 #include "daemon_fixture.h"
 #include "gtest/gtest.h"
 #include "kvhost/client.h"

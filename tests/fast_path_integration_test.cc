@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "api_test_util.h"
+#include "client/handoff.h"
 #include "common/fast_path_mailbox.h"
 #include "daemon_fixture.h"
 #include "gtest/gtest.h"

@@ -30,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/handoff.h"
 #include "daemon_fixture.h"
 #include "gtest/gtest.h"
 #include "kvhost/client.h"

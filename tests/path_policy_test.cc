@@ -46,7 +46,7 @@ TEST(PathPolicyTest, LargePiecesTakeTheCopyEnginesWithoutPlanningStaged) {
   absl::StatusOr<PathDecision> d = DecidePath(SmallPieces(128 << 10, 1 << 20, &plans), policy);
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->path, CudaPath::kCopyEngine);
-  EXPECT_TRUE(absl::StrContains(d->why, "128 KiB")) << d->why;
+  EXPECT_TRUE(absl::StrContains(d->why, "128.00 KiB")) << d->why;
   EXPECT_EQ(plans, 0);
   // Exactly at the threshold counts as large, just below it does not.
   EXPECT_EQ(DecidePath(SmallPieces(policy.ce_min_piece_bytes, 1 << 20, &plans), policy)->path,

@@ -5,6 +5,7 @@
 // Host memory figures are faked through RegistryOptions::read_memory; region
 // files live in a private directory under /dev/shm.
 #include "server/pool/registry.h"
+#include "server/access/caller.h"
 
 #include <fcntl.h>
 #include <gmock/gmock.h>

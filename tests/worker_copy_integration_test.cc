@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "api_test_util.h"
+#include "client/handoff.h"
 #include "daemon_fixture.h"
 #include "gtest/gtest.h"
 #include "kvhost/client.h"

@@ -20,25 +20,6 @@
 
 namespace kvhost {
 
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    fd_ = other.Release();
-  }
-  return *this;
-}
-
-int UniqueFd::Release() {
-  const int fd = fd_;
-  fd_ = -1;
-  return fd;
-}
-
-void UniqueFd::Reset() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
 std::string EscapedPath(const std::string& text) { return absl::CEscape(text); }
 
 absl::Status CheckNoNul(const std::string& text, const std::string& what) {

@@ -60,14 +60,8 @@ uint64_t DefaultMemoryReserve(uint64_t mem_total);
 // already dropped limits that are not usable).
 uint64_t AvailableForPools(const MemorySnapshot& s, uint64_t reserve);
 
-// (Byte sizes in flags: ParseByteSize, common/cli_flags.h.)
-
-// A byte count for messages, in the binary units the flags take ("64G" is
-// 64 GiB): "512 bytes", "4.00 KiB", "68.72 GiB", "1.50 TiB", two decimals.
-std::string FormatBytes(uint64_t bytes);
-// FormatBytes and the exact count, where rounding would hide a difference:
-// "8.00 GiB (8589934592 bytes)".
-std::string FormatBytesExact(uint64_t bytes);
+// (Byte sizes in flags: ParseByteSize, common/cli_flags.h; byte counts in
+// messages: FormatBytes, common/bytes.h.)
 
 }  // namespace kvhost
 

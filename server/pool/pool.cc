@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/constant_time.h"
 
 namespace kvhost {
 
@@ -19,13 +20,7 @@ absl::Status WithPool(const std::string& pool, const absl::Status& status) {
 
 bool Pool::OwnerTokenMatches(absl::string_view given) const {
   if (owner_token_.empty()) return true;
-  // Every byte of `given` is compared (against the owner's, repeated), so the
-  // time says nothing about the owner's token.
-  unsigned char diff = given.size() == owner_token_.size() ? 0 : 1;
-  for (size_t i = 0; i < given.size(); ++i) {
-    diff |= static_cast<unsigned char>(given[i] ^ owner_token_[i % owner_token_.size()]);
-  }
-  return diff == 0;
+  return SecretEquals(given, owner_token_);
 }
 
 namespace {

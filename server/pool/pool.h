@@ -299,7 +299,8 @@ class Pool {
   // Owner token (kvhost.v1.CreatePoolRequest.owner_token). SetOwnerToken is
   // the registry's, before the pool is published; the token is never read
   // back, only compared. OwnerTokenMatches takes time that depends only on
-  // `given`'s length, not on where it differs from the owner's.
+  // `given`'s length, not on where it differs from the owner's (SecretEquals,
+  // common/constant_time.h).
   // A follower has no token of its own: it is protected by the token of
   // the pool it follows (token_owner()), whose slots it shares, so
   // owner_protected() is that pool's and the token to check is compared

@@ -14,6 +14,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/bytes.h"
+#include "server/access/caller.h"
 #include "spdlog/spdlog.h"
 
 namespace kvhost {
@@ -638,50 +640,6 @@ absl::StatusOr<PoolTarget> PoolRegistry::Resolve(const std::string& name,
       found->group ? CheckGroupOwner(*found->group, token) : CheckPoolOwner(*found->pool, token);
   if (!owner.ok()) return owner;
   return found;
-}
-
-absl::Status CheckGroupOwner(const PoolGroup& group, const std::string* token) {
-  for (const GroupEntry& e : group.entries()) {
-    if (absl::Status s = CheckPoolOwner(*e.pool, token); !s.ok()) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(s.message(), " (entry '", e.name, "' of group '", group.name(), "')"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckPoolOwner(const Pool& pool, const std::string* token) {
-  if (!pool.owner_protected()) return absl::OkStatus();
-  // A follower's token is the followed pool's.
-  const Pool& owner = pool.token_owner();
-  const std::string by = &owner == &pool ? ""
-                                         : absl::StrCat(" (by the token of pool '", owner.name(),
-                                                        "', which it follows)");
-  if (token == nullptr) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("pool '", pool.name(), "' is owner-protected", by,
-                     ": the call needs its owner token in gRPC metadata 'kvhost-token'"));
-  }
-  if (!owner.OwnerTokenMatches(*token)) {
-    return absl::PermissionDeniedError(absl::StrCat("pool '", pool.name(), "' is owner-protected",
-                                                    by, ": the token given does not match"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateOwnerToken(const std::string& token) {
-  for (size_t i = 0; i < token.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(token[i]);
-    if (c < 0x21 || c > 0x7e) {
-      // The byte's position, never the token: messages reach logs.
-      return absl::InvalidArgumentError(
-          absl::StrCat("owner_token byte ", i,
-                       " is outside printable ASCII 0x21-0x7E (no spaces, controls, NUL or "
-                       "non-ASCII): gRPC metadata could not carry it, so the pool could never "
-                       "be opened"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 uint64_t PoolRegistry::used_bytes() const {

@@ -305,20 +305,8 @@ class PoolRegistry {
   std::vector<Builder> builders_ ABSL_GUARDED_BY(builders_mu_);
 };
 
-// Longest CreatePoolRequest.owner_token.
-inline constexpr size_t kMaxOwnerTokenBytes = 256;
-
-// PERMISSION_DENIED unless `token` (null: none given) opens `pool` (a
-// follower: the pool it follows); OK for a pool without an owner token. The
-// message names the pool, never a token.
-absl::Status CheckPoolOwner(const Pool& pool, const std::string* token);
-// The same for every entry's pool of `group` (the message names the entry).
-absl::Status CheckGroupOwner(const PoolGroup& group, const std::string* token);
-
-// INVALID_ARGUMENT (naming the byte's position, never the token) unless every
-// byte of `token` is printable ASCII 0x21-0x7E: what gRPC metadata carries
-// unchanged (kvhost-token), so that the pool's owner can always present it.
-absl::Status ValidateOwnerToken(const std::string& token);
+// (Owner tokens: CheckPoolOwner, CheckGroupOwner, ValidateOwnerToken,
+// server/access/caller.h.)
 
 }  // namespace kvhost
 

@@ -358,28 +358,4 @@ void ToProto(const TicketStatus& status, v1::TransferStatus* out) {
   out->set_event_set(status.event_set);
 }
 
-std::optional<std::string> OwnerToken(const grpc::ServerContextBase& context) {
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find(kOwnerTokenMetadata);
-  if (it == metadata.end()) return std::nullopt;
-  return std::string(it->second.data(), it->second.size());
-}
-
-Caller CallerOf(const grpc::ServerContextBase& context) {
-  Caller caller;
-  auto [begin, end] = context.client_metadata().equal_range(kSessionMetadata);
-  for (auto it = begin; it != end; ++it) {
-    caller.sessions.emplace_back(it->second.data(), it->second.size());
-  }
-  caller.token = OwnerToken(context);
-  return caller;
-}
-
-absl::Status CheckIndexCount(const std::string& what, uint64_t count, uint64_t limit) {
-  if (count <= limit) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, ": ", count,
-                                                 " is over the daemon's limit of ", limit,
-                                                 " per call (--max-indices-per-call)"));
-}
-
 }  // namespace kvhost

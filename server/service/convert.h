@@ -61,25 +61,6 @@ void ToProto(const TicketStatus& status, v1::TransferStatus* out);
 // A worker copy's plan (kvhost.v1.WorkerCopyPlan).
 void ToProto(const WorkerCopyPlan& plan, v1::WorkerCopyPlan* out);
 
-// The gRPC metadata key carrying a pool's owner token.
-inline constexpr char kOwnerTokenMetadata[] = "kvhost-token";
-// The call's owner token (kOwnerTokenMetadata), or nullopt when it carries
-// none.
-std::optional<std::string> OwnerToken(const grpc::ServerContextBase& context);
-// The gRPC metadata key carrying the caller's worker session id
-// (SessionEvent.session_id): the client library sends it on every
-// TransferService call once it has a session. An attachment made within a
-// session, and its tickets, serve only callers naming that session here (or
-// presenting the pool's owner token; see TransferManager).
-inline constexpr char kSessionMetadata[] = "kvhost-session";
-// Who makes a TransferService call: every kSessionMetadata value it carries
-// (a client may name more than one of its sessions) and its owner token.
-Caller CallerOf(const grpc::ServerContextBase& context);
-
-// --max-indices-per-call: INVALID_ARGUMENT naming `what`, the count and the
-// limit when count > limit.
-absl::Status CheckIndexCount(const std::string& what, uint64_t count, uint64_t limit);
-
 }  // namespace kvhost
 
 #endif  // KVHOST_SERVER_SERVICE_CONVERT_H_

@@ -5,17 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/access/credentials.h"
 
 namespace kvhost {
 namespace {
-
-// The frame's credentials, as convert.h's CallerOf reads gRPC metadata.
-Caller CallerOf(const v1::FastPathRequest& request) {
-  Caller caller;
-  caller.sessions.assign(request.session_ids().begin(), request.session_ids().end());
-  if (!request.owner_token().empty()) caller.token = request.owner_token();
-  return caller;
-}
 
 // Parses the frame's body as `Request`, runs `call` and serializes the
 // response into `body` on success.

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/access/credentials.h"
 #include "server/ids.h"
 #include "server/pool/beneath.h"
 #include "spdlog/spdlog.h"
@@ -374,13 +375,6 @@ absl::Status DecodeHandoffRequest(absl::string_view received, size_t length,
   return absl::OkStatus();
 }
 
-Caller HandoffCaller(const v1::HandoffRequest& request) {
-  Caller caller;
-  caller.sessions.assign(request.session_ids().begin(), request.session_ids().end());
-  if (!request.owner_token().empty()) caller.token = request.owner_token();
-  return caller;
-}
-
 absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* request,
                                         std::vector<UniqueFd>* received) {
   // One byte more than the limit, and room for one deposit's descriptors.
@@ -446,7 +440,7 @@ void HandoffServer::OpenFastPath(int connection, const std::string& peer,
                                  const v1::HandoffRequest& request) {
   absl::StatusOr<FastPathOffer> offer =
       fast_path_ != nullptr
-          ? fast_path_->Open(connection, HandoffCaller(request).sessions)
+          ? fast_path_->Open(connection, CallerOf(request).sessions)
           : absl::StatusOr<FastPathOffer>(absl::FailedPreconditionError(
                 "this handoff socket serves no fast path (kvhostd --fast-path-connections 0)"));
   // The mailbox thread's own copy of the connection: the loop closes this
@@ -512,7 +506,7 @@ void HandoffServer::Serve(const WaitingConnection& waiting, absl::Status refusal
   HandoffItem item;
   if (status.ok()) {
     absl::StatusOr<HandoffItem> found =
-        source_(HandoffCaller(request), request.attachment_id(), request.kind());
+        source_(CallerOf(request), request.attachment_id(), request.kind());
     if (found.ok()) {
       item = *std::move(found);
     } else {

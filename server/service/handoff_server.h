@@ -60,11 +60,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kvhost/v1/transfer.pb.h"
+#include "server/access/caller.h"
 #include "server/log_limit.h"
 #include "server/pool/beneath.h"
 #include "server/service/deposits.h"
 #include "server/service/fast_path_server.h"
-#include "server/transfer/caller.h"
 #include "server/transfer/transfer_manager.h"
 
 namespace kvhost {
@@ -104,7 +104,7 @@ struct HandoffItem {
 
 // Looks up the item of `kind` of attachment `attachment_id` for `caller`:
 // NOT_FOUND (as for an unknown id) for one the caller may not use (the rule
-// of server/transfer/caller.h), FAILED_PRECONDITION for an attachment
+// of server/access/caller.h), FAILED_PRECONDITION for an attachment
 // without that item. REQUIRES: kind is not HANDOFF_KIND_UNSPECIFIED.
 using HandoffSource = std::function<absl::StatusOr<HandoffItem>(
     const Caller& caller, const std::string& attachment_id, v1::HandoffKind kind)>;
@@ -127,10 +127,6 @@ HandoffSource TransferHandoffSource(TransferManager* manager);
 // Pure; thread-safe.
 absl::Status DecodeHandoffRequest(absl::string_view received, size_t length,
                                   v1::HandoffRequest* request);
-
-// Who a decoded request says it is (server/transfer/caller.h): its session
-// ids, and its owner token when it gives one.
-Caller HandoffCaller(const v1::HandoffRequest& request);
 
 // A connection accepted and waiting for its request.
 struct WaitingConnection {

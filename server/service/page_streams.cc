@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "server/access/caller.h"
+#include "server/service/call_scope.h"
 #include "server/service/convert.h"
 
 namespace kvhost {
@@ -179,8 +181,7 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
         return absl::InvalidArgumentError("WritePages: the first chunk must name the pool");
       }
       // Resolved once, the token checked on the pool the stream then writes.
-      absl::StatusOr<PoolTarget> target =
-          registry_->Resolve(chunk.pool(), token_ ? &*token_ : nullptr);
+      absl::StatusOr<PoolTarget> target = registry_->Resolve(chunk.pool(), TokenOf(token_));
       if (!target.ok()) return target.status();
       pool_ = std::move(target->pool);
       name_ = chunk.pool();

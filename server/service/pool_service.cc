@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
+#include "common/bytes.h"
+#include "server/access/credentials.h"
 #include "server/safe_text.h"
 #include "server/service/convert.h"
 #include "server/service/page_streams.h"
@@ -20,10 +22,6 @@
 
 namespace kvhost {
 namespace {
-
-const std::string* TokenOf(const std::optional<std::string>& token) {
-  return token ? &*token : nullptr;
-}
 
 absl::Span<const int64_t> Indices(const google::protobuf::RepeatedField<int64_t>& field) {
   return absl::MakeConstSpan(field.data(), field.size());
@@ -236,7 +234,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPool(grpc::CallbackServerContext* 
     // A protected pool's region files hold its bytes: named to its owner only.
     const std::optional<std::string> token = OwnerToken(*context);
     ToProto(**pool, backend_, response,
-            /*region_paths=*/CheckPoolOwner(**pool, token ? &*token : nullptr).ok());
+            /*region_paths=*/CheckPoolOwner(**pool, TokenOf(token)).ok());
     SetHolder(**pool, response);
   }
   return FinishCall(context, pool.status());
@@ -258,7 +256,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::ListPools(grpc::CallbackServerContext
   for (const std::shared_ptr<Pool>& pool : registry_->List()) {
     v1::Pool* out = response->add_pools();
     ToProto(*pool, backend_, out,
-            /*region_paths=*/CheckPoolOwner(*pool, token ? &*token : nullptr).ok());
+            /*region_paths=*/CheckPoolOwner(*pool, TokenOf(token)).ok());
     SetHolder(*pool, out);
     if (!fits(*out)) {
       response->Clear();
@@ -310,17 +308,13 @@ void AddSlots(absl::Span<const uint64_t> pages, uint64_t ps,
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<Pool>> PoolServiceImpl::OpenPool(
-    const std::string& pool, const std::optional<std::string>& token, const char* counted,
-    uint64_t count) const {
-  if (counted != nullptr) {
-    if (absl::Status s = CheckIndexCount(counted, count, max_indices_); !s.ok()) {
-      return WithPool(pool, s);
-    }
-  }
-  absl::StatusOr<PoolTarget> target = registry_->Resolve(pool, TokenOf(token));
-  if (!target.ok()) return target.status();
-  return target->pool;
+absl::StatusOr<std::shared_ptr<Pool>> PoolServiceImpl::OpenPool(const Caller& caller,
+                                                                const std::string& pool,
+                                                                const char* counted,
+                                                                uint64_t count) const {
+  const std::string* token = TokenOf(caller.token);
+  if (counted == nullptr) return OpenCallPool(*registry_, pool, token, max_indices_);
+  return OpenCallPool(*registry_, pool, token, max_indices_, {{counted, count}});
 }
 
 absl::Status PoolServiceImpl::CheckAllocReply(const Pool& pool, uint64_t num_tokens,
@@ -341,7 +335,7 @@ absl::Status PoolServiceImpl::CheckAllocReply(const Pool& pool, uint64_t num_tok
 absl::Status PoolServiceImpl::DoAlloc(const Caller& caller, const v1::AllocRequest& request,
                                       v1::AllocResponse* response, uint64_t max_reply_bytes) {
   absl::StatusOr<std::shared_ptr<Pool>> pool =
-      OpenPool(request.pool(), caller.token, "Alloc num_tokens", request.num_tokens());
+      OpenPool(caller, request.pool(), "Alloc num_tokens", request.num_tokens());
   if (!pool.ok()) return pool.status();
   // A group's name acts on its anchor, which the metrics count.
   const std::string& name = (*pool)->name();
@@ -381,7 +375,7 @@ absl::Status PoolServiceImpl::DoAllocBatch(const Caller& caller,
     }
   }
   absl::StatusOr<std::shared_ptr<Pool>> pool =
-      OpenPool(request.pool(), caller.token);  // counts checked above
+      OpenPool(caller, request.pool());  // counts checked above
   if (!pool.ok()) return pool.status();
   Pool& p = **pool;
   const std::string& name = p.name();
@@ -440,7 +434,7 @@ absl::Status PoolServiceImpl::AllocRuns(Pool& p, const v1::AllocBatchRequest& re
 absl::Status PoolServiceImpl::DoFree(const Caller& caller, const v1::FreeRequest& request,
                                      v1::FreeResponse* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool =
-      OpenPool(request.pool(), caller.token, "Free indices", request.indices_size());
+      OpenPool(caller, request.pool(), "Free indices", request.indices_size());
   if (!pool.ok()) return pool.status();
   if (metrics_ != nullptr) metrics_->pool_free_calls->WithLabels({(*pool)->name()})->Increment();
   return (*pool)->ChangeAllocation(caller.sessions, session_open_, "Free", [&] {
@@ -461,7 +455,7 @@ absl::Status PoolServiceImpl::DoClaimPool(const Caller& caller, const v1::ClaimP
                         "ClaimPool instance_id '", SafeText(instance), "' (", instance.size(),
                         " bytes) must be 1-", kMaxInstanceIdBytes, " printable ASCII characters")));
   }
-  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(request.pool(), caller.token);
+  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(caller, request.pool());
   if (!pool.ok()) return pool.status();
   // The caller's current session comes first in its metadata.
   const auto session = std::find_if(caller.sessions.begin(), caller.sessions.end(),
@@ -528,7 +522,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
     v1::PageBufferMeta* response) {
   // Region files and offsets are the pool's data's address: owner-checked.
   absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(
-      request->pool(), OwnerToken(*context), "GetPageBufferMeta indices", request->indices_size());
+      CallerOf(*context), request->pool(), "GetPageBufferMeta indices", request->indices_size());
   if (!pool.ok()) return FinishCall(context, pool.status());
   const Pool& p = **pool;
   const uint64_t fixed = RegionPathsBytes(p) + kReplyOverheadBytes;
@@ -556,7 +550,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetPageBufferMeta(
 grpc::ServerUnaryReactor* PoolServiceImpl::GetDataPage(grpc::CallbackServerContext* context,
                                                        const v1::PageRequest* request,
                                                        v1::PageData* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(request->pool(), OwnerToken(*context));
+  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(CallerOf(*context), request->pool());
   if (!pool.ok()) return FinishCall(context, pool.status());
   if (absl::Status s = (*pool)->CheckPage(request->index()); !s.ok()) return FinishCall(context, s);
   const uint64_t bytes = (*pool)->flat_page_bytes();
@@ -578,7 +572,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::SetFromFlatDataPage(grpc::CallbackSer
                                                                const v1::SetPageRequest* request,
                                                                v1::SetPageResponse* response) {
   const Caller caller = CallerOf(*context);
-  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(request->pool(), caller.token);
+  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(caller, request->pool());
   if (!pool.ok()) return FinishCall(context, pool.status());
   // WritePage checks the page and the data's size first.
   return FinishCall(
@@ -592,9 +586,9 @@ grpc::ServerWriteReactor<v1::PageData>* PoolServiceImpl::ReadPages(
     grpc::CallbackServerContext* context, const v1::ReadPagesRequest* request) {
   // Half the message limit leaves room for the message's other fields and
   // keeps a chunk well inside what either side accepts.
-  return NewPageReader(registry_, *request, static_cast<uint64_t>(max_message_bytes_) / 2,
-                       OpenPool(request->pool(), OwnerToken(*context), "ReadPages indices",
-                                request->indices_size()));
+  return NewPageReader(
+      registry_, *request, static_cast<uint64_t>(max_message_bytes_) / 2,
+      OpenPool(CallerOf(*context), request->pool(), "ReadPages indices", request->indices_size()));
 }
 
 grpc::ServerReadReactor<v1::WritePagesChunk>* PoolServiceImpl::WritePages(
@@ -635,7 +629,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::GetSplitHeadsPageBufferMeta(
     grpc::CallbackServerContext* context, const v1::SplitHeadsMetaRequest* request,
     v1::PageBufferMeta* response) {
   absl::StatusOr<std::shared_ptr<Pool>> pool =
-      OpenPool(request->pool(), OwnerToken(*context), "GetSplitHeadsPageBufferMeta indices",
+      OpenPool(CallerOf(*context), request->pool(), "GetSplitHeadsPageBufferMeta indices",
                request->indices_size());
   if (!pool.ok()) return FinishCall(context, pool.status());
   const Pool& p = **pool;
@@ -676,7 +670,7 @@ grpc::ServerUnaryReactor* PoolServiceImpl::IsStridePageAligned(
 grpc::ServerUnaryReactor* PoolServiceImpl::GetContiguousBufferInfos(
     grpc::CallbackServerContext* context, const v1::ContiguousBufferInfosRequest* request,
     v1::ContiguousBufferInfos* response) {
-  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(request->pool(), OwnerToken(*context));
+  absl::StatusOr<std::shared_ptr<Pool>> pool = OpenPool(CallerOf(*context), request->pool());
   if (!pool.ok()) return FinishCall(context, pool.status());
   if (absl::Status s =
           CheckReplySize((*pool)->name(),

@@ -23,10 +23,11 @@
 #define KVHOST_SERVER_SERVICE_POOL_SERVICE_H_
 
 #include "kvhost/v1/pool.grpc.pb.h"
+#include "server/access/caller.h"
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
+#include "server/service/call_scope.h"
 #include "server/service/page_streams.h"
-#include "server/transfer/caller.h"
 
 namespace kvhost {
 
@@ -144,14 +145,12 @@ class PoolServiceImpl final : public v1::PoolService::CallbackService {
   static constexpr uint64_t kDefaultMaxIndicesPerCall = uint64_t{1} << 22;
 
  private:
-  // Every owner-checked call's prologue: the count of its index list
-  // (`counted` names it, e.g. "Free indices"; none when null) against
-  // --max-indices-per-call (INVALID_ARGUMENT naming the pool), then `pool`
-  // resolved once with the caller's `token` checked on what it names
-  // (PoolRegistry::Resolve). Returns the pool, or a group's anchor pool, to
-  // act on.
-  absl::StatusOr<std::shared_ptr<Pool>> OpenPool(const std::string& pool,
-                                                 const std::optional<std::string>& token,
+  // Every owner-checked call's prologue (OpenCallPool, call_scope.h): the
+  // count of its index list (`counted` names it, e.g. "Free indices"; none
+  // when null) against --max-indices-per-call (INVALID_ARGUMENT naming the
+  // pool), then `pool` resolved once with `caller`'s token checked on what it
+  // names. Returns the pool, or a group's anchor pool, to act on.
+  absl::StatusOr<std::shared_ptr<Pool>> OpenPool(const Caller& caller, const std::string& pool,
                                                  const char* counted = nullptr,
                                                  uint64_t count = 0) const;
   // AllocBatch's allocations on `p`, all or nothing (those made before a

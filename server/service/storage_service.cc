@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/access/credentials.h"
+#include "server/service/call_scope.h"
 #include "server/service/convert.h"
 
 namespace kvhost {
@@ -106,18 +108,9 @@ absl::StatusOr<std::shared_ptr<Pool>> StorageServiceImpl::PagesPool(
     const grpc::CallbackServerContext& context, const std::string& pool, int indices,
     int keys) const {
   if (tier_ == nullptr) return NoTier();
-  if (absl::Status s = CheckIndexCount("indices", static_cast<uint64_t>(indices), max_indices_);
-      !s.ok()) {
-    return WithPool(pool, s);
-  }
-  if (absl::Status s = CheckIndexCount("keys", static_cast<uint64_t>(keys), max_indices_);
-      !s.ok()) {
-    return WithPool(pool, s);
-  }
-  const std::optional<std::string> token = OwnerToken(context);
-  absl::StatusOr<PoolTarget> target = registry_->Resolve(pool, token ? &*token : nullptr);
-  if (!target.ok()) return target.status();
-  return target->pool;
+  return OpenCallPool(
+      *registry_, pool, TokenOf(OwnerToken(context)), max_indices_,
+      {{"indices", static_cast<uint64_t>(indices)}, {"keys", static_cast<uint64_t>(keys)}});
 }
 
 absl::StatusOr<std::string> StorageServiceImpl::Namespace(

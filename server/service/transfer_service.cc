@@ -10,7 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "server/access/credentials.h"
 #include "server/safe_text.h"
+#include "server/service/call_scope.h"
 #include "server/service/convert.h"
 #include "spdlog/spdlog.h"
 
@@ -60,8 +62,7 @@ grpc::ServerUnaryReactor* TransferServiceImpl::AttachDevice(grpc::CallbackServer
   // Resolved once, the token checked on the pool or group that is then
   // attached (the name is not looked up again).
   const std::optional<std::string> token = OwnerToken(*context);
-  absl::StatusOr<PoolTarget> target =
-      registry_->Resolve(request->pool(), token ? &*token : nullptr);
+  absl::StatusOr<PoolTarget> target = registry_->Resolve(request->pool(), TokenOf(token));
   if (!target.ok()) return FinishCall(context, target.status());
   absl::StatusOr<AttachRequest> attach = FromProto(*request);
   if (!attach.ok()) return FinishCall(context, attach.status());

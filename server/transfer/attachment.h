@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
-#include "server/transfer/caller.h"
+#include "server/access/caller.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/layer_counters.h"
 

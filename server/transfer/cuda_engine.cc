@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/bytes.h"
 #include "common/cuda_util.h"
 #include "server/transfer/cuda/job_plan.h"
 #include "server/transfer/cuda/mapping.h"
@@ -83,7 +84,7 @@ std::string CudaEngine::Describe() const {
   return absl::StrCat(
       gpus_.size(), " GPU(s): ", absl::StrJoin(parts, ", "), "; copies by ", BatchCopier::Api(),
       " on ", options_.copy_streams, " stream(s) per direction; transfer path ",
-      CudaPathName(options_.path), ", staging ", ByteSize(options_.staging_bytes),
+      CudaPathName(options_.path), ", staging ", FormatBytes(options_.staging_bytes),
       " per stream, SM copy path grid <= ", options_.sm_blocks, " blocks; ", mps_detail_);
 }
 

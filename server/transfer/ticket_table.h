@@ -12,7 +12,7 @@
 //
 // Ids are random (server/ids.h), so an id from before a restart names no
 // ticket of this daemon. A ticket is found only by a caller its owner
-// permits (server/transfer/caller.h); anyone else is told NOT_FOUND, as for
+// permits (server/access/caller.h); anyone else is told NOT_FOUND, as for
 // an unknown or expired id.
 //
 // Thread safety: all methods may be called concurrently; the table has its
@@ -36,9 +36,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/access/caller.h"
 #include "server/log_limit.h"
 #include "server/metrics/kvhost_metrics.h"
-#include "server/transfer/caller.h"
 #include "server/transfer/ticket.h"
 
 namespace kvhost {

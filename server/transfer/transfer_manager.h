@@ -43,12 +43,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "server/access/caller.h"
 #include "server/ids.h"  // RandomHex, ShortId: the ids the manager makes and shows
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
 #include "server/transfer/attach.h"
 #include "server/transfer/attachment.h"
-#include "server/transfer/caller.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/session_table.h"
 #include "server/transfer/submission.h"

@@ -86,6 +86,8 @@ struct WorkerTicket {
   std::shared_ptr<const void> copy;
 };
 
+struct Handoff;  // what the handoff socket hands over (client/handoff.h, internal)
+
 class WorkerCopier {
  public:
   // Fetches `attachment`'s pool regions with `client`'s credentials, maps

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/bytes.h"
 
 namespace kvhost {
 
@@ -43,12 +44,6 @@ const char* CudaPathName(CudaPath path) {
   return "auto";
 }
 
-std::string ByteSize(uint64_t n) {
-  if (n >= (uint64_t{1} << 20)) return absl::StrCat(n >> 20, " MiB");
-  if (n >= (uint64_t{1} << 10)) return absl::StrCat(n >> 10, " KiB");
-  return absl::StrCat(n, " B");
-}
-
 absl::StatusOr<PathDecision> DecidePath(const PathFacts& facts, const PathPolicy& policy) {
   constexpr char kNoSm[] =
       "this GPU cannot address registered host memory by its host pointer "
@@ -78,8 +73,8 @@ absl::StatusOr<PathDecision> DecidePath(const PathFacts& facts, const PathPolicy
   const uint64_t piece = facts.ce_piece_bytes;
   if (piece >= policy.ce_min_piece_bytes) {
     return decided(CudaPath::kCopyEngine,
-                   absl::StrCat("auto: copy-engine pieces of ", ByteSize(piece),
-                                " on average, >= ", ByteSize(policy.ce_min_piece_bytes)));
+                   absl::StrCat("auto: copy-engine pieces of ", FormatBytes(piece),
+                                " on average, >= ", FormatBytes(policy.ce_min_piece_bytes)));
   }
   // Staged before the SM path even under MPS: measured on the H200 against a
   // GEMM worker (docs/PERF.md, run Q), staged cost it +4.3 to +5.9 % back to
@@ -90,16 +85,17 @@ absl::StatusOr<PathDecision> DecidePath(const PathFacts& facts, const PathPolicy
     absl::StatusOr<uint64_t> block = facts.staged_block_bytes();
     if (block.ok() && *block >= policy.staged_min_gain * piece) {
       return decided(CudaPath::kStaged,
-                     absl::StrCat("auto: copy-engine pieces of only ", ByteSize(piece),
-                                  ", staged blocks of ", ByteSize(*block), ", ", mps));
+                     absl::StrCat("auto: copy-engine pieces of only ", FormatBytes(piece),
+                                  ", staged blocks of ", FormatBytes(*block), ", ", mps));
     }
   }
   if (facts.mps && facts.host_pointer_ok) {
-    return decided(CudaPath::kSm, absl::StrCat("auto: copy-engine pieces of only ", ByteSize(piece),
-                                               ", no larger blocks to stage, MPS active"));
+    return decided(CudaPath::kSm,
+                   absl::StrCat("auto: copy-engine pieces of only ", FormatBytes(piece),
+                                ", no larger blocks to stage, MPS active"));
   }
   return decided(CudaPath::kCopyEngine,
-                 absl::StrCat("auto: copy-engine pieces of ", ByteSize(piece),
+                 absl::StrCat("auto: copy-engine pieces of ", FormatBytes(piece),
                               "; no larger blocks to stage and MPS not active (the SM copy path "
                               "would time-slice against the worker)"));
 }

@@ -107,9 +107,6 @@ struct PathDecision {
 // only for a forced path the job cannot take.
 absl::StatusOr<PathDecision> DecidePath(const PathFacts& facts, const PathPolicy& policy);
 
-// "2 KiB", "512 MiB", "17 B": sizes in the log's words.
-std::string ByteSize(uint64_t bytes);
-
 }  // namespace kvhost
 
 #endif  // KVHOST_SERVER_TRANSFER_CUDA_PATH_POLICY_H_

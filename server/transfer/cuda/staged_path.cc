@@ -2,6 +2,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/bytes.h"
 #include "common/cuda_util.h"
 #include "copy_kernel.h"
 #include "server/transfer/cuda/mapping.h"
@@ -72,7 +73,7 @@ class StagedRun {
                        context_.options->staging_bytes, ") cannot be allocated: ", CudaError(e)));
     }
     spdlog::info("GPU {}: {} staging buffer of {} up", lane_->gpu, DirectionName(lane_->direction),
-                 ByteSize(2 * chunk_bytes_));
+                 FormatBytes(2 * chunk_bytes_));
     return absl::OkStatus();
   }
 
