@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "server/access/caller.h"
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
-#include "server/access/caller.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/layer_counters.h"
 
