@@ -8,9 +8,12 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "domain_test_util.h"
 #include "pool_test_util.h"
 #include "server/pool/pool.h"
@@ -102,6 +105,31 @@ TEST_F(PoolClaimUnitTest, AJobsHoldMayOutliveThePool) {
   std::shared_ptr<void> job = pool_->UseSlots();
   pool_.reset();
   job.reset();  // counts down a counter the pool no longer has: no use after free
+}
+
+// A change that checks again inside itself (AllocBackup: its submitted
+// backup's check) runs the inner check under the lock already held: no
+// second reader lock, which deadlocks behind a Claim waiting meanwhile (and
+// which Abseil's deadlock detection, on in tests, aborts). The inner check
+// still refuses another session while the pool is held.
+TEST_F(PoolClaimUnitTest, ANestedCheckOfTheSamePoolRunsUnderTheHeldLock) {
+  ASSERT_TRUE(pool_->Claim("a", "ses-a", open_).ok());
+  std::thread claim;
+  const absl::Status outer = pool_->ChangeAllocation({"ses-a"}, open_, "AllocBackup", [&] {
+    // A takeover waits for the outer check's lock meanwhile.
+    claim = std::thread([&] { EXPECT_FALSE(pool_->Claim("b", "ses-b", open_).ok()); });
+    absl::SleepFor(absl::Milliseconds(50));
+    const absl::Status refused =
+        pool_->ChangeAllocation({"ses-b"}, open_, "Backup", [] { return absl::OkStatus(); });
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_THAT(Msg(refused), HasSubstr("Backup from another session is refused"));
+    return pool_->ChangeAllocation({"ses-a"}, open_, "Backup",
+                                   [&] { return pool_->AllocPages(8).status(); });
+  });
+  claim.join();
+  EXPECT_TRUE(outer.ok()) << outer;
+  EXPECT_EQ(pool_->allocator().available_tokens(), 56u);
+  EXPECT_EQ(pool_->holder().instance_id, "a");
 }
 
 }  // namespace

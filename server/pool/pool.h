@@ -227,7 +227,9 @@ class Pool {
   // of its pages, or the check before a job that writes them later) unless
   // a live session not among `sessions` holds the allocator owner:
   // FAILED_PRECONDITION naming `what`, the pool and the holder then, and
-  // `change` does not run. No Claim interleaves with `change`.
+  // `change` does not run. No Claim interleaves with `change`. `change` may
+  // call this again (AllocBackup's submitted backup checks too): the same
+  // pool's check then runs under the lock this thread holds already.
   absl::Status ChangeAllocation(absl::Span<const std::string> sessions, const SessionOpen& open,
                                 const char* what, absl::FunctionRef<absl::Status()> change);
   // The allocator owner's holder now (its session may have ended: ask

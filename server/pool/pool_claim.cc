@@ -1,7 +1,9 @@
 // Pool's ownership (ClaimPool): the holder, takeovers and the check that
 // guards allocation changes. See "Ownership" in server/pool/pool.h.
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/pool/pool.h"
@@ -15,6 +17,12 @@ std::string HolderLabel(const PoolHolder& holder) {
   return absl::StrCat("sglang instance '", SafeText(holder.instance_id), "' (generation ",
                       holder.generation, ")");
 }
+
+// The allocator owners whose holder_mu_ this thread holds in ChangeAllocation. A change may check
+// again inside itself (AllocBackup's change submits a backup, whose own check runs there); the
+// inner check then runs under the lock already held, since a second reader lock of an absl::Mutex
+// by one thread deadlocks behind a waiting Claim (and aborts a debug build).
+thread_local std::vector<const Pool*> checking_owners;
 
 }  // namespace
 
@@ -58,7 +66,11 @@ absl::StatusOr<PoolClaimResult> Pool::Claim(const std::string& instance_id,
 absl::Status Pool::ChangeAllocation(absl::Span<const std::string> sessions, const SessionOpen& open,
                                     const char* what, absl::FunctionRef<absl::Status()> change) {
   Pool& owner = *allocator_owner();
-  absl::ReaderMutexLock lock(&owner.holder_mu_);
+  const bool nested =
+      std::find(checking_owners.begin(), checking_owners.end(), &owner) != checking_owners.end();
+  std::optional<absl::ReaderMutexLock> lock;
+  if (!nested) lock.emplace(&owner.holder_mu_);
+  owner.holder_mu_.AssertReaderHeld();
   const PoolHolder& holder = owner.holder_;
   if (!holder.session_id.empty() &&
       std::find(sessions.begin(), sessions.end(), holder.session_id) == sessions.end() &&
@@ -68,7 +80,11 @@ absl::Status Pool::ChangeAllocation(absl::Span<const std::string> sessions, cons
         " from another session is refused (the holder's calls must carry its worker session; "
         "the pool is released when that session ends)"));
   }
-  return change();
+  if (nested) return change();
+  checking_owners.push_back(&owner);
+  absl::Status status = change();
+  checking_owners.pop_back();
+  return status;
 }
 
 PoolHolder Pool::holder() const {
