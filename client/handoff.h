@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "kvhost/v1/transfer.pb.h"
+#include "kvhost/v1/handoff.pb.h"
 
 namespace kvhost {
 
