@@ -1284,8 +1284,7 @@ class Worker {
     absl::StatusOr<kvhost::Handoff> handoff =
         kvhost::FetchHandoff(handoff_socket_, request, absl::Seconds(10));
     if (!handoff.ok()) return handoff.status();
-    for (int fd : handoff->fds) ::close(fd);
-    return handoff->connection;
+    return handoff->connection.Release();  // the mailbox's descriptor closes with `handoff`
   }
 
   // fast_path_mailbox_grab (issue 29, finding 10): the thief's session asks

@@ -656,13 +656,12 @@ int kvhost_pool_map_open(kvhost_client* client, const kvhost_attachment* attachm
     const size_t n = handoff->fds.size();
     if (n != static_cast<size_t>(handoff->pool_regions.region_bytes_size()) || n > capacity ||
         (n > 0 && (fds == nullptr || region_bytes == nullptr))) {
-      for (int fd : handoff->fds) ::close(fd);
       return absl::ResourceExhaustedError(
           absl::StrCat("pool '", (*a)->pool(), "' has ", handoff->pool_regions.region_bytes_size(),
                        " regions (", n, " descriptors); room for ", capacity, " was given"));
     }
     for (size_t i = 0; i < n; ++i) {
-      fds[i] = handoff->fds[i];
+      fds[i] = handoff->fds[i].Release();  // the caller's from here (kvhost_pool_map_open)
       region_bytes[i] = handoff->pool_regions.region_bytes(static_cast<int>(i));
     }
     *count = n;

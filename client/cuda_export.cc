@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cuda_util.h"
 #include "common/cuda_vmm.h"
+#include "common/unique_fd.h"
 
 namespace kvhost {
 namespace {
@@ -120,9 +121,6 @@ void ForEachChunk(google::protobuf::RepeatedPtrField<v1::DeviceComponent>* compo
 class BufferExporter {
  public:
   explicit BufferExporter(Client* client) : client_(client) {}
-  ~BufferExporter() {
-    for (int fd : fds_) ::close(fd);
-  }
   BufferExporter(const BufferExporter&) = delete;
   BufferExporter& operator=(const BufferExporter&) = delete;
 
@@ -162,7 +160,10 @@ class BufferExporter {
   // each chunk of `request` by its deposit and index there.
   absl::Status Finish(v1::AttachDeviceRequest* request) {
     if (fds_.empty()) return absl::OkStatus();
-    absl::StatusOr<std::vector<std::string>> ids = client_->DepositDescriptors(fds_);
+    std::vector<int> raw;  // still fds_'s: the deposit sends copies
+    raw.reserve(fds_.size());
+    for (const UniqueFd& fd : fds_) raw.push_back(fd.get());
+    absl::StatusOr<std::vector<std::string>> ids = client_->DepositDescriptors(raw);
     if (!ids.ok()) return ids.status();
     auto rename = [&](v1::CudaFdChunk* chunk) {
       const uint32_t local = chunk->index();
@@ -254,10 +255,11 @@ class BufferExporter {
                                               Ptr(reinterpret_cast<void*>(base)),
                                               "): ", api.Error(r)));
     }
-    int fd = -1;
+    int raw = -1;
     const CUresult r =
-        api.export_to_shareable_handle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        api.export_to_shareable_handle(&raw, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     api.release(handle);
+    UniqueFd fd(raw);
     if (r != CUDA_SUCCESS) {
       return absl::FailedPreconditionError(absl::StrCat(
           where, ": cuMemExportToShareableHandle of the allocation at ",
@@ -265,7 +267,7 @@ class BufferExporter {
           "; the allocation must be made with requestedHandleTypes including "
           "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (PyTorch's expandable segments are)"));
     }
-    fds_.push_back(fd);
+    fds_.push_back(std::move(fd));
     const Chunk chunk{size, static_cast<uint32_t>(fds_.size() - 1)};
     chunks_.emplace(base, chunk);
     return chunk;
@@ -274,7 +276,7 @@ class BufferExporter {
   Client* const client_;
   std::vector<Export> exports_;
   std::map<CUdeviceptr, Chunk> chunks_;  // by the mapping's start
-  std::vector<int> fds_;
+  std::vector<UniqueFd> fds_;
 };
 
 absl::StatusOr<v1::AttachDeviceRequest> MakeCudaAttachRequest(

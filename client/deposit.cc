@@ -4,8 +4,6 @@
 // A worker's deposits name its session (opened first, as AttachDevice would
 // open it), so kvhostd counts them against the session's own share rather
 // than against everything its uid deposits.
-#include <unistd.h>
-
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -40,7 +38,6 @@ absl::StatusOr<std::vector<std::string>> Client::DepositDescriptors(absl::Span<c
     absl::StatusOr<Handoff> reply =
         FetchHandoff(socket, request, options_.timeout, fds.subspan(first, n));
     if (!reply.ok()) return reply.status();
-    for (int fd : reply->fds) ::close(fd);  // a deposit's reply carries none
     if (reply->deposit_id.empty() || reply->count != n) {
       return absl::InternalError(absl::StrCat("handoff socket ", socket, ": a deposit of ", n,
                                               " descriptors answered with ", reply->count,

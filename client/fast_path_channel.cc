@@ -45,25 +45,20 @@ absl::StatusOr<std::unique_ptr<FastPathChannel>> FastPathChannel::Open(
   absl::StatusOr<Handoff> handoff = FetchHandoff(handoff_socket, request, timeout);
   if (!handoff.ok()) return handoff.status();
   std::unique_ptr<FastPathChannel> channel(new FastPathChannel());
-  channel->connection_ = handoff->connection;
-  struct Closer {
-    std::vector<int> fds;
-    ~Closer() {
-      for (int fd : fds) ::close(fd);
-    }
-  } closer{handoff->fds};  // the mapping keeps the file
+  channel->connection_ = std::move(handoff->connection);
+  // The mailbox's descriptor closes with `handoff`: the mapping keeps the file.
   const uint64_t capacity =
       handoff->bytes > kFastPathHeaderBytes ? (handoff->bytes - kFastPathHeaderBytes) / 2 : 0;
   struct stat st {};
   if (handoff->fds.size() != 1 || capacity < kMinCapacity || capacity > kMaxCapacity ||
       FastPathMailboxBytes(static_cast<uint32_t>(capacity)) != handoff->bytes ||
-      ::fstat(handoff->fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != handoff->bytes) {
+      ::fstat(handoff->fd(), &st) != 0 || static_cast<uint64_t>(st.st_size) != handoff->bytes) {
     return absl::InternalError(absl::StrCat("handoff socket ", handoff_socket,
                                             ": a fast-path mailbox of ", handoff->bytes,
                                             " bytes does not match its descriptor"));
   }
   void* mapped =
-      ::mmap(nullptr, handoff->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, handoff->fd, 0);
+      ::mmap(nullptr, handoff->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, handoff->fd(), 0);
   if (mapped == MAP_FAILED) {
     return absl::InternalError(
         absl::StrCat("mmap of the fast-path mailbox: ", std::strerror(errno)));
@@ -82,7 +77,6 @@ absl::StatusOr<std::unique_ptr<FastPathChannel>> FastPathChannel::Open(
 
 FastPathChannel::~FastPathChannel() {
   if (mapping_ != nullptr) ::munmap(mapping_, bytes_);
-  if (connection_ >= 0) ::close(connection_);
 }
 
 absl::Status FastPathChannel::Call(const v1::FastPathRequest& request, v1::FastPathReply* reply,
@@ -108,7 +102,7 @@ absl::Status FastPathChannel::Call(const v1::FastPathRequest& request, v1::FastP
   uint32_t now = before;
   while (now != seq) {
     now = WaitForChange(&mailbox_.header->reply_seq, now, spin_ns, kClientSliceNs, [&] {
-      if (HungUp(connection_)) {
+      if (HungUp(connection_.get())) {
         failure = absl::UnavailableError("kvhostd closed the fast-path mailbox (it stopped?)");
       } else if (absl::Now() >= deadline) {
         failure = absl::DeadlineExceededError("no fast-path reply before the call's deadline");

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/fast_path_mailbox.h"
+#include "common/unique_fd.h"
 #include "kvhost/v1/fast_path.pb.h"
 
 namespace kvhost {
@@ -52,7 +53,8 @@ class FastPathChannel {
  private:
   FastPathChannel() = default;
 
-  int connection_ = -1;
+  // The handoff connection: kvhostd serves the mailbox as long as it is open.
+  UniqueFd connection_;
   void* mapping_ = nullptr;
   uint64_t bytes_ = 0;
   FastPathMailbox mailbox_;

@@ -36,7 +36,7 @@ absl::Status Errno(absl::StatusCode code, const std::string& what) {
 
 // The reply of `fd`'s daemon and the descriptors it carried.
 absl::Status ReceiveReply(int fd, const std::string& socket_path, absl::Duration timeout,
-                          v1::HandoffReply* reply, std::vector<int>* received) {
+                          v1::HandoffReply* reply, std::vector<UniqueFd>* received) {
   pollfd ready = {fd, POLLIN, 0};
   // A signal (the process's own timers, a debugger, a supervisor's SIGUSR1)
   // interrupts poll; that is no failure of the handoff: wait out the rest.
@@ -64,17 +64,14 @@ absl::Status ReceiveReply(int fd, const std::string& socket_path, absl::Duration
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t fds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (size_t i = 0; i < fds; ++i) {
-      int one = -1;
-      std::memcpy(&one, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (received->size() < kMaxReceivedFds) {
-        received->push_back(one);
-      } else {
-        ::close(one);  // more than the protocol sends
-      }
+      int raw = -1;
+      std::memcpy(&raw, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      UniqueFd one(raw);
+      // More than the protocol sends closes with `one`.
+      if (received->size() < kMaxReceivedFds) received->push_back(std::move(one));
     }
   }
   if ((msg.msg_flags & MSG_CTRUNC) != 0) {
-    for (int one : *received) ::close(one);
     received->clear();
     return absl::InternalError(
         absl::StrCat("handoff socket ", socket_path, ": more descriptors than ", kMaxReceivedFds));
@@ -152,7 +149,7 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
   }
   const int fd = connection.get();
   v1::HandoffReply reply;
-  std::vector<int> received;
+  std::vector<UniqueFd> received;
   absl::Status s = ReceiveReply(fd, socket_path, timeout, &reply, &received);
   if (s.ok() && reply.code() != 0) {
     s = absl::Status(static_cast<absl::StatusCode>(reply.code()), reply.message());
@@ -160,18 +157,14 @@ absl::StatusOr<Handoff> FetchHandoff(const std::string& socket_path,
     s = absl::InternalError(
         absl::StrCat("handoff socket ", socket_path, ": an OK reply without a descriptor"));
   }
-  if (!s.ok()) {
-    for (int one : received) ::close(one);
-    return s;
-  }
+  if (!s.ok()) return s;  // `received` closes what came
   Handoff handoff;
   handoff.deposit_id = reply.deposit_id();
-  if (!received.empty()) handoff.fd = received[0];
   handoff.fds = std::move(received);
   handoff.bytes = reply.bytes();
   handoff.count = reply.count();
   handoff.pool_regions = std::move(*reply.mutable_pool_regions());
-  if (request.kind() == v1::HANDOFF_KIND_FAST_PATH) handoff.connection = connection.Release();
+  if (request.kind() == v1::HANDOFF_KIND_FAST_PATH) handoff.connection = std::move(connection);
   return handoff;
 }
 

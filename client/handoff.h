@@ -6,8 +6,8 @@
 // mailbox.
 //
 // Thread safety: FetchHandoff may be called concurrently (each call has its
-// own connection). Ownership: the descriptors a Handoff names are the
-// caller's to close.
+// own connection). Ownership: a Handoff owns the descriptors it holds and
+// closes them when it goes.
 #ifndef KVHOST_CLIENT_HANDOFF_H_
 #define KVHOST_CLIENT_HANDOFF_H_
 
@@ -18,24 +18,28 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "kvhost/v1/transfer.pb.h"
+#include "common/unique_fd.h"
+#include "kvhost/v1/handoff.pb.h"
 
 namespace kvhost {
 
-// What kvhostd handed over (FetchHandoff): the descriptors, in order, each
-// the caller's to close (`fd` is the first, the only one of layer
-// counters); `bytes` their files' size and `count` its items, and for
+// What kvhostd handed over (FetchHandoff): the descriptors, in order, owned
+// here (a caller that keeps one past the Handoff takes it with Release());
+// `bytes` their files' size and `count` its items, and for
 // HANDOFF_KIND_POOL_REGIONS the regions' description (HandoffReply).
 struct Handoff {
-  int fd = -1;
-  std::vector<int> fds;
+  std::vector<UniqueFd> fds;
   uint64_t bytes = 0;
   uint32_t count = 0;
   v1::PoolRegions pool_regions;
   std::string deposit_id;  // HANDOFF_KIND_DEPOSIT
   // HANDOFF_KIND_FAST_PATH: the connection, kept open since the mailbox
-  // lives as long as it (the caller closes it); -1 for other kinds.
-  int connection = -1;
+  // lives as long as it; none for other kinds.
+  UniqueFd connection;
+
+  // The first descriptor (the only one of layer counters and of the fast
+  // path's mailbox), still owned here; -1 for none.
+  int fd() const { return fds.empty() ? -1 : fds.front().get(); }
 };
 
 // One fetch from the handoff socket at `socket_path` (one connection, one

@@ -15,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/handoff.h"
-#include "common/unique_fd.h"
 
 namespace kvhost {
 namespace {
@@ -55,17 +54,16 @@ absl::StatusOr<std::unique_ptr<LayerProgress>> LayerProgress::Open(
   request.set_owner_token(owner_token);
   absl::StatusOr<Handoff> handoff = FetchHandoff(handoff_socket, request, timeout);
   if (!handoff.ok()) return handoff.status();
-  std::vector<UniqueFd> owned;  // closed on return: the mapping keeps the file
-  for (int fd : handoff->fds) owned.emplace_back(fd);
+  // The descriptor closes with `handoff`: the mapping keeps the file.
   struct stat st {};
   if (handoff->count == 0 || handoff->count > kMaxCounters ||
       handoff->bytes != uint64_t{handoff->count} * sizeof(uint64_t) ||
-      ::fstat(handoff->fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < handoff->bytes) {
+      ::fstat(handoff->fd(), &st) != 0 || static_cast<uint64_t>(st.st_size) < handoff->bytes) {
     return absl::InternalError(absl::StrCat("handoff socket ", handoff_socket, ": ", handoff->count,
                                             " layer counters in ", handoff->bytes,
                                             " bytes do not match the descriptor"));
   }
-  void* mapped = ::mmap(nullptr, handoff->bytes, PROT_READ, MAP_SHARED, handoff->fd, 0);
+  void* mapped = ::mmap(nullptr, handoff->bytes, PROT_READ, MAP_SHARED, handoff->fd(), 0);
   if (mapped == MAP_FAILED)
     return absl::InternalError(absl::StrCat("mmap of layer counters: ", std::strerror(errno)));
   std::unique_ptr<LayerProgress> progress(new LayerProgress());

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/unique_fd.h"
 #include "kvhost/client.h"
 
 namespace kvhost {
@@ -107,19 +108,18 @@ absl::StatusOr<std::unique_ptr<ShmDevicePool>> ShmDevicePool::Create(const v1::P
   if (dev->bytes_ == 0) return dev;  // LOGICAL: nothing to hold
   static std::atomic<uint64_t> counter{0};
   dev->path_ = absl::StrCat(shm_dir, "/kvhost-dev.", ::getpid(), ".", counter++, ".", pool.name());
-  const int fd = ::open(dev->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
+  UniqueFd fd(::open(dev->path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
     const std::string path = std::exchange(dev->path_, "");
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
   }
-  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(dev->bytes_)); err != 0) {
-    ::close(fd);
+  if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(dev->bytes_)); err != 0) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot reserve ", dev->bytes_, " bytes for ",
                                                      dev->path_, ": ", std::strerror(err)));
   }
-  void* data = ::mmap(nullptr, dev->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
+  void* data = ::mmap(nullptr, dev->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  fd.Reset();  // the mapping keeps the file
   if (data == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot map ", dev->path_));
   }

@@ -219,12 +219,7 @@ absl::StatusOr<std::unique_ptr<WorkerCopier>> WorkerCopier::Open(
   absl::StatusOr<Handoff> handoff =
       FetchHandoff(attachment.handoff_socket(), request, options.handoff_timeout);
   if (!handoff.ok()) return handoff.status();
-  struct Closer {
-    std::vector<int> fds;
-    ~Closer() {
-      for (int fd : fds) ::close(fd);
-    }
-  } closer{handoff->fds};  // the mappings keep the files
+  // The descriptors close with `handoff`: the mappings keep the files.
   if (absl::Status s = copier->MapRegions(*handoff, attachment.handoff_socket()); !s.ok()) {
     return s;
   }
@@ -247,7 +242,7 @@ absl::Status WorkerCopier::MapRegions(const Handoff& handoff, const std::string&
                                             " regions (count ", handoff.count, ")"));
   }
   for (size_t r = 0; r < handoff.fds.size(); ++r) {
-    const int fd = handoff.fds[r];
+    const int fd = handoff.fds[r].get();
     const uint64_t bytes = regions.region_bytes(static_cast<int>(r));
     struct stat st {};
     if (bytes == 0 || ::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes) {

@@ -49,7 +49,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "fuzz/fuzz_check.h"
-#include "kvhost/v1/transfer.pb.h"
+#include "kvhost/v1/handoff.pb.h"
 #include "server/access/credentials.h"
 #include "server/pool/registry.h"
 #include "server/service/handoff_server.h"

@@ -13,7 +13,7 @@ mkdir -p "$out"
 
 seed() {  # seed NAME TEXT: the request in text format
   printf '%s' "$2" | protoc -I "$root/proto" --encode=kvhost.v1.HandoffRequest \
-    kvhost/v1/transfer.proto > "$out/$1"
+    kvhost/v1/handoff.proto > "$out/$1"
 }
 
 counters='kind: HANDOFF_KIND_LAYER_COUNTERS'

@@ -25,6 +25,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -89,21 +90,19 @@ class RawMailbox {
     absl::StatusOr<Handoff> handoff = FetchHandoff(socket, ask, absl::Seconds(5));
     if (!handoff.ok()) return handoff.status();
     std::unique_ptr<RawMailbox> box(new RawMailbox());
-    box->handoff_ = *handoff;
-    void* mapped =
-        ::mmap(nullptr, handoff->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, handoff->fd, 0);
+    box->handoff_ = std::move(*handoff);
+    const Handoff& held = box->handoff_;
+    void* mapped = ::mmap(nullptr, held.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, held.fd(), 0);
     if (mapped == MAP_FAILED) return absl::InternalError("mmap");
     box->mapped_ = mapped;
-    box->capacity_ = static_cast<uint32_t>((handoff->bytes - kFastPathHeaderBytes) / 2);
+    box->capacity_ = static_cast<uint32_t>((held.bytes - kFastPathHeaderBytes) / 2);
     box->box_ = FastPathMailbox::Over(mapped, box->capacity_);
     box->seq_ = box->box_.header->request_seq.load();
     return box;
   }
   ~RawMailbox() {
     if (mapped_ != nullptr) ::munmap(mapped_, handoff_.bytes);
-    ::close(handoff_.fd);
-    ::close(handoff_.connection);
-  }
+  }  // then handoff_ closes the mailbox's descriptor and the connection
 
   const Handoff& handoff() const { return handoff_; }
   const FastPathMailbox& box() const { return box_; }
@@ -503,9 +502,9 @@ TEST_F(FastPathTest, TheMailboxRefusesWhatAHostileClientWrites) {
   absl::StatusOr<std::unique_ptr<RawMailbox>> raw = RawMailbox::Open(Status().handoff_socket());
   ASSERT_TRUE(raw.ok()) << raw.status();
   RawMailbox& m = **raw;
-  ASSERT_GE(m.handoff().connection, 0);
+  ASSERT_GE(m.handoff().connection.get(), 0);
   // Sealed: it cannot shrink under the daemon's mapping.
-  EXPECT_NE(::ftruncate(m.handoff().fd, 4096), 0);
+  EXPECT_NE(::ftruncate(m.handoff().fd(), 4096), 0);
   EXPECT_EQ(errno, EPERM);
   const uint32_t capacity = m.capacity();
   EXPECT_EQ(m.box().header->version, kFastPathVersion);

@@ -336,7 +336,6 @@ TEST_F(LayerProgressTest, TheHandoffRefusesStrangersAsUnknownIds) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->count, 2u);
   EXPECT_EQ(ok->bytes, 16u);
-  ::close(ok->fd);
   // What was logged shows no capability whole.
   EXPECT_TRUE(LogShows(*daemon_, "handoff: layer counters of")) << daemon_->Log();
   EXPECT_FALSE(absl::StrContains(daemon_->Log(), att.id()));
@@ -395,26 +394,25 @@ TEST_F(LayerProgressTest, TheDescriptorIsReadOnly) {
       FetchHandoff(handoff_path(), CountersRequest(att.id(), client().session_ids()), kWait);
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_EQ(h->count, 4u);
-  EXPECT_EQ(::fcntl(h->fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+  EXPECT_EQ(::fcntl(h->fd(), F_GETFL) & O_ACCMODE, O_RDONLY);
   errno = 0;
-  EXPECT_EQ(::mmap(nullptr, h->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, h->fd, 0), MAP_FAILED);
+  EXPECT_EQ(::mmap(nullptr, h->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, h->fd(), 0), MAP_FAILED);
   EXPECT_EQ(errno, EACCES);
-  EXPECT_NE(::ftruncate(h->fd, 0), 0);
-  EXPECT_NE(::ftruncate(h->fd, 1 << 20), 0);
+  EXPECT_NE(::ftruncate(h->fd(), 0), 0);
+  EXPECT_NE(::ftruncate(h->fd(), 1 << 20), 0);
   const char byte = 7;
-  EXPECT_LT(::pwrite(h->fd, &byte, 1, 0), 0);
+  EXPECT_LT(::pwrite(h->fd(), &byte, 1, 0), 0);
   struct stat st {};
-  ASSERT_EQ(::fstat(h->fd, &st), 0);
+  ASSERT_EQ(::fstat(h->fd(), &st), 0);
   EXPECT_EQ(static_cast<uint64_t>(st.st_size), h->bytes);
   // Still counts what the daemon publishes after a load.
-  void* view = ::mmap(nullptr, h->bytes, PROT_READ, MAP_SHARED, h->fd, 0);
+  void* view = ::mmap(nullptr, h->bytes, PROT_READ, MAP_SHARED, h->fd(), 0);
   ASSERT_NE(view, MAP_FAILED);
   absl::StatusOr<LoadTicket> load = client().LoadWithEvents(att.id(), Range(0, 16), Range(0, 16));
   ASSERT_TRUE(load.ok()) << load.status();
   ASSERT_TRUE(client().WaitTransfer(load->ticket_id, kWait).ok());
   EXPECT_EQ(static_cast<const uint64_t*>(view)[load->event_set], kLayers);
   ::munmap(view, h->bytes);
-  ::close(h->fd);
 }
 
 TEST_F(LayerProgressTest, TheSocketFileHasTheGrpcSocketsModeAndGoesAtShutdown) {

@@ -316,6 +316,37 @@ TEST_F(ReflectionTest, DescribePoolServiceAndTransferService) {
   EXPECT_TRUE(stream.Close().ok());
 }
 
+// handoff.proto declares no service, so no listed service leads to it; a
+// client still finds the handoff socket's messages by file name and by symbol.
+TEST_F(ReflectionTest, DescribeHandoffMessages) {
+  auto stub = ServerReflection::NewStub(channel_);
+  Stream stream(stub.get());
+  ServerReflectionRequest request;
+  ServerReflectionResponse response;
+  for (bool by_name : {true, false}) {
+    SCOPED_TRACE(by_name ? "file_by_filename" : "file_containing_symbol");
+    if (by_name) {
+      request.set_file_by_filename("kvhost/v1/handoff.proto");
+    } else {
+      request.set_file_containing_symbol("kvhost.v1.HandoffRequest");
+    }
+    ASSERT_TRUE(stream.Ask(request, &response));
+    ASSERT_FALSE(response.has_error_response()) << response.error_response().error_message();
+    google::protobuf::DescriptorPool pool;
+    std::vector<google::protobuf::FileDescriptorProto> files;
+    BuildFiles(response, &pool, &files);
+    if (HasFatalFailure()) return;
+    const google::protobuf::Descriptor* handoff =
+        pool.FindMessageTypeByName("kvhost.v1.HandoffRequest");
+    ASSERT_NE(handoff, nullptr);
+    EXPECT_EQ(handoff->file()->name(), "kvhost/v1/handoff.proto");
+    EXPECT_NE(pool.FindMessageTypeByName("kvhost.v1.HandoffReply"), nullptr);
+    EXPECT_NE(pool.FindMessageTypeByName("kvhost.v1.PoolRegions"), nullptr);
+    EXPECT_NE(pool.FindEnumTypeByName("kvhost.v1.HandoffKind"), nullptr);
+  }
+  EXPECT_TRUE(stream.Close().ok());
+}
+
 // grpc.reflection.v1 (kvhostd's own, beside gRPC's v1alpha plugin) answers
 // what v1alpha answers: the same services, and for each of them, a file by
 // name and an extension lookup, the same descriptor files byte for byte; an

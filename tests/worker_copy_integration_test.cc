@@ -179,8 +179,8 @@ TEST_F(WorkerCopyIntegrationTest, TheCallersOwnMapNeedsNoFlagAndWritesThePool) {
   const uint64_t region_bytes =
       map->pool_regions.region_bytes(static_cast<int>(seg.region_index()));
   void* base = ::mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-                      map->fds[seg.region_index()], 0);
-  for (int fd : map->fds) ::close(fd);
+                      map->fds[seg.region_index()].get(), 0);
+  map->fds.clear();  // the mapping keeps the files
   ASSERT_NE(base, MAP_FAILED) << std::strerror(errno);
   std::memset(static_cast<char*>(base) + seg.offset(), 0x5a, seg.length());
   ::munmap(base, region_bytes);

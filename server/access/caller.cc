@@ -53,6 +53,10 @@ absl::Status CheckPoolOwner(const Pool& pool, const std::string* token) {
 }
 
 absl::Status ValidateOwnerToken(const std::string& token) {
+  if (token.size() > kMaxOwnerTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "owner_token has ", token.size(), " bytes, over the limit of ", kMaxOwnerTokenBytes));
+  }
   for (size_t i = 0; i < token.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(token[i]);
     if (c < 0x21 || c > 0x7e) {

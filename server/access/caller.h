@@ -70,9 +70,10 @@ absl::Status CheckPoolOwner(const Pool& pool, const std::string* token);
 // The same for every entry's pool of `group` (the message names the entry).
 absl::Status CheckGroupOwner(const PoolGroup& group, const std::string* token);
 
-// INVALID_ARGUMENT (naming the byte's position, never the token) unless every
-// byte of `token` is printable ASCII 0x21-0x7E: what gRPC metadata carries
-// unchanged (kvhost-token), so that the pool's owner can always present it.
+// INVALID_ARGUMENT (naming its length, or the byte's position, never the
+// token) unless `token` has at most kMaxOwnerTokenBytes and every byte is
+// printable ASCII 0x21-0x7E: what gRPC metadata carries unchanged
+// (kvhost-token), so that the pool's owner can always present it.
 absl::Status ValidateOwnerToken(const std::string& token);
 
 }  // namespace kvhost

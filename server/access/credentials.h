@@ -14,7 +14,7 @@
 #include <string>
 
 #include "kvhost/v1/fast_path.pb.h"
-#include "kvhost/v1/transfer.pb.h"
+#include "kvhost/v1/handoff.pb.h"
 #include "server/access/caller.h"
 
 namespace kvhost {

@@ -306,7 +306,8 @@ class Pool {
   // A follower has no token of its own: it is protected by the token of
   // the pool it follows (token_owner()), whose slots it shares, so
   // owner_protected() is that pool's and the token to check is compared
-  // with token_owner().OwnerTokenMatches (CheckPoolOwner does).
+  // with token_owner().OwnerTokenMatches: CheckPoolOwner
+  // (server/access/caller.h) does, the one caller.
   // REQUIRES: SetOwnerToken before any other thread sees the pool; not on a
   // follower.
   void SetOwnerToken(std::string token) { owner_token_ = std::move(token); }

@@ -203,11 +203,6 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::Create(const std::string& na
     return absl::UnavailableError(
         absl::StrCat("pool '", name, "' was not created: the daemon is shutting down"));
   }
-  if (owner_token.size() > kMaxOwnerTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("pool '", name, "': owner_token has ",
-                                                   owner_token.size(), " bytes, over the limit of ",
-                                                   kMaxOwnerTokenBytes));
-  }
   if (absl::Status s = ValidateOwnerToken(owner_token); !s.ok()) return WithPool(name, s);
   PoolSpec spec = given;
   absl::StatusOr<std::shared_ptr<Pool>> found =
@@ -279,7 +274,7 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::ResolveFollowed(
     // The caller proved it holds it (follows_token above) before it is
     // compared here, so the answer is no oracle.
     if (!owner_token.empty() &&
-        !(followed->owner_protected() && followed->token_owner().OwnerTokenMatches(owner_token))) {
+        !(followed->owner_protected() && CheckPoolOwner(*followed, &owner_token).ok())) {
       return absl::InvalidArgumentError(
           absl::StrCat("pool '", name,
                        "': owner_token is given, but a follower is protected by the token of "

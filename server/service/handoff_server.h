@@ -1,6 +1,6 @@
 // HandoffServer: kvhostd's handoff socket, where an attached worker fetches
 // the descriptors gRPC cannot carry (kvhost.v1.HandoffRequest /
-// HandoffReply in proto/kvhost/v1/transfer.proto): an attachment's layer
+// HandoffReply in proto/kvhost/v1/handoff.proto): an attachment's layer
 // counters (server/transfer/layer_counters.h), and its pool's region
 // descriptors for worker copies (server/transfer/worker_copy.h). The server
 // knows nothing of what it hands out: a HandoffSource looks the item up for
@@ -59,7 +59,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "kvhost/v1/transfer.pb.h"
+#include "kvhost/v1/handoff.pb.h"
 #include "server/access/caller.h"
 #include "server/log_limit.h"
 #include "server/pool/beneath.h"

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/access/caller.h"
 #include "server/access/credentials.h"
 #include "server/service/call_scope.h"
 #include "server/service/convert.h"
@@ -119,11 +120,7 @@ absl::StatusOr<std::string> StorageServiceImpl::Namespace(
   // Checked again on the object whose namespace it picks: a token that
   // passed for the name but does not open this pool gets no namespace.
   const std::optional<std::string> token = OwnerToken(context);
-  if (!token || !pool.token_owner().OwnerTokenMatches(*token)) {
-    return absl::PermissionDeniedError(absl::StrCat("pool '", pool.name(),
-                                                    "' is protected by an owner token; this call's "
-                                                    "kvhost-token does not open it"));
-  }
+  if (absl::Status s = CheckPoolOwner(pool, TokenOf(token)); !s.ok()) return s;
   return tier_->secret().TokenNamespace(*token);
 }
 

@@ -203,7 +203,7 @@ absl::Status TransferServiceImpl::DoAllocBackup(const Caller& caller,
   Pool& pool = **found;
   const std::string name = pool.name();
   // On the attached pool itself, not on whatever bears its name.
-  if (absl::Status s = CheckPoolOwner(pool, caller.token ? &*caller.token : nullptr); !s.ok()) {
+  if (absl::Status s = CheckPoolOwner(pool, TokenOf(caller.token)); !s.ok()) {
     return s;
   }
   const uint64_t n = static_cast<uint64_t>(backup.device_indices_size());

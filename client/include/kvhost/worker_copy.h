@@ -64,6 +64,7 @@
 #include "absl/types/span.h"
 #include "kvhost/client.h"
 #include "kvhost/cuda_export.h"
+#include "kvhost/v1/handoff.pb.h"
 #include "kvhost/v1/transfer.pb.h"
 
 namespace kvhost {
