@@ -16,7 +16,7 @@
 namespace kvhost {
 
 TransferManager::TransferManager(std::unique_ptr<TransferEngine> engine, KvhostMetrics* metrics)
-    : metrics_(metrics), engine_(std::move(engine)), tickets_(TicketTable::kRetained, metrics) {}
+    : metrics_(metrics), engine_(std::move(engine)), tickets_(PerAttachmentRetention{}, metrics) {}
 
 // Its first step is the worker copies': nobody finishes them once the
 // manager goes, so the drain must not wait for them.

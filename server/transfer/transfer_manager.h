@@ -6,9 +6,9 @@
 // validates every transfer against the pool and the attachment (lengths,
 // ranges, repeated destinations, host slots allocated) before it coalesces
 // the indices into runs and hands the job to the engine. Tickets stay
-// queryable while in flight and after, up to `kRetainedTickets` finished
-// ones kept per attachment (TicketTable says which go first); sessions and
-// the attachments made within them are a SessionTable.
+// queryable while in flight and after, finished ones kept by per-attachment
+// retention (server/tickets/retention.h; TicketTable says which go first);
+// sessions and the attachments made within them are a SessionTable.
 //
 // Its rooms, each a file named for what it holds:
 //   attachment.h      one attachment's record (pools, mappings, owner);
@@ -47,12 +47,12 @@
 #include "server/ids.h"  // RandomHex, ShortId: the ids the manager makes and shows
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
+#include "server/tickets/ticket_table.h"
 #include "server/transfer/attach.h"
 #include "server/transfer/attachment.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/session_table.h"
 #include "server/transfer/submission.h"
-#include "server/transfer/ticket_table.h"
 #include "server/transfer/worker_copy.h"
 
 namespace kvhost {
@@ -66,9 +66,6 @@ struct WorkerCopyTicket {
 
 class TransferManager {
  public:
-  // Finished tickets kept for WaitTransfer, in all attachments together.
-  static constexpr size_t kRetainedTickets = TicketTable::kRetained;
-
   // `metrics`, if given, counts every finished ticket; it must outlive this.
   explicit TransferManager(std::unique_ptr<TransferEngine> engine,
                            KvhostMetrics* metrics = nullptr);
