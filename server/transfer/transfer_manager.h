@@ -12,6 +12,7 @@
 //
 // Its rooms, each a file named for what it holds:
 //   attachment.h      one attachment's record (pools, mappings, owner);
+//   attachment_table  the attachments by id, found for a permitted caller;
 //   attachments.cc    Attach (plain and group), Detach, lookups by id;
 //   submission.h      the pure steps of a transfer (AssignRows, BuildJob);
 //   transfer_manager  Submit's other steps, tickets, Drain, lifetime;
@@ -19,11 +20,12 @@
 //   session_reaper.cc worker sessions, closed and reaped (session_table.h).
 //
 // Thread safety: all methods may be called concurrently. One mutex guards
-// the attachments and the sessions, so that a session and its attachments
-// change in one step; the TicketTable has its own, always taken after this
-// one (lock order: TransferManager, TicketTable, Ticket). Engine
-// calls (Open, Prepare, Submit, Drain) and ticket callbacks run without the
-// manager's mutex.
+// the attachments and the sessions (AttachmentTable and SessionTable have
+// none of their own), so that a session and its attachments change in one
+// step; the TicketTable has its own, always taken after this one (lock
+// order: TransferManager, TicketTable, Ticket). Engine calls (Open,
+// Prepare, Submit, Drain) and ticket callbacks run without the manager's
+// mutex.
 // Ownership: the manager owns the engine; attachments share their pools and
 // mappings with the jobs in flight on them, so a detach or a deleted pool
 // frees nothing a running job still uses.
@@ -50,6 +52,7 @@
 #include "server/tickets/ticket_table.h"
 #include "server/transfer/attach.h"
 #include "server/transfer/attachment.h"
+#include "server/transfer/attachment_table.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/session_table.h"
 #include "server/transfer/submission.h"
@@ -223,9 +226,6 @@ class TransferManager {
   // Gives the attachment its id, owner and (with layer progress) layer
   // counters of `load_event_sets` sets, and records it (in its session).
   absl::StatusOr<AttachmentInfo> Register(Attachment attachment, uint32_t load_event_sets);
-  // The attachment `id` if `caller` may use it, else null.
-  Attachment* FindAttachment(const Caller& caller, const std::string& id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Submit's steps that need the manager (submission.h has the order and
   // the pure steps between them, AssignRows and BuildJob): the attachment
@@ -265,7 +265,7 @@ class TransferManager {
 
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<std::string, Attachment> attachments_ ABSL_GUARDED_BY(mu_);
+  AttachmentTable attachments_ ABSL_GUARDED_BY(mu_);
   SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   // Session reapers still running; Drain waits for them.
   int reapers_ ABSL_GUARDED_BY(mu_) = 0;
