@@ -36,6 +36,7 @@
 #include "server/service/reflection_v1.h"
 #include "server/service/storage_service.h"
 #include "server/service/transfer_service.h"
+#include "server/tickets/retention.h"
 #include "server/transfer/host_engine.h"
 #ifdef KVHOST_HAVE_CUDA_ENGINE
 #include "server/transfer/cuda_engine.h"
@@ -585,7 +586,7 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   drain_timeout_ = options.drain_timeout;
   auto storage = std::make_unique<StorageServiceImpl>(
       registry_.get(), storage_.get(), options.max_indices_per_call, metrics_.get(),
-      StorageTickets::Limits{},
+      PerPoolRetention{},
       [sessions](const std::string& id) { return sessions->IsSessionOpen(id); });
   // grpc.reflection.v1 beside gRPC's v1alpha plugin, listing the same
   // services (health and both reflections are the builder's and ours).

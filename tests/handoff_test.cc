@@ -76,17 +76,16 @@ TEST(HandoffTest, TheRequestGoesAndTheReplysDescriptorsComeBack) {
   EXPECT_EQ(stub.received()[0].request.SerializeAsString(), request.SerializeAsString());
   EXPECT_TRUE(stub.received()[0].inodes.empty());
   ASSERT_EQ(h->fds.size(), 2u);
-  EXPECT_EQ(h->fd, h->fds[0]);
+  EXPECT_EQ(h->fd(), h->fds[0].get());
   // The same files as the stub's, in order.
-  EXPECT_EQ(StatOf(h->fds[0]).st_ino, StatOf(a).st_ino);
-  EXPECT_EQ(StatOf(h->fds[1]).st_ino, StatOf(b).st_ino);
-  EXPECT_EQ(StatOf(h->fds[1]).st_size, 8192);
+  EXPECT_EQ(StatOf(h->fds[0].get()).st_ino, StatOf(a).st_ino);
+  EXPECT_EQ(StatOf(h->fds[1].get()).st_ino, StatOf(b).st_ino);
+  EXPECT_EQ(StatOf(h->fds[1].get()).st_size, 8192);
   EXPECT_EQ(h->bytes, 12288u);
   EXPECT_EQ(h->count, 2u);
   EXPECT_THAT(h->pool_regions.region_bytes(), ::testing::ElementsAre(4096u, 8192u));
   EXPECT_EQ(h->deposit_id, "");
-  EXPECT_EQ(h->connection, -1);  // only a fast-path handoff keeps it
-  for (int fd : h->fds) ::close(fd);
+  EXPECT_EQ(h->connection.get(), -1);  // only a fast-path handoff keeps it
   ::close(a);
   ::close(b);
 }
@@ -105,7 +104,7 @@ TEST(HandoffTest, ADepositSendsItsDescriptorsAndGetsAnIdWithoutAny) {
   ASSERT_TRUE(h.ok()) << h.status();
   EXPECT_EQ(h->deposit_id, "dep-42");
   EXPECT_EQ(h->count, 3u);
-  EXPECT_EQ(h->fd, -1);
+  EXPECT_EQ(h->fd(), -1);
   EXPECT_TRUE(h->fds.empty());
   ASSERT_EQ(stub.received().size(), 1u);
   ASSERT_EQ(stub.received()[0].inodes.size(), 3u);
@@ -126,11 +125,9 @@ TEST(HandoffTest, AFastPathHandoffKeepsItsConnection) {
   absl::StatusOr<Handoff> h =
       FetchHandoff(stub.path(), Request(v1::HANDOFF_KIND_FAST_PATH), kTimeout);
   ASSERT_TRUE(h.ok()) << h.status();
-  ASSERT_GE(h->connection, 0);
-  EXPECT_TRUE(S_ISSOCK(StatOf(h->connection).st_mode));
-  EXPECT_EQ(StatOf(h->fd).st_ino, StatOf(mailbox).st_ino);
-  ::close(h->connection);
-  ::close(h->fd);
+  ASSERT_GE(h->connection.get(), 0);
+  EXPECT_TRUE(S_ISSOCK(StatOf(h->connection.get()).st_mode));
+  EXPECT_EQ(StatOf(h->fd()).st_ino, StatOf(mailbox).st_ino);
   ::close(mailbox);
 }
 

@@ -27,9 +27,9 @@
 #include "domain_test_util.h"
 #include "kvhost/layout.h"
 #include "server/pool/pool.h"
+#include "server/tickets/ticket.h"
 #include "server/transfer/layer_counters.h"
 #include "server/transfer/runs.h"
-#include "server/transfer/ticket.h"
 #include "server/transfer/transfer_manager.h"
 #include "transfer_test_util.h"
 

@@ -91,7 +91,7 @@ class StorageServiceTest : public RegistryTest {
     tier.max_pages_in_flight = kMaxInFlight;
     tier_ = std::make_unique<StorageTier>(std::move(fake), tier, secret_);
     service_ = std::make_unique<StorageServiceImpl>(
-        registry_.get(), tier_.get(), kMaxIndices, nullptr, StorageTickets::Limits{},
+        registry_.get(), tier_.get(), kMaxIndices, nullptr, PerPoolRetention{},
         [this](const std::string& id) { return !open_session_.empty() && id == open_session_; });
     Serve(service_.get());
   }
@@ -305,7 +305,7 @@ TEST_F(StorageServiceTest, DetachedCallsAreAnsweredByWaitStorage) {
   EXPECT_EQ(Page(*pool_, dst[0]), Page(*pool_, src[1]));
   EXPECT_EQ(Page(*pool_, dst[1]), Page(*pool_, src[0]));
   // The kept results are paid for by the memory budget, per page.
-  EXPECT_EQ(registry_->transient_bytes(), 4 * StorageTickets::kBytesPerPage);
+  EXPECT_EQ(registry_->transient_bytes(), 4 * StorageTicketTable::kBytesPerPage);
 
   // A ticket is its pool's: another pool's name, or an id never issued,
   // finds none.

@@ -1,8 +1,8 @@
-// Tests of TicketTable (server/transfer/ticket_table.h): finished tickets
-// are kept per attachment, so that one attachment's flood of tickets no one
-// waits for drops only its own, never another attachment's finished ticket;
-// each drop is counted.
-#include "server/transfer/ticket_table.h"
+// Tests of TicketTable (server/tickets/ticket_table.h): finished tickets
+// are kept by per-attachment retention (server/tickets/retention.h), so that
+// one attachment's flood of tickets no one waits for drops only its own,
+// never another attachment's finished ticket; each drop is counted.
+#include "server/tickets/ticket_table.h"
 
 #include <gtest/gtest.h>
 
@@ -42,7 +42,7 @@ TEST(TicketTableTest, AFloodOfFinishedTicketsKeepsAnotherAttachmentsTicket) {
   TicketTable table;
   const uint64_t victim = Finished(&table, "att-1-victim", "ses-1-victim");
   const uint64_t first = Finished(&table, "att-2-flood", "ses-2-flood");
-  for (size_t i = 0; i < TicketTable::kRetained + 1000; ++i) {
+  for (size_t i = 0; i < PerAttachmentRetention::kDefaultFinished + 1000; ++i) {
     Finished(&table, "att-2-flood", "ses-2-flood");
   }
   absl::StatusOr<std::shared_ptr<Ticket>> found = table.Find(CallerIn("ses-1-victim"), victim);
@@ -52,12 +52,12 @@ TEST(TicketTableTest, AFloodOfFinishedTicketsKeepsAnotherAttachmentsTicket) {
   // The flooder lost its own oldest.
   EXPECT_EQ(table.Find(CallerIn("ses-2-flood"), first).status().code(),
             absl::StatusCode::kNotFound);
-  EXPECT_EQ(table.counters().tickets_done, TicketTable::kRetained + 1002);
+  EXPECT_EQ(table.counters().tickets_done, PerAttachmentRetention::kDefaultFinished + 1002);
 }
 
 TEST(TicketTableTest, TheAttachmentKeepingTheMostLosesItsOldestAndDropsAreCounted) {
   KvhostMetrics metrics;
-  TicketTable table(8, &metrics);
+  TicketTable table({/*finished=*/8}, &metrics);
   std::vector<uint64_t> victim;
   for (int i = 0; i < 3; ++i) victim.push_back(Finished(&table, "att-v"));
   std::vector<uint64_t> flood;
@@ -78,7 +78,7 @@ TEST(TicketTableTest, TheAttachmentKeepingTheMostLosesItsOldestAndDropsAreCounte
 // attachment that finished last loses its ticket, so an attachment that
 // finished earlier keeps its own.
 TEST(TicketTableTest, AFloodOverManyAttachmentsDropsTheFloodersTickets) {
-  TicketTable table(4);
+  TicketTable table({/*finished=*/4});
   const uint64_t victim = Finished(&table, "att-v");
   for (int i = 0; i < 1000; ++i) Finished(&table, "att-f" + std::to_string(i));
   EXPECT_TRUE(table.Find(Caller{}, victim).ok());
@@ -87,7 +87,7 @@ TEST(TicketTableTest, AFloodOverManyAttachmentsDropsTheFloodersTickets) {
 }
 
 TEST(TicketTableTest, InFlightTicketsAreNeverDropped) {
-  TicketTable table(2);
+  TicketTable table({/*finished=*/2});
   auto owner = std::make_shared<Owner>();
   std::shared_ptr<Ticket> running = table.Open("att-r", owner, Direction::kLoad, 1, "none", -1);
   for (int i = 0; i < 50; ++i) Finished(&table, "att-r");
@@ -99,7 +99,7 @@ TEST(TicketTableTest, InFlightTicketsAreNeverDropped) {
 // The daemon-wide counters (GetStatus, kvhost_transfers_total): per
 // direction and result, totals their sums, and outliving the kept tickets.
 TEST(TicketTableTest, CountersByDirectionAndResult) {
-  TicketTable table(2);
+  TicketTable table({/*finished=*/2});
   auto owner = std::make_shared<Owner>();
   for (int i = 0; i < 5; ++i) Finished(&table, "att-c");  // 5 backups OK, 4096 bytes each
   std::shared_ptr<Ticket> load = table.Open("att-c", owner, Direction::kLoad, 1, "none", -1);

@@ -35,9 +35,9 @@
 #include "server/pool/pool_spec.h"
 #include "server/pool/registry.h"
 #include "server/pool/shm_region.h"
+#include "server/tickets/ticket.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/host_engine.h"
-#include "server/transfer/ticket.h"
 #include "server/transfer/transfer_manager.h"
 #include "transfer_test_util.h"
 

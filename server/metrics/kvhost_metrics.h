@@ -57,8 +57,8 @@ struct KvhostMetrics {
   CounterFamily* const transfer_tickets_done;
   CounterFamily* const transfer_tickets_failed;
   HistogramFamily* const transfer_seconds;  // acceptance to end, every finished ticket
-  // Finished tickets dropped by the kept-ticket limit
-  // (server/transfer/ticket_table.h), {}.
+  // Finished tickets dropped by per-attachment retention
+  // (server/tickets/retention.h, ticket_table.h), {}.
   CounterFamily* const transfer_tickets_dropped;
 
   // Every call answered, over gRPC (the interceptor) or the fast path
@@ -81,8 +81,8 @@ struct KvhostMetrics {
   CounterFamily* const l3_pages;      // {op, outcome}
   CounterFamily* const l3_bytes;      // {op}
   HistogramFamily* const l3_seconds;  // {op}
-  // Finished detached calls whose results were dropped uncollected (a
-  // pool's limits on kept tickets; server/service/storage_tickets.h).
+  // Finished detached calls whose results were dropped uncollected
+  // (per-pool retention; server/tickets/storage_ticket_table.h).
   CounterFamily* const l3_tickets_dropped;  // {}
 };
 

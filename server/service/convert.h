@@ -21,8 +21,8 @@
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
 #include "server/pool/registry.h"
+#include "server/tickets/ticket.h"
 #include "server/transfer/engine.h"
-#include "server/transfer/ticket.h"
 #include "server/transfer/transfer_manager.h"
 #include "server/transfer/worker_copy.h"
 

@@ -56,13 +56,44 @@ void FillFetch(const std::vector<PageResult>& results, uint64_t page_bytes,
   response->set_hit_bytes(hits * page_bytes);
 }
 
+// A detached call's results as its ticket keeps them: each detail cut as a
+// reply cuts it, so that what the ticket keeps stays within
+// StorageTicketTable::kBytesPerPage a page.
+StorageTicketStatus Done(StorageCall call, std::vector<PageResult> results, uint64_t page_bytes) {
+  for (PageResult& r : results) {
+    if (r.detail.size() > StorageServiceImpl::kMaxDetailBytes) {
+      r.detail = r.detail.substr(0, StorageServiceImpl::kMaxDetailBytes);
+    }
+  }
+  StorageTicketStatus status;
+  status.call = call;
+  status.pages = std::move(results);
+  status.page_bytes = page_bytes;
+  return status;
+}
+
+// WaitStorage's reply: the ticket, and once done the response its call
+// would have returned had it waited (its ticket_id set).
+void ToProto(const StorageTicketStatus& status, v1::StorageTicketStatus* out) {
+  out->set_ticket_id(status.id);
+  out->set_done(status.done);
+  if (!status.done) return;
+  if (status.call == StorageCall::kStore) {
+    FillStore(status.pages, status.page_bytes, out->mutable_store());
+    out->mutable_store()->set_ticket_id(status.id);
+  } else {
+    FillFetch(status.pages, status.page_bytes, out->mutable_fetch());
+    out->mutable_fetch()->set_ticket_id(status.id);
+  }
+}
+
 // Holds a WaitStorage call open until its ticket is done or the call is
 // cancelled; whichever comes first finishes it (the flag, shared with the
 // waiter, says which), as TransferService's WaitTransfer does. A waiter
 // that lost to a cancel says so (the ticket stays either way).
 class StorageWaitReactor final : public grpc::ServerUnaryReactor {
  public:
-  StorageWaitReactor(std::shared_ptr<StorageTickets> tickets, v1::StorageTicketStatus* response)
+  StorageWaitReactor(std::shared_ptr<StorageTicketTable> tickets, v1::StorageTicketStatus* response)
       : tickets_(std::move(tickets)), response_(response), shared_(std::make_shared<Shared>()) {}
 
   // Touches nothing of `this` after Wait: the waiter may have finished the
@@ -71,9 +102,9 @@ class StorageWaitReactor final : public grpc::ServerUnaryReactor {
     std::shared_ptr<Shared> shared = shared_;
     shared->id = id;
     absl::StatusOr<uint64_t> waiter =
-        tickets_->Wait(pool, id, poll, [this, shared](const v1::StorageTicketStatus& status) {
+        tickets_->Wait(pool, id, poll, [this, shared](const StorageTicketStatus& status) {
           if (shared->taken.exchange(true)) return false;
-          *response_ = status;
+          ToProto(status, response_);
           Finish(grpc::Status::OK);
           return true;
         });
@@ -98,7 +129,7 @@ class StorageWaitReactor final : public grpc::ServerUnaryReactor {
     uint64_t id = 0;
     std::atomic<uint64_t> waiter{0};  // 0 until Wait returned
   };
-  const std::shared_ptr<StorageTickets> tickets_;
+  const std::shared_ptr<StorageTicketTable> tickets_;
   v1::StorageTicketStatus* const response_;
   const std::shared_ptr<Shared> shared_;
 };
@@ -138,14 +169,11 @@ grpc::ServerUnaryReactor* StorageServiceImpl::StorePages(grpc::CallbackServerCon
     absl::StatusOr<uint64_t> opened = tickets_->Open(*pool, pages);
     if (!opened.ok()) return FinishCall(context, opened.status());
     const uint64_t id = *opened;
-    absl::Status accepted =
-        tier_->Store(*pool, *ns, Indices(request->indices()), Keys(request->keys()),
-                     [tickets = tickets_, id, page_bytes, pages](std::vector<PageResult> results) {
-                       v1::StorageTicketStatus status;
-                       FillStore(results, page_bytes, status.mutable_store());
-                       status.mutable_store()->set_ticket_id(id);
-                       tickets->Finish(id, std::move(status), pages);
-                     });
+    absl::Status accepted = tier_->Store(
+        *pool, *ns, Indices(request->indices()), Keys(request->keys()),
+        [tickets = tickets_, id, page_bytes, pages](std::vector<PageResult> results) {
+          tickets->Finish(id, Done(StorageCall::kStore, std::move(results), page_bytes), pages);
+        });
     if (!accepted.ok()) {
       tickets_->Discard(id);
       return FinishCall(context, accepted);
@@ -185,14 +213,11 @@ grpc::ServerUnaryReactor* StorageServiceImpl::FetchPages(grpc::CallbackServerCon
     absl::StatusOr<uint64_t> opened = tickets_->Open(*pool, pages);
     if (!opened.ok()) return FinishCall(context, opened.status());
     const uint64_t id = *opened;
-    absl::Status accepted =
-        tier_->Fetch(*pool, *ns, Keys(request->keys()), Indices(request->indices()),
-                     [tickets = tickets_, id, page_bytes, pages](std::vector<PageResult> results) {
-                       v1::StorageTicketStatus status;
-                       FillFetch(results, page_bytes, status.mutable_fetch());
-                       status.mutable_fetch()->set_ticket_id(id);
-                       tickets->Finish(id, std::move(status), pages);
-                     });
+    absl::Status accepted = tier_->Fetch(
+        *pool, *ns, Keys(request->keys()), Indices(request->indices()),
+        [tickets = tickets_, id, page_bytes, pages](std::vector<PageResult> results) {
+          tickets->Finish(id, Done(StorageCall::kFetch, std::move(results), page_bytes), pages);
+        });
     if (!accepted.ok()) {
       tickets_->Discard(id);
       return FinishCall(context, accepted);

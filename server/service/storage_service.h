@@ -7,7 +7,7 @@
 // (L3Secret::TokenNamespace), the public one for an unprotected pool. The
 // tier validates the pages and runs the work on its own threads; each call
 // is a reactor finished from there, so no gRPC thread waits on the cache.
-// A detached call returns at once with a ticket (StorageTickets, its kept
+// A detached call returns at once with a ticket (StorageTicketTable, its kept
 // results reserved against --memory-limit) that WaitStorage, under the
 // same pool checks, answers.
 //
@@ -23,8 +23,8 @@
 
 #include "kvhost/v1/storage.grpc.pb.h"
 #include "server/pool/registry.h"
-#include "server/service/storage_tickets.h"
 #include "server/storage/storage_tier.h"
+#include "server/tickets/storage_ticket_table.h"
 
 namespace kvhost {
 
@@ -38,15 +38,15 @@ class StorageServiceImpl final : public v1::StorageService::CallbackService {
   // FAILED_PRECONDITION, Pool::ChangeAllocation); null: no session is open.
   StorageServiceImpl(PoolRegistry* registry, StorageTier* tier, uint64_t max_indices_per_call,
                      KvhostMetrics* metrics = nullptr,
-                     const StorageTickets::Limits& ticket_limits = {},
+                     const PerPoolRetention& ticket_retention = {},
                      SessionOpen session_open = nullptr)
       : registry_(registry),
         tier_(tier),
         max_indices_(max_indices_per_call),
         session_open_(session_open ? std::move(session_open)
                                    : [](const std::string&) { return false; }),
-        tickets_(std::make_shared<StorageTickets>(
-            ticket_limits, metrics, [registry](uint64_t bytes, const std::string& what) {
+        tickets_(std::make_shared<StorageTicketTable>(
+            ticket_retention, metrics, [registry](uint64_t bytes, const std::string& what) {
               return registry->ReserveTransient(bytes, what);
             })) {}
 
@@ -85,7 +85,7 @@ class StorageServiceImpl final : public v1::StorageService::CallbackService {
   const SessionOpen session_open_;
   // Shared with the detached calls' callbacks, which the tier may run after
   // this service is gone (daemon shutdown).
-  const std::shared_ptr<StorageTickets> tickets_;
+  const std::shared_ptr<StorageTicketTable> tickets_;
 };
 
 }  // namespace kvhost

@@ -1,9 +1,10 @@
 // Attachment: what TransferManager holds for one attached worker (a plain
 // pool's or a pool group's): the pools and the engine's mappings, the
 // owner its tickets share, the layer counters, and what AttachDevice told
-// the worker (AttachmentInfo). The manager's table of them and its Attach /
-// Detach are in attachments.cc; a transfer copies what it needs of one
-// into a SubmitTarget (submission.h) under the manager's mutex.
+// the worker (AttachmentInfo). The manager's table of them is an
+// AttachmentTable (attachment_table.h), its Attach / Detach are in
+// attachments.cc; a transfer copies what it needs of one into a
+// SubmitTarget (submission.h) under the manager's mutex.
 //
 // Thread safety: plain values; TransferManager's mutex guards its table.
 // Ownership: an Attachment shares its pools, group and mappings with the

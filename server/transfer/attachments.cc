@@ -1,8 +1,9 @@
 // TransferManager's attachments (transfer_manager.h, attachment.h): Attach
 // (a plain pool's, or a pool group's entries resolved, held and opened),
-// Register into the table and the attachment's session, Detach, and the
-// lookups by attachment id that other rooms serve from: the handoff's
-// (layer counters, pool regions) and AllocBackup's (an attachment's pool).
+// Register into the AttachmentTable and the attachment's session, Detach,
+// and the lookups by attachment id that other rooms serve from: the
+// handoff's (layer counters, pool regions) and AllocBackup's (an
+// attachment's pool).
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -272,7 +273,7 @@ absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment,
       return absl::NotFoundError(
           absl::StrCat("session '", ShortId(info.session_id), "' closed while attaching"));
     }
-    attachments_.emplace(info.id, std::move(attachment));
+    attachments_.Add(std::move(attachment));
   }
   if (info.group.empty()) {
     spdlog::info("attached {} to pool '{}' (device layers [{}, {}), {} device slots, {} backend)",
@@ -285,21 +286,15 @@ absl::StatusOr<AttachmentInfo> TransferManager::Register(Attachment attachment,
   return info;
 }
 
-Attachment* TransferManager::FindAttachment(const Caller& caller, const std::string& id) {
-  auto it = attachments_.find(id);
-  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) return nullptr;
-  return &it->second;
-}
-
 absl::Status TransferManager::Detach(const Caller& caller, const std::string& attachment_id) {
   Attachment attachment;
   std::vector<TransferJob> worker_copies;
   {
     absl::MutexLock lock(&mu_);
-    if (FindAttachment(caller, attachment_id) == nullptr) return AttachmentNotFound(attachment_id);
-    auto it = attachments_.find(attachment_id);
-    attachment = std::move(it->second);
-    attachments_.erase(it);
+    if (attachments_.Find(caller, attachment_id) == nullptr) {
+      return AttachmentNotFound(attachment_id);
+    }
+    attachment = *attachments_.Take(attachment_id);
     sessions_.RemoveAttachment(attachment.info.session_id, attachment_id);
     worker_copies = TakeWorkerCopies({attachment_id});
   }
@@ -316,55 +311,47 @@ absl::Status TransferManager::Detach(const Caller& caller, const std::string& at
 
 std::vector<AttachmentInfo> TransferManager::ListAttachments() const {
   absl::MutexLock lock(&mu_);
-  std::vector<AttachmentInfo> out;
-  for (const auto& [id, attachment] : attachments_) out.push_back(attachment.info);
-  return out;
+  return attachments_.List();
 }
 
 absl::StatusOr<std::shared_ptr<LayerCounters>> TransferManager::FindLayerCounters(
     const Caller& caller, const std::string& attachment_id) const {
   absl::MutexLock lock(&mu_);
-  auto it = attachments_.find(attachment_id);
-  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
-    return AttachmentNotFound(attachment_id);
-  }
-  if (it->second.layer_counters == nullptr) {
+  const Attachment* attachment = attachments_.Find(caller, attachment_id);
+  if (attachment == nullptr) return AttachmentNotFound(attachment_id);
+  if (attachment->layer_counters == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("attachment '", ShortId(attachment_id),
                      "' was made without layer_progress, so it has no layer counters (attach "
                      "with AttachDeviceRequest.layer_progress set)"));
   }
-  return it->second.layer_counters;
+  return attachment->layer_counters;
 }
 
 absl::StatusOr<std::shared_ptr<Pool>> TransferManager::FindAttachedPool(
     const Caller& caller, const std::string& attachment_id) const {
   absl::MutexLock lock(&mu_);
-  auto it = attachments_.find(attachment_id);
-  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
-    return AttachmentNotFound(attachment_id);
-  }
-  if (it->second.group != nullptr || it->second.pools.size() != 1) {
+  const Attachment* attachment = attachments_.Find(caller, attachment_id);
+  if (attachment == nullptr) return AttachmentNotFound(attachment_id);
+  if (attachment->group != nullptr || attachment->pools.size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "attachment '", ShortId(attachment_id), "' is on pool group '", it->second.info.group,
+        "attachment '", ShortId(attachment_id), "' is on pool group '", attachment->info.group,
         "': AllocBackup serves a plain pool's attachment (use Alloc, then Backup with "
         "pool_transfers)"));
   }
-  return it->second.pools[0].pool;
+  return attachment->pools[0].pool;
 }
 
 absl::StatusOr<WorkerRegions> TransferManager::FindPoolRegions(const Caller& caller,
                                                                const std::string& attachment_id,
                                                                RegionUse use) {
   absl::MutexLock lock(&mu_);
-  auto it = attachments_.find(attachment_id);
-  if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
-    return AttachmentNotFound(attachment_id);
-  }
+  const Attachment* found = attachments_.Find(caller, attachment_id);
+  if (found == nullptr) return AttachmentNotFound(attachment_id);
   if (use == RegionUse::kWorkerCopy) {
     if (absl::Status s = CheckWorkerCopy(); !s.ok()) return s;
   }
-  const Attachment& attachment = it->second;
+  const Attachment& attachment = *found;
   if (attachment.group != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "attachment '", ShortId(attachment_id), "' is of pool group '", attachment.info.group,

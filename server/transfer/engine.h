@@ -34,9 +34,9 @@
 #include "kvhost/layout.h"
 #include "server/pool/pool.h"
 #include "server/pool/pool_group.h"
+#include "server/tickets/ticket.h"
 #include "server/transfer/layer_counters.h"
 #include "server/transfer/runs.h"
-#include "server/transfer/ticket.h"
 
 namespace kvhost {
 

@@ -38,10 +38,8 @@ void TransferManager::CloseSession(const std::string& session_id, const std::str
     if (!open.has_value()) return;
     session = *std::move(open);
     for (const std::string& id : session.attachments) {
-      auto attachment = attachments_.find(id);
-      if (attachment == attachments_.end()) continue;
-      closed.push_back(std::move(attachment->second));
-      attachments_.erase(attachment);
+      std::optional<Attachment> attachment = attachments_.Take(id);
+      if (attachment.has_value()) closed.push_back(*std::move(attachment));
     }
     tickets = tickets_.InFlightOn(session.attachments);
     worker_copies = TakeWorkerCopies(session.attachments);

@@ -16,7 +16,7 @@
 namespace kvhost {
 
 TransferManager::TransferManager(std::unique_ptr<TransferEngine> engine, KvhostMetrics* metrics)
-    : metrics_(metrics), engine_(std::move(engine)), tickets_(TicketTable::kRetained, metrics) {}
+    : metrics_(metrics), engine_(std::move(engine)), tickets_(PerAttachmentRetention{}, metrics) {}
 
 // Its first step is the worker copies': nobody finishes them once the
 // manager goes, so the drain must not wait for them.
@@ -100,11 +100,9 @@ absl::StatusOr<SubmitTarget> TransferManager::FindTarget(const Caller& caller,
   {
     absl::MutexLock lock(&mu_);
     if (draining_) return absl::UnavailableError("kvhostd is shutting down; transfer refused");
-    auto it = attachments_.find(attachment_id);
-    if (it == attachments_.end() || !Permits(caller, *it->second.owner)) {
-      return AttachmentNotFound(attachment_id);
-    }
-    const Attachment& attachment = it->second;
+    const Attachment* found = attachments_.Find(caller, attachment_id);
+    if (found == nullptr) return AttachmentNotFound(attachment_id);
+    const Attachment& attachment = *found;
     if (direction == Direction::kBackup && attachment.info.load_only) {
       return absl::FailedPreconditionError(absl::StrCat(
           "attachment '", ShortId(attachment_id), "' of pool '", attachment.info.pool,
@@ -150,7 +148,7 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::Reserve(const std::stri
   // engine that can stops it before its first layer. The check and the
   // ticket's entry are one step under mu_, so CloseSession either finds the
   // ticket in flight or the ticket finds its attachment gone.
-  if (attachments_.count(attachment_id) == 0) {
+  if (!attachments_.Contains(attachment_id)) {
     ticket->RequestCancel(absl::CancelledError(
         absl::StrCat("attachment '", ShortId(attachment_id), "' was detached while this ",
                      DirectionName(job->direction), " was submitted")));

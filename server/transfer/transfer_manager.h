@@ -6,12 +6,13 @@
 // validates every transfer against the pool and the attachment (lengths,
 // ranges, repeated destinations, host slots allocated) before it coalesces
 // the indices into runs and hands the job to the engine. Tickets stay
-// queryable while in flight and after, up to `kRetainedTickets` finished
-// ones kept per attachment (TicketTable says which go first); sessions and
-// the attachments made within them are a SessionTable.
+// queryable while in flight and after, finished ones kept by per-attachment
+// retention (server/tickets/retention.h; TicketTable says which go first);
+// sessions and the attachments made within them are a SessionTable.
 //
 // Its rooms, each a file named for what it holds:
 //   attachment.h      one attachment's record (pools, mappings, owner);
+//   attachment_table  the attachments by id, found for a permitted caller;
 //   attachments.cc    Attach (plain and group), Detach, lookups by id;
 //   submission.h      the pure steps of a transfer (AssignRows, BuildJob);
 //   transfer_manager  Submit's other steps, tickets, Drain, lifetime;
@@ -19,11 +20,12 @@
 //   session_reaper.cc worker sessions, closed and reaped (session_table.h).
 //
 // Thread safety: all methods may be called concurrently. One mutex guards
-// the attachments and the sessions, so that a session and its attachments
-// change in one step; the TicketTable has its own, always taken after this
-// one (lock order: TransferManager, TicketTable, Ticket). Engine
-// calls (Open, Prepare, Submit, Drain) and ticket callbacks run without the
-// manager's mutex.
+// the attachments and the sessions (AttachmentTable and SessionTable have
+// none of their own), so that a session and its attachments change in one
+// step; the TicketTable has its own, always taken after this one (lock
+// order: TransferManager, TicketTable, Ticket). Engine calls (Open,
+// Prepare, Submit, Drain) and ticket callbacks run without the manager's
+// mutex.
 // Ownership: the manager owns the engine; attachments share their pools and
 // mappings with the jobs in flight on them, so a detach or a deleted pool
 // frees nothing a running job still uses.
@@ -47,12 +49,13 @@
 #include "server/ids.h"  // RandomHex, ShortId: the ids the manager makes and shows
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
+#include "server/tickets/ticket_table.h"
 #include "server/transfer/attach.h"
 #include "server/transfer/attachment.h"
+#include "server/transfer/attachment_table.h"
 #include "server/transfer/engine.h"
 #include "server/transfer/session_table.h"
 #include "server/transfer/submission.h"
-#include "server/transfer/ticket_table.h"
 #include "server/transfer/worker_copy.h"
 
 namespace kvhost {
@@ -66,9 +69,6 @@ struct WorkerCopyTicket {
 
 class TransferManager {
  public:
-  // Finished tickets kept for WaitTransfer, in all attachments together.
-  static constexpr size_t kRetainedTickets = TicketTable::kRetained;
-
   // `metrics`, if given, counts every finished ticket; it must outlive this.
   explicit TransferManager(std::unique_ptr<TransferEngine> engine,
                            KvhostMetrics* metrics = nullptr);
@@ -226,9 +226,6 @@ class TransferManager {
   // Gives the attachment its id, owner and (with layer progress) layer
   // counters of `load_event_sets` sets, and records it (in its session).
   absl::StatusOr<AttachmentInfo> Register(Attachment attachment, uint32_t load_event_sets);
-  // The attachment `id` if `caller` may use it, else null.
-  Attachment* FindAttachment(const Caller& caller, const std::string& id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Submit's steps that need the manager (submission.h has the order and
   // the pure steps between them, AssignRows and BuildJob): the attachment
@@ -268,7 +265,7 @@ class TransferManager {
 
   mutable absl::Mutex mu_;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<std::string, Attachment> attachments_ ABSL_GUARDED_BY(mu_);
+  AttachmentTable attachments_ ABSL_GUARDED_BY(mu_);
   SessionTable sessions_ ABSL_GUARDED_BY(mu_);
   // Session reapers still running; Drain waits for them.
   int reapers_ ABSL_GUARDED_BY(mu_) = 0;

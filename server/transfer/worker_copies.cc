@@ -65,14 +65,14 @@ absl::StatusOr<WorkerCopyTicket> TransferManager::SubmitWorkerCopy(
   std::shared_ptr<Ticket> ticket;
   {
     absl::MutexLock lock(&mu_);
-    auto it = attachments_.find(attachment_id);
-    if (it == attachments_.end()) {
+    Attachment* attachment = attachments_.Get(attachment_id);
+    if (attachment == nullptr) {
       // Detached (its session closed) since FindTarget.
       return AttachmentNotFound(attachment_id);
     }
-    if (copies && it->second.worker_copies >= kMaxWorkerCopiesPerAttachment) {
+    if (copies && attachment->worker_copies >= kMaxWorkerCopiesPerAttachment) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("attachment '", short_id, "' has ", it->second.worker_copies,
+          absl::StrCat("attachment '", short_id, "' has ", attachment->worker_copies,
                        " worker copies in flight, the limit (", kMaxWorkerCopiesPerAttachment,
                        "); finish one (FinishWorkerCopy) first"));
     }
@@ -80,7 +80,7 @@ absl::StatusOr<WorkerCopyTicket> TransferManager::SubmitWorkerCopy(
                            copies ? kWorkerCopyPath : "none", /*event_set=*/-1);
     job->ticket = ticket;
     if (copies) {
-      ++it->second.worker_copies;
+      ++attachment->worker_copies;
       worker_copies_.emplace(ticket->id(), WorkerCopy{attachment_id, *std::move(job)});
     }
   }
@@ -120,8 +120,9 @@ absl::Status TransferManager::FinishWorkerCopy(const Caller& caller, uint64_t ti
           "): kvhostd copies it and finishes it itself; wait for it with WaitTransfer"));
     }
     job = std::move(it->second.job);
-    auto attachment = attachments_.find(it->second.attachment_id);
-    if (attachment != attachments_.end()) --attachment->second.worker_copies;
+    if (Attachment* attachment = attachments_.Get(it->second.attachment_id)) {
+      --attachment->worker_copies;
+    }
     worker_copies_.erase(it);
   }
   if (!error.empty()) {
@@ -144,8 +145,7 @@ std::vector<TransferJob> TransferManager::TakeWorkerCopies(
       ++it;
       continue;
     }
-    auto attachment = attachments_.find(id);
-    if (attachment != attachments_.end()) --attachment->second.worker_copies;
+    if (Attachment* attachment = attachments_.Get(id)) --attachment->worker_copies;
     taken.push_back(std::move(it->second.job));
     it = worker_copies_.erase(it);
   }

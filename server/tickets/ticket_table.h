@@ -2,13 +2,13 @@
 // and the finished ones WaitTransfer may still ask after, each with the
 // attachment it was submitted on — and the counters over them.
 //
-// Finished tickets are kept per attachment: past `retained` finished in
-// all, the attachment that keeps the most (among equals, the one that
-// finished a ticket last) loses its oldest. So one client's flood of
-// tickets it never waits for drops only its own, while another
-// attachment's finished ticket stays waitable as long as that attachment
-// keeps fewer. Each drop is counted (kvhost_transfer_tickets_dropped_total)
-// and logged with a rate limit.
+// Finished tickets are kept by per-attachment retention (retention.h): past
+// `retention.finished` finished in all, the attachment that keeps the most
+// (among equals, the one that finished a ticket last) loses its oldest. So
+// one client's flood of tickets it never waits for drops only its own,
+// while another attachment's finished ticket stays waitable as long as that
+// attachment keeps fewer. Each drop is counted
+// (kvhost_transfer_tickets_dropped_total) and logged with a rate limit.
 //
 // Ids are random (server/ids.h), so an id from before a restart names no
 // ticket of this daemon. A ticket is found only by a caller its owner
@@ -20,8 +20,8 @@
 // Ticket's; the table calls nothing else while it holds its mutex.
 // Ownership: the table shares its tickets (and their owners) with the
 // engine's jobs and the callers that asked for them.
-#ifndef KVHOST_SERVER_TRANSFER_TICKET_TABLE_H_
-#define KVHOST_SERVER_TRANSFER_TICKET_TABLE_H_
+#ifndef KVHOST_SERVER_TICKETS_TICKET_TABLE_H_
+#define KVHOST_SERVER_TICKETS_TICKET_TABLE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -39,7 +39,8 @@
 #include "server/access/caller.h"
 #include "server/log_limit.h"
 #include "server/metrics/kvhost_metrics.h"
-#include "server/transfer/ticket.h"
+#include "server/tickets/retention.h"
+#include "server/tickets/ticket.h"
 
 namespace kvhost {
 
@@ -57,14 +58,10 @@ struct TransferCounters {
 
 class TicketTable {
  public:
-  // Finished tickets kept for WaitTransfer after they finish, in all
-  // attachments together (each ~0.5 KiB: 32 MiB at most).
-  static constexpr size_t kRetained = 65536;
-
-  // `retained`: finished tickets kept in all (tests use fewer); `metrics`
-  // (null: none) must outlive this.
-  explicit TicketTable(size_t retained = kRetained, KvhostMetrics* metrics = nullptr)
-      : retained_(retained), metrics_(metrics) {}
+  // `retention`: how many finished tickets WaitTransfer may still find;
+  // `metrics` (null: none) must outlive this.
+  explicit TicketTable(PerAttachmentRetention retention = {}, KvhostMetrics* metrics = nullptr)
+      : retained_(retention.finished), metrics_(metrics) {}
   TicketTable(const TicketTable&) = delete;
   TicketTable& operator=(const TicketTable&) = delete;
 
@@ -127,4 +124,4 @@ class TicketTable {
 
 }  // namespace kvhost
 
-#endif  // KVHOST_SERVER_TRANSFER_TICKET_TABLE_H_
+#endif  // KVHOST_SERVER_TICKETS_TICKET_TABLE_H_

@@ -1,4 +1,4 @@
-#include "server/transfer/ticket_table.h"
+#include "server/tickets/ticket_table.h"
 
 #include <algorithm>
 #include <iterator>

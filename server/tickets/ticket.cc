@@ -1,4 +1,4 @@
-#include "server/transfer/ticket.h"
+#include "server/tickets/ticket.h"
 
 #include <utility>
 

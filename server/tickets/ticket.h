@@ -6,8 +6,8 @@
 // at once if it is already finished.
 //
 // Thread safety: all methods may be called concurrently.
-#ifndef KVHOST_SERVER_TRANSFER_TICKET_H_
-#define KVHOST_SERVER_TRANSFER_TICKET_H_
+#ifndef KVHOST_SERVER_TICKETS_TICKET_H_
+#define KVHOST_SERVER_TICKETS_TICKET_H_
 
 #include <cstdint>
 #include <functional>
@@ -99,4 +99,4 @@ class Ticket {
 
 }  // namespace kvhost
 
-#endif  // KVHOST_SERVER_TRANSFER_TICKET_H_
+#endif  // KVHOST_SERVER_TICKETS_TICKET_H_

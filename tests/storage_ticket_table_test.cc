@@ -1,14 +1,15 @@
-// Tests of StorageTickets (server/service/storage_tickets.h), the tickets of
-// detached StorageService calls: a done ticket returned to waiters and to
-// every later Wait (a lost reply is asked again); a poll of a running
-// ticket; found only through the pool object that made it; per-pool limits
-// that drop a pool's own oldest finished ticket, counting only those no
-// wait returned; a cancelled waiter; a deleted pool's tickets gone;
-// concurrent finishes and waits.
-#include "server/service/storage_tickets.h"
+// Tests of StorageTicketTable (server/tickets/storage_ticket_table.h), the
+// tickets of detached StorageService calls: a done ticket returned to
+// waiters and to every later Wait (a lost reply is asked again); a poll of a
+// running ticket; found only through the pool object that made it;
+// per-pool retention that drops a pool's own oldest finished ticket,
+// counting only those no wait returned; a cancelled waiter; a deleted
+// pool's tickets gone; concurrent finishes and waits.
+#include "server/tickets/storage_ticket_table.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -34,13 +35,30 @@ PoolSpec Spec() {
   return s;
 }
 
-v1::StorageTicketStatus Stored(uint64_t pages) {
-  v1::StorageTicketStatus s;
-  s.mutable_store()->set_stored_pages(pages);
+// A store's status with `pages` pages stored.
+StorageTicketStatus Stored(uint64_t pages) {
+  StorageTicketStatus s;
+  s.call = StorageCall::kStore;
+  s.pages.resize(pages, PageResult{PageOutcome::kStored, "", false});
   return s;
 }
 
-class StorageTicketsTest : public ::testing::Test {
+// A store of one page whose result's detail is `tag`, to tell tickets apart.
+StorageTicketStatus Tagged(int tag) {
+  StorageTicketStatus s;
+  s.call = StorageCall::kStore;
+  s.pages.push_back(PageResult{PageOutcome::kStored, absl::StrCat(tag), false});
+  return s;
+}
+
+uint64_t StoredPages(const StorageTicketStatus& s) {
+  EXPECT_EQ(s.call, StorageCall::kStore);
+  return static_cast<uint64_t>(
+      std::count_if(s.pages.begin(), s.pages.end(),
+                    [](const PageResult& r) { return r.outcome == PageOutcome::kStored; }));
+}
+
+class StorageTicketTableTest : public ::testing::Test {
  protected:
   std::shared_ptr<Pool> MakePool(const std::string& name) {
     absl::StatusOr<std::shared_ptr<Pool>> pool =
@@ -51,11 +69,11 @@ class StorageTicketsTest : public ::testing::Test {
   // Wait that records what its waiter got.
   struct Got {
     int calls = 0;
-    v1::StorageTicketStatus status;
+    StorageTicketStatus status;
   };
-  absl::StatusOr<uint64_t> WaitInto(StorageTickets& tickets, const std::shared_ptr<Pool>& pool,
+  absl::StatusOr<uint64_t> WaitInto(StorageTicketTable& tickets, const std::shared_ptr<Pool>& pool,
                                     uint64_t id, bool poll, Got* got, bool accept = true) {
-    return tickets.Wait(pool, id, poll, [got, accept](const v1::StorageTicketStatus& s) {
+    return tickets.Wait(pool, id, poll, [got, accept](const StorageTicketStatus& s) {
       ++got->calls;
       got->status = s;
       return accept;
@@ -66,8 +84,8 @@ class StorageTicketsTest : public ::testing::Test {
   int made_ = 0;
 };
 
-TEST_F(StorageTicketsTest, FinishedTicketIsReturnedToEveryWait) {
-  StorageTickets tickets;
+TEST_F(StorageTicketTableTest, FinishedTicketIsReturnedToEveryWait) {
+  StorageTicketTable tickets;
   std::shared_ptr<Pool> pool = MakePool("a");
   const uint64_t id = *tickets.Open(pool, 1);
   EXPECT_NE(id, 0u);
@@ -76,9 +94,9 @@ TEST_F(StorageTicketsTest, FinishedTicketIsReturnedToEveryWait) {
     Got got;
     ASSERT_TRUE(WaitInto(tickets, pool, id, false, &got).ok());
     EXPECT_EQ(got.calls, 1);
-    EXPECT_TRUE(got.status.done());
-    EXPECT_EQ(got.status.ticket_id(), id);
-    EXPECT_EQ(got.status.store().stored_pages(), 3u);
+    EXPECT_TRUE(got.status.done);
+    EXPECT_EQ(got.status.id, id);
+    EXPECT_EQ(StoredPages(got.status), 3u);
   }
   EXPECT_EQ(tickets.size(), 1u);
   Got none;
@@ -89,27 +107,27 @@ TEST_F(StorageTicketsTest, FinishedTicketIsReturnedToEveryWait) {
   EXPECT_EQ(none.calls, 0);
 }
 
-TEST_F(StorageTicketsTest, WaiterGetsTheTicketWhenItFinishes) {
-  StorageTickets tickets;
+TEST_F(StorageTicketTableTest, WaiterGetsTheTicketWhenItFinishes) {
+  StorageTicketTable tickets;
   std::shared_ptr<Pool> pool = MakePool("a");
   const uint64_t id = *tickets.Open(pool, 1);
   Got polled;
   ASSERT_TRUE(WaitInto(tickets, pool, id, true, &polled).ok());
   EXPECT_EQ(polled.calls, 1);
-  EXPECT_FALSE(polled.status.done());
-  EXPECT_EQ(polled.status.ticket_id(), id);
+  EXPECT_FALSE(polled.status.done);
+  EXPECT_EQ(polled.status.id, id);
   Got waited;
   ASSERT_TRUE(WaitInto(tickets, pool, id, false, &waited).ok());
   EXPECT_EQ(waited.calls, 0);
   tickets.Finish(id, Stored(2), 2);
   EXPECT_EQ(waited.calls, 1);
-  EXPECT_TRUE(waited.status.done());
-  EXPECT_EQ(waited.status.store().stored_pages(), 2u);
+  EXPECT_TRUE(waited.status.done);
+  EXPECT_EQ(StoredPages(waited.status), 2u);
   EXPECT_EQ(tickets.size(), 1u) << "a done ticket stays for the next wait";
 }
 
-TEST_F(StorageTicketsTest, CancelledWaiterLeavesTheTicketForTheNextWait) {
-  StorageTickets tickets;
+TEST_F(StorageTicketTableTest, CancelledWaiterLeavesTheTicketForTheNextWait) {
+  StorageTicketTable tickets;
   std::shared_ptr<Pool> pool = MakePool("a");
   const uint64_t id = *tickets.Open(pool, 1);
   // One waiter forgotten through Unwait, one that lost to its cancel.
@@ -123,11 +141,11 @@ TEST_F(StorageTicketsTest, CancelledWaiterLeavesTheTicketForTheNextWait) {
   EXPECT_EQ(cancelled.calls, 1);
   Got got;
   ASSERT_TRUE(WaitInto(tickets, pool, id, false, &got).ok());
-  EXPECT_EQ(got.status.store().stored_pages(), 1u);
+  EXPECT_EQ(StoredPages(got.status), 1u);
 }
 
-TEST_F(StorageTicketsTest, OnlyThePoolObjectThatMadeItFindsIt) {
-  StorageTickets tickets;
+TEST_F(StorageTicketTableTest, OnlyThePoolObjectThatMadeItFindsIt) {
+  StorageTicketTable tickets;
   std::shared_ptr<Pool> a = MakePool("a");
   std::shared_ptr<Pool> b = MakePool("b");
   const uint64_t id = *tickets.Open(a, 1);
@@ -145,9 +163,9 @@ TEST_F(StorageTicketsTest, OnlyThePoolObjectThatMadeItFindsIt) {
   EXPECT_EQ(got.calls, 1);
 }
 
-TEST_F(StorageTicketsTest, APoolKeepsItsNewestFinishedTicketsWithinTheLimits) {
+TEST_F(StorageTicketTableTest, APoolKeepsItsNewestFinishedTicketsWithinTheLimits) {
   KvhostMetrics metrics;
-  StorageTickets tickets({/*finished_per_pool=*/3, /*pages_per_pool=*/10}, &metrics);
+  StorageTicketTable tickets({/*finished_per_pool=*/3, /*pages_per_pool=*/10}, &metrics);
   std::shared_ptr<Pool> a = MakePool("a");
   std::shared_ptr<Pool> b = MakePool("b");
   const uint64_t b_id = *tickets.Open(b, 1);
@@ -180,8 +198,8 @@ TEST_F(StorageTicketsTest, APoolKeepsItsNewestFinishedTicketsWithinTheLimits) {
   EXPECT_TRUE(WaitInto(tickets, b, b_id, true, &got).ok());
 }
 
-TEST_F(StorageTicketsTest, ADeletedPoolsTicketsGo) {
-  StorageTickets tickets;
+TEST_F(StorageTicketTableTest, ADeletedPoolsTicketsGo) {
+  StorageTicketTable tickets;
   std::shared_ptr<Pool> a = MakePool("a");
   const uint64_t id = *tickets.Open(a, 1);
   tickets.Finish(id, Stored(1), 1);
@@ -194,23 +212,24 @@ TEST_F(StorageTicketsTest, ADeletedPoolsTicketsGo) {
   EXPECT_EQ(tickets.size(), 0u);
 }
 
-TEST_F(StorageTicketsTest, ConcurrentFinishesAndWaitsDeliverEveryTicket) {
+TEST_F(StorageTicketTableTest, ConcurrentFinishesAndWaitsDeliverEveryTicket) {
   constexpr int kTickets = 2000;
-  StorageTickets tickets({/*finished_per_pool=*/kTickets, /*pages_per_pool=*/kTickets});
+  StorageTicketTable tickets({/*finished_per_pool=*/kTickets, /*pages_per_pool=*/kTickets});
   std::shared_ptr<Pool> pool = MakePool("a");
   std::vector<uint64_t> ids;
   for (int i = 0; i < kTickets; ++i) ids.push_back(*tickets.Open(pool, 1));
   std::atomic<int> delivered{0};
   std::thread finisher([&] {
-    for (int i = 0; i < kTickets; ++i) tickets.Finish(ids[i], Stored(i), 1);
+    for (int i = 0; i < kTickets; ++i) tickets.Finish(ids[i], Tagged(i), 1);
   });
   std::vector<std::thread> waiters;
   for (int t = 0; t < 2; ++t) {
     waiters.emplace_back([&, t] {
       for (int i = t; i < kTickets; i += 2) {
         absl::StatusOr<uint64_t> w =
-            tickets.Wait(pool, ids[i], false, [&, i](const v1::StorageTicketStatus& s) {
-              EXPECT_EQ(s.store().stored_pages(), static_cast<uint64_t>(i));
+            tickets.Wait(pool, ids[i], false, [&, i](const StorageTicketStatus& s) {
+              EXPECT_EQ(s.id, ids[i]);
+              EXPECT_TRUE(s.pages.size() == 1 && s.pages[0].detail == absl::StrCat(i)) << i;
               delivered.fetch_add(1);
               return true;
             });
@@ -228,10 +247,10 @@ TEST_F(StorageTicketsTest, ConcurrentFinishesAndWaitsDeliverEveryTicket) {
 // Kept results are paid for by the memory budget (issue 29, finding 9): a
 // ticket reserves its pages' results from Open until it is dropped, and a
 // detached call whose results do not fit is refused with nothing kept.
-TEST_F(StorageTicketsTest, KeptResultsCountAgainstTheMemoryBudget) {
+TEST_F(StorageTicketTableTest, KeptResultsCountAgainstTheMemoryBudget) {
   auto ledger = std::make_shared<MemoryLedger>();
-  constexpr uint64_t kBudget = 100 * StorageTickets::kBytesPerPage;
-  StorageTickets::Reserve reserve =
+  constexpr uint64_t kBudget = 100 * StorageTicketTable::kBytesPerPage;
+  StorageTicketTable::Reserve reserve =
       [ledger](uint64_t bytes, const std::string& what) -> absl::StatusOr<TransientReservation> {
     if (ledger->transient + bytes > kBudget) {
       return absl::ResourceExhaustedError(absl::StrCat(what, ": over the budget"));
@@ -239,10 +258,10 @@ TEST_F(StorageTicketsTest, KeptResultsCountAgainstTheMemoryBudget) {
     ledger->transient += bytes;
     return TransientReservation(ledger, bytes);
   };
-  StorageTickets tickets({/*finished_per_pool=*/2, /*pages_per_pool=*/1000}, nullptr, reserve);
+  StorageTicketTable tickets({/*finished_per_pool=*/2, /*pages_per_pool=*/1000}, nullptr, reserve);
   std::shared_ptr<Pool> a = MakePool("a");
   const uint64_t first = *tickets.Open(a, 60);
-  EXPECT_EQ(ledger->transient.load(), 60 * StorageTickets::kBytesPerPage);
+  EXPECT_EQ(ledger->transient.load(), 60 * StorageTicketTable::kBytesPerPage);
   absl::StatusOr<uint64_t> over = tickets.Open(a, 41);
   ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(over.status().message(), "41 pages of pool 'a'")) << over.status();
@@ -253,10 +272,10 @@ TEST_F(StorageTicketsTest, KeptResultsCountAgainstTheMemoryBudget) {
   tickets.Finish(second, Stored(20), 20);
   const uint64_t third = *tickets.Open(a, 20);
   tickets.Finish(third, Stored(20), 20);
-  EXPECT_EQ(ledger->transient.load(), 40 * StorageTickets::kBytesPerPage);
+  EXPECT_EQ(ledger->transient.load(), 40 * StorageTicketTable::kBytesPerPage);
   // Discarded (a refused call) and gone with its pool: all of it back.
   tickets.Discard(*tickets.Open(a, 10));
-  EXPECT_EQ(ledger->transient.load(), 40 * StorageTickets::kBytesPerPage);
+  EXPECT_EQ(ledger->transient.load(), 40 * StorageTicketTable::kBytesPerPage);
   a.reset();
   std::shared_ptr<Pool> b = MakePool("b");
   tickets.Discard(*tickets.Open(b, 1));  // sweeps a's

@@ -1,4 +1,4 @@
-#include "server/service/storage_tickets.h"
+#include "server/tickets/storage_ticket_table.h"
 
 #include <algorithm>
 #include <utility>
@@ -10,7 +10,8 @@
 
 namespace kvhost {
 
-absl::StatusOr<uint64_t> StorageTickets::Open(const std::shared_ptr<Pool>& pool, uint64_t pages) {
+absl::StatusOr<uint64_t> StorageTicketTable::Open(const std::shared_ptr<Pool>& pool,
+                                                  uint64_t pages) {
   TransientReservation memory;
   if (reserve_ != nullptr) {
     absl::StatusOr<TransientReservation> r = reserve_(
@@ -29,14 +30,14 @@ absl::StatusOr<uint64_t> StorageTickets::Open(const std::shared_ptr<Pool>& pool,
   return id;
 }
 
-void StorageTickets::Discard(uint64_t id) {
+void StorageTicketTable::Discard(uint64_t id) {
   absl::MutexLock lock(&mu_);
   tickets_.erase(id);
 }
 
-void StorageTickets::Finish(uint64_t id, v1::StorageTicketStatus status, uint64_t pages) {
-  status.set_ticket_id(id);
-  status.set_done(true);
+void StorageTicketTable::Finish(uint64_t id, StorageTicketStatus status, uint64_t pages) {
+  status.id = id;
+  status.done = true;
   std::vector<std::pair<uint64_t, Waiter>> waiters;
   {
     absl::MutexLock lock(&mu_);
@@ -55,9 +56,9 @@ void StorageTickets::Finish(uint64_t id, v1::StorageTicketStatus status, uint64_
   if (delivered) Delivered(id);
 }
 
-absl::StatusOr<uint64_t> StorageTickets::Wait(const std::shared_ptr<Pool>& pool, uint64_t id,
-                                              bool poll, Waiter waiter) {
-  v1::StorageTicketStatus now;
+absl::StatusOr<uint64_t> StorageTicketTable::Wait(const std::shared_ptr<Pool>& pool, uint64_t id,
+                                                  bool poll, Waiter waiter) {
+  StorageTicketStatus now;
   {
     absl::MutexLock lock(&mu_);
     auto it = tickets_.find(id);
@@ -71,24 +72,24 @@ absl::StatusOr<uint64_t> StorageTickets::Wait(const std::shared_ptr<Pool>& pool,
     if (ticket.done) {
       now = ticket.status;
     } else if (poll) {
-      now.set_ticket_id(id);
+      now.id = id;
     } else {
       const uint64_t number = next_waiter_++;
       ticket.waiters.emplace_back(number, std::move(waiter));
       return number;
     }
   }
-  if (waiter(now) && now.done()) Delivered(id);
+  if (waiter(now) && now.done) Delivered(id);
   return 0;
 }
 
-void StorageTickets::Delivered(uint64_t id) {
+void StorageTicketTable::Delivered(uint64_t id) {
   absl::MutexLock lock(&mu_);
   auto it = tickets_.find(id);
   if (it != tickets_.end()) it->second.delivered = true;
 }
 
-void StorageTickets::Unwait(uint64_t id, uint64_t waiter) {
+void StorageTicketTable::Unwait(uint64_t id, uint64_t waiter) {
   absl::MutexLock lock(&mu_);
   auto it = tickets_.find(id);
   if (it == tickets_.end()) return;
@@ -98,17 +99,17 @@ void StorageTickets::Unwait(uint64_t id, uint64_t waiter) {
                 waiters.end());
 }
 
-size_t StorageTickets::size() const {
+size_t StorageTicketTable::size() const {
   absl::MutexLock lock(&mu_);
   return tickets_.size();
 }
 
-uint64_t StorageTickets::dropped() const {
+uint64_t StorageTicketTable::dropped() const {
   absl::MutexLock lock(&mu_);
   return dropped_;
 }
 
-void StorageTickets::Keep(uint64_t id) {
+void StorageTicketTable::Keep(uint64_t id) {
   auto it = tickets_.find(id);
   if (it == tickets_.end()) return;
   Kept& kept = kept_[it->second.pool];
@@ -116,8 +117,8 @@ void StorageTickets::Keep(uint64_t id) {
   kept.pages += it->second.pages;
   // The newest stays even alone over the page limit.
   const std::weak_ptr<Pool> pool = it->second.pool;
-  while (kept.ids.size() > 1 &&
-         (kept.ids.size() > limits_.finished_per_pool || kept.pages > limits_.pages_per_pool)) {
+  while (kept.ids.size() > 1 && (kept.ids.size() > retention_.finished_per_pool ||
+                                 kept.pages > retention_.pages_per_pool)) {
     const uint64_t gone = kept.ids.front();
     auto oldest = tickets_.find(gone);
     kept.pages -= oldest->second.pages;
@@ -133,13 +134,13 @@ void StorageTickets::Keep(uint64_t id) {
       spdlog::warn(
           "L3: dropped the results of detached call {} of pool '{}' before any wait returned "
           "them ({} so far; a pool keeps its newest {} finished tickets and {} of their pages)",
-          gone, p != nullptr ? p->name() : "(deleted)", dropped_, limits_.finished_per_pool,
-          limits_.pages_per_pool);
+          gone, p != nullptr ? p->name() : "(deleted)", dropped_, retention_.finished_per_pool,
+          retention_.pages_per_pool);
     }
   }
 }
 
-void StorageTickets::SweepGonePools() {
+void StorageTicketTable::SweepGonePools() {
   for (auto it = kept_.begin(); it != kept_.end();) {
     if (!it->first.expired()) {
       ++it;
