@@ -95,7 +95,7 @@ class NodeCacheTest : public EngineFixture {
     auto engine = std::make_unique<GatedEngine>(Options());
     engine_ = engine.get();
     manager_ = std::make_unique<TransferManager>(std::move(engine));
-    cache_ = std::make_unique<NodeCache>(cache_pool_, manager_.get(), CacheLimits{});
+    cache_ = NodeCache::Create(cache_pool_, manager_.get(), CacheLimits{});
     dev_b_ = DeviceFile::Create(dir_.path() + "/device-b", cache_pool_->layout(), kRows);
     ASSERT_NE(dev_b_.region, nullptr);
     a_ = Instance(dev_);
@@ -170,7 +170,7 @@ class NodeCacheTest : public EngineFixture {
   std::shared_ptr<Pool> cache_pool_;
   GatedEngine* engine_ = nullptr;
   std::unique_ptr<TransferManager> manager_;
-  std::unique_ptr<NodeCache> cache_;
+  std::shared_ptr<NodeCache> cache_;
   DeviceFile dev_b_;
   Engine a_, b_;
   int64_t ps_ = 0;

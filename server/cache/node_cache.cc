@@ -9,6 +9,11 @@ namespace kvhost {
 NodeCache::NodeCache(std::shared_ptr<Pool> pool, TransferManager* transfers, CacheLimits limits)
     : pool_(std::move(pool)), transfers_(transfers), index_(&pool_->allocator(), limits) {}
 
+std::shared_ptr<NodeCache> NodeCache::Create(std::shared_ptr<Pool> pool, TransferManager* transfers,
+                                             CacheLimits limits) {
+  return std::shared_ptr<NodeCache>(new NodeCache(std::move(pool), transfers, limits));
+}
+
 absl::StatusOr<std::string> NodeCache::Holder(const Caller& caller) const {
   for (const std::string& session : caller.sessions) {
     if (transfers_->IsSessionOpen(session)) return session;
@@ -116,10 +121,12 @@ absl::StatusOr<NodeCache::Stored> NodeCache::Store(const Caller& caller,
   out.ticket = *ticket;
   // Published before a waiter sees the ticket done; a ticket that finished
   // already (its copies were quick) publishes as soon as its end is known.
-  if (!out.ticket->BeforeDone(
-          [this, store_id](const absl::Status& end) { StoreEnded(store_id, end); })) {
-    out.ticket->OnDone(
-        [this, store_id, t = out.ticket.get()] { StoreEnded(store_id, t->Snapshot().status); });
+  if (!out.ticket->BeforeDone([self = shared_from_this(), store_id](const absl::Status& end) {
+        self->StoreEnded(store_id, end);
+      })) {
+    out.ticket->OnDone([self = shared_from_this(), store_id, t = out.ticket.get()] {
+      self->StoreEnded(store_id, t->Snapshot().status);
+    });
   }
   // As in Lookup: a session that ended meanwhile abandons the store.
   if (!transfers_->IsSessionOpen(*holder)) SessionEnded(*holder);
@@ -154,8 +161,8 @@ absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::Restore(const Caller& caller,
   absl::StatusOr<CacheLookup> found = index_.Lookup(keys, &*holder);
   if (!found.ok()) return found.status();
   const uint64_t pin_id = found->pin_id;
-  auto unpin = [this, pin_id, h = *holder] {
-    if (pin_id != 0) (void)index_.Unpin(pin_id, h);
+  auto unpin = [self = shared_from_this(), pin_id, h = *holder] {
+    if (pin_id != 0) (void)self->index_.Unpin(pin_id, h);
   };
   if (found->prefix < keys.size()) {
     unpin();

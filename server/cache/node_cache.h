@@ -23,8 +23,10 @@
 // Thread safety: all methods may be called concurrently. Lock order: this
 // cache's mutex, then the index's; the TransferManager is called outside the
 // mutex, and ticket callbacks (on engine threads) take it last.
-// Ownership: the cache shares its pool; the TransferManager must outlive it
-// and every ticket it submitted (TransferManager::Drain before destruction).
+// Ownership: always held by a shared_ptr (Create): a ticket it submitted
+// keeps it alive until the ticket ends, so a cache dropped with stores in
+// flight still publishes or frees their pages. It shares its pool; the
+// TransferManager must outlive it.
 #ifndef KVHOST_SERVER_CACHE_NODE_CACHE_H_
 #define KVHOST_SERVER_CACHE_NODE_CACHE_H_
 
@@ -47,10 +49,11 @@
 
 namespace kvhost {
 
-class NodeCache {
+class NodeCache : public std::enable_shared_from_this<NodeCache> {
  public:
   // REQUIRES: `pool` is the cache's own: nothing else allocates from it.
-  NodeCache(std::shared_ptr<Pool> pool, TransferManager* transfers, CacheLimits limits);
+  static std::shared_ptr<NodeCache> Create(std::shared_ptr<Pool> pool, TransferManager* transfers,
+                                           CacheLimits limits);
 
   NodeCache(const NodeCache&) = delete;
   NodeCache& operator=(const NodeCache&) = delete;
@@ -111,6 +114,8 @@ class NodeCache {
     std::string holder;
     bool abandoned = false;
   };
+
+  NodeCache(std::shared_ptr<Pool> pool, TransferManager* transfers, CacheLimits limits);
 
   absl::StatusOr<std::string> Holder(const Caller& caller) const;
   // INVALID_ARGUMENT unless `attachment_id` is an attachment of this cache's
