@@ -104,6 +104,7 @@ class NodeCache : public std::enable_shared_from_this<NodeCache> {
     return index_.EventsSince(after_seq, max);
   }
   CacheStats stats() const { return index_.stats(); }
+  const CacheLimits& limits() const { return index_.limits(); }
 
   // The session ended (its worker closed it or died): its loose pins are
   // released, its stores in flight abandoned (they publish nothing).
