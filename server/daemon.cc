@@ -31,6 +31,7 @@
 #include "server/gpu_probe.h"
 #include "server/ids.h"
 #include "server/pool/host_memory.h"
+#include "server/service/cache_service.h"
 #include "server/service/daemon_service.h"
 #include "server/service/pool_service.h"
 #include "server/service/reflection_v1.h"
@@ -425,6 +426,7 @@ absl::StatusOr<Daemon::Backend> Daemon::StartTransfers(
   if (!engine.ok()) return engine.status();
   if (!options.metrics_listen.empty()) metrics_ = std::make_unique<KvhostMetrics>();
   transfers_ = std::make_unique<TransferManager>(*std::move(engine), metrics_.get());
+  caches_ = std::make_unique<NodeCaches>(transfers_.get());
   if (options.worker_copy) {
     transfers_->EnableWorkerCopy();
     spdlog::info("worker copies on (--worker-copy){}",
@@ -570,6 +572,8 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   identity.session_timeout = options.session_timeout;
   identity.handoff_socket = handoff_path_;
   identity.l3 = L3Backend();
+  NodeCaches* caches = caches_.get();
+  identity.session_ended = [caches](const std::string& id) { caches->SessionEnded(id); };
   if (!handoff_path_.empty()) {
     fast_path_calls_ = std::make_unique<FastPathCalls>(pools.get(), transfers.get());
     FastPathServer::Limits limits;
@@ -593,17 +597,22 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   auto reflection = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
       v1::PoolService::service_full_name(), v1::TransferService::service_full_name(),
       v1::DaemonService::service_full_name(), v1::StorageService::service_full_name(),
-      "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+      v1::CacheService::service_full_name(), "grpc.health.v1.Health",
+      "grpc.reflection.v1alpha.ServerReflection",
       grpc::reflection::v1::ServerReflection::service_full_name()});
   builder->RegisterService(pools.get());
   builder->RegisterService(transfers.get());
   builder->RegisterService(status.get());
+  auto cache = std::make_unique<CacheServiceImpl>(registry_.get(), caches_.get(),
+                                                  options.max_indices_per_call);
   builder->RegisterService(storage.get());
+  builder->RegisterService(cache.get());
   builder->RegisterService(reflection.get());
   services_.push_back(std::move(pools));
   services_.push_back(std::move(transfers));
   services_.push_back(std::move(status));
   services_.push_back(std::move(storage));
+  services_.push_back(std::move(cache));
   services_.push_back(std::move(reflection));
 }
 

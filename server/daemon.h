@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/cache/node_caches.h"
 #include "server/daemon_options.h"
 #include "server/metrics/http_server.h"
 #include "server/metrics/kvhost_metrics.h"
@@ -110,6 +111,9 @@ class Daemon {
   std::unique_ptr<KvhostMetrics> metrics_;
   std::unique_ptr<PoolRegistry> registry_;
   std::unique_ptr<TransferManager> transfers_;
+  // Destroyed before transfers_; a cache with tickets in flight lives on in
+  // their callbacks (NodeCache's ownership rule).
+  std::unique_ptr<NodeCaches> caches_;
   // Before the services and the server, so that it goes after them: its
   // threads finish the StorageService calls still open.
   std::unique_ptr<StorageTier> storage_;  // null: no L3 tier

@@ -527,6 +527,11 @@ absl::Status ValidateSpec(const PoolSpec& spec) {
                      ": it shares the page space and allocator of the pool it follows (",
                      FollowableKinds(spec.kind), ")"));
   }
+  if (spec.node_cache && (!spec.follows.empty() || spec.kind == PoolKind::kLogical)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.node_cache is set for ", Where(spec),
+        ": a node cache holds its own pages (no follows) with bytes in them (not LOGICAL)"));
+  }
   if (absl::Status s = NeedPositive(spec.page_size, "page_size", spec); !s.ok()) return s;
   if (spec.kind != PoolKind::kLogical) {
     if (absl::Status s = NeedPositive(spec.layer_num, "layer_num", spec); !s.ok()) return s;
@@ -767,6 +772,7 @@ std::string DescribeSpec(const PoolSpec& spec) {
                     ")");
   }
   if (!spec.follows.empty()) absl::StrAppend(&out, " follows=", spec.follows);
+  if (spec.node_cache) absl::StrAppend(&out, " node_cache");
   return out;
 }
 

@@ -88,6 +88,7 @@ struct PoolSpec {
   uint32_t ring_size = 0;               // V4_STATE
   uint64_t state_slot_bytes = 0;        // V4_STATE
   uint32_t head_groups = 0;             // MHA, K_ONLY in PAGE_UNIFIED; 0 = 1
+  bool node_cache = false;              // pages addressed by key (server/cache/)
 };
 
 // One host buffer of a pool: a seed tensor, or one K/V plane of one

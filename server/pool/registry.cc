@@ -264,6 +264,11 @@ absl::StatusOr<std::shared_ptr<Pool>> PoolRegistry::ResolveFollowed(
           absl::StrCat("pool '", name, "': spec.follows: pool '", spec.follows, "' not found"));
     }
     followed = *std::move(f);
+    if (followed->spec().node_cache) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool '", name, "': spec.follows: pool '", spec.follows,
+          "' is a node cache, whose pages the cache allocates by key; it cannot be followed"));
+    }
     // A follower shares the followed pool's slots and blocks its deletion.
     if (absl::Status s = CheckPoolOwner(*followed, follows_token); !s.ok()) {
       return absl::PermissionDeniedError(
@@ -551,6 +556,11 @@ absl::StatusOr<std::shared_ptr<PoolGroup>> PoolRegistry::CreateGroup(
     if (absl::Status s = CheckPoolOwner(*it->second, token); !s.ok()) {
       return absl::PermissionDeniedError(absl::StrCat("group '", name, "': entries[", i, "] '",
                                                       entries[i].name, "': ", s.message()));
+    }
+    if (it->second->spec().node_cache) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "group '", name, "': entries[", i, "] '", entries[i].name, "': pool '", entries[i].pool,
+          "' is a node cache (its pages are addressed by key); it cannot join a group"));
     }
     const std::string in_group = it->second->group();
     if (!in_group.empty()) {

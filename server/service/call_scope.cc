@@ -11,6 +11,14 @@ absl::Status CheckIndexCount(const std::string& what, uint64_t count, uint64_t l
                                                  " per call (--max-indices-per-call)"));
 }
 
+absl::Status RefuseNodeCache(const Pool& pool) {
+  if (!pool.spec().node_cache) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "pool '", pool.name(),
+      "' is a node cache: its pages are addressed by key, through kvhost.v1.CacheService "
+      "(Lookup, Store, Restore), not by slot"));
+}
+
 absl::StatusOr<std::shared_ptr<Pool>> OpenCallPool(const PoolRegistry& registry,
                                                    const std::string& pool,
                                                    const std::string* token, uint64_t max_indices,
@@ -22,6 +30,7 @@ absl::StatusOr<std::shared_ptr<Pool>> OpenCallPool(const PoolRegistry& registry,
   }
   absl::StatusOr<PoolTarget> target = registry.Resolve(pool, token);
   if (!target.ok()) return target.status();
+  if (absl::Status s = RefuseNodeCache(*target->pool); !s.ok()) return s;
   return target->pool;
 }
 

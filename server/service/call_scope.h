@@ -32,11 +32,17 @@ struct IndexCount {
   uint64_t count;
 };
 
+// FAILED_PRECONDITION naming the pool when it is a node cache
+// (PoolSpec::node_cache), whose pages no index-addressed call may touch: the
+// cache allocates, publishes and evicts them (server/cache/node_cache.h).
+absl::Status RefuseNodeCache(const Pool& pool);
+
 // The prologue: each of `counts`, in order, against `max_indices` (the first
 // over it: CheckIndexCount's INVALID_ARGUMENT, naming `pool`); then `pool`
 // resolved by `registry` with `token` (null: none given) checked on the pool
-// or group it names (NOT_FOUND, PERMISSION_DENIED). Returns the pool, or a
-// group's anchor pool, to act on. Changes nothing.
+// or group it names (NOT_FOUND, PERMISSION_DENIED), and refused if a node
+// cache (RefuseNodeCache). Returns the pool, or a group's anchor pool, to act
+// on. Changes nothing.
 absl::StatusOr<std::shared_ptr<Pool>> OpenCallPool(const PoolRegistry& registry,
                                                    const std::string& pool,
                                                    const std::string* token, uint64_t max_indices,

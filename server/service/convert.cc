@@ -86,6 +86,7 @@ absl::StatusOr<PoolSpec> FromProto(const v1::PoolSpec& in) {
   spec.ring_size = in.ring_size();
   spec.state_slot_bytes = in.state_slot_bytes();
   spec.head_groups = in.head_groups();
+  spec.node_cache = in.node_cache();
   const v1::MambaStates& mamba = in.mamba();
   spec.mamba.temporal = DimsFromProto(mamba.temporal());
   for (const v1::Shape& conv : mamba.conv()) spec.mamba.conv.push_back(DimsFromProto(conv));
@@ -127,6 +128,7 @@ void ToProto(const PoolSpec& spec, v1::PoolSpec* out) {
   out->set_ring_size(spec.ring_size);
   out->set_state_slot_bytes(spec.state_slot_bytes);
   out->set_head_groups(spec.head_groups);
+  out->set_node_cache(spec.node_cache);
   if (spec.kind == PoolKind::kMamba) {
     v1::MambaStates* mamba = out->mutable_mamba();
     DimsToProto(spec.mamba.temporal, mamba->mutable_temporal());

@@ -92,6 +92,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionRequest, 
     ended_ = true;
     if (!session_id_.empty()) {
       transfers_->CloseSession(session_id_, why, identity_->session_timeout);
+      if (identity_->session_ended) identity_->session_ended(session_id_);
     }
     Finish(status);
   }

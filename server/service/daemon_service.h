@@ -8,6 +8,7 @@
 #ifndef KVHOST_SERVER_SERVICE_DAEMON_SERVICE_H_
 #define KVHOST_SERVER_SERVICE_DAEMON_SERVICE_H_
 
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -36,6 +37,9 @@ struct DaemonIdentity {
   const FastPathServer* fast_path = nullptr;
   // The L3 tier's backend (DaemonStatus.l3_servers); null without one.
   const StorageBackend* l3 = nullptr;
+  // Called with a session's id once it has ended (after the transfer
+  // manager closed it): the node caches release what it held. Null: none.
+  std::function<void(const std::string&)> session_ended;
 };
 
 class SessionReactor;

@@ -183,6 +183,7 @@ class PageWriter final : public grpc::ServerReadReactor<v1::WritePagesChunk> {
       // Resolved once, the token checked on the pool the stream then writes.
       absl::StatusOr<PoolTarget> target = registry_->Resolve(chunk.pool(), TokenOf(token_));
       if (!target.ok()) return target.status();
+      if (absl::Status s = RefuseNodeCache(*target->pool); !s.ok()) return s;
       pool_ = std::move(target->pool);
       name_ = chunk.pool();
       page_bytes_ = pool_->flat_page_bytes();

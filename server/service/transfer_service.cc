@@ -140,6 +140,13 @@ absl::Status TransferServiceImpl::Submit(
     }
   }
   if (!counts.ok()) return counts;
+  // A node cache's pages move only by key (CacheService); a group's
+  // entries are never node caches (PoolRegistry::CreateGroup refuses them).
+  if (absl::StatusOr<std::shared_ptr<Pool>> pool =
+          manager_->FindAttachedPool(caller, attachment_id);
+      pool.ok()) {
+    if (absl::Status s = RefuseNodeCache(**pool); !s.ok()) return s;
+  }
   if (worker_copy) {
     return SubmitWorkerCopy(caller, direction, attachment_id,
                             absl::MakeConstSpan(host.data(), host.size()),
@@ -202,6 +209,7 @@ absl::Status TransferServiceImpl::DoAllocBackup(const Caller& caller,
   if (!found.ok()) return found.status();
   Pool& pool = **found;
   const std::string name = pool.name();
+  if (absl::Status s = RefuseNodeCache(pool); !s.ok()) return s;
   // On the attached pool itself, not on whatever bears its name.
   if (absl::Status s = CheckPoolOwner(pool, TokenOf(caller.token)); !s.ok()) {
     return s;

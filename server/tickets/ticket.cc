@@ -30,16 +30,30 @@ void Ticket::Enqueued() {
 }
 
 void Ticket::Finish(absl::Status status) {
+  std::vector<std::function<void(const absl::Status&)>> steps;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finishing_) return;
+    finishing_ = true;
+    steps.swap(steps_);
+  }
+  for (auto& step : steps) step(status);
   std::vector<std::function<void()>> callbacks;
   {
     absl::MutexLock lock(&mu_);
-    if (done_) return;
     done_ = true;
     status_ = std::move(status);
     duration_ = absl::Now() - accepted_;
     callbacks.swap(callbacks_);
   }
   for (auto& callback : callbacks) callback();
+}
+
+bool Ticket::BeforeDone(std::function<void(const absl::Status&)> step) {
+  absl::MutexLock lock(&mu_);
+  if (finishing_) return false;
+  steps_.push_back(std::move(step));
+  return true;
 }
 
 void Ticket::RequestCancel(absl::Status reason) {

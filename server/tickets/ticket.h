@@ -75,6 +75,12 @@ class Ticket {
   // Blocks until finished or `deadline`; returns whether finished.
   bool WaitUntil(absl::Time deadline) const;
   void OnDone(std::function<void()> callback);
+  // Runs `step` with the ticket's end inside Finish, before the ticket shows
+  // as done to anyone (Snapshot, WaitUntil, OnDone callbacks): what must be
+  // true of a finished ticket (a node cache's store published) is true when a
+  // waiter sees it. Returns false, keeping nothing, when Finish has begun.
+  // `step` must not call back into this ticket.
+  bool BeforeDone(std::function<void(const absl::Status&)> step);
 
  private:
   const uint64_t id_;
@@ -87,6 +93,7 @@ class Ticket {
 
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // Finish has begun
   absl::Status cancel_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
@@ -95,6 +102,7 @@ class Ticket {
   absl::Duration first_layer_ ABSL_GUARDED_BY(mu_);
   absl::Duration enqueued_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void(const absl::Status&)>> steps_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvhost

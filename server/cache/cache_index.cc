@@ -1,0 +1,304 @@
+#include "server/cache/cache_index.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvhost {
+
+CacheIndex::CacheIndex(PageAllocator* pages, CacheLimits limits) : pages_(pages), limits_(limits) {}
+
+absl::Status CacheIndex::CheckKeys(absl::Span<const std::string> keys) const {
+  if (keys.empty()) return absl::InvalidArgumentError("no keys");
+  if (keys.size() > limits_.max_keys_per_call) {
+    return absl::InvalidArgumentError(absl::StrCat(keys.size(), " keys, over the limit of ",
+                                                   limits_.max_keys_per_call, " a call"));
+  }
+  absl::flat_hash_set<absl::string_view> seen;
+  seen.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].empty()) return absl::InvalidArgumentError(absl::StrCat("key ", i, " is empty"));
+    if (keys[i].size() > limits_.max_key_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key ", i, " has ", keys[i].size(), " bytes, over the limit of ", limits_.max_key_bytes));
+    }
+    if (!seen.insert(keys[i]).second) {
+      return absl::InvalidArgumentError(absl::StrCat("key ", i, " repeats an earlier key"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CacheIndex::CheckHeld(const std::string& holder, uint64_t more) const {
+  auto it = held_.find(holder);
+  const uint64_t now = it == held_.end() ? 0 : it->second;
+  if (more > limits_.max_held_pages_per_holder - std::min(now, limits_.max_held_pages_per_holder)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the session holds ", now, " cache pages pinned or being written; ", more,
+                     " more would pass its limit of ", limits_.max_held_pages_per_holder));
+  }
+  return absl::OkStatus();
+}
+
+void CacheIndex::MakeEvictable(const std::string* key, Entry* entry) {
+  if (entry->in_lru) return;
+  entry->lru = lru_.insert(lru_.end(), key);
+  entry->in_lru = true;
+}
+
+void CacheIndex::MakeUnevictable(Entry* entry) {
+  if (!entry->in_lru) return;
+  lru_.erase(entry->lru);
+  entry->in_lru = false;
+}
+
+void CacheIndex::FreePage(uint64_t page) {
+  // The index allocated it and frees it once: FreePages cannot fail here.
+  absl::Status s = pages_->FreePages(absl::MakeConstSpan(&page, 1));
+  (void)s;
+}
+
+void CacheIndex::Log(CacheEvent::Kind kind, const std::string& key) {
+  events_.push_back(CacheEvent{++last_seq_, kind, key});
+  while (events_.size() > limits_.max_events) events_.pop_front();
+}
+
+void CacheIndex::EvictEntry(Entries::iterator it) {
+  MakeUnevictable(&it->second);
+  FreePage(it->second.page);
+  Log(CacheEvent::Kind::kEvicted, it->first);
+  ++counters_.evicted;
+  --counters_.published;
+  entries_.erase(it);
+}
+
+void CacheIndex::DropWriting(const std::string* key) {
+  auto it = entries_.find(*key);
+  FreePage(it->second.page);
+  ++counters_.aborted;
+  --counters_.writing;
+  entries_.erase(it);
+}
+
+void CacheIndex::Publish(const std::string* key) {
+  Entry& entry = entries_.find(*key)->second;
+  entry.state = EntryState::kPublished;
+  if (entry.pins == 0) MakeEvictable(key, &entry);
+  Log(CacheEvent::Kind::kStored, *key);
+  ++counters_.stored;
+  --counters_.writing;
+  ++counters_.published;
+}
+
+absl::StatusOr<CacheLookup> CacheIndex::Lookup(absl::Span<const std::string> keys,
+                                               const std::string* pin_holder) {
+  if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  CacheLookup out;
+  out.states.reserve(keys.size());
+  bool in_prefix = true;
+  for (const std::string& key : keys) {
+    auto it = entries_.find(key);
+    CacheKeyState state = CacheKeyState::kAbsent;
+    if (it != entries_.end()) {
+      state = it->second.state == EntryState::kPublished ? CacheKeyState::kPresent
+                                                         : CacheKeyState::kPending;
+    }
+    in_prefix = in_prefix && state == CacheKeyState::kPresent;
+    if (in_prefix) out.pages.push_back(it->second.page);
+    out.states.push_back(state);
+  }
+  out.prefix = out.pages.size();
+  if (pin_holder != nullptr && out.prefix > 0) {
+    if (absl::Status s = CheckHeld(*pin_holder, out.prefix); !s.ok()) return s;
+    Pin pin{*pin_holder, {}};
+    pin.keys.reserve(out.prefix);
+    for (size_t i = 0; i < out.prefix; ++i) {
+      auto it = entries_.find(keys[i]);
+      MakeUnevictable(&it->second);
+      if (it->second.pins++ == 0) ++counters_.pinned;
+      pin.keys.push_back(&it->first);
+    }
+    held_[*pin_holder] += out.prefix;
+    out.pin_id = next_id_++;
+    pins_.emplace(out.pin_id, std::move(pin));
+  }
+  // Used now: the prefix (pinned or not) goes to the recently used end.
+  for (size_t i = 0; i < out.prefix; ++i) {
+    auto it = entries_.find(keys[i]);
+    if (it->second.in_lru) lru_.splice(lru_.end(), lru_, it->second.lru);
+  }
+  counters_.hits += std::count(out.states.begin(), out.states.end(), CacheKeyState::kPresent);
+  counters_.misses +=
+      keys.size() - std::count(out.states.begin(), out.states.end(), CacheKeyState::kPresent);
+  return out;
+}
+
+void CacheIndex::Release(const Pin& pin) {
+  for (const std::string* key : pin.keys) {
+    Entry& entry = entries_.find(*key)->second;
+    if (--entry.pins > 0) continue;
+    --counters_.pinned;
+    if (entry.state == EntryState::kPublished) MakeEvictable(key, &entry);
+  }
+  auto held = held_.find(pin.holder);
+  held->second -= pin.keys.size();
+  if (held->second == 0) held_.erase(held);
+}
+
+absl::Status CacheIndex::Unpin(uint64_t pin_id, const std::string& holder) {
+  absl::MutexLock lock(&mu_);
+  auto it = pins_.find(pin_id);
+  if (it == pins_.end() || it->second.holder != holder) {
+    return absl::NotFoundError(absl::StrCat("no pin ", pin_id, " of this session"));
+  }
+  Release(it->second);
+  pins_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CacheStorePlan> CacheIndex::BeginStore(absl::Span<const std::string> keys,
+                                                      const std::string& holder) {
+  if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  CacheStorePlan plan;
+  plan.states.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = entries_.find(keys[i]);
+    CacheKeyState state = CacheKeyState::kAbsent;
+    if (it != entries_.end()) {
+      state = it->second.state == EntryState::kPublished ? CacheKeyState::kPresent
+                                                         : CacheKeyState::kPending;
+    }
+    if (state == CacheKeyState::kAbsent) plan.written.push_back(i);
+    plan.states.push_back(state);
+  }
+  const uint64_t want = plan.written.size();
+  if (want == 0) {
+    counters_.skipped += keys.size();
+    return plan;
+  }
+  if (absl::Status s = CheckHeld(holder, want); !s.ok()) return s;
+  const uint64_t free = pages_->free_pages();
+  if (free + lru_.size() < want) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        want, " cache pages wanted, but only ", free, " are free and ", lru_.size(), " evictable (",
+        entries_.size() - lru_.size(), " are pinned or being written) of ", pages_->page_num()));
+  }
+  // Least recently used first, only as many as the store lacks.
+  while (pages_->free_pages() < want) {
+    const std::string* key = lru_.front();
+    EvictEntry(entries_.find(*key));
+    ++plan.evicted;
+  }
+  if (absl::Status s = pages_->Alloc(want * pages_->page_size(), &plan.pages); !s.ok()) {
+    return s;  // cannot happen: the pages were counted free above, under this lock
+  }
+  Store store{holder, {}};
+  store.keys.reserve(want);
+  for (size_t j = 0; j < want; ++j) {
+    auto [it, inserted] = entries_.try_emplace(keys[plan.written[j]]);
+    it->second.page = plan.pages[j];
+    store.keys.push_back(&it->first);
+  }
+  counters_.writing += want;
+  held_[holder] += want;
+  counters_.skipped += keys.size() - want;
+  plan.store_id = next_id_++;
+  stores_.emplace(plan.store_id, std::move(store));
+  return plan;
+}
+
+absl::Status CacheIndex::FinishStore(uint64_t store_id, const std::string& holder, bool ok) {
+  absl::MutexLock lock(&mu_);
+  auto it = stores_.find(store_id);
+  if (it == stores_.end() || it->second.holder != holder) {
+    return absl::NotFoundError(absl::StrCat("no store ", store_id, " of this session"));
+  }
+  for (const std::string* key : it->second.keys) {
+    if (ok) {
+      Publish(key);
+    } else {
+      DropWriting(key);
+    }
+  }
+  auto held = held_.find(holder);
+  held->second -= it->second.keys.size();
+  if (held->second == 0) held_.erase(held);
+  stores_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CacheEvictOutcome>> CacheIndex::Evict(
+    absl::Span<const std::string> keys) {
+  if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  std::vector<CacheEvictOutcome> out;
+  out.reserve(keys.size());
+  for (const std::string& key : keys) {
+    auto it = entries_.find(key);
+    if (it == entries_.end()) {
+      out.push_back(CacheEvictOutcome::kAbsent);
+    } else if (!it->second.in_lru) {
+      out.push_back(CacheEvictOutcome::kBusy);
+    } else {
+      EvictEntry(it);
+      out.push_back(CacheEvictOutcome::kEvicted);
+    }
+  }
+  return out;
+}
+
+void CacheIndex::ReleaseHolder(const std::string& holder) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = pins_.begin(); it != pins_.end();) {
+    if (it->second.holder == holder) {
+      Release(it->second);
+      pins_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = stores_.begin(); it != stores_.end();) {
+    if (it->second.holder == holder) {
+      for (const std::string* key : it->second.keys) DropWriting(key);
+      stores_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  held_.erase(holder);
+}
+
+CacheEvents CacheIndex::EventsSince(uint64_t after_seq, size_t max) const {
+  absl::MutexLock lock(&mu_);
+  CacheEvents out;
+  out.next_after = after_seq;
+  if (after_seq > last_seq_) {
+    // A sequence number this index never gave (the daemon restarted): the
+    // reader resynchronises and resumes from now.
+    out.gap = true;
+    out.next_after = last_seq_;
+    return out;
+  }
+  if (events_.empty() || after_seq == last_seq_) return out;
+  const uint64_t first = events_.front().seq;
+  out.gap = after_seq + 1 < first;
+  size_t skip = after_seq < first ? 0 : after_seq + 1 - first;
+  const size_t take = std::min({max, limits_.max_events_per_call, events_.size() - skip});
+  out.events.assign(events_.begin() + skip, events_.begin() + skip + take);
+  out.next_after = take > 0 ? out.events.back().seq : after_seq;
+  return out;
+}
+
+CacheStats CacheIndex::stats() const {
+  absl::MutexLock lock(&mu_);
+  CacheStats out = counters_;
+  out.page_num = pages_->page_num();
+  out.free_pages = pages_->free_pages();
+  return out;
+}
+
+}  // namespace kvhost

@@ -1,0 +1,141 @@
+// NodeCache: one key-addressed cache of the node (issue 33). It joins a pool
+// of the registry (the cache's shape: kind, layout, dtype, dims, page size,
+// and its pages), a CacheIndex over that pool's allocator (which key holds
+// which page), and the moves between keys and an attachment's device rows,
+// which it submits to the TransferManager as ordinary backups and loads of
+// that pool: Store is a backup into pages the index reserved, published when
+// its ticket ends well; Restore is a load from pinned pages, unpinned when
+// its ticket ends. So a cache page moves by the same copy paths, per-layer
+// counters and fences as any pool page.
+//
+// Callers: every call is made within a session (Caller::sessions; the first
+// one names the holder of its pins and stores), so that a dead worker's pins
+// and stores end with it (SessionEnded). Engine instances sharing the cache
+// attach their device KV to the cache's pool, each its own attachment; a page
+// one stored is a hit for every other.
+//
+// A store whose worker dies publishes nothing: SessionEnded abandons its
+// stores in flight, whose pages are freed only when their tickets end (a copy
+// may still be writing them), never handed to another store before.
+// Likewise a restore's pin lasts until its ticket ends, whatever happens to
+// its session, so no page is evicted while a copy reads it.
+//
+// Thread safety: all methods may be called concurrently. Lock order: this
+// cache's mutex, then the index's; the TransferManager is called outside the
+// mutex, and ticket callbacks (on engine threads) take it last.
+// Ownership: always held by a shared_ptr (Create): a ticket it submitted
+// keeps it alive until the ticket ends, so a cache dropped with stores in
+// flight still publishes or frees their pages. It shares its pool; the
+// TransferManager must outlive it.
+#ifndef KVHOST_SERVER_CACHE_NODE_CACHE_H_
+#define KVHOST_SERVER_CACHE_NODE_CACHE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "server/access/caller.h"
+#include "server/cache/cache_index.h"
+#include "server/pool/pool.h"
+#include "server/tickets/ticket.h"
+#include "server/transfer/transfer_manager.h"
+
+namespace kvhost {
+
+class NodeCache : public std::enable_shared_from_this<NodeCache> {
+ public:
+  // REQUIRES: `pool` is the cache's own: nothing else allocates from it.
+  static std::shared_ptr<NodeCache> Create(std::shared_ptr<Pool> pool, TransferManager* transfers,
+                                           CacheLimits limits);
+
+  NodeCache(const NodeCache&) = delete;
+  NodeCache& operator=(const NodeCache&) = delete;
+
+  const std::shared_ptr<Pool>& pool() const { return pool_; }
+  const std::string& name() const { return pool_->name(); }
+
+  // Which keys are present (CacheIndex::Lookup); with `pin`, pins the present
+  // prefix for the caller's session until ReleasePin or the session's end (a
+  // Restore takes a pin of its own; this one keeps pages for a later call).
+  // FAILED_PRECONDITION for a caller without an open session; the index's
+  // errors.
+  absl::StatusOr<CacheLookup> Lookup(const Caller& caller, absl::Span<const std::string> keys,
+                                     bool pin);
+  absl::Status ReleasePin(const Caller& caller, uint64_t pin_id);
+
+  struct Stored {
+    CacheStorePlan plan;
+    // The backup of the written keys (nullptr when every key was skipped).
+    std::shared_ptr<Ticket> ticket;
+  };
+  // Backs up key i's page from device rows device[i * page_size, (i + 1) *
+  // page_size) of `attachment_id` (an attachment of the cache's pool), for
+  // the keys not yet present; `ready_fence` as Submit's wait_event_handle.
+  // The keys become present when the ticket ends OK.
+  // Errors (nothing reserved, nothing submitted): FAILED_PRECONDITION for a
+  // caller without an open session; INVALID_ARGUMENT for a bad key list or a device
+  // row count that is not keys * page_size, and for an attachment of another
+  // pool; the index's RESOURCE_EXHAUSTED; Submit's errors.
+  absl::StatusOr<Stored> Store(const Caller& caller, const std::string& attachment_id,
+                               absl::Span<const std::string> keys, absl::Span<const int64_t> device,
+                               const std::string& ready_fence);
+
+  // Loads every key's page into its device rows (as Store's), `wait_fence`
+  // as Submit's wait_event_handle; the ticket has per-layer progress as any
+  // load. FAILED_PRECONDITION naming the first key not present (then nothing
+  // is pinned or submitted); otherwise Store's errors.
+  absl::StatusOr<std::shared_ptr<Ticket>> Restore(const Caller& caller,
+                                                  const std::string& attachment_id,
+                                                  absl::Span<const std::string> keys,
+                                                  absl::Span<const int64_t> device,
+                                                  const std::string& wait_fence);
+
+  absl::StatusOr<std::vector<CacheEvictOutcome>> Evict(absl::Span<const std::string> keys) {
+    return index_.Evict(keys);
+  }
+  CacheEvents EventsSince(uint64_t after_seq, size_t max) const {
+    return index_.EventsSince(after_seq, max);
+  }
+  CacheStats stats() const { return index_.stats(); }
+  const CacheLimits& limits() const { return index_.limits(); }
+
+  // The session ended (its worker closed it or died): its loose pins are
+  // released, its stores in flight abandoned (they publish nothing).
+  void SessionEnded(const std::string& session_id);
+
+ private:
+  struct InFlightStore {
+    std::string holder;
+    bool abandoned = false;
+  };
+
+  NodeCache(std::shared_ptr<Pool> pool, TransferManager* transfers, CacheLimits limits);
+
+  absl::StatusOr<std::string> Holder(const Caller& caller) const;
+  // INVALID_ARGUMENT unless `attachment_id` is an attachment of this cache's
+  // pool that `caller` may use, and `device` has page_size rows per key.
+  absl::Status CheckTarget(const Caller& caller, const std::string& attachment_id, size_t keys,
+                           absl::Span<const int64_t> device) const;
+  // The token slots of `pages`, in order.
+  std::vector<int64_t> Slots(absl::Span<const uint64_t> pages) const;
+  void StoreEnded(uint64_t store_id, const absl::Status& status);
+
+  const std::shared_ptr<Pool> pool_;
+  TransferManager* const transfers_;
+  CacheIndex index_;
+  mutable absl::Mutex mu_;
+  // Lookup pins not yet taken by a Restore, by id: their holder.
+  absl::flat_hash_map<uint64_t, std::string> loose_pins_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, InFlightStore> stores_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvhost
+
+#endif  // KVHOST_SERVER_CACHE_NODE_CACHE_H_

@@ -1,0 +1,205 @@
+#include "server/service/cache_service.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/access/credentials.h"
+#include "server/service/call_scope.h"
+#include "server/service/convert.h"
+
+namespace kvhost {
+namespace {
+
+// The call's keys, counted against the cache's limit before they are copied.
+absl::StatusOr<std::vector<std::string>> KeysOf(
+    const NodeCache& cache, const google::protobuf::RepeatedPtrField<std::string>& keys) {
+  const size_t limit = cache.limits().max_keys_per_call;
+  if (static_cast<size_t>(keys.size()) > limit) {
+    return absl::InvalidArgumentError(absl::StrCat("cache '", cache.name(), "': ", keys.size(),
+                                                   " keys, over the limit of ", limit, " a call"));
+  }
+  return std::vector<std::string>(keys.begin(), keys.end());
+}
+
+absl::Status WithCache(const NodeCache& cache, const absl::Status& s) {
+  if (s.ok() || absl::StrContains(s.message(), "cache '")) return s;
+  return absl::Status(s.code(), absl::StrCat("cache '", cache.name(), "': ", s.message()));
+}
+
+v1::CacheKeyState ToProto(CacheKeyState state) {
+  switch (state) {
+    case CacheKeyState::kPresent:
+      return v1::CACHE_KEY_PRESENT;
+    case CacheKeyState::kPending:
+      return v1::CACHE_KEY_PENDING;
+    case CacheKeyState::kAbsent:
+      break;
+  }
+  return v1::CACHE_KEY_ABSENT;
+}
+
+void SetTicket(const Ticket& ticket, v1::TransferTicket* out) {
+  out->set_id(ticket.id());
+  out->set_event_set(ticket.event_set());
+  out->set_layer_base(ticket.layer_base());
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<NodeCache>> CacheServiceImpl::Open(const Caller& caller,
+                                                                  const std::string& cache,
+                                                                  int device_indices) const {
+  if (absl::Status s = CheckIndexCount(absl::StrCat("cache '", cache, "': device_indices"),
+                                       static_cast<uint64_t>(device_indices), max_indices_);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<PoolTarget> target = registry_->Resolve(cache, TokenOf(caller.token));
+  if (!target.ok()) return target.status();
+  if (target->group != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", cache, "' names a pool group, not a node cache"));
+  }
+  if (!target->pool->spec().node_cache) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool '", cache, "' is not a node cache (create it with PoolSpec.node_cache)"));
+  }
+  return caches_->For(target->pool);
+}
+
+absl::Status CacheServiceImpl::DoLookup(const Caller& caller, const v1::CacheLookupRequest& request,
+                                        v1::CacheLookupReply* response) {
+  absl::StatusOr<std::shared_ptr<NodeCache>> cache = Open(caller, request.cache());
+  if (!cache.ok()) return cache.status();
+  absl::StatusOr<std::vector<std::string>> keys = KeysOf(**cache, request.keys());
+  if (!keys.ok()) return keys.status();
+  absl::StatusOr<CacheLookup> found = (*cache)->Lookup(caller, *keys, request.pin());
+  if (!found.ok()) return WithCache(**cache, found.status());
+  response->set_prefix(static_cast<uint32_t>(found->prefix));
+  for (CacheKeyState state : found->states) response->add_states(ToProto(state));
+  response->set_pin_id(found->pin_id);
+  return absl::OkStatus();
+}
+
+absl::Status CacheServiceImpl::DoStore(const Caller& caller, const v1::CacheStoreRequest& request,
+                                       v1::CacheStoreReply* response) {
+  absl::StatusOr<std::shared_ptr<NodeCache>> cache =
+      Open(caller, request.cache(), request.device_indices_size());
+  if (!cache.ok()) return cache.status();
+  absl::StatusOr<std::vector<std::string>> keys = KeysOf(**cache, request.keys());
+  if (!keys.ok()) return keys.status();
+  absl::StatusOr<NodeCache::Stored> stored = (*cache)->Store(
+      caller, request.attachment_id(), *keys,
+      absl::MakeConstSpan(request.device_indices().data(), request.device_indices().size()),
+      request.ready_event_handle());
+  if (!stored.ok()) return WithCache(**cache, stored.status());
+  for (CacheKeyState state : stored->plan.states) response->add_states(ToProto(state));
+  if (stored->ticket != nullptr) SetTicket(*stored->ticket, response->mutable_ticket());
+  response->set_evicted(stored->plan.evicted);
+  return absl::OkStatus();
+}
+
+absl::Status CacheServiceImpl::DoRestore(const Caller& caller,
+                                         const v1::CacheRestoreRequest& request,
+                                         v1::TransferTicket* response) {
+  absl::StatusOr<std::shared_ptr<NodeCache>> cache =
+      Open(caller, request.cache(), request.device_indices_size());
+  if (!cache.ok()) return cache.status();
+  absl::StatusOr<std::vector<std::string>> keys = KeysOf(**cache, request.keys());
+  if (!keys.ok()) return keys.status();
+  absl::StatusOr<std::shared_ptr<Ticket>> ticket = (*cache)->Restore(
+      caller, request.attachment_id(), *keys,
+      absl::MakeConstSpan(request.device_indices().data(), request.device_indices().size()),
+      request.wait_event_handle());
+  if (!ticket.ok()) return WithCache(**cache, ticket.status());
+  SetTicket(**ticket, response);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* CacheServiceImpl::Lookup(grpc::CallbackServerContext* context,
+                                                   const v1::CacheLookupRequest* request,
+                                                   v1::CacheLookupReply* response) {
+  return FinishCall(context, DoLookup(CallerOf(*context), *request, response));
+}
+
+grpc::ServerUnaryReactor* CacheServiceImpl::Store(grpc::CallbackServerContext* context,
+                                                  const v1::CacheStoreRequest* request,
+                                                  v1::CacheStoreReply* response) {
+  return FinishCall(context, DoStore(CallerOf(*context), *request, response));
+}
+
+grpc::ServerUnaryReactor* CacheServiceImpl::Restore(grpc::CallbackServerContext* context,
+                                                    const v1::CacheRestoreRequest* request,
+                                                    v1::TransferTicket* response) {
+  return FinishCall(context, DoRestore(CallerOf(*context), *request, response));
+}
+
+grpc::ServerUnaryReactor* CacheServiceImpl::ReleasePin(grpc::CallbackServerContext* context,
+                                                       const v1::CacheReleasePinRequest* request,
+                                                       v1::CacheReleasePinReply* /*response*/) {
+  const Caller caller = CallerOf(*context);
+  absl::StatusOr<std::shared_ptr<NodeCache>> cache = Open(caller, request->cache());
+  if (!cache.ok()) return FinishCall(context, cache.status());
+  return FinishCall(context, (*cache)->ReleasePin(caller, request->pin_id()));
+}
+
+grpc::ServerUnaryReactor* CacheServiceImpl::Evict(grpc::CallbackServerContext* context,
+                                                  const v1::CacheEvictRequest* request,
+                                                  v1::CacheEvictReply* response) {
+  absl::StatusOr<std::shared_ptr<NodeCache>> cache = Open(CallerOf(*context), request->cache());
+  if (!cache.ok()) return FinishCall(context, cache.status());
+  absl::StatusOr<std::vector<std::string>> keys = KeysOf(**cache, request->keys());
+  if (!keys.ok()) return FinishCall(context, keys.status());
+  absl::StatusOr<std::vector<CacheEvictOutcome>> outcomes = (*cache)->Evict(*keys);
+  if (!outcomes.ok()) return FinishCall(context, WithCache(**cache, outcomes.status()));
+  for (CacheEvictOutcome outcome : *outcomes) {
+    response->add_outcomes(outcome == CacheEvictOutcome::kEvicted ? v1::CacheEvictReply::EVICTED
+                           : outcome == CacheEvictOutcome::kBusy  ? v1::CacheEvictReply::BUSY
+                                                                  : v1::CacheEvictReply::ABSENT);
+  }
+  return FinishCall(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CacheServiceImpl::GetCacheStats(grpc::CallbackServerContext* context,
+                                                          const v1::GetCacheStatsRequest* request,
+                                                          v1::CacheStats* response) {
+  absl::StatusOr<std::shared_ptr<NodeCache>> cache = Open(CallerOf(*context), request->cache());
+  if (!cache.ok()) return FinishCall(context, cache.status());
+  const CacheStats s = (*cache)->stats();
+  response->set_page_num(s.page_num);
+  response->set_free_pages(s.free_pages);
+  response->set_published(s.published);
+  response->set_writing(s.writing);
+  response->set_pinned(s.pinned);
+  response->set_hits(s.hits);
+  response->set_misses(s.misses);
+  response->set_stored(s.stored);
+  response->set_skipped(s.skipped);
+  response->set_evicted(s.evicted);
+  response->set_aborted(s.aborted);
+  return FinishCall(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CacheServiceImpl::ReadCacheEvents(
+    grpc::CallbackServerContext* context, const v1::ReadCacheEventsRequest* request,
+    v1::CacheEventBatch* response) {
+  absl::StatusOr<std::shared_ptr<NodeCache>> cache = Open(CallerOf(*context), request->cache());
+  if (!cache.ok()) return FinishCall(context, cache.status());
+  const size_t max =
+      request->max_events() == 0 ? (*cache)->limits().max_events_per_call : request->max_events();
+  const CacheEvents events = (*cache)->EventsSince(request->after_seq(), max);
+  for (const CacheEvent& e : events.events) {
+    v1::CacheEvent* out = response->add_events();
+    out->set_seq(e.seq);
+    out->set_kind(e.kind == CacheEvent::Kind::kStored ? v1::CacheEvent::STORED
+                                                      : v1::CacheEvent::EVICTED);
+    out->set_key(e.key);
+  }
+  response->set_next_after(events.next_after);
+  response->set_gap(events.gap);
+  return FinishCall(context, absl::OkStatus());
+}
+
+}  // namespace kvhost
