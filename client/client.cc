@@ -15,16 +15,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/grpc_status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvhost/v1/fast_path.pb.h"
 
 namespace kvhost {
 namespace {
-
-absl::Status FromGrpc(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
 
 // WritePages' chunk when the caller gives none (the daemon's ReadPages default).
 constexpr size_t kDefaultPageChunkBytes = 4 << 20;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "client/fast_path.h"
+#include "client/grpc_status.h"
 #include "kvhost/client.h"
 
 namespace kvhost {
@@ -177,8 +178,7 @@ class Client::SessionKeeper {
         context_ = nullptr;
         state_.open = false;
         last_error_ = status.ok() ? absl::UnavailableError("the daemon closed the session")
-                                  : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                                                 status.error_message());
+                                  : FromGrpc(status);
         if (stopping_) return;
         // Interruptible sleep: ~SessionKeeper sets stopping_.
         auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };

@@ -136,7 +136,7 @@ TEST(DepositsTest, RefusalsChangeNothing) {
   // Empty and oversized deposits.
   absl::StatusOr<std::string> empty = deposits.Put({});
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
-  std::vector<UniqueFd> many = Fds(kMaxDepositDescriptors + 1);
+  std::vector<UniqueFd> many = Fds(KVHOST_MAX_DEPOSIT_DESCRIPTORS + 1);
   const int first = many[0].get();
   absl::StatusOr<std::string> big = deposits.Put(std::move(many));
   EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);

@@ -39,7 +39,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "kvhost/v1/transfer.pb.h"
+#include "kvhost/v1/handoff.pb.h"
 
 namespace kvhost::testing {
 

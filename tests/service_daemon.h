@@ -11,9 +11,7 @@
 //
 // For test binaries (tests/service_daemon.cc); not thread-safe (one test
 // thread drives it; the services synchronise themselves). This header
-// leaves out the services' own headers: server/service/deposits.h and
-// kvhost/client.h both define kMaxDepositDescriptors, and a client test
-// includes the latter.
+// leaves out the services' own headers, which a client test need not see.
 #ifndef KVHOST_TESTS_SERVICE_DAEMON_H_
 #define KVHOST_TESTS_SERVICE_DAEMON_H_
 

@@ -181,9 +181,10 @@ absl::StatusOr<std::string> Deposits::Put(std::vector<UniqueFd> fds, const Depos
     return absl::InvalidArgumentError(
         "a deposit carries no descriptors (send them in the request's SCM_RIGHTS message)");
   }
-  if (fds.size() > kMaxDepositDescriptors) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a deposit of ", fds.size(), " descriptors; at most ", kMaxDepositDescriptors, " in one"));
+  if (fds.size() > KVHOST_MAX_DEPOSIT_DESCRIPTORS) {
+    return absl::InvalidArgumentError(absl::StrCat("a deposit of ", fds.size(),
+                                                   " descriptors; at most ",
+                                                   KVHOST_MAX_DEPOSIT_DESCRIPTORS, " in one"));
   }
   absl::MutexLock lock(&mu_);
   Sweep(absl::Now());

@@ -35,15 +35,15 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "kvhost/defaults.h"
 #include "server/log_limit.h"
 #include "server/pool/beneath.h"
 #include "server/transfer/engine.h"
 
 namespace kvhost {
 
-// Descriptors in one deposit: one SCM_RIGHTS message (the kernel's
-// SCM_MAX_FD is 253). The client splits larger sets (kvhost/client.h).
-inline constexpr size_t kMaxDepositDescriptors = 250;
+// Descriptors in one deposit: KVHOST_MAX_DEPOSIT_DESCRIPTORS
+// (kvhost/defaults.h, the bound the client splits by).
 // One client's share at most: a 2 GiB KV layer of PyTorch's expandable
 // segments spans ~100 allocations of 20 MiB; 64 layers of K and V ~12800:
 // one worker's attach fits.
@@ -95,7 +95,7 @@ class Deposits {
 
   // Keeps `fds` under a new id, which it returns, counted against
   // `depositor`'s client: the first of its sessions that is open, else its
-  // uid. INVALID_ARGUMENT for none or more than kMaxDepositDescriptors;
+  // uid. INVALID_ARGUMENT for none or more than KVHOST_MAX_DEPOSIT_DESCRIPTORS;
   // RESOURCE_EXHAUSTED (naming the bound and who holds how many) when they
   // would pass the client's share, the uid's or the bound in all. `fds` are
   // closed on any error.

@@ -380,7 +380,7 @@ absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* requ
   // One byte more than the limit, and room for one deposit's descriptors.
   std::vector<char> buffer(kMaxHandoffRequestBytes + 1);
   iovec iov{buffer.data(), buffer.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxDepositDescriptors)] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * KVHOST_MAX_DEPOSIT_DESCRIPTORS)] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -404,8 +404,8 @@ absl::Status HandoffServer::ReadRequest(int connection, v1::HandoffRequest* requ
   }
   if ((msg.msg_flags & MSG_CTRUNC) != 0) {
     received->clear();
-    return absl::InvalidArgumentError(
-        absl::StrCat("the request carried more than ", kMaxDepositDescriptors, " descriptors"));
+    return absl::InvalidArgumentError(absl::StrCat("the request carried more than ",
+                                                   KVHOST_MAX_DEPOSIT_DESCRIPTORS, " descriptors"));
   }
   // With MSG_TRUNC the count is the message's whole length; a message the
   // kernel cut is longer than the buffer in any case.

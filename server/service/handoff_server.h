@@ -199,7 +199,7 @@ class HandoffServer {
   void Serve(const WaitingConnection& connection, absl::Status refusal);
   // The request of `connection` read without waiting and decoded into
   // `request` (DecodeHandoffRequest), with the descriptors it carried in
-  // `received` (at most kMaxDepositDescriptors; all are closed when there
+  // `received` (at most KVHOST_MAX_DEPOSIT_DESCRIPTORS; all are closed when there
   // were more); INVALID_ARGUMENT naming why it cannot be.
   static absl::Status ReadRequest(int connection, v1::HandoffRequest* request,
                                   std::vector<UniqueFd>* received);

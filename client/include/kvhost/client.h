@@ -40,9 +40,8 @@ class Channel;
 
 namespace kvhost {
 
-// Descriptors per deposit on the handoff socket (kvhostd's bound; the
-// kernel's SCM_MAX_FD is 253).
-inline constexpr size_t kMaxDepositDescriptors = 250;
+// Descriptors per deposit on the handoff socket (kvhost/defaults.h).
+inline constexpr size_t kMaxDepositDescriptors = KVHOST_MAX_DEPOSIT_DESCRIPTORS;
 
 // The daemon's default address.
 inline constexpr char kDefaultAddress[] = KVHOST_DEFAULT_ADDRESS;

@@ -9,4 +9,9 @@
  * address a client connects to when given none. */
 #define KVHOST_DEFAULT_ADDRESS "unix:///run/kvhost/kvhost.sock"
 
+/* Descriptors in one deposit on the handoff socket (HANDOFF_KIND_DEPOSIT):
+ * one SCM_RIGHTS message, under the kernel's SCM_MAX_FD of 253. kvhostd
+ * refuses more; the client splits larger sets. */
+#define KVHOST_MAX_DEPOSIT_DESCRIPTORS 250
+
 #endif /* KVHOST_DEFAULTS_H_ */

@@ -1,4 +1,4 @@
-// kvhost.v1.CacheService against a real kvhostd (host backend): two engine
+// CacheServiceImpl (kvhost.v1.CacheService) against a real kvhostd (host backend): two engine
 // instances (two clients, each with its worker session and its own emulated
 // device pool attached to the cache's pool) share pages byte-exact; an
 // instance restarted finds its pages; a node cache's index calls are
