@@ -19,16 +19,17 @@ from . import _lib
 #: other message gives a string, bytes or enum field (there: "id"), whose
 #: string values must stay strings.
 INT64_FIELDS = frozenset("""
-age_s alignment available_tokens backup_bytes bytes bytes_per_page bytes_per_token
-bytes_released bytes_saved device_indices device_size_tokens dims duration_us enqueue_us
-first_layer_us freed generation head_bytes heads hit_bytes hit_pages host_indices index
-indices item_bytes items layer_base layers length load_bytes memory_available_bytes
-memory_limit_bytes memory_reserve_bytes num_tokens offset page_bytes page_num page_size
-page_strides pages_written pid plane_bytes planes pool_bytes pool_bytes_releasing
-populated_bytes prefix_pages reclaimed_tokens region_bytes region_offset row_bytes since_s
-size_bytes size_tokens state_slot_bytes stored_bytes stored_pages ticket_id tickets_done
-tickets_failed tickets_in_flight tile_begin tile_end timeout_ms token_bytes tokens
-uptime_s
+aborted after_seq age_s alignment available_tokens backup_bytes bytes bytes_per_page
+bytes_per_token bytes_released bytes_saved device_indices device_size_tokens dims
+duration_us enqueue_us evicted first_layer_us free_pages freed generation head_bytes heads
+hit_bytes hit_pages hits host_indices index indices item_bytes items layer_base layers
+length load_bytes memory_available_bytes memory_limit_bytes memory_reserve_bytes misses
+next_after num_tokens offset page_bytes page_num page_size page_strides pages_written pid
+pin_id pinned plane_bytes planes pool_bytes pool_bytes_releasing populated_bytes
+prefix_pages published reclaimed_tokens region_bytes region_offset row_bytes seq since_s
+size_bytes size_tokens skipped state_slot_bytes stored stored_bytes stored_pages ticket_id
+tickets_done tickets_failed tickets_in_flight tile_begin tile_end timeout_ms token_bytes
+tokens uptime_s writing
 """.split())
 
 
