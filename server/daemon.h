@@ -47,7 +47,7 @@ namespace kvhost {
 // grpc.health.v1 status besides the overall one ("").
 inline constexpr const char* kServedServices[] = {
     "kvhost.v1.PoolService", "kvhost.v1.TransferService", "kvhost.v1.DaemonService",
-    "kvhost.v1.StorageService"};
+    "kvhost.v1.StorageService", "kvhost.v1.CacheService"};
 
 class Daemon {
  public:

@@ -140,9 +140,10 @@ TEST_F(ReflectionTest, ListServices) {
   for (const auto& service : response.list_services_response().service()) {
     names.insert(service.name());
   }
-  for (const char* want : {"kvhost.v1.PoolService", "kvhost.v1.TransferService",
-                           "kvhost.v1.DaemonService", "kvhost.v1.StorageService",
-                           "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}) {
+  for (const char* want :
+       {"kvhost.v1.PoolService", "kvhost.v1.TransferService", "kvhost.v1.DaemonService",
+        "kvhost.v1.StorageService", "kvhost.v1.CacheService", "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection"}) {
     EXPECT_TRUE(names.count(want)) << want << " not listed; got: " << absl::StrJoin(names, ", ");
   }
   EXPECT_TRUE(stream.Close().ok());
@@ -429,8 +430,9 @@ TEST_F(ReflectionTest, HealthCheckIsServing) {
   }
   // This daemon has no L3 tier: StorageService, every call of which would be
   // FAILED_PRECONDITION, is NOT_SERVING; the others serve.
-  for (const char* service : {"kvhost.v1.PoolService", "kvhost.v1.TransferService",
-                              "kvhost.v1.DaemonService", "kvhost.v1.StorageService"}) {
+  for (const char* service :
+       {"kvhost.v1.PoolService", "kvhost.v1.TransferService", "kvhost.v1.DaemonService",
+        "kvhost.v1.StorageService", "kvhost.v1.CacheService"}) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     request.set_service(service);
