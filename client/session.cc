@@ -156,13 +156,16 @@ class Client::SessionKeeper {
           client_->daemon_->OpenSession(&context);
       v1::SessionEvent event;
       if (stream->Write(hello) && stream->Read(&event)) {
-        Opened(event);
-        backoff = absl::Milliseconds(50);
         {
-          // From here on only ~SessionKeeper writes (its WritesDone).
+          // From here on only ~SessionKeeper writes (its WritesDone). Set
+          // before Opened tells a waiting Open the session is open, so that
+          // a Client destroyed right after Open closes it (OK), never
+          // finding no stream and cancelling it (CANCELLED).
           absl::MutexLock lock(&mu_);
           open_stream_ = stream.get();
         }
+        Opened(event);
+        backoff = absl::Milliseconds(50);
         // The daemon sends nothing more; Read returns when the stream ends
         // (the daemon went away, or ~SessionKeeper closed or cancelled it).
         while (stream->Read(&event)) {
