@@ -81,7 +81,7 @@ sed -n 2p "$dir/json" | grep -q '"backup_gb_per_s":0\.000,"load_gb_per_s":0\.000
   fail "second JSON frame" "$dir/json"
 
 # --- a pool being created: STATE CREATING n% and no usage in pools, status and
-# watch, while a 4 GiB pool fills (seconds on the 2-core dev VM); READY after.
+# watch, while a 2 GiB pool fills (seconds on the 2-core dev VM); READY after.
 # A watch runs through the whole creation (a frame each 100 ms from one
 # process), beside `pools` polled as fast as kvhostctl starts: on a loaded
 # machine (CI's sanitizer run) a single poll may come only after the pool is
@@ -90,12 +90,12 @@ ctl watch --interval=0.1s --count=600 >"$dir/watching" 2>&1 &
 watcher=$!
 sleep 0.5
 ctl --timeout=120 create-pool big --kind=mha --layout=page_first --layers=2 --heads=2 \
-  --head-dim=64 --page-size=16 --size-bytes=4G >"$dir/big" 2>&1 &
+  --head-dim=64 --page-size=16 --size-bytes=2G >"$dir/big" 2>&1 &
 creator=$!
 seen=
 for _ in $(seq 300); do
   ctl pools >"$dir/pools" 2>&1 || true
-  if grep -qE '^big +CREATING [0-9]+% .* - +4\.00 ' "$dir/pools"; then seen=pools; break; fi
+  if grep -qE '^big +CREATING [0-9]+% .* - +2\.00 ' "$dir/pools"; then seen=pools; break; fi
   grep -qE '^big +READY ' "$dir/pools" && break
   sleep 0.05
 done
@@ -104,7 +104,7 @@ ctl watch --count=1 >"$dir/watch1" 2>&1 || true
 wait "$creator" || fail "create-pool big exited with $?" "$dir/big"
 kill "$watcher" 2>/dev/null || true
 wait "$watcher" 2>/dev/null || true
-if [ -z "$seen" ] && grep -qE '^big +CREATING [0-9]+% .* 0 +- +4\.00$' "$dir/watching"; then
+if [ -z "$seen" ] && grep -qE '^big +CREATING [0-9]+% .* 0 +- +2\.00$' "$dir/watching"; then
   seen=watch
 fi
 [ -n "$seen" ] || fail "neither pools nor watch showed 'big' CREATING with no usage" "$dir/watching"
@@ -112,10 +112,10 @@ fi
 # in between), never a used figure while CREATING.
 grep -qE '^  big +(CREATING [0-9]+% +0 +- +[0-9]+ +-|READY +0 +[0-9]+ +[0-9]+ +0\.0) ' "$dir/status" ||
   fail "status row of 'big'" "$dir/status"
-grep -qE '^big +(CREATING [0-9]+% .* 0 +-|READY .* 0 +0\.0) +4\.00$' "$dir/watch1" ||
+grep -qE '^big +(CREATING [0-9]+% .* 0 +-|READY .* 0 +0\.0) +2\.00$' "$dir/watch1" ||
   fail "watch row of 'big'" "$dir/watch1"
 ctl pools >"$dir/pools"
-grep -qE '^big +READY +MHA/PAGE_FIRST/BF16 .* 0\.0 +4\.00 ' "$dir/pools" ||
+grep -qE '^big +READY +MHA/PAGE_FIRST/BF16 .* 0\.0 +2\.00 ' "$dir/pools" ||
   fail "'big' not READY after create-pool returned" "$dir/pools"
 ctl delete-pool big >/dev/null
 
