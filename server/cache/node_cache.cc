@@ -41,6 +41,17 @@ absl::Status NodeCache::CheckTarget(const Caller& caller, const std::string& att
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> NodeCache::OpenMove(const Caller& caller,
+                                                const std::string& attachment_id,
+                                                absl::Span<const std::string> keys,
+                                                absl::Span<const int64_t> device) const {
+  absl::StatusOr<std::string> holder = Holder(caller);
+  if (!holder.ok()) return holder.status();
+  if (absl::Status s = index_.CheckKeys(keys); !s.ok()) return s;
+  if (absl::Status s = CheckTarget(caller, attachment_id, keys.size(), device); !s.ok()) return s;
+  return holder;
+}
+
 std::vector<int64_t> NodeCache::Slots(absl::Span<const uint64_t> pages) const {
   const uint64_t ps = pool_->page_size();
   std::vector<int64_t> slots;
@@ -92,10 +103,8 @@ absl::StatusOr<NodeCache::Stored> NodeCache::Store(const Caller& caller,
                                                    absl::Span<const std::string> keys,
                                                    absl::Span<const int64_t> device,
                                                    const std::string& ready_fence) {
-  absl::StatusOr<std::string> holder = Holder(caller);
+  absl::StatusOr<std::string> holder = OpenMove(caller, attachment_id, keys, device);
   if (!holder.ok()) return holder.status();
-  if (absl::Status s = index_.CheckKeys(keys); !s.ok()) return s;
-  if (absl::Status s = CheckTarget(caller, attachment_id, keys.size(), device); !s.ok()) return s;
   Stored out;
   absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(keys, *holder);
   if (!plan.ok()) return plan.status();
@@ -154,10 +163,8 @@ absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::Restore(const Caller& caller,
                                                            absl::Span<const std::string> keys,
                                                            absl::Span<const int64_t> device,
                                                            const std::string& wait_fence) {
-  absl::StatusOr<std::string> holder = Holder(caller);
+  absl::StatusOr<std::string> holder = OpenMove(caller, attachment_id, keys, device);
   if (!holder.ok()) return holder.status();
-  if (absl::Status s = index_.CheckKeys(keys); !s.ok()) return s;
-  if (absl::Status s = CheckTarget(caller, attachment_id, keys.size(), device); !s.ok()) return s;
   absl::StatusOr<CacheLookup> found = index_.Lookup(keys, &*holder);
   if (!found.ok()) return found.status();
   const uint64_t pin_id = found->pin_id;

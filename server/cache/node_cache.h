@@ -123,6 +123,11 @@ class NodeCache : public std::enable_shared_from_this<NodeCache> {
   // pool that `caller` may use, and `device` has page_size rows per key.
   absl::Status CheckTarget(const Caller& caller, const std::string& attachment_id, size_t keys,
                            absl::Span<const int64_t> device) const;
+  // Store's and Restore's checks, in order (Holder, the keys, CheckTarget):
+  // the holder's session, or the first refusal.
+  absl::StatusOr<std::string> OpenMove(const Caller& caller, const std::string& attachment_id,
+                                       absl::Span<const std::string> keys,
+                                       absl::Span<const int64_t> device) const;
   // The token slots of `pages`, in order.
   std::vector<int64_t> Slots(absl::Span<const uint64_t> pages) const;
   void StoreEnded(uint64_t store_id, const absl::Status& status);
