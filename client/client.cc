@@ -25,6 +25,10 @@ namespace {
 // WritePages' chunk when the caller gives none (the daemon's ReadPages default).
 constexpr size_t kDefaultPageChunkBytes = 4 << 20;
 
+// How long one connection attempt may take to reach the daemon's HTTP/2
+// SETTINGS (gRPC's "min connect timeout"; its default is 20 s).
+constexpr int kMinConnectTimeoutMs = 10'000;
+
 // Every call carries the owner token, when the client has one (the daemon
 // checks it on calls that change a protected pool or read its data).
 void AddOwnerToken(const ClientOptions& options, grpc::ClientContext* context) {
@@ -117,7 +121,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // backoff of up to two minutes.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // gRPC reads this as the least time a connection attempt is given to
+  // finish its handshake (not a backoff): at 100 ms a loaded node's daemon
+  // that answered a little late failed the call (CI's sanitizer run).
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kMinConnectTimeoutMs);
   // While a call (such as the worker session) is open, find a daemon that
   // stopped answering within 15 s (the daemon allows pings every 1 s).
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);

@@ -48,18 +48,26 @@ std::string UnixHint(const std::string& path) {
                       "left by a daemon that was killed; systemctl status kvhostd)");
 }
 
+// What to do when `server` could not be reached or dropped the call.
+std::string ServerHint(const std::string& server, const absl::Status& status) {
+  if (absl::StrContains(status.message(), "keepalive watchdog")) {
+    return "kvhostd closed the connection because this process did not answer its keepalive "
+           "ping in time (half of kvhostd's --session-timeout): a node too loaded, or kvhostctl "
+           "stopped; retry, or raise --session-timeout";
+  }
+  const std::string path = UnixPath(server);
+  if (!path.empty()) return UnixHint(path);
+  return absl::StrCat("is kvhostd listening on ", server,
+                      " (its --listen; TCP needs --tls-* or --insecure on both sides)? Point "
+                      "kvhostctl elsewhere with --server or KVHOST_SERVER");
+}
+
 }  // namespace
 
 absl::Status WithServerHint(const std::string& server, absl::Status status) {
   if (status.code() != absl::StatusCode::kUnavailable) return status;
   if (status.GetPayload(kPartialPayload).has_value()) return status;  // kvhostd answered
-  const std::string path = UnixPath(server);
-  const std::string hint =
-      !path.empty() ? UnixHint(path)
-                    : absl::StrCat("is kvhostd listening on ", server,
-                                   " (its --listen; TCP needs --tls-* or --insecure on both "
-                                   "sides)? Point kvhostctl elsewhere with --server or "
-                                   "KVHOST_SERVER");
+  const std::string hint = ServerHint(server, status);
   absl::Status hinted(status.code(), absl::StrCat(status.message(), "\n  hint: ", hint));
   status.ForEachPayload(
       [&](absl::string_view url, const absl::Cord& payload) { hinted.SetPayload(url, payload); });
