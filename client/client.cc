@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/calls.h"
 #include "client/grpc_status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvhost/v1/fast_path.pb.h"
@@ -28,12 +29,6 @@ constexpr size_t kDefaultPageChunkBytes = 4 << 20;
 // How long one connection attempt may take to reach the daemon's HTTP/2
 // SETTINGS (gRPC's "min connect timeout"; its default is 20 s).
 constexpr int kMinConnectTimeoutMs = 10'000;
-
-// Every call carries the owner token, when the client has one (the daemon
-// checks it on calls that change a protected pool or read its data).
-void AddOwnerToken(const ClientOptions& options, grpc::ClientContext* context) {
-  if (!options.owner_token.empty()) context->AddMetadata("kvhost-token", options.owner_token);
-}
 
 absl::StatusOr<std::string> ReadPemFile(const char* field, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -139,47 +134,6 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   return std::unique_ptr<Client>(new Client(options, std::move(channel)));
 }
 
-#define KVHOST_CALL(stub, method, request, response, timeout)          \
-  [&]() -> absl::Status {                                              \
-    grpc::ClientContext context;                                       \
-    context.set_deadline(absl::ToChronoTime(absl::Now() + (timeout))); \
-    AddOwnerToken(options_, &context);                                 \
-    return FromGrpc((stub)->method(&context, (request), (response)));  \
-  }()
-
-// KVHOST_CALL with the client's session ids, which the daemon requires for
-// the attachments and tickets of a session and for the allocation calls and
-// page writes on a pool a session holds (ClaimPool).
-#define KVHOST_SESSION_CALL(stub, method, request, response, timeout)                     \
-  [&]() -> absl::Status {                                                                 \
-    grpc::ClientContext context;                                                          \
-    context.set_deadline(absl::ToChronoTime(absl::Now() + (timeout)));                    \
-    AddOwnerToken(options_, &context);                                                    \
-    for (const std::string& id : SessionIds()) context.AddMetadata("kvhost-session", id); \
-    return FromGrpc((stub)->method(&context, (request), (response)));                     \
-  }()
-#define KVHOST_TRANSFER_CALL(method, request, response, timeout) \
-  KVHOST_SESSION_CALL(transfers_, method, request, response, timeout)
-
-// KVHOST_CALL / KVHOST_TRANSFER_CALL through the fast path when it takes
-// the call (Client::TryFastPath), else over gRPC.
-#define KVHOST_FAST_CALL(fast, stub, method, request, response, timeout)               \
-  [&]() -> absl::Status {                                                              \
-    absl::Status fast_status;                                                          \
-    if (TryFastPath(v1::fast, (request), (response), true, (timeout), &fast_status)) { \
-      return fast_status;                                                              \
-    }                                                                                  \
-    return KVHOST_SESSION_CALL(stub, method, request, response, timeout);              \
-  }()
-#define KVHOST_FAST_TRANSFER_CALL(fast, method, request, response, timeout, wait)              \
-  [&]() -> absl::Status {                                                                      \
-    absl::Status fast_status;                                                                  \
-    if (TryFastPath(v1::fast, (request), (response), true, (timeout), &fast_status, (wait))) { \
-      return fast_status;                                                                      \
-    }                                                                                          \
-    return KVHOST_TRANSFER_CALL(method, request, response, timeout);                           \
-  }()
-
 absl::StatusOr<std::string> Client::Health(const std::string& service) {
   auto stub = grpc::health::v1::Health::NewStub(channel_);
   grpc::health::v1::HealthCheckRequest request;
@@ -259,12 +213,9 @@ absl::StatusOr<uint64_t> Client::DeletePool(const std::string& name) {
 
 absl::StatusOr<v1::PoolClaim> Client::ClaimPool(const std::string& pool,
                                                 const std::string& instance_id) {
-  if (!options_.worker_session) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ClaimPool of pool '", pool,
-        "' needs a worker session: this client was made without one (worker_session false)"));
+  if (absl::Status s = OpenWorkerSession(absl::StrCat("ClaimPool of pool '", pool, "'")); !s.ok()) {
+    return s;
   }
-  if (absl::Status s = OpenSession(options_.timeout); !s.ok()) return s;
   v1::ClaimPoolRequest request;
   request.set_pool(pool);
   request.set_instance_id(instance_id);
@@ -749,11 +700,5 @@ absl::StatusOr<v1::TransferStatus> Client::PollTransfer(uint64_t ticket_id) {
   if (!s.ok()) return s;
   return response;
 }
-
-#undef KVHOST_FAST_CALL
-#undef KVHOST_SESSION_CALL
-#undef KVHOST_FAST_TRANSFER_CALL
-#undef KVHOST_CALL
-#undef KVHOST_TRANSFER_CALL
 
 }  // namespace kvhost

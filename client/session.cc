@@ -275,6 +275,7 @@ Client::Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
       pools_(v1::PoolService::NewStub(channel_)),
       transfers_(v1::TransferService::NewStub(channel_)),
       storage_(v1::StorageService::NewStub(channel_)),
+      cache_(v1::CacheService::NewStub(channel_)),
       session_(new SessionKeeper(this)),
       fast_path_(std::make_unique<FastPath>()) {}
 
@@ -319,5 +320,13 @@ absl::StatusOr<v1::Attachment> Client::AttachDevice(const v1::AttachDeviceReques
 void Client::ForgetAttachment(const std::string& attachment_id) { session_->Forget(attachment_id); }
 
 std::vector<std::string> Client::SessionIds() const { return session_->Ids(); }
+
+absl::Status Client::OpenWorkerSession(absl::string_view call) {
+  if (!options_.worker_session) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        call, " needs a worker session: this client was made without one (worker_session false)"));
+  }
+  return OpenSession(options_.timeout);
+}
 
 }  // namespace kvhost

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kvhost/defaults.h"
+#include "kvhost/v1/cache.grpc.pb.h"
 #include "kvhost/v1/daemon.grpc.pb.h"
 #include "kvhost/v1/pool.grpc.pb.h"
 #include "kvhost/v1/storage.grpc.pb.h"
@@ -241,6 +242,47 @@ class Client {
   absl::StatusOr<v1::StorageTicketStatus> WaitStorage(const std::string& pool, uint64_t ticket,
                                                       bool poll = false);
 
+  // CacheService: the node cache (kvhost/v1/cache.proto), a pool created
+  // with PoolSpec.node_cache whose pages are addressed by key (an engine's
+  // block hash, 1 to 256 bytes; at most 4096 keys a call). Every call
+  // presents options().owner_token, which the cache's token must match; a
+  // pinning lookup, a store and a restore are made within this client's
+  // worker session (opened first; FAILED_PRECONDITION without
+  // options().worker_session), so that its pins and its stores in flight end
+  // with it. `device_indices` holds page_size device rows per key, of
+  // `attachment_id` (AttachDevice of the cache's pool); WaitTransfer waits
+  // for a store's or a restore's ticket like any other.
+  //
+  // Which keys are present and the present prefix's length; with `pin`, the
+  // prefix is pinned (CacheLookupReply.pin_id) until CacheReleasePin or the
+  // session's end.
+  absl::StatusOr<v1::CacheLookupReply> CacheLookup(const std::string& cache,
+                                                   const std::vector<std::string>& keys,
+                                                   bool pin = false);
+  // Backs up the keys not present yet; they become present when the ticket
+  // (CacheStoreReply.ticket, unset when every key was skipped) ends well.
+  // `ready_event_handle` as Backup's wait_event_handle.
+  absl::StatusOr<v1::CacheStoreReply> CacheStore(const std::string& cache,
+                                                 const std::string& attachment_id,
+                                                 const std::vector<std::string>& keys,
+                                                 absl::Span<const int64_t> device_indices,
+                                                 const std::string& ready_event_handle = "");
+  // Loads every key's page (all must be present) into the device rows.
+  absl::StatusOr<v1::TransferTicket> CacheRestore(const std::string& cache,
+                                                  const std::string& attachment_id,
+                                                  const std::vector<std::string>& keys,
+                                                  absl::Span<const int64_t> device_indices,
+                                                  const std::string& wait_event_handle = "");
+  absl::Status CacheReleasePin(const std::string& cache, uint64_t pin_id);
+  absl::StatusOr<v1::CacheEvictReply> CacheEvict(const std::string& cache,
+                                                 const std::vector<std::string>& keys);
+  absl::StatusOr<v1::CacheStats> GetCacheStats(const std::string& cache);
+  // Stored and evicted keys after `after_seq` (at most `max_events`, 0: the
+  // daemon's bound); resume with the batch's next_after.
+  absl::StatusOr<v1::CacheEventBatch> ReadCacheEvents(const std::string& cache,
+                                                      uint64_t after_seq = 0,
+                                                      uint32_t max_events = 0);
+
   // TransferService.
   absl::StatusOr<v1::Attachment> AttachDevice(const v1::AttachDeviceRequest& request);
   absl::Status DetachDevice(const std::string& attachment_id);
@@ -368,6 +410,9 @@ class Client {
   void ForgetAttachment(const std::string& attachment_id);
   // The session ids a TransferService call names (kvhost-session metadata).
   std::vector<std::string> SessionIds() const;
+  // Opens the worker session for `call` (its name in the error), or
+  // FAILED_PRECONDITION naming it without options().worker_session.
+  absl::Status OpenWorkerSession(absl::string_view call);
 
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -375,6 +420,7 @@ class Client {
   std::unique_ptr<v1::PoolService::Stub> pools_;
   std::unique_ptr<v1::TransferService::Stub> transfers_;
   std::unique_ptr<v1::StorageService::Stub> storage_;
+  std::unique_ptr<v1::CacheService::Stub> cache_;
   std::unique_ptr<SessionKeeper> session_;
   std::unique_ptr<FastPath> fast_path_;
 };

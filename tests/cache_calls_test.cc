@@ -1,0 +1,405 @@
+// Client's CacheService calls (client/cache_calls.cc) against a real kvhostd
+// (host backend), as engines make them: two instances sharing a prefix and
+// pinning it; eviction under pressure sparing pinned pages, refusing a store
+// that cannot fit without changing anything; a worker killed with SIGKILL in
+// the middle of its stores, after which every published page is whole and no
+// page is leaked; a pinning lookup without a worker session refused.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "api_test_util.h"
+#include "daemon_fixture.h"
+#include "kvhost/client.h"
+
+namespace kvhost {
+namespace {
+
+using ::kvhost::testing::Dims;
+using ::kvhost::testing::MakeSpec;
+using ::kvhost::testing::TestDaemon;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kCache[] = "cache";
+constexpr char kToken[] = "model-token";
+constexpr uint32_t kPageSize = 16;
+// The device pools' rows: 16 pages.
+constexpr uint64_t kDeviceTokens = 256;
+
+// Pages of 16 KiB; `large`: of 2 MiB (32 layers of 8 heads of 128), whose
+// copies take long enough to be caught in flight.
+v1::PoolSpec CacheSpec(uint64_t pages, bool large = false) {
+  Dims dims;
+  dims.layers = large ? 32 : 4;
+  dims.heads = large ? 8 : 2;
+  dims.head_dim = large ? 128 : 32;
+  v1::PoolSpec spec =
+      MakeSpec(v1::MHA, v1::PAGE_FIRST, kPageSize, pages * kPageSize, v1::BF16, dims);
+  spec.set_node_cache(true);
+  return spec;
+}
+
+// Device rows of pages [first_page, first_page + pages).
+std::vector<int64_t> PageRows(uint64_t first_page, uint64_t pages) {
+  std::vector<int64_t> rows(pages * kPageSize);
+  for (size_t r = 0; r < rows.size(); ++r)
+    rows[r] = static_cast<int64_t>(first_page * kPageSize + r);
+  return rows;
+}
+
+std::vector<std::string> Keys(const std::string& prefix, int first, int n) {
+  std::vector<std::string> keys;
+  for (int i = first; i < first + n; ++i) keys.push_back(absl::StrCat(prefix, i));
+  return keys;
+}
+
+// One engine instance: a client with its worker session, a device pool and
+// its attachment of the cache's pool.
+struct Instance {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<ShmDevicePool> device;
+  std::string attachment;
+
+  static absl::StatusOr<std::unique_ptr<Instance>> Start(const std::string& address,
+                                                         const std::string& shm_dir) {
+    auto i = std::make_unique<Instance>();
+    ClientOptions options;
+    options.address = address;
+    options.owner_token = kToken;
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+    if (!client.ok()) return client.status();
+    i->client = *std::move(client);
+    absl::StatusOr<v1::Pool> pool = i->client->GetPool(kCache);
+    if (!pool.ok()) return pool.status();
+    absl::StatusOr<std::unique_ptr<ShmDevicePool>> device =
+        ShmDevicePool::Create(*pool, kDeviceTokens, shm_dir);
+    if (!device.ok()) return device.status();
+    i->device = *std::move(device);
+    absl::StatusOr<v1::Attachment> att =
+        i->client->AttachDevice(i->device->MakeAttachRequest(kCache));
+    if (!att.ok()) return att.status();
+    i->attachment = att->id();
+    return i;
+  }
+  // Device page `page` gets bytes that only `seed` decides.
+  void FillPage(uint64_t page, uint8_t seed) const {
+    for (uint32_t c = 0; c < device->components(); ++c) {
+      for (uint32_t l = 0; l < device->layers(); ++l) {
+        uint8_t* row = device->row(c, l, page * kPageSize);
+        for (uint64_t b = 0; b < kPageSize * device->row_bytes(c); ++b) {
+          row[b] = static_cast<uint8_t>(seed * 31 + c * 7 + l * 3 + b);
+        }
+      }
+    }
+  }
+  // Whether device page `page` holds what FillPage(_, seed) writes.
+  bool PageIs(uint64_t page, uint8_t seed) const {
+    for (uint32_t c = 0; c < device->components(); ++c) {
+      for (uint32_t l = 0; l < device->layers(); ++l) {
+        const uint8_t* row = device->row(c, l, page * kPageSize);
+        for (uint64_t b = 0; b < kPageSize * device->row_bytes(c); ++b) {
+          if (row[b] != static_cast<uint8_t>(seed * 31 + c * 7 + l * 3 + b)) return false;
+        }
+      }
+    }
+    return true;
+  }
+  // Stores `keys` from device pages [first_page, +keys) and waits for it.
+  absl::StatusOr<v1::CacheStoreReply> Store(const std::vector<std::string>& keys,
+                                            uint64_t first_page) const {
+    absl::StatusOr<v1::CacheStoreReply> stored =
+        client->CacheStore(kCache, attachment, keys, PageRows(first_page, keys.size()));
+    if (!stored.ok() || !stored->has_ticket()) return stored;
+    absl::StatusOr<v1::TransferStatus> done = client->WaitTransfer(stored->ticket().id());
+    if (!done.ok()) return done.status();
+    return stored;
+  }
+  // Restores `keys` into device pages [first_page, +keys) and waits for it.
+  absl::Status Restore(const std::vector<std::string>& keys, uint64_t first_page) const {
+    absl::StatusOr<v1::TransferTicket> ticket =
+        client->CacheRestore(kCache, attachment, keys, PageRows(first_page, keys.size()));
+    if (!ticket.ok()) return ticket.status();
+    return client->WaitTransfer(ticket->id()).status();
+  }
+};
+
+// The killed worker: a child process started with KVHOST_CACHE_CHILD=
+// <address>,<shm dir>,<key prefix>. It fills its 16 device pages once (page p
+// with seed p) and stores batches of 8 keys "<prefix><batch>-<p>" from pages
+// 0-7 and 8-15 in turn, never waiting for a ticket, until it is killed; it
+// prints "storing" once its first store published. Runs before main, so no
+// test runs in it.
+[[maybe_unused]] const bool kChild = [] {
+  const char* env = std::getenv("KVHOST_CACHE_CHILD");
+  if (env == nullptr) return false;
+  const std::vector<std::string> args = absl::StrSplit(env, ',');
+  if (args.size() != 3) std::_Exit(2);
+  absl::StatusOr<std::unique_ptr<Instance>> i = Instance::Start(args[0], args[1]);
+  if (!i.ok()) {
+    std::fprintf(stderr, "child: %s\n", i.status().ToString().c_str());
+    std::_Exit(3);
+  }
+  for (uint64_t p = 0; p < 16; ++p) (*i)->FillPage(p, static_cast<uint8_t>(p));
+  for (int batch = 0;; ++batch) {
+    const uint64_t first = (batch % 2) * 8;
+    std::vector<std::string> keys;
+    for (uint64_t p = first; p < first + 8; ++p)
+      keys.push_back(absl::StrCat(args[2], batch, "-", p));
+    absl::StatusOr<v1::CacheStoreReply> stored =
+        (*i)->client->CacheStore(kCache, (*i)->attachment, keys, PageRows(first, 8));
+    if (batch == 0) {
+      if (!stored.ok() || !stored->has_ticket() ||
+          !(*i)->client->WaitTransfer(stored->ticket().id()).ok()) {
+        std::_Exit(4);
+      }
+      std::fputs("storing\n", stdout);
+      std::fflush(stdout);
+    }
+  }
+}();
+
+class CacheCallsTest : public ::testing::Test {
+ protected:
+  void Start(uint64_t cache_pages, bool large_pages = false) {
+    absl::StatusOr<std::unique_ptr<TestDaemon>> d = TestDaemon::Start(KVHOSTD_PATH);
+    ASSERT_TRUE(d.ok()) << d.status();
+    d_ = *std::move(d);
+    ClientOptions options;
+    options.address = d_->address();
+    options.owner_token = kToken;
+    options.worker_session = false;
+    absl::StatusOr<std::unique_ptr<Client>> admin = Client::Connect(options);
+    ASSERT_TRUE(admin.ok()) << admin.status();
+    admin_ = *std::move(admin);
+    absl::StatusOr<v1::Pool> pool = admin_->CreatePool(kCache, CacheSpec(cache_pages, large_pages));
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    a_ = StartInstance();
+    b_ = StartInstance();
+  }
+  std::unique_ptr<Instance> StartInstance() {
+    absl::StatusOr<std::unique_ptr<Instance>> i = Instance::Start(d_->address(), d_->shm_dir());
+    EXPECT_TRUE(i.ok()) << i.status() << d_->Log();
+    return i.ok() ? *std::move(i) : nullptr;
+  }
+  v1::CacheStats Stats() const {
+    absl::StatusOr<v1::CacheStats> stats = admin_->GetCacheStats(kCache);
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    return stats.ok() ? *stats : v1::CacheStats();
+  }
+
+  std::unique_ptr<TestDaemon> d_;
+  std::unique_ptr<Client> admin_;
+  std::unique_ptr<Instance> a_, b_;
+};
+
+TEST_F(CacheCallsTest, InstancesShareAPrefixPinItAndSeeItsEvents) {
+  ASSERT_NO_FATAL_FAILURE(Start(64));
+  for (uint64_t p = 0; p < 3; ++p) a_->FillPage(p, static_cast<uint8_t>(40 + p));
+  absl::StatusOr<v1::CacheStoreReply> stored = a_->Store(Keys("h", 0, 3), 0);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  // Stored again by b: every key skipped, no ticket.
+  absl::StatusOr<v1::CacheStoreReply> again =
+      b_->client->CacheStore(kCache, b_->attachment, Keys("h", 0, 3), PageRows(0, 3));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->has_ticket());
+  EXPECT_THAT(again->states(),
+              ElementsAre(v1::CACHE_KEY_PRESENT, v1::CACHE_KEY_PRESENT, v1::CACHE_KEY_PRESENT));
+
+  absl::StatusOr<v1::CacheLookupReply> found =
+      b_->client->CacheLookup(kCache, Keys("h", 0, 4), /*pin=*/true);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->prefix(), 3u);
+  EXPECT_NE(found->pin_id(), 0u);
+  EXPECT_EQ(Stats().pinned(), 3u);
+  absl::StatusOr<v1::CacheEvictReply> evicted = admin_->CacheEvict(kCache, {"h0", "nope"});
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  EXPECT_THAT(evicted->outcomes(),
+              ElementsAre(v1::CacheEvictReply::BUSY, v1::CacheEvictReply::ABSENT));
+  ASSERT_TRUE(b_->Restore(Keys("h", 0, 3), 8).ok());
+  for (uint64_t p = 0; p < 3; ++p) EXPECT_TRUE(b_->PageIs(8 + p, static_cast<uint8_t>(40 + p)));
+
+  // Another session cannot release b's pin; b can, once.
+  absl::Status other = a_->client->CacheReleasePin(kCache, found->pin_id());
+  EXPECT_EQ(other.code(), absl::StatusCode::kNotFound) << other;
+  ASSERT_TRUE(b_->client->CacheReleasePin(kCache, found->pin_id()).ok());
+  EXPECT_EQ(b_->client->CacheReleasePin(kCache, found->pin_id()).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Stats().pinned(), 0u);
+  evicted = admin_->CacheEvict(kCache, {"h0"});
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  EXPECT_THAT(evicted->outcomes(), ElementsAre(v1::CacheEvictReply::EVICTED));
+
+  // The events a router reads: three stored, one evicted, in order; read
+  // again from the middle.
+  absl::StatusOr<v1::CacheEventBatch> events = admin_->ReadCacheEvents(kCache);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->events_size(), 4);
+  EXPECT_EQ(events->events(0).key(), "h0");
+  EXPECT_EQ(events->events(0).kind(), v1::CacheEvent::STORED);
+  EXPECT_EQ(events->events(3).key(), "h0");
+  EXPECT_EQ(events->events(3).kind(), v1::CacheEvent::EVICTED);
+  EXPECT_FALSE(events->gap());
+  absl::StatusOr<v1::CacheEventBatch> rest =
+      admin_->ReadCacheEvents(kCache, events->events(1).seq(), 1);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  ASSERT_EQ(rest->events_size(), 1);
+  EXPECT_EQ(rest->events(0).key(), "h2");
+  EXPECT_EQ(rest->next_after(), events->events(2).seq());
+}
+
+TEST_F(CacheCallsTest, EvictionUnderPressureSparesPinnedPagesAndAStoreThatCannotFitChangesNothing) {
+  ASSERT_NO_FATAL_FAILURE(Start(16));
+  for (uint64_t p = 0; p < 16; ++p) a_->FillPage(p, static_cast<uint8_t>(p));
+  ASSERT_TRUE(a_->Store(Keys("a", 0, 8), 0).ok());
+  // b pins a0-a3 for a restore it has not made yet.
+  absl::StatusOr<v1::CacheLookupReply> pinned =
+      b_->client->CacheLookup(kCache, Keys("a", 0, 4), /*pin=*/true);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  ASSERT_EQ(pinned->prefix(), 4u);
+
+  // 10 new keys: 8 free pages and the two least recently used unpinned keys.
+  absl::StatusOr<v1::CacheStoreReply> more = a_->Store(Keys("n", 0, 10), 0);
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ(more->evicted(), 2u);
+  absl::StatusOr<v1::CacheLookupReply> left = admin_->CacheLookup(kCache, Keys("a", 0, 8));
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_THAT(left->states(),
+              ElementsAre(v1::CACHE_KEY_PRESENT, v1::CACHE_KEY_PRESENT, v1::CACHE_KEY_PRESENT,
+                          v1::CACHE_KEY_PRESENT, v1::CACHE_KEY_ABSENT, v1::CACHE_KEY_ABSENT,
+                          v1::CACHE_KEY_PRESENT, v1::CACHE_KEY_PRESENT));
+
+  // 13 more: only 12 pages are evictable (4 are pinned): refused, and the
+  // cache is as it was.
+  const v1::CacheStats before = Stats();
+  absl::StatusOr<v1::CacheStoreReply> too_many =
+      a_->client->CacheStore(kCache, a_->attachment, Keys("x", 0, 13), PageRows(0, 13));
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kResourceExhausted) << too_many.status();
+  EXPECT_THAT(too_many.status().message(), HasSubstr("cache 'cache'"));
+  const v1::CacheStats after = Stats();
+  EXPECT_EQ(after.published(), before.published());
+  EXPECT_EQ(after.evicted(), before.evicted());
+  EXPECT_EQ(after.free_pages(), before.free_pages());
+  EXPECT_EQ(after.writing(), 0u);
+
+  // The pinned pages are whole; once b's session ends its pin goes and the
+  // same store fits.
+  ASSERT_TRUE(b_->Restore(Keys("a", 0, 4), 4).ok());
+  for (uint64_t p = 0; p < 4; ++p) EXPECT_TRUE(b_->PageIs(4 + p, static_cast<uint8_t>(p)));
+  b_.reset();
+  v1::CacheStats stats = Stats();
+  for (int i = 0; i < 100 && stats.pinned() > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    stats = Stats();
+  }
+  EXPECT_EQ(stats.pinned(), 0u);
+  absl::StatusOr<v1::CacheStoreReply> fits = a_->Store(Keys("x", 0, 13), 0);
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(fits->evicted(), 13u);
+  EXPECT_EQ(Stats().free_pages(), 0u);
+}
+
+TEST_F(CacheCallsTest, AWorkerKilledMidStoreLeavesOnlyWholePagesAndLeaksNothing) {
+  ASSERT_NO_FATAL_FAILURE(Start(64, /*large_pages=*/true));
+  // The parent's reference: device page p filled as the child fills its own.
+  for (uint64_t p = 0; p < 16; ++p) a_->FillPage(p, static_cast<uint8_t>(p));
+  for (int round = 0; round < 3; ++round) {
+    int out[2];
+    ASSERT_EQ(::pipe(out), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::dup2(out[1], 1);
+      const std::string env = absl::StrCat(d_->address(), ",", d_->shm_dir(), ",r", round, "-");
+      ::setenv("KVHOST_CACHE_CHILD", env.c_str(), 1);
+      ::execl("/proc/self/exe", "cache_store_child", static_cast<char*>(nullptr));
+      std::_Exit(5);
+    }
+    ::close(out[1]);
+    char line[16] = {};
+    const ssize_t n = ::read(out[0], line, sizeof(line) - 1);
+    ::close(out[0]);
+    ASSERT_GT(n, 0) << "the child never stored (exit status below)" << d_->Log();
+    absl::SleepFor(absl::Milliseconds(10 + 40 * round));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
+  }
+  // Its sessions end with its connections: nothing stays being written.
+  v1::CacheStats stats = Stats();
+  for (int i = 0; i < 200 && stats.writing() > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    stats = Stats();
+  }
+  ASSERT_EQ(stats.writing(), 0u) << d_->Log();
+  EXPECT_EQ(stats.pinned(), 0u);
+  // Nothing leaked: every page is free or holds a published key.
+  EXPECT_EQ(stats.free_pages() + stats.published(), stats.page_num());
+  EXPECT_GT(stats.stored(), 0u);
+  std::printf("killed mid-store: %llu keys published, %llu aborted by the kills\n",
+              static_cast<unsigned long long>(stats.stored()),
+              static_cast<unsigned long long>(stats.aborted()));
+  // The kills caught stores in flight (the child never waits for a ticket,
+  // and each 16 MiB store takes a while): their keys were dropped.
+  EXPECT_GT(stats.aborted(), 0u);
+
+  // The published keys, from the event log (read in batches, as a router
+  // does): each is whole.
+  std::set<std::string> present;
+  uint64_t after = 0;
+  for (;;) {
+    absl::StatusOr<v1::CacheEventBatch> events = admin_->ReadCacheEvents(kCache, after);
+    ASSERT_TRUE(events.ok()) << events.status();
+    ASSERT_FALSE(events->gap());
+    if (events->events().empty()) break;
+    for (const v1::CacheEvent& e : events->events()) {
+      if (e.kind() == v1::CacheEvent::STORED) {
+        present.insert(e.key());
+      } else {
+        present.erase(e.key());
+      }
+    }
+    after = events->next_after();
+  }
+  ASSERT_EQ(present.size(), stats.published());
+  for (const std::string& key : present) {
+    // "<prefix><batch>-<p>": the page came from device page p.
+    const uint64_t p = std::stoull(key.substr(key.rfind('-') + 1));
+    const absl::Status restored = a_->Restore({key}, 15);
+    ASSERT_TRUE(restored.ok()) << key << ": " << restored;
+    EXPECT_TRUE(a_->PageIs(15, static_cast<uint8_t>(p))) << "key " << key << " is torn";
+  }
+  a_->FillPage(15, 15);
+}
+
+TEST_F(CacheCallsTest, APinningLookupNeedsAWorkerSession) {
+  ASSERT_NO_FATAL_FAILURE(Start(16));
+  absl::StatusOr<v1::CacheLookupReply> found = admin_->CacheLookup(kCache, {"k"}, /*pin=*/true);
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(found.status().message(),
+              HasSubstr("a pinning CacheLookup of cache 'cache' needs a worker session"));
+  // Without pin, no session is needed.
+  found = admin_->CacheLookup(kCache, {"k"});
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_THAT(found->states(), ElementsAre(v1::CACHE_KEY_ABSENT));
+}
+
+}  // namespace
+}  // namespace kvhost
