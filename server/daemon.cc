@@ -623,8 +623,8 @@ absl::Status Daemon::StartMetrics(const DaemonOptions& options, const std::strin
   if (metrics_ == nullptr) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Start(
       options.metrics_listen,
-      AddDaemonMetrics(metrics_.get(), registry_.get(), transfers_.get(), L3Backend(),
-                       {KVHOST_VERSION, backend, instance_id}));
+      AddDaemonMetrics(metrics_.get(), registry_.get(), transfers_.get(), caches_.get(),
+                       L3Backend(), {KVHOST_VERSION, backend, instance_id}));
   if (!http.ok()) return http.status();
   metrics_server_ = *std::move(http);
   spdlog::info("metrics on {}", metrics_server_->url());

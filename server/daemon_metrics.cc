@@ -176,10 +176,58 @@ void AddL3ServerGauges(MetricsRegistry* r, const StorageBackend* l3) {
               });
 }
 
+// The node caches (issue 33), one series set per node-cache pool: keys now
+// by state, free pages, and what happened to keys since the pool was made.
+void AddCacheMetrics(MetricsRegistry* r, const PoolRegistry* registry, NodeCaches* caches) {
+  // The cache of every node-cache pool, made here if no call made it yet.
+  const auto each = [registry, caches](auto sample) {
+    std::vector<GaugeSample> out;
+    for (const std::shared_ptr<Pool>& pool : registry->List()) {
+      if (!pool->spec().node_cache) continue;
+      sample(pool->name(), caches->For(pool)->stats(), &out);
+    }
+    return out;
+  };
+  r->AddGauge("kvhost_cache_keys",
+              "Keys of the node cache now: published (restorable), writing (a store in flight), "
+              "pinned (a lookup or restore holds them).",
+              {"cache", "state"}, [each] {
+                return each([](const std::string& name, const CacheStats& s,
+                               std::vector<GaugeSample>* out) {
+                  out->push_back({{name, "published"}, static_cast<double>(s.published)});
+                  out->push_back({{name, "writing"}, static_cast<double>(s.writing)});
+                  out->push_back({{name, "pinned"}, static_cast<double>(s.pinned)});
+                });
+              });
+  r->AddGauge("kvhost_cache_free_pages", "Pages of the node cache that hold no key now.", {"cache"},
+              [each] {
+                return each([](const std::string& name, const CacheStats& s,
+                               std::vector<GaugeSample>* out) {
+                  out->push_back({{name}, static_cast<double>(s.free_pages)});
+                });
+              });
+  r->AddComputedCounter(
+      "kvhost_cache_keys_total",
+      "Keys of the node cache since its pool was created, by outcome: hit and miss (Lookup), "
+      "stored (published), skipped (a store found them present or pending), evicted, aborted "
+      "(a failed or abandoned store dropped them).",
+      {"cache", "outcome"}, [each] {
+        return each(
+            [](const std::string& name, const CacheStats& s, std::vector<GaugeSample>* out) {
+              out->push_back({{name, "hit"}, static_cast<double>(s.hits)});
+              out->push_back({{name, "miss"}, static_cast<double>(s.misses)});
+              out->push_back({{name, "stored"}, static_cast<double>(s.stored)});
+              out->push_back({{name, "skipped"}, static_cast<double>(s.skipped)});
+              out->push_back({{name, "evicted"}, static_cast<double>(s.evicted)});
+              out->push_back({{name, "aborted"}, static_cast<double>(s.aborted)});
+            });
+      });
+}
+
 }  // namespace
 
 std::function<std::string()> AddDaemonMetrics(KvhostMetrics* metrics, const PoolRegistry* registry,
-                                              const TransferManager* transfers,
+                                              const TransferManager* transfers, NodeCaches* caches,
                                               const StorageBackend* l3, DaemonBuildInfo build) {
   // Each family reads the pools again: a scrape is rare, and the figures of
   // one pool need not be a single snapshot across families.
@@ -251,6 +299,7 @@ std::function<std::string()> AddDaemonMetrics(KvhostMetrics* metrics, const Pool
                return one(static_cast<double>(transfers->counters().tickets_in_flight));
              });
   AddTransferCounters(&r, transfers);
+  AddCacheMetrics(&r, registry, caches);
   if (l3 != nullptr) AddL3ServerGauges(&r, l3);
   AddProcessMetrics(&r);
   return [metrics, registry] {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "server/cache/node_caches.h"
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
 #include "server/storage/backend.h"
@@ -43,15 +44,16 @@ struct DaemonBuildInfo {
 // (tokens, bytes), used and available tokens and attachments; the memory
 // budget and bytes releasing, pools, sessions, attachments and tickets in
 // flight; the daemon-wide transfer counters (TransferManager::counters, which
-// outlive pools); the L3 tier's servers up (`l3`, null without an L3 tier);
-// build info; the process metrics. Returns the render function for the HTTP endpoint, which
-// first brings the per-pool series in line with the pools that exist: every
+// outlive pools); each node cache's keys and outcomes (`caches`); the L3 tier's servers up (`l3`,
+// null without an L3 tier); build info; the process metrics. Returns the render function for the
+// HTTP endpoint, which first brings the per-pool series in line with the pools that exist: every
 // pool has its PoolService counters (at 0 until used), a transfer series
 // that exists for a (pool, direction, path) has its siblings in every
 // transfer family, and a deleted pool's series are removed.
-// REQUIRES: `metrics`, `registry`, `transfers` and `l3` outlive every scrape.
+// REQUIRES: `metrics`, `registry`, `transfers`, `caches` and `l3` outlive
+// every scrape.
 std::function<std::string()> AddDaemonMetrics(KvhostMetrics* metrics, const PoolRegistry* registry,
-                                              const TransferManager* transfers,
+                                              const TransferManager* transfers, NodeCaches* caches,
                                               const StorageBackend* l3, DaemonBuildInfo build);
 
 }  // namespace kvhost

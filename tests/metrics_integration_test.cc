@@ -271,6 +271,55 @@ TEST(MetricsIntegrationTest, ASessionClosedByItsClientEndsOk) {
 // host engine's slowest walk). Whether it was still running at the scrape is
 // known from a poll after the scrape; a machine fast enough to finish it
 // first gets another try.
+// A node cache's keys by state and their outcomes, one series set per
+// node-cache pool, there at 0 before any call.
+TEST(MetricsIntegrationTest, ANodeCachesKeysAndOutcomesAreCounted) {
+  absl::StatusOr<std::unique_ptr<TestDaemon>> started =
+      TestDaemon::Start(KVHOSTD_PATH, {"--metrics-listen=127.0.0.1:0"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestDaemon& daemon = **started;
+  Client& client = daemon.client();
+  const int port = MetricsPort(daemon);
+  ASSERT_GT(port, 0) << daemon.Log();
+  v1::PoolSpec spec = MakeSpec(v1::MHA, v1::PAGE_FIRST, 4, 32);
+  spec.set_node_cache(true);
+  absl::StatusOr<v1::Pool> pool = client.CreatePool("nc", spec);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  ASSERT_TRUE(client.CreatePool("plain", MakeSpec(v1::MHA, v1::PAGE_FIRST, 4, 32)).ok());
+
+  const Scrape fresh = ScrapeMetrics(port);
+  EXPECT_EQ(SeriesValue(fresh, R"(kvhost_cache_free_pages{cache="nc"})"), 8);
+  EXPECT_EQ(SeriesValue(fresh, R"(kvhost_cache_keys_total{cache="nc",outcome="hit"})"), 0);
+  EXPECT_EQ(fresh.count(R"(kvhost_cache_free_pages{cache="plain"})"), 0u) << "not a node cache";
+
+  absl::StatusOr<std::unique_ptr<ShmDevicePool>> dev =
+      ShmDevicePool::Create(*pool, 32, daemon.shm_dir());
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  absl::StatusOr<v1::Attachment> att = client.AttachDevice((*dev)->MakeAttachRequest("nc"));
+  ASSERT_TRUE(att.ok()) << att.status();
+  absl::StatusOr<v1::CacheStoreReply> stored =
+      client.CacheStore("nc", att->id(), {"k0", "k1", "k2"}, Range(0, 12));
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_TRUE(client.WaitTransfer(stored->ticket().id()).ok());
+  absl::StatusOr<v1::CacheLookupReply> found =
+      client.CacheLookup("nc", {"k0", "k1", "k2", "k3"}, /*pin=*/true);
+  ASSERT_TRUE(found.ok()) << found.status();
+
+  const Scrape used = ScrapeMetrics(port);
+  EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys{cache="nc",state="published"})"), 3);
+  EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys{cache="nc",state="pinned"})"), 3);
+  EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys{cache="nc",state="writing"})"), 0);
+  EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_free_pages{cache="nc"})"), 5);
+  EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="stored"})"), 3);
+  EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="hit"})"), 3);
+  EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="miss"})"), 1);
+  // A deleted cache's series go with it.
+  ASSERT_TRUE(client.CacheReleasePin("nc", found->pin_id()).ok());
+  ASSERT_TRUE(client.DetachDevice(att->id()).ok());
+  ASSERT_TRUE(client.DeletePool("nc").ok());
+  EXPECT_EQ(ScrapeMetrics(port).count(R"(kvhost_cache_free_pages{cache="nc"})"), 0u);
+}
+
 TEST(MetricsIntegrationTest, ATransferInFlightShowsDuringTheScrape) {
   absl::StatusOr<std::unique_ptr<TestDaemon>> started =
       TestDaemon::Start(KVHOSTD_PATH, {"--metrics-listen=127.0.0.1:0"});
