@@ -22,6 +22,11 @@ namespace kvhost {
 
 namespace {
 constexpr char kRegionFilePrefix[] = "kvhost.";
+
+absl::Status GroupNameTaken(const std::string& name) {
+  return absl::AlreadyExistsError(
+      absl::StrCat("'", name, "' is a pool group's name; pools and groups share names"));
+}
 // PageAllocator's bookkeeping at its worst (the bound and its measurement are
 // in server/pool/allocator.h).
 constexpr uint64_t kPageTableBytesPerPage = PageAllocator::kMaxBookkeepingBytesPerPage;
@@ -311,8 +316,7 @@ absl::Status PoolRegistry::Admit(const std::string& name, const std::shared_ptr<
       return absl::AlreadyExistsError(absl::StrCat("pool '", name, "' already exists"));
     }
     if (groups_.count(name) != 0) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("'", name, "' is a pool group's name; pools and groups share names"));
+      return GroupNameTaken(name);
     }
   }
   std::string why;
@@ -344,6 +348,12 @@ absl::Status PoolRegistry::Admit(const std::string& name, const std::shared_ptr<
         ", but only ", FormatBytesExact(available), " available (", why, ")"));
   }
   absl::MutexLock lock(&mu_);
+  // Again under the lock that registers the name: CreateGroup does not take
+  // create_mu_, so a group of this name may have been made since the check
+  // above (CI's ASan run caught a pool and a group both named "g").
+  if (groups_.count(name) != 0) {
+    return GroupNameTaken(name);
+  }
   creating_[name] = creation;
   creating_bytes_ += bytes;
   return absl::OkStatus();
