@@ -73,6 +73,11 @@ absl::Status RunBufInfo(Context& ctx, const Args& args);
 absl::Status RunL3Store(Context& ctx, const Args& args);
 absl::Status RunL3Fetch(Context& ctx, const Args& args);
 absl::Status RunL3Exist(Context& ctx, const Args& args);
+// cache_commands.cc
+absl::Status RunCacheStats(Context& ctx, const Args& args);
+absl::Status RunCacheLookup(Context& ctx, const Args& args);
+absl::Status RunCacheEvict(Context& ctx, const Args& args);
+absl::Status RunCacheEvents(Context& ctx, const Args& args);
 // watch.cc
 absl::Status RunWatch(Context& ctx, const Args& args);
 // demo.cc
@@ -165,6 +170,21 @@ inline constexpr Command kCommands[] = {
      "how many of the keys, from the first, are stored in L3 in\n"
      "the pool's namespace",
      RunL3Exist},
+    {"cache-stats", "CACHE", 1, 1,
+     "a node cache's pages and keys now, and its hits, misses,\n"
+     "stores and evictions since it was created",
+     RunCacheStats},
+    {"cache-lookup", "CACHE KEY...", 2, kAnyNumber,
+     "whether each key is present in the node cache, and how many\n"
+     "are from the first (--hex-keys: keys in hex)",
+     RunCacheLookup},
+    {"cache-evict", "CACHE KEY...", 2, kAnyNumber,
+     "evict keys from the node cache (pinned or being stored: kept)", RunCacheEvict},
+    {"cache-events", "CACHE", 1, 1,
+     "the keys stored and evicted, after --after=SEQ; --follow\n"
+     "keeps reading every --interval until Ctrl-C; ends with the\n"
+     "--after to resume from",
+     RunCacheEvents},
     {"watch", "", 0, 0,
      "a live view of pools, tickets and GB/s per direction,\n"
      "refreshed every --interval; --count=N stops after N frames\n"

@@ -30,7 +30,8 @@
 #include "client/kvhostctl/output.h"
 
 ABSL_FLAG(absl::Duration, interval, absl::Seconds(1),
-          "watch: time between frames, e.g. 1s, 500ms (at least 100ms).");
+          "watch, cache-events --follow: time between frames or reads, e.g. 1s, 500ms (at least "
+          "100ms).");
 ABSL_FLAG(int64_t, count, 0, "watch: stop after this many frames (0: until Ctrl-C).");
 
 namespace kvhost::ctl {
