@@ -605,6 +605,7 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   builder->RegisterService(status.get());
   auto cache = std::make_unique<CacheServiceImpl>(registry_.get(), caches_.get(),
                                                   options.max_indices_per_call);
+  cache_service_ = cache.get();
   builder->RegisterService(storage.get());
   builder->RegisterService(cache.get());
   builder->RegisterService(reflection.get());
@@ -661,9 +662,11 @@ void Daemon::Shutdown(absl::Duration grace) {
   // Fast-path calls in progress finish (their waits end with the drain);
   // no mailbox is served after this.
   if (fast_path_ != nullptr) fast_path_->Stop();
-  // Session streams last as long as their workers; end them so that the
-  // server's shutdown does not wait out `grace` for them.
+  // Session streams last as long as their workers, event watches as long as
+  // their routers; end them so that the server's shutdown does not wait out
+  // `grace` for them.
   daemon_service_->EndSessions();
+  cache_service_->EndWatches();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();
   if (metrics_server_ != nullptr) metrics_server_->Stop();

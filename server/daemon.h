@@ -28,6 +28,7 @@
 #include "server/metrics/http_server.h"
 #include "server/metrics/kvhost_metrics.h"
 #include "server/pool/registry.h"
+#include "server/service/cache_service.h"
 #include "server/service/daemon_service.h"
 #include "server/service/fast_path_calls.h"
 #include "server/service/fast_path_server.h"
@@ -128,6 +129,7 @@ class Daemon {
   std::unique_ptr<HandoffServer> handoff_;
   std::vector<std::unique_ptr<grpc::Service>> services_;
   DaemonServiceImpl* daemon_service_ = nullptr;  // in services_
+  CacheServiceImpl* cache_service_ = nullptr;    // in services_
   absl::Duration drain_timeout_ = absl::Seconds(30);
   std::unique_ptr<grpc::Server> server_;
   std::vector<std::string> addresses_;

@@ -1,5 +1,6 @@
 #include "server/service/cache_service.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,12 @@ void SetTicket(const Ticket& ticket, v1::TransferTicket* out) {
   out->set_id(ticket.id());
   out->set_event_set(ticket.event_set());
   out->set_layer_base(ticket.layer_base());
+}
+
+// A read's or a watch batch's bound: the asked one, at most the cache's.
+size_t MaxEvents(const NodeCache& cache, const v1::ReadCacheEventsRequest& request) {
+  const size_t limit = cache.limits().max_events_per_call;
+  return request.max_events() == 0 ? limit : std::min<size_t>(request.max_events(), limit);
 }
 
 }  // namespace
@@ -187,9 +194,8 @@ grpc::ServerUnaryReactor* CacheServiceImpl::ReadCacheEvents(
     v1::CacheEventBatch* response) {
   absl::StatusOr<std::shared_ptr<NodeCache>> cache = Open(CallerOf(*context), request->cache());
   if (!cache.ok()) return FinishCall(context, cache.status());
-  const size_t max =
-      request->max_events() == 0 ? (*cache)->limits().max_events_per_call : request->max_events();
-  const CacheEvents events = (*cache)->EventsSince(request->after_seq(), max);
+  const CacheEvents events =
+      (*cache)->EventsSince(request->after_seq(), MaxEvents(**cache, *request));
   for (const CacheEvent& e : events.events) {
     v1::CacheEvent* out = response->add_events();
     out->set_seq(e.seq);
@@ -200,6 +206,13 @@ grpc::ServerUnaryReactor* CacheServiceImpl::ReadCacheEvents(
   response->set_next_after(events.next_after);
   response->set_gap(events.gap);
   return FinishCall(context, absl::OkStatus());
+}
+
+grpc::ServerWriteReactor<v1::CacheEventBatch>* CacheServiceImpl::WatchCacheEvents(
+    grpc::CallbackServerContext* context, const v1::ReadCacheEventsRequest* request) {
+  absl::StatusOr<std::shared_ptr<NodeCache>> cache = Open(CallerOf(*context), request->cache());
+  const size_t max = cache.ok() ? MaxEvents(**cache, *request) : 0;
+  return watches_.Start(std::move(cache), request->after_seq(), max);
 }
 
 }  // namespace kvhost

@@ -4,7 +4,8 @@
 // (PoolRegistry::Resolve), which must be a node cache; key and index lists
 // are bounded (the cache's CacheLimits, --max-indices-per-call) before
 // anything is looked at. The domain (server/cache/) does the rest; its
-// tickets are the TransferManager's, so WaitTransfer serves them.
+// tickets are the TransferManager's, so WaitTransfer serves them; event
+// watches are CacheEventWatches' streams.
 //
 // Thread safety: handlers run concurrently on gRPC's threads.
 #ifndef KVHOST_SERVER_SERVICE_CACHE_SERVICE_H_
@@ -19,6 +20,7 @@
 #include "server/access/caller.h"
 #include "server/cache/node_caches.h"
 #include "server/pool/registry.h"
+#include "server/service/cache_event_watches.h"
 
 namespace kvhost {
 
@@ -49,6 +51,11 @@ class CacheServiceImpl final : public v1::CacheService::CallbackService {
   grpc::ServerUnaryReactor* ReadCacheEvents(grpc::CallbackServerContext* context,
                                             const v1::ReadCacheEventsRequest* request,
                                             v1::CacheEventBatch* response) override;
+  grpc::ServerWriteReactor<v1::CacheEventBatch>* WatchCacheEvents(
+      grpc::CallbackServerContext* context, const v1::ReadCacheEventsRequest* request) override;
+
+  // Ends every event watch (kvhostd stops; CacheEventWatches::EndAll).
+  void EndWatches() { watches_.EndAll(); }
 
   // The bodies, for `caller`'s credentials (the fast path's future home).
   absl::Status DoLookup(const Caller& caller, const v1::CacheLookupRequest& request,
@@ -68,6 +75,7 @@ class CacheServiceImpl final : public v1::CacheService::CallbackService {
   const PoolRegistry* const registry_;
   NodeCaches* const caches_;
   const uint64_t max_indices_;
+  CacheEventWatches watches_;
 };
 
 }  // namespace kvhost
