@@ -111,6 +111,24 @@ absl::StatusOr<Client*> ClientOf(kvhost_client* client) {
   return client->client.get();
 }
 
+absl::StatusOr<std::vector<std::string>> Keys(const void* const* keys, const size_t* key_lens,
+                                              size_t n) {
+  std::vector<std::string> out;
+  if (n == 0) return out;
+  if (keys == nullptr || key_lens == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(keys == nullptr ? "keys" : "key_lens", " is NULL with ", n, " keys"));
+  }
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (keys[i] == nullptr && key_lens[i] > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("keys[", i, "] is NULL"));
+    }
+    out.emplace_back(static_cast<const char*>(keys[i]), key_lens[i]);
+  }
+  return out;
+}
+
 namespace {
 
 // A path ("/run/kvhost/kvhost.sock") names a unix socket; anything else is

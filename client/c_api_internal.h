@@ -120,6 +120,15 @@ absl::StatusOr<absl::Duration> Timeout(int64_t ms, absl::Duration fallback, cons
 absl::StatusOr<absl::Span<const int64_t>> Indices(const int64_t* p, size_t n, const char* what);
 // The client of a handle, or INVALID_ARGUMENT for a null one.
 absl::StatusOr<Client*> ClientOf(kvhost_client* client);
+// The caller's keys (keys[i] of key_lens[i] bytes) as strings; the arrays
+// may be null only for n == 0. The daemon checks their count and lengths.
+absl::StatusOr<std::vector<std::string>> Keys(const void* const* keys, const size_t* key_lens,
+                                              size_t n);
+// The attachment of a handle, or INVALID_ARGUMENT for a null one.
+absl::StatusOr<const v1::Attachment*> AttachmentOf(const kvhost_attachment* attachment);
+// A worker's event handle bytes (none: empty); `what` names the argument
+// when it is NULL with a length.
+absl::StatusOr<std::string> EventHandle(const void* handle, size_t len, const char* what);
 
 // Sets on `request` the non-buffer fields of an attach's options_json
 // (kvhost_c.h); start_layer / end_layer only where `layer_range`.

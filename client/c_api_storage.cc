@@ -14,28 +14,9 @@ namespace {
 
 using kvhost::c_api::ClientOf;
 using kvhost::c_api::Indices;
+using kvhost::c_api::Keys;
 using kvhost::c_api::Run;
 using kvhost::c_api::Str;
-
-// keys[i] of key_lens[i] bytes, as strings; the daemon checks their
-// lengths (1..112), this only that the arrays are there.
-absl::StatusOr<std::vector<std::string>> Keys(const void* const* keys, const size_t* key_lens,
-                                              size_t n) {
-  std::vector<std::string> out;
-  if (n == 0) return out;
-  if (keys == nullptr || key_lens == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(keys == nullptr ? "keys" : "key_lens", " is NULL with ", n, " keys"));
-  }
-  out.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (keys[i] == nullptr && key_lens[i] > 0) {
-      return absl::InvalidArgumentError(absl::StrCat("keys[", i, "] is NULL"));
-    }
-    out.emplace_back(static_cast<const char*>(keys[i]), key_lens[i]);
-  }
-  return out;
-}
 
 // The outcomes of `pages` into outcomes[0, capacity); OUT_OF_RANGE when they
 // do not all fit (those that fit are written).

@@ -66,6 +66,18 @@ absl::Status Attach(Client& client, v1::AttachDeviceRequest request, const char*
   return absl::OkStatus();
 }
 
+absl::StatusOr<const v1::Attachment*> AttachmentOf(const kvhost_attachment* attachment) {
+  if (attachment == nullptr) return absl::InvalidArgumentError("attachment is NULL");
+  return &attachment->attachment;
+}
+
+absl::StatusOr<std::string> EventHandle(const void* handle, size_t len, const char* what) {
+  if (handle == nullptr && len != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is NULL with a length of ", len));
+  }
+  return handle == nullptr ? std::string() : std::string(static_cast<const char*>(handle), len);
+}
+
 namespace {
 
 absl::StatusOr<const ShmDevicePool*> DeviceOf(const kvhost_shm_device_pool* device) {
@@ -75,25 +87,11 @@ absl::StatusOr<const ShmDevicePool*> DeviceOf(const kvhost_shm_device_pool* devi
   return device->pool.get();
 }
 
-absl::StatusOr<const v1::Attachment*> AttachmentOf(const kvhost_attachment* attachment) {
-  if (attachment == nullptr) return absl::InvalidArgumentError("attachment is NULL");
-  return &attachment->attachment;
-}
-
 // A finished ticket's status into the caller's optional JSON buffer.
 absl::Status WriteTransferStatus(const v1::TransferStatus& status, char* out, size_t out_len,
                                  size_t* needed) {
   if (out == nullptr && out_len == 0 && needed == nullptr) return absl::OkStatus();
   return WriteJson(status, out, out_len, needed, "the transfer status");
-}
-
-// The worker's event handle bytes of a backup (none: empty).
-absl::StatusOr<std::string> EventHandle(const void* handle, size_t len) {
-  if (handle == nullptr && len != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("wait_event_handle is NULL with a length of ", len));
-  }
-  return handle == nullptr ? std::string() : std::string(static_cast<const char*>(handle), len);
 }
 
 // Backup or Load, then the wait that KVHOST_TRANSFER_WAIT asks for.
@@ -384,7 +382,7 @@ int kvhost_backup_group(kvhost_client* client, const kvhost_attachment* attachme
                         uint64_t* ticket_id, char* err, size_t err_len) {
   return Run(err, err_len, [&]() -> absl::Status {
     absl::StatusOr<std::string> handle =
-        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len);
+        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len, "wait_event_handle");
     if (!handle.ok()) return handle.status();
     absl::StatusOr<std::vector<kvhost::v1::PoolTransfer>> transfers =
         kvhost::c_api::PoolTransfers(pool_transfers, num_pool_transfers);
@@ -414,7 +412,7 @@ int kvhost_alloc_backup(kvhost_client* client, const kvhost_attachment* attachme
         Indices(device_indices, num_device, "device_indices");
     if (!dev.ok()) return dev.status();
     absl::StatusOr<std::string> handle =
-        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len);
+        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len, "wait_event_handle");
     if (!handle.ok()) return handle.status();
     if ((flags & ~KVHOST_TRANSFER_WAIT) != 0) {
       return absl::InvalidArgumentError(
@@ -501,7 +499,7 @@ int kvhost_load_group_with_events_after(kvhost_client* client, const kvhost_atta
                                         char* err, size_t err_len) {
   return Run(err, err_len, [&]() -> absl::Status {
     absl::StatusOr<std::string> handle =
-        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len);
+        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len, "wait_event_handle");
     if (!handle.ok()) return handle.status();
     return kvhost::c_api::TransferWithEvents(
         client, attachment, host_indices, num_host, device_indices, num_device, pool_transfers,
@@ -532,7 +530,7 @@ int kvhost_backup_group_with_events(kvhost_client* client, const kvhost_attachme
                                     char* err, size_t err_len) {
   return Run(err, err_len, [&]() -> absl::Status {
     absl::StatusOr<std::string> handle =
-        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len);
+        kvhost::c_api::EventHandle(wait_event_handle, wait_event_handle_len, "wait_event_handle");
     if (!handle.ok()) return handle.status();
     return kvhost::c_api::TransferWithEvents(
         client, attachment, host_indices, num_host, device_indices, num_device, pool_transfers,

@@ -1,8 +1,9 @@
 /* kvhost/kvhost_c.h is C: this file is compiled as C99 with -Wall -Wextra
  * -Wpedantic -Werror (tests/CMakeLists.txt) and linked against
  * libkvhost_c.so alone. It also pins what a ctypes caller mirrors: the
- * layout of kvhost_load_ticket, kvhost_pool_transfer and
- * kvhost_cuda_group_entry, and the code numbers. */
+ * layout of kvhost_load_ticket, kvhost_pool_transfer,
+ * kvhost_cuda_group_entry, kvhost_cache_stats and kvhost_cache_event, and
+ * the code numbers. */
 #include "kvhost/kvhost_c.h"
 
 #include <stddef.h>
@@ -26,6 +27,13 @@ STATIC_CHECK(sizeof(void*) != 8 || offsetof(kvhost_cuda_group_entry, device_size
              group_entry_rows);
 STATIC_CHECK(sizeof(void*) != 8 || offsetof(kvhost_cuda_group_entry, reserved) == 60,
              group_entry_reserved);
+/* The node cache's structs: uint64s, and an event's seq, kind, key_len and
+ * key bytes, without padding. */
+STATIC_CHECK(sizeof(kvhost_cache_stats) == 11 * 8, cache_stats_size);
+STATIC_CHECK(offsetof(kvhost_cache_stats, aborted) == 80, cache_stats_aborted);
+STATIC_CHECK(sizeof(kvhost_cache_event) == 16 + KVHOST_CACHE_MAX_KEY_BYTES, cache_event_size);
+STATIC_CHECK(offsetof(kvhost_cache_event, key_len) == 12, cache_event_key_len);
+STATIC_CHECK(offsetof(kvhost_cache_event, key) == 16, cache_event_key);
 STATIC_CHECK(KVHOST_OK == 0 && KVHOST_INVALID_ARGUMENT == 3 && KVHOST_NOT_FOUND == 5, codes);
 STATIC_CHECK(KVHOST_FAILED_PRECONDITION == 9 && KVHOST_OUT_OF_RANGE == 11, more_codes);
 STATIC_CHECK(KVHOST_UNIMPLEMENTED == 12 && KVHOST_INTERNAL == 13, last_codes);

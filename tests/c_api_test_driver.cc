@@ -86,6 +86,8 @@ TEST_F(CApiTest, PerLayerWaitsOnTheLayerCounters) { Check(c_api_test_layer_waits
 TEST_F(CApiTest, CudaCallsAnswerClearlyWithoutAGpu) { Check(c_api_test_cuda_calls); }
 TEST_F(CApiTest, GroupCudaAttachAnswersClearlyWithoutAGpu) { Check(c_api_test_group_cuda_calls); }
 TEST_F(CApiTest, SessionLossAcrossADaemonRestart) { Check(c_api_test_session_loss); }
+TEST_F(CApiTest, NodeCacheSharedByTwoInstancesByteExact) { Check(c_api_test_cache_store_restore); }
+TEST_F(CApiTest, NodeCacheRefusalsAreNamedAndChangeNothing) { Check(c_api_test_cache_refusals); }
 TEST_F(CApiTest, AsyncCallsInOrderWithTheSyncCallsErrors) { Check(c_api_test_async_calls); }
 TEST_F(CApiTest, AsyncBackupAndLoadAreByteExact) { Check(c_api_test_async_shm_backup_load); }
 TEST_F(CApiTest, AsyncBoundAndDestroyWithRequestsQueued) {

@@ -19,6 +19,8 @@ first call raises :class:`LibraryError` naming where it looked.
 from ._lib import ABI_VERSION, CUDA_EVENT_HANDLE_BYTES, candidates, code_name, library_path
 from ._streams import cuda_export_event
 from .async_calls import AsyncCalls
+from .cache import (CacheEvent, CacheEventBatch, CacheStats, EventKind, EvictOutcome, KeyState,
+                    LookupResult, NodeCache, StoreResult)
 from .client import DEFAULT_ADDRESS, Client, SessionLosses, SessionState, connect
 from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,
                      FailedPrecondition, Internal, InvalidArgument, KvhostError, LibraryError,
@@ -47,11 +49,13 @@ def built_with_cuda() -> bool:
 
 __all__ = [
     "ABI_VERSION", "CUDA_EVENT_HANDLE_BYTES", "DEFAULT_ADDRESS", "Aborted", "AlreadyExists",
-    "AsyncCalls", "Attachment", "Cancelled", "Client", "Component", "CudaGroupEntry", "DataLoss",
-    "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument", "KvhostError",
-    "LibraryError", "LoadTicket", "NotFound", "OutOfRange", "PageOutcome", "PagesResult",
-    "PermissionDenied", "Pool",
-    "ResourceExhausted", "SessionLosses", "SessionState", "ShmDevicePool", "StatusCode", "Ticket",
+    "AsyncCalls", "Attachment", "CacheEvent", "CacheEventBatch", "CacheStats", "Cancelled",
+    "Client", "Component", "CudaGroupEntry", "DataLoss", "DeadlineExceeded", "EventKind",
+    "EvictOutcome", "FailedPrecondition", "Internal", "InvalidArgument", "KeyState",
+    "KvhostError", "LibraryError", "LoadTicket", "LookupResult", "NodeCache", "NotFound",
+    "OutOfRange", "PageOutcome", "PagesResult", "PermissionDenied", "Pool",
+    "ResourceExhausted", "SessionLosses", "SessionState", "ShmDevicePool", "StatusCode",
+    "StoreResult", "Ticket",
     "Unauthenticated", "Unavailable", "Unimplemented", "Unknown", "WorkerCopier", "WorkerTicket",
     "abi_version", "built_with_cuda", "candidates", "code_name", "connect", "cuda_export_event",
     "library_path", "__version__",

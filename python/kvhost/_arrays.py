@@ -184,3 +184,17 @@ def numpy_view(address: int, rows: int, row_bytes: int, owner: Any,
 def pointer_list(values: Sequence[int]) -> "C.Array[C.c_void_p]":
     """A void*[] of integer addresses."""
     return (C.c_void_p * len(values))(*[operator.index(v) for v in values])
+
+
+#: A key of the L3 tier or the node cache: bytes, or str sent as UTF-8.
+Key = Union[bytes, str]
+
+
+def keys_arg(keys: Sequence[Key]) -> Tuple[Any, Any, int, List[bytes]]:
+    """Keys as the ABI's ``(const void* const* keys, const size_t* key_lens,
+    n)``, and the encoded bytes, which the caller keeps alive for the call."""
+    encoded = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
+    n = len(encoded)
+    ptrs = (C.c_void_p * max(n, 1))(*[C.cast(C.c_char_p(k), C.c_void_p) for k in encoded])
+    lens = (C.c_size_t * max(n, 1))(*[len(k) for k in encoded])
+    return ptrs, lens, n, encoded

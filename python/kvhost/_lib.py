@@ -91,6 +91,29 @@ class CudaGroupEntryStruct(C.Structure):
     ]
 
 
+#: Bytes of a node cache key at most (KVHOST_CACHE_MAX_KEY_BYTES).
+CACHE_MAX_KEY_BYTES = 256
+
+
+class CacheStatsStruct(C.Structure):
+    """kvhost_cache_stats: 11 uint64s, pinned by tests/c_api_header_test."""
+
+    _fields_ = [(name, C.c_uint64) for name in (
+        "page_num", "free_pages", "published", "writing", "pinned", "hits", "misses", "stored",
+        "skipped", "evicted", "aborted")]
+
+
+class CacheEventStruct(C.Structure):
+    """kvhost_cache_event: 272 bytes, pinned by tests/c_api_header_test."""
+
+    _fields_ = [
+        ("seq", C.c_uint64),
+        ("kind", C.c_int32),
+        ("key_len", C.c_uint32),
+        ("key", C.c_uint8 * CACHE_MAX_KEY_BYTES),
+    ]
+
+
 #: kvhost_async_callback: void (*)(uint64_t request_id, int code, void* user).
 ASYNC_CALLBACK = C.CFUNCTYPE(None, C.c_uint64, C.c_int, C.c_void_p)
 
@@ -213,6 +236,19 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_l3_start_fetch": ([_vp, _cp, _pvp, _psz, _pi64, _sz, _pu64] + _ERR, _int),
     "kvhost_l3_wait":
         ([_vp, _cp, _u64, _int, _pi32, _pi32, _sz, _psz, _pu64] + _ERR, _int),
+    "kvhost_cache_lookup": ([_vp, _cp, _pvp, _psz, _sz, _int, _pu32, _pi32, _pu64] + _ERR, _int),
+    "kvhost_cache_store":
+        ([_vp, _cp, _vp, _pvp, _psz, _sz, _pi64, _sz, _vp, _sz, _pi32,
+          C.POINTER(LoadTicketStruct), _pu64] + _ERR, _int),
+    "kvhost_cache_restore":
+        ([_vp, _cp, _vp, _pvp, _psz, _sz, _pi64, _sz, _vp, _sz, C.POINTER(LoadTicketStruct)] +
+         _ERR, _int),
+    "kvhost_cache_release_pin": ([_vp, _cp, _u64] + _ERR, _int),
+    "kvhost_cache_evict": ([_vp, _cp, _pvp, _psz, _sz, _pi32, _pu64] + _ERR, _int),
+    "kvhost_cache_get_stats": ([_vp, _cp, C.POINTER(CacheStatsStruct)] + _ERR, _int),
+    "kvhost_cache_read_events":
+        ([_vp, _cp, _u64, _u32, C.POINTER(CacheEventStruct), _sz, _psz, _pu64, _pi32] + _ERR,
+         _int),
 }
 
 _lock = threading.Lock()

@@ -5,7 +5,8 @@ C++ ``kvhost::Client``: one gRPC channel (it connects on the first call) and,
 for a worker, one session that a background thread keeps open and reopens
 after a daemon restart. The calls on pools and slots come from
 :class:`~kvhost.pools.PoolCalls`, the L3 tier's from
-:class:`~kvhost.storage.StorageCalls`, the ones that attach device buffers from
+:class:`~kvhost.storage.StorageCalls`, the node cache's from
+:class:`~kvhost.cache.CacheCalls`, the ones that attach device buffers from
 :class:`~kvhost.transfer.AttachCalls` and, from torch tensors,
 :class:`~kvhost.torch_helpers.TorchAttachCalls`.
 
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Union, cast
 
 from . import _json, _lib
 from ._handles import Registry
+from .cache import CacheCalls
 from .pools import PoolCalls
 from .storage import StorageCalls
 from .torch_helpers import TorchAttachCalls
@@ -69,7 +71,7 @@ def _flag(value: bool) -> str:
     return "1" if value else "0"
 
 
-class Client(Registry, PoolCalls, StorageCalls, AttachCalls, TorchAttachCalls):
+class Client(Registry, PoolCalls, StorageCalls, CacheCalls, AttachCalls, TorchAttachCalls):
     """A connection to kvhostd. Use as a context manager, or call close().
 
     Args:

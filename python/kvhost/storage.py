@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import ctypes as C
 import enum
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _arrays, _lib
 
 #: A page key: bytes, or str sent as UTF-8.
-Key = Union[bytes, str]
+Key = _arrays.Key
 
 
 class PageOutcome(enum.IntEnum):
@@ -49,14 +49,6 @@ class PagesResult(NamedTuple):
     good_pages: int
 
 
-def _keys(keys: Sequence[Key]) -> Tuple[Any, Any, int, List[bytes]]:
-    encoded = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
-    n = len(encoded)
-    ptrs = (C.c_void_p * max(n, 1))(*[C.cast(C.c_char_p(k), C.c_void_p) for k in encoded])
-    lens = (C.c_size_t * max(n, 1))(*[len(k) for k in encoded])
-    return ptrs, lens, n, encoded  # encoded keeps the bytes alive
-
-
 def _outcomes(arr: "C.Array[C.c_int32]", n: int) -> List[PageOutcome]:
     return [PageOutcome(arr[i]) for i in range(n)]
 
@@ -73,7 +65,7 @@ class StorageCalls:
 
     def _page_args(self, indices: Any, keys: Sequence[Key]) -> Tuple[Any, ...]:
         ptr, n, keep = _arrays.int64_arg(indices)
-        kptrs, klens, nk, kkeep = _keys(keys)
+        kptrs, klens, nk, kkeep = _arrays.keys_arg(keys)
         if n != nk:
             raise ValueError(f"{nk} keys for {n} indices; give one key per page")
         return ptr, kptrs, klens, n, (keep, kkeep)
@@ -104,7 +96,7 @@ class StorageCalls:
     def l3_exist(self, pool: str, keys: Sequence[Key]) -> int:
         """How many of `keys`, from the first, are stored in L3 in `pool`'s
         namespace (its owner token's; the public one for an unprotected pool)."""
-        kptrs, klens, n, keep = _keys(keys)
+        kptrs, klens, n, keep = _arrays.keys_arg(keys)
         prefix = C.c_uint64(0)
         _lib.call(_lib.lib().kvhost_l3_exist, self._handle(), _pool(pool), kptrs, klens, n,
                   C.byref(prefix))

@@ -821,6 +821,123 @@ KVHOST_C_API int kvhost_l3_wait(kvhost_client* client, const char* pool, uint64_
                                 int* done, int32_t* outcomes, size_t capacity, size_t* num_pages,
                                 uint64_t* good_pages, char* err, size_t err_len);
 
+/* ---- The node cache (kvhost.v1.CacheService) ------------------------------
+ * A pool created with node_cache (PoolSpec.node_cache) whose pages are
+ * addressed by key: an engine's block hashes, shared by every instance on
+ * the node that presents the cache's owner token (docs/C_ABI.md, "Node
+ * cache"). A key is opaque bytes, 1 to KVHOST_CACHE_MAX_KEY_BYTES of them:
+ * keys[i] is key_lens[i] bytes; at most KVHOST_CACHE_MAX_KEYS keys a call.
+ * The daemon checks keys, counts and rows, and a refused call changes
+ * nothing. Per-key states and outcomes are results, not errors: states /
+ * outcomes (NULL: not wanted) get one KVHOST_CACHE_* per key, in order, so
+ * they hold num_keys entries. kvhost_cache_store, kvhost_cache_restore and
+ * a pinning kvhost_cache_lookup need a client with a worker session (else
+ * KVHOST_FAILED_PRECONDITION); its end releases their pins and drops their
+ * stores in flight. */
+#define KVHOST_CACHE_MAX_KEYS 4096
+#define KVHOST_CACHE_MAX_KEY_BYTES 256
+#define KVHOST_CACHE_MAX_EVENTS 4096 /* the most one kvhost_cache_read_events returns */
+/* Key states (kvhost.v1.CacheKeyState). */
+#define KVHOST_CACHE_ABSENT 0
+#define KVHOST_CACHE_PRESENT 1 /* published: its page holds all its bytes */
+#define KVHOST_CACHE_PENDING 2 /* a store is writing it (a store skips it too) */
+/* Evict outcomes (kvhost.v1.CacheEvictReply.Outcome). */
+#define KVHOST_CACHE_EVICTED 0
+#define KVHOST_CACHE_EVICT_ABSENT 1
+#define KVHOST_CACHE_EVICT_BUSY 2 /* pinned or being written: kept */
+/* Event kinds (kvhost.v1.CacheEvent.Kind). */
+#define KVHOST_CACHE_EVENT_STORED 0
+#define KVHOST_CACHE_EVENT_EVICTED 1
+
+/* kvhost.v1.CacheStats: keys now (published, writing, pinned) and counts
+ * since the cache's pool was created. 88 bytes, no padding. */
+typedef struct kvhost_cache_stats {
+  uint64_t page_num;
+  uint64_t free_pages;
+  uint64_t published;
+  uint64_t writing;
+  uint64_t pinned;
+  uint64_t hits;
+  uint64_t misses;
+  uint64_t stored;
+  uint64_t skipped;
+  uint64_t evicted;
+  uint64_t aborted;
+} kvhost_cache_stats;
+
+/* One kvhost.v1.CacheEvent: its key is key[0, key_len). 272 bytes. */
+typedef struct kvhost_cache_event {
+  uint64_t seq;
+  int32_t kind; /* KVHOST_CACHE_EVENT_* */
+  uint32_t key_len;
+  uint8_t key[KVHOST_CACHE_MAX_KEY_BYTES];
+} kvhost_cache_event;
+
+/* Which keys are present (CacheLookup): *prefix (may be NULL) the present
+ * keys from the first on, states their KVHOST_CACHE_* states. With pin
+ * (worker session), that prefix stays pinned until kvhost_cache_release_pin
+ * or the session's end: *pin_id (may be NULL) its id, 0 for an empty
+ * prefix or without pin. */
+KVHOST_C_API int kvhost_cache_lookup(kvhost_client* client, const char* cache,
+                                     const void* const* keys, const size_t* key_lens,
+                                     size_t num_keys, int pin, uint32_t* prefix, int32_t* states,
+                                     uint64_t* pin_id, char* err, size_t err_len);
+/* Backs up the keys not yet present from the attachment's device rows
+ * (CacheStore): key i's page is device_indices[i * page_size, (i + 1) *
+ * page_size), so num_device is num_keys * page_size. states get ABSENT
+ * for a key this store writes, PRESENT or PENDING for one it skips. *ticket
+ * (may be NULL) the backup's ticket, published when it ends well
+ * (kvhost_transfer_wait); ticket_id 0 (event_set -1) when every key was
+ * skipped. *evicted (may be NULL) the published pages evicted to make room.
+ * ready_event_handle as kvhost_backup's wait_event_handle (cuda backend). */
+KVHOST_C_API int kvhost_cache_store(kvhost_client* client, const char* cache,
+                                    const kvhost_attachment* attachment, const void* const* keys,
+                                    const size_t* key_lens, size_t num_keys,
+                                    const int64_t* device_indices, size_t num_device,
+                                    const void* ready_event_handle, size_t ready_event_handle_len,
+                                    int32_t* states, kvhost_load_ticket* ticket, uint64_t* evicted,
+                                    char* err, size_t err_len);
+/* Loads every key's page into the attachment's device rows (CacheRestore;
+ * rows as kvhost_cache_store's): every key must be present, else
+ * KVHOST_FAILED_PRECONDITION naming the first that is not. *ticket (may be
+ * NULL) the load's ticket, with its event set and layer base as
+ * kvhost_load_with_events gives them (kvhost_wait_layer); the pages stay
+ * pinned until it ends. wait_event_handle as
+ * kvhost_load_group_with_events_after's (cuda backend). */
+KVHOST_C_API int kvhost_cache_restore(kvhost_client* client, const char* cache,
+                                      const kvhost_attachment* attachment, const void* const* keys,
+                                      const size_t* key_lens, size_t num_keys,
+                                      const int64_t* device_indices, size_t num_device,
+                                      const void* wait_event_handle, size_t wait_event_handle_len,
+                                      kvhost_load_ticket* ticket, char* err, size_t err_len);
+/* Releases a pin of kvhost_cache_lookup; KVHOST_NOT_FOUND for one that is
+ * not this session's (or released already). */
+KVHOST_C_API int kvhost_cache_release_pin(kvhost_client* client, const char* cache, uint64_t pin_id,
+                                          char* err, size_t err_len);
+/* Evicts published, unpinned keys (CacheEvict): outcomes get one
+ * KVHOST_CACHE_EVICTED / _EVICT_ABSENT / _EVICT_BUSY per key, *evicted (may
+ * be NULL) the keys evicted. */
+KVHOST_C_API int kvhost_cache_evict(kvhost_client* client, const char* cache,
+                                    const void* const* keys, const size_t* key_lens,
+                                    size_t num_keys, int32_t* outcomes, uint64_t* evicted,
+                                    char* err, size_t err_len);
+/* The cache's counters (GetCacheStats) into *stats. */
+KVHOST_C_API int kvhost_cache_get_stats(kvhost_client* client, const char* cache,
+                                        kvhost_cache_stats* stats, char* err, size_t err_len);
+/* Stored and evicted keys after sequence number after_seq (0: from the
+ * oldest kept), oldest first (ReadCacheEvents): at most max_events (0:
+ * KVHOST_CACHE_MAX_EVENTS) and at most `capacity`, so they always fit:
+ * events[0, *count). *next_after (may be NULL) is the after_seq of the next
+ * read; *gap (may be NULL) 1 when events after after_seq were dropped
+ * before this read (the reader fell behind, or kvhostd restarted):
+ * resynchronise from kvhost_cache_lookup. capacity 0 is
+ * KVHOST_INVALID_ARGUMENT. */
+KVHOST_C_API int kvhost_cache_read_events(kvhost_client* client, const char* cache,
+                                          uint64_t after_seq, uint32_t max_events,
+                                          kvhost_cache_event* events, size_t capacity,
+                                          size_t* count, uint64_t* next_after, int32_t* gap,
+                                          char* err, size_t err_len);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
