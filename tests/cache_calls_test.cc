@@ -298,6 +298,31 @@ TEST_F(CacheCallsTest, EvictionUnderPressureSparesPinnedPagesAndAStoreThatCannot
   EXPECT_EQ(after.free_pages(), before.free_pages());
   EXPECT_EQ(after.writing(), 0u);
 
+  // Refused by the copy path after the index chose its victims (rows past
+  // the device pool; a ready fence the host backend cannot wait on): the
+  // victims stay, nothing is logged or counted.
+  uint64_t last = 0;  // the newest event's sequence number
+  for (absl::StatusOr<v1::CacheEventBatch> e = admin_->ReadCacheEvents(kCache, last);
+       e.ok() && !e->events().empty(); e = admin_->ReadCacheEvents(kCache, last)) {
+    last = e->next_after();
+  }
+  std::vector<int64_t> past = PageRows(0, 2);
+  past.back() = static_cast<int64_t>(kDeviceTokens);
+  absl::StatusOr<v1::CacheStoreReply> bad_rows =
+      a_->client->CacheStore(kCache, a_->attachment, Keys("y", 0, 2), past);
+  EXPECT_EQ(bad_rows.status().code(), absl::StatusCode::kInvalidArgument) << bad_rows.status();
+  absl::StatusOr<v1::CacheStoreReply> bad_fence = a_->client->CacheStore(
+      kCache, a_->attachment, Keys("y", 0, 2), PageRows(0, 2), "not-an-event");
+  EXPECT_EQ(bad_fence.status().code(), absl::StatusCode::kFailedPrecondition) << bad_fence.status();
+  const v1::CacheStats unchanged = Stats();
+  EXPECT_EQ(unchanged.published(), before.published());
+  EXPECT_EQ(unchanged.evicted(), before.evicted());
+  EXPECT_EQ(unchanged.aborted(), before.aborted());
+  EXPECT_EQ(unchanged.free_pages(), 0u);
+  absl::StatusOr<v1::CacheEventBatch> none = admin_->ReadCacheEvents(kCache, last);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->events().empty()) << "a refused store logged events";
+
   // The pinned pages are whole; once b's session ends its pin goes and the
   // same store fits.
   ASSERT_TRUE(b_->Restore(Keys("a", 0, 4), 4).ok());

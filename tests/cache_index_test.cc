@@ -32,9 +32,20 @@ class CacheIndexTest : public ::testing::Test {
   explicit CacheIndexTest(uint64_t pages = 4, CacheLimits limits = {})
       : allocator_(pages, kPageSize), index_(&allocator_, limits) {}
 
+  // BeginStore, committed (the copies submitted) when it writes anything.
+  absl::StatusOr<CacheStorePlan> Begin(const std::vector<std::string>& keys,
+                                       const std::string& holder) {
+    absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(keys, holder);
+    if (plan.ok() && plan->store_id != 0) {
+      const absl::Status s = index_.CommitStore(plan->store_id, holder);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    return plan;
+  }
+
   // Stores and publishes `keys` for `holder`.
   CacheStorePlan Store(const std::vector<std::string>& keys, const std::string& holder = "s1") {
-    absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(keys, holder);
+    absl::StatusOr<CacheStorePlan> plan = Begin(keys, holder);
     EXPECT_TRUE(plan.ok()) << plan.status();
     if (!plan.ok()) return {};
     if (plan->store_id != 0) {
@@ -54,7 +65,7 @@ class CacheIndexTest : public ::testing::Test {
 };
 
 TEST_F(CacheIndexTest, AStoredKeyIsVisibleOnlyOnceItsStoreFinishes) {
-  absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(Keys({"a", "b"}), "s1");
+  absl::StatusOr<CacheStorePlan> plan = Begin(Keys({"a", "b"}), "s1");
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(plan->states, ElementsAre(Key::kAbsent, Key::kAbsent));
   EXPECT_THAT(plan->written, ElementsAre(0, 1));
@@ -95,14 +106,14 @@ TEST_F(CacheIndexTest, ThePrefixEndsAtTheFirstKeyNotPresent) {
 }
 
 TEST_F(CacheIndexTest, TwoStoresOfOneKeyMakeOneCopy) {
-  absl::StatusOr<CacheStorePlan> first = index_.BeginStore(Keys({"a", "b"}), "s1");
-  absl::StatusOr<CacheStorePlan> second = index_.BeginStore(Keys({"b", "c"}), "s2");
+  absl::StatusOr<CacheStorePlan> first = Begin(Keys({"a", "b"}), "s1");
+  absl::StatusOr<CacheStorePlan> second = Begin(Keys({"b", "c"}), "s2");
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_THAT(second->states, ElementsAre(Key::kPending, Key::kAbsent));
   EXPECT_THAT(second->written, ElementsAre(1));
   ASSERT_TRUE(index_.FinishStore(first->store_id, "s1", true).ok());
   ASSERT_TRUE(index_.FinishStore(second->store_id, "s2", true).ok());
-  absl::StatusOr<CacheStorePlan> third = index_.BeginStore(Keys({"a", "b", "c"}), "s3");
+  absl::StatusOr<CacheStorePlan> third = Begin(Keys({"a", "b", "c"}), "s3");
   ASSERT_TRUE(third.ok());
   EXPECT_EQ(third->store_id, 0u);
   EXPECT_TRUE(third->pages.empty());
@@ -113,7 +124,7 @@ TEST_F(CacheIndexTest, TwoStoresOfOneKeyMakeOneCopy) {
 }
 
 TEST_F(CacheIndexTest, AFailedStorePublishesNothingAndFreesItsPages) {
-  absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(Keys({"a", "b"}), "s1");
+  absl::StatusOr<CacheStorePlan> plan = Begin(Keys({"a", "b"}), "s1");
   ASSERT_TRUE(plan.ok());
   ASSERT_TRUE(index_.FinishStore(plan->store_id, "s1", false).ok());
   absl::StatusOr<CacheLookup> found = index_.Lookup(Keys({"a", "b"}), nullptr);
@@ -127,7 +138,7 @@ TEST_F(CacheIndexTest, AFailedStorePublishesNothingAndFreesItsPages) {
 }
 
 TEST_F(CacheIndexTest, AnotherHoldersIdsOpenNothing) {
-  absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(Keys({"a"}), "s1");
+  absl::StatusOr<CacheStorePlan> plan = Begin(Keys({"a"}), "s1");
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(index_.FinishStore(plan->store_id, "s2", true).code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(index_.FinishStore(plan->store_id, "s1", true).ok());
@@ -163,12 +174,12 @@ TEST_F(CacheIndexTest, PinnedAndWritingPagesAreNeverEvictedAndARefusalChangesNot
   std::string holder = "reader";
   absl::StatusOr<CacheLookup> pin = index_.Lookup(Keys({"a", "b"}), &holder);
   ASSERT_TRUE(pin.ok());
-  absl::StatusOr<CacheStorePlan> writing = index_.BeginStore(Keys({"c", "d"}), "writer");
+  absl::StatusOr<CacheStorePlan> writing = Begin(Keys({"c", "d"}), "writer");
   ASSERT_TRUE(writing.ok());
   const CacheStats before = index_.stats();
   const uint64_t seq = index_.EventsSince(0, 100).next_after;
 
-  absl::StatusOr<CacheStorePlan> refused = index_.BeginStore(Keys({"e"}), "s3");
+  absl::StatusOr<CacheStorePlan> refused = Begin(Keys({"e"}), "s3");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.status().message(), HasSubstr("0 are free and 0 evictable"));
   absl::StatusOr<std::vector<CacheEvictOutcome>> evict = index_.Evict(Keys({"a", "c", "x"}));
@@ -192,7 +203,7 @@ TEST_F(CacheIndexTest, ReleaseHolderDropsItsPinsAndAbandonsItsStores) {
   Store(Keys({"a"}), "s1");
   std::string holder = "dead";
   ASSERT_TRUE(index_.Lookup(Keys({"a"}), &holder).ok());
-  absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(Keys({"b", "c"}), holder);
+  absl::StatusOr<CacheStorePlan> plan = Begin(Keys({"b", "c"}), holder);
   ASSERT_TRUE(plan.ok());
   index_.ReleaseHolder(holder);
   CacheStats s = index_.stats();
@@ -207,15 +218,83 @@ TEST_F(CacheIndexTest, ReleaseHolderDropsItsPinsAndAbandonsItsStores) {
   ExpectConserved();
 }
 
+// A store whose copies were refused (CancelStore) leaves the index as it was:
+// its victims read as absent only while it was tentative, and come back
+// published, oldest first as before, with no event and no count.
+TEST_F(CacheIndexTest, ACancelledStoreLeavesTheIndexAsItWas) {
+  Store(Keys({"a", "b", "c", "d"}));  // full: 4 pages
+  const CacheStats before = index_.stats();
+  const uint64_t seq = index_.EventsSince(0, 100).next_after;
+  absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(Keys({"x", "c", "y"}), "s1");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->evicted, 2u);
+  absl::StatusOr<CacheLookup> during = index_.Lookup(Keys({"a", "b", "c"}), nullptr);
+  ASSERT_TRUE(during.ok());
+  EXPECT_THAT(during->states, ElementsAre(Key::kAbsent, Key::kAbsent, Key::kPresent));
+  // A victim is another store's to write or give back: pending to a store.
+  absl::StatusOr<CacheStorePlan> other = index_.BeginStore(Keys({"a"}), "s2");
+  ASSERT_TRUE(other.ok());
+  EXPECT_THAT(other->states, ElementsAre(Key::kPending));
+  EXPECT_EQ(index_.FinishStore(plan->store_id, "s1", true).code(), absl::StatusCode::kNotFound)
+      << "not committed";
+  ASSERT_TRUE(index_.CancelStore(plan->store_id, "s1").ok());
+  EXPECT_EQ(index_.CancelStore(plan->store_id, "s1").code(), absl::StatusCode::kNotFound);
+
+  const CacheStats after = index_.stats();
+  EXPECT_EQ(after.published, before.published);
+  EXPECT_EQ(after.free_pages, before.free_pages);
+  EXPECT_EQ(after.writing, 0u);
+  EXPECT_EQ(after.evicted, 0u);
+  EXPECT_EQ(after.aborted, 0u);
+  EXPECT_EQ(after.skipped, before.skipped + 1) << "only s2's skipped 'a' counts";
+  EXPECT_TRUE(index_.EventsSince(seq, 100).events.empty());
+  absl::StatusOr<CacheLookup> back = index_.Lookup(Keys({"a", "b", "c", "d"}), nullptr);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->prefix, 4u);
+  // The next store that needs a page still evicts the oldest unused key;
+  // the lookup just made all four recently used, in order, so "a".
+  CacheStorePlan next = Store(Keys({"e"}));
+  EXPECT_EQ(next.evicted, 1u);
+  absl::StatusOr<CacheLookup> gone = index_.Lookup(Keys({"a"}), nullptr);
+  EXPECT_THAT(gone->states, ElementsAre(Key::kAbsent));
+  ExpectConserved();
+}
+
+// A key a store finds present is skipped, so never evicted by that store.
+TEST_F(CacheIndexTest, AStoreNeverEvictsAKeyItFoundPresent) {
+  Store(Keys({"a", "b", "c", "d"}));
+  CacheStorePlan plan = Store(Keys({"a", "x"}));  // "a" is the oldest
+  EXPECT_THAT(plan.states, ElementsAre(Key::kPresent, Key::kAbsent));
+  EXPECT_EQ(plan.evicted, 1u);
+  absl::StatusOr<CacheLookup> found = index_.Lookup(Keys({"a", "b", "x"}), nullptr);
+  ASSERT_TRUE(found.ok());
+  EXPECT_THAT(found->states, ElementsAre(Key::kPresent, Key::kAbsent, Key::kPresent));
+  ExpectConserved();
+}
+
+// A holder that ends with a tentative store gives its victims back.
+TEST_F(CacheIndexTest, ReleaseHolderCancelsATentativeStore) {
+  Store(Keys({"a", "b", "c", "d"}));
+  absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(Keys({"x"}), "dead");
+  ASSERT_TRUE(plan.ok());
+  index_.ReleaseHolder("dead");
+  EXPECT_EQ(index_.CommitStore(plan->store_id, "dead").code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<CacheLookup> found = index_.Lookup(Keys({"a", "b", "c", "d", "x"}), nullptr);
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(found->prefix, 4u);
+  EXPECT_EQ(index_.stats().aborted, 0u);
+  ExpectConserved();
+}
+
 TEST_F(CacheIndexTest, BadKeyListsAreRefusedNamingTheKey) {
   Store(Keys({"a"}));
   const CacheStats before = index_.stats();
   std::vector<std::string> none;
   EXPECT_EQ(index_.Lookup(none, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
-  absl::Status empty = index_.BeginStore(Keys({"b", ""}), "s1").status();
+  absl::Status empty = Begin(Keys({"b", ""}), "s1").status();
   EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(empty.message(), HasSubstr("key 1 is empty"));
-  absl::Status twice = index_.BeginStore(Keys({"b", "c", "b"}), "s1").status();
+  absl::Status twice = Begin(Keys({"b", "c", "b"}), "s1").status();
   EXPECT_THAT(twice.message(), HasSubstr("key 2 repeats"));
   std::vector<std::string> long_key = {std::string(257, 'k')};
   absl::Status too_long = index_.Evict(long_key).status();
@@ -243,9 +322,9 @@ class CacheIndexBoundsTest : public CacheIndexTest {
 };
 
 TEST_F(CacheIndexBoundsTest, AHolderIsBoundedAndOthersAreNot) {
-  absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(Keys({"a", "b"}), "greedy");
+  absl::StatusOr<CacheStorePlan> plan = Begin(Keys({"a", "b"}), "greedy");
   ASSERT_TRUE(plan.ok());
-  absl::Status over = index_.BeginStore(Keys({"c"}), "greedy").status();
+  absl::Status over = Begin(Keys({"c"}), "greedy").status();
   EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(over.message(), HasSubstr("holds 2 cache pages"));
   EXPECT_TRUE(index_.BeginStore(Keys({"c"}), "other").ok());
@@ -293,7 +372,13 @@ TEST_F(CacheIndexTest, RandomCallsKeepPagesConserved) {
     switch (rng() % 6) {
       case 0: {
         absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(keys, holder);
-        if (plan.ok() && plan->store_id != 0) open_stores.push_back({plan->store_id, holder});
+        if (!plan.ok() || plan->store_id == 0) break;
+        if (rng() % 5 == 0) {  // the copies were refused
+          ASSERT_TRUE(index_.CancelStore(plan->store_id, holder).ok());
+        } else {
+          ASSERT_TRUE(index_.CommitStore(plan->store_id, holder).ok());
+          open_stores.push_back({plan->store_id, holder});
+        }
         break;
       }
       case 1:
@@ -353,6 +438,7 @@ TEST(CacheIndexConcurrencyTest, ConcurrentStoresOfOneKeyWriteItOnce) {
         ASSERT_TRUE(plan.ok()) << plan.status();
         written += static_cast<int>(plan->written.size());
         if (plan->store_id != 0) {
+          ASSERT_TRUE(index.CommitStore(plan->store_id, holder).ok());
           ASSERT_TRUE(index.FinishStore(plan->store_id, holder, true).ok());
         }
       }

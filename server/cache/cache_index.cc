@@ -102,7 +102,7 @@ absl::StatusOr<CacheLookup> CacheIndex::Lookup(absl::Span<const std::string> key
   for (const std::string& key : keys) {
     auto it = entries_.find(key);
     CacheKeyState state = CacheKeyState::kAbsent;
-    if (it != entries_.end()) {
+    if (it != entries_.end() && it->second.state != EntryState::kEvicting) {
       state = it->second.state == EntryState::kPublished ? CacheKeyState::kPresent
                                                          : CacheKeyState::kPending;
     }
@@ -165,12 +165,17 @@ absl::StatusOr<CacheStorePlan> CacheIndex::BeginStore(absl::Span<const std::stri
   absl::MutexLock lock(&mu_);
   CacheStorePlan plan;
   plan.states.reserve(keys.size());
+  // This call's keys found present: skipped, so never its own victims.
+  absl::flat_hash_set<const std::string*> own;
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = entries_.find(keys[i]);
     CacheKeyState state = CacheKeyState::kAbsent;
     if (it != entries_.end()) {
+      // Another store's victim is left to that store: pending, like a key
+      // being written.
       state = it->second.state == EntryState::kPublished ? CacheKeyState::kPresent
                                                          : CacheKeyState::kPending;
+      if (it->second.in_lru) own.insert(&it->first);
     }
     if (state == CacheKeyState::kAbsent) plan.written.push_back(i);
     plan.states.push_back(state);
@@ -182,21 +187,32 @@ absl::StatusOr<CacheStorePlan> CacheIndex::BeginStore(absl::Span<const std::stri
   }
   if (absl::Status s = CheckHeld(holder, want); !s.ok()) return s;
   const uint64_t free = pages_->free_pages();
-  if (free + lru_.size() < want) {
+  const uint64_t evictable = lru_.size() - own.size();
+  const uint64_t victims = want > free ? want - free : 0;
+  if (victims > evictable) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        want, " cache pages wanted, but only ", free, " are free and ", lru_.size(), " evictable (",
+        want, " cache pages wanted, but only ", free, " are free and ", evictable, " evictable (",
         entries_.size() - lru_.size(), " are pinned or being written) of ", pages_->page_num()));
   }
-  // Least recently used first, only as many as the store lacks.
-  while (pages_->free_pages() < want) {
-    const std::string* key = lru_.front();
-    EvictEntry(entries_.find(*key));
-    ++plan.evicted;
+  Store store{holder, {}, {}, keys.size() - want, false};
+  if (want > victims) {
+    if (absl::Status s = pages_->Alloc((want - victims) * pages_->page_size(), &plan.pages);
+        !s.ok()) {
+      return s;  // cannot happen: the pages were counted free above, under this lock
+    }
   }
-  if (absl::Status s = pages_->Alloc(want * pages_->page_size(), &plan.pages); !s.ok()) {
-    return s;  // cannot happen: the pages were counted free above, under this lock
+  // Least recently used first, only as many as the store lacks: read as
+  // absent from now on, evicted at CommitStore.
+  for (auto it = lru_.begin(); store.victims.size() < victims;) {
+    const std::string* key = *it++;
+    if (own.contains(key)) continue;
+    Entry& entry = entries_.find(*key)->second;
+    MakeUnevictable(&entry);
+    entry.state = EntryState::kEvicting;
+    store.victims.push_back(key);
+    plan.pages.push_back(entry.page);
   }
-  Store store{holder, {}};
+  plan.evicted = victims;
   store.keys.reserve(want);
   for (size_t j = 0; j < want; ++j) {
     auto [it, inserted] = entries_.try_emplace(keys[plan.written[j]]);
@@ -205,17 +221,79 @@ absl::StatusOr<CacheStorePlan> CacheIndex::BeginStore(absl::Span<const std::stri
   }
   counters_.writing += want;
   held_[holder] += want;
-  counters_.skipped += keys.size() - want;
+  counters_.skipped += store.skipped;
   plan.store_id = next_id_++;
   stores_.emplace(plan.store_id, std::move(store));
   return plan;
 }
 
+absl::flat_hash_map<uint64_t, CacheIndex::Store>::iterator CacheIndex::FindStore(
+    uint64_t store_id, const std::string& holder, bool committed) {
+  auto it = stores_.find(store_id);
+  if (it == stores_.end() || it->second.holder != holder || it->second.committed != committed) {
+    return stores_.end();
+  }
+  return it;
+}
+
+absl::Status CacheIndex::CommitStore(uint64_t store_id, const std::string& holder) {
+  absl::MutexLock lock(&mu_);
+  auto it = FindStore(store_id, holder, /*committed=*/false);
+  if (it == stores_.end()) {
+    return absl::NotFoundError(absl::StrCat("no uncommitted store ", store_id, " of this session"));
+  }
+  for (const std::string* key : it->second.victims) {
+    // Its page is the store's now: not freed.
+    auto victim = entries_.find(*key);
+    Log(CacheEvent::Kind::kEvicted, victim->first);
+    ++counters_.evicted;
+    --counters_.published;
+    entries_.erase(victim);
+  }
+  it->second.victims.clear();
+  it->second.committed = true;
+  return absl::OkStatus();
+}
+
+void CacheIndex::Undo(const Store& store) {
+  // The last victims.size() keys took the victims' pages; the others'
+  // pages came from the allocator.
+  const size_t from_allocator = store.keys.size() - store.victims.size();
+  for (size_t j = 0; j < store.keys.size(); ++j) {
+    auto it = entries_.find(*store.keys[j]);
+    if (j < from_allocator) FreePage(it->second.page);
+    entries_.erase(it);
+  }
+  // Back as the least recently used, in their order.
+  for (auto v = store.victims.rbegin(); v != store.victims.rend(); ++v) {
+    Entry& entry = entries_.find(**v)->second;
+    entry.state = EntryState::kPublished;
+    entry.lru = lru_.insert(lru_.begin(), *v);
+    entry.in_lru = true;
+  }
+  counters_.writing -= store.keys.size();
+  counters_.skipped -= store.skipped;
+  auto held = held_.find(store.holder);
+  held->second -= store.keys.size();
+  if (held->second == 0) held_.erase(held);
+}
+
+absl::Status CacheIndex::CancelStore(uint64_t store_id, const std::string& holder) {
+  absl::MutexLock lock(&mu_);
+  auto it = FindStore(store_id, holder, /*committed=*/false);
+  if (it == stores_.end()) {
+    return absl::NotFoundError(absl::StrCat("no uncommitted store ", store_id, " of this session"));
+  }
+  Undo(it->second);
+  stores_.erase(it);
+  return absl::OkStatus();
+}
+
 absl::Status CacheIndex::FinishStore(uint64_t store_id, const std::string& holder, bool ok) {
   absl::MutexLock lock(&mu_);
-  auto it = stores_.find(store_id);
-  if (it == stores_.end() || it->second.holder != holder) {
-    return absl::NotFoundError(absl::StrCat("no store ", store_id, " of this session"));
+  auto it = FindStore(store_id, holder, /*committed=*/true);
+  if (it == stores_.end()) {
+    return absl::NotFoundError(absl::StrCat("no committed store ", store_id, " of this session"));
   }
   for (const std::string* key : it->second.keys) {
     if (ok) {
@@ -263,7 +341,11 @@ void CacheIndex::ReleaseHolder(const std::string& holder) {
   }
   for (auto it = stores_.begin(); it != stores_.end();) {
     if (it->second.holder == holder) {
-      for (const std::string* key : it->second.keys) DropWriting(key);
+      if (it->second.committed) {
+        for (const std::string* key : it->second.keys) DropWriting(key);
+      } else {
+        Undo(it->second);
+      }
       stores_.erase(it++);
     } else {
       ++it;

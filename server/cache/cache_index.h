@@ -5,13 +5,18 @@
 // bytes are moved by the transfer path into and out of the pages it names.
 //
 // A key's life: BeginStore reserves a page for it (the key is WRITING, seen by
-// Lookup as PENDING, never as present); FinishStore(ok) publishes it (PRESENT:
+// Lookup as PENDING, never as present). The store is tentative until
+// CommitStore (its copies were submitted) or CancelStore (they were refused:
+// the index is as before BeginStore, but for the order of use). Then
+// FinishStore(ok) publishes it (PRESENT:
 // a reader never sees a page before all its bytes landed), FinishStore(failed)
 // or the writer's holder ending (ReleaseHolder) drops it and frees its page.
 // A published key stays until it is evicted: by Evict, or by a BeginStore that
 // needs its page, least recently used first (Lookup and a restore's Unpin use
-// a key). A pinned key (Lookup with a holder, for a following restore) and a
-// WRITING key are never evicted.
+// a key); a store's victims read as absent from BeginStore on, and are
+// evicted (logged, counted, their pages the store's) at CommitStore, or are
+// published again, bytes untouched, at CancelStore. A pinned key (Lookup with a holder, for a
+// following restore) and a WRITING key are never evicted.
 //
 // Bounds, per call and per holder (a holder is the session a pin or a store
 // belongs to; ReleaseHolder drops everything it holds when it ends): a key's
@@ -157,9 +162,16 @@ class CacheIndex {
   // max_held_pages_per_holder (nothing evicted then).
   absl::StatusOr<CacheStorePlan> BeginStore(absl::Span<const std::string> keys,
                                             const std::string& holder);
-  // Publishes the store's keys (ok) or drops them and frees their pages.
-  // NOT_FOUND for an unknown (finished, abandoned) store id and for another
-  // holder's store.
+  // The store's copies were submitted: its victims are evicted for good.
+  // CancelStore: they were refused: everything BeginStore did is undone
+  // (victims published again, pages freed, counters back), as if the call
+  // had not been made. NOT_FOUND (both) for an unknown or committed store id
+  // and for another holder's store.
+  absl::Status CommitStore(uint64_t store_id, const std::string& holder);
+  absl::Status CancelStore(uint64_t store_id, const std::string& holder);
+  // Publishes a committed store's keys (ok) or drops them and frees their
+  // pages. NOT_FOUND for an unknown (finished, abandoned) or uncommitted
+  // store id and for another holder's store.
   absl::Status FinishStore(uint64_t store_id, const std::string& holder, bool ok);
 
   // Evicts published, unpinned keys; says per key what happened.
@@ -167,7 +179,8 @@ class CacheIndex {
   absl::StatusOr<std::vector<CacheEvictOutcome>> Evict(absl::Span<const std::string> keys);
 
   // Drops the holder's pins and abandons its unfinished stores (their keys
-  // are dropped, their pages freed): the holder's session ended.
+  // are dropped, their pages freed; an uncommitted one is cancelled): the
+  // holder's session ended.
   void ReleaseHolder(const std::string& holder);
 
   // Events with a sequence number above after_seq, oldest first, at most
@@ -182,7 +195,9 @@ class CacheIndex {
   absl::Status CheckKeys(absl::Span<const std::string> keys) const;
 
  private:
-  enum class EntryState : uint8_t { kWriting, kPublished };
+  // kEvicting: a tentative store's victim, read as absent until its store
+  // commits (the entry goes) or cancels (published again).
+  enum class EntryState : uint8_t { kWriting, kPublished, kEvicting };
   struct Entry {
     uint64_t page = 0;
     EntryState state = EntryState::kWriting;
@@ -198,6 +213,11 @@ class CacheIndex {
   struct Store {
     std::string holder;
     std::vector<const std::string*> keys;
+    // Until CommitStore: the victims whose pages the last keys took (in
+    // order), and the keys the call skipped.
+    std::vector<const std::string*> victims;
+    uint64_t skipped = 0;
+    bool committed = false;
   };
   using Entries = absl::node_hash_map<std::string, Entry>;
 
@@ -208,6 +228,13 @@ class CacheIndex {
   // Drops a writing entry and frees its page (a store that did not finish).
   void DropWriting(const std::string* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Release(const Pin& pin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CancelStore's work on a found, uncommitted store.
+  void Undo(const Store& store) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The store of `store_id` held by `holder`, with `committed` as asked.
+  absl::flat_hash_map<uint64_t, Store>::iterator FindStore(uint64_t store_id,
+                                                           const std::string& holder,
+                                                           bool committed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Publish(const std::string* key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Log(CacheEvent::Kind kind, const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePage(uint64_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -124,9 +124,17 @@ absl::StatusOr<NodeCache::Stored> NodeCache::Store(const Caller& caller,
   absl::StatusOr<std::shared_ptr<Ticket>> ticket = transfers_->Submit(
       caller, attachment_id, Direction::kBackup, Slots(out.plan.pages), rows, ready_fence);
   if (!ticket.ok()) {
-    StoreEnded(store_id, ticket.status());
+    // Refused (bad rows, a fence this backend cannot wait on, no event set
+    // free): the cache is as before the call, its victims published again.
+    {
+      absl::MutexLock lock(&mu_);
+      stores_.erase(store_id);
+    }
+    (void)index_.CancelStore(store_id, *holder);
     return ticket.status();
   }
+  // Submitted: the victims' pages are being written now.
+  (void)index_.CommitStore(store_id, *holder);
   out.ticket = *ticket;
   // Published before a waiter sees the ticket done; a ticket that finished
   // already (its copies were quick) publishes as soon as its end is known.
