@@ -6,7 +6,11 @@
 //    Alloc / Free / GetPageBufferMeta / GetDataPage / SetFromFlatDataPage /
 //    GetPool on pools of several kinds and page sizes, of which a share
 //    (--invalid-share) are deliberately invalid requests, each checked for its
-//    exact status code and for the pool being unchanged after it;
+//    exact status code and for the pool being unchanged after it; beside
+//    them, lookups of a node cache (valid: keys it does not hold; invalid:
+//    an empty, too long or repeated key, too many keys, no token, a pool
+//    that is not a node cache, an unknown cache), each invalid one checked
+//    for its code and for the cache's figures being unchanged after it;
 //  * worker processes (--workers; this binary again, with --worker), each
 //    with its own Client in a worker session and a ShmDevicePool attached to
 //    a pool: they write a pattern into device rows, back it up, journal what
@@ -265,6 +269,7 @@ struct Ledger {
 struct Shared {
   std::shared_mutex mu;  // shared: valid requests; exclusive: invalid ones, checks
   std::vector<SchedPool> pools;
+  std::string cache;  // the node cache's name
   // [thread][pool], written only by its thread while it holds `mu` shared.
   std::vector<std::vector<Ledger>> ledgers;
   Counters counters;
@@ -302,6 +307,13 @@ enum class Invalid {
   kSetWrongSize,
   kSetUnknownPool,
   kGetPoolUnknown,
+  kCacheEmptyKey,
+  kCacheKeyTooLong,
+  kCacheKeyRepeated,
+  kCacheTooManyKeys,
+  kCacheNoToken,
+  kCacheNotACache,
+  kCacheUnknown,
   kCount,
 };
 
@@ -309,14 +321,21 @@ constexpr int kInvalidKinds = static_cast<int>(Invalid::kCount);
 
 // JSON names of the kinds, in enum order.
 constexpr const char* kInvalidNames[kInvalidKinds] = {
-    "alloc_zero_tokens",       "alloc_not_page_multiple", "alloc_more_than_pool",
-    "alloc_over_call_limit",   "alloc_unknown_pool",      "free_index_out_of_range",
-    "free_negative_index",     "free_page_twice",         "free_not_page_start",
-    "free_broken_page_run",    "free_empty_list",         "free_unallocated_page",
-    "meta_index_out_of_range", "meta_negative_index",     "get_page_unallocated",
-    "get_page_not_page_start", "get_page_negative",       "get_page_out_of_range",
-    "set_page_wrong_size",     "set_page_unknown_pool",   "get_pool_unknown",
+    "alloc_zero_tokens",          "alloc_not_page_multiple",   "alloc_more_than_pool",
+    "alloc_over_call_limit",      "alloc_unknown_pool",        "free_index_out_of_range",
+    "free_negative_index",        "free_page_twice",           "free_not_page_start",
+    "free_broken_page_run",       "free_empty_list",           "free_unallocated_page",
+    "meta_index_out_of_range",    "meta_negative_index",       "get_page_unallocated",
+    "get_page_not_page_start",    "get_page_negative",         "get_page_out_of_range",
+    "set_page_wrong_size",        "set_page_unknown_pool",     "get_pool_unknown",
+    "cache_lookup_empty_key",     "cache_lookup_key_too_long", "cache_evict_repeated_key",
+    "cache_lookup_too_many_keys", "cache_lookup_no_token",     "cache_lookup_not_a_cache",
+    "cache_stats_unknown_cache",
 };
+
+// The node cache the schedulers look into, and its owner token.
+constexpr char kCacheSuffix[] = "node-cache";
+constexpr char kCacheToken[] = "soak-cache-token";
 
 const char* InvalidName(Invalid kind) { return kInvalidNames[static_cast<int>(kind)]; }
 
@@ -350,11 +369,13 @@ constexpr int kMailboxGrab = 64;
 // One scheduler thread.
 class Scheduler {
  public:
-  Scheduler(Shared* shared, size_t id, std::unique_ptr<kvhost::Client> client, uint64_t seed,
-            double invalid_share)
+  // `cache_client` presents the node cache's token; `client` none.
+  Scheduler(Shared* shared, size_t id, std::unique_ptr<kvhost::Client> client,
+            std::unique_ptr<kvhost::Client> cache_client, uint64_t seed, double invalid_share)
       : shared_(shared),
         id_(id),
         client_(std::move(client)),
+        cache_client_(std::move(cache_client)),
         rng_(seed),
         invalid_share_(invalid_share) {}
 
@@ -435,7 +456,26 @@ class Scheduler {
     }
   }
 
+  // Keys the cache never holds (nothing stores into it): all absent.
+  std::vector<std::string> CacheKeys(size_t n) {
+    std::vector<std::string> keys;
+    for (size_t i = 0; i < n; ++i) keys.push_back(absl::StrCat("soak-", id_, "-", rng_(), "-", i));
+    return keys;
+  }
+
+  void ValidCacheRequest() {
+    std::shared_lock lock(shared_->mu);
+    absl::StatusOr<v1::CacheLookupReply> found =
+        cache_client_->CacheLookup(shared_->cache, CacheKeys(1 + rng_() % 8));
+    if (!ExpectOk(found.status(), "CacheLookup")) return;
+    if (found->prefix() != 0) Fail(absl::StrCat("CacheLookup found ", found->prefix(), " keys"));
+  }
+
   void ValidRequest() {
+    if (rng_() % 8 == 0) {
+      ValidCacheRequest();
+      return;
+    }
     std::shared_lock lock(shared_->mu);
     const size_t p = rng_() % shared_->pools.size();
     SchedPool& pool = shared_->pools[p];
@@ -528,6 +568,62 @@ class Scheduler {
     }
   }
 
+  // One invalid call of the node cache, `kind` one of the kCache kinds, on
+  // a quiet cache: its code must be the kind's, and afterwards every figure
+  // of the cache as before it (a refused lookup counts no hit or miss).
+  // REQUIRES: `mu` held exclusively.
+  void InvalidCacheRequest(Invalid kind, const std::string& not_a_cache) {
+    const std::string& cache = shared_->cache;
+    absl::StatusOr<v1::CacheStats> before = cache_client_->GetCacheStats(cache);
+    if (!ExpectOk(before.status(), "GetCacheStats")) return;
+    absl::StatusCode expected = absl::StatusCode::kInvalidArgument;
+    absl::Status status;
+    std::vector<std::string> keys = CacheKeys(1 + rng_() % 4);
+    switch (kind) {
+      case Invalid::kCacheEmptyKey:
+        keys[rng_() % keys.size()].clear();
+        status = cache_client_->CacheLookup(cache, keys).status();
+        break;
+      case Invalid::kCacheKeyTooLong:
+        keys[rng_() % keys.size()] = std::string(257, 'k');
+        status = cache_client_->CacheLookup(cache, keys).status();
+        break;
+      case Invalid::kCacheKeyRepeated:
+        keys.push_back(keys.front());
+        status = cache_client_->CacheEvict(cache, keys).status();
+        break;
+      case Invalid::kCacheTooManyKeys:
+        status = cache_client_->CacheLookup(cache, CacheKeys(4097)).status();
+        break;
+      case Invalid::kCacheNoToken:
+        expected = absl::StatusCode::kPermissionDenied;
+        status = client_->CacheLookup(cache, keys).status();
+        break;
+      case Invalid::kCacheNotACache:
+        expected = absl::StatusCode::kFailedPrecondition;
+        status = cache_client_->CacheLookup(not_a_cache, keys).status();
+        break;
+      default:
+        expected = absl::StatusCode::kNotFound;
+        status = cache_client_->GetCacheStats(absl::StrCat(cache, "-missing")).status();
+        break;
+    }
+    shared_->counters.Count(status);
+    shared_->counters.invalid.fetch_add(1, std::memory_order_relaxed);
+    invalid_kinds_[static_cast<int>(kind)].fetch_add(1, std::memory_order_relaxed);
+    if (status.code() != expected) {
+      Fail(absl::StrCat(InvalidName(kind), ": expected ", absl::StatusCodeToString(expected),
+                        ", got ", StatusText(status)));
+    }
+    absl::StatusOr<v1::CacheStats> after = cache_client_->GetCacheStats(cache);
+    if (!ExpectOk(after.status(), "GetCacheStats")) return;
+    shared_->counters.conservation_checks.fetch_add(1, std::memory_order_relaxed);
+    if (after->SerializeAsString() != before->SerializeAsString()) {
+      Fail(absl::StrCat("after ", InvalidName(kind), " the cache's figures changed: ",
+                        before->ShortDebugString(), " -> ", after->ShortDebugString()));
+    }
+  }
+
   // One invalid request on a quiet pool: its code must be `expected`, and
   // afterwards the pool's free count and this thread's pages unchanged.
   void InvalidRequest() {
@@ -536,6 +632,10 @@ class Scheduler {
     const SchedPool& pool = shared_->pools[p];
     Ledger& ledger = mine(p);
     Invalid kind = static_cast<Invalid>(rng_() % kInvalidKinds);
+    if (kind >= Invalid::kCacheEmptyKey) {
+      InvalidCacheRequest(kind, pool.name);
+      return;
+    }
     const bool paged = pool.page_size > 1;
     if (!paged && (kind == Invalid::kAllocUnaligned || kind == Invalid::kFreeUnaligned ||
                    kind == Invalid::kFreeBrokenRun || kind == Invalid::kPageUnaligned)) {
@@ -646,6 +746,13 @@ class Scheduler {
         expected = absl::StatusCode::kNotFound;
         status = client_->GetPool(unknown).status();
         break;
+      case Invalid::kCacheEmptyKey:  // InvalidCacheRequest's
+      case Invalid::kCacheKeyTooLong:
+      case Invalid::kCacheKeyRepeated:
+      case Invalid::kCacheTooManyKeys:
+      case Invalid::kCacheNoToken:
+      case Invalid::kCacheNotACache:
+      case Invalid::kCacheUnknown:
       case Invalid::kCount:
         break;
     }
@@ -675,6 +782,7 @@ class Scheduler {
   Shared* shared_;
   size_t id_;
   std::unique_ptr<kvhost::Client> client_;
+  std::unique_ptr<kvhost::Client> cache_client_;
   std::mt19937_64 rng_;
   double invalid_share_;
   std::array<std::atomic<uint64_t>, kInvalidKinds> invalid_kinds_{};
@@ -1482,9 +1590,12 @@ class Driver {
   }
 
  private:
-  absl::StatusOr<std::unique_ptr<kvhost::Client>> MakeClient(int distinct) {
+  // `token`: the owner token it presents (the node cache's, or none).
+  absl::StatusOr<std::unique_ptr<kvhost::Client>> MakeClient(int distinct,
+                                                             const std::string& token = "") {
     kvhost::ClientOptions options;
     options.address = address_;
+    options.owner_token = token;
     options.timeout = absl::Seconds(30);
     options.worker_session = false;
     // Distinct channel arguments: each client gets its own connection.
@@ -1519,6 +1630,14 @@ class Driver {
       for (uint64_t i = 0; i < p.page_num; ++i) p.held[i].store(0);
       shared_.pools.push_back(std::move(p));
     }
+    // The node cache, protected by its token (the schedulers' lookups).
+    absl::StatusOr<std::unique_ptr<kvhost::Client>> owner = MakeClient(0, kCacheToken);
+    if (!owner.ok()) return owner.status();
+    v1::PoolSpec cache_spec = SpecOf({kCacheSuffix, v1::MHA, v1::PAGE_FIRST, 16, 2, 64 * 16});
+    cache_spec.set_node_cache(true);
+    absl::StatusOr<v1::Pool> cache = (*owner)->CreatePool(prefix_ + kCacheSuffix, cache_spec);
+    if (!cache.ok()) return cache.status();
+    shared_.cache = cache->name();
     // Worker pools: each worker's lease twice over (leases are replaced
     // page by page after kills).
     const uint64_t worker_tokens = (workers + 1) * kLeaseSlots * 2;
@@ -1550,9 +1669,12 @@ class Driver {
     for (uint32_t i = 0; i < n; ++i) {
       absl::StatusOr<std::unique_ptr<kvhost::Client>> client = MakeClient(1 + i);
       if (!client.ok()) return client.status();
-      schedulers_.push_back(std::make_unique<Scheduler>(&shared_, i, *std::move(client),
-                                                        absl::GetFlag(FLAGS_seed) * 7919 + i,
-                                                        absl::GetFlag(FLAGS_invalid_share)));
+      absl::StatusOr<std::unique_ptr<kvhost::Client>> cache_client =
+          MakeClient(1 + n + i, kCacheToken);
+      if (!cache_client.ok()) return cache_client.status();
+      schedulers_.push_back(std::make_unique<Scheduler>(
+          &shared_, i, *std::move(client), *std::move(cache_client),
+          absl::GetFlag(FLAGS_seed) * 7919 + i, absl::GetFlag(FLAGS_invalid_share)));
     }
     for (auto& s : schedulers_) threads_.emplace_back([p = s.get()] { p->Run(); });
     return absl::OkStatus();
@@ -1903,6 +2025,10 @@ class Driver {
     }
     for (const SchedPool& pool : shared_.pools) (void)client_->DeletePool(pool.name);
     for (const WorkerPool& pool : worker_pools_) (void)client_->DeletePool(pool.name);
+    if (absl::StatusOr<std::unique_ptr<kvhost::Client>> owner = MakeClient(0, kCacheToken);
+        owner.ok()) {
+      (void)(*owner)->DeletePool(shared_.cache);
+    }
     const double elapsed = Seconds(Clock::now() - start_);
     Progress(elapsed);
 

@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL_TARGETS=(spec_fuzz allocator_fuzz layout_fuzz service_fuzz transfer_fuzz handoff_fuzz fast_path_fuzz l3_record_fuzz)
+ALL_TARGETS=(spec_fuzz allocator_fuzz layout_fuzz service_fuzz transfer_fuzz handoff_fuzz fast_path_fuzz l3_record_fuzz cache_index_fuzz)
 BUILD_DIR=${FUZZ_BUILD_DIR:-build-asan}
 seconds=30
 build=1
