@@ -27,7 +27,7 @@ void SetRows(absl::Span<const int64_t> rows, Request* request) {
 
 absl::StatusOr<v1::CacheLookupReply> Client::CacheLookup(const std::string& cache,
                                                          const std::vector<std::string>& keys,
-                                                         bool pin) {
+                                                         bool pin, bool fetch_missing) {
   if (pin) {
     if (absl::Status s =
             OpenWorkerSession(absl::StrCat("a pinning CacheLookup of cache '", cache, "'"));
@@ -39,6 +39,7 @@ absl::StatusOr<v1::CacheLookupReply> Client::CacheLookup(const std::string& cach
   request.set_cache(cache);
   SetKeys(keys, &request);
   request.set_pin(pin);
+  request.set_fetch_missing(fetch_missing);
   v1::CacheLookupReply response;
   absl::Status s = KVHOST_SESSION_CALL(cache_, Lookup, request, &response, options_.timeout);
   if (!s.ok()) return s;
@@ -49,7 +50,8 @@ absl::StatusOr<v1::CacheStoreReply> Client::CacheStore(const std::string& cache,
                                                        const std::string& attachment_id,
                                                        const std::vector<std::string>& keys,
                                                        absl::Span<const int64_t> device_indices,
-                                                       const std::string& ready_event_handle) {
+                                                       const std::string& ready_event_handle,
+                                                       bool write_through) {
   if (absl::Status s = OpenWorkerSession(absl::StrCat("CacheStore into cache '", cache, "'"));
       !s.ok()) {
     return s;
@@ -60,6 +62,7 @@ absl::StatusOr<v1::CacheStoreReply> Client::CacheStore(const std::string& cache,
   SetKeys(keys, &request);
   SetRows(device_indices, &request);
   request.set_ready_event_handle(ready_event_handle);
+  request.set_write_through(write_through);
   v1::CacheStoreReply response;
   absl::Status s = KVHOST_SESSION_CALL(cache_, Store, request, &response, options_.timeout);
   if (!s.ok()) return s;

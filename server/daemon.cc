@@ -604,7 +604,7 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   builder->RegisterService(transfers.get());
   builder->RegisterService(status.get());
   auto cache = std::make_unique<CacheServiceImpl>(registry_.get(), caches_.get(),
-                                                  options.max_indices_per_call);
+                                                  options.max_indices_per_call, storage_);
   cache_service_ = cache.get();
   builder->RegisterService(storage.get());
   builder->RegisterService(cache.get());

@@ -117,7 +117,8 @@ class Daemon {
   std::unique_ptr<NodeCaches> caches_;
   // Before the services and the server, so that it goes after them: its
   // threads finish the StorageService calls still open.
-  std::unique_ptr<StorageTier> storage_;  // null: no L3 tier
+  // Shared with the cache service, whose caches' callbacks hold it weakly.
+  std::shared_ptr<StorageTier> storage_;  // null: no L3 tier
   // After transfers_, so that it stops first: its source reads them.
   std::string handoff_path_;  // "" = none
   // Before handoff_ and the services, which use it.

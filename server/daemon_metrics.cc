@@ -210,7 +210,8 @@ void AddCacheMetrics(MetricsRegistry* r, const PoolRegistry* registry, NodeCache
       "kvhost_cache_keys_total",
       "Keys of the node cache since its pool was created, by outcome: hit and miss (Lookup), "
       "stored (published), skipped (a store found them present or pending), evicted, aborted "
-      "(a failed or abandoned store dropped them).",
+      "(a failed or abandoned store dropped them), l3_written (written through to the L3 tier), "
+      "l3_fetched (fetched from it and published), l3_missed (asked of it, no good copy).",
       {"cache", "outcome"}, [each] {
         return each(
             [](const std::string& name, const CacheStats& s, std::vector<GaugeSample>* out) {
@@ -220,6 +221,9 @@ void AddCacheMetrics(MetricsRegistry* r, const PoolRegistry* registry, NodeCache
               out->push_back({{name, "skipped"}, static_cast<double>(s.skipped)});
               out->push_back({{name, "evicted"}, static_cast<double>(s.evicted)});
               out->push_back({{name, "aborted"}, static_cast<double>(s.aborted)});
+              out->push_back({{name, "l3_written"}, static_cast<double>(s.l3_written)});
+              out->push_back({{name, "l3_fetched"}, static_cast<double>(s.l3_fetched)});
+              out->push_back({{name, "l3_missed"}, static_cast<double>(s.l3_missed)});
             });
       });
 }

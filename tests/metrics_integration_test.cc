@@ -313,6 +313,10 @@ TEST(MetricsIntegrationTest, ANodeCachesKeysAndOutcomesAreCounted) {
   EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="stored"})"), 3);
   EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="hit"})"), 3);
   EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="miss"})"), 1);
+  // No L3 tier: its outcomes are there, at 0.
+  EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="l3_written"})"), 0);
+  EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="l3_fetched"})"), 0);
+  EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="l3_missed"})"), 0);
   // A deleted cache's series go with it.
   ASSERT_TRUE(client.CacheReleasePin("nc", found->pin_id()).ok());
   ASSERT_TRUE(client.DetachDevice(att->id()).ok());

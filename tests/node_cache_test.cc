@@ -2,7 +2,9 @@
 // instances (two sessions, two attachments of the cache's pool, two emulated
 // device pools) share pages byte-exact; a store whose session ends in flight
 // publishes nothing and leaks nothing; a restore pins what it reads; bad
-// calls change nothing.
+// calls change nothing; the L3 tier behind it (a FakeBackend): keys written
+// through and fetched back byte-exact, a bad record or a lost one a miss, a
+// failed write leaving the key published, a refused fetch changing nothing.
 #include "server/cache/node_cache.h"
 
 #include <gmock/gmock.h>
@@ -18,6 +20,8 @@
 #include "absl/time/time.h"
 #include "domain_test_util.h"
 #include "server/pool/registry.h"
+#include "server/storage/fake_backend.h"
+#include "server/storage/storage_tier.h"
 #include "server/transfer/host_engine.h"
 #include "server/transfer/transfer_manager.h"
 #include "transfer_test_util.h"
@@ -312,6 +316,137 @@ TEST_F(NodeCacheTest, BadCallsAreRefusedAndChangeNothing) {
   EXPECT_EQ(after.writing, 0u);
   EXPECT_EQ(after.pinned, 0u);
   EXPECT_EQ(cache_pool_->allocator().free_pages(), free_before);
+}
+
+// The L3 tier behind the cache: a StorageTier on a FakeBackend.
+class NodeCacheL3Test : public NodeCacheTest {
+ protected:
+  void SetUp() override {
+    NodeCacheTest::SetUp();
+    StartTier(StorageTierOptions{});
+  }
+  void TearDown() override {
+    tier_.reset();  // finishes its calls, whose callbacks hold the cache
+    NodeCacheTest::TearDown();
+  }
+  void StartTier(const StorageTierOptions& options) {
+    auto fake = std::make_unique<FakeBackend>(1 << 20);
+    fake_ = fake.get();
+    tier_ = std::make_shared<StorageTier>(std::move(fake), options, secret_);
+    l3_ = CacheL3{tier_, secret_.PublicNamespace()};
+  }
+  // Stores `keys` from a's rows [0, +keys pages), written through, and waits
+  // until the tier is done with them (no pin left).
+  void StoreThrough(const std::vector<std::string>& keys) {
+    Fill(dev_, 0, static_cast<int64_t>(keys.size()) * ps_, 23);
+    absl::StatusOr<NodeCache::Stored> stored = cache_->Store(
+        a_.caller, a_.attachment, keys, Rows(0, static_cast<int64_t>(keys.size()) * ps_), "", &l3_);
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    ASSERT_NE(stored->ticket, nullptr);
+    ASSERT_TRUE(Wait(stored->ticket).ok());
+    ASSERT_TRUE(Eventually([&] { return cache_->stats().pinned == 0; }));
+  }
+  // Whether `done` holds within 10 s.
+  template <typename F>
+  static bool Eventually(F done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!done()) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return true;
+  }
+  std::string PartZero(const std::string& key) const {
+    return PartKey(secret_.CacheKey(l3_.ns, key), 0);
+  }
+
+  const L3Secret secret_ = L3Secret::FromBytes("a test secret of at least 32 bytes!");
+  FakeBackend* fake_ = nullptr;
+  std::shared_ptr<StorageTier> tier_;
+  CacheL3 l3_;
+};
+
+TEST_F(NodeCacheL3Test, KeysWrittenThroughAreFetchedBackByteExact) {
+  const std::vector<std::string> keys = {"h0", "h1"};
+  ASSERT_NO_FATAL_FAILURE(StoreThrough(keys));
+  EXPECT_EQ(cache_->stats().l3_written, 2u);
+  EXPECT_TRUE(fake_->Has(PartZero("h0")));
+  EXPECT_TRUE(fake_->Has(PartZero("h1")));
+  // Gone from the node, still in L3: fetched back with a key nobody stored.
+  absl::StatusOr<std::vector<CacheEvictOutcome>> evicted = cache_->Evict(keys);
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  const uint64_t hits = cache_->stats().hits;
+  absl::StatusOr<std::vector<size_t>> fetching = cache_->FetchMissing(l3_, {"h0", "h1", "nope"});
+  ASSERT_TRUE(fetching.ok()) << fetching.status();
+  EXPECT_THAT(*fetching, ElementsAre(0u, 1u, 2u));
+  ASSERT_TRUE(Eventually([&] { return cache_->stats().writing == 0; }));
+  const CacheStats stats = cache_->stats();
+  EXPECT_EQ(stats.l3_fetched, 2u);
+  EXPECT_EQ(stats.l3_missed, 1u);
+  EXPECT_EQ(stats.hits, hits);  // the write-through's pins are not lookups
+  absl::StatusOr<CacheLookup> found = cache_->Lookup(b_.caller, {"h0", "h1", "nope"}, false);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_THAT(found->states, ElementsAre(CacheKeyState::kPresent, CacheKeyState::kPresent,
+                                         CacheKeyState::kAbsent));
+  absl::StatusOr<std::shared_ptr<Ticket>> restored =
+      cache_->Restore(b_.caller, b_.attachment, keys, Rows(4 * ps_, 2 * ps_), "");
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_TRUE(Wait(*restored).ok());
+  EXPECT_TRUE(Same(dev_, 0, dev_b_, 4 * ps_, 2 * ps_));
+  // Present keys are not fetched again.
+  fetching = cache_->FetchMissing(l3_, keys);
+  ASSERT_TRUE(fetching.ok()) << fetching.status();
+  EXPECT_TRUE(fetching->empty());
+}
+
+TEST_F(NodeCacheL3Test, ABadOrLostRecordIsAMissAndAFailedWriteLeavesTheKeyPublished) {
+  ASSERT_NO_FATAL_FAILURE(StoreThrough({"h0", "h1"}));
+  ASSERT_TRUE(cache_->Evict({"h0", "h1"}).ok());
+  ASSERT_TRUE(fake_->Flip(PartZero("h0"), fake_->Value(PartZero("h0")).size() - 1));
+  ASSERT_TRUE(fake_->Erase(PartZero("h1")));
+  const uint64_t free_before = cache_pool_->allocator().free_pages();
+  ASSERT_TRUE(cache_->FetchMissing(l3_, {"h0", "h1"}).ok());
+  ASSERT_TRUE(Eventually([&] { return cache_->stats().writing == 0; }));
+  EXPECT_EQ(cache_->stats().l3_missed, 2u);
+  EXPECT_EQ(cache_->stats().published, 0u);
+  EXPECT_EQ(cache_pool_->allocator().free_pages(), free_before);
+
+  // The cluster down: the store publishes, the write-through writes nothing.
+  fake_->Down(true);
+  ASSERT_NO_FATAL_FAILURE(StoreThrough({"h2"}));
+  EXPECT_EQ(cache_->stats().l3_written, 2u);
+  absl::StatusOr<CacheLookup> found = cache_->Lookup(a_.caller, {"h2"}, false);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->prefix, 1u);
+}
+
+TEST_F(NodeCacheL3Test, AFetchTheTierRefusesChangesNothing) {
+  tier_.reset();
+  StorageTierOptions options;
+  options.max_pages_in_flight = 1;
+  StartTier(options);
+  const CacheStats before = cache_->stats();
+  const uint64_t free_before = cache_pool_->allocator().free_pages();
+  absl::Status over = cache_->FetchMissing(l3_, {"a", "b"}).status();
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_THAT(over.message(), HasSubstr("L3 fetch of 2 key(s)"));
+  // A key over the tier's bound.
+  absl::Status long_key = cache_->FetchMissing(l3_, {std::string(200, 'k')}).status();
+  EXPECT_EQ(long_key.code(), absl::StatusCode::kInvalidArgument) << long_key;
+  // The tier gone (kvhostd stopping).
+  CacheL3 gone = l3_;
+  tier_.reset();
+  EXPECT_EQ(cache_->FetchMissing(gone, {"a"}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const CacheStats after = cache_->stats();
+  EXPECT_EQ(after.published, before.published);
+  EXPECT_EQ(after.writing, 0u);
+  EXPECT_EQ(after.stored, before.stored);
+  EXPECT_EQ(after.aborted, before.aborted);
+  EXPECT_EQ(cache_pool_->allocator().free_pages(), free_before);
+  absl::StatusOr<CacheLookup> found = cache_->Lookup(a_.caller, {"a", "b"}, false);
+  ASSERT_TRUE(found.ok());
+  EXPECT_THAT(found->states, ElementsAre(CacheKeyState::kAbsent, CacheKeyState::kAbsent));
 }
 
 }  // namespace

@@ -93,7 +93,7 @@ void CacheIndex::Publish(const std::string* key) {
 }
 
 absl::StatusOr<CacheLookup> CacheIndex::Lookup(absl::Span<const std::string> keys,
-                                               const std::string* pin_holder) {
+                                               const std::string* pin_holder, bool count) {
   if (absl::Status s = CheckKeys(keys); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   CacheLookup out;
@@ -125,6 +125,7 @@ absl::StatusOr<CacheLookup> CacheIndex::Lookup(absl::Span<const std::string> key
     out.pin_id = next_id_++;
     pins_.emplace(out.pin_id, std::move(pin));
   }
+  if (!count) return out;
   // Used now: the prefix (pinned or not) goes to the recently used end.
   for (size_t i = 0; i < out.prefix; ++i) {
     auto it = entries_.find(keys[i]);

@@ -133,6 +133,12 @@ struct CacheStats {
   uint64_t skipped = 0;    // keys a store skipped (present or pending)
   uint64_t evicted = 0;    // keys evicted (by Evict or to make room)
   uint64_t aborted = 0;    // keys a failed or abandoned store dropped
+  // The L3 tier behind the cache (NodeCache fills them; the index leaves 0):
+  // keys written through to it, fetched from it and published, asked of it
+  // and not found (or refused by its checks).
+  uint64_t l3_written = 0;
+  uint64_t l3_fetched = 0;
+  uint64_t l3_missed = 0;
 };
 
 class CacheIndex {
@@ -147,9 +153,11 @@ class CacheIndex {
   // holder, pins that prefix (nothing when it is empty) until Unpin or
   // ReleaseHolder. Present keys of the prefix become the most recently used.
   // INVALID_ARGUMENT for a bad key list (CheckKeys); RESOURCE_EXHAUSTED when
-  // the pin would take the holder past max_held_pages_per_holder.
+  // the pin would take the holder past max_held_pages_per_holder. `count`
+  // false: the daemon's own look (a pin for an L3 write), not counted in
+  // hits and misses nor a use of the keys.
   absl::StatusOr<CacheLookup> Lookup(absl::Span<const std::string> keys,
-                                     const std::string* pin_holder);
+                                     const std::string* pin_holder, bool count = true);
   // Releases a Lookup's pin. NOT_FOUND for an unknown (or released) id and
   // for another holder's pin (ids are small numbers: the holder is the check).
   absl::Status Unpin(uint64_t pin_id, const std::string& holder);

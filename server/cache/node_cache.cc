@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace kvhost {
 
@@ -62,6 +63,13 @@ std::vector<int64_t> NodeCache::Slots(absl::Span<const uint64_t> pages) const {
   return slots;
 }
 
+std::vector<int64_t> NodeCache::FirstSlots(absl::Span<const uint64_t> pages) const {
+  std::vector<int64_t> slots;
+  slots.reserve(pages.size());
+  for (uint64_t page : pages) slots.push_back(static_cast<int64_t>(page * pool_->page_size()));
+  return slots;
+}
+
 absl::StatusOr<CacheLookup> NodeCache::Lookup(const Caller& caller,
                                               absl::Span<const std::string> keys, bool pin) {
   if (!pin) return index_.Lookup(keys, nullptr);
@@ -102,7 +110,8 @@ absl::StatusOr<NodeCache::Stored> NodeCache::Store(const Caller& caller,
                                                    const std::string& attachment_id,
                                                    absl::Span<const std::string> keys,
                                                    absl::Span<const int64_t> device,
-                                                   const std::string& ready_fence) {
+                                                   const std::string& ready_fence,
+                                                   const CacheL3* write_through) {
   absl::StatusOr<std::string> holder = OpenMove(caller, attachment_id, keys, device);
   if (!holder.ok()) return holder.status();
   Stored out;
@@ -112,8 +121,13 @@ absl::StatusOr<NodeCache::Stored> NodeCache::Store(const Caller& caller,
   if (out.plan.store_id == 0) return out;  // every key present or being written
   const uint64_t store_id = out.plan.store_id;
   {
+    InFlightStore in_flight{*holder, false, std::nullopt, {}};
+    if (write_through != nullptr) {
+      in_flight.write_through = *write_through;
+      for (size_t key : out.plan.written) in_flight.keys.push_back(keys[key]);
+    }
     absl::MutexLock lock(&mu_);
-    stores_.emplace(store_id, InFlightStore{*holder, false});
+    stores_.emplace(store_id, std::move(in_flight));
   }
   const uint64_t ps = pool_->page_size();
   std::vector<int64_t> rows;
@@ -151,19 +165,143 @@ absl::StatusOr<NodeCache::Stored> NodeCache::Store(const Caller& caller,
 }
 
 void NodeCache::StoreEnded(uint64_t store_id, const absl::Status& status) {
-  std::string holder;
+  InFlightStore store;
   bool publish = status.ok();
   {
     absl::MutexLock lock(&mu_);
     auto it = stores_.find(store_id);
     if (it == stores_.end()) return;
-    holder = std::move(it->second.holder);
-    publish = publish && !it->second.abandoned;
+    store = std::move(it->second);
+    publish = publish && !store.abandoned;
     stores_.erase(it);
   }
   // The store is this cache's and still open: FinishStore cannot fail.
-  absl::Status s = index_.FinishStore(store_id, holder, publish);
-  (void)s;
+  absl::Status s = index_.FinishStore(store_id, store.holder, publish);
+  if (s.ok() && publish && store.write_through.has_value()) {
+    WriteThrough(*store.write_through, std::move(store.keys));
+  }
+}
+
+std::string NodeCache::L3Holder(const char* what) {
+  return absl::StrCat("kvhostd/l3-", what, "/", next_l3_call_.fetch_add(1));
+}
+
+void NodeCache::WriteThrough(const CacheL3& l3, std::vector<std::string> keys) {
+  std::shared_ptr<StorageTier> tier = l3.tier.lock();
+  if (tier == nullptr || keys.empty()) return;
+  const std::string holder = L3Holder("write");
+  // Pinned while the tier reads them; a key evicted since its publish (and
+  // the keys after it) is not written.
+  absl::StatusOr<CacheLookup> found = index_.Lookup(keys, &holder, /*count=*/false);
+  if (!found.ok() || found->pin_id == 0) return;
+  keys.resize(found->prefix);
+  const uint64_t pin_id = found->pin_id;
+  absl::Status accepted =
+      tier->Store(pool_, l3.ns, FirstSlots(found->pages), std::move(keys),
+                  [self = shared_from_this(), pin_id, holder](std::vector<PageResult> results) {
+                    uint64_t stored = 0;
+                    for (const PageResult& r : results)
+                      stored += r.outcome == PageOutcome::kStored ? 1 : 0;
+                    self->l3_written_.fetch_add(stored);
+                    (void)self->index_.Unpin(pin_id, holder);
+                  });
+  if (!accepted.ok()) {
+    (void)index_.Unpin(pin_id, holder);
+    spdlog::warn("cache '{}': L3 write-through of {} key(s) refused: {}", name(), found->prefix,
+                 std::string(accepted.message()));
+  }
+}
+
+// One FetchMissing call: its holder and its stores (one a key), and the
+// tier's results if they came before the stores were committed.
+struct NodeCache::L3Fetch {
+  std::string holder;
+  std::vector<uint64_t> stores;
+  absl::Mutex mu;
+  bool committed ABSL_GUARDED_BY(mu) = false;
+  std::optional<std::vector<PageResult>> early ABSL_GUARDED_BY(mu);
+};
+
+absl::StatusOr<std::vector<size_t>> NodeCache::FetchMissing(const CacheL3& l3,
+                                                            absl::Span<const std::string> keys) {
+  std::shared_ptr<StorageTier> tier = l3.tier.lock();
+  if (tier == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cache '", name(), "': the L3 tier is gone (kvhostd is stopping)"));
+  }
+  if (absl::Status s = index_.CheckKeys(keys); !s.ok()) return s;
+  auto fetch = std::make_shared<L3Fetch>();
+  fetch->holder = L3Holder("fetch");
+  std::vector<size_t> fetched;
+  std::vector<std::string> names;
+  std::vector<uint64_t> pages;
+  const auto cancel = [&] {
+    for (auto it = fetch->stores.rbegin(); it != fetch->stores.rend(); ++it) {
+      (void)index_.CancelStore(*it, fetch->holder);
+    }
+  };
+  // One store a key, so that each publishes or drops on its own.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(keys.subspan(i, 1), fetch->holder);
+    if (!plan.ok()) {
+      cancel();
+      return plan.status();
+    }
+    if (plan->store_id == 0) continue;  // present, or another store writes it
+    fetch->stores.push_back(plan->store_id);
+    fetched.push_back(i);
+    names.push_back(keys[i]);
+    pages.push_back(plan->pages[0]);
+  }
+  if (fetched.empty()) return fetched;
+  absl::Status accepted =
+      tier->Fetch(pool_, l3.ns, std::move(names), FirstSlots(pages),
+                  [self = shared_from_this(), fetch](std::vector<PageResult> results) {
+                    {
+                      absl::MutexLock lock(&fetch->mu);
+                      if (!fetch->committed) {
+                        fetch->early = std::move(results);
+                        return;
+                      }
+                    }
+                    self->FetchEnded(*fetch, results);
+                  });
+  if (!accepted.ok()) {
+    cancel();
+    return absl::Status(accepted.code(),
+                        absl::StrCat("cache '", name(), "': L3 fetch of ", fetched.size(),
+                                     " key(s): ", accepted.message()));
+  }
+  // Accepted: the victims' pages are being written now.
+  for (uint64_t store : fetch->stores) (void)index_.CommitStore(store, fetch->holder);
+  std::optional<std::vector<PageResult>> early;
+  {
+    absl::MutexLock lock(&fetch->mu);
+    fetch->committed = true;
+    early = std::move(fetch->early);
+  }
+  if (early.has_value()) FetchEnded(*fetch, *early);
+  return fetched;
+}
+
+void NodeCache::FetchEnded(const L3Fetch& fetch, const std::vector<PageResult>& results) {
+  uint64_t hits = 0;
+  for (size_t i = 0; i < fetch.stores.size(); ++i) {
+    // A page is published only once the tier wrote it, whole and verified.
+    const bool hit = i < results.size() && results[i].outcome == PageOutcome::kHit;
+    hits += hit ? 1 : 0;
+    (void)index_.FinishStore(fetch.stores[i], fetch.holder, hit);
+  }
+  l3_fetched_.fetch_add(hits);
+  l3_missed_.fetch_add(fetch.stores.size() - hits);
+}
+
+CacheStats NodeCache::stats() const {
+  CacheStats s = index_.stats();
+  s.l3_written = l3_written_.load();
+  s.l3_fetched = l3_fetched_.load();
+  s.l3_missed = l3_missed_.load();
+  return s;
 }
 
 absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::Restore(const Caller& caller,

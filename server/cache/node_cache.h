@@ -20,6 +20,15 @@
 // Likewise a restore's pin lasts until its ticket ends, whatever happens to
 // its session, so no page is evicted while a copy reads it.
 //
+// The L3 tier behind the cache (per call, opt-in, CacheL3): a store may write
+// its published keys through to the tier, each page pinned (a holder of the
+// cache's own) until the tier read it; a lookup may fetch the keys it misses
+// from the tier into pages the index reserved (one tentative store a key,
+// a holder of the cache's own), each published when its record was written
+// and verified (a hit) or dropped (a miss, a bad record). A failed L3 write
+// leaves the page published. The tier's callbacks hold the cache by
+// shared_ptr, and the tier itself only weakly (it goes with the daemon).
+//
 // Thread safety: all methods may be called concurrently. Lock order: this
 // cache's mutex, then the index's; the TransferManager is called outside the
 // mutex, and ticket callbacks (on engine threads) take it last.
@@ -30,9 +39,11 @@
 #ifndef KVHOST_SERVER_CACHE_NODE_CACHE_H_
 #define KVHOST_SERVER_CACHE_NODE_CACHE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,10 +55,19 @@
 #include "server/access/caller.h"
 #include "server/cache/cache_index.h"
 #include "server/pool/pool.h"
+#include "server/storage/storage_tier.h"
 #include "server/tickets/ticket.h"
 #include "server/transfer/transfer_manager.h"
 
 namespace kvhost {
+
+// The L3 tier behind a cache, for one call: the tier (weak: a callback that
+// outlives the daemon's tier finds it gone and writes nothing) and the
+// namespace of the cache's pool's keys there (as StorePages of that pool).
+struct CacheL3 {
+  std::weak_ptr<StorageTier> tier;
+  std::string ns;
+};
 
 class NodeCache : public std::enable_shared_from_this<NodeCache> {
  public:
@@ -78,14 +98,29 @@ class NodeCache : public std::enable_shared_from_this<NodeCache> {
   // Backs up key i's page from device rows device[i * page_size, (i + 1) *
   // page_size) of `attachment_id` (an attachment of the cache's pool), for
   // the keys not yet present; `ready_fence` as Submit's wait_event_handle.
-  // The keys become present when the ticket ends OK.
+  // The keys become present when the ticket ends OK; with `write_through`,
+  // each is then stored to that L3 tier under its key (a refused or failed
+  // L3 write is logged and leaves the key published).
   // Errors (nothing reserved, nothing submitted): FAILED_PRECONDITION for a
   // caller without an open session; INVALID_ARGUMENT for a bad key list or a device
   // row count that is not keys * page_size, and for an attachment of another
   // pool; the index's RESOURCE_EXHAUSTED; Submit's errors.
   absl::StatusOr<Stored> Store(const Caller& caller, const std::string& attachment_id,
                                absl::Span<const std::string> keys, absl::Span<const int64_t> device,
-                               const std::string& ready_fence);
+                               const std::string& ready_fence,
+                               const CacheL3* write_through = nullptr);
+
+  // Reserves a page for each of `keys` that is absent and fetches it from
+  // `l3` (StorageTier::Fetch); the keys read PENDING until the fetch ends,
+  // then a hit is published (a STORED event) and a miss or a record the
+  // tier refused (CRC, MAC, shape) is dropped. Returns the indices of the
+  // keys it fetches (present and pending ones are skipped). Errors, nothing
+  // reserved: FAILED_PRECONDITION when the tier is gone; the index's
+  // (INVALID_ARGUMENT, RESOURCE_EXHAUSTED without room) and the tier's
+  // (INVALID_ARGUMENT for a key over its bound, RESOURCE_EXHAUSTED over its
+  // pages in flight).
+  absl::StatusOr<std::vector<size_t>> FetchMissing(const CacheL3& l3,
+                                                   absl::Span<const std::string> keys);
 
   // Loads every key's page into its device rows (as Store's), `wait_fence`
   // as Submit's wait_event_handle; the ticket has per-layer progress as any
@@ -103,7 +138,8 @@ class NodeCache : public std::enable_shared_from_this<NodeCache> {
   CacheEvents EventsSince(uint64_t after_seq, size_t max) const {
     return index_.EventsSince(after_seq, max);
   }
-  CacheStats stats() const { return index_.stats(); }
+  // The index's figures and the L3 tier's keys.
+  CacheStats stats() const;
   const CacheLimits& limits() const { return index_.limits(); }
 
   // The session ended (its worker closed it or died): its loose pins are
@@ -114,7 +150,11 @@ class NodeCache : public std::enable_shared_from_this<NodeCache> {
   struct InFlightStore {
     std::string holder;
     bool abandoned = false;
+    // With write-through: the tier and the keys the store writes.
+    std::optional<CacheL3> write_through;
+    std::vector<std::string> keys;
   };
+  struct L3Fetch;
 
   NodeCache(std::shared_ptr<Pool> pool, TransferManager* transfers, CacheLimits limits);
 
@@ -130,7 +170,17 @@ class NodeCache : public std::enable_shared_from_this<NodeCache> {
                                        absl::Span<const int64_t> device) const;
   // The token slots of `pages`, in order.
   std::vector<int64_t> Slots(absl::Span<const uint64_t> pages) const;
+  // The first token slot of each of `pages` (the L3 tier's page indices).
+  std::vector<int64_t> FirstSlots(absl::Span<const uint64_t> pages) const;
   void StoreEnded(uint64_t store_id, const absl::Status& status);
+  // A holder of the cache's own for an L3 call (`what`: write, fetch),
+  // never a session's id.
+  std::string L3Holder(const char* what);
+  // Pins the published ones of `keys` and stores them to the tier, unpinned
+  // when the tier is done.
+  void WriteThrough(const CacheL3& l3, std::vector<std::string> keys);
+  // The fetch's end: each hit published, each miss dropped.
+  void FetchEnded(const L3Fetch& fetch, const std::vector<PageResult>& results);
 
   const std::shared_ptr<Pool> pool_;
   TransferManager* const transfers_;
@@ -139,6 +189,10 @@ class NodeCache : public std::enable_shared_from_this<NodeCache> {
   // Lookup pins not yet taken by a Restore, by id: their holder.
   absl::flat_hash_map<uint64_t, std::string> loose_pins_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, InFlightStore> stores_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> next_l3_call_{1};
+  std::atomic<uint64_t> l3_written_{0};
+  std::atomic<uint64_t> l3_fetched_{0};
+  std::atomic<uint64_t> l3_missed_{0};
 };
 
 }  // namespace kvhost

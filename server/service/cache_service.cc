@@ -1,6 +1,7 @@
 #include "server/service/cache_service.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,14 +77,54 @@ absl::StatusOr<std::shared_ptr<NodeCache>> CacheServiceImpl::Open(const Caller& 
   return caches_->For(target->pool);
 }
 
+absl::StatusOr<CacheL3> CacheServiceImpl::L3For(const Caller& caller, const NodeCache& cache,
+                                                const char* flag) const {
+  if (tier_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cache '", cache.name(), "': ", flag,
+                     " needs an L3 tier, and this kvhostd has none: start it with "
+                     "--l3-memcached=host:port,..."));
+  }
+  CacheL3 l3;
+  l3.tier = tier_;
+  // As StorePages of the cache's pool: Open checked the caller's token on it.
+  const Pool& pool = *cache.pool();
+  l3.ns = pool.owner_protected() && caller.token.has_value()
+              ? tier_->secret().TokenNamespace(*caller.token)
+              : tier_->secret().PublicNamespace();
+  return l3;
+}
+
 absl::Status CacheServiceImpl::DoLookup(const Caller& caller, const v1::CacheLookupRequest& request,
                                         v1::CacheLookupReply* response) {
   absl::StatusOr<std::shared_ptr<NodeCache>> cache = Open(caller, request.cache());
   if (!cache.ok()) return cache.status();
   absl::StatusOr<std::vector<std::string>> keys = KeysOf(**cache, request.keys());
   if (!keys.ok()) return keys.status();
+  std::optional<CacheL3> l3;
+  if (request.fetch_missing()) {
+    absl::StatusOr<CacheL3> got = L3For(caller, **cache, "fetch_missing");
+    if (!got.ok()) return got.status();
+    l3 = *std::move(got);
+  }
   absl::StatusOr<CacheLookup> found = (*cache)->Lookup(caller, *keys, request.pin());
   if (!found.ok()) return WithCache(**cache, found.status());
+  // The run of absent keys from the first one on: what a prefix restore
+  // would need next.
+  const auto first = std::find(found->states.begin(), found->states.end(), CacheKeyState::kAbsent);
+  const auto end = std::find_if(first, found->states.end(),
+                                [](CacheKeyState s) { return s != CacheKeyState::kAbsent; });
+  if (l3.has_value() && first != end) {
+    const size_t from = static_cast<size_t>(first - found->states.begin());
+    absl::StatusOr<std::vector<size_t>> fetching = (*cache)->FetchMissing(
+        *l3, absl::MakeConstSpan(*keys).subspan(from, static_cast<size_t>(end - first)));
+    if (!fetching.ok()) {
+      if (found->pin_id != 0) (void)(*cache)->ReleasePin(caller, found->pin_id);
+      return WithCache(**cache, fetching.status());
+    }
+    for (size_t i : *fetching) found->states[from + i] = CacheKeyState::kPending;
+    response->set_fetching(static_cast<uint32_t>(fetching->size()));
+  }
   response->set_prefix(static_cast<uint32_t>(found->prefix));
   for (CacheKeyState state : found->states) response->add_states(ToProto(state));
   response->set_pin_id(found->pin_id);
@@ -97,10 +138,23 @@ absl::Status CacheServiceImpl::DoStore(const Caller& caller, const v1::CacheStor
   if (!cache.ok()) return cache.status();
   absl::StatusOr<std::vector<std::string>> keys = KeysOf(**cache, request.keys());
   if (!keys.ok()) return keys.status();
+  std::optional<CacheL3> l3;
+  if (request.write_through()) {
+    absl::StatusOr<CacheL3> got = L3For(caller, **cache, "write_through");
+    if (!got.ok()) return got.status();
+    l3 = *std::move(got);
+    // Checked now: the tier refuses a key it cannot hold only after publish.
+    for (size_t i = 0; i < keys->size(); ++i) {
+      if (absl::Status s = CheckStorageKey((*keys)[i], absl::StrCat("keys[", i, "]")); !s.ok()) {
+        return WithCache(**cache,
+                         absl::Status(s.code(), absl::StrCat(s.message(), " (write_through)")));
+      }
+    }
+  }
   absl::StatusOr<NodeCache::Stored> stored = (*cache)->Store(
       caller, request.attachment_id(), *keys,
       absl::MakeConstSpan(request.device_indices().data(), request.device_indices().size()),
-      request.ready_event_handle());
+      request.ready_event_handle(), l3.has_value() ? &*l3 : nullptr);
   if (!stored.ok()) return WithCache(**cache, stored.status());
   for (CacheKeyState state : stored->plan.states) response->add_states(ToProto(state));
   if (stored->ticket != nullptr) SetTicket(*stored->ticket, response->mutable_ticket());
@@ -186,6 +240,9 @@ grpc::ServerUnaryReactor* CacheServiceImpl::GetCacheStats(grpc::CallbackServerCo
   response->set_skipped(s.skipped);
   response->set_evicted(s.evicted);
   response->set_aborted(s.aborted);
+  response->set_l3_written(s.l3_written);
+  response->set_l3_fetched(s.l3_fetched);
+  response->set_l3_missed(s.l3_missed);
   return FinishCall(context, absl::OkStatus());
 }
 

@@ -5,7 +5,10 @@
 // are bounded (the cache's CacheLimits, --max-indices-per-call) before
 // anything is looked at. The domain (server/cache/) does the rest; its
 // tickets are the TransferManager's, so WaitTransfer serves them; event
-// watches are CacheEventWatches' streams.
+// watches are CacheEventWatches' streams. With --l3-memcached, a Store's
+// write_through and a Lookup's fetch_missing put the L3 tier behind the cache
+// (NodeCache's CacheL3), in the namespace StorePages of the cache's pool
+// would use; without it both are refused FAILED_PRECONDITION.
 //
 // Thread safety: handlers run concurrently on gRPC's threads.
 #ifndef KVHOST_SERVER_SERVICE_CACHE_SERVICE_H_
@@ -14,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "kvhost/v1/cache.grpc.pb.h"
@@ -21,14 +25,19 @@
 #include "server/cache/node_caches.h"
 #include "server/pool/registry.h"
 #include "server/service/cache_event_watches.h"
+#include "server/storage/storage_tier.h"
 
 namespace kvhost {
 
 class CacheServiceImpl final : public v1::CacheService::CallbackService {
  public:
-  // `registry` and `caches` must outlive the service.
-  CacheServiceImpl(const PoolRegistry* registry, NodeCaches* caches, uint64_t max_indices_per_call)
-      : registry_(registry), caches_(caches), max_indices_(max_indices_per_call) {}
+  // `registry` and `caches` must outlive the service; `tier` null: no L3 tier.
+  CacheServiceImpl(const PoolRegistry* registry, NodeCaches* caches, uint64_t max_indices_per_call,
+                   std::shared_ptr<StorageTier> tier = nullptr)
+      : registry_(registry),
+        caches_(caches),
+        max_indices_(max_indices_per_call),
+        tier_(std::move(tier)) {}
 
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
                                    const v1::CacheLookupRequest* request,
@@ -71,10 +80,15 @@ class CacheServiceImpl final : public v1::CacheService::CallbackService {
   // for a group's name; `device_indices` against --max-indices-per-call.
   absl::StatusOr<std::shared_ptr<NodeCache>> Open(const Caller& caller, const std::string& cache,
                                                   int device_indices = 0) const;
+  // The L3 tier for a call on `cache` that asked for it (`flag` names the
+  // request's field): FAILED_PRECONDITION without one.
+  absl::StatusOr<CacheL3> L3For(const Caller& caller, const NodeCache& cache,
+                                const char* flag) const;
 
   const PoolRegistry* const registry_;
   NodeCaches* const caches_;
   const uint64_t max_indices_;
+  const std::shared_ptr<StorageTier> tier_;
   CacheEventWatches watches_;
 };
 

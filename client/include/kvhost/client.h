@@ -255,18 +255,23 @@ class Client {
   //
   // Which keys are present and the present prefix's length; with `pin`, the
   // prefix is pinned (CacheLookupReply.pin_id) until CacheReleasePin or the
-  // session's end.
+  // session's end. With `fetch_missing`, the absent keys from the first on
+  // are fetched from kvhostd's L3 tier (they read PENDING, then PRESENT or
+  // ABSENT; CacheLookupRequest.fetch_missing).
   absl::StatusOr<v1::CacheLookupReply> CacheLookup(const std::string& cache,
                                                    const std::vector<std::string>& keys,
-                                                   bool pin = false);
+                                                   bool pin = false, bool fetch_missing = false);
   // Backs up the keys not present yet; they become present when the ticket
   // (CacheStoreReply.ticket, unset when every key was skipped) ends well.
-  // `ready_event_handle` as Backup's wait_event_handle.
+  // `ready_event_handle` as Backup's wait_event_handle. With
+  // `write_through`, each published key is then stored to kvhostd's L3 tier
+  // (CacheStoreRequest.write_through).
   absl::StatusOr<v1::CacheStoreReply> CacheStore(const std::string& cache,
                                                  const std::string& attachment_id,
                                                  const std::vector<std::string>& keys,
                                                  absl::Span<const int64_t> device_indices,
-                                                 const std::string& ready_event_handle = "");
+                                                 const std::string& ready_event_handle = "",
+                                                 bool write_through = false);
   // Loads every key's page (all must be present) into the device rows.
   absl::StatusOr<v1::TransferTicket> CacheRestore(const std::string& cache,
                                                   const std::string& attachment_id,
