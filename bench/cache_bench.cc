@@ -7,9 +7,9 @@
 //      gRPC (a third instance, ClientOptions::fast_path off) and over the
 //      fast path (instance 0, proto/kvhost/v1/fast_path.proto): Lookup;
 //      Store and Restore, the call (submit) and the call plus WaitTransfer
-//      (done, its wait on the same path); beside them an index-addressed
-//      pool's Backup and Load of one page, the calls a HiCache-style host
-//      pool makes for the same move.
+//      (done, its wait on the same path: at most 60 s, which the fast path
+//      carries); beside them an index-addressed pool's Backup and Load of
+//      one page, the calls a HiCache-style host pool makes for the same move.
 //   2. Throughput: --pages new keys stored in calls of --batch (each waited
 //      for), then restored into other device rows and compared byte for
 //      byte; GB/s and pages/s against the ceiling of the same run, memcpy of
@@ -176,11 +176,18 @@ struct Instance {
   }
 };
 
+// The latency table's waits: the fast path's longest (fast_path.proto's
+// FastPathRequest.timeout_ms bound), so that a fast-path client's waits take
+// its mailbox too; a longer one (WaitTransfer's default, 10 min) goes over
+// gRPC.
+constexpr absl::Duration kTimedWait = absl::Seconds(60);
+
 // A call that returns a ticket (0: none to wait for), and its wait.
-absl::Status Wait(Client& client, absl::StatusOr<uint64_t> ticket) {
+absl::Status Wait(Client& client, absl::StatusOr<uint64_t> ticket,
+                  absl::Duration timeout = absl::Minutes(10)) {
   if (!ticket.ok()) return ticket.status();
   if (*ticket == 0) return absl::OkStatus();
-  return client.WaitTransfer(*ticket).status();
+  return client.WaitTransfer(*ticket, timeout).status();
 }
 
 absl::StatusOr<uint64_t> StoreTicket(Instance& i, const std::string& cache,
@@ -229,7 +236,7 @@ absl::StatusOr<Latency> TimeCalls(Client& client, uint64_t n, Call call) {
     if (!ticket.ok()) return ticket.status();
     l.submit_us.push_back(Us(absl::Now() - start));
     if (*ticket == 0) continue;
-    if (absl::Status s = Wait(client, *ticket); !s.ok()) return s;
+    if (absl::Status s = Wait(client, *ticket, kTimedWait); !s.ok()) return s;
     l.done_us.push_back(Us(absl::Now() - start));
   }
   return l;
