@@ -3,11 +3,13 @@
 // clients, each with its worker session and its own shared-memory device
 // pool attached to the cache's pool).
 //
-//   1. Latency of single-key calls over gRPC (the fast path does not carry
-//      the cache's calls yet): Lookup; Store and Restore, the call (submit)
-//      and the call plus WaitTransfer (done); beside them, in the same run,
-//      an index-addressed pool's Backup and Load of one page, the calls a
-//      HiCache-style host pool makes for the same move.
+//   1. Latency of single-key calls on both paths, in the same run: over
+//      gRPC (a third instance, ClientOptions::fast_path off) and over the
+//      fast path (instance 0, proto/kvhost/v1/fast_path.proto): Lookup;
+//      Store and Restore, the call (submit) and the call plus WaitTransfer
+//      (done, its wait on the same path: at most 60 s, which the fast path
+//      carries); beside them an index-addressed pool's Backup and Load of
+//      one page, the calls a HiCache-style host pool makes for the same move.
 //   2. Throughput: --pages new keys stored in calls of --batch (each waited
 //      for), then restored into other device rows and compared byte for
 //      byte; GB/s and pages/s against the ceiling of the same run, memcpy of
@@ -31,11 +33,13 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -125,11 +129,13 @@ struct Instance {
 
   static absl::StatusOr<std::unique_ptr<Instance>> Start(const testing::TestDaemon& d,
                                                          const v1::Pool& shape,
-                                                         uint64_t device_tokens) {
+                                                         uint64_t device_tokens,
+                                                         bool fast_path = true) {
     auto i = std::make_unique<Instance>();
     ClientOptions options;
     options.address = d.address();
     options.owner_token = kToken;
+    options.fast_path = fast_path;
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
     if (!client.ok()) return client.status();
     i->client = *std::move(client);
@@ -170,11 +176,18 @@ struct Instance {
   }
 };
 
+// The latency table's waits: the fast path's longest (fast_path.proto's
+// FastPathRequest.timeout_ms bound), so that a fast-path client's waits take
+// its mailbox too; a longer one (WaitTransfer's default, 10 min) goes over
+// gRPC.
+constexpr absl::Duration kTimedWait = absl::Seconds(60);
+
 // A call that returns a ticket (0: none to wait for), and its wait.
-absl::Status Wait(Client& client, absl::StatusOr<uint64_t> ticket) {
+absl::Status Wait(Client& client, absl::StatusOr<uint64_t> ticket,
+                  absl::Duration timeout = absl::Minutes(10)) {
   if (!ticket.ok()) return ticket.status();
   if (*ticket == 0) return absl::OkStatus();
-  return client.WaitTransfer(*ticket).status();
+  return client.WaitTransfer(*ticket, timeout).status();
 }
 
 absl::StatusOr<uint64_t> StoreTicket(Instance& i, const std::string& cache,
@@ -223,50 +236,72 @@ absl::StatusOr<Latency> TimeCalls(Client& client, uint64_t n, Call call) {
     if (!ticket.ok()) return ticket.status();
     l.submit_us.push_back(Us(absl::Now() - start));
     if (*ticket == 0) continue;
-    if (absl::Status s = Wait(client, *ticket); !s.ok()) return s;
+    if (absl::Status s = Wait(client, *ticket, kTimedWait); !s.ok()) return s;
     l.done_us.push_back(Us(absl::Now() - start));
   }
   return l;
 }
 
-absl::Status RunLatency(const Options& o, Instance& a, const std::string& plain) {
+// The five single-key figures of one instance's path: cache Lookup, Store,
+// Restore, pool Backup, Load. `tag` keeps each path's stored keys apart.
+absl::StatusOr<std::vector<Latency>> TimePath(const Options& o, Instance& a,
+                                              const std::string& plain, const std::string& tag) {
   const uint32_t ps = o.page_size;
   // Keys to find and restore: stored once beforehand.
   if (absl::Status s = Wait(*a.client, StoreTicket(a, "cache", {"warm"}, 0, ps)); !s.ok()) {
     return s;
   }
-  absl::StatusOr<Latency> lookup = TimeCalls(*a.client, o.single_calls, [&](uint64_t) {
-    absl::StatusOr<v1::CacheLookupReply> r = a.client->CacheLookup("cache", {"warm"});
-    if (!r.ok()) return absl::StatusOr<uint64_t>(r.status());
-    if (r->prefix() != 1) return absl::StatusOr<uint64_t>(absl::InternalError("warm not found"));
-    return absl::StatusOr<uint64_t>(0);
-  });
-  if (!lookup.ok()) return lookup.status();
-  absl::StatusOr<Latency> store = TimeCalls(*a.client, o.single_calls, [&](uint64_t k) {
-    return StoreTicket(a, "cache", {absl::StrCat("lat-", k)}, 0, ps);
-  });
-  if (!store.ok()) return store.status();
-  absl::StatusOr<Latency> restore = TimeCalls(*a.client, o.single_calls, [&](uint64_t) {
-    return RestoreTicket(a, "cache", {"warm"}, 1, ps);
-  });
-  if (!restore.ok()) return restore.status();
   absl::StatusOr<std::string> att = a.AttachmentOf(plain);
   if (!att.ok()) return att.status();
   const std::vector<int64_t> host = PageRows(0, 1, ps), dev = PageRows(0, 1, ps);
-  absl::StatusOr<Latency> backup = TimeCalls(
-      *a.client, o.single_calls, [&](uint64_t) { return a.client->Backup(*att, host, dev); });
-  if (!backup.ok()) return backup.status();
-  absl::StatusOr<Latency> load = TimeCalls(
-      *a.client, o.single_calls, [&](uint64_t) { return a.client->Load(*att, host, dev); });
-  if (!load.ok()) return load.status();
-  absl::PrintF("single-key calls over gRPC, %d each (us):\n", o.single_calls);
-  PrintTable({{"call", "call p50", "call p99", "done p50", "done p99"},
-              LatencyRow("cache Lookup (hit)", *lookup),
-              LatencyRow("cache Store (new key)", *store),
-              LatencyRow("cache Restore", *restore),
-              LatencyRow("pool Backup, one page (index-addressed)", *backup),
-              LatencyRow("pool Load, one page (index-addressed)", *load)},
-             "lrrrr", "  ");
+  using Call = std::function<absl::StatusOr<uint64_t>(uint64_t)>;
+  const Call calls[] = {
+      [&](uint64_t) -> absl::StatusOr<uint64_t> {
+        absl::StatusOr<v1::CacheLookupReply> r = a.client->CacheLookup("cache", {"warm"});
+        if (!r.ok()) return r.status();
+        if (r->prefix() != 1) return absl::InternalError("warm not found");
+        return 0;
+      },
+      [&](uint64_t k) { return StoreTicket(a, "cache", {absl::StrCat(tag, "-", k)}, 0, ps); },
+      [&](uint64_t) { return RestoreTicket(a, "cache", {"warm"}, 1, ps); },
+      [&](uint64_t) { return a.client->Backup(*att, host, dev); },
+      [&](uint64_t) { return a.client->Load(*att, host, dev); }};
+  std::vector<Latency> out;
+  for (const Call& call : calls) {
+    absl::StatusOr<Latency> l = TimeCalls(*a.client, o.single_calls, call);
+    if (!l.ok()) return l.status();
+    out.push_back(*std::move(l));
+  }
+  return out;
+}
+
+// `grpc` has the fast path off, `fast` on; each path's rows side by side.
+absl::Status RunLatency(const Options& o, Instance& grpc, Instance& fast,
+                        const std::string& plain) {
+  absl::StatusOr<std::vector<Latency>> slow = TimePath(o, grpc, plain, "lat-grpc");
+  if (!slow.ok()) return slow.status();
+  const uint64_t fast_before = fast.client->fast_path_calls();
+  absl::StatusOr<std::vector<Latency>> quick = TimePath(o, fast, plain, "lat-fast");
+  if (!quick.ok()) return quick.status();
+  // Every timed call and wait of the fast instance should have taken the
+  // mailbox; say so when it did not (no handoff socket, refused, busy).
+  const uint64_t fast_calls = fast.client->fast_path_calls() - fast_before;
+  const char* fast_name = fast.client->fast_path_open() ? "fast path" : "fast path (not open)";
+  const char* names[] = {"cache Lookup (hit)", "cache Store (new key)", "cache Restore",
+                         "pool Backup, one page (index-addressed)",
+                         "pool Load, one page (index-addressed)"};
+  std::vector<std::vector<std::string>> rows = {
+      {"call", "path", "call p50", "call p99", "done p50", "done p99"}};
+  for (size_t c = 0; c < std::size(names); ++c) {
+    for (auto& [path, figures] : {std::pair{"gRPC", &*slow}, std::pair{fast_name, &*quick}}) {
+      std::vector<std::string> row = LatencyRow(names[c], (*figures)[c]);
+      row.insert(row.begin() + 1, path);
+      rows.push_back(std::move(row));
+    }
+  }
+  absl::PrintF("single-key calls, %d each, on both paths (us); %d calls took the fast path:\n",
+               o.single_calls, fast_calls);
+  PrintTable(rows, "llrrrr", "  ");
   return absl::OkStatus();
 }
 
@@ -426,7 +461,8 @@ absl::Status Run(const Options& o) {
     spec.set_node_cache(node_cache);
     return admin.CreatePool(name, spec);
   };
-  const uint64_t bench_pages = o.pages + o.single_calls + 1;
+  // The throughput keys, each path's single-key stores and "warm".
+  const uint64_t bench_pages = o.pages + 2 * o.single_calls + 1;
   absl::StatusOr<v1::Pool> cache = create("cache", bench_pages, true);
   if (!cache.ok()) return cache.status();
   absl::StatusOr<v1::Pool> plain = create("plain", o.pages, false);
@@ -448,7 +484,12 @@ absl::Status Run(const Options& o) {
       "kvhostd %s, host backend; MHA PAGE_FIRST bf16, %d layers x 8 heads x 128, %d "
       "tokens a page (%d KiB)\n\n",
       d.address(), o.layers, o.page_size, page_bytes / 1024);
-  if (absl::Status s = RunLatency(o, *instances[0], "plain"); !s.ok()) return s;
+  // The latency table's gRPC side: an instance with the fast path off.
+  absl::StatusOr<std::unique_ptr<Instance>> grpc_only =
+      Instance::Start(d, *cache, device_pages * o.page_size, /*fast_path=*/false);
+  if (!grpc_only.ok()) return grpc_only.status();
+  if (absl::Status s = RunLatency(o, **grpc_only, *instances[0], "plain"); !s.ok()) return s;
+  grpc_only->reset();
   absl::PrintF("\n");
   if (absl::Status s = RunThroughput(o, *instances[0], "plain", page_bytes); !s.ok()) return s;
 

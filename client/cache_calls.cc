@@ -1,5 +1,6 @@
 // Client's CacheService calls (kvhost/client.h, "CacheService"): the node
-// cache, pages addressed by key.
+// cache, pages addressed by key. Lookup, Store and Restore go through the
+// fast path when it takes them (Client::TryFastPath), else over gRPC.
 #include <grpcpp/grpcpp.h>
 
 #include <string>
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/calls.h"
 #include "kvhost/client.h"
+#include "kvhost/v1/fast_path.pb.h"
 
 namespace kvhost {
 namespace {
@@ -41,7 +43,8 @@ absl::StatusOr<v1::CacheLookupReply> Client::CacheLookup(const std::string& cach
   request.set_pin(pin);
   request.set_fetch_missing(fetch_missing);
   v1::CacheLookupReply response;
-  absl::Status s = KVHOST_SESSION_CALL(cache_, Lookup, request, &response, options_.timeout);
+  absl::Status s = KVHOST_FAST_CALL(FAST_PATH_METHOD_CACHE_LOOKUP, cache_, Lookup, request,
+                                    &response, options_.timeout);
   if (!s.ok()) return s;
   return response;
 }
@@ -64,7 +67,8 @@ absl::StatusOr<v1::CacheStoreReply> Client::CacheStore(const std::string& cache,
   request.set_ready_event_handle(ready_event_handle);
   request.set_write_through(write_through);
   v1::CacheStoreReply response;
-  absl::Status s = KVHOST_SESSION_CALL(cache_, Store, request, &response, options_.timeout);
+  absl::Status s = KVHOST_FAST_CALL(FAST_PATH_METHOD_CACHE_STORE, cache_, Store, request, &response,
+                                    options_.timeout);
   if (!s.ok()) return s;
   return response;
 }
@@ -85,7 +89,8 @@ absl::StatusOr<v1::TransferTicket> Client::CacheRestore(const std::string& cache
   SetRows(device_indices, &request);
   request.set_wait_event_handle(wait_event_handle);
   v1::TransferTicket response;
-  absl::Status s = KVHOST_SESSION_CALL(cache_, Restore, request, &response, options_.timeout);
+  absl::Status s = KVHOST_FAST_CALL(FAST_PATH_METHOD_CACHE_RESTORE, cache_, Restore, request,
+                                    &response, options_.timeout);
   if (!s.ok()) return s;
   return response;
 }

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kvhost/v1/cache.pb.h"
 #include "kvhost/v1/fast_path.pb.h"
 
 namespace kvhost {
@@ -50,6 +51,14 @@ uint64_t ReplyBound(int method, const google::protobuf::MessageLite& request) {
       return static_cast<const v1::BackupRequest&>(request).worker_copy() ? UINT64_MAX : kFixed;
     case v1::FAST_PATH_METHOD_LOAD:
       return static_cast<const v1::LoadRequest&>(request).worker_copy() ? UINT64_MAX : kFixed;
+    // A key's state is one byte of a packed list.
+    case v1::FAST_PATH_METHOD_CACHE_LOOKUP:
+      return static_cast<uint64_t>(
+                 static_cast<const v1::CacheLookupRequest&>(request).keys_size()) +
+             kFixed;
+    case v1::FAST_PATH_METHOD_CACHE_STORE:
+      return static_cast<uint64_t>(static_cast<const v1::CacheStoreRequest&>(request).keys_size()) +
+             kFixed;
     default:
       return kFixed;
   }

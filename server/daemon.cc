@@ -574,8 +574,11 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   identity.l3 = L3Backend();
   NodeCaches* caches = caches_.get();
   identity.session_ended = [caches](const std::string& id) { caches->SessionEnded(id); };
+  auto cache = std::make_unique<CacheServiceImpl>(registry_.get(), caches_.get(),
+                                                  options.max_indices_per_call, storage_);
+  cache_service_ = cache.get();
   if (!handoff_path_.empty()) {
-    fast_path_calls_ = std::make_unique<FastPathCalls>(pools.get(), transfers.get());
+    fast_path_calls_ = std::make_unique<FastPathCalls>(pools.get(), transfers.get(), cache.get());
     FastPathServer::Limits limits;
     limits.max_connections = options.fast_path_connections;
     limits.per_client = options.fast_path_connections_per_client;
@@ -603,9 +606,6 @@ void Daemon::RegisterServices(const DaemonOptions& options, const std::string& b
   builder->RegisterService(pools.get());
   builder->RegisterService(transfers.get());
   builder->RegisterService(status.get());
-  auto cache = std::make_unique<CacheServiceImpl>(registry_.get(), caches_.get(),
-                                                  options.max_indices_per_call, storage_);
-  cache_service_ = cache.get();
   builder->RegisterService(storage.get());
   builder->RegisterService(cache.get());
   builder->RegisterService(reflection.get());

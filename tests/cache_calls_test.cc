@@ -25,7 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "api_test_util.h"
-#include "cache_test_util.h"
+#include "cache_instance.h"
 #include "daemon_fixture.h"
 #include "kvhost/client.h"
 
@@ -37,6 +37,7 @@ using ::kvhost::testing::Instance;
 using ::kvhost::testing::kCache;
 using ::kvhost::testing::kDeviceTokens;
 using ::kvhost::testing::Keys;
+using ::kvhost::testing::kPageSize;
 using ::kvhost::testing::kToken;
 using ::kvhost::testing::PageRows;
 using ::kvhost::testing::TestDaemon;

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cache_test_util.h"
+#include "cache_instance.h"
 #include "daemon_fixture.h"
 #include "kvhost/client.h"
 #include "memcached_cluster.h"

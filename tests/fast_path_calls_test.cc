@@ -81,6 +81,14 @@ TEST(FastPathMethodTest, NamesMirrorTheGrpcMethods) {
   EXPECT_STREQ(FastPathGrpcMethod(v1::FAST_PATH_METHOD_UNSPECIFIED), "unknown");
   EXPECT_STREQ(FastPathMethodName(v1::FAST_PATH_METHOD_WAIT_TRANSFER), "WaitTransfer");
   EXPECT_STREQ(FastPathMethodName(v1::FAST_PATH_METHOD_UNSPECIFIED), "unknown method");
+  // The node cache's, as the RPC metrics' method label spells them on gRPC.
+  EXPECT_STREQ(FastPathGrpcMethod(v1::FAST_PATH_METHOD_CACHE_LOOKUP),
+               "kvhost.v1.CacheService/Lookup");
+  EXPECT_STREQ(FastPathGrpcMethod(v1::FAST_PATH_METHOD_CACHE_STORE),
+               "kvhost.v1.CacheService/Store");
+  EXPECT_STREQ(FastPathGrpcMethod(v1::FAST_PATH_METHOD_CACHE_RESTORE),
+               "kvhost.v1.CacheService/Restore");
+  EXPECT_STREQ(FastPathMethodName(v1::FAST_PATH_METHOD_CACHE_RESTORE), "Restore");
 }
 
 TEST_F(FastPathCallsTest, AllocRunsTheServiceAndRepliesItsResponse) {
@@ -106,6 +114,12 @@ TEST_F(FastPathCallsTest, RefusedFramesNameTheValueAndChangeNothing) {
   r = Call(Frame(v1::FAST_PATH_METHOD_UNSPECIFIED, AllocOf(8)));
   EXPECT_EQ(code_, absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.message(), "fast path: method 0 is not one kvhostd serves there");
+
+  // Made without a CacheServiceImpl: the node cache's methods are not served.
+  r = Call(Frame(v1::FAST_PATH_METHOD_CACHE_LOOKUP, v1::CacheLookupRequest()));
+  EXPECT_EQ(code_, absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(method_, v1::FAST_PATH_METHOD_CACHE_LOOKUP);
+  EXPECT_EQ(r.message(), "fast path: method 8 is not one kvhostd serves there");
 
   v1::FastPathRequest bad;
   bad.set_method(v1::FAST_PATH_METHOD_ALLOC);

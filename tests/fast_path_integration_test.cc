@@ -4,7 +4,8 @@
 // client killed mid-request leaves every pool consistent and its mailbox
 // closed; fast-path and gRPC clients on one pool never share a slot; the
 // mailbox refuses what a hostile client writes into it; the limit, the
-// switch and the fallback to gRPC.
+// switch and the fallback to gRPC; the node cache's Lookup, Store and
+// Restore over the mailbox, byte-exact, refused alike on both paths.
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -32,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "api_test_util.h"
+#include "cache_instance.h"
 #include "client/handoff.h"
 #include "common/fast_path_mailbox.h"
 #include "daemon_fixture.h"
@@ -687,6 +689,148 @@ TEST_F(FastPathTest, LargeCallsGoOverGrpc) {
   EXPECT_EQ(client().fast_path_calls(), 0u);
   ASSERT_TRUE(client().Alloc("big", 16).ok());
   EXPECT_EQ(client().fast_path_calls(), 1u);
+}
+
+// A node cache's instance with the fast path on stores, looks up (pinning)
+// and restores through the mailbox, one fast-path call each, byte-exact.
+TEST_F(FastPathTest, CacheCallsTakeTheMailbox) {
+  using ::kvhost::testing::CacheSpec;
+  using ::kvhost::testing::Instance;
+  using ::kvhost::testing::kCache;
+  using ::kvhost::testing::Keys;
+  using ::kvhost::testing::kToken;
+  using ::kvhost::testing::PageRows;
+  std::unique_ptr<Client> admin = Connect(false, kToken);
+  ASSERT_TRUE(admin->CreatePool(kCache, CacheSpec(64)).ok());
+  absl::StatusOr<std::unique_ptr<Instance>> i =
+      Instance::Start(daemon_->address(), daemon_->shm_dir());
+  ASSERT_TRUE(i.ok()) << i.status();
+  Client& c = *(*i)->client;
+  for (uint64_t p = 0; p < 4; ++p) (*i)->FillPage(p, static_cast<uint8_t>(60 + p));
+
+  uint64_t calls = c.fast_path_calls();
+  absl::StatusOr<v1::CacheStoreReply> stored =
+      c.CacheStore(kCache, (*i)->attachment, Keys("f", 0, 4), PageRows(0, 4));
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_TRUE(stored->has_ticket());
+  EXPECT_EQ(c.fast_path_calls(), ++calls);
+  ASSERT_TRUE(c.WaitTransfer(stored->ticket().id()).ok());
+  calls = c.fast_path_calls();
+
+  absl::StatusOr<v1::CacheLookupReply> found = c.CacheLookup(kCache, Keys("f", 0, 5), true);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(c.fast_path_calls(), ++calls);
+  EXPECT_EQ(found->prefix(), 4u);
+  EXPECT_NE(found->pin_id(), 0u);
+
+  absl::StatusOr<v1::TransferTicket> ticket =
+      c.CacheRestore(kCache, (*i)->attachment, Keys("f", 0, 4), PageRows(8, 4));
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  EXPECT_EQ(c.fast_path_calls(), ++calls);
+  ASSERT_TRUE(c.WaitTransfer(ticket->id()).ok());
+  for (uint64_t p = 0; p < 4; ++p) {
+    EXPECT_TRUE((*i)->PageIs(8 + p, static_cast<uint8_t>(60 + p))) << "page " << p;
+  }
+  ASSERT_TRUE(c.CacheReleasePin(kCache, found->pin_id()).ok());
+}
+
+// A refused cache call gets the same code and message on both paths, and
+// the fast one was carried by the mailbox.
+TEST_F(FastPathTest, CacheErrorsMatchGrpc) {
+  using ::kvhost::testing::CacheSpec;
+  using ::kvhost::testing::Instance;
+  using ::kvhost::testing::kCache;
+  using ::kvhost::testing::Keys;
+  using ::kvhost::testing::kToken;
+  using ::kvhost::testing::PageRows;
+  std::unique_ptr<Client> admin = Connect(false, kToken);
+  ASSERT_TRUE(admin->CreatePool(kCache, CacheSpec(64)).ok());
+  absl::StatusOr<std::unique_ptr<Instance>> fast =
+      Instance::Start(daemon_->address(), daemon_->shm_dir(), true);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  absl::StatusOr<std::unique_ptr<Instance>> slow =
+      Instance::Start(daemon_->address(), daemon_->shm_dir(), false);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  // With worker sessions, which a store and a restore need.
+  auto wrong_token = [&](bool fast_path) {
+    ClientOptions options;
+    options.address = daemon_->address();
+    options.fast_path = fast_path;
+    options.owner_token = "wrong-token";
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(options);
+    return c.ok() ? *std::move(c) : nullptr;
+  };
+  std::unique_ptr<Client> wrong_fast = wrong_token(true);
+  std::unique_ptr<Client> wrong_grpc = wrong_token(false);
+  ASSERT_NE(wrong_fast, nullptr);
+  ASSERT_NE(wrong_grpc, nullptr);
+
+  using Call = std::function<absl::Status(Client&, const std::string& attachment)>;
+  const std::vector<std::string> twice = {"k0", "k1", "k0"};
+  const std::vector<std::pair<std::string, Call>> calls = {
+      {"Lookup a key twice",
+       [&](Client& c, const std::string&) { return StatusOf(c.CacheLookup(kCache, twice)); }},
+      {"Lookup an empty key",
+       [&](Client& c, const std::string&) {
+         return StatusOf(c.CacheLookup(kCache, {"k0", ""}, true));
+       }},
+      {"Lookup too many keys",
+       [&](Client& c, const std::string&) {
+         return StatusOf(c.CacheLookup(kCache, Keys("k", 0, 4097)));
+       }},
+      {"Store a key twice",
+       [&](Client& c, const std::string& att) {
+         return StatusOf(c.CacheStore(kCache, att, twice, PageRows(0, 3)));
+       }},
+      {"Store rows not a page a key",
+       [&](Client& c, const std::string& att) {
+         return StatusOf(c.CacheStore(kCache, att, Keys("k", 0, 2), PageRows(0, 1)));
+       }},
+      {"Restore an absent key",
+       [&](Client& c, const std::string& att) {
+         return StatusOf(c.CacheRestore(kCache, att, Keys("absent", 0, 2), PageRows(0, 2)));
+       }},
+      {"Restore a key twice",
+       [&](Client& c, const std::string& att) {
+         return StatusOf(c.CacheRestore(kCache, att, twice, PageRows(0, 3)));
+       }},
+      {"Lookup unknown cache",
+       [&](Client& c, const std::string&) { return StatusOf(c.CacheLookup("nope", {"k0"})); }},
+  };
+  for (const auto& [name, call] : calls) {
+    const uint64_t before = (*fast)->client->fast_path_calls();
+    const absl::Status on_fast = call(*(*fast)->client, (*fast)->attachment);
+    const absl::Status on_grpc = call(*(*slow)->client, (*slow)->attachment);
+    EXPECT_EQ((*fast)->client->fast_path_calls(), before + 1) << name;
+    EXPECT_FALSE(on_fast.ok()) << name;
+    EXPECT_EQ(on_fast.code(), on_grpc.code()) << name << ": " << on_fast << " vs " << on_grpc;
+    EXPECT_EQ(on_fast.message(), on_grpc.message()) << name;
+  }
+  // The wrong owner token, on each of the three calls.
+  const std::vector<std::pair<std::string, std::function<absl::Status(Client&)>>> wrong = {
+      {"Lookup", [&](Client& c) { return StatusOf(c.CacheLookup(kCache, {"k0"})); }},
+      {"Store",
+       [&](Client& c) {
+         return StatusOf(c.CacheStore(kCache, (*fast)->attachment, {"k0"}, PageRows(0, 1)));
+       }},
+      {"Restore",
+       [&](Client& c) {
+         return StatusOf(c.CacheRestore(kCache, (*fast)->attachment, {"k0"}, PageRows(0, 1)));
+       }},
+  };
+  for (const auto& [name, call] : wrong) {
+    const uint64_t before = wrong_fast->fast_path_calls();
+    const absl::Status on_fast = call(*wrong_fast);
+    const absl::Status on_grpc = call(*wrong_grpc);
+    EXPECT_EQ(wrong_fast->fast_path_calls(), before + 1) << name;
+    EXPECT_EQ(on_fast.code(), absl::StatusCode::kPermissionDenied) << name << ": " << on_fast;
+    EXPECT_EQ(on_fast.code(), on_grpc.code()) << name;
+    EXPECT_EQ(on_fast.message(), on_grpc.message()) << name;
+  }
+  absl::StatusOr<v1::CacheStats> stats = admin->GetCacheStats(kCache);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->published(), 0u);
+  EXPECT_EQ(stats->pinned(), 0u);
 }
 
 TEST_F(FastPathTest, AStoppedDaemonEndsCallsPromptly) {

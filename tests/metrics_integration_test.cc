@@ -317,6 +317,15 @@ TEST(MetricsIntegrationTest, ANodeCachesKeysAndOutcomesAreCounted) {
   EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="l3_written"})"), 0);
   EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="l3_fetched"})"), 0);
   EXPECT_EQ(SeriesValue(used, R"(kvhost_cache_keys_total{cache="nc",outcome="l3_missed"})"), 0);
+  // The client's Store and Lookup took the fast path, counted under the
+  // gRPC methods they mirror.
+  for (const char* method : {"Store", "Lookup"}) {
+    EXPECT_EQ(SeriesValue(used, absl::StrCat(R"(kvhost_rpc_requests_total{transport="fast_path",)",
+                                             R"(method="kvhost.v1.CacheService/)", method,
+                                             R"(",code="OK"})")),
+              1)
+        << method;
+  }
   // A deleted cache's series go with it.
   ASSERT_TRUE(client.CacheReleasePin("nc", found->pin_id()).ok());
   ASSERT_TRUE(client.DetachDevice(att->id()).ok());

@@ -44,6 +44,12 @@ const char* FastPathGrpcMethod(v1::FastPathMethod method) {
       return "kvhost.v1.TransferService/AllocBackup";
     case v1::FAST_PATH_METHOD_WAIT_TRANSFER:
       return "kvhost.v1.TransferService/WaitTransfer";
+    case v1::FAST_PATH_METHOD_CACHE_LOOKUP:
+      return "kvhost.v1.CacheService/Lookup";
+    case v1::FAST_PATH_METHOD_CACHE_STORE:
+      return "kvhost.v1.CacheService/Store";
+    case v1::FAST_PATH_METHOD_CACHE_RESTORE:
+      return "kvhost.v1.CacheService/Restore";
     default:
       return "unknown";
   }
@@ -102,11 +108,29 @@ absl::Status FastPathCalls::Dispatch(const v1::FastPathRequest& frame, uint64_t 
             return transfers_->DoWaitTransfer(caller, request, response, timeout);
           });
     }
+    case v1::FAST_PATH_METHOD_CACHE_LOOKUP:
+      if (caches_ == nullptr) break;
+      return Run<v1::CacheLookupRequest, v1::CacheLookupReply>(
+          frame, body, [&](const auto& request, auto* response) {
+            return caches_->DoLookup(caller, request, response);
+          });
+    case v1::FAST_PATH_METHOD_CACHE_STORE:
+      if (caches_ == nullptr) break;
+      return Run<v1::CacheStoreRequest, v1::CacheStoreReply>(
+          frame, body, [&](const auto& request, auto* response) {
+            return caches_->DoStore(caller, request, response);
+          });
+    case v1::FAST_PATH_METHOD_CACHE_RESTORE:
+      if (caches_ == nullptr) break;
+      return Run<v1::CacheRestoreRequest, v1::TransferTicket>(
+          frame, body, [&](const auto& request, auto* response) {
+            return caches_->DoRestore(caller, request, response);
+          });
     default:
-      return absl::InvalidArgumentError(absl::StrCat("fast path: method ",
-                                                     static_cast<int>(frame.method()),
-                                                     " is not one kvhostd serves there"));
+      break;
   }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "fast path: method ", static_cast<int>(frame.method()), " is not one kvhostd serves there"));
 }
 
 std::string FastPathCalls::Handle(absl::string_view frame, uint32_t capacity,

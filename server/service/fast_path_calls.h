@@ -8,7 +8,9 @@
 // Bounds: a frame is at most the mailbox's capacity (the caller checks);
 // every reply is bounded before it is built by `reply_limit` (the mailbox's
 // capacity less the reply frame's own framing), RESOURCE_EXHAUSTED
-// otherwise, as gRPC refuses above --max-message-bytes.
+// otherwise, as gRPC refuses above --max-message-bytes. The node cache's
+// replies need no such bound: at most a state per key of the request (whose
+// keys take 3 bytes or more each) and a ticket.
 //
 // Thread safety: Handle may be called concurrently (each mailbox's thread);
 // the services synchronise themselves.
@@ -23,6 +25,7 @@
 #include "common/fast_path_mailbox.h"
 #include "kvhost/v1/fast_path.pb.h"
 #include "server/metrics/kvhost_metrics.h"
+#include "server/service/cache_service.h"
 #include "server/service/pool_service.h"
 #include "server/service/transfer_service.h"
 
@@ -45,9 +48,11 @@ const char* FastPathMethodName(v1::FastPathMethod method);
 
 class FastPathCalls {
  public:
-  // The services must outlive this.
-  FastPathCalls(PoolServiceImpl* pools, TransferServiceImpl* transfers)
-      : pools_(pools), transfers_(transfers) {}
+  // The services must outlive this. Without `caches` the node cache's
+  // methods are refused as methods kvhostd does not serve there.
+  FastPathCalls(PoolServiceImpl* pools, TransferServiceImpl* transfers,
+                CacheServiceImpl* caches = nullptr)
+      : pools_(pools), transfers_(transfers), caches_(caches) {}
 
   // Decodes `frame` (a FastPathRequest), runs its call and returns the
   // serialized FastPathReply, whose length is at most `capacity` (an
@@ -65,6 +70,7 @@ class FastPathCalls {
 
   PoolServiceImpl* const pools_;
   TransferServiceImpl* const transfers_;
+  CacheServiceImpl* const caches_;  // null: no node cache calls
 };
 
 }  // namespace kvhost

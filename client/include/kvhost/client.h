@@ -92,8 +92,9 @@ struct ClientOptions {
 
   // --- Fast path (proto/kvhost/v1/fast_path.proto) ---
   // Alloc, Free, AllocBatch, SubmitBackup / SubmitLoad (and Backup / Load
-  // without a wait), AllocBackup, WaitTransfer and PollTransfer go through
-  // a shared-memory mailbox kvhostd serves beside gRPC, when the address is
+  // without a wait), AllocBackup, WaitTransfer, PollTransfer, CacheLookup,
+  // CacheStore and CacheRestore go through a shared-memory mailbox kvhostd
+  // serves beside gRPC, when the address is
   // a unix socket and the daemon offers one: the same validation, codes
   // and messages, without gRPC's per-call cost. One mailbox per Client: a
   // call made while another thread's call holds it goes over gRPC, so give

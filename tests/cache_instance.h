@@ -1,31 +1,29 @@
-// Helpers shared by the tests that drive a kvhostd's node cache through the
-// client (cache_calls_test, cache_l3_test): a cache pool's spec, device rows
-// and keys, and Instance, one engine instance (a client with its worker
-// session, a device pool and its attachment of the cache's pool).
-//
-// Header only, for test binaries; nothing here is thread-safe.
-#ifndef KVHOST_TESTS_CACHE_TEST_UTIL_H_
-#define KVHOST_TESTS_CACHE_TEST_UTIL_H_
+// Test helpers for the node cache through a real kvhostd (cache_calls_test,
+// cache_l3_integration_test, fast_path_integration_test): a node cache's spec, key lists, device
+// rows by page, and Instance, one engine instance (a client with its worker session, a
+// shared-memory device pool and its attachment of the cache's pool) that fills device pages with
+// seeded bytes, stores and restores them and checks them byte for byte. Not thread-safe; each test
+// owns its instances.
+#ifndef KVHOST_TESTS_CACHE_INSTANCE_H_
+#define KVHOST_TESTS_CACHE_INSTANCE_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "api_test_util.h"
-#include "daemon_fixture.h"
 #include "kvhost/client.h"
 
 namespace kvhost::testing {
 
-constexpr char kCache[] = "cache";
-constexpr char kToken[] = "model-token";
-constexpr uint32_t kPageSize = 16;
+inline constexpr char kCache[] = "cache";
+inline constexpr char kToken[] = "model-token";
+inline constexpr uint32_t kPageSize = 16;
 // The device pools' rows: 16 pages.
-constexpr uint64_t kDeviceTokens = 256;
+inline constexpr uint64_t kDeviceTokens = 256;
 
 // Pages of 16 KiB; `large`: of 2 MiB (32 layers of 8 heads of 128), whose
 // copies take long enough to be caught in flight.
@@ -62,11 +60,13 @@ struct Instance {
   std::string attachment;
 
   static absl::StatusOr<std::unique_ptr<Instance>> Start(const std::string& address,
-                                                         const std::string& shm_dir) {
+                                                         const std::string& shm_dir,
+                                                         bool fast_path = true) {
     auto i = std::make_unique<Instance>();
     ClientOptions options;
     options.address = address;
     options.owner_token = kToken;
+    options.fast_path = fast_path;
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
     if (!client.ok()) return client.status();
     i->client = *std::move(client);
@@ -126,4 +126,4 @@ struct Instance {
 
 }  // namespace kvhost::testing
 
-#endif  // KVHOST_TESTS_CACHE_TEST_UTIL_H_
+#endif  // KVHOST_TESTS_CACHE_INSTANCE_H_
