@@ -186,9 +186,10 @@ int kvhost_cache_get_stats(kvhost_client* client, const char* cache, kvhost_cach
     if (!a.ok()) return a.status();
     absl::StatusOr<kvhost::v1::CacheStats> s = a->client->GetCacheStats(a->cache);
     if (!s.ok()) return s.status();
-    *stats = kvhost_cache_stats{s->page_num(), s->free_pages(), s->published(), s->writing(),
-                                s->pinned(),   s->hits(),       s->misses(),    s->stored(),
-                                s->skipped(),  s->evicted(),    s->aborted()};
+    *stats = kvhost_cache_stats{s->page_num(),   s->free_pages(), s->published(), s->writing(),
+                                s->pinned(),     s->hits(),       s->misses(),    s->stored(),
+                                s->skipped(),    s->evicted(),    s->aborted(),   s->l3_written(),
+                                s->l3_fetched(), s->l3_missed()};
     return absl::OkStatus();
   });
 }

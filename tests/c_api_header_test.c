@@ -29,8 +29,9 @@ STATIC_CHECK(sizeof(void*) != 8 || offsetof(kvhost_cuda_group_entry, reserved) =
              group_entry_reserved);
 /* The node cache's structs: uint64s, and an event's seq, kind, key_len and
  * key bytes, without padding. */
-STATIC_CHECK(sizeof(kvhost_cache_stats) == 11 * 8, cache_stats_size);
+STATIC_CHECK(sizeof(kvhost_cache_stats) == 14 * 8, cache_stats_size);
 STATIC_CHECK(offsetof(kvhost_cache_stats, aborted) == 80, cache_stats_aborted);
+STATIC_CHECK(offsetof(kvhost_cache_stats, l3_missed) == 104, cache_stats_l3_missed);
 STATIC_CHECK(sizeof(kvhost_cache_event) == 16 + KVHOST_CACHE_MAX_KEY_BYTES, cache_event_size);
 STATIC_CHECK(offsetof(kvhost_cache_event, key_len) == 12, cache_event_key_len);
 STATIC_CHECK(offsetof(kvhost_cache_event, key) == 16, cache_event_key);

@@ -22,7 +22,8 @@ INT64_FIELDS = frozenset("""
 aborted after_seq age_s alignment available_tokens backup_bytes bytes bytes_per_page
 bytes_per_token bytes_released bytes_saved device_indices device_size_tokens dims
 duration_us enqueue_us evicted first_layer_us free_pages freed generation head_bytes heads
-hit_bytes hit_pages hits host_indices index indices item_bytes items layer_base layers
+hit_bytes hit_pages hits host_indices index indices item_bytes items l3_fetched l3_missed
+l3_written layer_base layers
 length load_bytes memory_available_bytes memory_limit_bytes memory_reserve_bytes misses
 next_after num_tokens offset page_bytes page_num page_size page_strides pages_written pid
 pin_id pinned plane_bytes planes pool_bytes pool_bytes_releasing populated_bytes

@@ -96,11 +96,11 @@ CACHE_MAX_KEY_BYTES = 256
 
 
 class CacheStatsStruct(C.Structure):
-    """kvhost_cache_stats: 11 uint64s, pinned by tests/c_api_header_test."""
+    """kvhost_cache_stats: 14 uint64s, pinned by tests/c_api_header_test."""
 
     _fields_ = [(name, C.c_uint64) for name in (
         "page_num", "free_pages", "published", "writing", "pinned", "hits", "misses", "stored",
-        "skipped", "evicted", "aborted")]
+        "skipped", "evicted", "aborted", "l3_written", "l3_fetched", "l3_missed")]
 
 
 class CacheEventStruct(C.Structure):

@@ -99,6 +99,11 @@ class CacheStats:
     skipped: int
     evicted: int
     aborted: int
+    #: Keys the L3 tier behind the cache took (write-through), gave
+    #: (fetch_missing) and did not have.
+    l3_written: int = 0
+    l3_fetched: int = 0
+    l3_missed: int = 0
 
 
 class CacheEvent(NamedTuple):

@@ -850,7 +850,8 @@ KVHOST_C_API int kvhost_l3_wait(kvhost_client* client, const char* pool, uint64_
 #define KVHOST_CACHE_EVENT_EVICTED 1
 
 /* kvhost.v1.CacheStats: keys now (published, writing, pinned) and counts
- * since the cache's pool was created. 88 bytes, no padding. */
+ * since the cache's pool was created, the L3 tier's included (keys written
+ * through, fetched, missed). 112 bytes, no padding. */
 typedef struct kvhost_cache_stats {
   uint64_t page_num;
   uint64_t free_pages;
@@ -863,6 +864,9 @@ typedef struct kvhost_cache_stats {
   uint64_t skipped;
   uint64_t evicted;
   uint64_t aborted;
+  uint64_t l3_written;
+  uint64_t l3_fetched;
+  uint64_t l3_missed;
 } kvhost_cache_stats;
 
 /* One kvhost.v1.CacheEvent: its key is key[0, key_len). 272 bytes. */
