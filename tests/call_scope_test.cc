@@ -3,7 +3,7 @@
 // count before the name, the first over the limit refused naming the pool),
 // the name resolved once with the token checked on the pool or on every
 // entry of a group (whose anchor pool is returned), and that it changes
-// nothing.
+// nothing; L3Namespace's choice of namespace and its owner check.
 #include "server/service/call_scope.h"
 
 #include <gmock/gmock.h>
@@ -132,6 +132,24 @@ TEST_F(CallScopeTest, ChangesNothing) {
   EXPECT_EQ(owned_->allocator().available_tokens(), owned_->size_tokens());
   EXPECT_EQ(registry_->List().size(), 2u);
   EXPECT_TRUE(registry_->ListGroups().empty());
+}
+
+// The public namespace for an unprotected pool whatever the token; a
+// protected pool's only with its own token, checked on the pool itself.
+TEST_F(CallScopeTest, L3NamespaceIsThePoolsOwnAndCheckedOnIt) {
+  const L3Secret secret = L3Secret::FromBytes(std::string(32, 's'));
+  absl::StatusOr<std::string> open = L3Namespace(secret, *open_, nullptr);
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_EQ(*open, secret.PublicNamespace());
+  EXPECT_EQ(*L3Namespace(secret, *open_, &wrong_), secret.PublicNamespace());
+  absl::StatusOr<std::string> owned = L3Namespace(secret, *owned_, &token_);
+  ASSERT_TRUE(owned.ok()) << owned.status();
+  EXPECT_EQ(*owned, secret.TokenNamespace(token_));
+  EXPECT_NE(*owned, secret.PublicNamespace());
+  EXPECT_EQ(L3Namespace(secret, *owned_, &wrong_).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(L3Namespace(secret, *owned_, nullptr).status().code(),
+            absl::StatusCode::kPermissionDenied);
 }
 
 }  // namespace

@@ -85,13 +85,13 @@ absl::StatusOr<CacheL3> CacheServiceImpl::L3For(const Caller& caller, const Node
                      " needs an L3 tier, and this kvhostd has none: start it with "
                      "--l3-memcached=host:port,..."));
   }
+  // As StorePages of the cache's pool.
+  absl::StatusOr<std::string> ns =
+      L3Namespace(tier_->secret(), *cache.pool(), TokenOf(caller.token));
+  if (!ns.ok()) return ns.status();
   CacheL3 l3;
   l3.tier = tier_;
-  // As StorePages of the cache's pool: Open checked the caller's token on it.
-  const Pool& pool = *cache.pool();
-  l3.ns = pool.owner_protected() && caller.token.has_value()
-              ? tier_->secret().TokenNamespace(*caller.token)
-              : tier_->secret().PublicNamespace();
+  l3.ns = *std::move(ns);
   return l3;
 }
 

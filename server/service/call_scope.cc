@@ -1,6 +1,7 @@
 #include "server/service/call_scope.h"
 
 #include "absl/strings/str_cat.h"
+#include "server/access/caller.h"
 
 namespace kvhost {
 
@@ -32,6 +33,15 @@ absl::StatusOr<std::shared_ptr<Pool>> OpenCallPool(const PoolRegistry& registry,
   if (!target.ok()) return target.status();
   if (absl::Status s = RefuseNodeCache(*target->pool); !s.ok()) return s;
   return target->pool;
+}
+
+absl::StatusOr<std::string> L3Namespace(const L3Secret& secret, const Pool& pool,
+                                        const std::string* token) {
+  if (!pool.owner_protected()) return secret.PublicNamespace();
+  // Checked again on the object whose namespace it picks: a token that
+  // passed for the name but does not open this pool gets no namespace.
+  if (absl::Status s = CheckPoolOwner(pool, token); !s.ok()) return s;
+  return secret.TokenNamespace(*token);
 }
 
 }  // namespace kvhost

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "server/pool/pool.h"
 #include "server/pool/registry.h"
+#include "server/storage/l3_secret.h"
 
 namespace kvhost {
 
@@ -47,6 +48,14 @@ absl::StatusOr<std::shared_ptr<Pool>> OpenCallPool(const PoolRegistry& registry,
                                                    const std::string& pool,
                                                    const std::string* token, uint64_t max_indices,
                                                    std::initializer_list<IndexCount> counts = {});
+
+// The L3 namespace an L3 call on `pool` stores and fetches in (StorePages,
+// FetchPages, ExistPages, and a node cache's write-through and fetch): the
+// public one for an unprotected pool, else the owner token's, checked again
+// on this pool object (PERMISSION_DENIED for a token, or none, that does not
+// open it).
+absl::StatusOr<std::string> L3Namespace(const L3Secret& secret, const Pool& pool,
+                                        const std::string* token);
 
 }  // namespace kvhost
 

@@ -147,12 +147,8 @@ absl::StatusOr<std::shared_ptr<Pool>> StorageServiceImpl::PagesPool(
 
 absl::StatusOr<std::string> StorageServiceImpl::Namespace(
     const grpc::CallbackServerContext& context, const Pool& pool) const {
-  if (!pool.owner_protected()) return tier_->secret().PublicNamespace();
-  // Checked again on the object whose namespace it picks: a token that
-  // passed for the name but does not open this pool gets no namespace.
   const std::optional<std::string> token = OwnerToken(context);
-  if (absl::Status s = CheckPoolOwner(pool, TokenOf(token)); !s.ok()) return s;
-  return tier_->secret().TokenNamespace(*token);
+  return L3Namespace(tier_->secret(), pool, TokenOf(token));
 }
 
 grpc::ServerUnaryReactor* StorageServiceImpl::StorePages(grpc::CallbackServerContext* context,
