@@ -434,24 +434,19 @@ absl::Status RunDuplex(const Options& o, const PathRun& run, kvhost::Client& cli
 // ---------------------------------------------------------------------------
 // Time to first layer.
 
-namespace {
-
-// One timed load: event 0 before the Load call, 1 when it returned, 2 when
-// layer 0 may be used, 3 when the last layer may.
-absl::Status TimedLoad(const Options& o, const PathRun& run, kvhost::Client& client,
-                       const v1::Attachment& att, const kvhost::LoadEvents& events,
-                       const std::vector<int64_t>& host, const std::vector<int64_t>& rows,
-                       cudaStream_t stream, const Events& ev, TtflResult& r, bool keep) {
-  // The start is recorded before the RPC: its time counts.
+absl::Status TimedLayerLoad(const Options& o, const PathRun& run, kvhost::Client& client,
+                            const kvhost::LoadEvents& events, const LayerLoadSubmit& submit,
+                            cudaStream_t stream, const Events& ev, TtflResult& r, bool keep) {
+  // The start is recorded before the call: its time counts.
   if (absl::Status s = Cuda(cudaEventRecord(ev[0], stream), "cudaEventRecord"); !s.ok()) return s;
-  absl::StatusOr<kvhost::LoadTicket> load = client.LoadWithEvents(att.id(), host, rows);
+  absl::StatusOr<kvhost::LoadTicket> load = submit();
   if (!load.ok()) return load.status();
   if (load->event_set < 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("load ticket ", load->ticket_id, " names no load event set"));
+        absl::StrCat(r.call, " ticket ", load->ticket_id, " names no load event set"));
   }
-  // The stream is idle, so this one marks when the RPC returned: a first
-  // layer later than that waited for copies, not for the RPC.
+  // The stream is idle, so this one marks when the call returned: a first
+  // layer later than that waited for copies, not for the call.
   absl::Status s = Cuda(cudaEventRecord(ev[1], stream), "cudaEventRecord");
   if (s.ok()) s = WaitForLayer(events, *load, 0, stream);
   if (s.ok()) s = Cuda(cudaEventRecord(ev[2], stream), "cudaEventRecord");
@@ -463,8 +458,8 @@ absl::Status TimedLoad(const Options& o, const PathRun& run, kvhost::Client& cli
   if (!st.ok()) return st.status();
   if (!run.ticket_path.empty() && st->path() != run.ticket_path) {
     return absl::FailedPreconditionError(
-        absl::StrCat("kvhostd --transfer-path=", run.path, " ran load ticket ", load->ticket_id,
-                     " on path '", st->path(), "', not '", run.ticket_path, "'"));
+        absl::StrCat("kvhostd --transfer-path=", run.path, " ran ", r.call, " ticket ",
+                     load->ticket_id, " on path '", st->path(), "', not '", run.ticket_path, "'"));
   }
   r.ticket_path = st->path();
   double ms[3];
@@ -483,7 +478,31 @@ absl::Status TimedLoad(const Options& o, const PathRun& run, kvhost::Client& cli
   return absl::OkStatus();
 }
 
-}  // namespace
+int TtflSamples(double transfer_s) {
+  return std::clamp(static_cast<int>(kTtflBudgetS / transfer_s), kMinFirstLayerSamples,
+                    kFirstLayerSamples);
+}
+
+void FinishTtfl(const kvhost::Client& client, TtflResult& r) {
+  r.rpc_median_ms = Median(r.rpc_ms);
+  r.first_median_ms = Median(r.first_ms);
+  r.total_median_ms = Median(r.total_ms);
+  r.target_ms = r.total_median_ms / r.layers + kFirstLayerSlackMs;
+  r.met = r.first_median_ms <= r.target_ms;
+  r.daemon_first_median_ms = Median(r.daemon_first_ms);
+  r.daemon_total_median_ms = Median(r.daemon_total_ms);
+  r.enqueue_median_ms = Median(r.enqueue_ms);
+  r.empty_rpc_median_ms = Median(r.empty_rpc_ms);
+  r.fast_path = client.fast_path_open();
+  absl::FPrintF(stderr,
+                "ttfl %s %s MHA %s ps%d, %d layers (%s): call back at %.3f ms, first layer "
+                "%.3f ms, all %.3f ms, target %.3f ms: %s; daemon side: first %.3f ms, all "
+                "%.3f ms (queued in %.3f ms); an empty call takes %.3f ms\n",
+                r.path, r.call, r.layout, r.page_size, r.layers, r.fast_path ? "fast path" : "gRPC",
+                r.rpc_median_ms, r.first_median_ms, r.total_median_ms, r.target_ms,
+                r.met ? "met" : "missed", r.daemon_first_median_ms, r.daemon_total_median_ms,
+                r.enqueue_median_ms, r.empty_rpc_median_ms);
+}
 
 absl::Status RunTtfl(const Options& o, const PathRun& run, uint32_t page_size,
                      kvhost::Client& client, Worker& w, Results& results) {
@@ -507,11 +526,11 @@ absl::Status RunTtfl(const Options& o, const PathRun& run, uint32_t page_size,
     if (!events.ok()) return events.status();
     absl::StatusOr<std::unique_ptr<Events>> ev = Events::Create(4);
     if (!ev.ok()) return ev.status();
-    const int samples = std::clamp(static_cast<int>(kTtflBudgetS / backup->wall_s),
-                                   kMinFirstLayerSamples, kFirstLayerSamples);
+    const int samples = TtflSamples(backup->wall_s);
+    const LayerLoadSubmit load = [&] { return client.LoadWithEvents(att.id(), host, rows); };
     for (int i = 0; i <= samples; ++i) {  // the first warms up
       if (absl::Status s =
-              TimedLoad(o, run, client, att, **events, host, rows, w.stream(), **ev, r, i > 0);
+              TimedLayerLoad(o, run, client, **events, load, w.stream(), **ev, r, i > 0);
           !s.ok()) {
         return s;
       }
@@ -533,23 +552,8 @@ absl::Status RunTtfl(const Options& o, const PathRun& run, uint32_t page_size,
     return absl::Status(
         s.code(), absl::StrCat(run.path, " time to first layer ps", page_size, ": ", s.message()));
   }
-  r.rpc_median_ms = Median(r.rpc_ms);
-  r.first_median_ms = Median(r.first_ms);
-  r.total_median_ms = Median(r.total_ms);
-  r.target_ms = r.total_median_ms / r.layers + kFirstLayerSlackMs;
-  r.met = r.first_median_ms <= r.target_ms;
-  r.daemon_first_median_ms = Median(r.daemon_first_ms);
-  r.daemon_total_median_ms = Median(r.daemon_total_ms);
-  r.enqueue_median_ms = Median(r.enqueue_ms);
-  r.empty_rpc_median_ms = Median(r.empty_rpc_ms);
+  FinishTtfl(client, r);
   results.ttfl.push_back(r);
-  absl::FPrintF(stderr,
-                "ttfl %s MHA LAYER_FIRST ps%d, %d layers: RPC back at %.3f ms, first layer %.3f "
-                "ms, all %.3f ms, target %.3f ms: %s; daemon side: first %.3f ms, all %.3f ms "
-                "(queued in %.3f ms); a Load of no rows takes %.3f ms\n",
-                run.path, page_size, r.layers, r.rpc_median_ms, r.first_median_ms,
-                r.total_median_ms, r.target_ms, r.met ? "met" : "missed", r.daemon_first_median_ms,
-                r.daemon_total_median_ms, r.enqueue_median_ms, r.empty_rpc_median_ms);
   return absl::OkStatus();
 }
 

@@ -95,6 +95,24 @@ absl::Status RunCase(const Options& o, const PathRun& run, const Case& c, kvhost
 absl::Status RunDuplex(const Options& o, const PathRun& run, kvhost::Client& client, Worker& w,
                        Results& results);
 
+// A call that starts a load and returns its ticket with its event set:
+// LoadWithEvents, or a node cache's Restore.
+using LayerLoadSubmit = std::function<absl::StatusOr<kvhost::LoadTicket>()>;
+
+// One timed load of a time-to-first-layer series: event 0 on `stream`
+// before `submit`, 1 when it returned, 2 when layer 0 may be used, 3 when
+// the last layer may; with `keep`, the three times and the ticket's daemon
+// side are appended to `r` (else it warms up). Its ticket must end well.
+absl::Status TimedLayerLoad(const Options& o, const PathRun& run, kvhost::Client& client,
+                            const kvhost::LoadEvents& events, const LayerLoadSubmit& submit,
+                            cudaStream_t stream, const Events& ev, TtflResult& r, bool keep);
+// Timed loads of a series whose transfer takes `transfer_s`: about 2 s of
+// them, 3 to 10.
+int TtflSamples(double transfer_s);
+// The medians, target and verdict of `r` from its samples, whether
+// `client`'s calls went over the fast path; one line on stderr.
+void FinishTtfl(const kvhost::Client& client, TtflResult& r);
+
 // Time to first layer of MHA LAYER_FIRST loads at `page_size`, from the
 // event recorded before the Load call. Appends to results.ttfl.
 absl::Status RunTtfl(const Options& o, const PathRun& run, uint32_t page_size,

@@ -46,6 +46,11 @@ ABSL_FLAG(std::vector<std::string>, anchor_quotas, std::vector<std::string>({"2"
           "anchor.");
 ABSL_FLAG(std::vector<std::string>, ttfl_page_sizes, std::vector<std::string>({"1", "16", "64"}),
           "Page sizes of the time-to-first-layer case (MHA LAYER_FIRST).");
+ABSL_FLAG(std::vector<std::string>, cache_page_sizes, std::vector<std::string>({"16", "64"}),
+          "Page sizes of the node cache cases (MHA, --cache-layout; cuda_bench_cache.h), run on "
+          "the first path; 'none' = no node cache cases.");
+ABSL_FLAG(std::string, cache_layout, "PAGE_FIRST",
+          "Host layout of the node cache cases' MHA cache pools.");
 ABSL_FLAG(std::string, cublas, "",
           "libcublas to dlopen for the GEMM worker; empty = $KVHOST_CUBLAS, then libcublas.so.13 "
           "and .12 from the loader path, then python site-packages nvidia/*/lib.");
@@ -125,6 +130,22 @@ absl::StatusOr<std::vector<uint32_t>> U32List(absl::string_view flag,
     out.push_back(static_cast<uint32_t>(v));
   }
   return out;
+}
+
+absl::Status ParseCache(Options& o) {
+  const std::vector<std::string> sizes = absl::GetFlag(FLAGS_cache_page_sizes);
+  if (sizes != std::vector<std::string>({"none"})) {
+    absl::StatusOr<std::vector<uint32_t>> parsed = U32List("cache-page-sizes", sizes);
+    if (!parsed.ok()) return parsed.status();
+    o.cache_page_sizes = *parsed;
+  }
+  const std::string layout = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_cache_layout));
+  if (!v1::Layout_Parse(layout, &o.cache_layout) || o.cache_layout == v1::LAYOUT_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat("--cache-layout: '", layout,
+                                                   "' is not LAYER_FIRST, PAGE_FIRST, "
+                                                   "PAGE_FIRST_DIRECT, PAGE_HEAD or PAGE_UNIFIED"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParseShapes(Options& o) {
@@ -229,6 +250,7 @@ void SetQuick(Options& o) {
   o.shapes = {{v1::MHA, v1::PAGE_FIRST}, {v1::MLA, v1::LAYER_FIRST}};
   o.page_sizes = {16};
   o.ttfl_page_sizes = {16};
+  o.cache_page_sizes = {16};
   o.workers = {"gemm", "fma"};
   o.workers_from_quick = true;
   o.tokens = 256;
@@ -247,6 +269,7 @@ absl::Status CheckSizes(const Options& o) {
   }
   std::vector<uint32_t> all = o.page_sizes;
   all.insert(all.end(), o.ttfl_page_sizes.begin(), o.ttfl_page_sizes.end());
+  all.insert(all.end(), o.cache_page_sizes.begin(), o.cache_page_sizes.end());
   all.push_back(kProbePageSize);
   for (uint32_t ps : all) {
     if (ps > o.tokens || o.tokens % ps != 0) {
@@ -323,6 +346,7 @@ absl::StatusOr<Options> OptionsFromFlags() {
         U32List("ttfl-page-sizes", absl::GetFlag(FLAGS_ttfl_page_sizes));
     if (!ttfl.ok()) return ttfl.status();
     o.ttfl_page_sizes = *ttfl;
+    if (absl::Status s = ParseCache(o); !s.ok()) return s;
     o.churn_ops = absl::GetFlag(FLAGS_churn_ops);
     o.tokens = absl::GetFlag(FLAGS_tokens);
     o.layers = absl::GetFlag(FLAGS_layers);
@@ -385,6 +409,13 @@ double EstimateSeconds(const Options& o) {
   per_path += 3 * o.duplex_s + 4 * mha;                                // alone x 2, both; warm-ups
   per_path += o.ttfl_page_sizes.size() * (12 * mha + kCaseOverheadS);  // 1 + 10 loads, backup
   s += per_path * static_cast<double>(o.paths.size());
+  // Node cache cases, first path: a store and a restore to check, per
+  // direction the timed calls and the costs, two refills, the restores'
+  // time to first layer.
+  for (size_t i = 0; i < o.cache_page_sizes.size(); ++i) {
+    s += kCaseOverheadS + 16 * mha;
+    for (size_t d = 0; d < o.directions.size(); ++d) s += o.repeats * mha + measures * window;
+  }
   std::vector<v1::PoolKind> kinds;
   for (const Shape& sh : o.shapes) {
     if (std::find(kinds.begin(), kinds.end(), sh.kind) == kinds.end()) kinds.push_back(sh.kind);

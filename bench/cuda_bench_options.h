@@ -53,6 +53,8 @@ struct Options {
   std::vector<double> duties;        // 1 = back to back
   std::vector<uint32_t> anchor_quotas;
   std::vector<uint32_t> ttfl_page_sizes;
+  std::vector<uint32_t> cache_page_sizes;  // node cache cases; empty = none
+  v1::Layout cache_layout = v1::PAGE_FIRST;
   std::string cublas;  // --cublas; empty = search
   uint32_t gemm_n = 0;
   HostSlots host_slots = HostSlots::kChurned;

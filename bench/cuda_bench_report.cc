@@ -61,13 +61,19 @@ std::string StringsJson(const std::vector<std::string>& v) {
   return JsonArray(out);
 }
 
-std::string CaseJson(const CaseResult& c) {
+// A case's direction: backup / load, or a node cache case's store / restore.
+const char* CaseDir(const CaseResult& c, bool cache) {
+  if (cache) return c.backup ? "store" : "restore";
+  return DirName(c.backup);
+}
+
+std::string CaseJson(const CaseResult& c, bool cache = false) {
   return JsonObject()
       .Str("path", c.path)
       .Str("kind", c.kind)
       .Str("layout", c.layout)
       .Uint("page_size", c.page_size)
-      .Str("direction", DirName(c.backup))
+      .Str("direction", CaseDir(c, cache))
       .Uint("bytes", c.bytes)
       .Num("engine_gb_per_s", c.engine_gbps)
       .Num("client_gb_per_s", c.client_gbps)
@@ -126,8 +132,10 @@ std::string DuplexJson(const DuplexResult& d) {
 std::string TtflJson(const TtflResult& t) {
   return JsonObject()
       .Str("path", t.path)
+      .Str("call", t.call)
+      .Bool("fast_path", t.fast_path)
       .Str("kind", "MHA")
-      .Str("layout", "LAYER_FIRST")
+      .Str("layout", t.layout)
       .Uint("page_size", t.page_size)
       .Uint("layers", t.layers)
       .Uint("bytes", t.bytes)
@@ -275,6 +283,51 @@ std::vector<std::string> CaseTableLines(const Options& o, const Results& r, cons
   return lines;
 }
 
+std::vector<std::string> CacheTableLines(const Options& o, const Results& r) {
+  if (r.cache_cases.empty()) return {};
+  std::vector<std::string> head = {"PATH", "LAYOUT", "PAGE", "CALL", "GB/S", "RATIO"};
+  std::string align = "llllrr";
+  for (const std::string& w : o.workers) {
+    for (double d : o.duties) {
+      head.push_back(absl::StrCat(w, " % @", DutyName(d)));
+      align += "r";
+    }
+  }
+  head.insert(head.end(), {"POOL RATIO", "POOL GEMM @1/@0.25", "TICKET PATH"});
+  align += "rrl";
+  std::vector<std::vector<std::string>> rows = {head};
+  for (const CaseResult& c : r.cache_cases) {
+    std::vector<std::string> row = {c.path,
+                                    c.layout,
+                                    absl::StrCat(c.page_size),
+                                    CaseDir(c, true),
+                                    absl::StrFormat("%.2f", c.engine_gbps),
+                                    absl::StrFormat("%.2f", c.vs_ceiling)};
+    for (const std::string& w : o.workers) {
+      for (double d : o.duties) row.push_back(CostCell(c.costs, w, d));
+    }
+    const CaseResult* pool = nullptr;
+    for (const CaseResult& p : r.cases) {
+      if (p.path == c.path && p.kind == c.kind && p.layout == c.layout &&
+          p.page_size == c.page_size && p.backup == c.backup) {
+        pool = &p;
+      }
+    }
+    row.push_back(pool == nullptr ? "-" : absl::StrFormat("%.2f", pool->vs_ceiling));
+    row.push_back(pool == nullptr ? "-"
+                                  : absl::StrCat(CostCell(pool->costs, "gemm", 1), "/",
+                                                 CostCell(pool->costs, "gemm", 0.25)));
+    row.push_back(c.ticket_path);
+    rows.push_back(row);
+  }
+  std::vector<std::string> lines = {
+      "node cache (MHA; store: new keys each call, restore: present keys; GB/s over the tickets' "
+      "time, RATIO to the ceiling of the direction; POOL: the index-addressed pool's Backup / "
+      "Load of the same case and path in this run):"};
+  for (std::string& l : cli::TableLines(rows, align)) lines.push_back(std::move(l));
+  return lines;
+}
+
 std::vector<std::string> AnchorTableLines(const Options& o, const Results& r) {
   if (r.anchor.empty()) return {};
   std::vector<std::string> head = {"KIND", "QUOTA", "DIR", "GB/S", "RATIO", "RUN"};
@@ -361,28 +414,29 @@ std::vector<std::string> HeadlineTableLines(const Options& o, const Results& r) 
 std::vector<std::string> TtflTableLines(const Results& r) {
   if (r.ttfl.empty()) return {};
   std::vector<std::vector<std::string>> rows = {
-      {"PATH", "PAGE", "FIRST MS", "ALL MS", "TARGET MS", "", "RPC BACK MS", "EMPTY RPC MS",
-       "DAEMON FIRST / ALL MS", "QUEUED MS", "TICKET PATH"}};
+      {"PATH", "CALL", "VIA", "LAYOUT", "PAGE", "FIRST MS", "ALL MS", "TARGET MS", "",
+       "CALL BACK MS", "EMPTY CALL MS", "DAEMON FIRST / ALL MS", "QUEUED MS", "TICKET PATH"}};
   for (const TtflResult& t : r.ttfl) {
     rows.push_back(
-        {t.path, absl::StrCat(t.page_size), absl::StrFormat("%.3f", t.first_median_ms),
-         absl::StrFormat("%.3f", t.total_median_ms), absl::StrFormat("%.3f", t.target_ms),
-         t.met ? "met" : "MISSED", absl::StrFormat("%.3f", t.rpc_median_ms),
-         absl::StrFormat("%.3f", t.empty_rpc_median_ms),
+        {t.path, t.call, t.fast_path ? "fast path" : "gRPC", t.layout, absl::StrCat(t.page_size),
+         absl::StrFormat("%.3f", t.first_median_ms), absl::StrFormat("%.3f", t.total_median_ms),
+         absl::StrFormat("%.3f", t.target_ms), t.met ? "met" : "MISSED",
+         absl::StrFormat("%.3f", t.rpc_median_ms), absl::StrFormat("%.3f", t.empty_rpc_median_ms),
          absl::StrFormat("%.3f / %.3f", t.daemon_first_median_ms, t.daemon_total_median_ms),
          absl::StrFormat("%.3f", t.enqueue_median_ms), t.ticket_path});
   }
   std::vector<std::string> lines = {absl::StrFormat(
-      "time to first layer (MHA LAYER_FIRST, %d layers, from the event before the Load call; "
-      "target all / layers + %.1f ms; median):",
+      "time to first layer (MHA, %d layers, from the event before the call; target all / "
+      "layers + %.1f ms; median; EMPTY CALL: a Load of no rows):",
       r.ttfl.front().layers, kFirstLayerSlackMs)};
-  for (std::string& l : cli::TableLines(rows, "lrrrrlrrrrl")) lines.push_back(std::move(l));
+  for (std::string& l : cli::TableLines(rows, "llllrrrrlrrrrl")) lines.push_back(std::move(l));
   return lines;
 }
 
 std::string Json(const Options& o, const Results& r, const absl::Status& status) {
-  std::vector<std::string> cases, anchor, duplex, ttfl, workers;
+  std::vector<std::string> cases, cache_cases, anchor, duplex, ttfl, workers;
   for (const CaseResult& c : r.cases) cases.push_back(CaseJson(c));
+  for (const CaseResult& c : r.cache_cases) cache_cases.push_back(CaseJson(c, /*cache=*/true));
   for (const AnchorResult& a : r.anchor) anchor.push_back(AnchorJson(a));
   for (const DuplexResult& d : r.duplex) duplex.push_back(DuplexJson(d));
   for (const TtflResult& t : r.ttfl) ttfl.push_back(TtflJson(t));
@@ -420,6 +474,13 @@ std::string Json(const Options& o, const Results& r, const absl::Status& status)
       .Raw("config", JsonObject()
                          .Str("kvhostd", o.kvhostd)
                          .Raw("paths", StringsJson(o.paths))
+                         .Raw("cache_page_sizes", JsonArray([&] {
+                                std::vector<std::string> v;
+                                for (uint32_t ps : o.cache_page_sizes)
+                                  v.push_back(absl::StrCat(ps));
+                                return v;
+                              }()))
+                         .Str("cache_layout", LayoutName(o.cache_layout))
                          .Raw("workers", StringsJson(o.workers))
                          .Raw("duties", JsonArray(duties))
                          .Raw("anchor_quotas", JsonArray(quotas))
@@ -456,6 +517,7 @@ std::string Json(const Options& o, const Results& r, const absl::Status& status)
       .Raw("headline", HeadlineJson(o, r))
       .Raw("duplex", JsonArray(duplex))
       .Raw("ttfl", JsonArray(ttfl))
+      .Raw("cache_cases", JsonArray(cache_cases))
       .str();
 }
 
@@ -497,6 +559,7 @@ void PrintReport(const Options& o, const Results& r) {
         d.load_path);
   }
   print(TtflTableLines(r));
+  print(CacheTableLines(o, r));
   if (r.elapsed_s > 0) {
     absl::PrintF("done in %.1f s (estimate %.0f s)\n", r.elapsed_s, r.estimate_s);
   }

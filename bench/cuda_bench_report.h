@@ -114,10 +114,13 @@ struct DuplexResult {
 
 struct TtflResult {
   std::string path;
+  std::string call = "Load";  // or "Restore" (a node cache's)
+  std::string layout = "LAYER_FIRST";
+  bool fast_path = false;  // the calls went over the fast path
   uint32_t page_size = 0;
   uint32_t layers = 0;
   uint64_t bytes = 0;
-  // From the event recorded before the Load RPC: the RPC's return, layer 0
+  // From the event recorded before the call: the call's return, layer 0
   // usable, the last layer usable.
   std::vector<double> rpc_ms, first_ms, total_ms;
   double rpc_median_ms = 0, first_median_ms = 0, total_median_ms = 0, target_ms = 0;
@@ -142,6 +145,8 @@ struct Results {
   std::vector<AnchorResult> anchor;
   std::vector<DuplexResult> duplex;
   std::vector<TtflResult> ttfl;
+  // Node cache cases (cuda_bench_cache.h): backup = Store, else Restore.
+  std::vector<CaseResult> cache_cases;
   std::vector<std::string> paths_done;
   bool mps = false;      // an MPS control pipe was found
   double elapsed_s = 0;  // of the whole run
@@ -169,6 +174,9 @@ std::vector<std::string> CaseTableLines(const Options& o, const Results& r, cons
 std::vector<std::string> AnchorTableLines(const Options& o, const Results& r);
 std::vector<std::string> HeadlineTableLines(const Options& o, const Results& r);
 std::vector<std::string> TtflTableLines(const Results& r);
+// The node cache cases, each beside the index-addressed pool's case of the
+// same kind, layout, page size, direction and path where the run has one.
+std::vector<std::string> CacheTableLines(const Options& o, const Results& r);
 
 // The --json-out document; "complete" is status.ok().
 std::string Json(const Options& o, const Results& r, const absl::Status& status);

@@ -290,6 +290,34 @@ TEST(CudaBenchReportTest, TtflTableJudgesTheTarget) {
   EXPECT_TRUE(absl::StrContains(lines[3], "MISSED")) << lines[3];
 }
 
+TEST(CudaBenchReportTest, CacheTableStandsBesideThePoolCase) {
+  const Options o = DefaultOptions();
+  Results r;
+  EXPECT_TRUE(CacheTableLines(o, r).empty());
+  CaseResult pool;
+  pool.path = "auto";
+  pool.kind = "MHA";
+  pool.layout = "PAGE_FIRST";
+  pool.page_size = 16;
+  pool.backup = true;
+  pool.vs_ceiling = 0.93;
+  r.cases = {pool};
+  CaseResult store = pool;
+  store.engine_gbps = 40.5;
+  store.vs_ceiling = 0.81;
+  CaseResult restore = store;
+  restore.backup = false;
+  r.cache_cases = {store, restore};
+  const std::vector<std::string> lines = CacheTableLines(o, r);
+  ASSERT_EQ(lines.size(), 4u);  // title, head, two rows
+  EXPECT_TRUE(absl::StrContains(lines[2], "store")) << lines[2];
+  EXPECT_TRUE(absl::StrContains(lines[2], "0.93")) << lines[2];  // the pool's case beside it
+  EXPECT_TRUE(absl::StrContains(lines[3], "restore")) << lines[3];
+  EXPECT_TRUE(absl::StrContains(lines[3], " - ")) << lines[3];  // no pool load case in the run
+  const std::string json = Json(o, r, absl::OkStatus());
+  EXPECT_TRUE(absl::StrContains(json, "\"direction\":\"restore\"")) << json;
+}
+
 TEST(CudaBenchReportTest, JsonSaysWhetherTheRunIsComplete) {
   const Options o = DefaultOptions();
   const Results r = MakeResults();

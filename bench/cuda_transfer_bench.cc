@@ -44,7 +44,13 @@
 //  6. Time to first layer (MHA LAYER_FIRST, each --ttfl-page-sizes): an
 //     event before the Load call, one at its return, one after waiting for
 //     layer 0 and one after the last layer (WaitForLayer); median of up to
-//     10 loads. Target: first <= total / layers + 0.1 ms.
+//     10 loads. Target: first <= total / layers + 0.1 ms. The calls go over
+//     the fast path where kvhostd offers it (the table says which).
+//  7. The node cache, on the first path only (not the worker path; each
+//     --cache-page-sizes, cuda_bench_cache.h): Store and Restore GB/s
+//     against the ceiling and each worker's cost at each duty, beside the
+//     index-addressed pool's case of the same layout where the run has
+//     one, and the time to first layer of a Restore.
 //
 // A ticket of a forced path must report that path ("cuda-ce", ...). The
 // estimate of the run's length is printed at the start (--estimate prints
@@ -77,6 +83,7 @@
 #include "absl/strings/str_join.h"
 #include "bench/bench_util.h"
 #include "bench/cuda_bench_anchor.h"
+#include "bench/cuda_bench_cache.h"
 #include "bench/cuda_bench_cases.h"
 #include "bench/cuda_bench_options.h"
 #include "bench/cuda_bench_report.h"
@@ -273,6 +280,12 @@ absl::Status RunPath(const Options& o, const std::string& path, bench::Worker& w
     for (uint32_t ps : o.ttfl_page_sizes) {
       if (absl::Status t = bench::RunTtfl(o, run, ps, client, w, results); !t.ok()) return t;
     }
+    if (path != o.paths.front()) return absl::OkStatus();
+    for (uint32_t ps : o.cache_page_sizes) {
+      absl::Status c = bench::RunCacheCase(o, run, ps, client, w, fill_seed, results, progress);
+      if (!c.ok()) return c;
+      progress.snapshot();
+    }
     return absl::OkStatus();
   }();
   if (!o.daemon_logs.empty()) {
@@ -373,7 +386,9 @@ absl::Status Measure(Options& o, Results& results) {
 
   // 3-6 per path, one kvhostd each.
   progress.total =
-      static_cast<int>(o.paths.size() * bench::MakeCases(o).size() * o.directions.size());
+      static_cast<int>((o.paths.size() * bench::MakeCases(o).size() +
+                        (o.paths.front() == "worker" ? 0 : o.cache_page_sizes.size())) *
+                       o.directions.size());
   uint64_t fill_seed = o.seed << 20;
   if (!o.json_out.empty()) {
     // Marked incomplete, for a run cut short (a time limit): what was measured stays.
