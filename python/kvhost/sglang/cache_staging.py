@@ -29,7 +29,8 @@ the client's owner token) and adopted when present only if that token
 protects it and its shape is the host pool's (kvhost.pools.adopt_pool;
 ValueError naming the field that differs). Thread safety: one lock
 serialises the calls that use the staging rows; lookups take none.
-Needs torch and a host-backend kvhostd (shared-memory device pools).
+Needs torch and a kvhostd on the host backend (shared-memory device pools;
+ValueError naming the backend otherwise).
 """
 
 from __future__ import annotations
@@ -157,9 +158,9 @@ class CacheStaging:
       cache_size_tokens: the cache's size when this call creates it.
       timeout: seconds to wait for a store or restore.
     Raises ValueError for a host pool it cannot stage (naming why) or a
-    cache of another shape, and the daemon's errors (PermissionDenied for a
-    cache another token protects, FailedPrecondition for a kvhostd without
-    shared-memory device pools).
+    cache of another shape or a kvhostd whose backend is not the host
+    backend, and the daemon's errors (PermissionDenied for a cache another
+    token protects).
     """
 
     def __init__(self, client: Any, cache: str, host: Any, *, staging_pages: int,
@@ -199,6 +200,12 @@ class CacheStaging:
 
     def _attach(self, pages: int) -> None:
         P, shape = self.shape.page_size, self.shape
+        backend = self.client.daemon_status().get("backend")
+        if backend != "host":
+            raise ValueError(f"node cache '{self.name}': kvhostd at {self.client.address} runs "
+                             f"the {backend} backend; the staging rows are a shared-memory "
+                             f"device pool, which only --backend=host has (the cuda backend's "
+                             f"staging is not built yet)")
         self._device = self.client.shm_device_pool(self.name, pages * P)
         try:
             self._att = self.client.attach_shm(self.name, self._device)
