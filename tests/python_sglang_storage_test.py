@@ -254,7 +254,10 @@ class Instance:
         self.shm = self.worker.shm_device_pool(name, DEVICE_TOKENS)
         plugin.register_shm_device_pool(self.shm)
         self.dev = MHADevicePool(self.shm)
+        # allocator_type: what sglang's build_kv_host_pool passes with
+        # --hicache-storage-backend dynamic (get_allocator_type()).
         self.host = plugin.MHATokenToKVPoolHost(self.dev.info, 2.0, 0, PS, "page_first",
+                                                allocator_type="dynamic",
                                                 device_capacity_tokens=DEVICE_TOKENS,
                                                 start_layer=0, end_layer=LAYERS)
         self.group = HostPoolGroup([PoolEntry(name=PoolName.KV, host_pool=self.host,
@@ -563,6 +566,11 @@ def test_a_refused_store_and_a_lost_daemon_change_nothing(daemon, caplog):
         # The session's loss seen, the backend makes the cache again (empty).
         assert backend.batch_set_v1(["p0"], slots[:PS]) == [True]
         assert backend.batch_exists(["p0", "p1"]) == 1
+        # Two more in a cache of two pages: p0 evicted, and no longer tracked.
+        assert backend.batch_set_v1(["p1"], slots[:PS]) == [True]
+        assert backend.batch_set_v1(["p2"], slots[:PS]) == [True]
+        assert list(backend._stored["kv"]) == backend._keys(["p1", "p2"], backend._lanes["kv"])
+        assert backend.clear() is True and backend.batch_exists(["p1"]) == 0
     finally:
         other.close()
         backend.close()

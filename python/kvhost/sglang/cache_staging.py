@@ -192,11 +192,13 @@ class CacheStaging:
     def _open_cache(self, size_tokens: int) -> None:
         spec = dict(self.shape.spec, layout=CACHE_LAYOUT, node_cache=True)
         try:
-            self.client.create_pool(self.name, dict(spec, size_tokens=size_tokens))
+            info = self.client.create_pool(self.name, dict(spec, size_tokens=size_tokens))
         except AlreadyExists:
-            have = adopt_pool(self.client, self.name)["spec"]
-            HostKVCache._check_same_shape(have, {k: v for k, v in spec.items()
-                                                 if k != "layout"})
+            info = adopt_pool(self.client, self.name)
+            HostKVCache._check_same_shape(info["spec"], {k: v for k, v in spec.items()
+                                                         if k != "layout"})
+        #: Pages the cache holds (its first creator's size).
+        self.page_num = int(info["page_num"])
 
     def _attach(self, pages: int) -> None:
         P, shape = self.shape.page_size, self.shape

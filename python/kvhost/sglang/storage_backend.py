@@ -55,6 +55,7 @@ registration).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import os
 import threading
@@ -191,7 +192,10 @@ class KvhostNodeCacheStorage(HiCacheStorage):  # type: ignore[misc]  # untyped s
         self._lanes: Dict[str, CacheStaging] = {}
         self._lock = threading.Lock()
         self._losses = self.client.session_losses().count
-        self._stored: Dict[str, Set[str]] = {}
+        #: Per pool, the keys this backend stored, oldest first, at most as
+        #: many as its cache holds (clear() evicts them).
+        self._stored: Dict[str, Dict[str, None]] = {}
+        self._stored_lock = threading.Lock()
         self._metrics: Dict[str, List[float]] = {"prefetch_pgs": [], "backup_pgs": [],
                                                  "prefetch_bandwidth": [],
                                                  "backup_bandwidth": []}
@@ -257,7 +261,8 @@ class KvhostNodeCacheStorage(HiCacheStorage):  # type: ignore[misc]  # untyped s
                          "node caches again", losses)
             for lane in {id(v): v for v in self._lanes.values()}.values():
                 lane.reopen()
-            self._stored.clear()
+            with self._stored_lock:
+                self._stored.clear()
             self._losses = losses
 
     # --- keys ------------------------------------------------------------------
@@ -334,8 +339,14 @@ class KvhostNodeCacheStorage(HiCacheStorage):  # type: ignore[misc]  # untyped s
             self._failed(what, keys, result.error)
         lane = self._lanes.get(pool)
         if lane is not None:
-            stored = self._stored.setdefault(pool, set())
-            stored.update(k for k, ok in zip(self._keys(keys, lane), result.ok) if ok)
+            with self._stored_lock:
+                stored = self._stored.setdefault(pool, {})
+                for key, ok in zip(self._keys(keys, lane), result.ok):
+                    if ok:
+                        stored.pop(key, None)
+                        stored[key] = None  # the newest last
+                for key in list(itertools.islice(stored, max(len(stored) - lane.page_num, 0))):
+                    del stored[key]  # more than the cache holds: long evicted
         self._measure("backup", pool, sum(result.ok), start)
         return result.ok
 
@@ -444,23 +455,27 @@ class KvhostNodeCacheStorage(HiCacheStorage):  # type: ignore[misc]  # untyped s
 
     def clear(self) -> bool:
         """Evicts the keys this backend stored (the cache is shared: other
-        instances' pages stay). False when some were pinned or being
-        written (kept), or on an error."""
+        instances' pages stay; the newest as many as the cache holds).
+        False when some were pinned or being written (kept), or on an
+        error."""
         ok = True
-        for pool, keys in list(self._stored.items()):
+        with self._stored_lock:
+            stored = {pool: list(keys) for pool, keys in self._stored.items()}
+        for pool, keys in stored.items():
             lane = self._lanes.get(pool)
             if lane is None:
                 continue
-            keys_list = sorted(keys)
             try:
-                for i in range(0, len(keys_list), NodeCache.MAX_KEYS):
-                    chunk = keys_list[i:i + NodeCache.MAX_KEYS]
+                for i in range(0, len(keys), NodeCache.MAX_KEYS):
+                    chunk = keys[i:i + NodeCache.MAX_KEYS]
                     outcomes = lane.cache.evict(chunk)
-                    keys.difference_update(k for k, o in zip(chunk, outcomes)
-                                           if o != EvictOutcome.BUSY)
+                    with self._stored_lock:
+                        for key, outcome in zip(chunk, outcomes):
+                            if outcome != EvictOutcome.BUSY:
+                                self._stored.get(pool, {}).pop(key, None)
                     ok = ok and EvictOutcome.BUSY not in outcomes
             except Exception as e:  # noqa: BLE001
-                self._failed("clear", keys_list, e)
+                self._failed("clear", keys, e)
                 ok = False
         return ok
 
