@@ -20,8 +20,9 @@ host-backend kvhostd (tests/conftest.py's `daemon`).
               batch_get / get / set / exists); MLA ranks share one copy
               (no rank in the key), MHA ranks do not; v2 calls of a pool group.
   refusals    bad settings, a cache of another shape or token, a host pool
-              the backend cannot stage, sglang's dynamic backend naming another
-              module (the plugin's start-up check): clear errors naming them.
+              the backend cannot stage (a layout, a K-only pool), sglang's
+              dynamic backend naming another module (the plugin's start-up
+              check): clear errors naming them.
   failures    a store the daemon refuses (pinned pages fill the cache) is
               False per key, logged with the daemon's code and message, and
               changes nothing; after a kvhostd restart a restore fails (False,
@@ -510,10 +511,18 @@ def test_bad_settings_and_pools_are_clear_errors(daemon, tmp_path, monkeypatch):
     refused(daemon, host, ["'squat'", "owner token"], kvhost.PermissionDenied,
             kvhost_cache="squat")
     unified = kvhost_pool(daemon, "unified", layout="page_unified")
+    anchor = kvhost_pool(daemon, "anchor")
+    k_only = kvhost.sglang.MHATokenToKOnlyPoolHost("k-only", anchor, head_num=HEADS,
+                                                    head_dim=DIM, layout="page_first",
+                                                    layer_num=LAYERS)
     try:
         refused(daemon, unified, ["layout 'page_unified'"])
+        refused(daemon, k_only, ["MHATokenToKOnlyPoolHost: a page of 192 elements, not the "
+                                 "384 of MHA"])  # MiniMax's index-K pool: no V
     finally:
-        unified.close()
+        for pool in (k_only, anchor, unified):
+            pool.close()
+        anchor.test_client.close()
         unified.test_client.close()
     names = [p["name"] for p in pkg.client(daemon).list_pools()]
     assert "sglang-cache" in names, names

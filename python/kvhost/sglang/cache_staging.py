@@ -111,8 +111,18 @@ def page_shape(host: Any) -> PageShape:
                          f"({kind} has {', '.join(LAYOUTS[kind])})")
     spec = {"kind": kind, "dtype": dtype_enum(host.dtype), "page_size": int(host.page_size),
             "layer_num": int(host.layer_num), **dims}
-    return PageShape(kind, layout, host.dtype, int(host.page_size), int(host.layer_num), heads,
-                     dim, spec)
+    shape = PageShape(kind, layout, host.dtype, int(host.page_size), int(host.layer_num), heads,
+                      dim, spec)
+    # A pool with these members but another page (MiniMax's K-only pool has
+    # no V) is told apart by its flat page's size.
+    want = shape.components * shape.layer_num * shape.page_size * heads * dim
+    have = getattr(host.get_dummy_flat_data_page(), "numel", lambda: want)()
+    if have != want:
+        raise ValueError(f"{name}: a page of {have} elements, not the {want} of {kind} "
+                         f"({shape.components} x {shape.layer_num} layers x "
+                         f"{shape.page_size} tokens x {heads} x {dim}): not staged into a "
+                         f"node cache")
+    return shape
 
 
 def canonical(page: Any, shape: PageShape) -> Any:
