@@ -18,7 +18,8 @@ of sglang's general-plugin group ``sglang.srt.plugins``; sglang runs
     every module, and every isinstance check on them;
   - hooks ``hybrid_pool_assembler.build_kv_host_pool``: a request kvhost
     cannot serve (page-interleaved pools, DCP, an io backend other than
-    kernel or direct, a storage backend but file or hf3fs) is refused there,
+    kernel or direct, a storage backend but file, hf3fs or kvhost's node
+    cache through sglang's dynamic backend) is refused there,
     at start-up, naming it;
   - hooks ``pool_host.dsa.DSAIndexerHostPoolBuilder.build`` (what the
     DSA strategy, and Mamba stacks over a DSA pool, build a declared DSA
@@ -67,8 +68,16 @@ from .spec import GIB, IO_BACKENDS
 #: hf3fs backend over a kvhost pool). The others (mooncake, nixl, ...) register
 #: the host buffer with their own transfer engines or read it on their own
 #: threads, untested on kvhost pools: refused, since a wrong assumption there
-#: would leave stale KV without an error.
+#: would leave stale KV without an error. sglang's "dynamic" backend is served
+#: when its extra config names kvhost's own (KVHOST_STORAGE_MODULE: the node
+#: cache, kvhost/sglang/storage_backend.py), refused naming any other module.
 STORAGE_BACKENDS = (None, "", "file", "hf3fs")
+KVHOST_STORAGE_MODULE = "kvhost.sglang.storage_backend"
+#: sglang's allocator_type is its storage backend's name; these give the
+#: host pool an allocator of the backend's own (registered with its transfer
+#: engine or in shared memory: sglang's get_allocator_from_storage), which a
+#: kvhost pool cannot be. Every other name is sglang's default allocator.
+_OWN_ALLOCATORS = ("mooncake", "mori", "shm", "tensorcast")
 
 #: sglang releases whose host-pool contract kvhost was checked against
 #: (tests/python_sglang_contract_test.py); register() refuses others.
@@ -235,6 +244,41 @@ class _CapturedDevicePool(_Mixin):
                                    ends=not is_draft, missing_ok=is_draft)
 
 
+def _allocator_refusals(allocator_type: Optional[str]) -> List[str]:
+    """An allocator of a storage backend's own (_OWN_ALLOCATORS), refused."""
+    if allocator_type in _OWN_ALLOCATORS:
+        return [f"allocator_type {allocator_type!r}"]
+    return []
+
+
+def _storage_refusals(memory: Any) -> List[str]:
+    """A storage backend kvhost pools do not serve (STORAGE_BACKENDS)."""
+    backend = getattr(memory, "hicache_storage_backend", None)
+    if backend in STORAGE_BACKENDS:
+        return []
+    if backend == "dynamic":
+        module = _dynamic_module(getattr(memory, "hicache_storage_backend_extra_config", None))
+        if module == KVHOST_STORAGE_MODULE:
+            return []
+        return [f"--hicache-storage-backend dynamic with module_path {module!r} (kvhost pools "
+                f"serve {KVHOST_STORAGE_MODULE!r}, kvhost's node cache)"]
+    return [f"--hicache-storage-backend {backend} (kvhost pools serve "
+            f"{', '.join(b for b in STORAGE_BACKENDS if b)} and dynamic with "
+            f"{KVHOST_STORAGE_MODULE}; {backend} registers or reads the host buffer its own "
+            f"way, untested on kvhost pools)"]
+
+
+def _dynamic_module(extra_config: Optional[str]) -> Any:
+    """The module_path of sglang's --hicache-storage-backend-extra-config
+    (JSON, or @file as sglang's own parser reads it); None without one."""
+    if not extra_config:
+        return None
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa: PLC0415
+        HybridCacheController)
+    config = HybridCacheController.parse_storage_backend_extra_config(extra_config)[0]
+    return config.get("module_path")
+
+
 def _mha_refusals(infos: Sequence[Any], head_group_num: int,
                   allocator_type: Optional[str]) -> List[str]:
     """What an MHA (or asymmetric MHA) request asks that kvhost lacks."""
@@ -245,8 +289,7 @@ def _mha_refusals(infos: Sequence[Any], head_group_num: int,
         refused.append("relocatable device buffers (MHABufferInfo.transfer_buffers)")
     if int(head_group_num) != 1:
         refused.append(f"head_group_num {head_group_num}")
-    if allocator_type not in ("default", None):
-        refused.append(f"allocator_type {allocator_type!r}")
+    refused += _allocator_refusals(allocator_type)
     for d, draft in enumerate(infos[1:]):
         row = (draft.head_num, draft.head_dim, draft.v_head_dim, draft.dtype)
         want = (infos[0].head_num, infos[0].head_dim, infos[0].v_head_dim, infos[0].dtype)
@@ -323,8 +366,7 @@ class MHATokenToKOnlyPoolHost(_CapturedDevicePool, _kinds.MHATokenToKOnlyPoolHos
         if not isinstance(anchor_host, HostKVCache):
             refused.append(f"an index-K pool following {type(anchor_host).__name__} (not a "
                            f"kvhost pool)")
-        if allocator_type not in ("default", None):
-            refused.append(f"allocator_type {allocator_type!r}")
+        refused += _allocator_refusals(allocator_type)
         _refuse(label, refused)
         self._device = {"k": list(device_pool.k_buffer)}
         super().__init__(pool_name(label), anchor_host, head_num=device_pool.head_num,
@@ -361,8 +403,7 @@ class MambaPoolHost(_CapturedDevicePool, _kinds.MambaPoolHost):
                            f"page_first_direct)")
         if any(i.extra_checkpoint_buffers for i in infos):
             refused.append("Mamba side-state checkpoint buffers (extra_checkpoint_buffers)")
-        if allocator_type not in ("default", None):
-            refused.append(f"allocator_type {allocator_type!r}")
+        refused += _allocator_refusals(allocator_type)
         for d, draft in enumerate(mtp_draft_buffer_infos):
             row = [(t.shape[1:], t.dtype) for t in (*draft.conv, draft.temporal)]
             want = [(t.shape[1:], t.dtype) for t in (*info.conv, info.temporal)]
@@ -414,8 +455,7 @@ class DSAIndexerPoolHost(_CapturedDevicePool, _kinds.DSAIndexerPoolHost):
         if pool.index_page_size != pool.page_size:
             refused.append(f"index pages of {pool.index_page_size} tokens on "
                            f"{pool.page_size}-token KV pages (index_kpool)")
-        if allocator_type not in ("default", None):
-            refused.append(f"allocator_type {allocator_type!r}")
+        refused += _allocator_refusals(allocator_type)
         _refuse(label, refused)
         owned = decl.owned_device_layers
         live = [layer for layer in range(pool.layer_num) if owned is None or layer in owned]
@@ -525,8 +565,7 @@ def _mla_refusals(info: Any, layout: str, allocator_type: Optional[str],
                        f"kv_lora_rank + qk_rope_head_dim = {width} (packed FP8 DSA rows)")
     if any(i.scales is not None for i in (info, *drafts)):
         refused.append("FP4 KV block scales")
-    if allocator_type not in ("default", None):
-        refused.append(f"allocator_type {allocator_type!r}")
+    refused += _allocator_refusals(allocator_type)
     for d, draft in enumerate(drafts):
         if (draft.kv_cache_dim, draft.dtype) != (info.kv_cache_dim, info.dtype) or \
                 not isinstance(draft.buffers, tuple) or len(draft.buffers) != 1:
@@ -552,11 +591,7 @@ def _refuse_unsupported(original: Any, *args: Any, **kwargs: Any) -> Any:
     if io_backend not in (None, *IO_BACKENDS):
         refused.append(f"--hicache-io-backend {io_backend} (kvhostd's copy engine serves "
                        f"{' and '.join(IO_BACKENDS)})")
-    backend = getattr(asm.get_memory(), "hicache_storage_backend", None)
-    if backend not in STORAGE_BACKENDS:
-        refused.append(f"--hicache-storage-backend {backend} (kvhost pools serve "
-                       f"{', '.join(b for b in STORAGE_BACKENDS if b)}; {backend} registers "
-                       f"or reads the host buffer its own way, untested on kvhost pools)")
+    refused += _storage_refusals(asm.get_memory())
     if refused:
         raise RuntimeError(f"kvhost plugin: sglang asked for {', '.join(refused)}, which the "
                            f"kvhost plugin does not build yet (docs/SGLANG.md); set "
