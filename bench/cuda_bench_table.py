@@ -157,11 +157,20 @@ def main():
                     extra = (f"; daemon side first {x['daemon_first_layer_ms']:.3f} of "
                              f"{x['daemon_total_ms']:.3f} ms, queued in {x['enqueue_ms']:.3f} ms")
                 page = f" page {x['page_size']}" if new else ""
+                call = x.get("call", "Load")
+                if "fast_path" in x:
+                    call += f" ({x['layout']}, {'fast path' if x['fast_path'] else 'gRPC'})"
                 print(f"- first layer {x['path']}{page}: "
                       f"{x['first_layer_ms']:.3f} ms of "
                       f"{x['total_ms']:.3f} ms (target {x['target_ms']:.3f}, "
-                      f"{'met' if x['met'] else 'missed'}; Load call returned at "
+                      f"{'met' if x['met'] else 'missed'}; {call} call returned at "
                       f"{x['rpc_return_ms']:.3f} ms){extra}")
+        for x in d.get("cache_cases", []):
+            costs = ", ".join(f"{k['worker']} @{k['duty']:g} {k['cost_pct']:+.1f} %"
+                              for k in x["costs"])
+            print(f"- node cache {x['path']} {x['layout']} page {x['page_size']} "
+                  f"{x['direction']}: {x['engine_gb_per_s']:.1f} GB/s "
+                  f"({x['vs_ceiling']:.2f} of the ceiling); {costs}")
         print()
 
 
