@@ -134,8 +134,7 @@ absl::StatusOr<NodeCache::Stored> NodeCache::StoreFromPool(const Caller& caller,
                      job.to = pool_;
                      job.from_slots = std::move(rows);
                      job.to_slots = std::move(slots);
-                     return transfers_->SubmitPoolCopy(*holder, Direction::kBackup,
-                                                       std::move(job));
+                     return transfers_->SubmitPoolCopy(*holder, Direction::kBackup, std::move(job));
                    });
 }
 
@@ -152,10 +151,10 @@ absl::StatusOr<std::string> NodeCache::OpenPoolMove(const Caller& caller, const 
   }
   if (absl::Status s = CheckPoolCopyShape(*pool.pool, *pool_); !s.ok()) return s;
   if (pool.slots.size() != keys.size() * pool_->page_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cache '", name(), "': pool.host_indices has ", pool.slots.size(), " slots for ",
-        keys.size(), " keys; want ", keys.size() * pool_->page_size(), " (", pool_->page_size(),
-        " slots, one page, per key)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache '", name(), "': pool.host_indices has ", pool.slots.size(),
+                     " slots for ", keys.size(), " keys; want ", keys.size() * pool_->page_size(),
+                     " (", pool_->page_size(), " slots, one page, per key)"));
   }
   if (absl::Status s = CheckPoolCopySlots(*pool.pool, pool.slots, "pool.host_indices"); !s.ok()) {
     return s;
@@ -163,8 +162,7 @@ absl::StatusOr<std::string> NodeCache::OpenPoolMove(const Caller& caller, const 
   // The copy writes `written`: refused where a Backup into it would be.
   if (absl::Status s = written.ChangeAllocation(
           caller.sessions, [this](const std::string& id) { return transfers_->IsSessionOpen(id); },
-          &written == pool_.get() ? "CacheStore" : "CacheRestore",
-          [] { return absl::OkStatus(); });
+          &written == pool_.get() ? "CacheStore" : "CacheRestore", [] { return absl::OkStatus(); });
       !s.ok()) {
     return s;
   }
@@ -372,11 +370,10 @@ absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::Restore(const Caller& caller,
                                                            const std::string& wait_fence) {
   absl::StatusOr<std::string> holder = OpenMove(caller, attachment_id, keys, device);
   if (!holder.ok()) return holder.status();
-  return RestoreWith(*holder, keys, device,
-                     [&](std::vector<int64_t> slots, std::vector<int64_t> rows) {
-                       return transfers_->Submit(caller, attachment_id, Direction::kLoad, slots,
-                                                 rows, wait_fence);
-                     });
+  return RestoreWith(
+      *holder, keys, device, [&](std::vector<int64_t> slots, std::vector<int64_t> rows) {
+        return transfers_->Submit(caller, attachment_id, Direction::kLoad, slots, rows, wait_fence);
+      });
 }
 
 absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::RestoreToPool(
@@ -390,8 +387,7 @@ absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::RestoreToPool(
                        job.to = target.pool;
                        job.from_slots = std::move(slots);
                        job.to_slots = std::move(rows);
-                       return transfers_->SubmitPoolCopy(*holder, Direction::kLoad,
-                                                         std::move(job));
+                       return transfers_->SubmitPoolCopy(*holder, Direction::kLoad, std::move(job));
                      });
 }
 

@@ -43,9 +43,9 @@
 #define KVHOST_SERVER_CACHE_NODE_CACHE_H_
 
 #include <atomic>
-#include <functional>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>

@@ -147,13 +147,14 @@ absl::StatusOr<std::optional<NodeCache::PoolSlots>> CacheServiceImpl::PoolSideOf
         "attachment's device rows or a pool's host_indices");
   }
   if (!fence.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        fence_field, " is set beside pool: a pool copy runs inside kvhostd on host memory, "
+    return absl::InvalidArgumentError(
+        absl::StrCat(fence_field,
+                     " is set beside pool: a pool copy runs inside kvhostd on host memory, "
                      "and waits on no device event"));
   }
-  if (absl::Status s = CheckIndexCount(absl::StrCat("pool '", pool.pool(), "': host_indices"),
-                                       static_cast<uint64_t>(pool.host_indices_size()),
-                                       max_indices_);
+  if (absl::Status s =
+          CheckIndexCount(absl::StrCat("pool '", pool.pool(), "': host_indices"),
+                          static_cast<uint64_t>(pool.host_indices_size()), max_indices_);
       !s.ok()) {
     return s;
   }
@@ -193,12 +194,11 @@ absl::Status CacheServiceImpl::DoStore(const Caller& caller, const v1::CacheStor
   }
   const CacheL3* write_through = l3.has_value() ? &*l3 : nullptr;
   absl::StatusOr<NodeCache::Stored> stored =
-      source->has_value()
-          ? (*cache)->StoreFromPool(caller, **source, *keys, write_through)
-          : (*cache)->Store(caller, request.attachment_id(), *keys,
-                            absl::MakeConstSpan(request.device_indices().data(),
-                                                request.device_indices().size()),
-                            request.ready_event_handle(), write_through);
+      source->has_value() ? (*cache)->StoreFromPool(caller, **source, *keys, write_through)
+                          : (*cache)->Store(caller, request.attachment_id(), *keys,
+                                            absl::MakeConstSpan(request.device_indices().data(),
+                                                                request.device_indices().size()),
+                                            request.ready_event_handle(), write_through);
   if (!stored.ok()) return WithCache(**cache, stored.status());
   for (CacheKeyState state : stored->plan.states) response->add_states(ToProto(state));
   if (stored->ticket != nullptr) SetTicket(*stored->ticket, response->mutable_ticket());
@@ -219,12 +219,11 @@ absl::Status CacheServiceImpl::DoRestore(const Caller& caller,
                  request.device_indices_size(), request.wait_event_handle(), "wait_event_handle");
   if (!target.ok()) return WithCache(**cache, target.status());
   absl::StatusOr<std::shared_ptr<Ticket>> ticket =
-      target->has_value()
-          ? (*cache)->RestoreToPool(caller, **target, *keys)
-          : (*cache)->Restore(caller, request.attachment_id(), *keys,
-                              absl::MakeConstSpan(request.device_indices().data(),
-                                                  request.device_indices().size()),
-                              request.wait_event_handle());
+      target->has_value() ? (*cache)->RestoreToPool(caller, **target, *keys)
+                          : (*cache)->Restore(caller, request.attachment_id(), *keys,
+                                              absl::MakeConstSpan(request.device_indices().data(),
+                                                                  request.device_indices().size()),
+                                              request.wait_event_handle());
   if (!ticket.ok()) return WithCache(**cache, ticket.status());
   SetTicket(**ticket, response);
   return absl::OkStatus();

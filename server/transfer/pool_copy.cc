@@ -34,7 +34,8 @@ std::vector<IndexRun> RowRuns(const Component& c, absl::Span<const int64_t> slot
 absl::Status CheckPoolCopyShape(const Pool& pool, const Pool& cache) {
   const PoolSpec& a = pool.spec();
   const PoolSpec& b = cache.spec();
-  if (a.kind != b.kind) return ShapeDiffers(pool, cache, "kind", PoolKindName(a.kind), PoolKindName(b.kind));
+  if (a.kind != b.kind)
+    return ShapeDiffers(pool, cache, "kind", PoolKindName(a.kind), PoolKindName(b.kind));
   if (pool.components().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(PoolWhat(pool), " holds no bytes (LOGICAL): nothing to copy to or from"));
@@ -60,12 +61,11 @@ absl::Status CheckPoolCopyShape(const Pool& pool, const Pool& cache) {
   for (size_t c = 0; c < x.size(); ++c) {
     if (x[c].name != y[c].name || x[c].row_bytes() != y[c].row_bytes() ||
         x[c].row_tokens != y[c].row_tokens) {
-      return ShapeDiffers(
-          pool, cache, absl::StrCat("component ", c),
-          absl::StrCat("'", x[c].name, "' (", x[c].row_bytes(), " bytes a row of ",
-                       x[c].row_tokens, " token(s))"),
-          absl::StrCat("'", y[c].name, "' (", y[c].row_bytes(), " bytes a row of ",
-                       y[c].row_tokens, " token(s))"));
+      return ShapeDiffers(pool, cache, absl::StrCat("component ", c),
+                          absl::StrCat("'", x[c].name, "' (", x[c].row_bytes(), " bytes a row of ",
+                                       x[c].row_tokens, " token(s))"),
+                          absl::StrCat("'", y[c].name, "' (", y[c].row_bytes(), " bytes a row of ",
+                                       y[c].row_tokens, " token(s))"));
     }
   }
   return absl::OkStatus();
@@ -157,9 +157,8 @@ void PoolCopier::Loop() {
     PoolCopyJob job;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !queue_.empty() || stopping_;
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stopping_; };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;
       job = std::move(queue_.front());

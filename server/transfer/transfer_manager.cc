@@ -210,9 +210,8 @@ absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::SubmitPoolCopy(
                            std::make_shared<const Owner>(std::move(owner)), direction,
                            job.from->spec().layer_num, "host-pool-copy", /*event_set=*/-1);
   }
-  ticket->OnDone([this, ticket, bytes, direction, label] {
-    Retire(ticket, bytes, direction, label);
-  });
+  ticket->OnDone(
+      [this, ticket, bytes, direction, label] { Retire(ticket, bytes, direction, label); });
   job.ticket = ticket;
   pool_copier_.Submit(std::move(job));
   ticket->Enqueued();
