@@ -51,9 +51,9 @@ and is the key's failure (batch_set_v1 / batch_get_v1 / v2: False from the
 failed key on; batch_exists: the prefix before it; get: None; set: False),
 and a failed call changes nothing (the daemon publishes no key of a
 refused store; a staged restore writes the host pages only once its copy
-ended well, a zero-copy one may have written part of a failed turn's). Not supported: decode context parallelism, split heads
-(``tp_lcm_size``), pool-group entries that are not MHA or MLA (refused at
-registration).
+ended well, a zero-copy one may have written part of a failed turn's). Not
+supported: decode context parallelism, split heads (``tp_lcm_size``),
+pool-group entries that are not MHA or MLA (refused at registration).
 """
 
 from __future__ import annotations
