@@ -125,12 +125,15 @@ absl::StatusOr<NodeCache::Stored> NodeCache::StoreFromPool(const Caller& caller,
                                                            const PoolSlots& source,
                                                            absl::Span<const std::string> keys,
                                                            const CacheL3* write_through) {
+  // Held from before its slots are checked: no claim frees them meanwhile.
+  std::shared_ptr<void> use = source.pool->UseSlots();
   absl::StatusOr<std::string> holder = OpenPoolMove(caller, source, keys, *pool_);
   if (!holder.ok()) return holder.status();
   return StoreWith(*holder, keys, source.slots, write_through,
                    [&](std::vector<int64_t> slots, std::vector<int64_t> rows) {
                      PoolCopyJob job;
                      job.from = source.pool;
+                     job.from_use = use;
                      job.to = pool_;
                      job.from_slots = std::move(rows);
                      job.to_slots = std::move(slots);
@@ -378,6 +381,8 @@ absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::Restore(const Caller& caller,
 
 absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::RestoreToPool(
     const Caller& caller, const PoolSlots& target, absl::Span<const std::string> keys) {
+  // Held from before its slots are checked: no claim frees them meanwhile.
+  std::shared_ptr<void> use = target.pool->UseSlots();
   absl::StatusOr<std::string> holder = OpenPoolMove(caller, target, keys, *target.pool);
   if (!holder.ok()) return holder.status();
   return RestoreWith(*holder, keys, target.slots,
@@ -385,6 +390,7 @@ absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::RestoreToPool(
                        PoolCopyJob job;
                        job.from = pool_;
                        job.to = target.pool;
+                       job.to_use = use;
                        job.from_slots = std::move(slots);
                        job.to_slots = std::move(rows);
                        return transfers_->SubmitPoolCopy(*holder, Direction::kLoad, std::move(job));

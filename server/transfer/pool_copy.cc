@@ -140,8 +140,8 @@ PoolCopier::~PoolCopier() {
 }
 
 void PoolCopier::Submit(PoolCopyJob job) {
-  job.from_use = job.from->UseSlots();
-  job.to_use = job.to->UseSlots();
+  if (job.from_use == nullptr) job.from_use = job.from->UseSlots();
+  if (job.to_use == nullptr) job.to_use = job.to->UseSlots();
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(job));
 }

@@ -38,7 +38,8 @@ struct PoolCopyJob {
   std::shared_ptr<Pool> to;
   std::vector<int64_t> from_slots;
   std::vector<int64_t> to_slots;
-  // Pool::UseSlots of each while the job lives (set by PoolCopier::Submit).
+  // Pool::UseSlots of each while the job lives (taken by PoolCopier::Submit
+  // where the caller did not, before it checked the slots).
   std::shared_ptr<void> from_use;
   std::shared_ptr<void> to_use;
   // One ticket layer per pool layer; finished by the copier.
