@@ -93,6 +93,42 @@ absl::StatusOr<MoveArgs> ReadMoveArgs(kvhost_client* client, const char* cache,
   return args;
 }
 
+// What the pool calls read besides the keys: the pool and its slots.
+struct PoolArgs {
+  KeyArgs base;
+  std::string pool;
+  absl::Span<const int64_t> slots;
+};
+
+absl::StatusOr<PoolArgs> ReadPoolArgs(kvhost_client* client, const char* cache, const char* pool,
+                                      const void* const* keys, const size_t* key_lens,
+                                      size_t num_keys, const int64_t* host_indices,
+                                      size_t num_host) {
+  PoolArgs args;
+  absl::StatusOr<KeyArgs> base = ReadKeyArgs(client, cache, keys, key_lens, num_keys);
+  if (!base.ok()) return base.status();
+  args.base = *std::move(base);
+  absl::StatusOr<std::string> name = Str(pool, "pool name");
+  if (!name.ok()) return name.status();
+  args.pool = *std::move(name);
+  absl::StatusOr<absl::Span<const int64_t>> slots =
+      kvhost::c_api::Indices(host_indices, num_host, "host_indices");
+  if (!slots.ok()) return slots.status();
+  args.slots = *slots;
+  return args;
+}
+
+// A store's reply into the caller's states, ticket and evicted count.
+absl::Status WriteStored(const kvhost::v1::CacheStoreReply& r, size_t num_keys, int32_t* states,
+                         kvhost_load_ticket* ticket, uint64_t* evicted) {
+  // No ticket (every key skipped) reads as ticket 0 with no event set.
+  kvhost::v1::TransferTicket none;
+  none.set_event_set(-1);
+  WriteTicket(r.has_ticket() ? r.ticket() : none, ticket);
+  if (evicted != nullptr) *evicted = r.evicted();
+  return WriteStates(r.states(), states, num_keys, "key states");
+}
+
 }  // namespace
 
 int kvhost_cache_lookup(kvhost_client* client, const char* cache, const void* const* keys,
@@ -124,12 +160,39 @@ int kvhost_cache_store(kvhost_client* client, const char* cache,
     absl::StatusOr<kvhost::v1::CacheStoreReply> r = a->base.client->CacheStore(
         a->base.cache, a->attachment_id, a->base.keys, a->rows, a->event);
     if (!r.ok()) return r.status();
-    // No ticket (every key skipped) reads as ticket 0 with no event set.
-    kvhost::v1::TransferTicket none;
-    none.set_event_set(-1);
-    WriteTicket(r->has_ticket() ? r->ticket() : none, ticket);
-    if (evicted != nullptr) *evicted = r->evicted();
-    return WriteStates(r->states(), states, num_keys, "key states");
+    return WriteStored(*r, num_keys, states, ticket, evicted);
+  });
+}
+
+int kvhost_cache_store_from_pool(kvhost_client* client, const char* cache, const char* pool,
+                                 const void* const* keys, const size_t* key_lens, size_t num_keys,
+                                 const int64_t* host_indices, size_t num_host, int32_t* states,
+                                 kvhost_load_ticket* ticket, uint64_t* evicted, char* err,
+                                 size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<PoolArgs> a =
+        ReadPoolArgs(client, cache, pool, keys, key_lens, num_keys, host_indices, num_host);
+    if (!a.ok()) return a.status();
+    absl::StatusOr<kvhost::v1::CacheStoreReply> r =
+        a->base.client->CacheStoreFromPool(a->base.cache, a->pool, a->base.keys, a->slots);
+    if (!r.ok()) return r.status();
+    return WriteStored(*r, num_keys, states, ticket, evicted);
+  });
+}
+
+int kvhost_cache_restore_to_pool(kvhost_client* client, const char* cache, const char* pool,
+                                 const void* const* keys, const size_t* key_lens, size_t num_keys,
+                                 const int64_t* host_indices, size_t num_host,
+                                 kvhost_load_ticket* ticket, char* err, size_t err_len) {
+  return Run(err, err_len, [&]() -> absl::Status {
+    absl::StatusOr<PoolArgs> a =
+        ReadPoolArgs(client, cache, pool, keys, key_lens, num_keys, host_indices, num_host);
+    if (!a.ok()) return a.status();
+    absl::StatusOr<kvhost::v1::TransferTicket> t =
+        a->base.client->CacheRestoreToPool(a->base.cache, a->pool, a->base.keys, a->slots);
+    if (!t.ok()) return t.status();
+    WriteTicket(*t, ticket);
+    return absl::OkStatus();
   });
 }
 

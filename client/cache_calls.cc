@@ -25,6 +25,13 @@ void SetRows(absl::Span<const int64_t> rows, Request* request) {
   request->mutable_device_indices()->Add(rows.begin(), rows.end());
 }
 
+template <typename Request>
+void SetPool(const std::string& pool, absl::Span<const int64_t> slots, Request* request) {
+  v1::CachePoolSlots* out = request->mutable_pool();
+  out->set_pool(pool);
+  out->mutable_host_indices()->Add(slots.begin(), slots.end());
+}
+
 }  // namespace
 
 absl::StatusOr<v1::CacheLookupReply> Client::CacheLookup(const std::string& cache,
@@ -88,6 +95,43 @@ absl::StatusOr<v1::TransferTicket> Client::CacheRestore(const std::string& cache
   SetKeys(keys, &request);
   SetRows(device_indices, &request);
   request.set_wait_event_handle(wait_event_handle);
+  v1::TransferTicket response;
+  absl::Status s = KVHOST_FAST_CALL(FAST_PATH_METHOD_CACHE_RESTORE, cache_, Restore, request,
+                                    &response, options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::CacheStoreReply> Client::CacheStoreFromPool(
+    const std::string& cache, const std::string& pool, const std::vector<std::string>& keys,
+    absl::Span<const int64_t> host_indices, bool write_through) {
+  if (absl::Status s = OpenWorkerSession(absl::StrCat("CacheStore into cache '", cache, "'"));
+      !s.ok()) {
+    return s;
+  }
+  v1::CacheStoreRequest request;
+  request.set_cache(cache);
+  SetKeys(keys, &request);
+  SetPool(pool, host_indices, &request);
+  request.set_write_through(write_through);
+  v1::CacheStoreReply response;
+  absl::Status s = KVHOST_FAST_CALL(FAST_PATH_METHOD_CACHE_STORE, cache_, Store, request, &response,
+                                    options_.timeout);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::TransferTicket> Client::CacheRestoreToPool(
+    const std::string& cache, const std::string& pool, const std::vector<std::string>& keys,
+    absl::Span<const int64_t> host_indices) {
+  if (absl::Status s = OpenWorkerSession(absl::StrCat("CacheRestore from cache '", cache, "'"));
+      !s.ok()) {
+    return s;
+  }
+  v1::CacheRestoreRequest request;
+  request.set_cache(cache);
+  SetKeys(keys, &request);
+  SetPool(pool, host_indices, &request);
   v1::TransferTicket response;
   absl::Status s = KVHOST_FAST_CALL(FAST_PATH_METHOD_CACHE_RESTORE, cache_, Restore, request,
                                     &response, options_.timeout);

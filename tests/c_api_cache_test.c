@@ -5,7 +5,9 @@
  * stats and events say what happened. Refusals (NULL arguments, too many
  * keys, a key too long, a wrong owner token, a pinning lookup without a
  * worker session, rows of the wrong count) give precise codes and messages
- * and change nothing. Compiled as C99; tests/c_api_test_driver.cc starts
+ * and change nothing. Stores from and restores into an index-addressed pool's
+ * slots (kvhost_cache_store_from_pool / _restore_to_pool) carry pages
+ * byte-exact through a LAYER_FIRST pool. Compiled as C99; tests/c_api_test_driver.cc starts
  * the daemons. */
 #include <stdint.h>
 #include <stdio.h>
@@ -456,6 +458,94 @@ done:
   stop_instance(&a);
   kvhost_client_close(tool);
   kvhost_client_close(stranger);
+  kvhost_client_close(admin);
+  return result;
+}
+
+/* An index-addressed pool of the cache's shape in LAYER_FIRST (8 pages). */
+static const char kLayerFirstSpec[] =
+    "{\"kind\":\"MHA\",\"layout\":\"LAYER_FIRST\",\"dtype\":\"BF16\",\"page_size\":4,"
+    "\"layer_num\":3,\"head_num\":2,\"head_dim\":8,\"size_tokens\":32}";
+
+int c_api_test_cache_pools(const c_api_test_env* env, char* why, size_t why_len) {
+  int result = 1;
+  char err[1024];
+  kvhost_client* admin = NULL;
+  instance a = {NULL, NULL, NULL};
+  const void* keys[2];
+  size_t lens[2];
+  int32_t states[2];
+  int64_t rows[2 * PAGE_SIZE];
+  int64_t slots[2 * PAGE_SIZE];
+  size_t count = 0;
+  uint64_t evicted = 99;
+  kvhost_load_ticket ticket;
+  kvhost_cache_stats before, after;
+  int k;
+
+  OK(connect_with(env, kToken, 0, &admin, E));
+  OK(kvhost_pool_create(admin, "cache", kCacheSpec, E));
+  OK(kvhost_pool_create(admin, "lf", kLayerFirstSpec, E));
+  OK(kvhost_alloc(admin, "lf", 2 * PAGE_SIZE, slots, 2 * PAGE_SIZE, &count, E));
+  CHECK(count == 2 * PAGE_SIZE, "alloc gave %zu slots", count);
+  OK(start_instance(env, &a, E));
+
+  /* key-0, key-1 from device pages 0, 1; restored into the LAYER_FIRST
+   * pool; stored back from it as key-2, key-3; those restored into device
+   * pages 4, 5 hold the bytes of pages 0, 1. */
+  for (k = 0; k < 2; ++k) CHECK(page_bytes(&a, (uint64_t)k, 50u + (unsigned)k, 1), "fill %d", k);
+  key_args(keys, lens, 0, 2);
+  page_rows(0, 2, rows);
+  OK(kvhost_cache_store(a.client, "cache", a.attachment, keys, lens, 2, rows, 2 * PAGE_SIZE, NULL,
+                        0, states, &ticket, NULL, E));
+  OK(kvhost_transfer_wait(a.client, ticket.ticket_id, 30000, NULL, 0, NULL, E));
+  OK(kvhost_cache_restore_to_pool(a.client, "cache", "lf", keys, lens, 2, slots, 2 * PAGE_SIZE,
+                                  &ticket, E));
+  CHECK(ticket.ticket_id != 0 && ticket.event_set == -1, "restore to pool: ticket %llu set %d",
+        (unsigned long long)ticket.ticket_id, ticket.event_set);
+  OK(kvhost_transfer_wait(a.client, ticket.ticket_id, 30000, NULL, 0, NULL, E));
+  key_args(keys, lens, 2, 2);
+  OK(kvhost_cache_store_from_pool(a.client, "cache", "lf", keys, lens, 2, slots, 2 * PAGE_SIZE,
+                                  states, &ticket, &evicted, E));
+  CHECK(ticket.ticket_id != 0 && evicted == 0, "store from pool: ticket %llu evicted %llu",
+        (unsigned long long)ticket.ticket_id, (unsigned long long)evicted);
+  for (k = 0; k < 2; ++k)
+    CHECK(states[k] == KVHOST_CACHE_ABSENT, "stored key %d: %d", k, states[k]);
+  OK(kvhost_transfer_wait(a.client, ticket.ticket_id, 30000, NULL, 0, NULL, E));
+  page_rows(4, 2, rows);
+  OK(kvhost_cache_restore(a.client, "cache", a.attachment, keys, lens, 2, rows, 2 * PAGE_SIZE,
+                          NULL, 0, &ticket, E));
+  OK(kvhost_transfer_wait(a.client, ticket.ticket_id, 30000, NULL, 0, NULL, E));
+  for (k = 0; k < 2; ++k) {
+    CHECK(page_bytes(&a, 4u + (uint64_t)k, 50u + (unsigned)k, 0),
+          "device page %d is not page %d's bytes after the trip through 'lf'", 4 + k, k);
+  }
+
+  /* Refusals, named, changing nothing. */
+  OK(kvhost_cache_get_stats(admin, "cache", &before, E));
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_cache_store_from_pool(a.client, "cache", NULL, keys, lens, 2, slots,
+                                           2 * PAGE_SIZE, states, &ticket, NULL, E));
+  CONTAINS(err, "pool name");
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_cache_restore_to_pool(a.client, "cache", "lf", keys, lens, 2, NULL,
+                                           2 * PAGE_SIZE, &ticket, E));
+  CONTAINS(err, "host_indices is NULL");
+  key_args(keys, lens, 4, 1); /* "never" */
+  EXPECT_CODE(KVHOST_INVALID_ARGUMENT,
+              kvhost_cache_store_from_pool(a.client, "cache", "lf", keys, lens, 1, slots,
+                                           2 * PAGE_SIZE, states, &ticket, NULL, E));
+  CONTAINS(err, "8 slots for 1 keys; want 4");
+  page_rows(7, 1, rows); /* never allocated */
+  EXPECT_CODE(KVHOST_FAILED_PRECONDITION,
+              kvhost_cache_store_from_pool(a.client, "cache", "lf", keys, lens, 1, rows, PAGE_SIZE,
+                                           states, &ticket, NULL, E));
+  CONTAINS(err, "'lf'");
+  OK(kvhost_cache_get_stats(admin, "cache", &after, E));
+  CHECK(same_stats(&before, &after), "a refused pool call changed the cache");
+  result = 0;
+done:
+  stop_instance(&a);
   kvhost_client_close(admin);
   return result;
 }

@@ -46,6 +46,7 @@ int c_api_test_session_loss(const c_api_test_env* env, char* why, size_t why_len
 /* The node cache's calls (c_api_cache_test.c). */
 int c_api_test_cache_store_restore(const c_api_test_env* env, char* why, size_t why_len);
 int c_api_test_cache_refusals(const c_api_test_env* env, char* why, size_t why_len);
+int c_api_test_cache_pools(const c_api_test_env* env, char* why, size_t why_len);
 
 /* GPU 0, a kvhostd with --backend=cuda --worker-copy (c_api_gpu_test.c). */
 int c_api_gpu_test_attach_backup_load(const c_api_test_env* env, char* why, size_t why_len);

@@ -88,6 +88,7 @@ TEST_F(CApiTest, GroupCudaAttachAnswersClearlyWithoutAGpu) { Check(c_api_test_gr
 TEST_F(CApiTest, SessionLossAcrossADaemonRestart) { Check(c_api_test_session_loss); }
 TEST_F(CApiTest, NodeCacheSharedByTwoInstancesByteExact) { Check(c_api_test_cache_store_restore); }
 TEST_F(CApiTest, NodeCacheRefusalsAreNamedAndChangeNothing) { Check(c_api_test_cache_refusals); }
+TEST_F(CApiTest, NodeCacheStoresFromAndRestoresToPoolsByteExact) { Check(c_api_test_cache_pools); }
 TEST_F(CApiTest, AsyncCallsInOrderWithTheSyncCallsErrors) { Check(c_api_test_async_calls); }
 TEST_F(CApiTest, AsyncBackupAndLoadAreByteExact) { Check(c_api_test_async_shm_backup_load); }
 TEST_F(CApiTest, AsyncBoundAndDestroyWithRequestsQueued) {

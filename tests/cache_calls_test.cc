@@ -3,7 +3,10 @@
 // pinning it; eviction under pressure sparing pinned pages, refusing a store
 // that cannot fit without changing anything; a worker killed with SIGKILL in
 // the middle of its stores, after which every published page is whole and no
-// page is leaked; a pinning lookup without a worker session refused.
+// page is leaked; a pinning lookup without a worker session refused; stores
+// from and restores into index-addressed pools' slots (copied inside
+// kvhostd), over the fast path and gRPC, byte-exact across layouts, and
+// their refusals.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -328,6 +331,103 @@ TEST_F(CacheCallsTest, APinningLookupNeedsAWorkerSession) {
   found = admin_->CacheLookup(kCache, {"k"});
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_THAT(found->states(), ElementsAre(v1::CACHE_KEY_ABSENT));
+}
+
+// A pool of the cache's shape in `layout` (not a node cache), 8 pages.
+v1::PoolSpec PoolLike(v1::Layout layout, uint32_t layers = 4) {
+  v1::PoolSpec spec = CacheSpec(8);
+  spec.set_node_cache(false);
+  spec.set_layout(layout);
+  spec.set_layer_num(layers);
+  return spec;
+}
+
+TEST_F(CacheCallsTest, PagesMoveThroughPoolsOfEitherLayoutByteExactOverBothPaths) {
+  ASSERT_NO_FATAL_FAILURE(Start(32));
+  ASSERT_TRUE(admin_->CreatePool("pf", PoolLike(v1::PAGE_FIRST)).ok());
+  ASSERT_TRUE(admin_->CreatePool("lf", PoolLike(v1::LAYER_FIRST)).ok());
+  absl::StatusOr<std::vector<int64_t>> pf = admin_->Alloc("pf", 2 * kPageSize);
+  absl::StatusOr<std::vector<int64_t>> lf = admin_->Alloc("lf", 2 * kPageSize);
+  ASSERT_TRUE(pf.ok() && lf.ok());
+  for (uint64_t p = 0; p < 2; ++p) a_->FillPage(p, static_cast<uint8_t>(60 + p));
+  ASSERT_TRUE(a_->Store(Keys("d", 0, 2), 0).ok());
+  // a over the fast path, g over gRPC: device -> cache -> PAGE_FIRST pool ->
+  // cache -> LAYER_FIRST pool -> cache -> device, every hop checked at the end.
+  std::unique_ptr<Instance> g;
+  {
+    absl::StatusOr<std::unique_ptr<Instance>> i =
+        Instance::Start(d_->address(), d_->shm_dir(), /*fast_path=*/false);
+    ASSERT_TRUE(i.ok()) << i.status();
+    g = *std::move(i);
+  }
+  for (Client* c : {a_->client.get(), g->client.get()}) {
+    const std::string tag = c == a_->client.get() ? "fast" : "grpc";
+    absl::StatusOr<v1::TransferTicket> t =
+        c->CacheRestoreToPool(kCache, "pf", Keys("d", 0, 2), *pf);
+    ASSERT_TRUE(t.ok()) << tag << ": " << t.status();
+    absl::StatusOr<v1::TransferStatus> done = c->WaitTransfer(t->id());
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->bytes(), 2 * kPageSize * 4 * 2 * 2 * 32 * 2)
+        << tag;  // layers, K/V, heads, bf16
+    absl::StatusOr<v1::CacheStoreReply> s =
+        c->CacheStoreFromPool(kCache, "pf", Keys(tag + "p", 0, 2), *pf);
+    ASSERT_TRUE(s.ok()) << tag << ": " << s.status();
+    ASSERT_TRUE(s->has_ticket());
+    ASSERT_TRUE(c->WaitTransfer(s->ticket().id()).ok());
+    t = c->CacheRestoreToPool(kCache, "lf", Keys(tag + "p", 0, 2), *lf);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE(c->WaitTransfer(t->id()).ok());
+    s = c->CacheStoreFromPool(kCache, "lf", Keys(tag + "l", 0, 2), *lf);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_TRUE(c->WaitTransfer(s->ticket().id()).ok());
+    ASSERT_TRUE(a_->Restore(Keys(tag + "l", 0, 2), 4).ok());
+    EXPECT_TRUE(a_->PageIs(4, 60)) << tag;
+    EXPECT_TRUE(a_->PageIs(5, 61)) << tag;
+    a_->FillPage(4, 0);
+    a_->FillPage(5, 0);
+  }
+}
+
+TEST_F(CacheCallsTest, PoolCallsAreRefusedNamingTheValueAndChangeNothing) {
+  ASSERT_NO_FATAL_FAILURE(Start(16));
+  ASSERT_TRUE(admin_->CreatePool("pf", PoolLike(v1::PAGE_FIRST)).ok());
+  ASSERT_TRUE(admin_->CreatePool("thin", PoolLike(v1::PAGE_FIRST, /*layers=*/2)).ok());
+  absl::StatusOr<std::vector<int64_t>> pf = admin_->Alloc("pf", kPageSize);
+  absl::StatusOr<std::vector<int64_t>> thin = admin_->Alloc("thin", kPageSize);
+  ASSERT_TRUE(pf.ok() && thin.ok());
+  {
+    ClientOptions options;
+    options.address = d_->address();
+    options.owner_token = "someone-else";
+    options.worker_session = false;
+    absl::StatusOr<std::unique_ptr<Client>> other = Client::Connect(options);
+    ASSERT_TRUE(other.ok());
+    ASSERT_TRUE((*other)->CreatePool("foreign", PoolLike(v1::PAGE_FIRST)).ok());
+  }
+  const v1::CacheStats before = Stats();
+  Client& c = *a_->client;
+  // A foreign pool without its token.
+  absl::StatusOr<v1::CacheStoreReply> s = c.CacheStoreFromPool(kCache, "foreign", {"k"}, *pf);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied) << s.status();
+  EXPECT_THAT(s.status().message(), HasSubstr("foreign"));
+  // Another shape.
+  s = c.CacheStoreFromPool(kCache, "thin", {"k"}, *thin);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("layer range is [0, 2), the cache's [0, 4)"));
+  // Slots not allocated.
+  s = c.CacheStoreFromPool(kCache, "pf", {"k"}, PageRows(5, 1));
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition) << s.status();
+  // An unknown pool.
+  s = c.CacheStoreFromPool(kCache, "nope", {"k"}, *pf);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<v1::TransferTicket> r = c.CacheRestoreToPool(kCache, "pf", {"k"}, *pf);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("key 0 is not present"));
+  const v1::CacheStats after = Stats();
+  EXPECT_EQ(after.published(), before.published());
+  EXPECT_EQ(after.writing(), before.writing());
+  EXPECT_EQ(after.pinned(), before.pinned());
+  EXPECT_EQ(after.free_pages(), before.free_pages());
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // instances (two clients, each with its worker session and its own emulated
 // device pool attached to the cache's pool) share pages byte-exact; an
 // instance restarted finds its pages; a node cache's index calls are
-// refused; bad calls get precise statuses and change nothing.
+// refused; bad calls get precise statuses and change nothing (the pool
+// side's fields among them).
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -285,6 +286,36 @@ TEST_F(CacheIntegrationTest, BadCallsAreRefusedPreciselyAndChangeNothing) {
     a_->Credentials(&context);
     s = a_->cache->Store(&context, request, &stored);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  }
+  // The pool side (CachePoolSlots): exactly one of it and attachment_id, no
+  // device event beside it.
+  {
+    v1::CacheStoreRequest request;
+    request.set_cache("cache");
+    request.add_keys("z");
+    grpc::ClientContext none_given;
+    a_->Credentials(&none_given);
+    s = a_->cache->Store(&none_given, request, &stored);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("neither attachment_id nor pool is given"));
+    request.set_attachment_id(a_->attachment);
+    request.mutable_pool()->set_pool("plain");
+    for (int64_t r : Instance::Rows(0, kPageSize)) request.mutable_pool()->add_host_indices(r);
+    grpc::ClientContext both;
+    a_->Credentials(&both);
+    s = a_->cache->Store(&both, request, &stored);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("both attachment_id / device_indices and pool"));
+    v1::CacheRestoreRequest restore;
+    restore.set_cache("cache");
+    restore.add_keys("z");
+    *restore.mutable_pool() = request.pool();
+    restore.set_wait_event_handle("event");
+    grpc::ClientContext fenced;
+    a_->Credentials(&fenced);
+    s = a_->cache->Restore(&fenced, restore, &ticket);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("wait_event_handle is set beside pool"));
   }
   const v1::CacheStats after = a_->Stats();
   EXPECT_EQ(after.published(), before.published());

@@ -11,7 +11,9 @@ by next_after) say what happened. Refusals (a key too long, too many keys,
 a key twice, a wrong owner token, a restore of a key not present, a pinning
 lookup without a worker session, an unknown pin, a pool that is not a node
 cache) raise the daemon's code with a message naming the value, and change
-nothing. Run by tests/pytest_run.py (ctest), or by pytest from a built
+nothing. Pages stored from and restored into an index-addressed pool's slots
+(store_from_pool / restore_to_pool, copied inside kvhostd) come back
+byte-exact through a LAYER_FIRST pool; their refusals name the value. Run by tests/pytest_run.py (ctest), or by pytest from a built
 checkout.
 """
 import kvhost
@@ -196,5 +198,42 @@ def test_refusals_are_named_and_change_nothing(daemon):
         assert cache.events().events == []
     finally:
         stranger.close()
+        a.close()
+        admin.close()
+
+
+def test_pages_move_through_a_pool_of_another_layout_byte_exact(daemon):
+    admin = make_cache(daemon)
+    admin.create_pool("lf", dict(pkg.SPEC, layout="LAYER_FIRST", size_tokens=32))
+    slots = list(admin.alloc("lf", 2 * PAGE_SIZE))
+    a = Instance(daemon)
+    try:
+        for p in range(2):
+            fill(a.device, p, 70 + p)
+        assert a.cache.store(a.att, [b"d0", b"d1"], rows(0, 2)).ticket.wait(30)["done"]
+        ticket = a.cache.restore_to_pool("lf", slots, [b"d0", b"d1"])
+        status = ticket.wait(30)
+        assert status["done"] is True and status["bytes"] == 2 * PAGE_SIZE * ROW_BYTES * 2 * 3, \
+            status
+        stored = a.cache.store_from_pool("lf", slots, [b"p0", b"p1"])
+        assert stored.states == [kvhost.KeyState.ABSENT] * 2, stored
+        assert stored.ticket.wait(30)["done"] is True
+        assert a.cache.store_from_pool("lf", slots, [b"p0", b"p1"]).ticket is None
+        assert a.cache.restore(a.att, [b"p0", b"p1"], rows(4, 2)).wait(30)["done"] is True
+        for p in range(2):
+            assert holds(a.device, 4 + p, 70 + p), f"page {4 + p} after the trip through 'lf'"
+
+        before = admin.node_cache("cache").stats()
+        raises(kvhost.InvalidArgument, a.cache.store_from_pool, "lf", slots[:PAGE_SIZE],
+               [b"x0", b"x1"], naming="4 slots for 2 keys; want 8")
+        raises(kvhost.FailedPrecondition, a.cache.store_from_pool, "lf",
+               list(range(7 * PAGE_SIZE, 8 * PAGE_SIZE)), [b"x0"], naming="'lf'")
+        raises(kvhost.NotFound, a.cache.restore_to_pool, "nope", slots[:PAGE_SIZE], [b"p0"],
+               naming="nope")
+        raises(kvhost.FailedPrecondition, a.cache.restore_to_pool, "lf", slots[:PAGE_SIZE],
+               [b"never"], naming="key 0 is not present")
+        assert admin.node_cache("cache").stats().published == before.published
+        assert admin.node_cache("cache").stats().pinned == 0
+    finally:
         a.close()
         admin.close()

@@ -17,7 +17,10 @@ host-backend kvhostd (tests/conftest.py's `daemon`).
   own pools   sglang's own MHA and MLA host pools (in-process memory) and
               kvhost's, of other layouts, share pages through one cache
               (batch_set_v1 / batch_get_v1, and the older flat-page batch_set /
-              batch_get / get / set / exists); MLA ranks share one copy
+              batch_get / get / set / exists); sglang's own pool's pages are
+              staged (one copy here each), kvhost's are copied by kvhostd
+              straight into and out of its slots (no staging copy, counted
+              by the lane's staged_pages); MLA ranks share one copy
               (no rank in the key), MHA ranks do not; v2 calls of a pool group.
   refusals    bad settings, a cache of another shape or token, a host pool
               the backend cannot stage (a layout, a K-only pool), sglang's
@@ -180,6 +183,11 @@ def canonical_pages(host, slots):
     equal across host pools of any layout."""
     shape = page_shape(host)
     return [canonical(host.get_data_page(int(s), flat=False), shape).clone() for s in slots]
+
+
+def lane_of(backend):
+    """The backend's data path (kvhost.sglang.cache_staging) of its KV pool."""
+    return backend._lane_for(PoolName.KV)
 
 
 def page_slots(n, first=0):
@@ -384,6 +392,10 @@ def test_sglang_and_kvhost_pools_of_other_layouts_share_pages(daemon):
         assert b2.batch_get_v1(keys + ["nope"], dest) == [True] * 5 + [False]
         got = canonical_pages(theirs, dest[::PS][:5])
         assert all(torch.equal(x, y) for x, y in zip(got, want)), "pages differ"
+        # sglang's own pool is staged (one copy here a page); kvhost's pool
+        # is copied inside kvhostd, straight into its slots: none here.
+        assert lane_of(b1).direct is None and lane_of(b1).staged_pages == 10  # two stores
+        assert lane_of(b2).direct is not None and lane_of(b2).staged_pages == 0
 
         # sglang's older flat-page calls (the controller's generic path).
         flat = [own.get_data_page(int(s), flat=True) for s in slots[::PS]]
@@ -400,6 +412,9 @@ def test_sglang_and_kvhost_pools_of_other_layouts_share_pages(daemon):
         assert b2.get("flat-x") is None
         metrics = b2.get_stats()
         assert metrics.prefetch_pgs and metrics.backup_pgs == [], metrics
+        staged = lane_of(b2).staged_pages  # the flat pages above: staged
+        assert b2.batch_set_v1(["back-0"], dest[5 * PS:]) == [True]  # zero-copy store
+        assert lane_of(b2).staged_pages == staged and b2.batch_exists(["back-0"]) == 1
         assert b1.clear() is True and b2.batch_exists(keys) == 0  # b1's keys evicted
     finally:
         b1.close()
@@ -422,10 +437,11 @@ def test_mla_ranks_share_one_copy_mha_ranks_do_not(daemon):
         want = canonical_pages(rank0, slots[::PS])
         assert b0.batch_set_v1(keys, slots) == [True] * 3
         assert b1.batch_exists(keys) == 3  # one copy, no rank in the key
-        assert b1.batch_get_v1(keys, page_slots(3, first=5)) == [True] * 3
-        got = canonical_pages(rank1, page_slots(3, first=5)[::PS])
+        dest = rank1.alloc(3 * PS)  # kvhost pools write only allocated slots
+        assert b1.batch_get_v1(keys, dest) == [True] * 3
+        got = canonical_pages(rank1, dest[::PS])
         assert all(torch.equal(x, y) for x, y in zip(got, want)), "MLA pages differ"
-        assert b1.batch_set_v1(keys, page_slots(3, first=5)) == [True] * 3  # PRESENT
+        assert b1.batch_set_v1(keys, dest) == [True] * 3  # PRESENT
         assert b0.cache_stats().stored == 3
 
         fill_pages(m0.mem_pool_host, slots[::PS], seed=3)

@@ -243,6 +243,11 @@ SIGNATURES: Dict[str, Tuple[List[Any], Any]] = {
     "kvhost_cache_restore":
         ([_vp, _cp, _vp, _pvp, _psz, _sz, _pi64, _sz, _vp, _sz, C.POINTER(LoadTicketStruct)] +
          _ERR, _int),
+    "kvhost_cache_store_from_pool":
+        ([_vp, _cp, _cp, _pvp, _psz, _sz, _pi64, _sz, _pi32, C.POINTER(LoadTicketStruct), _pu64] +
+         _ERR, _int),
+    "kvhost_cache_restore_to_pool":
+        ([_vp, _cp, _cp, _pvp, _psz, _sz, _pi64, _sz, C.POINTER(LoadTicketStruct)] + _ERR, _int),
     "kvhost_cache_release_pin": ([_vp, _cp, _u64] + _ERR, _int),
     "kvhost_cache_evict": ([_vp, _cp, _pvp, _psz, _sz, _pi32, _pu64] + _ERR, _int),
     "kvhost_cache_get_stats": ([_vp, _cp, C.POINTER(CacheStatsStruct)] + _ERR, _int),

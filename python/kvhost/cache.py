@@ -205,6 +205,39 @@ class NodeCache:
             return LoadTicket(self._client, events, raw)
         return Ticket(self._client, raw.ticket_id)
 
+    def store_from_pool(self, pool: Any, host_indices: Any, keys: Sequence[Key]) -> StoreResult:
+        """Stores the keys not yet present from an index-addressed pool's
+        slots: key i's page is host_indices[i * page_size, (i + 1) *
+        page_size), whole allocated pages of `pool` (a name, or anything with
+        a ``name``), a pool of the cache's shape whose host layout may
+        differ. Copied inside kvhostd, host memory to host memory, on either
+        backend; the ticket waits as store's (no event set)."""
+        kptrs, klens, n, keep = _arrays.keys_arg(keys)
+        idx, ni, keep_i = _arrays.int64_arg(host_indices, "host_indices")
+        states = (C.c_int32 * max(n, 1))()
+        raw = _lib.LoadTicketStruct()
+        evicted = C.c_uint64(0)
+        _lib.call(_lib.lib().kvhost_cache_store_from_pool, self._client._handle(), self._name,
+                  _pool_name(pool), kptrs, klens, n, idx, ni, states, C.byref(raw),
+                  C.byref(evicted))
+        del keep, keep_i
+        ticket = Ticket(self._client, raw.ticket_id) if raw.ticket_id else None
+        return StoreResult([KeyState(states[i]) for i in range(n)], ticket, int(evicted.value))
+
+    def restore_to_pool(self, pool: Any, host_indices: Any, keys: Sequence[Key]) -> Ticket:
+        """Loads every key's page into `pool`'s slots (as store_from_pool's);
+        every key must be present (FailedPrecondition naming the first that
+        is not), the pages pinned until the ticket ends. Refused, as a
+        backup into it is, while another instance's live session holds the
+        pool (claim_pool)."""
+        kptrs, klens, n, keep = _arrays.keys_arg(keys)
+        idx, ni, keep_i = _arrays.int64_arg(host_indices, "host_indices")
+        raw = _lib.LoadTicketStruct()
+        _lib.call(_lib.lib().kvhost_cache_restore_to_pool, self._client._handle(), self._name,
+                  _pool_name(pool), kptrs, klens, n, idx, ni, C.byref(raw))
+        del keep, keep_i
+        return Ticket(self._client, raw.ticket_id)
+
     def release_pin(self, pin_id: int) -> None:
         """Releases a pin of lookup(pin=True); NotFound for one not of this
         client's session (or released already)."""
@@ -245,6 +278,11 @@ class NodeCache:
 
     def __repr__(self) -> str:
         return f"NodeCache({self.name!r})"
+
+
+def _pool_name(pool: Any) -> bytes:
+    """A pool argument (a name, or anything with a ``name``) as the C call's."""
+    return _lib.text(pool if isinstance(pool, str) else getattr(pool, "name", pool), "pool name")
 
 
 class CacheCalls:

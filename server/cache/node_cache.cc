@@ -114,14 +114,77 @@ absl::StatusOr<NodeCache::Stored> NodeCache::Store(const Caller& caller,
                                                    const CacheL3* write_through) {
   absl::StatusOr<std::string> holder = OpenMove(caller, attachment_id, keys, device);
   if (!holder.ok()) return holder.status();
+  return StoreWith(*holder, keys, device, write_through,
+                   [&](std::vector<int64_t> slots, std::vector<int64_t> rows) {
+                     return transfers_->Submit(caller, attachment_id, Direction::kBackup, slots,
+                                               rows, ready_fence);
+                   });
+}
+
+absl::StatusOr<NodeCache::Stored> NodeCache::StoreFromPool(const Caller& caller,
+                                                           const PoolSlots& source,
+                                                           absl::Span<const std::string> keys,
+                                                           const CacheL3* write_through) {
+  // Held from before its slots are checked: no claim frees them meanwhile.
+  std::shared_ptr<void> use = source.pool->UseSlots();
+  absl::StatusOr<std::string> holder = OpenPoolMove(caller, source, keys, *pool_);
+  if (!holder.ok()) return holder.status();
+  return StoreWith(*holder, keys, source.slots, write_through,
+                   [&](std::vector<int64_t> slots, std::vector<int64_t> rows) {
+                     PoolCopyJob job;
+                     job.from = source.pool;
+                     job.from_use = use;
+                     job.to = pool_;
+                     job.from_slots = std::move(rows);
+                     job.to_slots = std::move(slots);
+                     return transfers_->SubmitPoolCopy(*holder, Direction::kBackup, std::move(job));
+                   });
+}
+
+absl::StatusOr<std::string> NodeCache::OpenPoolMove(const Caller& caller, const PoolSlots& pool,
+                                                    absl::Span<const std::string> keys,
+                                                    Pool& written) const {
+  absl::StatusOr<std::string> holder = Holder(caller);
+  if (!holder.ok()) return holder.status();
+  if (absl::Status s = index_.CheckKeys(keys); !s.ok()) return s;
+  if (pool.pool.get() == pool_.get() || pool.pool->allocator_owner() == pool_.get()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cache '", name(), "': pool '", pool.pool->name(),
+        "' is the cache's own pool (or follows it); name an index-addressed pool of its shape"));
+  }
+  if (absl::Status s = CheckPoolCopyShape(*pool.pool, *pool_); !s.ok()) return s;
+  if (pool.slots.size() != keys.size() * pool_->page_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache '", name(), "': pool.host_indices has ", pool.slots.size(),
+                     " slots for ", keys.size(), " keys; want ", keys.size() * pool_->page_size(),
+                     " (", pool_->page_size(), " slots, one page, per key)"));
+  }
+  if (absl::Status s = CheckPoolCopySlots(*pool.pool, pool.slots, "pool.host_indices"); !s.ok()) {
+    return s;
+  }
+  // The copy writes `written`: refused where a Backup into it would be.
+  if (absl::Status s = written.ChangeAllocation(
+          caller.sessions, [this](const std::string& id) { return transfers_->IsSessionOpen(id); },
+          &written == pool_.get() ? "CacheStore" : "CacheRestore", [] { return absl::OkStatus(); });
+      !s.ok()) {
+    return s;
+  }
+  return holder;
+}
+
+absl::StatusOr<NodeCache::Stored> NodeCache::StoreWith(const std::string& holder,
+                                                       absl::Span<const std::string> keys,
+                                                       absl::Span<const int64_t> rows_in,
+                                                       const CacheL3* write_through,
+                                                       const SubmitCopy& submit) {
   Stored out;
-  absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(keys, *holder);
+  absl::StatusOr<CacheStorePlan> plan = index_.BeginStore(keys, holder);
   if (!plan.ok()) return plan.status();
   out.plan = *std::move(plan);
   if (out.plan.store_id == 0) return out;  // every key present or being written
   const uint64_t store_id = out.plan.store_id;
   {
-    InFlightStore in_flight{*holder, false, std::nullopt, {}};
+    InFlightStore in_flight{holder, false, std::nullopt, {}};
     if (write_through != nullptr) {
       in_flight.write_through = *write_through;
       for (size_t key : out.plan.written) in_flight.keys.push_back(keys[key]);
@@ -133,10 +196,9 @@ absl::StatusOr<NodeCache::Stored> NodeCache::Store(const Caller& caller,
   std::vector<int64_t> rows;
   rows.reserve(out.plan.written.size() * ps);
   for (size_t key : out.plan.written) {
-    rows.insert(rows.end(), device.begin() + key * ps, device.begin() + (key + 1) * ps);
+    rows.insert(rows.end(), rows_in.begin() + key * ps, rows_in.begin() + (key + 1) * ps);
   }
-  absl::StatusOr<std::shared_ptr<Ticket>> ticket = transfers_->Submit(
-      caller, attachment_id, Direction::kBackup, Slots(out.plan.pages), rows, ready_fence);
+  absl::StatusOr<std::shared_ptr<Ticket>> ticket = submit(Slots(out.plan.pages), std::move(rows));
   if (!ticket.ok()) {
     // Refused (bad rows, a fence this backend cannot wait on, no event set
     // free): the cache is as before the call, its victims published again.
@@ -144,11 +206,11 @@ absl::StatusOr<NodeCache::Stored> NodeCache::Store(const Caller& caller,
       absl::MutexLock lock(&mu_);
       stores_.erase(store_id);
     }
-    (void)index_.CancelStore(store_id, *holder);
+    (void)index_.CancelStore(store_id, holder);
     return ticket.status();
   }
   // Submitted: the victims' pages are being written now.
-  (void)index_.CommitStore(store_id, *holder);
+  (void)index_.CommitStore(store_id, holder);
   out.ticket = *ticket;
   // Published before a waiter sees the ticket done; a ticket that finished
   // already (its copies were quick) publishes as soon as its end is known.
@@ -160,7 +222,7 @@ absl::StatusOr<NodeCache::Stored> NodeCache::Store(const Caller& caller,
     });
   }
   // As in Lookup: a session that ended meanwhile abandons the store.
-  if (!transfers_->IsSessionOpen(*holder)) SessionEnded(*holder);
+  if (!transfers_->IsSessionOpen(holder)) SessionEnded(holder);
   return out;
 }
 
@@ -311,10 +373,38 @@ absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::Restore(const Caller& caller,
                                                            const std::string& wait_fence) {
   absl::StatusOr<std::string> holder = OpenMove(caller, attachment_id, keys, device);
   if (!holder.ok()) return holder.status();
-  absl::StatusOr<CacheLookup> found = index_.Lookup(keys, &*holder);
+  return RestoreWith(
+      *holder, keys, device, [&](std::vector<int64_t> slots, std::vector<int64_t> rows) {
+        return transfers_->Submit(caller, attachment_id, Direction::kLoad, slots, rows, wait_fence);
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::RestoreToPool(
+    const Caller& caller, const PoolSlots& target, absl::Span<const std::string> keys) {
+  // Held from before its slots are checked: no claim frees them meanwhile.
+  std::shared_ptr<void> use = target.pool->UseSlots();
+  absl::StatusOr<std::string> holder = OpenPoolMove(caller, target, keys, *target.pool);
+  if (!holder.ok()) return holder.status();
+  return RestoreWith(*holder, keys, target.slots,
+                     [&](std::vector<int64_t> slots, std::vector<int64_t> rows) {
+                       PoolCopyJob job;
+                       job.from = pool_;
+                       job.to = target.pool;
+                       job.to_use = use;
+                       job.from_slots = std::move(slots);
+                       job.to_slots = std::move(rows);
+                       return transfers_->SubmitPoolCopy(*holder, Direction::kLoad, std::move(job));
+                     });
+}
+
+absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::RestoreWith(const std::string& holder,
+                                                               absl::Span<const std::string> keys,
+                                                               absl::Span<const int64_t> rows,
+                                                               const SubmitCopy& submit) {
+  absl::StatusOr<CacheLookup> found = index_.Lookup(keys, &holder);
   if (!found.ok()) return found.status();
   const uint64_t pin_id = found->pin_id;
-  auto unpin = [self = shared_from_this(), pin_id, h = *holder] {
+  auto unpin = [self = shared_from_this(), pin_id, h = holder] {
     if (pin_id != 0) (void)self->index_.Unpin(pin_id, h);
   };
   if (found->prefix < keys.size()) {
@@ -327,8 +417,8 @@ absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::Restore(const Caller& caller,
         " keys present from the first); restore a prefix "
         "Lookup found"));
   }
-  absl::StatusOr<std::shared_ptr<Ticket>> ticket = transfers_->Submit(
-      caller, attachment_id, Direction::kLoad, Slots(found->pages), device, wait_fence);
+  absl::StatusOr<std::shared_ptr<Ticket>> ticket =
+      submit(Slots(found->pages), std::vector<int64_t>(rows.begin(), rows.end()));
   if (!ticket.ok()) {
     unpin();
     return ticket.status();

@@ -6,7 +6,10 @@
 // that pool: Store is a backup into pages the index reserved, published when
 // its ticket ends well; Restore is a load from pinned pages, unpinned when
 // its ticket ends. So a cache page moves by the same copy paths, per-layer
-// counters and fences as any pool page.
+// counters and fences as any pool page. StoreFromPool and RestoreToPool move
+// pages between the cache and an index-addressed pool's slots instead (no
+// attachment: host memory to host memory inside kvhostd, TransferManager::
+// SubmitPoolCopy), by the same plan, pins, publish and events.
 //
 // Callers: every call is made within a session (Caller::sessions; the first
 // one names the holder of its pins and stores), so that a dead worker's pins
@@ -42,6 +45,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -132,6 +136,33 @@ class NodeCache : public std::enable_shared_from_this<NodeCache> {
                                                   absl::Span<const int64_t> device,
                                                   const std::string& wait_fence);
 
+  // An index-addressed pool's slots as the source of StoreFromPool or the
+  // destination of RestoreToPool: the pool as the caller resolved and
+  // owner-checked it (PoolRegistry::Resolve, once), page_size slots a key.
+  struct PoolSlots {
+    std::shared_ptr<Pool> pool;
+    absl::Span<const int64_t> slots;
+  };
+  // Store with key i's page copied from source.slots[i * page_size, (i + 1)
+  // * page_size) inside kvhostd; the same plan, skips, evictions, publish,
+  // events and write-through. The ticket counts as a backup. Errors
+  // (nothing reserved or submitted): Store's for the session and the keys;
+  // INVALID_ARGUMENT for the cache's own pool, a pool of another shape
+  // (CheckPoolCopyShape), a slot count other than keys * page_size and
+  // CheckPoolCopySlots' (FAILED_PRECONDITION for a slot not allocated);
+  // FAILED_PRECONDITION when a live session of another instance holds the
+  // cache's pool (ClaimPool), as a Backup into it is; SubmitPoolCopy's.
+  absl::StatusOr<Stored> StoreFromPool(const Caller& caller, const PoolSlots& source,
+                                       absl::Span<const std::string> keys,
+                                       const CacheL3* write_through = nullptr);
+  // Restore into target.slots (as StoreFromPool's), the pages pinned until
+  // the ticket (a load) ends. Errors: StoreFromPool's, the claim checked on
+  // `target` (which the copy writes), and Restore's FAILED_PRECONDITION for
+  // a key not present.
+  absl::StatusOr<std::shared_ptr<Ticket>> RestoreToPool(const Caller& caller,
+                                                        const PoolSlots& target,
+                                                        absl::Span<const std::string> keys);
+
   absl::StatusOr<std::vector<CacheEvictOutcome>> Evict(absl::Span<const std::string> keys) {
     return index_.Evict(keys);
   }
@@ -168,6 +199,25 @@ class NodeCache : public std::enable_shared_from_this<NodeCache> {
   absl::StatusOr<std::string> OpenMove(const Caller& caller, const std::string& attachment_id,
                                        absl::Span<const std::string> keys,
                                        absl::Span<const int64_t> device) const;
+  // StoreFromPool's and RestoreToPool's checks (Holder, the keys, the pool,
+  // its slots, the claim on `written`): the holder's session, or the first
+  // refusal.
+  absl::StatusOr<std::string> OpenPoolMove(const Caller& caller, const PoolSlots& pool,
+                                           absl::Span<const std::string> keys, Pool& written) const;
+  // Store's and Restore's steps after their checks, whatever copies: the
+  // index's plan (or pin), `submit` with the cache pages' slots and the
+  // other side's rows (page_size a key: `rows`' for the written keys), and
+  // the ticket's end (publish, unpin). A refused submit leaves the cache as
+  // it was.
+  using SubmitCopy = std::function<absl::StatusOr<std::shared_ptr<Ticket>>(
+      std::vector<int64_t> cache_slots, std::vector<int64_t> rows)>;
+  absl::StatusOr<Stored> StoreWith(const std::string& holder, absl::Span<const std::string> keys,
+                                   absl::Span<const int64_t> rows, const CacheL3* write_through,
+                                   const SubmitCopy& submit);
+  absl::StatusOr<std::shared_ptr<Ticket>> RestoreWith(const std::string& holder,
+                                                      absl::Span<const std::string> keys,
+                                                      absl::Span<const int64_t> rows,
+                                                      const SubmitCopy& submit);
   // The token slots of `pages`, in order.
   std::vector<int64_t> Slots(absl::Span<const uint64_t> pages) const;
   // The first token slot of each of `pages` (the L3 tier's page indices).

@@ -131,6 +131,43 @@ absl::Status CacheServiceImpl::DoLookup(const Caller& caller, const v1::CacheLoo
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<NodeCache::PoolSlots>> CacheServiceImpl::PoolSideOf(
+    const Caller& caller, bool has_pool, const v1::CachePoolSlots& pool,
+    const std::string& attachment_id, int device_indices, const std::string& fence,
+    const char* fence_field) const {
+  if (!has_pool) {
+    if (!attachment_id.empty()) return std::nullopt;
+    return absl::InvalidArgumentError(
+        "neither attachment_id nor pool is given; give exactly one: an attachment's device rows "
+        "or a pool's host_indices");
+  }
+  if (!attachment_id.empty() || device_indices > 0) {
+    return absl::InvalidArgumentError(
+        "both attachment_id / device_indices and pool are given; give exactly one: an "
+        "attachment's device rows or a pool's host_indices");
+  }
+  if (!fence.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fence_field,
+                     " is set beside pool: a pool copy runs inside kvhostd on host memory, "
+                     "and waits on no device event"));
+  }
+  if (absl::Status s =
+          CheckIndexCount(absl::StrCat("pool '", pool.pool(), "': host_indices"),
+                          static_cast<uint64_t>(pool.host_indices_size()), max_indices_);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<PoolTarget> target = registry_->Resolve(pool.pool(), TokenOf(caller.token));
+  if (!target.ok()) return target.status();
+  if (target->group != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool.pool '", pool.pool(), "' names a pool group; name one of its entries' pools"));
+  }
+  return NodeCache::PoolSlots{
+      target->pool, absl::MakeConstSpan(pool.host_indices().data(), pool.host_indices().size())};
+}
+
 absl::Status CacheServiceImpl::DoStore(const Caller& caller, const v1::CacheStoreRequest& request,
                                        v1::CacheStoreReply* response) {
   absl::StatusOr<std::shared_ptr<NodeCache>> cache =
@@ -138,6 +175,10 @@ absl::Status CacheServiceImpl::DoStore(const Caller& caller, const v1::CacheStor
   if (!cache.ok()) return cache.status();
   absl::StatusOr<std::vector<std::string>> keys = KeysOf(**cache, request.keys());
   if (!keys.ok()) return keys.status();
+  absl::StatusOr<std::optional<NodeCache::PoolSlots>> source =
+      PoolSideOf(caller, request.has_pool(), request.pool(), request.attachment_id(),
+                 request.device_indices_size(), request.ready_event_handle(), "ready_event_handle");
+  if (!source.ok()) return WithCache(**cache, source.status());
   std::optional<CacheL3> l3;
   if (request.write_through()) {
     absl::StatusOr<CacheL3> got = L3For(caller, **cache, "write_through");
@@ -151,10 +192,13 @@ absl::Status CacheServiceImpl::DoStore(const Caller& caller, const v1::CacheStor
       }
     }
   }
-  absl::StatusOr<NodeCache::Stored> stored = (*cache)->Store(
-      caller, request.attachment_id(), *keys,
-      absl::MakeConstSpan(request.device_indices().data(), request.device_indices().size()),
-      request.ready_event_handle(), l3.has_value() ? &*l3 : nullptr);
+  const CacheL3* write_through = l3.has_value() ? &*l3 : nullptr;
+  absl::StatusOr<NodeCache::Stored> stored =
+      source->has_value() ? (*cache)->StoreFromPool(caller, **source, *keys, write_through)
+                          : (*cache)->Store(caller, request.attachment_id(), *keys,
+                                            absl::MakeConstSpan(request.device_indices().data(),
+                                                                request.device_indices().size()),
+                                            request.ready_event_handle(), write_through);
   if (!stored.ok()) return WithCache(**cache, stored.status());
   for (CacheKeyState state : stored->plan.states) response->add_states(ToProto(state));
   if (stored->ticket != nullptr) SetTicket(*stored->ticket, response->mutable_ticket());
@@ -170,10 +214,16 @@ absl::Status CacheServiceImpl::DoRestore(const Caller& caller,
   if (!cache.ok()) return cache.status();
   absl::StatusOr<std::vector<std::string>> keys = KeysOf(**cache, request.keys());
   if (!keys.ok()) return keys.status();
-  absl::StatusOr<std::shared_ptr<Ticket>> ticket = (*cache)->Restore(
-      caller, request.attachment_id(), *keys,
-      absl::MakeConstSpan(request.device_indices().data(), request.device_indices().size()),
-      request.wait_event_handle());
+  absl::StatusOr<std::optional<NodeCache::PoolSlots>> target =
+      PoolSideOf(caller, request.has_pool(), request.pool(), request.attachment_id(),
+                 request.device_indices_size(), request.wait_event_handle(), "wait_event_handle");
+  if (!target.ok()) return WithCache(**cache, target.status());
+  absl::StatusOr<std::shared_ptr<Ticket>> ticket =
+      target->has_value() ? (*cache)->RestoreToPool(caller, **target, *keys)
+                          : (*cache)->Restore(caller, request.attachment_id(), *keys,
+                                              absl::MakeConstSpan(request.device_indices().data(),
+                                                                  request.device_indices().size()),
+                                              request.wait_event_handle());
   if (!ticket.ok()) return WithCache(**cache, ticket.status());
   SetTicket(**ticket, response);
   return absl::OkStatus();

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -82,6 +83,17 @@ class CacheServiceImpl final : public v1::CacheService::CallbackService {
                                                   int device_indices = 0) const;
   // The L3 tier for a call on `cache` that asked for it (`flag` names the
   // request's field): FAILED_PRECONDITION without one.
+  // The pool side of a Store or Restore (`pool`, its request's `pool`
+  // field, given when `has_pool`): null for an attachment's call. The pool
+  // is resolved once and its owner token checked, as an AttachDevice of it
+  // would (PoolRegistry::Resolve). INVALID_ARGUMENT naming the fields unless
+  // exactly one of attachment_id and pool is given, for device_indices or
+  // `fence` (its field `fence_field`) beside a pool, a pool group's name,
+  // and host_indices over --max-indices-per-call.
+  absl::StatusOr<std::optional<NodeCache::PoolSlots>> PoolSideOf(
+      const Caller& caller, bool has_pool, const v1::CachePoolSlots& pool,
+      const std::string& attachment_id, int device_indices, const std::string& fence,
+      const char* fence_field) const;
   absl::StatusOr<CacheL3> L3For(const Caller& caller, const NodeCache& cache,
                                 const char* flag) const;
 

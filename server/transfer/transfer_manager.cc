@@ -190,6 +190,34 @@ void TransferManager::Retire(const std::shared_ptr<Ticket>& ticket, uint64_t byt
   tickets_.Retire(ticket->id(), direction, status.status.ok(), bytes);
 }
 
+absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::SubmitPoolCopy(
+    const std::string& session_id, Direction direction, PoolCopyJob job) {
+  Owner owner;
+  owner.session_id = session_id;
+  owner.pools = {job.from, job.to};
+  const std::string label = (direction == Direction::kBackup ? job.to : job.from)->name();
+  uint64_t bytes = 0;
+  for (uint32_t l = 0; l < job.from->spec().layer_num; ++l) {
+    bytes += HeldLayerBytes(*job.from, job.from_slots.size());
+  }
+  std::shared_ptr<Ticket> ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_) return absl::UnavailableError("kvhostd is shutting down; transfer refused");
+    // Kept with the session's other pool copies (the retention's key is
+    // never shown).
+    ticket = tickets_.Open(absl::StrCat("pool-copy/", session_id),
+                           std::make_shared<const Owner>(std::move(owner)), direction,
+                           job.from->spec().layer_num, "host-pool-copy", /*event_set=*/-1);
+  }
+  ticket->OnDone(
+      [this, ticket, bytes, direction, label] { Retire(ticket, bytes, direction, label); });
+  job.ticket = ticket;
+  pool_copier_.Submit(std::move(job));
+  ticket->Enqueued();
+  return ticket;
+}
+
 absl::StatusOr<std::shared_ptr<Ticket>> TransferManager::FindTicket(const Caller& caller,
                                                                     uint64_t id) const {
   return tickets_.Find(caller, id);
@@ -212,6 +240,7 @@ uint64_t TransferManager::Drain(absl::Duration timeout) {
     ++cancelled;
   }
   FailWorkerCopiesLeft(timeout);
+  pool_copier_.Drain();
   if (cancelled > 0) {
     spdlog::warn("drain: {} transfer(s) unfinished after {}; cancelled the ones not yet copied",
                  cancelled, absl::FormatDuration(timeout));

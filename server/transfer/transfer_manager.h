@@ -17,6 +17,7 @@
 //   submission.h      the pure steps of a transfer (AssignRows, BuildJob);
 //   transfer_manager  Submit's other steps, tickets, Drain, lifetime;
 //   worker_copies.cc  copies a worker runs itself (worker_copy.h's plans);
+//   pool_copy         copies between two host pools (SubmitPoolCopy);
 //   session_reaper.cc worker sessions, closed and reaped (session_table.h).
 //
 // Thread safety: all methods may be called concurrently. One mutex guards
@@ -54,6 +55,7 @@
 #include "server/transfer/attachment.h"
 #include "server/transfer/attachment_table.h"
 #include "server/transfer/engine.h"
+#include "server/transfer/pool_copy.h"
 #include "server/transfer/session_table.h"
 #include "server/transfer/submission.h"
 #include "server/transfer/worker_copy.h"
@@ -124,6 +126,16 @@ class TransferManager {
       const Caller& caller, const std::string& attachment_id, Direction direction,
       absl::Span<const int64_t> host, absl::Span<const int64_t> device,
       const std::string& wait_event_handle = "", absl::Span<const EntryRows> pool_transfers = {});
+  // A copy between two host pools inside kvhostd (pool_copy.h: the node
+  // cache's Store from and Restore to a pool), run on the manager's
+  // PoolCopier whatever the engine. REQUIRES: job.from / job.to / the slots
+  // checked (CheckPoolCopyShape, CheckPoolCopySlots), job.ticket unset. Its
+  // ticket (path "host-pool-copy", one layer per pool layer; `direction` as
+  // the caller counts it) is owned by worker session `session_id` and both
+  // pools (FindTicket: a caller naming that session), is counted and kept
+  // as any, and holds both pools until it ends. UNAVAILABLE while draining.
+  absl::StatusOr<std::shared_ptr<Ticket>> SubmitPoolCopy(const std::string& session_id,
+                                                         Direction direction, PoolCopyJob job);
   // NOT_FOUND for an unknown or expired ticket, or one of an attachment
   // `caller` may not use (its ownership is the attachment's, remembered).
   // Ticket ids are random (see TicketTable), so an id from before a restart
@@ -283,6 +295,8 @@ class TransferManager {
       ABSL_GUARDED_BY(mu_);
   // Its own mutex, taken after mu_ (see the header's lock order).
   TicketTable tickets_;
+  // After tickets_: its jobs' ends retire tickets there, so it stops first.
+  PoolCopier pool_copier_;
 };
 
 }  // namespace kvhost

@@ -279,6 +279,19 @@ class Client {
                                                   const std::vector<std::string>& keys,
                                                   absl::Span<const int64_t> device_indices,
                                                   const std::string& wait_event_handle = "");
+  // CacheStore and CacheRestore with an index-addressed pool's slots as the
+  // source / destination instead of an attachment (CachePoolSlots): copied
+  // inside kvhostd, host memory to host memory, on either backend.
+  // `host_indices`: page_size slots per key, whole allocated pages of `pool`.
+  absl::StatusOr<v1::CacheStoreReply> CacheStoreFromPool(const std::string& cache,
+                                                         const std::string& pool,
+                                                         const std::vector<std::string>& keys,
+                                                         absl::Span<const int64_t> host_indices,
+                                                         bool write_through = false);
+  absl::StatusOr<v1::TransferTicket> CacheRestoreToPool(const std::string& cache,
+                                                        const std::string& pool,
+                                                        const std::vector<std::string>& keys,
+                                                        absl::Span<const int64_t> host_indices);
   absl::Status CacheReleasePin(const std::string& cache, uint64_t pin_id);
   absl::StatusOr<v1::CacheEvictReply> CacheEvict(const std::string& cache,
                                                  const std::vector<std::string>& keys);

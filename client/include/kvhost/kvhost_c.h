@@ -914,6 +914,31 @@ KVHOST_C_API int kvhost_cache_restore(kvhost_client* client, const char* cache,
                                       const int64_t* device_indices, size_t num_device,
                                       const void* wait_event_handle, size_t wait_event_handle_len,
                                       kvhost_load_ticket* ticket, char* err, size_t err_len);
+/* kvhost_cache_store with an index-addressed pool's slots as the source
+ * instead of an attachment (CacheStoreRequest.pool): key i's page is
+ * host_indices[i * page_size, (i + 1) * page_size) of `pool`, whole
+ * allocated pages of a pool of the cache's shape (its host layout may
+ * differ), copied inside kvhostd, host memory to host memory, on either
+ * backend. states, *ticket (no event set) and *evicted as
+ * kvhost_cache_store's. KVHOST_INVALID_ARGUMENT for another shape or bad
+ * slots, KVHOST_FAILED_PRECONDITION for slots not allocated,
+ * KVHOST_PERMISSION_DENIED without the pool's owner token. */
+KVHOST_C_API int kvhost_cache_store_from_pool(kvhost_client* client, const char* cache,
+                                              const char* pool, const void* const* keys,
+                                              const size_t* key_lens, size_t num_keys,
+                                              const int64_t* host_indices, size_t num_host,
+                                              int32_t* states, kvhost_load_ticket* ticket,
+                                              uint64_t* evicted, char* err, size_t err_len);
+/* kvhost_cache_restore into `pool`'s slots (as
+ * kvhost_cache_store_from_pool's; CacheRestoreRequest.pool); refused, as a
+ * backup into it is, while a live session of another instance holds the
+ * pool (kvhost_claim_pool). */
+KVHOST_C_API int kvhost_cache_restore_to_pool(kvhost_client* client, const char* cache,
+                                              const char* pool, const void* const* keys,
+                                              const size_t* key_lens, size_t num_keys,
+                                              const int64_t* host_indices, size_t num_host,
+                                              kvhost_load_ticket* ticket, char* err,
+                                              size_t err_len);
 /* Releases a pin of kvhost_cache_lookup; KVHOST_NOT_FOUND for one that is
  * not this session's (or released already). */
 KVHOST_C_API int kvhost_cache_release_pin(kvhost_client* client, const char* cache, uint64_t pin_id,

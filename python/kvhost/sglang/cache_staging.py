@@ -1,56 +1,72 @@
-"""A host pool's pages in and out of a kvhostd node cache, through a
-shared-memory staging attachment: the data path of
+"""A host pool's pages in and out of a kvhostd node cache: the data path of
 kvhost.sglang.storage_backend (sglang's HiCacheStorage on the node cache).
 
-The node cache stores a key's page from ``page_size`` rows of a device pool
-attached to the cache's pool, and restores into such rows
-(kvhost.NodeCache). sglang's host pool is not such a device pool: its
-memory is sglang's pinned buffer, or (kvhost.sglang's pools) a kvhostd pool
-of its own. So a :class:`CacheStaging` owns a small device pool in shared
-memory (kvhost.ShmDevicePool, ``staging_pages`` pages) attached to the
-cache's pool within its client's worker session, and moves each page once
-in this process: a store copies the host pages into staging rows and has
-kvhostd store them under their keys; a restore has kvhostd load the keys'
-pages into staging rows and copies them into the host pages only once the
-load has ended well, so a failed restore leaves the host pool as it was.
+The node cache copies pages between itself and an index-addressed kvhostd
+pool's slots inside kvhostd (kvhost.NodeCache.store_from_pool /
+restore_to_pool: host memory to host memory, on either backend). So:
 
-Page format: the cache's pages are device rows, a layout of their own, so
-a page stored from a host pool of one layout restores into another's. Each
-host page is read through sglang's ``get_data_page(index, flat=False)`` (a
-view: sglang's pools slice their buffer, kvhost's map kvhostd's page) and
-seen as ``(components, layers, page_size, heads, dim)`` (MHA: K then V;
-MLA: one latent component of one head) by :func:`canonical`; the staging
-buffer has that shape over all its rows. MHA in ``layer_first``,
-``page_first``, ``page_first_direct``, ``page_head`` and MLA in the first
-three; other kinds and layouts are refused at construction, naming them.
+  zero-copy  where sglang's host pool is a kvhost.sglang pool (a kvhostd
+             pool mapped into this process) whose client presents a token
+             that opens the cache, its slots are the source and destination
+             themselves, and this process copies nothing: the calls are made
+             through the host pool's client, whose session holds the pool's
+             claim (a restore writes the pool, which only the claiming
+             session may: ClaimPool).
+  staged     otherwise (sglang's own CPU host pool, or flat pages), each page
+             is copied once in this process, into or out of the slots of a
+             small staging pool (``staging_pages`` pages, a kvhost.sglang
+             pool of the cache's shape made and claimed by this client and
+             mapped into this process), and kvhostd copies between it and the
+             cache. A restore writes its targets only once its copy ended
+             well, so a failed restore leaves them as they were.
+  :attr:`CacheStaging.staged_pages` counts the pages copied the staged way.
+
+Page format: the cache's pages are rows, a layout of their own, so a page
+stored from a host pool of one layout restores into another's. Each staged
+page is read through sglang's ``get_data_page(index, flat=False)`` (a view:
+sglang's pools slice their buffer, kvhost's map kvhostd's page) and seen as
+``(components, layers, page_size, heads, dim)`` (MHA: K then V; MLA: one
+latent component of one head) by :func:`canonical`. MHA in
+``layer_first``, ``page_first``, ``page_first_direct``, ``page_head`` and
+MLA in the first three; other kinds and layouts are refused at
+construction, naming them.
 
 The cache is created when absent (``node_cache``, the host pool's shape,
 the client's owner token) and adopted when present only if that token
 protects it and its shape is the host pool's (kvhost.pools.adopt_pool;
 ValueError naming the field that differs). Thread safety: one lock
-serialises the calls that use the staging rows; lookups take none.
-Needs torch and a kvhostd on the host backend (shared-memory device pools;
-ValueError naming the backend otherwise).
+serialises the calls that use the staging slots; lookups and zero-copy
+calls take none. Needs torch.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
+import os
 import threading
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
-from .._arrays import raw_view
 from ..cache import KeyState, NodeCache
-from ..errors import AlreadyExists, DeadlineExceeded
+from ..errors import AlreadyExists, DeadlineExceeded, NotFound, PermissionDenied
 from ..pools import adopt_pool
 from .host_pool import HostKVCache
+from .kinds import MHATokenToKVPoolHost, MLATokenToKVPoolHost
 from .spec import dtype_enum
+
+_log = logging.getLogger("kvhost.sglang.storage")
 
 #: sglang's layouts each kind's pages are staged from.
 LAYOUTS = {"MHA": ("layer_first", "page_first", "page_first_direct", "page_head"),
            "MLA": ("layer_first", "page_first", "page_first_direct")}
-#: The cache pool's own layout: its pages are device rows to every caller,
-#: so any page-major layout serves; kvhostd has it for both kinds.
+#: The cache pool's own layout: its pages are rows to every caller, so any
+#: page-major layout serves; kvhostd has it for both kinds.
 CACHE_LAYOUT = "PAGE_FIRST"
+#: The staging pool's (sglang's name): a page is one block per component
+#: in one region, so each staging page has a view in this process.
+STAGING_LAYOUT = "page_first"
+#: Tells this process's staging pools apart.
+_STAGING_SERIAL = itertools.count(1)
 
 
 class Outcome(NamedTuple):
@@ -154,8 +170,13 @@ def _host_page_view(host: Any, index: int) -> Optional[Any]:
     return host.get_data_page(int(index), flat=False)  # sglang's: a slice of its buffer
 
 
+def _token_slots(slots: Sequence[int], page_size: int) -> List[int]:
+    """Every token slot of the pages starting at `slots`, in order."""
+    return [s + t for s in slots for t in range(page_size)]
+
+
 class CacheStaging:
-    """One node cache, its staging attachment and the host pool it serves.
+    """One node cache, its data path and the host pool it serves.
 
     Args:
       client: a kvhost.Client with a worker session and the cache's owner
@@ -163,14 +184,13 @@ class CacheStaging:
       cache: the cache's pool name.
       host: the sglang host pool (sglang's or kvhost.sglang's) whose pages
         move.
-      staging_pages: pages the staging rows hold (a call of more moves them
-        in turns).
+      staging_pages: pages the staging pool holds, and the pages of one
+        turn either way (a call of more moves them in turns).
       cache_size_tokens: the cache's size when this call creates it.
       timeout: seconds to wait for a store or restore.
-    Raises ValueError for a host pool it cannot stage (naming why) or a
-    cache of another shape or a kvhostd whose backend is not the host
-    backend, and the daemon's errors (PermissionDenied for a cache another
-    token protects).
+    Raises ValueError for a host pool it cannot serve (naming why) or a
+    cache of another shape, and the daemon's errors (PermissionDenied for a
+    cache another token protects).
     """
 
     def __init__(self, client: Any, cache: str, host: Any, *, staging_pages: int,
@@ -182,22 +202,34 @@ class CacheStaging:
         self.name = cache
         self.cache = NodeCache(client, cache)
         self._lock = threading.Lock()
-        self._device: Any = None
-        self._att: Any = None
+        self._staging: Any = None
+        self._slots: List[int] = []
+        self._views: List[Any] = []
         self._running: Any = None
+        #: Pages copied in this process through the staging pool, so far.
+        self.staged_pages = 0
         self._size_tokens, self.pages = int(cache_size_tokens), int(staging_pages)
+        self._page_bytes = int(self.shape.components * self.shape.layer_num *
+                               self.shape.page_size * self.shape.heads * self.shape.dim *
+                               torch.empty((), dtype=self.shape.dtype).element_size())
         self._open_cache(self._size_tokens)
-        self._attach(self.pages)
+        #: The cache through the host pool's own client (zero-copy), or None.
+        self.direct = self._direct_cache()
+        if self.direct is None:
+            with self._lock:
+                self._open_staging()
 
     def reopen(self) -> None:
         """After the client's session was lost (kvhostd restarted: the
-        cache and the staging attachment are gone): the cache made again
-        (empty) or adopted, and new staging rows attached."""
+        cache and the staging pool are gone): the cache made again (empty)
+        or adopted, and a new staging pool where one was used."""
         with self._lock:
-            self.close()
+            staged = self._staging is not None
+            self._close_staging()
             self._running = None
             self._open_cache(self._size_tokens)
-            self._attach(self.pages)
+            if staged:
+                self._open_staging()
 
     def _open_cache(self, size_tokens: int) -> None:
         spec = dict(self.shape.spec, layout=CACHE_LAYOUT, node_cache=True)
@@ -210,53 +242,67 @@ class CacheStaging:
         #: Pages the cache holds (its first creator's size).
         self.page_num = int(info["page_num"])
 
-    def _attach(self, pages: int) -> None:
-        P, shape = self.shape.page_size, self.shape
-        backend = self.client.daemon_status().get("backend")
-        if backend != "host":
-            raise ValueError(f"node cache '{self.name}': kvhostd at {self.client.address} runs "
-                             f"the {backend} backend; the staging rows are a shared-memory "
-                             f"device pool, which only --backend=host has (the cuda backend's "
-                             f"staging is not built yet)")
-        self._device = self.client.shm_device_pool(self.name, pages * P)
+    def _direct_cache(self) -> Optional[NodeCache]:
+        """The cache through the host pool's client, where the host pool is
+        a kvhost.sglang pool of this kvhostd whose client has a worker
+        session and a token that opens the cache; else None (staged)."""
+        host = self.host
+        hc = getattr(host, "client", None)
+        if not isinstance(host, HostKVCache) or not getattr(hc, "session", False) or \
+                getattr(hc, "address", None) != self.client.address:
+            return None
+        direct = NodeCache(hc, self.name)
         try:
-            self._att = self.client.attach_shm(self.name, self._device)
-            self.rows = self._staging_tensor(pages * P)
+            direct.stats()
+        except PermissionDenied:
+            _log.warning("node cache '%s': host pool '%s' is a kvhost pool, but its client's "
+                         "owner token does not open the cache; its pages are staged (one copy "
+                         "in this process)", self.name, host.name)
+            return None
+        return direct
+
+    def _open_staging(self) -> None:
+        """The staging pool: made, claimed by this client, its slots
+        allocated and each page viewed in this process. Called with the lock."""
+        s = self.shape
+        P, n = s.page_size, self.pages
+        cls = MHATokenToKVPoolHost if s.kind == "MHA" else MLATokenToKVPoolHost
+        dims = {k: v for k, v in s.spec.items() if k in ("head_num", "head_dim", "kv_lora_rank",
+                                                          "qk_rope_head_dim")}
+        name = f"{self.name}-staging-{os.getpid()}-{next(_STAGING_SERIAL)}"
+        pool = cls(name, client=self.client, layout=STAGING_LAYOUT, dtype=s.dtype, page_size=P,
+                   layer_num=s.layer_num, host_size_tokens=n * P, tensors=True, **dims)
+        self._staging = pool
+        try:
+            got = pool.alloc(n * P)
+            if got is None:
+                raise ValueError(f"node cache '{self.name}': the staging pool '{name}' has no "
+                                 f"{n} free pages")
+            self._slots = [int(i) for i in got.tolist()[::P]]
+            shape = s._replace(layout=STAGING_LAYOUT)
+            for slot in self._slots:
+                view = pool._page_view(slot)
+                if view is None:
+                    raise ValueError(f"node cache '{self.name}': staging pool '{name}' page "
+                                     f"{slot // P} has no view in this process")
+                self._views.append(canonical(view, shape))
         except BaseException:
-            self.close()
+            self._close_staging()
             raise
-        self._page_bytes = int(shape.components * shape.layer_num * P * shape.heads * shape.dim
-                               * self.rows.element_size())
 
-    def _staging_tensor(self, rows: int) -> Any:
-        """The staging rows as one ``(components, layers, rows, heads, dim)``
-        tensor of the host dtype: kvhost.ShmDevicePool lays each
-        component's layers out back to back, components one after another
-        (checked here against every buffer's address)."""
-        torch, dev, s = self._torch, self._device, self.shape
-        row_bytes = s.heads * s.dim * torch.empty((), dtype=s.dtype).element_size()
-        comps = [c.name for c in dev.components]
-        layer_bytes = rows * row_bytes
-        base = dev.layer_address(comps[0], 0)
-        for ci, comp in enumerate(comps):
-            c = dev.component(comp)
-            if (c.rows, c.row_bytes, c.row_tokens) != (rows, row_bytes, 1) or dev.layers != \
-                    s.layer_num:
-                raise ValueError(f"node cache '{self.name}': staging component {comp!r} has "
-                                 f"{c.rows} rows of {c.row_bytes} bytes over {dev.layers} "
-                                 f"layers, not {rows} of {row_bytes} over {s.layer_num}")
-            for layer in range(dev.layers):
-                want = base + (ci * dev.layers + layer) * layer_bytes
-                if dev.layer_address(comp, layer) != want:
-                    raise ValueError(f"node cache '{self.name}': staging buffer {comp!r} "
-                                     f"layer {layer} is not where the layout puts it")
-        flat = torch.frombuffer(raw_view(base, len(comps) * dev.layers * layer_bytes, dev),
-                                dtype=torch.uint8).view(s.dtype)
-        return flat.view(len(comps), dev.layers, rows, s.heads, s.dim)
-
-    def _slot(self, i: int) -> Any:
-        P = self.shape.page_size
-        return self.rows[:, :, i * P:(i + 1) * P]
+    def _close_staging(self) -> None:
+        """Unmaps and deletes the staging pool (idempotent). With the lock."""
+        pool, self._staging, self._views, self._slots = self._staging, None, [], []
+        if pool is None:
+            return
+        pool.close()
+        try:
+            self.client.delete_pool(pool.name)
+        except NotFound:
+            pass  # kvhostd restarted: gone with it
+        except Exception as e:  # noqa: BLE001 (the pages are freed with the daemon)
+            _log.warning("node cache '%s': staging pool '%s' not deleted: %s", self.name,
+                         pool.name, e)
 
     # --- calls ---------------------------------------------------------------
 
@@ -279,75 +325,127 @@ class CacheStaging:
                 break
         return n
 
+    def store_slots(self, keys: Sequence[str], slots: Sequence[int]) -> Outcome:
+        """Stores each key's page from the host pool's page starting at
+        slot `slots[i]`: zero-copy where :attr:`direct`, else staged."""
+        if self.direct is None:
+            return self.store(keys, [self.host_source(s) for s in slots])
+        return self._turns(keys, lambda i, turn: self._store_direct(turn, slots[i:i + len(turn)]),
+                           prefix=False)
+
+    def restore_slots(self, keys: Sequence[str], slots: Sequence[int]) -> Outcome:
+        """Restores the longest published prefix of `keys` into the host
+        pool's pages starting at `slots`: zero-copy where :attr:`direct`
+        (a failed copy may have written part of them), else staged."""
+        if self.direct is None:
+            return self.restore(keys, [self.host_target(s) for s in slots])
+        return self._turns(keys,
+                           lambda i, turn: self._restore_direct(turn, slots[i:i + len(turn)]),
+                           prefix=True)
+
     def store(self, keys: Sequence[str], sources: Sequence[Any]) -> Outcome:
         """Stores each key's page from `sources` (sglang-shaped page tensors,
-        or flat ones), in turns of `pages` keys. Per key True once stored,
-        or present or being stored by another caller already. A turn the
-        daemon refuses, or whose copy fails, publishes none of its keys:
-        they and the keys after them are False, and the error is returned
-        (earlier turns stay stored)."""
-        done: List[bool] = []
-        for i in range(0, len(keys), self.pages):
-            try:
-                done += self._store_turn(keys[i:i + self.pages], sources[i:i + self.pages])
-            except Exception as e:  # noqa: BLE001 (reported per key, with the error)
-                return Outcome(done + [False] * (len(keys) - len(done)), e)
-        return Outcome(done, None)
-
-    def _store_turn(self, keys: Sequence[str], sources: Sequence[Any]) -> List[bool]:
-        with self._lock:
-            self._settle()
-            for j, page in enumerate(sources):
-                self._slot(j).copy_(canonical(page, self.shape))
-            P = self.shape.page_size
-            result = self.cache.store(self._att, list(keys), list(range(len(keys) * P)))
-            if result.ticket is not None:
-                self._wait(result.ticket)
-        return [True] * len(keys)
+        or flat ones) through the staging pool, in turns of `pages` keys.
+        Per key True once stored, or present or being stored by another
+        caller already. A turn the daemon refuses, or whose copy fails,
+        publishes none of its keys: they and the keys after them are False,
+        and the error is returned (earlier turns stay stored)."""
+        return self._turns(keys, lambda i, turn: self._store_turn(turn, sources[i:i + len(turn)]),
+                           prefix=False)
 
     def restore(self, keys: Sequence[str], targets: Sequence[Any]) -> Outcome:
         """Restores the longest published prefix of `keys` into `targets`
         (per key a writable sglang-shaped page view, or a callable taking
-        the canonical page to write it some other way), in turns. Per key
-        True once restored; the first False ends the prefix. A target is
-        written only after its turn's load ended well; the error that
-        stopped it is returned (None for a plain miss)."""
+        the canonical page to write it some other way) through the staging
+        pool, in turns. Per key True once restored; the first False ends
+        the prefix. A target is written only after its turn's copy ended
+        well; the error that stopped it is returned (None for a plain miss)."""
+        return self._turns(keys,
+                           lambda i, turn: self._restore_turn(turn, targets[i:i + len(turn)]),
+                           prefix=True)
+
+    def _turns(self, keys: Sequence[str], turn_fn: Any, prefix: bool) -> Outcome:
+        """Runs `turn_fn(first, keys)` over turns of `pages` keys; each
+        returns how many of its keys were served (a restore: its prefix)."""
         done: List[bool] = []
         for i in range(0, len(keys), self.pages):
             turn = keys[i:i + self.pages]
             try:
-                got = self._restore_turn(turn, targets[i:i + self.pages])
-            except Exception as e:  # noqa: BLE001
+                got = turn_fn(i, turn)
+            except Exception as e:  # noqa: BLE001 (reported per key, with the error)
                 return Outcome(done + [False] * (len(keys) - len(done)), e)
             done += [True] * got
-            if got < len(turn):
+            if prefix and got < len(turn):
                 break
         return Outcome(done + [False] * (len(keys) - len(done)), None)
+
+    def _store_direct(self, keys: Sequence[str], slots: Sequence[int]) -> int:
+        assert self.direct is not None
+        result = self.direct.store_from_pool(self.host.name,
+                                             _token_slots(slots, self.shape.page_size), list(keys))
+        if result.ticket is not None:
+            result.ticket.wait(self.timeout)
+        return len(keys)
+
+    def _restore_direct(self, keys: Sequence[str], slots: Sequence[int]) -> int:
+        assert self.direct is not None
+        found = self.direct.lookup(list(keys), pin=True)
+        k = found.prefix
+        if k == 0:
+            return 0
+        try:
+            tokens = _token_slots(slots[:k], self.shape.page_size)
+            self.direct.restore_to_pool(self.host.name, tokens, list(keys[:k])).wait(self.timeout)
+        finally:
+            self.direct.release_pin(found.pin_id)
+        return k
+
+    def _store_turn(self, keys: Sequence[str], sources: Sequence[Any]) -> int:
+        with self._lock:
+            self._settle()
+            slots = self._staged(len(keys))
+            for j, page in enumerate(sources):
+                self._views[j].copy_(canonical(page, self.shape))
+            self.staged_pages += len(sources)
+            result = self.cache.store_from_pool(self._staging.name, slots, list(keys))
+            if result.ticket is not None:
+                self._wait(result.ticket)
+        return len(keys)
 
     def _restore_turn(self, keys: Sequence[str], targets: Sequence[Any]) -> int:
         with self._lock:
             self._settle()
+            slots = self._staged(len(keys))
             found = self.cache.lookup(list(keys), pin=True)
             k = found.prefix
             if k == 0:
                 return 0
-            P = self.shape.page_size
             try:
-                self._wait(self.cache.restore(self._att, list(keys[:k]), list(range(k * P))))
+                self._wait(self.cache.restore_to_pool(self._staging.name,
+                                                      slots[:k * self.shape.page_size],
+                                                      list(keys[:k])))
             finally:
                 self.cache.release_pin(found.pin_id)
             for j in range(k):
                 target = targets[j]
                 if callable(target):
-                    target(self._slot(j))
+                    target(self._views[j])
                 else:
-                    canonical(target, self.shape).copy_(self._slot(j))
+                    canonical(target, self.shape).copy_(self._views[j])
+            self.staged_pages += k
         return k
 
+    def _staged(self, pages: int) -> List[int]:
+        """The token slots of the first `pages` staging pages (opened on
+        first use: a zero-copy lane stages flat pages only). With the lock."""
+        if self._staging is None:
+            self._open_staging()
+        return _token_slots(self._slots[:pages], self.shape.page_size)
+
     def _wait(self, ticket: Any) -> None:
-        """Waits for a transfer of the staging rows. One that outlives the
-        wait is kept: it may still read or write the rows, so the next
-        turn waits for it first (_settle)."""
+        """Waits for a copy of the staging slots. One that outlives the
+        wait is kept: it may still read or write them, so the next turn
+        waits for it first (_settle)."""
         try:
             ticket.wait(self.timeout)
         except DeadlineExceeded:
@@ -355,8 +453,8 @@ class CacheStaging:
             raise
 
     def _settle(self) -> None:
-        """Waits for a transfer an earlier turn gave up on (its own error
-        does not matter now; DeadlineExceeded again if it still runs)."""
+        """Waits for a copy an earlier turn gave up on (its own error does
+        not matter now; DeadlineExceeded again if it still runs)."""
         if self._running is not None:
             try:
                 self._running.wait(self.timeout)  # DeadlineExceeded passes up
@@ -390,11 +488,7 @@ class CacheStaging:
         return self._page_bytes
 
     def close(self) -> None:
-        """Detaches and unmaps the staging rows (idempotent); the cache and
+        """Unmaps and deletes the staging pool (idempotent); the cache and
         its pages stay."""
-        att, dev, self._att, self._device = self._att, self._device, None, None
-        if att is not None:
-            att.__exit__(None, None, None)
-        if dev is not None:
-            self.rows = None
-            dev.close()
+        with self._lock:
+            self._close_staging()

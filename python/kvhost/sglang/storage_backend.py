@@ -23,7 +23,8 @@ extra config (:data:`SETTINGS`; ValueError naming a bad or unknown one):
                            two is required: without a token the cache is not shared
   kvhost_cache_size_gib    the cache's size in GiB when this instance creates
                            it (default: as many tokens as the host pool)
-  kvhost_staging_pages     pages of the staging rows (128, sglang's batch)
+  kvhost_staging_pages     pages of the staging pool, and of one turn of a
+                           call (128, sglang's batch)
   kvhost_timeout_s         seconds to wait for a store or restore (60)
 
 The backend sets sglang's own ``interface_v1`` in the extra config it is
@@ -38,18 +39,21 @@ non-writer ranks do not store; ``_<pp_size>_<pp_rank>`` and
 ``_cp<rank>_<size>`` where those are parallel). A model name that would make
 a key longer than the cache takes is replaced by its BLAKE2b digest.
 
-Data path: kvhost.sglang.cache_staging (one copy in this process per page,
-through shared-memory staging rows; kvhostd copies them into the cache).
+Data path: kvhost.sglang.cache_staging. kvhostd copies pages between the
+cache and a pool's slots itself (host memory to host memory, on either
+backend): a kvhost.sglang host pool's slots straight (zero-copy in this
+process); sglang's own host pool through a small staging pool mapped into
+this process (one copy here per page).
 Errors: construction and registration raise (a bad setting, a host pool it
 cannot stage, a cache of another shape or token, kvhostd unreachable). The
 data calls never raise: a kvhost error is logged with its code and message
 and is the key's failure (batch_set_v1 / batch_get_v1 / v2: False from the
 failed key on; batch_exists: the prefix before it; get: None; set: False),
 and a failed call changes nothing (the daemon publishes no key of a
-refused store; a restore writes the host pages only once its load ended
-well). Not supported: decode context parallelism, split heads
-(``tp_lcm_size``), pool-group entries that are not MHA or MLA (refused at
-registration).
+refused store; a staged restore writes the host pages only once its copy
+ended well, a zero-copy one may have written part of a failed turn's). Not
+supported: decode context parallelism, split heads (``tp_lcm_size``),
+pool-group entries that are not MHA or MLA (refused at registration).
 """
 
 from __future__ import annotations
@@ -204,7 +208,7 @@ class KvhostNodeCacheStorage(HiCacheStorage):  # type: ignore[misc]  # untyped s
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """sglang's host pool: opens the cache (creating it when absent)
-        and its staging rows. Raises what CacheStaging raises."""
+        and its data path. Raises what CacheStaging raises."""
         super().register_mem_pool_host(mem_pool_host)
         self._lane(str(PoolName.KV), mem_pool_host)
 
@@ -249,7 +253,7 @@ class KvhostNodeCacheStorage(HiCacheStorage):  # type: ignore[misc]  # untyped s
 
     def _revive(self) -> None:
         """Once the client's session was lost (kvhostd restarted), every
-        cache is made again (empty) and its staging rows attached again;
+        cache is made again (empty) and its staging pool too;
         the calls in between failed, as their results said."""
         losses = self.client.session_losses().count
         if losses == self._losses:
@@ -313,7 +317,7 @@ class KvhostNodeCacheStorage(HiCacheStorage):  # type: ignore[misc]  # untyped s
         try:
             lane = self._lane_for(pool)
             slots = self._page_slots(lane, keys, host_indices)
-            result = lane.store(self._keys(keys, lane), [lane.host_source(s) for s in slots])
+            result = lane.store_slots(self._keys(keys, lane), slots)
         except Exception as e:  # noqa: BLE001 (the contract: False per key)
             result = Outcome([False] * len(keys), e)
         return self._stored_result(pool, "store", keys, result, start)
@@ -325,7 +329,7 @@ class KvhostNodeCacheStorage(HiCacheStorage):  # type: ignore[misc]  # untyped s
         try:
             lane = self._lane_for(pool)
             slots = self._page_slots(lane, keys, host_indices)
-            result = lane.restore(self._keys(keys, lane), [lane.host_target(s) for s in slots])
+            result = lane.restore_slots(self._keys(keys, lane), slots)
         except Exception as e:  # noqa: BLE001
             result = Outcome([False] * len(keys), e)
         if result.error is not None:
@@ -496,7 +500,7 @@ class KvhostNodeCacheStorage(HiCacheStorage):  # type: ignore[misc]  # untyped s
         return self._lane_for(PoolName.KV).cache.stats()
 
     def close(self) -> None:
-        """Detaches the staging rows and closes the client (its session);
+        """Deletes the staging pools and closes the client (its session);
         the cache and its pages stay. sglang's controller calls it on detach."""
         lanes, self._lanes = list({id(v): v for v in self._lanes.values()}.values()), {}
         for lane in lanes:
