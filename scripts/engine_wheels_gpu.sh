@@ -37,14 +37,21 @@ out=${1:?usage: scripts/engine_wheels_gpu.sh OUT_DIR}
 REQ=python/requirements-engines.txt
 PY=${PYTHON:-python3}
 cache=${KVHOST_ENGINE_ROOT:-/var/cache/kvhost}/wheels-cp312
-# vLLM's part (OUT_DIR/vllm-wheels-cp312.tar.xz, for tests/python_vllm_gpu_test.py, which
-# installs it beside the sglang step's venv): vllm (its Python files alone, below) and what
-# `import vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector` and
-# `vllm.v1.kv_offload.cpu.spec` import beyond NEEDED and torch's own (found as NEEDED was,
-# in the engine venv).
-VLLM_NEEDED=(vllm cbor2 oss-harmony openai jiter sniffio cachetools cloudpickle uvloop
-  py-cpuinfo prometheus_client xgrammar partial-json-parser llguidance fastapi annotated-doc
-  opentelemetry-api)
+# vLLM's part, OUT_DIR/vllm-wheels-cp312.tar.xz (for tests/python_vllm_gpu_test.py): a set
+# of its own, without sglang, that gpu_run.sh's sglang step makes a venv from
+# (KVHOST_ENGINE_WHEELS=enginez/vllm-wheels-cp312.tar.xz; docs/VLLM.md), carried instead of
+# the sglang set (both would pass the 64 MiB carry): vllm (its Python files alone, below)
+# and every distribution that `import vllm.distributed.kv_transfer.kv_connector.v1.
+# offloading_connector`, `vllm.v1.kv_offload.cpu.spec` and kvhost.vllm import beyond
+# torch's own (found as NEEDED was, in the engine venv), jiter (openai's, imported
+# lazily), and torchvision and pip as below.
+VLLM_NEEDED=(vllm PyYAML aiohappyeyeballs aiohttp aiosignal annotated-doc annotated-types
+  anyio apache-tvm-ffi attrs cachetools cbor2 certifi charset-normalizer cloudpickle dill
+  fastapi frozenlist h11 httpcore2 httpx2 huggingface_hub idna jiter llguidance msgspec
+  multidict openai opentelemetry-api orjson oss-harmony packaging partial-json-parser pillow
+  prometheus_client propcache psutil py-cpuinfo pybase64 pydantic pydantic_core pyzmq regex
+  requests safetensors sentencepiece sniffio starlette tokenizers tqdm transformers
+  truststore typing-inspection urllib3 uvloop xgrammar yarl)
 NEEDED=(sglang PyYAML Pygments aiohappyeyeballs aiohttp aiosignal annotated-types anyio
   apache-tvm-ffi attrs certifi charset-normalizer compressed-tensors dill frozenlist gguf h11
   httpcore2 httpx2 huggingface_hub idna ipython loguru msgspec multidict orjson packaging
@@ -64,9 +71,10 @@ pins=()
 for name in "${NEEDED[@]}"; do
   pins+=("$(pin_of "$name")")
 done
-pins+=("torchvision==${KVHOST_GPU_TORCHVISION:-0.26.0}")
-# The installer, used only where the machine's python3 gives the venv no pip.
-pins+=("pip==${KVHOST_GPU_PIP:-25.0.1}")
+extra_pins=("torchvision==${KVHOST_GPU_TORCHVISION:-0.26.0}"
+  # The installer, used only where the machine's python3 gives the venv no pip.
+  "pip==${KVHOST_GPU_PIP:-25.0.1}")
+pins+=("${extra_pins[@]}")
 platforms=()
 for tag in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 \
   manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_12 \
@@ -77,13 +85,14 @@ vllm_pins=()
 for name in "${VLLM_NEEDED[@]}"; do
   vllm_pins+=("$(pin_of "$name")")
 done
+vllm_pins+=("${extra_pins[@]}")
 mkdir -p "$cache" "$out"
 # vLLM's wheel (336 MB, cp38-abi3) as scripts/engine_venv.sh downloaded it, if it did.
 cp -n "${KVHOST_ENGINE_ROOT:-/var/cache/kvhost}/wheels/${vllm_pins[0]/==/-}-"*.whl "$cache/" \
   2>/dev/null || true
+mapfile -t all_pins < <(printf '%s\n' "${pins[@]}" "${vllm_pins[@]}" | sort -u)
 "$PY" -m pip --disable-pip-version-check -q download --no-deps --only-binary=:all: \
-  --python-version 3.12 --implementation cp "${platforms[@]}" -d "$cache" "${pins[@]}" \
-  "${vllm_pins[@]}"
+  --python-version 3.12 --implementation cp "${platforms[@]}" -d "$cache" "${all_pins[@]}"
 stage=$(mktemp -d)
 vstage=$(mktemp -d)
 trap 'rm -rf "$stage" "$vstage"' EXIT

@@ -20,11 +20,10 @@ vllm/distributed/kv_transfer/kv_connector/v1/offloading/worker.py):
     get_finished reporting it), per block size, for jobs of 1 and 64 blocks;
     beside vLLM's own CPU offloading worker (cpu/gpu_worker.py
     CPUOffloadingWorker) where its compiled ops import, else why not.
-Python: one that imports vllm; else, where enginez/vllm-wheels-cp312.tar.xz
-(scripts/engine_wheels_gpu.sh; $KVHOST_VLLM_WHEELS) is there, its wheels are
-installed into a scratch directory on this python's path (run it with the
-sglang step's venv: scripts/gpu_run.sh OUT sglang makes .sglang-venv, whose
-packages vLLM's imports need too); else the engine venv (tests/engine_env.py).
+Python: one that imports vllm (on the GPU machine, the venv gpu_run.sh's sglang
+step makes from enginez/vllm-wheels-cp312.tar.xz, docs/VLLM.md); else, where that
+tarball ($KVHOST_VLLM_WHEELS) is there, its wheels are installed into a scratch
+directory on this python's path; else the engine venv (tests/engine_env.py).
 Skips (exit 77) without an NVIDIA GPU; with one, anything not working fails.
   usage: python_vllm_gpu_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR
 """

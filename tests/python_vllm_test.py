@@ -38,8 +38,9 @@ register_kv_caches would after deriving them from a model's GPU KV cache
 OffloadingConnectorScheduler makes them (scheduler.py: lookup per chunk in
 _maximal_prefix_lookup, prepare_load in update_state_after_alloc,
 prepare_store in _build_store_jobs, complete_store / complete_load in
-_update_connector_output), since that class needs a VllmConfig with a
-model's HF config and vLLM Request objects. vLLM's own offloading tests are
+_update_connector_output), so that each case picks its blocks, chunks and
+ranks; python_vllm_engine_test.py runs vLLM's own Scheduler and
+OffloadingConnectorScheduler over the spec. vLLM's own offloading tests are
 not in its wheel (docs/VLLM.md says what of its sdist could run here).
 
   usage: python_vllm_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR [PYTEST_ARGS...]

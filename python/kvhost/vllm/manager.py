@@ -37,6 +37,7 @@ from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Seq
 from vllm.v1.kv_offload.base import (Locality, LookupResult, Medium, OffloadingEvent,
                                      OffloadingManager, PrepareStoreOutput,
                                      RequestOffloadingContext)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from ..cache import EventKind, KeyState, NodeCache
 from ..client import Client
@@ -105,6 +106,9 @@ class KvhostOffloadingManager(OffloadingManager):  # type: ignore[misc]  # vLLM'
         if any(s == KeyState.ABSENT for s in states):
             return LookupResult.MISS
         return LookupResult.HIT_PENDING
+
+    def get_load_source(self, key: bytes, req_context: Any) -> Any:
+        return CacheHitSource.HOST  # kvhostd's host memory
 
     def prepare_load(self, keys: Iterable[bytes], req_context: Any) -> KvhostLoadStoreSpec:
         chunks = list(keys)
