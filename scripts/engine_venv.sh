@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the venv of the engines kvhost's Python tests run against (sglang,
-# pinned, with torch and what its host-pool modules import; and the test tools,
-# with pytest also alone in venv-<hash>/pytest-path), from
+# Builds the venv of the engines kvhost's Python tests run against (sglang and
+# vllm, pinned, with torch and what their host-pool and offloading modules
+# import; and the test tools, with pytest also alone in venv-<hash>/pytest-path), from
 # python/requirements-engines.txt, and prints its python's path.
 #   scripts/engine_venv.sh [--print]   --print: only print the path; exit 1 if
 #                                      the venv is not built
@@ -41,12 +41,16 @@ rm -rf "$venv"  # a half-built one (no .complete) from an interrupted run
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 # Downloads only what wheels/ lacks; installs from there alone.
 "${pip[@]}" download --no-deps -d "$ROOT/wheels" -r "$REQ" >&2
-grep -v '^sglang==' "$REQ" >"$venv/requirements-deps.txt"
+# The engines themselves (sglang, vllm) go in with --no-deps, after the rest.
+engines='^(sglang|vllm)=='
+grep -Ev "$engines" "$REQ" >"$venv/requirements-deps.txt"
+mapfile -t engine_pins < <(grep -E "$engines" "$REQ")
 "${pip[@]}" download -d "$ROOT/wheels" -r "$venv/requirements-deps.txt" >&2
 "${pip[@]}" install --no-index --find-links "$ROOT/wheels" -r "$venv/requirements-deps.txt" >&2
 "${pip[@]}" install --no-index --find-links "$ROOT/wheels" --no-deps \
-  "$(grep '^sglang==' "$REQ")" >&2
+  "${engine_pins[@]}" >&2
 "$venv/bin/python" -c 'import torch, sglang.srt.mem_cache.pool_host' >&2
+"$venv/bin/python" -c 'import vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector' >&2
 # pytest and its dependencies alone, for the system's python3 to run the
 # package's tests with (tests/pytest_run.py): no numpy, torch or sglang there.
 grep -E '^(pytest|pluggy|iniconfig|packaging|Pygments)==' "$REQ" >"$venv/requirements-pytest.txt"

@@ -28,7 +28,8 @@
 # the test's modules loads), with its RECORD to match. Each wheel is re-zipped
 # uncompressed (the same files, so its RECORD holds) and the set xz-compressed
 # together: ~40 MiB instead of 84 MiB of wheels (47 MiB with those extensions).
-# Takes ~5 minutes on a 2-core machine (xz -9e), most of it compressing. Downloads are
+# Takes ~5 minutes on a 2-core machine (xz -9e), most of it compressing (vLLM's part:
+# see VLLM_NEEDED; docs/VLLM.md). Downloads are
 # kept in $KVHOST_ENGINE_ROOT/wheels-cp312 (default /var/cache/kvhost) and reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,43 +37,78 @@ out=${1:?usage: scripts/engine_wheels_gpu.sh OUT_DIR}
 REQ=python/requirements-engines.txt
 PY=${PYTHON:-python3}
 cache=${KVHOST_ENGINE_ROOT:-/var/cache/kvhost}/wheels-cp312
+# vLLM's part, OUT_DIR/vllm-wheels-cp312.tar.xz (for tests/python_vllm_gpu_test.py): a set
+# of its own, without sglang, that gpu_run.sh's sglang step makes a venv from
+# (KVHOST_ENGINE_WHEELS=enginez/vllm-wheels-cp312.tar.xz; docs/VLLM.md), carried instead of
+# the sglang set (both would pass the 64 MiB carry): vllm (its Python files alone, below)
+# and every distribution that `import vllm.distributed.kv_transfer.kv_connector.v1.
+# offloading_connector`, `vllm.v1.kv_offload.cpu.spec` and kvhost.vllm import beyond
+# torch's own (found as NEEDED was, in the engine venv), jiter (openai's, imported
+# lazily), and torchvision and pip as below.
+VLLM_NEEDED=(vllm PyYAML aiohappyeyeballs aiohttp aiosignal annotated-doc annotated-types
+  anyio apache-tvm-ffi attrs cachetools cbor2 certifi charset-normalizer cloudpickle dill
+  fastapi frozenlist h11 httpcore2 httpx2 huggingface_hub idna jiter llguidance msgspec
+  multidict openai opentelemetry-api orjson oss-harmony packaging partial-json-parser pillow
+  prometheus_client propcache psutil py-cpuinfo pybase64 pydantic pydantic_core pyzmq regex
+  requests safetensors sentencepiece sniffio starlette tokenizers tqdm transformers
+  truststore typing-inspection urllib3 uvloop xgrammar yarl)
 NEEDED=(sglang PyYAML Pygments aiohappyeyeballs aiohttp aiosignal annotated-types anyio
   apache-tvm-ffi attrs certifi charset-normalizer compressed-tensors dill frozenlist gguf h11
   httpcore2 httpx2 huggingface_hub idna ipython loguru msgspec multidict orjson packaging
   pillow propcache psutil pybase64 pydantic pydantic_core pyzmq regex requests safetensors
   sentencepiece starlette tokenizers tqdm traitlets transformers truststore
   typing-inspection urllib3 yarl)
-pins=()
-for name in "${NEEDED[@]}"; do  # names compare as pip's do: case, - _ . alike
-  pin=$(grep -i -E "^${name//[-_.]/[-_.]}==" "$REQ" || true)
+pin_of() {  # pin_of NAME: its line in $REQ; names compare as pip's do: case, - _ . alike
+  local pin
+  pin=$(grep -i -E "^${1//[-_.]/[-_.]}==" "$REQ" || true)
   if [ -z "$pin" ] || [ "$(wc -l <<<"$pin")" -ne 1 ]; then
-    echo "$REQ has no single pin for $name" >&2
-    exit 1
+    echo "$REQ has no single pin for $1" >&2
+    return 1
   fi
-  pins+=("$pin")
+  echo "$pin"
+}
+pins=()
+for name in "${NEEDED[@]}"; do
+  pins+=("$(pin_of "$name")")
 done
-pins+=("torchvision==${KVHOST_GPU_TORCHVISION:-0.26.0}")
-# The installer, used only where the machine's python3 gives the venv no pip.
-pins+=("pip==${KVHOST_GPU_PIP:-25.0.1}")
+extra_pins=("torchvision==${KVHOST_GPU_TORCHVISION:-0.26.0}"
+  # The installer, used only where the machine's python3 gives the venv no pip.
+  "pip==${KVHOST_GPU_PIP:-25.0.1}")
+pins+=("${extra_pins[@]}")
 platforms=()
 for tag in manylinux_2_39 manylinux_2_35 manylinux_2_34 manylinux_2_31 manylinux_2_28 \
   manylinux_2_27 manylinux_2_26 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux_2_12 \
   manylinux2010 manylinux_2_5 manylinux1 linux; do  # Ubuntu 24.04: glibc 2.39
   platforms+=(--platform "${tag}_x86_64")
 done
+vllm_pins=()
+for name in "${VLLM_NEEDED[@]}"; do
+  vllm_pins+=("$(pin_of "$name")")
+done
+vllm_pins+=("${extra_pins[@]}")
 mkdir -p "$cache" "$out"
+# vLLM's wheel (336 MB, cp38-abi3) as scripts/engine_venv.sh downloaded it, if it did.
+cp -n "${KVHOST_ENGINE_ROOT:-/var/cache/kvhost}/wheels/${vllm_pins[0]/==/-}-"*.whl "$cache/" \
+  2>/dev/null || true
+mapfile -t all_pins < <(printf '%s\n' "${pins[@]}" "${vllm_pins[@]}" | sort -u)
 "$PY" -m pip --disable-pip-version-check -q download --no-deps --only-binary=:all: \
-  --python-version 3.12 --implementation cp "${platforms[@]}" -d "$cache" "${pins[@]}"
+  --python-version 3.12 --implementation cp "${platforms[@]}" -d "$cache" "${all_pins[@]}"
 stage=$(mktemp -d)
-trap 'rm -rf "$stage"' EXIT
-"$PY" - "$cache" "$stage" "${pins[@]}" <<'EOF'
+vstage=$(mktemp -d)
+trap 'rm -rf "$stage" "$vstage"' EXIT
+pack() {  # pack STAGE_DIR PIN...: the pins' cached wheels, re-zipped into STAGE_DIR
+"$PY" - "$cache" "$@" <<'EOF'
 import os, re, sys, zipfile  # noqa: E401
 cache, stage, pins = sys.argv[1], sys.argv[2], sys.argv[3:]
 norm = lambda s: re.sub(r"[-_.]+", "_", s).lower()
 # sglang's Rust extensions for its HTTP / gRPC server, benchmarks and multimodal
 # processing: 40 MB that no module the test imports loads (checked: not in
-# sys.modules after them); left out with their RECORD lines.
-DROP = re.compile(r"sglang/srt/rust_extensions/_(server|bench|grpc|multimodal)\.cpython-")
+# sys.modules after them); left out with their RECORD lines. And of vLLM's wheel,
+# everything but its Python files and dist-info: its compiled ops (vllm/*.so), its
+# vllm-rs binary and third-party CUDA headers (280 of its 336 MB; the GPU test
+# runs vLLM's CPU offloading worker only where vllm._custom_ops loads).
+DROP = re.compile(r"sglang/srt/rust_extensions/_(server|bench|grpc|multimodal)\.cpython-"
+                  r"|vllm/(?!.*\.py$)")
 files = os.listdir(cache)
 for pin in pins:
     name, version = pin.split("==")
@@ -87,13 +123,21 @@ for pin in pins:
             data = src.read(info)
             if info.filename.endswith(".dist-info/RECORD"):
                 data = b"".join(line for line in data.splitlines(keepends=True)
-                                if not DROP.match(line.decode()))
+                                if not DROP.match(line.decode().split(",")[0]))
             info.compress_type = zipfile.ZIP_STORED
             dst.writestr(info, data)
 EOF
-ls "$stage" >"$out/engine-wheels-cp312.txt"
-tar -cf - -C "$stage" . | xz -9e -T1 >"$out/engine-wheels-cp312.tar.xz.tmp"
-mv "$out/engine-wheels-cp312.tar.xz.tmp" "$out/engine-wheels-cp312.tar.xz"
-size=$(stat -c %s "$out/engine-wheels-cp312.tar.xz")
-echo "$out/engine-wheels-cp312.tar.xz: $(wc -l <"$out/engine-wheels-cp312.txt") wheels," \
-  "$((size / 1048576)).$(( (size % 1048576) * 10 / 1048576 )) MiB"
+}
+tarball() {  # tarball STAGE_DIR NAME: OUT_DIR/NAME.tar.xz and NAME.txt (its wheels)
+  ls "$1" >"$out/$2.txt"
+  tar -cf - -C "$1" . | xz -9e -T1 >"$out/$2.tar.xz.tmp"
+  mv "$out/$2.tar.xz.tmp" "$out/$2.tar.xz"
+  local size
+  size=$(stat -c %s "$out/$2.tar.xz")
+  echo "$out/$2.tar.xz: $(wc -l <"$out/$2.txt") wheels," \
+    "$((size / 1048576)).$(( (size % 1048576) * 10 / 1048576 )) MiB"
+}
+pack "$stage" "${pins[@]}"
+tarball "$stage" engine-wheels-cp312
+pack "$vstage" "${vllm_pins[@]}"
+tarball "$vstage" vllm-wheels-cp312
