@@ -333,6 +333,40 @@ TEST_F(CacheCallsTest, APinningLookupNeedsAWorkerSession) {
   EXPECT_THAT(found->states(), ElementsAre(v1::CACHE_KEY_ABSENT));
 }
 
+// A CUDA IPC event handle is 64 raw bytes, rarely valid UTF-8: the Store
+// and Restore requests carry their fences as bytes, so such a handle
+// reaches kvhostd's own checks over either path (found on an H100: as a
+// string field, the fast path refused the body as unparsable and gRPC's
+// server could not parse it). The host backend then refuses the fence by
+// name, and the refused calls change nothing.
+TEST_F(CacheCallsTest, RawEventHandleBytesReachTheDaemonOverBothPaths) {
+  ASSERT_NO_FATAL_FAILURE(Start(16));
+  std::string handle(64, '\0');
+  for (size_t i = 0; i < handle.size(); ++i) handle[i] = static_cast<char>(0x80 + i);
+  constexpr char kRefused[] = "the host backend has no CUDA events to wait on";
+  ASSERT_TRUE(a_->Store(Keys("r", 0, 1), 0).ok());
+  for (bool fast_path : {true, false}) {
+    SCOPED_TRACE(fast_path ? "fast path" : "gRPC");
+    absl::StatusOr<std::unique_ptr<Instance>> i =
+        Instance::Start(d_->address(), d_->shm_dir(), fast_path);
+    ASSERT_TRUE(i.ok()) << i.status();
+    absl::StatusOr<v1::CacheStoreReply> stored = (*i)->client->CacheStore(
+        kCache, (*i)->attachment, Keys(fast_path ? "f" : "g", 0, 1), PageRows(0, 1), handle);
+    EXPECT_EQ(stored.status().code(), absl::StatusCode::kFailedPrecondition) << stored.status();
+    EXPECT_THAT(stored.status().message(), HasSubstr(kRefused));
+    absl::StatusOr<v1::TransferTicket> restored = (*i)->client->CacheRestore(
+        kCache, (*i)->attachment, Keys("r", 0, 1), PageRows(1, 1), handle);
+    EXPECT_EQ(restored.status().code(), absl::StatusCode::kFailedPrecondition)
+        << restored.status();
+    EXPECT_THAT(restored.status().message(), HasSubstr(kRefused));
+    EXPECT_EQ((*i)->client->fast_path_calls() > 0, fast_path);
+  }
+  const v1::CacheStats stats = Stats();
+  EXPECT_EQ(stats.published(), 1u);
+  EXPECT_EQ(stats.writing(), 0u);
+  EXPECT_EQ(stats.pinned(), 0u);
+}
+
 // A pool of the cache's shape in `layout` (not a node cache), 8 pages.
 v1::PoolSpec PoolLike(v1::Layout layout, uint32_t layers = 4) {
   v1::PoolSpec spec = CacheSpec(8);
