@@ -356,8 +356,7 @@ TEST_F(CacheCallsTest, RawEventHandleBytesReachTheDaemonOverBothPaths) {
     EXPECT_THAT(stored.status().message(), HasSubstr(kRefused));
     absl::StatusOr<v1::TransferTicket> restored = (*i)->client->CacheRestore(
         kCache, (*i)->attachment, Keys("r", 0, 1), PageRows(1, 1), handle);
-    EXPECT_EQ(restored.status().code(), absl::StatusCode::kFailedPrecondition)
-        << restored.status();
+    EXPECT_EQ(restored.status().code(), absl::StatusCode::kFailedPrecondition) << restored.status();
     EXPECT_THAT(restored.status().message(), HasSubstr(kRefused));
     EXPECT_EQ((*i)->client->fast_path_calls() > 0, fast_path);
   }
