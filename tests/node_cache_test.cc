@@ -315,7 +315,31 @@ TEST_F(NodeCacheTest, BadCallsAreRefusedAndChangeNothing) {
   EXPECT_EQ(after.published, before.published);
   EXPECT_EQ(after.writing, 0u);
   EXPECT_EQ(after.pinned, 0u);
+  // A refused restore counts no hit or miss.
+  EXPECT_EQ(after.hits, before.hits);
+  EXPECT_EQ(after.misses, before.misses);
   EXPECT_EQ(cache_pool_->allocator().free_pages(), free_before);
+}
+
+TEST_F(NodeCacheTest, ARestoreCountsItsHitsOnceItsCopiesAreAccepted) {
+  absl::StatusOr<NodeCache::Stored> stored =
+      cache_->Store(a_.caller, a_.attachment, {"x", "y"}, Rows(0, 2 * ps_), "");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_TRUE(Wait(stored->ticket).ok());
+  const CacheStats before = cache_->stats();
+  // Present keys, but rows out of the device pool's range: refused by
+  // Submit, after the index found them: still no hit counted.
+  absl::Status range =
+      cache_->Restore(a_.caller, a_.attachment, {"x", "y"}, Rows(kRows, 2 * ps_), "").status();
+  EXPECT_EQ(range.code(), absl::StatusCode::kInvalidArgument) << range;
+  EXPECT_EQ(cache_->stats().hits, before.hits);
+  EXPECT_EQ(cache_->stats().pinned, 0u);
+  absl::StatusOr<std::shared_ptr<Ticket>> ticket =
+      cache_->Restore(a_.caller, a_.attachment, {"x", "y"}, Rows(2 * ps_, 2 * ps_), "");
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  EXPECT_EQ(cache_->stats().hits, before.hits + 2);
+  EXPECT_EQ(cache_->stats().misses, before.misses);
+  ASSERT_TRUE(Wait(*ticket).ok());
 }
 
 // The L3 tier behind the cache: a StorageTier on a FakeBackend.

@@ -137,6 +137,16 @@ absl::StatusOr<CacheLookup> CacheIndex::Lookup(absl::Span<const std::string> key
   return out;
 }
 
+void CacheIndex::CountUse(absl::Span<const std::string> keys) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& key : keys) {
+    auto it = entries_.find(key);
+    if (it == entries_.end() || it->second.state != EntryState::kPublished) continue;
+    if (it->second.in_lru) lru_.splice(lru_.end(), lru_, it->second.lru);
+    ++counters_.hits;
+  }
+}
+
 void CacheIndex::Release(const Pin& pin) {
   for (const std::string* key : pin.keys) {
     Entry& entry = entries_.find(*key)->second;

@@ -158,6 +158,11 @@ class CacheIndex {
   // hits and misses nor a use of the keys.
   absl::StatusOr<CacheLookup> Lookup(absl::Span<const std::string> keys,
                                      const std::string* pin_holder, bool count = true);
+  // Counts a use of `keys` found present by an uncounted Lookup (a
+  // restore, once its copies were accepted): their hits, and present keys
+  // not pinned become the most recently used; absent keys are not counted
+  // (the caller refused the call for them).
+  void CountUse(absl::Span<const std::string> keys);
   // Releases a Lookup's pin. NOT_FOUND for an unknown (or released) id and
   // for another holder's pin (ids are small numbers: the holder is the check).
   absl::Status Unpin(uint64_t pin_id, const std::string& holder);

@@ -401,7 +401,9 @@ absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::RestoreWith(const std::string
                                                                absl::Span<const std::string> keys,
                                                                absl::Span<const int64_t> rows,
                                                                const SubmitCopy& submit) {
-  absl::StatusOr<CacheLookup> found = index_.Lookup(keys, &holder);
+  // Counted once the copies are accepted: a refused restore changes no
+  // counter.
+  absl::StatusOr<CacheLookup> found = index_.Lookup(keys, &holder, /*count=*/false);
   if (!found.ok()) return found.status();
   const uint64_t pin_id = found->pin_id;
   auto unpin = [self = shared_from_this(), pin_id, h = holder] {
@@ -423,6 +425,7 @@ absl::StatusOr<std::shared_ptr<Ticket>> NodeCache::RestoreWith(const std::string
     unpin();
     return ticket.status();
   }
+  index_.CountUse(keys);
   if (!(*ticket)->BeforeDone([unpin](const absl::Status&) { unpin(); })) (*ticket)->OnDone(unpin);
   return ticket;
 }
