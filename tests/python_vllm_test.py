@@ -260,6 +260,22 @@ def test_bad_config_is_refused_by_name(extra, naming, monkeypatch):
     assert naming in str(e.value), e.value
 
 
+def test_the_owner_token_comes_from_a_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVHOST_OWNER_TOKEN", raising=False)
+    from kvhost.vllm.settings import Settings  # noqa: PLC0415
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    extra = {"kvhost_owner_token_file": str(token)}
+    assert Settings.from_extra_config(extra).owner_token == TOKEN
+    with pytest.raises(ValueError, match="give one of them"):
+        Settings.from_extra_config({**extra, "kvhost_owner_token": TOKEN})
+    token.write_text(" \n")
+    with pytest.raises(ValueError, match=r"kvhost_owner_token_file'\] = .* it is empty"):
+        Settings.from_extra_config(extra)
+    with pytest.raises(ValueError, match="No such file"):
+        Settings.from_extra_config({"kvhost_owner_token_file": str(tmp_path / "none")})
+
+
 def test_two_groups_and_an_unsupported_release_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="2 KV cache groups to offload"):
         kv.KvhostOffloadingSpec(offload_config(groups=2))

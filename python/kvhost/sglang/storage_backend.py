@@ -71,6 +71,7 @@ from sglang.srt.mem_cache.hicache_storage import (HiCacheStorage, HiCacheStorage
                                                   HiCacheStorageExtraInfo, PoolHitPolicy,
                                                   PoolName, PoolTransfer, PoolTransferResult)
 
+from .._tokens import read_token_file
 from ..cache import EvictOutcome, NodeCache
 from ..client import DEFAULT_ADDRESS, Client
 from .cache_staging import CacheStaging, Outcome
@@ -137,14 +138,10 @@ def _owner_token(out: Dict[str, Any]) -> str:
                          "kvhost_owner_token, not both")
     if path is not None:
         try:
-            with open(str(path), encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as e:
+            token = read_token_file(str(path))
+        except ValueError as e:
             raise ValueError(f"kvhost storage backend: kvhost_owner_token_file {path!r}: "
-                             f"{e.strerror}") from None
-        if not token:
-            raise ValueError(f"kvhost storage backend: kvhost_owner_token_file {path!r} "
-                             f"is empty")
+                             f"{e}") from None
     if token is None:
         token = os.environ.get("KVHOST_OWNER_TOKEN") or None
     if not isinstance(token, str) or not token:

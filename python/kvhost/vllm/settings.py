@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from .._tokens import read_token_file
 from ..client import DEFAULT_ADDRESS
 
 #: vLLM releases whose offloading interfaces (vllm/v1/kv_offload/base.py,
@@ -24,8 +25,8 @@ DEFAULT_CACHE_BYTES = 4 << 30
 #: Seconds a kvhost call may take before it fails (the client's timeout).
 DEFAULT_TIMEOUT_S = 10.0
 
-_KEYS = ("kvhost_address", "kvhost_cache", "kvhost_owner_token", "kvhost_cache_bytes",
-         "kvhost_timeout_s")
+_KEYS = ("kvhost_address", "kvhost_cache", "kvhost_owner_token", "kvhost_owner_token_file",
+         "kvhost_cache_bytes", "kvhost_timeout_s")
 
 
 def check_release(version: str) -> None:
@@ -85,11 +86,23 @@ class Settings:
                        f"is not a kvhost setting (known: {', '.join(_KEYS)})")
         address = _text(extra, "kvhost_address",
                         os.environ.get("KVHOST_ADDRESS") or DEFAULT_ADDRESS)
-        token = _text(extra, "kvhost_owner_token", os.environ.get("KVHOST_OWNER_TOKEN") or None)
+        token_file = _text(extra, "kvhost_owner_token_file", None)
+        token = _text(extra, "kvhost_owner_token", None)
+        if token_file is not None and token is not None:
+            raise _bad("kvhost_owner_token_file", token_file,
+                       "is given beside kvhost_owner_token: give one of them")
+        if token_file is not None:
+            try:
+                token = read_token_file(token_file)
+            except ValueError as e:
+                raise _bad("kvhost_owner_token_file", token_file,
+                           f"holds no owner token: {e}") from None
+        if token is None:
+            token = os.environ.get("KVHOST_OWNER_TOKEN") or None
         if token is None:
             raise _bad("kvhost_owner_token", None,
-                       "is not set, nor is $KVHOST_OWNER_TOKEN: the node cache is shared by the "
-                       "instances that present its owner token")
+                       "is not set, nor kvhost_owner_token_file, nor $KVHOST_OWNER_TOKEN: the "
+                       "node cache is shared by the instances that present its owner token")
         assert address is not None
         return cls(address=address, cache=_text(extra, "kvhost_cache", None), owner_token=token,
                    cache_bytes=int(_positive(extra, "kvhost_cache_bytes", DEFAULT_CACHE_BYTES,
