@@ -58,3 +58,13 @@ def enter(source_dir):
     if python is None:
         sys.exit(missing("python/requirements-engines.txt: sglang and torch"))
     os.execv(python, [python, os.path.abspath(sys.argv[0]), *sys.argv[1:]])
+
+
+def enter_with(source_dir, module):
+    """enter(), then python/ on the path; exits as missing() says when the
+    engine venv has no `module` (pinned in python/requirements-engines.txt)."""
+    import importlib.util  # noqa: PLC0415
+    enter(source_dir)
+    if importlib.util.find_spec(module) is None:
+        sys.exit(missing(f"it has no {module}, which python/requirements-engines.txt pins"))
+    sys.path.insert(0, os.path.join(source_dir, "python"))

@@ -32,7 +32,6 @@ vLLM's own tests/v1/kv_connector/unit/offloading_connector/utils.py does.
   usage: python_vllm_engine_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR [PYTEST_ARGS...]
   (ctest runs it so; it re-executes itself under the engine venv)
 """
-import importlib.util
 import json
 import os
 import sys
@@ -42,12 +41,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TESTS)
 if __name__ == "__main__" and len(sys.argv) >= 4:  # ctest: into the engine venv first
     import engine_env
-    engine_env.enter(os.path.abspath(sys.argv[3]))
-    if importlib.util.find_spec("vllm") is None:
-        print("SKIP: the engine venv has no vllm (python/requirements-engines.txt pins "
-              "vllm==0.33.0; run scripts/engine_venv.sh)", flush=True)
-        sys.exit(engine_env.SKIP)
-    sys.path.insert(0, os.path.join(os.path.abspath(sys.argv[3]), "python"))
+    engine_env.enter_with(os.path.abspath(sys.argv[3]), "vllm")
 
 import pytest  # noqa: E402
 

@@ -46,7 +46,6 @@ not in its wheel (docs/VLLM.md says what of its sdist could run here).
   usage: python_vllm_test.py KVHOSTD LIBKVHOST_C SOURCE_DIR [PYTEST_ARGS...]
   (ctest runs it so; it re-executes itself under the engine venv)
 """
-import importlib.util
 import os
 import subprocess
 import sys
@@ -57,12 +56,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, TESTS)
 if __name__ == "__main__" and len(sys.argv) >= 4:  # ctest: into the engine venv first
     import engine_env
-    engine_env.enter(os.path.abspath(sys.argv[3]))
-    if importlib.util.find_spec("vllm") is None:
-        print("SKIP: the engine venv has no vllm (python/requirements-engines.txt pins "
-              "vllm==0.33.0; run scripts/engine_venv.sh)", flush=True)
-        sys.exit(engine_env.SKIP)
-    sys.path.insert(0, os.path.join(os.path.abspath(sys.argv[3]), "python"))
+    engine_env.enter_with(os.path.abspath(sys.argv[3]), "vllm")
 
 import pytest  # noqa: E402
 
