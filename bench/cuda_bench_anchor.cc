@@ -87,13 +87,8 @@ absl::StatusOr<AnchorResult> MeasureQuota(const Options& o, Worker& w, const Anc
   r.gbps = static_cast<double>(r.bytes) / 1e9 / (*ms / 1e3);
   r.vs_ceiling = r.gbps / (copy.backup ? results.ceiling.d2h_gbps : results.ceiling.h2d_gbps);
   auto transfer = [&]() { return Copy(copy, quota, stream); };
-  for (size_t u = 0; u < w.units().size(); ++u) {
-    for (double duty : o.duties) {
-      absl::StatusOr<Cost> cost = MeasureCost(
-          *w.units()[u], w.stream(), results.workers[u].alone_ms, duty, o.window_s, transfer);
-      if (!cost.ok()) return cost.status();
-      r.costs.push_back(*cost);
-    }
+  if (absl::Status s = MeasureCosts(o, w, results, /*slow=*/false, transfer, r.costs); !s.ok()) {
+    return s;
   }
   return r;
 }

@@ -130,13 +130,8 @@ absl::StatusOr<CaseResult> RunCacheDirection(const Options& o, CacheSide& c, Wor
   r.client_gbps = gb / Median(client_s);
   r.vs_ceiling = r.engine_gbps / (store ? results.ceiling.d2h_gbps : results.ceiling.h2d_gbps);
   auto transfer = [&]() -> absl::Status { return once().status(); };
-  for (size_t u = 0; u < w.units().size(); ++u) {
-    for (double duty : o.duties) {
-      absl::StatusOr<Cost> cost = MeasureCost(
-          *w.units()[u], w.stream(), results.workers[u].alone_ms, duty, o.window_s, transfer);
-      if (!cost.ok()) return cost.status();
-      r.costs.push_back(*cost);
-    }
+  if (absl::Status s = MeasureCosts(o, w, results, /*slow=*/false, transfer, r.costs); !s.ok()) {
+    return s;
   }
   return r;
 }

@@ -259,18 +259,7 @@ absl::StatusOr<CaseResult> RunDirection(const Options& o, const PathRun& run, co
   auto transfer = [&]() -> absl::Status {
     return Transfer(client, run, attachment, backup, host, rows, bytes).status();
   };
-  for (size_t u = 0; u < w.units().size(); ++u) {
-    for (double duty : o.duties) {
-      // A slow case: back to back only, over one transfer (its cost at a
-      // duty cycle would take 1 / duty transfers of seconds each).
-      if (r.slow && duty < 1) continue;
-      absl::StatusOr<Cost> cost =
-          MeasureCost(*w.units()[u], w.stream(), results.workers[u].alone_ms, duty,
-                      r.slow ? 0 : o.window_s, transfer);
-      if (!cost.ok()) return cost.status();
-      r.costs.push_back(*cost);
-    }
-  }
+  if (absl::Status s = MeasureCosts(o, w, results, r.slow, transfer, r.costs); !s.ok()) return s;
   return r;
 }
 

@@ -533,4 +533,21 @@ absl::StatusOr<Cost> MeasureCost(ComputeUnit& unit, cudaStream_t stream, double 
   return cost;
 }
 
+absl::Status MeasureCosts(const Options& o, Worker& w, const Results& results, bool slow,
+                          const std::function<absl::Status()>& transfer, std::vector<Cost>& costs) {
+  for (size_t u = 0; u < w.units().size(); ++u) {
+    for (double duty : o.duties) {
+      // A slow case: back to back only, over one transfer (its cost at a
+      // duty cycle would take 1 / duty transfers of seconds each).
+      if (slow && duty < 1) continue;
+      absl::StatusOr<Cost> cost =
+          MeasureCost(*w.units()[u], w.stream(), results.workers[u].alone_ms, duty,
+                      slow ? 0 : o.window_s, transfer);
+      if (!cost.ok()) return cost.status();
+      costs.push_back(*cost);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace kvhost::bench

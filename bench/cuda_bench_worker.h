@@ -146,6 +146,12 @@ absl::StatusOr<Cost> MeasureCost(ComputeUnit& unit, cudaStream_t stream, double 
                                  double duty, double min_s,
                                  const std::function<absl::Status()>& transfer);
 
+// Every worker unit's cost (MeasureCost) at every --duty, appended to
+// `costs`: the one loop of the cases, the anchor and the node cache. With
+// `slow`, back to back only and over one transfer (min_s 0).
+absl::Status MeasureCosts(const Options& o, Worker& w, const Results& results, bool slow,
+                          const std::function<absl::Status()>& transfer, std::vector<Cost>& costs);
+
 }  // namespace kvhost::bench
 
 #endif  // KVHOST_BENCH_CUDA_BENCH_WORKER_H_
